@@ -1,0 +1,23 @@
+#pragma once
+// Subcommand registry. Each subcommand lives in its own cli/<name>.cpp and registers a
+// function that adds it to the app:
+//
+//   static klein::cli::Registration reg("inspect", 20, [](CLI::App& app) { ... });
+//
+// `order` sorts the subcommands in --help.
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+namespace klein::cli {
+
+using AddCommand = std::function<void(CLI::App&)>;
+
+struct Registration {
+  Registration(std::string name, int order, AddCommand add);
+};
+
+void register_commands(CLI::App& app);
+
+}  // namespace klein::cli

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs the build dependencies (Debian 12 packages only) and builds klein in ./build.
+# Idempotent: packages already present are left alone; the build is incremental.
+# Usage: scripts/setup.sh [extra cmake args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libzstd-dev libpng-dev libjpeg-dev libopenblas-dev libxxhash-dev libcli11-dev
+  nlohmann-json3-dev libpcre2-dev libutf8proc-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+)
+if [[ "${KLEIN_CROSS:-0}" == 1 ]]; then
+  packages+=(g++-aarch64-linux-gnu qemu-user)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo_cmd=""
+  [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
+  echo "installing: ${missing[*]}"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
+cmake --build build

@@ -1,0 +1,73 @@
+#include "core/cpu.h"
+
+#include <cstdlib>
+#include <string_view>
+
+#if defined(KLEIN_ARM64) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
+namespace klein {
+namespace {
+
+CpuFeatures detect() {
+  CpuFeatures f;
+#if defined(KLEIN_X86)
+  __builtin_cpu_init();
+  f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+  f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  f.avx512_vnni = f.avx512 && __builtin_cpu_supports("avx512vnni");
+  f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
+#elif defined(KLEIN_ARM64)
+  f.neon = true;
+#if defined(__linux__) && defined(HWCAP_ASIMDDP)
+  f.neon_dotprod = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#endif
+#endif
+  return f;
+}
+
+// KLEIN_ISA lowers what we use, never raises it above what the CPU has.
+CpuFeatures apply_limit(CpuFeatures f, std::string_view isa) {
+  if (isa.empty() || isa == "native") return f;
+  if (isa == "scalar") return CpuFeatures{};
+  if (isa == "avx2") {
+    f.avx512 = f.avx512_vnni = f.avx512_bf16 = false;
+  } else if (isa == "avx512") {
+    // everything the CPU has
+  } else if (isa == "neon") {
+    f.neon_dotprod = false;
+  }
+  return f;
+}
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures features = [] {
+    const char* isa = std::getenv("KLEIN_ISA");
+    return apply_limit(detect(), isa ? std::string_view(isa) : std::string_view());
+  }();
+  return features;
+}
+
+std::string describe(const CpuFeatures& f) {
+  std::string s;
+  auto add = [&](bool on, const char* name) {
+    if (!on) return;
+    if (!s.empty()) s += ' ';
+    s += name;
+  };
+  add(f.avx2, "avx2");
+  add(f.avx512, "avx512");
+  add(f.avx512_vnni, "avx512-vnni");
+  add(f.avx512_bf16, "avx512-bf16");
+  add(f.neon, "neon");
+  add(f.neon_dotprod, "neon-dotprod");
+  return s.empty() ? "scalar" : s;
+}
+
+}  // namespace klein

@@ -1,0 +1,21 @@
+#pragma once
+// What the CPU we run on can do, read once at start-up; kernels are chosen from this.
+#include <string>
+
+namespace klein {
+
+struct CpuFeatures {
+  bool avx2 = false;      // with FMA and F16C
+  bool avx512 = false;    // F, BW, VL, DQ
+  bool avx512_vnni = false;
+  bool avx512_bf16 = false;
+  bool neon = false;
+  bool neon_dotprod = false;
+};
+
+// The features of this CPU, limited by KLEIN_ISA (scalar, avx2, avx512, neon) if set,
+// so tests and benchmarks can force a path.
+const CpuFeatures& cpu_features();
+std::string describe(const CpuFeatures& f);
+
+}  // namespace klein

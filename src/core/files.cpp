@@ -1,0 +1,108 @@
+#include "core/files.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace klein {
+
+namespace fs = std::filesystem;
+
+AtomicFile::AtomicFile(fs::path path) : path_(std::move(path)) {
+  temp_ = path_;
+  temp_ += ".tmp-" + std::to_string(::getpid());
+  file_ = std::fopen(temp_.c_str(), "wb");
+  if (!file_) fail("cannot create ", temp_.string(), ": ", std::strerror(errno));
+}
+
+AtomicFile::~AtomicFile() {
+  if (file_) std::fclose(file_);
+  if (!committed_) {
+    std::error_code ec;
+    fs::remove(temp_, ec);
+  }
+}
+
+void AtomicFile::write(const void* data, size_t n) {
+  if (n && std::fwrite(data, 1, n, file_) != n)
+    fail("cannot write ", temp_.string(), ": ", std::strerror(errno));
+  offset_ += n;
+}
+
+void AtomicFile::commit() {
+  if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0)
+    fail("cannot write ", temp_.string(), ": ", std::strerror(errno));
+  std::fclose(file_);
+  file_ = nullptr;
+  std::error_code ec;
+  fs::rename(temp_, path_, ec);
+  if (ec) fail("cannot rename ", temp_.string(), " to ", path_.string(), ": ", ec.message());
+  committed_ = true;
+}
+
+MappedFile::MappedFile(const fs::path& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open ", path.string(), ": ", std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    fail("cannot stat ", path.string(), ": ", std::strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path.string(), " is not a regular file");
+  }
+  size_ = size_t(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      int e = errno;
+      ::close(fd);
+      fail("cannot map ", path.string(), ": ", std::strerror(e));
+    }
+    data_ = static_cast<const std::byte*>(p);
+  }
+  ::close(fd);
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+}
+
+MappedFile::MappedFile(MappedFile&& o) noexcept
+    : path_(std::move(o.path_)), data_(o.data_), size_(o.size_) {
+  o.data_ = nullptr;
+  o.size_ = 0;
+}
+
+MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
+  if (this != &o) {
+    if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+    path_ = std::move(o.path_);
+    data_ = o.data_;
+    size_ = o.size_;
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
+std::string read_text_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot open ", path.string(), ": ", std::strerror(errno));
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace klein

@@ -1,0 +1,60 @@
+#pragma once
+// File helpers shared by every writer and reader: atomic output and read-only mappings.
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace klein {
+
+// Writes to "<path>.tmp-<pid>" and renames onto `path` in commit(); if the object dies
+// without commit() (an error, an exception) the temporary file is removed, so a failed
+// run never leaves a partial output behind.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::filesystem::path path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, size_t n);
+  void write(std::string_view s) { write(s.data(), s.size()); }
+  uint64_t offset() const { return offset_; }
+  const std::filesystem::path& temp_path() const { return temp_; }
+  // For libraries that want a FILE* (libpng, libjpeg): valid until commit().
+  std::FILE* stream() { return file_; }
+  void commit();
+
+ private:
+  std::filesystem::path path_;
+  std::filesystem::path temp_;
+  std::FILE* file_ = nullptr;
+  uint64_t offset_ = 0;
+  bool committed_ = false;
+};
+
+// A whole file mapped read-only. Move-only.
+class MappedFile {
+ public:
+  MappedFile() = default;
+  explicit MappedFile(const std::filesystem::path& path);
+  ~MappedFile();
+  MappedFile(MappedFile&& o) noexcept;
+  MappedFile& operator=(MappedFile&& o) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  const std::byte* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+std::string read_text_file(const std::filesystem::path& path);
+
+}  // namespace klein

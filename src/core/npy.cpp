@@ -1,0 +1,152 @@
+#include "core/npy.h"
+
+#include <cstring>
+#include <fstream>
+#include <regex>
+
+#include "core/error.h"
+#include "core/files.h"
+
+namespace klein {
+
+namespace {
+
+const char kMagic[] = "\x93NUMPY";
+
+DType parse_descr(const std::string& descr, const std::string& where) {
+  if (descr == "<f4") return DType::F32;
+  if (descr == "<i8") return DType::I64;
+  if (descr == "<i4") return DType::I32;
+  fail(where, ": unsupported .npy dtype '", descr, "' (expected <f4, <i8 or <i4)");
+}
+
+const char* descr_of(DType t) {
+  switch (t) {
+    case DType::F32: return "<f4";
+    case DType::I64: return "<i8";
+    case DType::I32: return "<i4";
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+NpyArray read_npy(const std::filesystem::path& path) {
+  const std::string where = path.string();
+  const std::string file = read_text_file(path);
+  check(file.size() >= 10 && file.compare(0, 6, kMagic, 6) == 0, where, ": not a .npy file");
+  const int major = uint8_t(file[6]);
+  size_t header_len, header_start;
+  if (major == 1) {
+    header_len = uint8_t(file[8]) | (size_t(uint8_t(file[9])) << 8);
+    header_start = 10;
+  } else {
+    check(file.size() >= 12, where, ": truncated .npy header");
+    header_len = 0;
+    for (int i = 0; i < 4; ++i) header_len |= size_t(uint8_t(file[8 + i])) << (8 * i);
+    header_start = 12;
+  }
+  check(header_start + header_len <= file.size(), where, ": truncated .npy header");
+  const std::string header = file.substr(header_start, header_len);
+
+  std::smatch m;
+  check(std::regex_search(header, m, std::regex("'descr':\\s*'([^']*)'")), where,
+        ": .npy header has no descr");
+  NpyArray a;
+  a.dtype = parse_descr(m[1], where);
+  check(std::regex_search(header, m, std::regex("'fortran_order':\\s*(True|False)")), where,
+        ": .npy header has no fortran_order");
+  check(m[1] == "False", where, ": Fortran-order .npy files are not supported");
+  check(std::regex_search(header, m, std::regex("'shape':\\s*\\(([^)]*)\\)")), where,
+        ": .npy header has no shape");
+  const std::string dims = m[1];
+  std::regex num("\\d+");
+  for (auto it = std::sregex_iterator(dims.begin(), dims.end(), num); it != std::sregex_iterator();
+       ++it)
+    a.shape.push_back(std::stoll(it->str()));
+
+  const size_t bytes = size_t(a.numel()) * dtype_size(a.dtype);
+  const size_t data_start = header_start + header_len;
+  check(file.size() - data_start == bytes, where, ": data size ", file.size() - data_start,
+        " bytes does not match shape ", shape_str(a.shape), " (", bytes, " bytes)");
+  a.bytes.resize(bytes);
+  std::memcpy(a.bytes.data(), file.data() + data_start, bytes);
+  return a;
+}
+
+std::vector<float> NpyArray::to_f32() const {
+  std::vector<float> out(static_cast<size_t>(numel()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    switch (dtype) {
+      case DType::F32: std::memcpy(&out[i], bytes.data() + 4 * i, 4); break;
+      case DType::I64: {
+        int64_t v;
+        std::memcpy(&v, bytes.data() + 8 * i, 8);
+        out[i] = float(v);
+        break;
+      }
+      default: {
+        int32_t v;
+        std::memcpy(&v, bytes.data() + 4 * i, 4);
+        out[i] = float(v);
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> NpyArray::to_i64() const {
+  std::vector<int64_t> out(static_cast<size_t>(numel()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    switch (dtype) {
+      case DType::I64: std::memcpy(&out[i], bytes.data() + 8 * i, 8); break;
+      case DType::I32: {
+        int32_t v;
+        std::memcpy(&v, bytes.data() + 4 * i, 4);
+        out[i] = v;
+        break;
+      }
+      default: {
+        float v;
+        std::memcpy(&v, bytes.data() + 4 * i, 4);
+        out[i] = int64_t(v);
+      }
+    }
+  }
+  return out;
+}
+
+Tensor NpyArray::to_tensor() const {
+  Tensor t(shape);
+  auto v = to_f32();
+  std::memcpy(t.data(), v.data(), v.size() * 4);
+  return t;
+}
+
+void write_npy(const std::filesystem::path& path, DType dtype, const Shape& shape,
+               const void* data) {
+  const char* descr = descr_of(dtype);
+  check(descr != nullptr, "internal: cannot write dtype ", dtype_name(dtype), " to .npy");
+  std::string dims;
+  for (size_t i = 0; i < shape.size(); ++i) dims += std::to_string(shape[i]) + ", ";
+  if (shape.size() > 1) dims.resize(dims.size() - 2);
+  if (shape.size() == 1) dims.pop_back();
+  std::string header = std::string("{'descr': '") + descr +
+                       "', 'fortran_order': False, 'shape': (" + dims + "), }";
+  // Pad so that the data starts on a 64-byte boundary; the header ends in '\n'.
+  const size_t total = (10 + header.size() + 1 + 63) / 64 * 64;
+  header.append(total - 10 - header.size() - 1, ' ');
+  header += '\n';
+  AtomicFile out(path);
+  out.write(kMagic, 6);
+  const char version[2] = {1, 0};
+  out.write(version, 2);
+  const uint16_t len = uint16_t(header.size());
+  const char len_bytes[2] = {char(len & 0xff), char(len >> 8)};
+  out.write(len_bytes, 2);
+  out.write(header);
+  out.write(data, size_t(numel(shape)) * dtype_size(dtype));
+  out.commit();
+}
+
+}  // namespace klein

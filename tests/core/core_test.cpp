@@ -1,0 +1,125 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/files.h"
+#include "core/npy.h"
+#include "core/threadpool.h"
+#include "support/testing.h"
+
+namespace klein {
+namespace {
+
+TEST(DType, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  // 1 + 2^-8 is exactly between two bf16 values: ties go to the even one (1.0).
+  EXPECT_EQ(f32_to_bf16(1.00390625f), 0x3f80);
+  // 1 + 3*2^-8 is between 1+2^-7 (odd) and 1+2^-6 (even): rounds up to even.
+  EXPECT_EQ(f32_to_bf16(1.01171875f), 0x3f82);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(bf16_to_f32(0xc000), -2.0f);
+}
+
+TEST(DType, F16RoundTripsEveryHalf) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    float f = f16_to_f32(uint16_t(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(f32_to_f16(f), h) << "half bits " << h;
+  }
+}
+
+TEST(DType, F16KnownValues) {
+  EXPECT_EQ(f16_to_f32(0x3c00), 1.0f);
+  EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);               // largest finite
+  EXPECT_EQ(f32_to_f16(70000.0f), 0x7c00);               // overflows to inf
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)), 0x0000);  // tie to even: zero
+  EXPECT_EQ(f32_to_f16(std::ldexp(3.0f, -26)), 0x0001);  // above the tie: rounds up
+}
+
+TEST(DType, BulkConversionsMatchScalar) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.f, 100.f);
+  std::vector<float> src(1003);
+  for (auto& v : src) v = dist(rng);
+  std::vector<uint16_t> h(src.size()), b(src.size());
+  f32_to_f16(src.data(), h.data(), src.size());
+  f32_to_bf16(src.data(), b.data(), src.size());
+  std::vector<float> back_h(src.size()), back_b(src.size());
+  f16_to_f32(h.data(), back_h.data(), src.size());
+  bf16_to_f32(b.data(), back_b.data(), src.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    ASSERT_EQ(h[i], f32_to_f16(src[i])) << i;
+    ASSERT_EQ(b[i], f32_to_bf16(src[i])) << i;
+    ASSERT_EQ(back_h[i], f16_to_f32(h[i])) << i;
+    ASSERT_EQ(back_b[i], bf16_to_f32(b[i])) << i;
+  }
+}
+
+TEST(ThreadPool, CoversEveryIndexOnce) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 7, 1000}) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1);
+    }
+  }
+}
+
+TEST(ThreadPool, RethrowsTaskErrors) {
+  ThreadPool pool(2);
+  EXPECT_THROW(pool.for_each_task(10,
+                                  [](int64_t t, int) {
+                                    if (t == 5) fail("task 5 failed");
+                                  }),
+               Error);
+  // The pool stays usable afterwards.
+  std::atomic<int> count = 0;
+  pool.for_each_task(10, [&](int64_t, int) { count++; });
+  EXPECT_EQ(count.load(), 10);
+}
+
+TEST(Npy, RoundTripsAndReadsGoldenFiles) {
+  auto dir = testing::temp_dir("npy");
+  std::vector<int64_t> ids = {1, -2, 3, 151643};
+  write_npy(dir / "ids.npy", DType::I64, {2, 2}, ids.data());
+  NpyArray a = read_npy(dir / "ids.npy");
+  EXPECT_EQ(a.shape, (Shape{2, 2}));
+  EXPECT_EQ(a.to_i64(), ids);
+
+  NpyArray ref = read_npy(testing::tiny_vectors() / "tokenizer" / "prompt0_input_ids.npy");
+  EXPECT_EQ(ref.dtype, DType::I64);
+  EXPECT_EQ(ref.shape, (Shape{512}));
+  EXPECT_EQ(ref.to_i64()[0], 151644);  // <|im_start|>
+}
+
+TEST(Npy, RejectsMalformedFiles) {
+  auto dir = testing::temp_dir("npy-bad");
+  {
+    AtomicFile f(dir / "junk.npy");
+    f.write("not an array");
+    f.commit();
+  }
+  EXPECT_THROW(read_npy(dir / "junk.npy"), Error);
+  EXPECT_THROW(read_npy(dir / "missing.npy"), Error);
+}
+
+TEST(AtomicFile, LeavesNothingWithoutCommit) {
+  auto dir = testing::temp_dir("atomic");
+  {
+    AtomicFile f(dir / "out.bin");
+    f.write("partial");
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+}
+
+}  // namespace
+}  // namespace klein

@@ -1,0 +1,78 @@
+#include "support/testing.h"
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+namespace klein::testing {
+
+namespace fs = std::filesystem;
+
+fs::path tiny_dir() {
+  if (const char* env = std::getenv("KLEIN_TESTDATA")) return fs::path(env) / "klein-tiny";
+  return fs::path(KLEIN_TESTDATA) / "klein-tiny";
+}
+fs::path tiny_model() { return tiny_dir() / "model"; }
+fs::path tiny_vectors() { return tiny_dir() / "vectors"; }
+
+fs::path temp_dir(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / ("klein-test-" + std::to_string(::getpid())) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+double scaled_diff(const float* got, const float* ref, int64_t n) {
+  double max_diff = 0, max_ref = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    double d = std::fabs(double(got[i]) - double(ref[i]));
+    if (!(d <= max_diff)) max_diff = d;  // NaN propagates as a failure
+    max_ref = std::max(max_ref, std::fabs(double(ref[i])));
+  }
+  return max_ref > 0 ? max_diff / max_ref : max_diff;
+}
+
+::testing::AssertionResult matches_npy(const float* got, int64_t n, const fs::path& ref_path,
+                                       double tol) {
+  NpyArray ref = read_npy(ref_path);
+  if (ref.numel() != n)
+    return ::testing::AssertionFailure() << ref_path.filename() << ": got " << n
+                                         << " values, reference has " << ref.numel() << " "
+                                         << shape_str(ref.shape);
+  std::vector<float> r = ref.to_f32();
+  double s = scaled_diff(got, r.data(), n);
+  if (s <= tol) return ::testing::AssertionSuccess();
+  int64_t worst = 0;
+  double wd = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    double d = std::fabs(double(got[i]) - r[size_t(i)]);
+    if (!(d <= wd)) {
+      wd = d;
+      worst = i;
+    }
+  }
+  return ::testing::AssertionFailure() << ref_path.filename() << ": scaled diff " << s << " > "
+                                       << tol << "; worst at flat index " << worst << ": got "
+                                       << got[worst] << ", reference " << r[size_t(worst)];
+}
+
+::testing::AssertionResult matches_npy(const Tensor& got, const fs::path& ref, double tol) {
+  return matches_npy(got.data(), got.numel(), ref, tol);
+}
+
+int run_klein(const std::string& args, std::string* output) {
+  std::string cmd = std::string(KLEIN_BINARY) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  std::array<char, 4096> buf;
+  std::string out;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int status = ::pclose(p);
+  if (output) *output = out;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace klein::testing

@@ -1,0 +1,33 @@
+#pragma once
+// Helpers shared by the test programs: paths to the golden data and tensor comparison.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "core/npy.h"
+#include "core/tensor.h"
+
+namespace klein::testing {
+
+// ../shared/testdata/klein-tiny (KLEIN_TESTDATA at configure time, or the env var of that name).
+std::filesystem::path tiny_dir();
+std::filesystem::path tiny_model();    // tiny_dir()/model
+std::filesystem::path tiny_vectors();  // tiny_dir()/vectors
+// A fresh empty directory under the build's temp area, removed by nobody (ctest is short-lived).
+std::filesystem::path temp_dir(const std::string& name);
+
+// max|a - b| / max|ref|, the scaled difference the golden tolerances are stated in.
+double scaled_diff(const float* got, const float* ref, int64_t n);
+
+// Asserts that `got` matches the reference .npy (same element count) within `tol` scaled
+// difference, and reports the worst element on failure.
+::testing::AssertionResult matches_npy(const float* got, int64_t n, const std::filesystem::path& ref,
+                                       double tol);
+::testing::AssertionResult matches_npy(const Tensor& got, const std::filesystem::path& ref,
+                                       double tol);
+
+// Runs the klein CLI with arguments; returns the exit code and captures stdout+stderr.
+int run_klein(const std::string& args, std::string* output = nullptr);
+
+}  // namespace klein::testing
