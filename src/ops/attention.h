@@ -1,0 +1,28 @@
+#pragma once
+// Scaled dot-product attention computed in tiles with an online softmax: memory is
+// O(tile), never a [heads, q_len, kv_len] score matrix.
+#include <cstdint>
+
+#include "core/threadpool.h"
+
+namespace klein::ops {
+
+struct AttentionParams {
+  int64_t q_len = 0;
+  int64_t kv_len = 0;
+  int64_t heads = 1;      // query heads
+  int64_t kv_heads = 1;   // key/value heads; query head h uses kv head h / (heads / kv_heads)
+  int64_t head_dim = 0;
+  float scale = 0;        // usually 1/sqrt(head_dim)
+  bool causal = false;    // key j visible to query i only if j <= i
+  // Optional [kv_len] flags: keys with key_valid[j] == 0 are hidden from every query.
+  const uint8_t* key_valid = nullptr;
+};
+
+// q: [q_len, heads * head_dim] with row stride ldq (head h at columns [h*head_dim, ...)),
+// k, v: [kv_len, kv_heads * head_dim] with strides ldk, ldv; out: [q_len, heads * head_dim]
+// with stride ldo. A query that sees no key at all gets zeros.
+void attention(const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
+               int64_t ldv, float* out, int64_t ldo, const AttentionParams& p, ThreadPool& pool);
+
+}  // namespace klein::ops

@@ -1,0 +1,67 @@
+#pragma once
+// 2-D convolution over [C, H, W] float32 activations (batch 1), computed as im2col + GEMM in
+// bands of output rows, so the column matrix stays a few tens of MiB at any image size.
+//
+// Two input transforms are fused into the gathering of columns, so their results never
+// exist as full tensors:
+//   - nearest-neighbour upsampling by an integer factor (the VAE decoder's Upsample2D);
+//   - a per-channel affine map with optional SiLU (GroupNorm + SiLU, see group_norm.h).
+// Zero padding is applied after both, as in PyTorch where the conv pads its own input.
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/threadpool.h"
+#include "ops/group_norm.h"
+
+namespace klein::ops {
+
+struct Conv2dWeights {
+  int64_t out_channels = 0;
+  int64_t in_channels = 0;
+  int64_t kernel = 1;         // square kernels only
+  std::vector<float> weight;  // [out, in, kernel, kernel] (PyTorch layout)
+  std::vector<float> bias;    // [out], or empty for none
+};
+
+struct Conv2dParams {
+  int64_t stride = 1;
+  // Zero padding of the (upsampled) input on each side; may be asymmetric, e.g. the VAE
+  // downsampler pads only right and bottom.
+  int64_t pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
+  int64_t upsample = 1;  // nearest-neighbour factor applied to the input first
+
+  // Stride 1 with kernel/2 zeros on every side: output size = input size.
+  static Conv2dParams same(int64_t kernel);
+};
+
+struct ConvInput {
+  const float* data = nullptr;  // [channels, height, width]
+  int64_t channels = 0, height = 0, width = 0;
+  const ChannelAffine* transform = nullptr;  // applied to every value read, or none
+};
+
+enum class ConvWrite {
+  Overwrite,   // out = conv(in)
+  Accumulate,  // out = out + conv(in)   (a residual connection for free)
+};
+
+// Output extent of one axis.
+int64_t conv2d_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad_before,
+                           int64_t pad_after, int64_t upsample);
+
+// out: [w.out_channels, OH, OW]. `out` may be `in.data` (in place) when the output has the
+// input's size and no more channels (stride 1, no upsampling): bands are written back only
+// after the next band has gathered the rows it shares with them.
+// Results do not depend on the pool size: every output value comes from one GEMM tile of
+// fixed shape.
+void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, float* out,
+            ConvWrite mode, ThreadPool& pool);
+
+// Tensor forms, x and y [C, H, W].
+Tensor conv2d(const Tensor& x, const Conv2dWeights& w, const Conv2dParams& p, ThreadPool& pool,
+              const ChannelAffine* transform = nullptr);
+void conv2d_into(const Tensor& x, const ChannelAffine* transform, const Conv2dWeights& w,
+                 const Conv2dParams& p, Tensor& y, ConvWrite mode, ThreadPool& pool);
+
+}  // namespace klein::ops

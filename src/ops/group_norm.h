@@ -1,0 +1,36 @@
+#pragma once
+// GroupNorm over [C, H·W] float32 activations, split in two halves: the statistics become one
+// affine map per channel, which whoever reads the values next applies on the fly (a
+// convolution gathering its input, or apply_channel_affine). The normalised tensor then never
+// has to exist in full, which matters for the VAE decoder at full resolution.
+#include <cstdint>
+#include <vector>
+
+#include "core/threadpool.h"
+
+namespace klein::ops {
+
+// y = (x - mean[c]) · scale[c] + shift[c], then x·sigmoid(x) if `silu`.
+struct ChannelAffine {
+  std::vector<float> mean;   // [C] mean of the channel's group
+  std::vector<float> scale;  // [C] gamma[c] / sqrt(var(group) + eps)
+  std::vector<float> shift;  // [C] beta[c]
+  bool silu = false;
+
+  int64_t channels() const { return int64_t(mean.size()); }
+  // y[i] = f(x[i]) for n values of channel c (y may equal x).
+  void apply(int64_t c, const float* x, float* y, int64_t n) const;
+};
+
+// Statistics of GroupNorm with `groups` groups of consecutive channels over x [C, pixels]:
+// biased variance, computed in double so a group of millions of values loses nothing.
+// gamma and beta are [C]. The result does not depend on the pool size.
+ChannelAffine group_norm_affine(const float* x, int64_t channels, int64_t pixels, int64_t groups,
+                                const float* gamma, const float* beta, float eps, bool silu,
+                                ThreadPool& pool);
+
+// y[c, :] = a applied to x[c, :] for every channel; y may equal x.
+void apply_channel_affine(const float* x, float* y, int64_t channels, int64_t pixels,
+                          const ChannelAffine& a, ThreadPool& pool);
+
+}  // namespace klein::ops

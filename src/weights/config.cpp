@@ -1,0 +1,184 @@
+#include "weights/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace klein {
+
+using json = nlohmann::json;
+
+namespace {
+
+// Reads key as T if present (null counts as absent), else keeps the default; a value of the
+// wrong type is an error naming the file and key.
+template <class T>
+void read(const json& j, const char* key, T& out, const std::string& where) {
+  if (!j.contains(key) || j[key].is_null()) return;
+  try {
+    out = j[key].get<T>();
+  } catch (const json::exception&) {
+    fail(where, ": key \"", key, "\" has the wrong type (", j[key].type_name(), ")");
+  }
+}
+
+void require_object(const json& j, const std::string& where) {
+  check(j.is_object(), where, ": expected a JSON object");
+}
+
+void check_positive(int64_t v, const char* key, const std::string& where) {
+  check(v > 0, where, ": \"", key, "\" must be positive, got ", v);
+}
+
+}  // namespace
+
+TransformerConfig parse_transformer_config(const json& j, const std::string& where) {
+  require_object(j, where);
+  TransformerConfig c;
+  read(j, "in_channels", c.in_channels, where);
+  c.out_channels = c.in_channels;
+  read(j, "out_channels", c.out_channels, where);
+  read(j, "num_layers", c.num_double_blocks, where);
+  read(j, "num_single_layers", c.num_single_blocks, where);
+  read(j, "attention_head_dim", c.head_dim, where);
+  read(j, "num_attention_heads", c.num_heads, where);
+  read(j, "joint_attention_dim", c.context_dim, where);
+  read(j, "mlp_ratio", c.mlp_ratio, where);
+  std::vector<int64_t> axes(c.rope_axes.begin(), c.rope_axes.end());
+  read(j, "axes_dims_rope", axes, where);
+  check(axes.size() == 4, where, ": axes_dims_rope must have 4 entries, got ", axes.size());
+  std::copy(axes.begin(), axes.end(), c.rope_axes.begin());
+  read(j, "rope_theta", c.rope_theta, where);
+  read(j, "eps", c.eps, where);
+  read(j, "timestep_guidance_channels", c.timestep_channels, where);
+  read(j, "guidance_embeds", c.guidance_embeds, where);
+  int64_t patch = 1;
+  read(j, "patch_size", patch, where);
+  check(patch == 1, where, ": patch_size ", patch, " is not supported (FLUX.2 uses 1)");
+  check_positive(c.num_heads, "num_attention_heads", where);
+  check_positive(c.head_dim, "attention_head_dim", where);
+  check(axes[0] + axes[1] + axes[2] + axes[3] == c.head_dim, where,
+        ": axes_dims_rope must sum to attention_head_dim ", c.head_dim);
+  return c;
+}
+
+TextEncoderConfig parse_text_encoder_config(const json& j, const std::string& where) {
+  require_object(j, where);
+  TextEncoderConfig c;
+  std::string model_type;
+  read(j, "model_type", model_type, where);
+  check(model_type.empty() || model_type == "qwen3", where, ": model_type \"", model_type,
+        "\" is not a Qwen3 text encoder (FLUX.2-klein uses qwen3; FLUX.2-dev uses Mistral)");
+  read(j, "vocab_size", c.vocab_size, where);
+  read(j, "hidden_size", c.hidden, where);
+  read(j, "intermediate_size", c.intermediate, where);
+  read(j, "num_hidden_layers", c.num_layers, where);
+  read(j, "num_attention_heads", c.num_heads, where);
+  read(j, "num_key_value_heads", c.num_kv_heads, where);
+  c.head_dim = c.hidden / std::max<int64_t>(1, c.num_heads);
+  read(j, "head_dim", c.head_dim, where);
+  read(j, "rms_norm_eps", c.rms_eps, where);
+  read(j, "rope_theta", c.rope_theta, where);
+  check_positive(c.num_heads, "num_attention_heads", where);
+  check_positive(c.num_kv_heads, "num_key_value_heads", where);
+  check(c.num_heads % c.num_kv_heads == 0, where, ": num_attention_heads ", c.num_heads,
+        " is not a multiple of num_key_value_heads ", c.num_kv_heads);
+  check(c.num_layers >= c.layers_needed(), where, ": num_hidden_layers ", c.num_layers,
+        " but the pipeline reads the output of layer ", c.layers_needed());
+  return c;
+}
+
+VaeConfig parse_vae_config(const json& j, const std::string& where) {
+  require_object(j, where);
+  VaeConfig c;
+  read(j, "in_channels", c.in_channels, where);
+  read(j, "out_channels", c.out_channels, where);
+  read(j, "block_out_channels", c.block_out_channels, where);
+  read(j, "decoder_block_out_channels", c.decoder_block_out_channels, where);
+  read(j, "layers_per_block", c.layers_per_block, where);
+  read(j, "latent_channels", c.latent_channels, where);
+  read(j, "norm_num_groups", c.norm_groups, where);
+  read(j, "batch_norm_eps", c.batch_norm_eps, where);
+  std::vector<int64_t> patch = {2, 2};
+  read(j, "patch_size", patch, where);
+  check(patch.size() == 2, where, ": patch_size must have 2 entries");
+  c.patch_size = {patch[0], patch[1]};
+  read(j, "use_quant_conv", c.use_quant_conv, where);
+  read(j, "use_post_quant_conv", c.use_post_quant_conv, where);
+  read(j, "mid_block_add_attention", c.mid_block_attention, where);
+  std::string act = "silu";
+  read(j, "act_fn", act, where);
+  check(act == "silu", where, ": act_fn \"", act, "\" is not supported (expected silu)");
+  check(!c.block_out_channels.empty(), where, ": block_out_channels is empty");
+  for (int64_t ch : c.block_out_channels)
+    check(ch > 0 && ch % c.norm_groups == 0, where, ": block_out_channels entry ", ch,
+          " is not a positive multiple of norm_num_groups ", c.norm_groups);
+  return c;
+}
+
+SchedulerConfig parse_scheduler_config(const json& j, const std::string& where) {
+  require_object(j, where);
+  SchedulerConfig c;
+  read(j, "num_train_timesteps", c.num_train_timesteps, where);
+  read(j, "use_dynamic_shifting", c.use_dynamic_shifting, where);
+  read(j, "shift", c.shift, where);
+  read(j, "time_shift_type", c.time_shift_type, where);
+  check(c.time_shift_type == "exponential" || c.time_shift_type == "linear", where,
+        ": time_shift_type \"", c.time_shift_type, "\" is not supported");
+  return c;
+}
+
+json to_json(const ModelConfig& c) {
+  const auto& t = c.transformer;
+  const auto& e = c.text_encoder;
+  const auto& v = c.vae;
+  return json{
+      {"name", c.name},
+      {"is_distilled", c.is_distilled},
+      {"transformer",
+       {{"in_channels", t.in_channels}, {"out_channels", t.out_channels},
+        {"num_layers", t.num_double_blocks}, {"num_single_layers", t.num_single_blocks},
+        {"attention_head_dim", t.head_dim}, {"num_attention_heads", t.num_heads},
+        {"joint_attention_dim", t.context_dim}, {"mlp_ratio", t.mlp_ratio},
+        {"axes_dims_rope", t.rope_axes}, {"rope_theta", t.rope_theta}, {"eps", t.eps},
+        {"timestep_guidance_channels", t.timestep_channels},
+        {"guidance_embeds", t.guidance_embeds}}},
+      {"text_encoder",
+       {{"model_type", "qwen3"}, {"vocab_size", e.vocab_size}, {"hidden_size", e.hidden},
+        {"intermediate_size", e.intermediate}, {"num_hidden_layers", e.num_layers},
+        {"num_attention_heads", e.num_heads}, {"num_key_value_heads", e.num_kv_heads},
+        {"head_dim", e.head_dim}, {"rms_norm_eps", e.rms_eps}, {"rope_theta", e.rope_theta}}},
+      {"vae",
+       {{"in_channels", v.in_channels}, {"out_channels", v.out_channels},
+        {"block_out_channels", v.block_out_channels},
+        {"decoder_block_out_channels", v.decoder_block_out_channels.empty()
+                                           ? json(nullptr)
+                                           : json(v.decoder_block_out_channels)},
+        {"layers_per_block", v.layers_per_block}, {"latent_channels", v.latent_channels},
+        {"norm_num_groups", v.norm_groups}, {"batch_norm_eps", v.batch_norm_eps},
+        {"patch_size", v.patch_size}, {"use_quant_conv", v.use_quant_conv},
+        {"use_post_quant_conv", v.use_post_quant_conv},
+        {"mid_block_add_attention", v.mid_block_attention}, {"act_fn", "silu"}}},
+      {"scheduler",
+       {{"num_train_timesteps", c.scheduler.num_train_timesteps},
+        {"use_dynamic_shifting", c.scheduler.use_dynamic_shifting},
+        {"shift", c.scheduler.shift}, {"time_shift_type", c.scheduler.time_shift_type}}},
+  };
+}
+
+ModelConfig model_config_from_json(const json& j, const std::string& where) {
+  require_object(j, where);
+  ModelConfig c;
+  read(j, "name", c.name, where);
+  read(j, "is_distilled", c.is_distilled, where);
+  check(j.contains("transformer") && j.contains("text_encoder") && j.contains("vae") &&
+            j.contains("scheduler"),
+        where, ": model configuration lacks one of transformer, text_encoder, vae, scheduler");
+  c.transformer = parse_transformer_config(j["transformer"], where + " (transformer)");
+  c.text_encoder = parse_text_encoder_config(j["text_encoder"], where + " (text_encoder)");
+  c.vae = parse_vae_config(j["vae"], where + " (vae)");
+  c.scheduler = parse_scheduler_config(j["scheduler"], where + " (scheduler)");
+  return c;
+}
+
+}  // namespace klein

@@ -1,0 +1,30 @@
+#pragma once
+// What a FLUX.2-klein checkpoint must contain: every tensor's canonical name and shape as a
+// function of the configuration (spec section b), and the configuration read back from
+// tensor shapes (for single-file checkpoints that carry no config.json).
+#include <map>
+#include <string>
+
+#include "core/tensor.h"
+#include "weights/config.h"
+#include "weights/naming.h"
+
+namespace klein {
+
+using ShapeMap = std::map<std::string, Shape>;  // canonical name -> shape
+
+ShapeMap expected_transformer(const TransformerConfig& c);
+// Only the parts inference reads: the embedding and layers 0 .. layers_needed()-1.
+ShapeMap expected_text_encoder(const TextEncoderConfig& c);
+ShapeMap expected_vae(const VaeConfig& c);
+
+TransformerConfig infer_transformer_config(const ShapeMap& tensors, const std::string& where);
+TextEncoderConfig infer_text_encoder_config(const ShapeMap& tensors, const std::string& where);
+VaeConfig infer_vae_config(const ShapeMap& tensors, const std::string& where);
+
+// Every expected tensor present with its shape; errors name the file, the tensor, and both
+// shapes. Tensors the checkpoint has beyond those are allowed (unused Qwen3 layers, lm_head).
+void check_tensors(const ShapeMap& expected, const ShapeMap& actual, Component c,
+                   const std::string& where);
+
+}  // namespace klein

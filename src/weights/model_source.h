@@ -1,0 +1,38 @@
+#pragma once
+// Finding and opening a model. A model is given as
+//   -m DIR        the diffusers directory of FLUX.2-klein (model_index.json, transformer/,
+//                 text_encoder/, vae/, tokenizer/, scheduler/), or a klein container file;
+//   or single files: --diffusion-model FILE (BFL/ComfyUI or diffusers transformer safetensors),
+//                 --text-encoder FILE (Qwen3 safetensors or index.json), --vae FILE,
+//                 --tokenizer DIR (vocab.json, merges.txt, tokenizer_config.json).
+// Either way the result is one WeightStore with canonical names and a checked ModelConfig.
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "weights/weight_store.h"
+
+namespace klein {
+
+struct ModelPaths {
+  std::filesystem::path model;            // -m: diffusers directory (or container, later)
+  std::filesystem::path diffusion_model;  // single-file overrides
+  std::filesystem::path text_encoder;
+  std::filesystem::path vae;
+  std::filesystem::path tokenizer;        // directory
+};
+
+// Opens the model (validating every file and the pairing of the components) as a store
+// that reads straight from the original safetensors (BF16/F16/F32, exact).
+std::unique_ptr<WeightStore> open_model(const ModelPaths& paths);
+inline std::unique_ptr<WeightStore> open_model(const std::filesystem::path& model) {
+  ModelPaths p;
+  p.model = model;
+  return open_model(p);
+}
+
+// The tokenizer directory of a model given as paths (tokenizer/ of a diffusers directory,
+// or --tokenizer). Throws naming what is missing.
+std::filesystem::path find_tokenizer_dir(const ModelPaths& paths);
+
+}  // namespace klein

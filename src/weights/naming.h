@@ -1,0 +1,45 @@
+#pragma once
+// Canonical tensor names and the mapping from the published checkpoint layouts to them.
+// Canonical names use the diffusers/transformers spelling with a component prefix
+// ("transformer.", "text_encoder.", "vae."); see weight_store.h for the units.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace klein {
+
+struct UnitOf {
+  std::string unit;    // "transformer.double.3"
+  std::string prefix;  // "transformer.transformer_blocks.3."
+};
+// The unit a canonical tensor belongs to, or nothing for tensors inference never reads
+// (lm_head, BatchNorm's num_batches_tracked).
+std::optional<UnitOf> unit_of(const std::string& canonical);
+
+// Where a canonical tensor's values come from in a source checkpoint.
+struct TensorSource {
+  std::string canonical;
+  std::string source;          // tensor name in the source file
+  int64_t row_begin = 0;       // rows [row_begin, row_end) of the source (fused QKV split)
+  int64_t row_end = -1;        // -1: all rows
+  bool swap_halves = false;    // BFL final layer stores shift|scale, diffusers scale|shift
+  bool squeeze_1x1 = false;    // BFL VAE attention 1x1 convs become Linear [out, in]
+};
+
+struct NamedShape {
+  std::string name;
+  Shape shape;
+};
+
+enum class Component { Transformer, TextEncoder, Vae };
+const char* component_name(Component c);
+
+// Maps every tensor of one component's source file(s) to canonical names, recognising the
+// diffusers, BFL and ComfyUI spellings (prefixes such as "model.diffusion_model." are
+// stripped). Unknown tensors are an error naming them; `where` names the file.
+std::vector<TensorSource> map_component(Component c, const std::vector<NamedShape>& tensors,
+                                        const std::string& where);
+
+}  // namespace klein

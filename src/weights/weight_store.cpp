@@ -1,0 +1,32 @@
+#include "weights/weight_store.h"
+
+#include "core/error.h"
+
+namespace klein {
+
+const Weight* WeightUnit::find(const std::string& relative) const {
+  const std::string full = prefix_ + relative;
+  for (const auto& w : weights_)
+    if (w.name == full) return &w;
+  return nullptr;
+}
+
+const Weight& WeightUnit::get(const std::string& relative) const {
+  const Weight* w = find(relative);
+  if (!w) fail("weight unit ", name_, " has no tensor ", prefix_ + relative);
+  return *w;
+}
+
+std::vector<float> weight_to_floats(const Weight& w) {
+  check(dtype_is_float(w.dtype) && w.layout == 0, "tensor ", w.name, " is stored as ",
+        dtype_name(w.dtype), "; expected a plain float type for a small tensor");
+  std::vector<float> out(static_cast<size_t>(w.numel()));
+  to_f32(w.dtype, w.data, out.data(), out.size());
+  return out;
+}
+
+std::string double_block_unit(int64_t i) { return "transformer.double." + std::to_string(i); }
+std::string single_block_unit(int64_t i) { return "transformer.single." + std::to_string(i); }
+std::string text_layer_unit(int64_t layer) { return "text_encoder.layer." + std::to_string(layer); }
+
+}  // namespace klein

@@ -1,0 +1,91 @@
+#pragma once
+// The one weight interface every model uses. A model asks the store for a unit
+// ("transformer.double.3", "text_encoder.layer.12", "vae.decoder") and gets typed views of
+// its tensors, valid while it holds the returned reference. The same models run on the
+// container (any precision, paged) and straight on the original safetensors (exact).
+//
+// Units and the names inside them (names are relative to the unit's prefix):
+//   transformer.shared        prefix "transformer."   x_embedder.weight, context_embedder.weight,
+//                             time_guidance_embed.*, *_modulation*, norm_out.*, proj_out.weight
+//   transformer.double.{i}    prefix "transformer.transformer_blocks.{i}."
+//   transformer.single.{i}    prefix "transformer.single_transformer_blocks.{i}."
+//   text_encoder.embed        prefix "text_encoder.model."   embed_tokens.weight
+//   text_encoder.layer.{L}    prefix "text_encoder.model.layers.{L}."
+//   text_encoder.norm         prefix "text_encoder.model."   norm.weight (never used)
+//   vae.encoder               prefix "vae."   encoder.*, quant_conv.*
+//   vae.decoder               prefix "vae."   decoder.*, post_quant_conv.*
+//   vae.latent_stats          prefix "vae."   bn.running_mean, bn.running_var
+// Canonical (global) names are prefix + relative name, with diffusers / transformers
+// spelling: "transformer.transformer_blocks.3.attn.to_q.weight".
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "weights/config.h"
+
+namespace klein {
+
+// One weight tensor. Shapes are PyTorch's: Linear [out, in], Conv2d [out, in, kh, kw].
+struct Weight {
+  std::string name;       // canonical name
+  DType dtype = DType::F32;
+  Shape shape;
+  const void* data = nullptr;
+  size_t nbytes = 0;
+  uint8_t layout = 0;     // quant::Layout of the bytes (0 = plain row-major)
+
+  int64_t rows() const { return shape.empty() ? 1 : shape[0]; }
+  int64_t cols() const { return shape.empty() ? 1 : klein::numel(shape) / shape[0]; }
+  int64_t numel() const { return klein::numel(shape); }
+};
+
+class WeightUnit {
+ public:
+  virtual ~WeightUnit() = default;
+
+  const std::string& name() const { return name_; }
+  const std::string& prefix() const { return prefix_; }
+  // The tensor `relative` (prefix() + relative is its canonical name). Throws klein::Error
+  // naming the unit and tensor when it is missing.
+  const Weight& get(const std::string& relative) const;
+  const Weight* find(const std::string& relative) const;
+  const std::vector<Weight>& weights() const { return weights_; }
+
+ protected:
+  WeightUnit(std::string name, std::string prefix) : name_(std::move(name)), prefix_(std::move(prefix)) {}
+  void add(Weight w) { weights_.push_back(std::move(w)); }
+
+ private:
+  std::string name_;
+  std::string prefix_;
+  std::vector<Weight> weights_;
+};
+
+using UnitRef = std::shared_ptr<const WeightUnit>;
+
+class WeightStore {
+ public:
+  virtual ~WeightStore() = default;
+  // Makes the unit resident (reading/checking it if needed) and returns it; the views stay
+  // valid while the reference is held.
+  virtual UnitRef acquire(const std::string& unit) = 0;
+  // Starts bringing a unit in on a background thread, if the store pages; otherwise no-op.
+  virtual void prefetch(const std::string& unit) {}
+  virtual bool has_unit(const std::string& unit) const = 0;
+  virtual std::vector<std::string> units() const = 0;
+  virtual const ModelConfig& config() const = 0;
+  // A string that changes whenever the weights could have changed (checksum, or file
+  // names + sizes + modification times); used to key caches.
+  virtual std::string identity() const = 0;
+};
+
+// The values of a small float tensor (norm weights, biases, statistics) as float32.
+std::vector<float> weight_to_floats(const Weight& w);
+
+// Unit names.
+std::string double_block_unit(int64_t i);
+std::string single_block_unit(int64_t i);
+std::string text_layer_unit(int64_t layer);
+
+}  // namespace klein
