@@ -1,0 +1,148 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "ops/attention.h"
+#include "ops/linear.h"
+#include "ops/norm.h"
+
+namespace klein::ops {
+namespace {
+
+std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+TEST(Linear, MatchesNaiveForEveryFloatType) {
+  const int64_t M = 37, N = 70, K = 96;
+  auto x = random_vector(size_t(M * K), 1);
+  auto wf = random_vector(size_t(N * K), 2);
+  std::vector<uint16_t> wb(wf.size()), wh(wf.size());
+  f32_to_bf16(wf.data(), wb.data(), wf.size());
+  f32_to_f16(wf.data(), wh.data(), wf.size());
+  ThreadPool pool(2);
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    Weight w{"w", t, {N, K}, nullptr, 0};
+    std::vector<float> exact(wf.size());
+    if (t == DType::F32) w.data = wf.data();
+    if (t == DType::BF16) w.data = wb.data();
+    if (t == DType::F16) w.data = wh.data();
+    to_f32(t, w.data, exact.data(), exact.size());
+    std::vector<float> y(size_t(M * N));
+    linear(x.data(), M, w, y.data(), pool);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double ref = 0;
+        for (int64_t k = 0; k < K; ++k) ref += double(x[size_t(m * K + k)]) * exact[size_t(n * K + k)];
+        ASSERT_NEAR(y[size_t(m * N + n)], ref, 1e-4 * (1 + std::fabs(ref))) << dtype_name(t);
+      }
+  }
+}
+
+TEST(Linear, RowSliceAndStridesAddressTheRightColumns) {
+  const int64_t M = 3, N = 8, K = 4;
+  auto x = random_vector(size_t(M * K), 3);
+  auto wf = random_vector(size_t(N * K), 4);
+  Weight w{"w", DType::F32, {N, K}, wf.data(), wf.size() * 4};
+  ThreadPool pool(1);
+  std::vector<float> full(size_t(M * N)), wide(size_t(M * 10), -1.f);
+  linear(x.data(), M, w, full.data(), pool);
+  // Rows 2..5 of W written into columns 1..4 of a 10-wide buffer.
+  linear(x.data(), M, K, weight_rows(w, 2, 6), wide.data() + 1, 10, pool);
+  for (int64_t m = 0; m < M; ++m) {
+    EXPECT_EQ(wide[size_t(m * 10)], -1.f);
+    for (int64_t j = 0; j < 4; ++j) EXPECT_FLOAT_EQ(wide[size_t(m * 10 + 1 + j)], full[size_t(m * N + 2 + j)]);
+    EXPECT_EQ(wide[size_t(m * 10 + 5)], -1.f);
+  }
+}
+
+// Naive attention with a full score row, in double.
+std::vector<float> naive_attention(const std::vector<float>& q, const std::vector<float>& k,
+                                   const std::vector<float>& v, const AttentionParams& p) {
+  const int64_t D = p.head_dim, group = p.heads / p.kv_heads;
+  std::vector<float> out(size_t(p.q_len * p.heads * D), 0.f);
+  for (int64_t h = 0; h < p.heads; ++h)
+    for (int64_t i = 0; i < p.q_len; ++i) {
+      std::vector<double> s(size_t(p.kv_len), -INFINITY);
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < p.kv_len; ++j) {
+        if (p.causal && j > i) continue;
+        if (p.key_valid && !p.key_valid[j]) continue;
+        double dot = 0;
+        for (int64_t d = 0; d < D; ++d)
+          dot += double(q[size_t(i * p.heads * D + h * D + d)]) *
+                 k[size_t(j * p.kv_heads * D + (h / group) * D + d)];
+        s[size_t(j)] = dot * p.scale;
+        mx = std::max(mx, s[size_t(j)]);
+      }
+      if (mx == -INFINITY) continue;
+      double sum = 0;
+      for (auto& x : s) sum += (x = std::exp(x - mx));
+      for (int64_t d = 0; d < D; ++d) {
+        double acc = 0;
+        for (int64_t j = 0; j < p.kv_len; ++j)
+          acc += s[size_t(j)] * v[size_t(j * p.kv_heads * D + (h / group) * D + d)];
+        out[size_t(i * p.heads * D + h * D + d)] = float(acc / sum);
+      }
+    }
+  return out;
+}
+
+void expect_attention_matches(AttentionParams p, int threads, const uint8_t* mask = nullptr) {
+  p.key_valid = mask;
+  auto q = random_vector(size_t(p.q_len * p.heads * p.head_dim), 5, 2.f);
+  auto k = random_vector(size_t(p.kv_len * p.kv_heads * p.head_dim), 6, 2.f);
+  auto v = random_vector(size_t(p.kv_len * p.kv_heads * p.head_dim), 7);
+  std::vector<float> out(q.size(), 123.f);
+  ThreadPool pool(threads);
+  const int64_t wq = p.heads * p.head_dim, wk = p.kv_heads * p.head_dim;
+  attention(q.data(), wq, k.data(), wk, v.data(), wk, out.data(), wq, p, pool);
+  auto ref = naive_attention(q, k, v, p);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-5) << "at " << i;
+}
+
+TEST(Attention, MatchesNaiveAcrossTileBoundaries) {
+  AttentionParams p;
+  p.q_len = 300;  // not a multiple of the 64-row query tile
+  p.kv_len = 600; // spans three key tiles, the last one partial
+  p.heads = 2;
+  p.kv_heads = 2;
+  p.head_dim = 32;
+  p.scale = 1.0f / std::sqrt(32.0f);
+  expect_attention_matches(p, 1);
+  expect_attention_matches(p, 2);
+}
+
+TEST(Attention, CausalWithPaddingMaskAndGroupedHeads) {
+  AttentionParams p;
+  p.q_len = p.kv_len = 130;
+  p.heads = 4;
+  p.kv_heads = 2;
+  p.head_dim = 16;
+  p.scale = 0.25f;
+  p.causal = true;
+  std::vector<uint8_t> valid(130, 1);
+  for (int j = 100; j < 130; ++j) valid[size_t(j)] = 0;  // right padding, as in the text encoder
+  expect_attention_matches(p, 2, valid.data());
+}
+
+TEST(Norm, LayerNormAndRmsNorm) {
+  ThreadPool pool(1);
+  std::vector<float> x = {1, 2, 3, 4}, y(4), w = {1, 2, 1, 1};
+  layer_norm(x.data(), y.data(), 1, 4, 0.0f, pool);
+  const float sd = std::sqrt(1.25f);
+  EXPECT_NEAR(y[0], -1.5f / sd, 1e-6);
+  EXPECT_NEAR(y[3], 1.5f / sd, 1e-6);
+  rms_norm(x.data(), y.data(), 1, 4, w.data(), 0.0f, pool);
+  const float rms = std::sqrt(30.0f / 4);
+  EXPECT_NEAR(y[1], 2 * 2 / rms, 1e-6);
+}
+
+}  // namespace
+}  // namespace klein::ops
