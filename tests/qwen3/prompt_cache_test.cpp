@@ -20,9 +20,9 @@ namespace {
 namespace fs = std::filesystem;
 using klein::testing::temp_dir;
 
-PromptCacheKey make_key(int64_t first_id, std::string identity = "model-a") {
-  PromptCacheKey key{std::move(identity), std::vector<int64_t>(512, 151643),
-                     std::vector<int64_t>(512, 0)};
+PromptCacheKey make_key(int32_t first_id, std::string identity = "model-a") {
+  PromptCacheKey key{std::move(identity), std::vector<int32_t>(512, 151643),
+                     std::vector<int32_t>(512, 0)};
   key.ids[0] = first_id;
   key.mask[0] = 1;
   return key;
@@ -213,8 +213,9 @@ TEST(PromptCache, EncodeWithCacheComputesOnceThenReads) {
   ThreadPool pool(2);
   TextEncoder encoder(*store, pool);
   const auto dir = klein::testing::tiny_vectors() / "tokenizer";
-  const auto ids = read_npy(dir / "prompt1_input_ids.npy").to_i64();
-  const auto mask = read_npy(dir / "prompt1_attention_mask.npy").to_i64();
+  const auto ids64 = read_npy(dir / "prompt1_input_ids.npy").to_i64();
+  const auto mask64 = read_npy(dir / "prompt1_attention_mask.npy").to_i64();
+  const std::vector<int32_t> ids(ids64.begin(), ids64.end()), mask(mask64.begin(), mask64.end());
 
   PromptCache cache(temp_dir("cache_encode"));
   const CachedContext first = encode_with_cache(encoder, &cache, ids, mask);

@@ -196,7 +196,7 @@ void PromptCache::evict(const fs::path& keep) const {
 }
 
 CachedContext encode_with_cache(TextEncoder& encoder, PromptCache* cache,
-                                std::span<const int64_t> ids, std::span<const int64_t> mask) {
+                                std::span<const int32_t> ids, std::span<const int32_t> mask) {
   CachedContext result;
   if (!cache) {
     result.context = encoder.encode(ids, mask);

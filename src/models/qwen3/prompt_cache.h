@@ -26,8 +26,8 @@ inline constexpr uint32_t kPromptCacheVersion = 1;
 // token ids and attention mask.
 struct PromptCacheKey {
   std::string encoder_identity;
-  std::vector<int64_t> ids;
-  std::vector<int64_t> mask;
+  std::vector<int32_t> ids;
+  std::vector<int32_t> mask;
 
   // The exact bytes compared on lookup (version, identity, ids, mask).
   std::string bytes() const;
@@ -73,6 +73,6 @@ struct CachedContext {
 // and stored. `cache` may be null (no caching). A failure to write the cache does not fail
 // the call: the context is returned with store_error set, for the caller to report.
 CachedContext encode_with_cache(TextEncoder& encoder, PromptCache* cache,
-                                std::span<const int64_t> ids, std::span<const int64_t> mask);
+                                std::span<const int32_t> ids, std::span<const int32_t> mask);
 
 }  // namespace klein::qwen3

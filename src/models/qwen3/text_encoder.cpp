@@ -107,7 +107,7 @@ void TextEncoder::prepare(int64_t seq) {
 }
 
 // x = rows of embed_tokens for the ids. Only seq rows of the table are ever converted.
-void TextEncoder::embed_tokens(std::span<const int64_t> ids) {
+void TextEncoder::embed_tokens(std::span<const int32_t> ids) {
   UnitRef unit = store_.acquire("text_encoder.embed");
   const Weight& table = unit->get("embed_tokens.weight");
   check(table.shape.size() == 2 && table.shape[1] == config_.hidden, "tensor ", table.name,
@@ -195,7 +195,7 @@ void TextEncoder::decoder_layer(const WeightUnit& layer) {
   add_inplace(x, h, S * D);
 }
 
-Tensor TextEncoder::encode(std::span<const int64_t> ids, std::span<const int64_t> mask,
+Tensor TextEncoder::encode(std::span<const int32_t> ids, std::span<const int32_t> mask,
                            const LayerObserver& observe) {
   check(!ids.empty(), "text encoder: empty token sequence");
   check(ids.size() == mask.size(), "text encoder: ", ids.size(), " token ids but ", mask.size(),

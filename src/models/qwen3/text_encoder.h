@@ -25,7 +25,7 @@ class TextEncoder {
 
   // ids and mask: [seq] (mask 1 = token, 0 = padding; the pipeline pads on the right to
   // 512). Returns the context [seq, config().context_dim()], padding rows included.
-  Tensor encode(std::span<const int64_t> ids, std::span<const int64_t> mask,
+  Tensor encode(std::span<const int32_t> ids, std::span<const int32_t> mask,
                 const LayerObserver& observe = {});
 
   const TextEncoderConfig& config() const { return config_; }
@@ -47,7 +47,7 @@ class TextEncoder {
   };
 
   void prepare(int64_t seq);
-  void embed_tokens(std::span<const int64_t> ids);
+  void embed_tokens(std::span<const int32_t> ids);
   void decoder_layer(const WeightUnit& layer);
   void apply_rope(float* rows, int64_t heads);
 
