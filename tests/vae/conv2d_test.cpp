@@ -1,0 +1,244 @@
+// The convolution and GroupNorm kernels against direct loops over the definitions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "core/error.h"
+#include "ops/conv2d.h"
+#include "ops/group_norm.h"
+#include "support/testing.h"
+
+namespace klein {
+namespace {
+
+using ops::ChannelAffine;
+using ops::Conv2dParams;
+using ops::Conv2dWeights;
+using ops::ConvWrite;
+
+std::vector<float> random_values(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+Tensor random_tensor(Shape shape, uint32_t seed) {
+  Tensor t(shape);
+  std::vector<float> v = random_values(t.numel(), seed);
+  std::copy(v.begin(), v.end(), t.data());
+  return t;
+}
+
+Conv2dWeights random_conv(int64_t out, int64_t in, int64_t kernel, uint32_t seed) {
+  Conv2dWeights w;
+  w.out_channels = out;
+  w.in_channels = in;
+  w.kernel = kernel;
+  w.weight = random_values(out * in * kernel * kernel, seed, 1.0f / std::sqrt(float(in * kernel * kernel)));
+  w.bias = random_values(out, seed + 1, 0.1f);
+  return w;
+}
+
+// The definition: upsample, transform, pad with zeros, slide the kernel; sums in double.
+Tensor reference_conv(const Tensor& x, const ChannelAffine* t, const Conv2dWeights& w,
+                      const Conv2dParams& p) {
+  const int64_t C = x.dim(0), H = x.dim(1) * p.upsample, W = x.dim(2) * p.upsample;
+  const int64_t k = w.kernel;
+  const int64_t OH = (H + p.pad_top + p.pad_bottom - k) / p.stride + 1;
+  const int64_t OW = (W + p.pad_left + p.pad_right - k) / p.stride + 1;
+  auto input = [&](int64_t c, int64_t y, int64_t xx) -> double {
+    y -= p.pad_top;
+    xx -= p.pad_left;
+    if (y < 0 || y >= H || xx < 0 || xx >= W) return 0.0;
+    float v = x.data()[(c * x.dim(1) + y / p.upsample) * x.dim(2) + xx / p.upsample];
+    if (t) t->apply(c, &v, &v, 1);
+    return v;
+  };
+  Tensor y({w.out_channels, OH, OW});
+  for (int64_t co = 0; co < w.out_channels; ++co)
+    for (int64_t oy = 0; oy < OH; ++oy)
+      for (int64_t ox = 0; ox < OW; ++ox) {
+        double s = w.bias.empty() ? 0.0 : w.bias[size_t(co)];
+        for (int64_t ci = 0; ci < C; ++ci)
+          for (int64_t ky = 0; ky < k; ++ky)
+            for (int64_t kx = 0; kx < k; ++kx)
+              s += double(w.weight[size_t(((co * C + ci) * k + ky) * k + kx)]) *
+                   input(ci, oy * p.stride + ky, ox * p.stride + kx);
+        y.data()[(co * OH + oy) * OW + ox] = float(s);
+      }
+  return y;
+}
+
+double max_scaled_diff(const Tensor& got, const Tensor& ref) {
+  EXPECT_EQ(got.shape(), ref.shape());
+  return testing::scaled_diff(got.data(), ref.data(), ref.numel());
+}
+
+struct ConvCase {
+  const char* name;
+  int64_t in, out, height, width, kernel;
+  Conv2dParams params;
+};
+
+Conv2dParams downsample_params() {  // the VAE's: zero row/column on the bottom/right only
+  Conv2dParams p;
+  p.stride = 2;
+  p.pad_bottom = p.pad_right = 1;
+  return p;
+}
+
+Conv2dParams upsample_params() {
+  Conv2dParams p = Conv2dParams::same(3);
+  p.upsample = 2;
+  return p;
+}
+
+Conv2dParams odd_params() {
+  Conv2dParams p;
+  p.stride = 3;
+  p.pad_top = 2;
+  p.pad_left = 1;
+  p.pad_right = 3;
+  return p;
+}
+
+const ConvCase kCases[] = {
+    {"same3x3_odd_sizes", 5, 7, 13, 11, 3, Conv2dParams::same(3)},
+    {"same3x3_wide", 19, 9, 6, 37, 3, Conv2dParams::same(3)},
+    {"pointwise", 6, 4, 9, 7, 1, Conv2dParams{}},
+    {"downsample_even", 4, 6, 12, 10, 3, downsample_params()},
+    {"downsample_odd", 3, 5, 11, 9, 3, downsample_params()},
+    {"upsample", 5, 3, 7, 5, 3, upsample_params()},
+    {"kernel5_stride3_asymmetric", 4, 3, 14, 17, 5, odd_params()},
+};
+
+TEST(Conv2d, MatchesDefinition) {
+  ThreadPool pool(3);
+  for (const ConvCase& c : kCases) {
+    SCOPED_TRACE(c.name);
+    Tensor x = random_tensor({c.in, c.height, c.width}, 7);
+    Conv2dWeights w = random_conv(c.out, c.in, c.kernel, 11);
+    Tensor got = ops::conv2d(x, w, c.params, pool);
+    EXPECT_LE(max_scaled_diff(got, reference_conv(x, nullptr, w, c.params)), 1e-6);
+  }
+}
+
+ChannelAffine random_affine(int64_t channels, bool silu) {
+  ChannelAffine a;
+  a.mean = random_values(channels, 21);
+  a.scale = random_values(channels, 22);
+  a.shift = random_values(channels, 23);
+  a.silu = silu;
+  return a;
+}
+
+TEST(Conv2d, FusedTransformMatchesDefinition) {
+  ThreadPool pool(2);
+  for (const ConvCase& c : kCases) {
+    SCOPED_TRACE(c.name);
+    Tensor x = random_tensor({c.in, c.height, c.width}, 8);
+    Conv2dWeights w = random_conv(c.out, c.in, c.kernel, 12);
+    ChannelAffine t = random_affine(c.in, true);
+    Tensor got = ops::conv2d(x, w, c.params, pool, &t);
+    EXPECT_LE(max_scaled_diff(got, reference_conv(x, &t, w, c.params)), 1e-6);
+  }
+}
+
+TEST(Conv2d, AccumulatesIntoOutput) {
+  ThreadPool pool(2);
+  Tensor x = random_tensor({6, 9, 10}, 1);
+  for (int64_t kernel : {1, 3}) {
+    Conv2dWeights w = random_conv(4, 6, kernel, 2);
+    Conv2dParams p = Conv2dParams::same(kernel);
+    Tensor y = random_tensor({4, 9, 10}, 3);
+    Tensor ref = reference_conv(x, nullptr, w, p);
+    for (int64_t i = 0; i < ref.numel(); ++i) ref.data()[i] += y.data()[i];
+    ops::conv2d_into(x, nullptr, w, p, y, ConvWrite::Accumulate, pool);
+    EXPECT_LE(max_scaled_diff(y, ref), 1e-6) << "kernel " << kernel;
+  }
+}
+
+// 512 channels at 1000 columns: the column matrix of one output row is 18 MiB, so every
+// row is a band of its own.
+TEST(Conv2d, InPlaceOverManyBands) {
+  ThreadPool pool(2);
+  const int64_t C = 512, H = 7, W = 1000;
+  Tensor x = random_tensor({C, H, W}, 4);
+  Conv2dWeights w = random_conv(8, C, 3, 5);
+  ChannelAffine t = random_affine(C, true);
+  Conv2dParams p = Conv2dParams::same(3);
+  Tensor ref = ops::conv2d(x, w, p, pool, &t);
+  ops::conv2d({x.data(), C, H, W, &t}, w, p, x.data(), ConvWrite::Overwrite, pool);
+  // The first 8 planes now hold the result.
+  EXPECT_EQ(testing::scaled_diff(x.data(), ref.data(), ref.numel()), 0.0);
+}
+
+TEST(Conv2d, ManyBandsMatchDefinition) {
+  ThreadPool pool(2);
+  const int64_t C = 512, H = 3, W = 500;  // upsampled to 6 x 1000: one band per output row
+  Tensor x = random_tensor({C, H, W}, 9);
+  Conv2dWeights w = random_conv(2, C, 3, 10);
+  Conv2dParams p = upsample_params();
+  Tensor got = ops::conv2d(x, w, p, pool);
+  Tensor ref = reference_conv(x, nullptr, w, p);
+  EXPECT_LE(max_scaled_diff(got, ref), 1e-6);
+}
+
+TEST(Conv2d, ResultsDoNotDependOnThreadCount) {
+  const int64_t C = 40, H = 33, W = 70;
+  Tensor x = random_tensor({C, H, W}, 13);
+  Conv2dWeights w = random_conv(24, C, 3, 14);
+  ChannelAffine t = random_affine(C, true);
+  ThreadPool one(1), three(3);
+  for (Conv2dParams p : {Conv2dParams::same(3), downsample_params(), upsample_params()}) {
+    Tensor a = ops::conv2d(x, w, p, one, &t);
+    Tensor b = ops::conv2d(x, w, p, three, &t);
+    ASSERT_EQ(a.shape(), b.shape());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), size_t(a.numel()) * sizeof(float)));
+  }
+}
+
+TEST(Conv2d, RejectsMismatchedInput) {
+  ThreadPool pool(1);
+  Tensor x = random_tensor({3, 8, 8}, 1);
+  EXPECT_THROW(ops::conv2d(x, random_conv(4, 5, 3, 1), Conv2dParams::same(3), pool), Error);
+  Tensor tiny = random_tensor({3, 2, 2}, 1);
+  EXPECT_THROW(ops::conv2d(tiny, random_conv(4, 3, 5, 1), Conv2dParams{}, pool), Error);
+}
+
+// GroupNorm by its definition, in double.
+TEST(GroupNorm, MatchesDefinition) {
+  ThreadPool pool(3);
+  const int64_t C = 12, P = 257, G = 4;
+  std::vector<float> x = random_values(C * P, 31, 3.0f);
+  for (float& v : x) v += 5.0f;  // a mean far from zero
+  std::vector<float> gamma = random_values(C, 32), beta = random_values(C, 33);
+  ChannelAffine a = ops::group_norm_affine(x.data(), C, P, G, gamma.data(), beta.data(), 1e-6f,
+                                           true, pool);
+  std::vector<float> y(x.size());
+  ops::apply_channel_affine(x.data(), y.data(), C, P, a, pool);
+  const int64_t n = C / G * P;
+  double worst = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < n; ++i) mean += x[size_t(g * n + i)];
+    mean /= double(n);
+    for (int64_t i = 0; i < n; ++i) var += std::pow(x[size_t(g * n + i)] - mean, 2);
+    var /= double(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t c = (g * n + i) / P;
+      double v = (x[size_t(g * n + i)] - mean) / std::sqrt(var + 1e-6) * gamma[size_t(c)] +
+                 beta[size_t(c)];
+      v = v / (1 + std::exp(-v));
+      worst = std::max(worst, std::fabs(v - y[size_t(g * n + i)]));
+    }
+  }
+  EXPECT_LE(worst, 1e-5);
+}
+
+}  // namespace
+}  // namespace klein
