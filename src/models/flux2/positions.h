@@ -1,0 +1,82 @@
+#pragma once
+// The joint token sequence of one FLUX.2 generation and its rotary position embedding.
+//
+// Sequence order everywhere (activations, position ids, RoPE rows):
+//   [ text (T rows) | target image (h·w) | reference 0 | reference 1 | ... ]
+// Position ids are 4-axis (t, h, w, l):
+//   text token l                      (0, 0, 0, l)
+//   target token at latent (r, c)     (0, r, c, 0)        row-major, index r·w + c
+//   reference i token at (r, c)       (10 + 10·i, r, c, 0) in that reference's own grid
+// RoPE: head-dim index d belongs to axis a (dims [32a, 32a+32) for klein), pair j of that
+// axis rotates by pos[a] · θ^(−2j/axis_dim); the two dims of a pair (2m, 2m+1) share one
+// angle (interleaved pairs). Angles in float64, cos/sin rounded to float32, as the official
+// model computes them.
+#include <array>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/threadpool.h"
+
+namespace klein::flux2 {
+
+// A latent grid of packed tokens: rows = H/16, cols = W/16 for an image of H×W pixels.
+struct LatentGrid {
+  int64_t rows = 0;
+  int64_t cols = 0;
+
+  int64_t tokens() const { return rows * cols; }
+};
+
+// The token list of one generation: text, the target image and any number of references.
+struct TokenLayout {
+  int64_t text_tokens = 512;
+  LatentGrid target;
+  std::vector<LatentGrid> references;
+
+  int64_t target_tokens() const { return target.tokens(); }
+  int64_t reference_tokens() const;
+  int64_t image_tokens() const { return target_tokens() + reference_tokens(); }
+  int64_t total_tokens() const { return text_tokens + image_tokens(); }
+  // First row of the image part (target, then references) in the joint sequence.
+  int64_t image_row0() const { return text_tokens; }
+};
+
+using PositionId = std::array<int64_t, 4>;  // (t, h, w, l)
+
+// The time offset of reference i (0-based) on axis t.
+inline int64_t reference_time_offset(int64_t i) { return 10 + 10 * i; }
+
+std::vector<PositionId> text_position_ids(int64_t tokens);
+// Target tokens then every reference, in layout order.
+std::vector<PositionId> image_position_ids(const TokenLayout& layout);
+// Text then image: one id per row of the joint sequence.
+std::vector<PositionId> joint_position_ids(const TokenLayout& layout);
+
+// cos/sin of every (token, head-dim index) of a sequence: built once per generation (it
+// depends only on the ids), applied to Q and K of every block at every step.
+class RopeTable {
+ public:
+  RopeTable() = default;
+  // axes: the head-dim width of each of the 4 axes (even, summing to the head dim).
+  RopeTable(std::span<const PositionId> ids, const std::array<int64_t, 4>& axes, double theta);
+
+  int64_t tokens() const { return cos_.shape().empty() ? 0 : cos_.dim(0); }
+  int64_t head_dim() const { return cos_.shape().empty() ? 0 : cos_.dim(1); }
+  const Tensor& cos() const { return cos_; }  // [tokens, head_dim]
+  const Tensor& sin() const { return sin_; }  // [tokens, head_dim]
+
+  // Rotates every head of `rows` activation rows, in place: x is [rows, heads·head_dim]
+  // (row stride ld), and x's row r uses table row first_row + r.
+  //   y[2m]   = x[2m]·cos − x[2m+1]·sin
+  //   y[2m+1] = x[2m+1]·cos + x[2m]·sin
+  void apply(float* x, int64_t ld, int64_t first_row, int64_t rows, int64_t heads,
+             ThreadPool& pool) const;
+
+ private:
+  Tensor cos_;
+  Tensor sin_;
+};
+
+}  // namespace klein::flux2

@@ -1,0 +1,437 @@
+// The FLUX.2 transformer forward (diffusers Flux2Transformer2DModel), float32 activations.
+//
+// Architecture (klein-4B; the tiny test model has 2 heads and 2 + 2 blocks):
+//   D = inner dim           3072 = 24 heads × 128
+//   F = MLP hidden          9216 = 3·D; SwiGLU: linear_in gives [gate | up], 2F wide
+//   T = text tokens          512 context rows (pads included, no mask), context width 7680
+//   in / out channels        128 (2×2-packed VAE latents)
+//   double-stream blocks       5 text and image keep their own weights, attend jointly
+//   single-stream blocks      20 one fused QKV+MLP projection, attention ∥ MLP
+//   RoPE                      4 axes × 32 dims (t, h, w, l), θ = 2000, interleaved pairs
+//   norms                     LayerNorm without affine (eps 1e-6) under every modulation;
+//                             RMSNorm per head (weight [128], eps 1e-6) on Q and K
+//   modulation                (1 + scale) ⊙ LN(x) + shift; block chunks shift, scale, gate;
+//                             norm_out chunks scale, shift
+//   timestep                  τ = 1000·t; sinusoid of 256 (cos half first, f_i = 10000^(−i/128));
+//                             temb = linear_2 · silu(linear_1 · sinusoid); no guidance embedding
+//   attention                 softmax(Q Kᵀ / √128) V per head, tiled (ops::attention)
+// No layer has a bias. Sequence order: [text | target | references] (positions.h).
+#include "models/flux2/transformer.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "ops/attention.h"
+#include "ops/linear.h"
+#include "ops/norm.h"
+
+namespace klein::flux2 {
+
+namespace {
+
+// --- checked weights -------------------------------------------------------------------------
+
+const Weight& linear_weight(const WeightUnit& unit, const std::string& name, int64_t out,
+                            int64_t in) {
+  const Weight& w = unit.get(name);
+  check(w.shape == Shape{out, in}, "tensor ", w.name, ": expected shape ", shape_str({out, in}),
+        ", got ", shape_str(w.shape));
+  return w;
+}
+
+const Weight& vector_weight(const WeightUnit& unit, const std::string& name, int64_t n) {
+  const Weight& w = unit.get(name);
+  check(w.shape == Shape{n}, "tensor ", w.name, ": expected shape ", shape_str({n}), ", got ",
+        shape_str(w.shape));
+  check(dtype_is_float(w.dtype) && w.layout == 0, "tensor ", w.name, ": expected a plain float "
+        "type for a norm weight, got ", dtype_name(w.dtype));
+  return w;
+}
+
+// --- row-wise pieces -------------------------------------------------------------------------
+
+// out = [cos(τ f_0) … cos(τ f_{h−1}), sin(τ f_0) … sin(τ f_{h−1})], f_i = 10000^(−i/h), in the
+// official float32 steps (exponent, exp, product each rounded to float32). At τ ≈ 1000 the
+// arguments are ~1000 rad, so the float32 product is what must match, not the exact angle.
+void timestep_sinusoid(float tau, float* out, int64_t channels) {
+  const int64_t half = channels / 2;
+  const float log_period = float(-std::log(10000.0));
+  for (int64_t i = 0; i < half; ++i) {
+    const float exponent = log_period * float(i) / float(half);
+    const float frequency = float(std::exp(double(exponent)));
+    const float angle = tau * frequency;
+    out[i] = float(std::cos(double(angle)));
+    out[half + i] = float(std::sin(double(angle)));
+  }
+}
+
+// y = (1 + scale) ⊙ LN(x) + shift for `rows` rows of width D (both contiguous).
+void modulated_norm(const float* x, float* y, int64_t rows, int64_t D, const float* shift,
+                    const float* scale, float eps, ThreadPool& pool) {
+  ops::layer_norm(x, y, rows, D, eps, pool);
+  pool.parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* row = y + r * D;
+      for (int64_t i = 0; i < D; ++i) row[i] = (1.0f + scale[i]) * row[i] + shift[i];
+    }
+  }, 16);
+}
+
+// x += gate ⊙ y for `rows` rows of width D (both contiguous).
+void add_gated(float* x, const float* y, int64_t rows, int64_t D, const float* gate,
+               ThreadPool& pool) {
+  pool.parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* xr = x + r * D;
+      const float* yr = y + r * D;
+      for (int64_t i = 0; i < D; ++i) xr[i] = xr[i] + gate[i] * yr[i];
+    }
+  }, 16);
+}
+
+// out[r, :F] = silu(in[r, :F]) ⊙ in[r, F:2F], rows of `in` 2F apart, rows of `out` ldo apart.
+void swiglu_rows(const float* in, int64_t F, float* out, int64_t ldo, int64_t rows,
+                 ThreadPool& pool) {
+  pool.parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) ops::swiglu(in + r * 2 * F, in + r * 2 * F + F, out + r * ldo, F);
+  }, 4);
+}
+
+void copy_rows(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t rows,
+               int64_t width) {
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + r * ld_dst, src + r * ld_src, size_t(width) * sizeof(float));
+}
+
+// Per-head RMSNorm of Q or K, in place: x is [rows, heads·head_dim], every head normalised
+// on its own with the same [head_dim] weight.
+void head_rms_norm(const Weight& w, float* x, int64_t rows, int64_t heads, float eps, Tensor& weight,
+                   ThreadPool& pool) {
+  const int64_t head_dim = weight.numel();
+  to_f32(w.dtype, w.data, weight.data(), size_t(head_dim));
+  ops::rms_norm(x, x, rows * heads, head_dim, weight.data(), eps, pool);
+}
+
+}  // namespace
+
+// --- per-generation and per-step state -------------------------------------------------------
+
+Modulation::Modulation(const TransformerConfig& c)
+    : temb({c.inner_dim()}),
+      img({6 * c.inner_dim()}),
+      txt({6 * c.inner_dim()}),
+      single({3 * c.inner_dim()}),
+      out({2 * c.inner_dim()}),
+      sinusoid({c.timestep_channels}),
+      hidden({c.inner_dim()}) {}
+
+Activations::Activations(const TransformerConfig& c, const TokenLayout& l, int64_t chunk)
+    : layout(l) {
+  check(l.text_tokens > 0, "transformer: the text needs at least one token");
+  check(l.target.rows > 0 && l.target.cols > 0, "transformer: empty target grid ",
+        l.target.rows, "x", l.target.cols);
+  for (const LatentGrid& g : l.references)
+    check(g.rows > 0 && g.cols > 0, "transformer: empty reference grid ", g.rows, "x", g.cols);
+  check(chunk > 0, "transformer: chunk_rows must be positive, got ", chunk);
+  const int64_t S = l.total_tokens(), D = c.inner_dim(), F = c.mlp_hidden();
+  chunk_rows = std::min(chunk, S);
+  for (Tensor* t : {&stream, &normed, &q, &k, &v, &attn}) *t = Tensor({S, D});
+  mlp_in = Tensor({chunk_rows, 2 * F});
+  mlp_cat = Tensor({chunk_rows, D + F});
+  proj = Tensor({chunk_rows, D});
+  head_norm = Tensor({c.head_dim});
+}
+
+size_t Activations::bytes() const {
+  size_t n = 0;
+  for (const Tensor* t : {&stream, &normed, &q, &k, &v, &attn, &mlp_in, &mlp_cat, &proj, &head_norm})
+    n += size_t(t->numel()) * sizeof(float);
+  return n;
+}
+
+// --- the model -------------------------------------------------------------------------------
+
+Transformer::Transformer(WeightStore& store) : store_(store), config_(store.config().transformer) {
+  const TransformerConfig& c = config_;
+  check(!c.guidance_embeds, "transformer config: guidance_embeds is true; FLUX.2-klein has no "
+        "guidance embedding and this engine does not implement one");
+  check(c.num_heads > 0 && c.head_dim > 0 && c.head_dim % 2 == 0,
+        "transformer config: expected positive heads and an even head dim, got ", c.num_heads,
+        " x ", c.head_dim);
+  int64_t rope_dims = 0;
+  for (int64_t a : c.rope_axes) rope_dims += a;
+  check(rope_dims == c.head_dim, "transformer config: axes_dims_rope sum to ", rope_dims,
+        ", expected the head dim ", c.head_dim);
+  check(c.timestep_channels > 0 && c.timestep_channels % 2 == 0,
+        "transformer config: timestep_guidance_channels must be even, got ", c.timestep_channels);
+}
+
+Tensor Transformer::embed_text(const Tensor& context, ThreadPool& pool) {
+  const int64_t D = config_.inner_dim();
+  check(context.shape().size() == 2 && context.dim(1) == config_.context_dim,
+        "text context: expected [tokens, ", config_.context_dim, "] (3 x the text encoder's hidden"
+        " size), got ", shape_str(context.shape()));
+  UnitRef shared = store_.acquire("transformer.shared");
+  const Weight& w = linear_weight(*shared, "context_embedder.weight", D, config_.context_dim);
+  Tensor out({context.dim(0), D});
+  ops::linear(context.data(), context.dim(0), w, out.data(), pool);  // C = context_embedder · ctx
+  return out;
+}
+
+Tensor Transformer::embed_references(std::span<const ReferenceTokens> refs, ThreadPool& pool) {
+  const int64_t D = config_.inner_dim(), in = config_.in_channels;
+  int64_t total = 0;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const ReferenceTokens& r = refs[i];
+    check(r.tokens && r.tokens->shape() == Shape{r.grid.tokens(), in}, "reference ", i,
+          ": expected tokens ", shape_str({r.grid.tokens(), in}), " for a ", r.grid.rows, "x",
+          r.grid.cols, " latent grid, got ", r.tokens ? shape_str(r.tokens->shape()) : "none");
+    total += r.grid.tokens();
+  }
+  Tensor out({total, D});
+  if (total == 0) return out;
+  UnitRef shared = store_.acquire("transformer.shared");
+  const Weight& w = linear_weight(*shared, "x_embedder.weight", D, in);
+  int64_t row = 0;
+  for (const ReferenceTokens& r : refs) {
+    ops::linear(r.tokens->data(), r.grid.tokens(), w, out.row(row), pool);
+    row += r.grid.tokens();
+  }
+  return out;
+}
+
+void Transformer::modulate(float timestep, Modulation& m, ThreadPool& pool) {
+  const int64_t D = config_.inner_dim(), channels = config_.timestep_channels;
+  UnitRef shared = store_.acquire("transformer.shared");
+  const WeightUnit& w = *shared;
+
+  // temb = linear_2 · silu(linear_1 · sinusoid(1000·t))                            [D]
+  const float tau = timestep * 1000.0f;
+  timestep_sinusoid(tau, m.sinusoid.data(), channels);
+  ops::linear(m.sinusoid.data(), 1,
+              linear_weight(w, "time_guidance_embed.timestep_embedder.linear_1.weight", D, channels),
+              m.hidden.data(), pool);
+  ops::silu_inplace(m.hidden.data(), D);
+  ops::linear(m.hidden.data(), 1,
+              linear_weight(w, "time_guidance_embed.timestep_embedder.linear_2.weight", D, D),
+              m.temb.data(), pool);
+
+  // Every modulation linear reads silu(temb).                                     [D]
+  std::memcpy(m.hidden.data(), m.temb.data(), size_t(D) * sizeof(float));
+  ops::silu_inplace(m.hidden.data(), D);
+  const float* s = m.hidden.data();
+  ops::linear(s, 1, linear_weight(w, "double_stream_modulation_img.linear.weight", 6 * D, D),
+              m.img.data(), pool);                                                // [6D]
+  ops::linear(s, 1, linear_weight(w, "double_stream_modulation_txt.linear.weight", 6 * D, D),
+              m.txt.data(), pool);                                                // [6D]
+  ops::linear(s, 1, linear_weight(w, "single_stream_modulation.linear.weight", 3 * D, D),
+              m.single.data(), pool);                                             // [3D]
+  ops::linear(s, 1, linear_weight(w, "norm_out.linear.weight", 2 * D, D), m.out.data(), pool);  // [2D]
+}
+
+// One stream of a double block: its rows of the joint sequence, its weights, its modulation.
+struct Transformer::Stream {
+  int64_t row0, rows;
+  const Weight &to_q, &to_k, &to_v, &norm_q, &norm_k, &to_out, &ff_in, &ff_out;
+  const float *shift1, *scale1, *gate1, *shift2, *scale2, *gate2;
+};
+
+namespace {
+
+// The six modulation chunks of a double-block stream, in the checkpoint's order.
+std::array<const float*, 6> six_chunks(const Tensor& m, int64_t D) {
+  const float* p = m.data();
+  return {p, p + D, p + 2 * D, p + 3 * D, p + 4 * D, p + 5 * D};
+}
+
+}  // namespace
+
+// The double-stream block: text and image are normalised, projected and finished with their
+// own weights; attention runs once over the joint rows [text | image].
+void Transformer::double_block(const WeightUnit& w, const Modulation& mod, const RopeTable& rope,
+                               Activations& a, ThreadPool& pool) {
+  const int64_t D = config_.inner_dim(), F = config_.mlp_hidden(), H = config_.num_heads,
+                hd = config_.head_dim;
+  const float eps = float(config_.eps);
+  const int64_t T = a.layout.text_tokens, N = a.layout.image_tokens();
+  const auto mi = six_chunks(mod.img, D), mt = six_chunks(mod.txt, D);
+  const Stream text{0, T,
+                    linear_weight(w, "attn.add_q_proj.weight", D, D),
+                    linear_weight(w, "attn.add_k_proj.weight", D, D),
+                    linear_weight(w, "attn.add_v_proj.weight", D, D),
+                    vector_weight(w, "attn.norm_added_q.weight", hd),
+                    vector_weight(w, "attn.norm_added_k.weight", hd),
+                    linear_weight(w, "attn.to_add_out.weight", D, D),
+                    linear_weight(w, "ff_context.linear_in.weight", 2 * F, D),
+                    linear_weight(w, "ff_context.linear_out.weight", D, F),
+                    mt[0], mt[1], mt[2], mt[3], mt[4], mt[5]};
+  const Stream image{T, N,
+                     linear_weight(w, "attn.to_q.weight", D, D),
+                     linear_weight(w, "attn.to_k.weight", D, D),
+                     linear_weight(w, "attn.to_v.weight", D, D),
+                     vector_weight(w, "attn.norm_q.weight", hd),
+                     vector_weight(w, "attn.norm_k.weight", hd),
+                     linear_weight(w, "attn.to_out.0.weight", D, D),
+                     linear_weight(w, "ff.linear_in.weight", 2 * F, D),
+                     linear_weight(w, "ff.linear_out.weight", D, F),
+                     mi[0], mi[1], mi[2], mi[3], mi[4], mi[5]};
+
+  for (const Stream* s : {&text, &image}) {
+    const int64_t r = s->row0, n = s->rows;
+    // A = (1 + scale1) ⊙ LN(x) + shift1                                         [n, D]
+    modulated_norm(a.stream.row(r), a.normed.row(r), n, D, s->shift1, s->scale1, eps, pool);
+    // Q, K, V = projections of A, at this stream's rows of the joint buffers    [n, D] each
+    ops::linear(a.normed.row(r), n, s->to_q, a.q.row(r), pool);
+    ops::linear(a.normed.row(r), n, s->to_k, a.k.row(r), pool);
+    ops::linear(a.normed.row(r), n, s->to_v, a.v.row(r), pool);
+    // Q, K ← RMSNorm per head (this stream's weights)                           [n, H, 128]
+    head_rms_norm(s->norm_q, a.q.row(r), n, H, eps, a.head_norm, pool);
+    head_rms_norm(s->norm_k, a.k.row(r), n, H, eps, a.head_norm, pool);
+  }
+  // O = softmax(RoPE(Q) RoPE(K)ᵀ / √128) V over all T + N rows                   [T+N, D]
+  attention(rope, a, pool);
+  // x += gate1 ⊙ out·O;  x += gate2 ⊙ FF(mod(x; shift2, scale2)), per stream
+  finish_stream_rows(text, a, pool);
+  finish_stream_rows(image, a, pool);
+}
+
+// The rest of a double block for one stream; every row is independent after attention, so
+// this runs chunk by chunk to bound the MLP buffers.
+void Transformer::finish_stream_rows(const Stream& s, Activations& a, ThreadPool& pool) {
+  const int64_t D = config_.inner_dim(), F = config_.mlp_hidden();
+  const float eps = float(config_.eps);
+  float* hidden = a.mlp_cat.data() + D;  // [c, F] in columns [D, D+F) of mlp_cat
+  const int64_t ld_hidden = D + F;
+  for (int64_t r = s.row0; r < s.row0 + s.rows; r += a.chunk_rows) {
+    const int64_t n = std::min(a.chunk_rows, s.row0 + s.rows - r);
+    float* x = a.stream.row(r);
+    // x += gate1 ⊙ (to_out · O)                                                  [n, D]
+    ops::linear(a.attn.row(r), n, s.to_out, a.proj.data(), pool);
+    add_gated(x, a.proj.data(), n, D, s.gate1, pool);
+    // x += gate2 ⊙ linear_out · (silu(g) ⊙ p),  [g | p] = linear_in · mod(x; shift2, scale2)
+    modulated_norm(x, a.normed.row(r), n, D, s.shift2, s.scale2, eps, pool);    // [n, D]
+    ops::linear(a.normed.row(r), n, s.ff_in, a.mlp_in.data(), pool);              // [n, 2F]
+    swiglu_rows(a.mlp_in.data(), F, hidden, ld_hidden, n, pool);                  // [n, F]
+    ops::linear(hidden, n, ld_hidden, s.ff_out, a.proj.data(), D, pool);          // [n, D]
+    add_gated(x, a.proj.data(), n, D, s.gate2, pool);
+  }
+}
+
+// The single-stream block over all rows S = [text | image]: one modulated norm, one fused
+// projection to Q, K, V, gate, up; attention and MLP in parallel; one gated residual.
+void Transformer::single_block(const WeightUnit& w, const Modulation& mod, const RopeTable& rope,
+                               Activations& a, ThreadPool& pool) {
+  const int64_t D = config_.inner_dim(), F = config_.mlp_hidden(), H = config_.num_heads,
+                hd = config_.head_dim;
+  const float eps = float(config_.eps);
+  const int64_t S = a.layout.total_tokens();
+  const float *shift = mod.single.data(), *scale = shift + D, *gate = shift + 2 * D;
+  // Rows of the fused projection: Q, K, V (D each), gate, up (F each).
+  const Weight& fused = linear_weight(w, "attn.to_qkv_mlp_proj.weight", 3 * D + 2 * F, D);
+  const Weight& to_out = linear_weight(w, "attn.to_out.weight", D, D + F);
+
+  // A = (1 + scale) ⊙ LN(S) + shift                                              [S, D]
+  modulated_norm(a.stream.data(), a.normed.data(), S, D, shift, scale, eps, pool);
+  // Q, K, V = the first 3D rows of the fused projection                          [S, D] each
+  ops::linear(a.normed.data(), S, ops::weight_rows(fused, 0, D), a.q.data(), pool);
+  ops::linear(a.normed.data(), S, ops::weight_rows(fused, D, 2 * D), a.k.data(), pool);
+  ops::linear(a.normed.data(), S, ops::weight_rows(fused, 2 * D, 3 * D), a.v.data(), pool);
+  // Q, K ← RMSNorm per head                                                      [S, H, 128]
+  head_rms_norm(vector_weight(w, "attn.norm_q.weight", hd), a.q.data(), S, H, eps, a.head_norm, pool);
+  head_rms_norm(vector_weight(w, "attn.norm_k.weight", hd), a.k.data(), S, H, eps, a.head_norm, pool);
+  // O = softmax(RoPE(Q) RoPE(K)ᵀ / √128) V                                       [S, D]
+  attention(rope, a, pool);
+
+  // Per row chunk: S += gate ⊙ to_out · [O | silu(g) ⊙ p],  [g | p] = (gate, up rows) · A
+  const Weight gate_up = ops::weight_rows(fused, 3 * D, 3 * D + 2 * F);
+  const int64_t ld_cat = D + F;
+  for (int64_t r = 0; r < S; r += a.chunk_rows) {
+    const int64_t n = std::min(a.chunk_rows, S - r);
+    ops::linear(a.normed.row(r), n, gate_up, a.mlp_in.data(), pool);              // [n, 2F]
+    copy_rows(a.attn.row(r), D, a.mlp_cat.data(), ld_cat, n, D);                  // [n, D]
+    swiglu_rows(a.mlp_in.data(), F, a.mlp_cat.data() + D, ld_cat, n, pool);       // [n, F]
+    ops::linear(a.mlp_cat.data(), n, to_out, a.proj.data(), pool);                // [n, D]
+    add_gated(a.stream.row(r), a.proj.data(), n, D, gate, pool);
+  }
+}
+
+// RoPE on Q and K of every row, then the tiled joint attention into a.attn.
+void Transformer::attention(const RopeTable& rope, Activations& a, ThreadPool& pool) {
+  const int64_t D = config_.inner_dim(), H = config_.num_heads, S = a.layout.total_tokens();
+  rope.apply(a.q.data(), D, 0, S, H, pool);
+  rope.apply(a.k.data(), D, 0, S, H, pool);
+  ops::AttentionParams p;
+  p.q_len = p.kv_len = S;
+  p.heads = p.kv_heads = H;
+  p.head_dim = config_.head_dim;
+  p.scale = float(1.0 / std::sqrt(double(config_.head_dim)));
+  ops::attention(a.q.data(), D, a.k.data(), D, a.v.data(), D, a.attn.data(), D, p, pool);
+}
+
+void Transformer::forward(const float* latents, const Tensor& text, const Tensor* references,
+                          const Modulation& mod, const RopeTable& rope, Activations& a,
+                          float* velocity, ThreadPool& pool, const Observer& observe) {
+  const TokenLayout& L = a.layout;
+  const int64_t D = config_.inner_dim(), T = L.text_tokens, N_img = L.target_tokens(),
+                N_ref = L.reference_tokens(), N = N_img + N_ref, S = T + N;
+  check(text.shape() == Shape{T, D}, "transformer: embedded text is ", shape_str(text.shape()),
+        ", expected ", shape_str({T, D}), " (embed_text of a ", T, "-token context)");
+  check(N_ref == 0 || (references && references->shape() == Shape{N_ref, D}),
+        "transformer: embedded references are ",
+        references ? shape_str(references->shape()) : std::string("missing"), ", expected ",
+        shape_str({N_ref, D}));
+  check(rope.tokens() == S && rope.head_dim() == config_.head_dim, "transformer: RoPE table for ",
+        rope.tokens(), " tokens, the layout has ", S);
+  check(mod.temb.numel() == D, "transformer: modulation built for another configuration");
+  auto report = [&](std::string_view name, const float* data, Shape shape) {
+    if (observe) observe(name, data, shape);
+  };
+
+  // Stream rows [text | target | references]: the σ-independent embeddings are copies.
+  {
+    UnitRef shared = store_.acquire("transformer.shared");
+    const Weight& x_embedder = linear_weight(*shared, "x_embedder.weight", D, config_.in_channels);
+    copy_rows(text.data(), D, a.stream.row(0), D, T, D);                          // C  [T, D]
+    ops::linear(latents, N_img, x_embedder, a.stream.row(T), pool);               // X  [N_img, D]
+    if (N_ref > 0) copy_rows(references->data(), D, a.stream.row(T + N_img), D, N_ref, D);
+    report("x_embedder", a.stream.row(T), {N, D});
+  }
+
+  // The blocks, one weight unit resident at a time while the next one is brought in.
+  const int64_t n_double = config_.num_double_blocks, n_single = config_.num_single_blocks;
+  auto unit_name = [&](int64_t i) {
+    return i < n_double ? double_block_unit(i) : single_block_unit(i - n_double);
+  };
+  for (int64_t i = 0; i < n_double + n_single; ++i) {
+    UnitRef unit = store_.acquire(unit_name(i));
+    if (i + 1 < n_double + n_single) store_.prefetch(unit_name(i + 1));
+    if (i < n_double) {
+      double_block(*unit, mod, rope, a, pool);
+      if (observe) {
+        const std::string name = "transformer_blocks." + std::to_string(i);
+        report(name + ".txt", a.stream.row(0), {T, D});
+        report(name + ".img", a.stream.row(T), {N, D});
+      }
+    } else {
+      single_block(*unit, mod, rope, a, pool);
+      if (observe)
+        report("single_transformer_blocks." + std::to_string(i - n_double), a.stream.data(), {S, D});
+    }
+  }
+
+  // Output, target rows only (reference rows would be discarded):
+  // v = proj_out · ((1 + scale_o) ⊙ LN(Z) + shift_o)                             [N_img, out]
+  UnitRef shared = store_.acquire("transformer.shared");
+  const Weight& proj_out = linear_weight(*shared, "proj_out.weight", config_.out_channels, D);
+  const float *scale_o = mod.out.data(), *shift_o = scale_o + D;
+  modulated_norm(a.stream.row(T), a.normed.row(T), N_img, D, shift_o, scale_o, float(config_.eps),
+                 pool);
+  report("norm_out", a.normed.row(T), {N_img, D});
+  ops::linear(a.normed.row(T), N_img, proj_out, velocity, pool);
+}
+
+}  // namespace klein::flux2

@@ -1,0 +1,119 @@
+#pragma once
+// The FLUX.2 transformer (Flux2Transformer2DModel): one forward over a token list of text,
+// target image tokens and any number of reference-image token groups, returning the flow
+// velocity of the target tokens. The math is in transformer.cpp.
+//
+// What depends on what, and therefore how often it is computed:
+//   per generation   RopeTable (ids only), embed_text (the prompt), embed_references
+//                    (clean reference latents), Activations (sizes only)
+//   per step         Modulation (σ only): timestep embedding and every shift/scale/gate,
+//                    shared by the conditional and unconditional passes of CFG
+//   per forward      the noisy target tokens through every block
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string_view>
+
+#include "core/tensor.h"
+#include "core/threadpool.h"
+#include "models/flux2/positions.h"
+#include "weights/weight_store.h"
+
+namespace klein::flux2 {
+
+// Every σ-dependent vector of one step (D = inner dim). Allocated once, refilled per step.
+struct Modulation {
+  explicit Modulation(const TransformerConfig& config);
+
+  Tensor temb;    // [D]   timestep embedding (time_guidance_embed output)
+  Tensor img;     // [6D]  image stream of the double blocks: shift1 scale1 gate1 shift2 scale2 gate2
+  Tensor txt;     // [6D]  text stream of the double blocks, same order
+  Tensor single;  // [3D]  single blocks: shift scale gate
+  Tensor out;     // [2D]  norm_out: scale shift (diffusers order)
+  // Scratch of the embedding MLP.
+  Tensor sinusoid;  // [timestep_channels]
+  Tensor hidden;    // [D]
+};
+
+// Activation memory of one generation, planned from the token counts and reused by every
+// block of every step (nothing is allocated inside the step loop). S = T + N tokens.
+//   stream  [S, D]        the residual stream, text rows first ([C; X] of the paper)
+//   normed  [S, D]        modulated LayerNorm of the stream (block input)
+//   q, k, v [S, D]        attention inputs, heads side by side (head h = columns [128h, 128h+128))
+//   attn    [S, D]        attention output
+//   After attention every row is independent, so the output projections and the MLPs run on
+//   chunks of `chunk_rows` rows; their buffers are sized by the chunk, not by S:
+//   mlp_in  [chunk, 2F]   gate | up projections
+//   mlp_cat [chunk, D+F]  [attention | silu(gate)·up], the single blocks' to_out input
+//                          (the double blocks use its columns [D, D+F) for the MLP activation)
+//   proj    [chunk, D]    an output projection before its gate
+// The fused single-block projection is never materialised as [S, 3D + 2F]: Q, K and V are
+// projected for all rows (attention needs them), gate/up chunk by chunk afterwards.
+struct Activations {
+  // Default chunk: large enough for efficient matrix products (each chunk re-reads the MLP
+  // weights), small enough that the MLP buffers stay a fraction of the [S, D] buffers.
+  static constexpr int64_t kDefaultChunkRows = 512;
+
+  Activations(const TransformerConfig& config, const TokenLayout& layout,
+              int64_t chunk_rows = kDefaultChunkRows);
+  // Bytes held, for memory reports.
+  size_t bytes() const;
+
+  TokenLayout layout;
+  int64_t chunk_rows;
+  Tensor stream, normed, q, k, v, attn;
+  Tensor mlp_in, mlp_cat, proj;
+  Tensor head_norm;  // [head_dim] the Q/K RMSNorm weight being applied, as float32
+};
+
+// Intermediate values for tests and debugging: called with a name and a row-major tensor
+// ("x_embedder", "transformer_blocks.{i}.txt", "transformer_blocks.{i}.img",
+// "single_transformer_blocks.{i}", "norm_out"). The data is only valid during the call.
+using Observer = std::function<void(std::string_view name, const float* data, const Shape& shape)>;
+
+// One reference image as the transformer sees it: packed latent tokens [rows·cols, 128]
+// (normalised VAE latents, row-major) and their grid.
+struct ReferenceTokens {
+  const Tensor* tokens = nullptr;
+  LatentGrid grid;
+};
+
+class Transformer {
+ public:
+  // Checks the configuration against what this implementation supports; weights are
+  // acquired from the store block by block during each forward.
+  explicit Transformer(WeightStore& store);
+
+  const TransformerConfig& config() const { return config_; }
+
+  // context_embedder · context: [T, context_dim] → [T, D]. Once per prompt.
+  Tensor embed_text(const Tensor& context, ThreadPool& pool);
+  // x_embedder · tokens of every reference, in order: → [Σ tokens, D]. Once per generation.
+  Tensor embed_references(std::span<const ReferenceTokens> references, ThreadPool& pool);
+  // Timestep embedding and all modulation vectors for the timestep the pipeline passes
+  // (σ-like: schedule timestep / 1000; the model multiplies by 1000 itself).
+  void modulate(float timestep, Modulation& out, ThreadPool& pool);
+
+  // The velocity of the target tokens, [N_img, out_channels] into `velocity`.
+  //   latents     [N_img, in_channels] noisy target tokens
+  //   text        embed_text output [T, D]
+  //   references  embed_references output [N_ref, D] (ignored when the layout has none)
+  // The layout is that of `act`; `rope` must have been built from the same layout's ids.
+  void forward(const float* latents, const Tensor& text, const Tensor* references,
+               const Modulation& mod, const RopeTable& rope, Activations& act, float* velocity,
+               ThreadPool& pool, const Observer& observe = {});
+
+ private:
+  struct Stream;
+  void double_block(const WeightUnit& w, const Modulation& mod, const RopeTable& rope,
+                    Activations& a, ThreadPool& pool);
+  void single_block(const WeightUnit& w, const Modulation& mod, const RopeTable& rope,
+                    Activations& a, ThreadPool& pool);
+  void attention(const RopeTable& rope, Activations& a, ThreadPool& pool);
+  void finish_stream_rows(const Stream& s, Activations& a, ThreadPool& pool);
+
+  WeightStore& store_;
+  TransformerConfig config_;
+};
+
+}  // namespace klein::flux2
