@@ -1,0 +1,425 @@
+// Reading and writing image files: formats, conversions to RGB, metadata, and the failures
+// (corrupt, truncated, oversized, unwritable) that must end in a klein::Error.
+#include <gtest/gtest.h>
+#include <png.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+
+#include "core/error.h"
+#include "formats/image/image.h"
+#include "image/image_helpers.h"
+#include "support/testing.h"
+
+namespace klein {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::list_dir;
+using testing::pattern_image;
+using testing::png_spec;
+using testing::PngSpec;
+using testing::read_bytes;
+using testing::temp_dir;
+using testing::write_bytes;
+
+// Expects `body` to throw klein::Error whose message contains every one of `parts`.
+template <class Body>
+void expect_error(Body&& body, std::initializer_list<std::string> parts) {
+  try {
+    body();
+    ADD_FAILURE() << "no klein::Error thrown";
+  } catch (const Error& e) {
+    for (const auto& part : parts)
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "message '" << e.what() << "' lacks '" << part << "'";
+  }
+}
+
+::testing::AssertionResult same_pixels(const Image& got, const Image& want) {
+  if (got.width != want.width || got.height != want.height)
+    return ::testing::AssertionFailure() << "size " << got.width << "x" << got.height
+                                         << ", expected " << want.width << "x" << want.height;
+  for (size_t i = 0; i < want.rgb.size(); ++i)
+    if (got.rgb[i] != want.rgb[i])
+      return ::testing::AssertionFailure()
+             << "pixel " << i / 3 % size_t(want.width) << "," << i / 3 / size_t(want.width)
+             << " channel " << i % 3 << ": " << int(got.rgb[i]) << ", expected "
+             << int(want.rgb[i]);
+  return ::testing::AssertionSuccess();
+}
+
+TEST(ImageFiles, ReadsTheReferencePng) {
+  const Image image = load_image(testing::tiny_vectors() / "inputs" / "ref0.png");
+  EXPECT_EQ(image.width, 88);
+  EXPECT_EQ(image.height, 72);
+  EXPECT_EQ(image.rgb.size(), size_t(88 * 72 * 3));
+}
+
+TEST(ImageFiles, PngRoundTripKeepsPixelsAndMetadata) {
+  const fs::path dir = temp_dir("png_round_trip");
+  const Image image = pattern_image(37, 23);
+  const ImageMetadata metadata = {
+      {"prompt", "a cat holding a sign"},
+      {"seed", "42"},
+      {"Comment", "größe ✓ 猫"},  // not Latin-1: needs iTXt
+      {"empty", ""},
+  };
+  save_png(dir / "out.png", image, metadata);
+  EXPECT_TRUE(same_pixels(load_image(dir / "out.png"), image));
+  EXPECT_EQ(read_image_metadata(dir / "out.png"), metadata);
+  EXPECT_EQ(list_dir(dir), std::vector<std::string>{"out.png"});  // no temporary left
+}
+
+TEST(ImageFiles, FormatIsTakenFromContentNotName) {
+  const fs::path dir = temp_dir("sniff");
+  const Image image = pattern_image(16, 16);
+  save_png(dir / "really_a_png.jpg", image);
+  EXPECT_TRUE(same_pixels(load_image(dir / "really_a_png.jpg"), image));
+  save_image(dir / "chosen.JPEG", image);
+  const auto bytes = read_bytes(dir / "chosen.JPEG");
+  ASSERT_GE(bytes.size(), 3u);
+  EXPECT_EQ(bytes[0], 0xff);
+  EXPECT_EQ(bytes[1], 0xd8);
+  expect_error([&] { save_image(dir / "out.bmp", image); }, {"out.bmp", ".bmp"});
+}
+
+TEST(ImageFiles, Reads16BitRgbByItsHighByte) {
+  const fs::path dir = temp_dir("png16");
+  const Image want = pattern_image(9, 7);
+  PngSpec spec = png_spec(9, 7, PNG_COLOR_TYPE_RGB, 16);
+  for (int y = 0; y < 7; ++y) {
+    std::vector<uint8_t> row;
+    for (int i = 0; i < 9 * 3; ++i) {
+      row.push_back(want.row(y)[i]);                  // high byte (big-endian first)
+      row.push_back(uint8_t(0xff - want.row(y)[i]));  // low byte: must not leak in
+    }
+    spec.rows.push_back(row);
+  }
+  testing::write_png_with_libpng(dir / "rgb16.png", spec);
+  EXPECT_TRUE(same_pixels(load_image(dir / "rgb16.png"), want));
+}
+
+TEST(ImageFiles, DropsAlphaWithoutCompositing) {
+  const fs::path dir = temp_dir("rgba");
+  const Image want = pattern_image(11, 5);
+  for (int depth : {8, 16}) {
+    PngSpec spec = png_spec(11, 5, PNG_COLOR_TYPE_RGB_ALPHA, depth);
+    for (int y = 0; y < 5; ++y) {
+      std::vector<uint8_t> row;
+      for (int x = 0; x < 11; ++x) {
+        for (int c = 0; c < 4; ++c) {
+          // Alpha runs through fully transparent and half transparent values.
+          const uint8_t v = c < 3 ? want.pixel(x, y)[c] : uint8_t(x * 25);
+          row.push_back(v);
+          if (depth == 16) row.push_back(0x80);
+        }
+      }
+      spec.rows.push_back(row);
+    }
+    const fs::path path = dir / ("rgba" + std::to_string(depth) + ".png");
+    testing::write_png_with_libpng(path, spec);
+    EXPECT_TRUE(same_pixels(load_image(path), want)) << path;
+  }
+}
+
+TEST(ImageFiles, ReadsGrayAndGrayAlphaAsEqualChannels) {
+  const fs::path dir = temp_dir("gray");
+  const int w = 10, h = 4;
+  auto gray_value = [](int x, int y) { return uint8_t(x * 23 + y * 61); };
+  Image want(w, h);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c) want.pixel(x, y)[c] = gray_value(x, y);
+
+  PngSpec gray = png_spec(w, h, PNG_COLOR_TYPE_GRAY, 8);
+  PngSpec gray_alpha = png_spec(w, h, PNG_COLOR_TYPE_GRAY_ALPHA, 8);
+  PngSpec gray16 = png_spec(w, h, PNG_COLOR_TYPE_GRAY, 16);
+  for (int y = 0; y < h; ++y) {
+    std::vector<uint8_t> g, ga, g16;
+    for (int x = 0; x < w; ++x) {
+      g.push_back(gray_value(x, y));
+      ga.insert(ga.end(), {gray_value(x, y), uint8_t(255 - x)});
+      g16.insert(g16.end(), {gray_value(x, y), 0xff});
+    }
+    gray.rows.push_back(g);
+    gray_alpha.rows.push_back(ga);
+    gray16.rows.push_back(g16);
+  }
+  testing::write_png_with_libpng(dir / "gray.png", gray);
+  testing::write_png_with_libpng(dir / "gray_alpha.png", gray_alpha);
+  testing::write_png_with_libpng(dir / "gray16.png", gray16);
+  EXPECT_TRUE(same_pixels(load_image(dir / "gray.png"), want));
+  EXPECT_TRUE(same_pixels(load_image(dir / "gray_alpha.png"), want));
+  EXPECT_TRUE(same_pixels(load_image(dir / "gray16.png"), want));
+}
+
+TEST(ImageFiles, ScalesOneBitGrayToFullRange) {
+  const fs::path dir = temp_dir("gray1");
+  PngSpec spec = png_spec(8, 2, PNG_COLOR_TYPE_GRAY, 1);
+  spec.rows = {{0b10110000}, {0b01001111}};
+  testing::write_png_with_libpng(dir / "bits.png", spec);
+  const Image image = load_image(dir / "bits.png");
+  ASSERT_EQ(image.width, 8);
+  const int expected[2][8] = {{1, 0, 1, 1, 0, 0, 0, 0}, {0, 1, 0, 0, 1, 1, 1, 1}};
+  for (int y = 0; y < 2; ++y)
+    for (int x = 0; x < 8; ++x)
+      for (int c = 0; c < 3; ++c)
+        EXPECT_EQ(image.pixel(x, y)[c], expected[y][x] ? 255 : 0) << x << "," << y;
+}
+
+TEST(ImageFiles, ReadsPaletteColoursIgnoringTransparency) {
+  const fs::path dir = temp_dir("palette");
+  PngSpec spec = png_spec(4, 1, PNG_COLOR_TYPE_PALETTE, 8);
+  spec.palette = {255, 0, 0, 0, 255, 0, 0, 0, 255, 10, 20, 30};
+  spec.palette_alpha = {0, 128};  // entries 0 and 1 (partly) transparent
+  spec.rows = {{3, 2, 1, 0}};
+  testing::write_png_with_libpng(dir / "palette.png", spec);
+  const Image image = load_image(dir / "palette.png");
+  const std::vector<uint8_t> want = {10, 20, 30, 0, 0, 255, 0, 255, 0, 255, 0, 0};
+  EXPECT_EQ(image.rgb, want);
+}
+
+TEST(ImageFiles, ReadsInterlacedPng) {
+  const fs::path dir = temp_dir("interlaced");
+  const Image want = pattern_image(13, 11);
+  PngSpec spec = png_spec(13, 11, PNG_COLOR_TYPE_RGB, 8, true);
+  for (int y = 0; y < 11; ++y) spec.rows.emplace_back(want.row(y), want.row(y) + want.row_bytes());
+  testing::write_png_with_libpng(dir / "adam7.png", spec);
+  EXPECT_TRUE(same_pixels(load_image(dir / "adam7.png"), want));
+}
+
+// A smooth image, as JPEG is meant for: the round trip must be close.
+Image gradient_image(int width, int height) {
+  Image image(width, height);
+  for (int y = 0; y < height; ++y)
+    for (int x = 0; x < width; ++x) {
+      uint8_t* p = image.pixel(x, y);
+      p[0] = uint8_t(x * 255 / (width - 1));
+      p[1] = uint8_t(y * 255 / (height - 1));
+      p[2] = uint8_t(128 + (x - y) / 2);
+    }
+  return image;
+}
+
+void expect_close(const Image& got, const Image& want, double max_mean, int max_abs) {
+  ASSERT_EQ(got.width, want.width);
+  ASSERT_EQ(got.height, want.height);
+  double sum = 0;
+  int worst = 0;
+  for (size_t i = 0; i < want.rgb.size(); ++i) {
+    const int d = std::abs(int(got.rgb[i]) - int(want.rgb[i]));
+    sum += d;
+    worst = std::max(worst, d);
+  }
+  EXPECT_LE(sum / double(want.rgb.size()), max_mean);
+  EXPECT_LE(worst, max_abs);
+}
+
+TEST(ImageFiles, JpegRoundTripIsClose) {
+  const fs::path dir = temp_dir("jpeg_round_trip");
+  const Image image = gradient_image(64, 48);
+  const ImageMetadata metadata = {{"prompt", "a red cube = art"}, {"seed", "7"}};
+  save_jpeg(dir / "out.jpg", image, 95, metadata);
+  expect_close(load_image(dir / "out.jpg"), image, 1.0, 8);
+  EXPECT_EQ(read_image_metadata(dir / "out.jpg"), metadata);
+  EXPECT_EQ(list_dir(dir), std::vector<std::string>{"out.jpg"});
+}
+
+TEST(ImageFiles, ReadsProgressiveAndGrayJpeg) {
+  const fs::path dir = temp_dir("jpeg_kinds");
+  const Image image = gradient_image(40, 30);
+  testing::write_jpeg_with_libjpeg(dir / "progressive.jpg", 40, 30, 3, image.rgb, true);
+  expect_close(load_image(dir / "progressive.jpg"), image, 1.0, 8);
+
+  std::vector<uint8_t> gray;
+  Image gray_rgb(40, 30);
+  for (int y = 0; y < 30; ++y)
+    for (int x = 0; x < 40; ++x) {
+      gray.push_back(uint8_t(x * 6));
+      for (int c = 0; c < 3; ++c) gray_rgb.pixel(x, y)[c] = uint8_t(x * 6);
+    }
+  testing::write_jpeg_with_libjpeg(dir / "gray.jpg", 40, 30, 1, gray, false);
+  const Image loaded = load_image(dir / "gray.jpg");
+  expect_close(loaded, gray_rgb, 1.0, 8);
+  for (size_t i = 0; i < loaded.rgb.size(); i += 3) {
+    ASSERT_EQ(loaded.rgb[i], loaded.rgb[i + 1]);
+    ASSERT_EQ(loaded.rgb[i], loaded.rgb[i + 2]);
+  }
+}
+
+TEST(ImageFiles, TruncatedPngIsAnError) {
+  const fs::path dir = temp_dir("truncated_png");
+  save_png(dir / "whole.png", pattern_image(64, 64));
+  auto bytes = read_bytes(dir / "whole.png");
+  bytes.resize(bytes.size() / 2);
+  write_bytes(dir / "half.png", bytes);
+  expect_error([&] { load_image(dir / "half.png"); }, {"half.png", "truncated"});
+  bytes.resize(20);  // inside the header
+  write_bytes(dir / "head.png", bytes);
+  expect_error([&] { load_image(dir / "head.png"); }, {"head.png", "truncated"});
+}
+
+TEST(ImageFiles, TruncatedJpegIsAnError) {
+  const fs::path dir = temp_dir("truncated_jpeg");
+  const Image image = pattern_image(64, 64);
+  save_jpeg(dir / "whole.jpg", image);
+  testing::write_jpeg_with_libjpeg(dir / "whole_progressive.jpg", 64, 64, 3, image.rgb, true);
+  for (const char* name : {"whole.jpg", "whole_progressive.jpg"}) {
+    auto bytes = read_bytes(dir / name);
+    bytes.resize(bytes.size() * 2 / 3);
+    write_bytes(dir / "cut.jpg", bytes);
+    expect_error([&] { load_image(dir / "cut.jpg"); }, {"cut.jpg", "truncated"});
+  }
+}
+
+TEST(ImageFiles, CorruptDataIsAnError) {
+  const fs::path dir = temp_dir("corrupt");
+  std::vector<uint8_t> garbage(1000);
+  for (size_t i = 0; i < garbage.size(); ++i) garbage[i] = uint8_t(i * 7919 >> 3);
+  write_bytes(dir / "garbage.png", garbage);
+  expect_error([&] { load_image(dir / "garbage.png"); }, {"garbage.png", "PNG or JPEG"});
+
+  write_bytes(dir / "empty.png", {});
+  expect_error([&] { load_image(dir / "empty.png"); }, {"empty.png", "empty"});
+
+  // A real PNG with its image data overwritten: fails on the chunk CRC or in zlib.
+  save_png(dir / "good.png", pattern_image(32, 32));
+  auto png = read_bytes(dir / "good.png");
+  for (size_t i = 60; i < png.size() - 20; ++i) png[i] = garbage[i % garbage.size()];
+  write_bytes(dir / "scrambled.png", png);
+  expect_error([&] { load_image(dir / "scrambled.png"); }, {"scrambled.png"});
+
+  // Garbage behind a JPEG signature.
+  std::vector<uint8_t> jpeg = garbage;
+  jpeg[0] = 0xff, jpeg[1] = 0xd8, jpeg[2] = 0xff;
+  write_bytes(dir / "bad.jpg", jpeg);
+  expect_error([&] { load_image(dir / "bad.jpg"); }, {"bad.jpg"});
+
+  expect_error([&] { load_image(dir / "missing.png"); }, {"missing.png"});
+}
+
+TEST(ImageFiles, HugePngHeaderIsRefusedBeforeDecoding) {
+  const fs::path dir = temp_dir("png_bomb");
+  testing::write_png_header_only(dir / "bomb.png", 100000, 100000);
+  expect_error([&] { load_image(dir / "bomb.png"); }, {"bomb.png", "100000x100000", "limit"});
+}
+
+TEST(ImageFiles, HugeJpegHeaderIsRefusedBeforeDecoding) {
+  const fs::path dir = temp_dir("jpeg_bomb");
+  save_jpeg(dir / "small.jpg", pattern_image(16, 16));
+  auto bytes = read_bytes(dir / "small.jpg");
+  // Rewrite the frame header (SOF0: FF C0, length, precision, height, width) to 60000x60000.
+  size_t sof = 0;
+  for (size_t i = 2; i + 9 < bytes.size(); ++i)
+    if (bytes[i] == 0xff && bytes[i + 1] == 0xc0) {
+      sof = i;
+      break;
+    }
+  ASSERT_NE(sof, 0u) << "no SOF0 marker in our own baseline JPEG";
+  for (size_t at : {sof + 5, sof + 7}) {
+    bytes[at] = 60000 >> 8;
+    bytes[at + 1] = 60000 & 0xff;
+  }
+  write_bytes(dir / "bomb.jpg", bytes);
+  expect_error([&] { load_image(dir / "bomb.jpg"); }, {"bomb.jpg", "60000x60000", "limit"});
+}
+
+TEST(ImageFiles, LimitsAreConfigurable) {
+  const fs::path dir = temp_dir("limits");
+  save_png(dir / "wide.png", pattern_image(300, 20));
+  save_jpeg(dir / "wide.jpg", pattern_image(300, 20));
+  for (const char* name : {"wide.png", "wide.jpg"}) {
+    EXPECT_NO_THROW(load_image(dir / name));
+    expect_error([&] { load_image(dir / name, {.max_side = 299}); }, {name, "300x20"});
+    expect_error([&] { load_image(dir / name, {.max_pixels = 5999}); }, {name, "300x20"});
+    EXPECT_EQ(load_image(dir / name, {.max_side = 300, .max_pixels = 6000}).width, 300);
+  }
+}
+
+TEST(ImageFiles, RejectsBadMetadataBeforeWriting) {
+  const fs::path dir = temp_dir("bad_metadata");
+  const Image image = pattern_image(8, 8);
+  const std::vector<std::string> bad_keys = {"",    " lead", "trail ", "two  spaces", "a=b",
+                                             "tab\tkey", std::string(80, 'k'), "caf\xc3\xa9"};
+  for (const std::string& key : bad_keys) {
+    expect_error([&] { save_png(dir / "out.png", image, {{key, "v"}}); }, {"out.png", "key"});
+    expect_error([&] { save_jpeg(dir / "out.jpg", image, 90, {{key, "v"}}); }, {"out.jpg"});
+  }
+  expect_error([&] { save_png(dir / "out.png", image, {{"k", std::string("a\0b", 3)}}); },
+               {"NUL"});
+  expect_error([&] { save_png(dir / "out.png", image, {{"k", "\xff\xfe"}}); }, {"UTF-8"});
+  expect_error([&] { save_jpeg(dir / "out.jpg", image, 0); }, {"quality"});
+  EXPECT_TRUE(list_dir(dir).empty());
+}
+
+TEST(ImageFiles, FailedSaveLeavesNoFile) {
+  const fs::path dir = temp_dir("failed_save");
+  const Image image = pattern_image(8, 8);
+  expect_error([&] { save_png(dir / "no" / "such" / "dir.png", image); }, {"dir.png"});
+  Image broken = image;
+  broken.rgb.resize(10);
+  expect_error([&] { save_png(dir / "broken.png", broken); }, {"broken.png"});
+  expect_error([&] { save_jpeg(dir / "broken.jpg", broken); }, {"broken.jpg"});
+  EXPECT_TRUE(list_dir(dir).empty());
+}
+
+// Runs save() in a child process whose files may not grow beyond `max_bytes`, so that the
+// encoder fails halfway through writing. Returns the child's verdict: 0 = klein::Error
+// thrown, 1 = the save succeeded, 2 = something else went wrong.
+template <class Save>
+int save_with_file_size_limit(rlim_t max_bytes, Save&& save) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);  // make write() fail with EFBIG instead of killing us
+    rlimit limit{};
+    ::getrlimit(RLIMIT_FSIZE, &limit);
+    limit.rlim_cur = max_bytes;
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    int verdict = 2;
+    try {
+      save();
+      verdict = 1;
+    } catch (const Error&) {
+      verdict = 0;
+    } catch (...) {
+    }
+    ::_exit(verdict);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 3;
+}
+
+TEST(ImageFiles, WriteErrorHalfwayLeavesNoFile) {
+  const fs::path dir = temp_dir("disk_full");
+  const Image noise = pattern_image(512, 512);  // about 800 kB whichever the format
+  EXPECT_EQ(save_with_file_size_limit(64 << 10, [&] { save_png(dir / "out.png", noise); }), 0);
+  EXPECT_EQ(save_with_file_size_limit(64 << 10, [&] { save_jpeg(dir / "out.jpg", noise, 100); }),
+            0);
+  EXPECT_TRUE(list_dir(dir).empty());
+  // The same saves succeed without the limit: the failure above came from the limit.
+  EXPECT_EQ(save_with_file_size_limit(RLIM_INFINITY, [&] { save_png(dir / "out.png", noise); }),
+            1);
+  EXPECT_EQ(list_dir(dir), std::vector<std::string>{"out.png"});
+}
+
+TEST(ImageFiles, ReadsForeignJpegComments) {
+  const fs::path dir = temp_dir("jpeg_comment");
+  save_jpeg(dir / "a.jpg", pattern_image(8, 8), 90, {{"seed", "1"}});
+  auto bytes = read_bytes(dir / "a.jpg");
+  // Insert a free-form Latin-1 comment right after SOI.
+  const std::string text = "made by hand, caf\xe9";
+  std::vector<uint8_t> com = {0xff, 0xfe, 0, uint8_t(text.size() + 2)};
+  com.insert(com.end(), text.begin(), text.end());
+  bytes.insert(bytes.begin() + 2, com.begin(), com.end());
+  write_bytes(dir / "b.jpg", bytes);
+  const ImageMetadata want = {{"comment", "made by hand, caf\xc3\xa9"}, {"seed", "1"}};
+  EXPECT_EQ(read_image_metadata(dir / "b.jpg"), want);
+}
+
+}  // namespace
+}  // namespace klein
