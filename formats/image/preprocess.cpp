@@ -1,0 +1,127 @@
+#include "formats/image/preprocess.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+
+#include "core/error.h"
+#include "formats/image/resize.h"
+
+namespace klein {
+
+namespace {
+
+// p / 255 * 2 - 1 for every byte value, each step rounded to float32 like the pipeline's
+// numpy division followed by a torch multiply-subtract.
+std::array<float, 256> byte_to_signed_unit() {
+  std::array<float, 256> table{};
+  for (int p = 0; p < 256; ++p) {
+    const float unit = float(p) / 255.0f;
+    table[size_t(p)] = 2.0f * unit - 1.0f;
+  }
+  return table;
+}
+
+uint8_t signed_unit_to_byte(float y) {
+  float u = y / 2.0f + 0.5f;
+  if (!(u >= 0.0f)) u = 0.0f;  // also NaN
+  if (u > 1.0f) u = 1.0f;
+  // nearbyint rounds ties to even under the default rounding mode, as numpy's round().
+  return uint8_t(std::nearbyint(u * 255.0f));
+}
+
+std::string ratio_text(double ratio) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1) << ratio;
+  return out.str();
+}
+
+}  // namespace
+
+void check_reference_size(const std::string& name, int width, int height) {
+  check(width >= kReferenceMinSide && height >= kReferenceMinSide, name,
+        ": reference image is too small (", width, "x", height, "); both sides must be at least ",
+        kReferenceMinSide, " pixels");
+  const double ratio = std::max(double(width) / height, double(height) / width);
+  check(ratio <= kReferenceMaxAspect, name, ": reference image of ", width, "x", height,
+        " has an aspect ratio of ", ratio_text(ratio), ":1; at most ", kReferenceMaxAspect,
+        ":1 is allowed");
+}
+
+ImageSize reference_resize_target(int width, int height) {
+  const double area = double(width) * double(height);
+  if (area <= double(kReferenceMaxArea)) return {width, height};
+  const double scale = std::sqrt(double(kReferenceMaxArea) / area);
+  return {int(width * scale), int(height * scale)};
+}
+
+Image crop(const Image& image, int left, int top, int width, int height) {
+  check(left >= 0 && top >= 0 && width > 0 && height > 0 && left + width <= image.width &&
+            top + height <= image.height,
+        "crop: ", width, "x", height, " at (", left, ", ", top, ") is outside the ", image.width,
+        "x", image.height, " image");
+  Image out(width, height);
+  for (int y = 0; y < height; ++y)
+    std::memcpy(out.row(y), image.pixel(left, top + y), out.row_bytes());
+  return out;
+}
+
+Image center_crop_to_multiple(const Image& image, int multiple) {
+  const int width = image.width / multiple * multiple;
+  const int height = image.height / multiple * multiple;
+  check(width > 0 && height > 0, "crop: ", image.width, "x", image.height,
+        " image is smaller than ", multiple, " pixels");
+  if (width == image.width && height == image.height) return image;
+  return crop(image, (image.width - width) / 2, (image.height - height) / 2, width, height);
+}
+
+Image prepare_reference(const Image& image, const std::string& name) {
+  check_reference_size(name, image.width, image.height);
+  const ImageSize target = reference_resize_target(image.width, image.height);
+  if (target.width == image.width && target.height == image.height)
+    return center_crop_to_multiple(image, kReferenceMultiple);
+  return center_crop_to_multiple(resize_lanczos(image, target.width, target.height),
+                                 kReferenceMultiple);
+}
+
+Tensor image_to_tensor(const Image& image) {
+  static const std::array<float, 256> table = byte_to_signed_unit();
+  const int64_t plane = int64_t(image.width) * image.height;
+  Tensor out({3, image.height, image.width});
+  float* dst = out.data();
+  for (int64_t i = 0; i < plane; ++i) {
+    const uint8_t* p = image.rgb.data() + i * 3;
+    dst[i] = table[p[0]];
+    dst[plane + i] = table[p[1]];
+    dst[2 * plane + i] = table[p[2]];
+  }
+  return out;
+}
+
+Image tensor_to_image(const float* chw, int height, int width) {
+  const int64_t plane = int64_t(width) * height;
+  Image out(width, height);
+  uint8_t* dst = out.rgb.data();
+  for (int64_t i = 0; i < plane; ++i) {
+    dst[3 * i + 0] = signed_unit_to_byte(chw[i]);
+    dst[3 * i + 1] = signed_unit_to_byte(chw[plane + i]);
+    dst[3 * i + 2] = signed_unit_to_byte(chw[2 * plane + i]);
+  }
+  return out;
+}
+
+Image tensor_to_image(const Tensor& chw) {
+  const Shape& s = chw.shape();
+  const bool planar = (s.size() == 3 && s[0] == 3) || (s.size() == 4 && s[0] == 1 && s[1] == 3);
+  check(planar, "image tensor must be [3, H, W] or [1, 3, H, W], got ", shape_str(s));
+  return tensor_to_image(chw.data(), int(s[s.size() - 2]), int(s[s.size() - 1]));
+}
+
+Tensor load_reference(const std::filesystem::path& path, const ImageLimits& limits) {
+  return image_to_tensor(prepare_reference(load_image(path, limits), path.string()));
+}
+
+}  // namespace klein
