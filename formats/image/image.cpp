@@ -51,7 +51,8 @@ void check_metadata(const std::string& where, const ImageMetadata& metadata) {
     check_metadata_key(where, key);
     check(value.find('\0') == std::string::npos, where, ": metadata value of '", key,
           "' contains a NUL character");
-    check(codecs::is_valid_utf8(value), where, ": metadata value of '", key, "' is not valid UTF-8");
+    check(codecs::is_valid_utf8(value), where, ": metadata value of '", key,
+          "' is not valid UTF-8");
   }
 }
 

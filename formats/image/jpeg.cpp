@@ -10,7 +10,6 @@
 #include <jpeglib.h>
 
 #include <csetjmp>
-#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -118,7 +117,8 @@ bool read_jpeg_pixels(JpegDecoder& d, JSAMPARRAY rows) {
   // `rows` was sized from the header: anything else would write out of bounds.
   if (d.cinfo.output_components != 3 || d.cinfo.output_width != d.cinfo.image_width ||
       d.cinfo.output_height != d.cinfo.image_height)
-    jump_with(reinterpret_cast<j_common_ptr>(&d.cinfo), "decoder output is not RGB of the header's size");
+    jump_with(reinterpret_cast<j_common_ptr>(&d.cinfo),
+              "decoder output is not RGB of the header's size");
   while (d.cinfo.output_scanline < d.cinfo.output_height) {
     const JDIMENSION done = d.cinfo.output_scanline;
     jpeg_read_scanlines(&d.cinfo, rows + done, d.cinfo.output_height - done);

@@ -75,7 +75,8 @@ Taps lanczos_taps(int in_size, int out_size) {
       total += w[size_t(k)];
     }
     int32_t* out = taps.weights.data() + size_t(i) * size_t(taps.stride);
-    for (int k = 0; k < count; ++k) out[k] = to_fixed(total != 0.0 ? w[size_t(k)] / total : w[size_t(k)]);
+    for (int k = 0; k < count; ++k)
+      out[k] = to_fixed(total != 0.0 ? w[size_t(k)] / total : w[size_t(k)]);
     taps.first[size_t(i)] = first;
     taps.count[size_t(i)] = count;
   }
