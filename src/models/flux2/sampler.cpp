@@ -1,0 +1,127 @@
+#include "models/flux2/sampler.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace klein::flux2 {
+
+namespace {
+
+void check_inputs(const SamplerInputs& in, const TransformerConfig& c, bool guided) {
+  check(in.context != nullptr, "sampler: no prompt context");
+  const Shape& ctx = in.context->shape();
+  check(ctx.size() == 2 && ctx[0] > 0 && ctx[1] == c.context_dim, "prompt context: expected [",
+        "tokens, ", c.context_dim, "], got ", shape_str(ctx));
+  if (guided) {
+    check(in.negative_context != nullptr, "sampler: classifier-free guidance needs the negative "
+          "prompt's context (the embedding of \"\" by default)");
+    check(in.negative_context->shape() == ctx, "negative prompt context: expected ",
+          shape_str(ctx), " like the prompt context, got ",
+          shape_str(in.negative_context->shape()));
+  }
+  check(in.target.rows > 0 && in.target.cols > 0, "sampler: empty target grid ", in.target.rows,
+        "x", in.target.cols);
+  check(in.noise != nullptr, "sampler: no initial noise");
+  const Shape expected{in.target.tokens(), c.in_channels};
+  check(in.noise->shape() == expected, "initial noise: expected packed tokens ",
+        shape_str(expected), " for a ", in.target.rows, "x", in.target.cols, " latent grid, got ",
+        shape_str(in.noise->shape()));
+  const Schedule& s = in.schedule;
+  check(s.steps() >= 1 && s.sigmas.size() == size_t(s.steps() + 1),
+        "sampler: schedule has ", s.steps(), " timesteps and ", s.sigmas.size(),
+        " sigmas; expected steps >= 1 and steps + 1 sigmas");
+}
+
+// v ← v_u + g·(v_c − v_u), each operation rounded to float32 like the pipeline's.
+void apply_guidance(float* v_cond, const float* v_uncond, int64_t n, float g) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float difference = v_cond[i] - v_uncond[i];
+    const float scaled = g * difference;
+    v_cond[i] = v_uncond[i] + scaled;
+  }
+}
+
+}  // namespace
+
+Tensor pack_latents(const Tensor& chw) {
+  check(chw.shape().size() == 3, "latents: expected [channels, rows, cols], got ",
+        shape_str(chw.shape()));
+  const int64_t C = chw.dim(0), cells = chw.dim(1) * chw.dim(2);
+  Tensor tokens({cells, C});
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t t = 0; t < cells; ++t) tokens.data()[t * C + c] = chw.data()[c * cells + t];
+  return tokens;
+}
+
+Tensor unpack_latents(const Tensor& tokens, LatentGrid grid) {
+  check(tokens.shape().size() == 2 && tokens.dim(0) == grid.tokens(), "packed latents: expected [",
+        grid.tokens(), ", channels] for a ", grid.rows, "x", grid.cols, " grid, got ",
+        shape_str(tokens.shape()));
+  const int64_t C = tokens.dim(1), cells = grid.tokens();
+  Tensor chw({C, grid.rows, grid.cols});
+  for (int64_t t = 0; t < cells; ++t)
+    for (int64_t c = 0; c < C; ++c) chw.data()[c * cells + t] = tokens.data()[t * C + c];
+  return chw;
+}
+
+bool uses_guidance(const ModelConfig& config, float guidance) {
+  return !config.is_distilled && guidance > 1.0f;
+}
+
+SamplerResult sample(WeightStore& store, const SamplerInputs& in, ThreadPool& pool) {
+  const ModelConfig& config = store.config();
+  const bool guided = uses_guidance(config, in.guidance);
+  Transformer model(store);
+  check_inputs(in, model.config(), guided);
+
+  SamplerResult result;
+  if (config.is_distilled && in.guidance > 1.0f) {
+    std::ostringstream w;
+    w << "guidance " << in.guidance << " is ignored: the distilled klein model runs without "
+      << "classifier-free guidance";
+    result.warnings.push_back(w.str());
+  }
+
+  // Once per generation: layout, RoPE, σ-independent embeddings, activation memory.
+  TokenLayout layout;
+  layout.text_tokens = in.context->dim(0);
+  layout.target = in.target;
+  for (const ReferenceTokens& r : in.references) layout.references.push_back(r.grid);
+  const RopeTable rope(joint_position_ids(layout), model.config().rope_axes,
+                       model.config().rope_theta);
+  const Tensor text = model.embed_text(*in.context, pool);
+  const Tensor negative_text = guided ? model.embed_text(*in.negative_context, pool) : Tensor();
+  const Tensor references = model.embed_references(in.references, pool);
+  Activations act(model.config(), layout);
+  Modulation mod(model.config());
+  result.activation_bytes = act.bytes();
+
+  const Shape tokens = in.noise->shape();
+  const int64_t n = numel(tokens);
+  Tensor x(tokens), velocity(tokens), velocity_uncond(guided ? tokens : Shape{0});
+  Tensor x_in(in.on_step ? tokens : Shape{0});
+  std::memcpy(x.data(), in.noise->data(), size_t(n) * sizeof(float));
+
+  const Schedule& s = in.schedule;
+  for (int64_t i = 0; i < s.steps(); ++i) {
+    const float sigma = s.sigmas[size_t(i)], sigma_next = s.sigmas[size_t(i + 1)];
+    const float timestep = s.model_timestep(i);
+    model.modulate(timestep, mod, pool);  // shared by both passes of CFG
+    model.forward(x.data(), text, &references, mod, rope, act, velocity.data(), pool);
+    if (guided) {
+      model.forward(x.data(), negative_text, &references, mod, rope, act, velocity_uncond.data(),
+                    pool);
+      apply_guidance(velocity.data(), velocity_uncond.data(), n, in.guidance);
+    }
+    if (in.on_step) std::memcpy(x_in.data(), x.data(), size_t(n) * sizeof(float));
+    euler_step(x.data(), velocity.data(), n, sigma, sigma_next);
+    if (in.on_step)
+      in.on_step(StepInfo{i, s.steps(), sigma, sigma_next, timestep, x_in, velocity, x});
+  }
+  result.latents = std::move(x);
+  return result;
+}
+
+}  // namespace klein::flux2

@@ -1,0 +1,68 @@
+#pragma once
+// The denoising loop of the FLUX.2-klein pipeline: Euler steps over a flow-matching schedule,
+// with the target tokens evolving and the text and reference tokens fixed.
+//
+//   once         RoPE table, text embedding(s), reference embeddings, activation memory
+//   every step   modulation(σ_i); v = model(x, σ_i) [+ unconditional pass for CFG];
+//                x ← x + (σ_{i+1} − σ_i)·v
+//
+// Classifier-free guidance (klein-base only, i.e. is_distilled false, and guidance > 1):
+// a second forward with the negative context, v = v_u + g·(v_c − v_u). The distilled klein
+// ignores guidance, as the official pipeline does.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/threadpool.h"
+#include "models/flux2/positions.h"
+#include "models/flux2/schedule.h"
+#include "models/flux2/transformer.h"
+#include "weights/weight_store.h"
+
+namespace klein::flux2 {
+
+// What a step callback sees; tensors are [N_img, 128] packed target tokens, valid only during
+// the call.
+struct StepInfo {
+  int64_t step = 0;        // 0-based
+  int64_t steps = 0;
+  float sigma = 0;         // σ_i
+  float sigma_next = 0;    // σ_{i+1}
+  float timestep = 0;      // the value the transformer received (schedule timestep / 1000)
+  const Tensor& latents_in;
+  const Tensor& velocity;  // after guidance, what the Euler step used
+  const Tensor& latents_out;
+};
+using StepCallback = std::function<void(const StepInfo&)>;
+
+struct SamplerInputs {
+  const Tensor* context = nullptr;           // [T, context_dim] prompt embedding (T = 512)
+  const Tensor* negative_context = nullptr;  // [T, context_dim] for CFG: the "" prompt's embedding
+  const Tensor* noise = nullptr;             // [N_img, in_channels] initial packed noise
+  LatentGrid target;                         // N_img = target.rows · target.cols
+  std::vector<ReferenceTokens> references;   // clean reference tokens, in order
+  Schedule schedule;                         // make_schedule(config.scheduler, N_img, steps)
+  float guidance = 1.0f;                     // CFG scale (klein-base only)
+  StepCallback on_step;                      // progress, dumps; may be empty
+};
+
+struct SamplerResult {
+  Tensor latents;                      // [N_img, in_channels] final packed latents
+  std::vector<std::string> warnings;   // e.g. guidance ignored by a distilled model
+  size_t activation_bytes = 0;         // the planned activation memory of the loop
+};
+
+// Latents [C, h, w] (channel-first, as noise is drawn) ↔ packed tokens [h·w, C], token r·w + c.
+Tensor pack_latents(const Tensor& chw);
+Tensor unpack_latents(const Tensor& tokens, LatentGrid grid);
+
+// True when the pipeline would run classifier-free guidance for this model and scale.
+bool uses_guidance(const ModelConfig& config, float guidance);
+
+// Runs the whole loop and returns the final packed latents. The schedule's own warnings are
+// not repeated in the result.
+SamplerResult sample(WeightStore& store, const SamplerInputs& in, ThreadPool& pool);
+
+}  // namespace klein::flux2
