@@ -1,0 +1,405 @@
+// AVX2 kernels (with FMA and F16C). Compiled with -mavx2 -mfma -mf16c and called only when the
+// CPU has them (quant/matmul.cpp, kernels_for).
+//
+// Integer tiles without VNNI: pmaddubsw multiplies unsigned by signed bytes into pairs of
+// int16 sums, pmaddwd against ones widens them to the int32 row sums. A 16-row tile is two
+// 8-row halves of 32 bytes per 4 columns; each half is done on its own to stay within 16
+// registers.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "quant/kernels.h"
+
+namespace klein::quant::detail {
+namespace {
+
+constexpr int kIntRows = 4;
+constexpr int kGemmRows = 6;
+constexpr int kPanelCols = 16;
+
+inline __m256i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline int32_t hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
+inline float hmax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// The first n (0..8) lanes set, for maskload / maskstore.
+inline __m256i lane_mask(int n) {
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
+}
+
+// Writes (or adds to) the first `cols` (0..8) of 8 outputs.
+inline void store8(float* y, __m256 v, int cols, bool accumulate) {
+  if (cols >= 8) {
+    if (accumulate) v = _mm256_add_ps(v, _mm256_loadu_ps(y));
+    _mm256_storeu_ps(y, v);
+  } else if (cols > 0) {
+    const __m256i m = lane_mask(cols);
+    if (accumulate) v = _mm256_add_ps(v, _mm256_maskload_ps(y, m));
+    _mm256_maskstore_ps(y, m, v);
+  }
+}
+
+// ---- Activations ---------------------------------------------------------------------------
+
+void quantize_rows(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K,
+                   const ActBlocks& act) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  // packs_epi32 / packs_epi16 interleave the 128-bit lanes; this puts the bytes back in order.
+  const __m256i unshuffle = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t m = m0; m < m1; ++m) {
+    for (int64_t b = 0; b < K / kBlock; ++b) {
+      const float* xb = x + m * ldx + b * kBlock;
+      __m256 v[4];
+      __m256 a = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(xb + 8 * i);
+        a = _mm256_max_ps(a, _mm256_andnot_ps(sign, v[i]));
+      }
+      const float amax = hmax(a);
+      const float d = amax / 127.0f;
+      const __m256 inv_d = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+      __m256i q[4];
+      for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv_d));
+      const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+      const __m256i q16 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                             _mm256_packs_epi32(q[2], q[3]));
+      const int64_t e = act.entry(m, b);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(act.q + e * kBlock),
+                          _mm256_permutevar8x32_epi32(q16, unshuffle));
+      const int32_t s = hsum_epi32(sum);
+      act.scale[e] = d;
+      act.scaled_sum[e] = d * float(s);
+      act.neg128_sum[e] = -128 * s;
+    }
+  }
+}
+
+struct ActStream {
+  const int8_t* q;
+  const float* scale;
+  const float* scaled_sum;
+
+  ActStream(const ActBlocks& act, int64_t m0, int64_t b0) {
+    const int64_t e = act.entry(m0, b0);
+    q = act.q + e * kBlock;
+    scale = act.scale + e;
+    scaled_sum = act.scaled_sum + e;
+  }
+  void next_block() {
+    q += kIntRows * kBlock;
+    scale += kIntRows;
+    scaled_sum += kIntRows;
+  }
+};
+
+// ---- Q8 tiles ------------------------------------------------------------------------------
+
+// One 8-row half of the tiles. The weights are turned back into signed bytes; pmaddubsw wants
+// one unsigned operand, so it gets |w| and the activations take w's sign (psignb), which keeps
+// every pair sum within int16 (2 * 127 * 127).
+template <int R>
+void q8_half(ActStream x, const TileQ8* tiles, int64_t nblocks, int half, float* y, int64_t ldy,
+             int cols, bool accumulate) {
+  const __m256i bias = _mm256_set1_epi8(char(0x80));
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nblocks; ++b, x.next_block()) {
+    const TileQ8& t = tiles[b];
+    __m256i sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
+    for (int g = 0; g < kBlock / 4; ++g) {
+      const __m256i w = _mm256_xor_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.q[g][8 * half])), bias);
+      const __m256i w_abs = _mm256_abs_epi8(w);
+      for (int r = 0; r < R; ++r) {
+        const __m256i xs = _mm256_sign_epi8(broadcast4(x.q + r * kBlock + 4 * g), w);
+        sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, xs), ones));
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.scale + 8 * half)));
+    for (int r = 0; r < R; ++r) {
+      const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(x.scale[r]));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), dd, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) store8(y + r * ldy + 8 * half, acc[r], cols - 8 * half, accumulate);
+}
+
+// ---- Q4 tiles ------------------------------------------------------------------------------
+
+// One 8-row half. Nibbles (0..15) times int8 stay small enough to add all eight pmaddubsw
+// results of a block in int16 (8 * 2 * 15 * 127 < 32768) before widening once.
+template <int R>
+void q4_half(ActStream x, const TileQ4* tiles, int64_t nblocks, int half, float* y, int64_t ldy,
+             int cols, bool accumulate) {
+  const __m256i nibble = _mm256_set1_epi8(15);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nblocks; ++b, x.next_block()) {
+    const TileQ4& t = tiles[b];
+    __m256i sum16[R];
+    for (int r = 0; r < R; ++r) sum16[r] = _mm256_setzero_si256();
+    for (int g = 0; g < kBlock / 8; ++g) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.q[g][8 * half]));
+      const __m256i lo = _mm256_and_si256(v, nibble);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+      for (int r = 0; r < R; ++r) {
+        const __m256i p = _mm256_add_epi16(
+            _mm256_maddubs_epi16(lo, broadcast4(x.q + r * kBlock + 4 * g)),
+            _mm256_maddubs_epi16(hi, broadcast4(x.q + r * kBlock + 16 + 4 * g)));
+        sum16[r] = _mm256_add_epi16(sum16[r], p);
+      }
+    }
+    int16_t codes[8];
+    for (int i = 0; i < 8; ++i) codes[i] = int16_t(t.scale[8 * half + i] << 7);
+    const __m256 d = _mm256_mul_ps(
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))),
+        _mm256_set1_ps(kQ4ScaleFactor));
+    const __m128i zeros8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(t.zero + 8 * half));
+    const __m256 dz = _mm256_mul_ps(
+        d, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(zeros8)), _mm256_set1_ps(0.0625f)));
+    for (int r = 0; r < R; ++r) {
+      const __m256i sum = _mm256_madd_epi16(sum16[r], ones);
+      const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(x.scale[r]));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), dd, acc[r]);
+      acc[r] = _mm256_fnmadd_ps(dz, _mm256_set1_ps(x.scaled_sum[r]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) store8(y + r * ldy + 8 * half, acc[r], cols - 8 * half, accumulate);
+}
+
+template <template <int> class F, class... Args>
+void dispatch_rows(int rows, Args&&... args) {
+  switch (rows) {
+    case 1: return F<1>::run(args...);
+    case 2: return F<2>::run(args...);
+    case 3: return F<3>::run(args...);
+    default: return F<4>::run(args...);
+  }
+}
+
+template <int R>
+struct TilesQ8 {
+  static void run(const ActStream& x, const TileQ8* tiles, int64_t nblocks, float* y, int64_t ldy,
+                  int cols, bool accumulate) {
+    q8_half<R>(x, tiles, nblocks, 0, y, ldy, cols, accumulate);
+    if (cols > 8) q8_half<R>(x, tiles, nblocks, 1, y, ldy, cols, accumulate);
+  }
+};
+template <int R>
+struct TilesQ4 {
+  static void run(const ActStream& x, const TileQ4* tiles, int64_t nblocks, float* y, int64_t ldy,
+                  int cols, bool accumulate) {
+    q4_half<R>(x, tiles, nblocks, 0, y, ldy, cols, accumulate);
+    if (cols > 8) q4_half<R>(x, tiles, nblocks, 1, y, ldy, cols, accumulate);
+  }
+};
+
+void tiles_q8(const ActBlocks& act, int64_t m0, int64_t b0, int rows, const TileQ8* tiles,
+              int64_t nblocks, float* y, int64_t ldy, int cols, bool accumulate) {
+  dispatch_rows<TilesQ8>(rows, ActStream(act, m0, b0), tiles, nblocks, y, ldy, cols, accumulate);
+}
+void tiles_q4(const ActBlocks& act, int64_t m0, int64_t b0, int rows, const TileQ4* tiles,
+              int64_t nblocks, float* y, int64_t ldy, int cols, bool accumulate) {
+  dispatch_rows<TilesQ4>(rows, ActStream(act, m0, b0), tiles, nblocks, y, ldy, cols, accumulate);
+}
+
+// ---- Float panels --------------------------------------------------------------------------
+
+template <DType T>
+inline __m256 load8(const void* w, int64_t i) {
+  if constexpr (T == DType::BF16) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(
+        static_cast<const uint16_t*>(w) + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else if constexpr (T == DType::F16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
+        static_cast<const uint16_t*>(w) + i)));
+  } else {
+    return _mm256_loadu_ps(static_cast<const float*>(w) + i);
+  }
+}
+
+constexpr size_t element_size(DType t) { return t == DType::F32 ? 4 : 2; }
+
+// In-register transpose of an 8 x 8 block: r[i] (row i) becomes column i.
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // r[4q + j], 128-bit lane L: rows 4q..4q+3 of column 4L + j.
+  for (int q = 0; q < 2; ++q) {
+    r[4 * q + 0] = _mm256_shuffle_ps(t[4 * q], t[4 * q + 2], 0x44);
+    r[4 * q + 1] = _mm256_shuffle_ps(t[4 * q], t[4 * q + 2], 0xee);
+    r[4 * q + 2] = _mm256_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0x44);
+    r[4 * q + 3] = _mm256_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0xee);
+  }
+  for (int j = 0; j < 4; ++j) {
+    t[j] = _mm256_permute2f128_ps(r[j], r[4 + j], 0x20);
+    t[4 + j] = _mm256_permute2f128_ps(r[j], r[4 + j], 0x31);
+  }
+  for (int i = 0; i < 8; ++i) r[i] = t[i];
+}
+
+template <DType T>
+void pack_panel_t(const void* w, int64_t ldw, int rows, int kc, float* panel) {
+  const auto* base = static_cast<const uint8_t*>(w);
+  for (int half = 0; half < 2; ++half) {
+    for (int k = 0; k < kc; k += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) {
+        const int row = half * 8 + i;
+        r[i] = row < rows ? load8<T>(base + size_t(row * ldw) * element_size(T), k)
+                          : _mm256_setzero_ps();
+      }
+      transpose8(r);
+      for (int i = 0; i < 8; ++i) _mm256_store_ps(panel + (k + i) * kPanelCols + half * 8, r[i]);
+    }
+  }
+}
+
+void pack_panel(DType type, const void* w, int64_t ldw, int rows, int kc, float* panel) {
+  switch (type) {
+    case DType::BF16: return pack_panel_t<DType::BF16>(w, ldw, rows, kc, panel);
+    case DType::F16: return pack_panel_t<DType::F16>(w, ldw, rows, kc, panel);
+    default: return pack_panel_t<DType::F32>(w, ldw, rows, kc, panel);
+  }
+}
+
+void pack_rows(const float* x, int64_t ldx, int rows, int kc, float* out) {
+  const __m256i six = lane_mask(kGemmRows);
+  for (int k = 0; k < kc; k += 8) {
+    __m256 r[8];
+    for (int i = 0; i < 8; ++i)
+      r[i] = i < rows && i < kGemmRows ? _mm256_loadu_ps(x + i * ldx + k) : _mm256_setzero_ps();
+    transpose8(r);
+    for (int i = 0; i < 8; ++i) _mm256_maskstore_ps(out + (k + i) * kGemmRows, six, r[i]);
+  }
+}
+
+template <int R>
+struct GemmRows {
+  // 6 x 16 outputs in 12 registers; per k: two panel loads, 6 broadcasts, 12 FMAs.
+  static void run(const float* xp, const float* panel, int kc, float* y, int64_t ldy, int cols,
+                  bool accumulate) {
+    __m256 acc0[R], acc1[R];
+    for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+    for (int k = 0; k < kc; ++k) {
+      const __m256 w0 = _mm256_load_ps(panel + k * kPanelCols);
+      const __m256 w1 = _mm256_load_ps(panel + k * kPanelCols + 8);
+      for (int r = 0; r < R; ++r) {
+        const __m256 xv = _mm256_broadcast_ss(xp + k * kGemmRows + r);
+        acc0[r] = _mm256_fmadd_ps(w0, xv, acc0[r]);
+        acc1[r] = _mm256_fmadd_ps(w1, xv, acc1[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      store8(y + r * ldy, acc0[r], cols, accumulate);
+      store8(y + r * ldy + 8, acc1[r], cols - 8, accumulate);
+    }
+  }
+};
+
+void gemm_panel(const float* xp, int rows, const float* panel, int kc, float* y, int64_t ldy,
+                int cols, bool accumulate) {
+  switch (rows) {
+    case 1: return GemmRows<1>::run(xp, panel, kc, y, ldy, cols, accumulate);
+    case 2: return GemmRows<2>::run(xp, panel, kc, y, ldy, cols, accumulate);
+    case 3: return GemmRows<3>::run(xp, panel, kc, y, ldy, cols, accumulate);
+    case 4: return GemmRows<4>::run(xp, panel, kc, y, ldy, cols, accumulate);
+    case 5: return GemmRows<5>::run(xp, panel, kc, y, ldy, cols, accumulate);
+    default: return GemmRows<6>::run(xp, panel, kc, y, ldy, cols, accumulate);
+  }
+}
+
+// ---- Small M: dot products along K ---------------------------------------------------------
+
+// Up to 2 rows of X against up to 4 rows of W: 8 accumulators, 4 converted W vectors.
+template <DType T, int R, int C>
+void dot_tile(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K, float* y,
+              int64_t ldy) {
+  const auto* base = static_cast<const uint8_t*>(w);
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    __m256 wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = load8<T>(base + size_t(c * ldw) * element_size(T), k);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = hsum(acc[r][c]);
+}
+
+template <DType T, int R>
+void dot_tile_cols(int wrows, const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K,
+                   float* y, int64_t ldy) {
+  switch (wrows) {
+    case 1: return dot_tile<T, R, 1>(x, ldx, w, ldw, K, y, ldy);
+    case 2: return dot_tile<T, R, 2>(x, ldx, w, ldw, K, y, ldy);
+    case 3: return dot_tile<T, R, 3>(x, ldx, w, ldw, K, y, ldy);
+    default: return dot_tile<T, R, 4>(x, ldx, w, ldw, K, y, ldy);
+  }
+}
+
+template <DType T>
+void dot_rows_t(const float* x, int64_t ldx, int rows, const void* w, int64_t ldw, int wrows,
+                int64_t K, float* y, int64_t ldy) {
+  for (int r = 0; r < rows; r += 2) {
+    if (rows - r >= 2) {
+      dot_tile_cols<T, 2>(wrows, x + r * ldx, ldx, w, ldw, K, y + r * ldy, ldy);
+    } else {
+      dot_tile_cols<T, 1>(wrows, x + r * ldx, ldx, w, ldw, K, y + r * ldy, ldy);
+    }
+  }
+}
+
+void dot_rows(DType type, const float* x, int64_t ldx, int rows, const void* w, int64_t ldw,
+              int wrows, int64_t K, float* y, int64_t ldy) {
+  switch (type) {
+    case DType::BF16: return dot_rows_t<DType::BF16>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
+    case DType::F16: return dot_rows_t<DType::F16>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
+    default: return dot_rows_t<DType::F32>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
+  }
+}
+
+}  // namespace
+
+const Kernels& avx2_kernels() {
+  static const Kernels k{Isa::Avx2, kIntRows,  kGemmRows,  kPanelCols, quantize_rows, tiles_q8,
+                         tiles_q4,  pack_rows, pack_panel, gemm_panel, dot_rows};
+  return k;
+}
+
+}  // namespace klein::quant::detail

@@ -1,0 +1,377 @@
+// AVX-512 kernels (F, BW, VL, DQ, VNNI; F16C for f16 weights). Compiled with the AVX-512 flags
+// and called only when the CPU has them (quant/matmul.cpp, kernels_for).
+//
+// Integer tiles: a 64-byte weight vector holds 4 columns of 16 rows; vpdpbusd multiplies it by
+// 4 activation bytes broadcast from memory and adds 16 int32 row sums, so a tile of 16 rows x
+// 32 columns is 8 instructions per activation row. Up to 12 activation rows share each weight
+// load; their 12 int32 and 12 float accumulators fill 24 of the 32 registers.
+// GCC 12 reports its own intrinsics' deliberately undefined vectors (_mm512_undefined_*) as
+// uninitialized once they are inlined here; the warnings are about the header, not this file.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "quant/kernels.h"
+
+namespace klein::quant::detail {
+namespace {
+
+constexpr int kIntRows = 12;
+constexpr int kGemmRows = 12;
+constexpr int kPanelCols = 32;
+
+inline __m512i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+inline __mmask16 low_mask(int n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
+
+// Writes (or adds to) the first `cols` of 16 outputs.
+inline void store_row(float* y, __m512 v, int cols, bool accumulate) {
+  const __mmask16 m = low_mask(cols);
+  if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, y));
+  _mm512_mask_storeu_ps(y, m, v);
+}
+
+// ---- Activations ---------------------------------------------------------------------------
+
+void quantize_rows(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K,
+                   const ActBlocks& act) {
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int64_t m = m0; m < m1; ++m) {
+    for (int64_t b = 0; b < K / kBlock; ++b) {
+      const float* xb = x + m * ldx + b * kBlock;
+      const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+      const __m512 a = _mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1));
+      const float amax = _mm512_reduce_max_ps(a);
+      const float d = amax / 127.0f;
+      const __m512 inv_d = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+      // cvtps2dq rounds to nearest even (the default MXCSR mode), like the scalar definition.
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv_d));
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv_d));
+      const int64_t e = act.entry(m, b);
+      int8_t* q = act.q + e * kBlock;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(q1));
+      const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+      act.scale[e] = d;
+      act.scaled_sum[e] = d * float(sum);
+      act.neg128_sum[e] = -128 * sum;
+    }
+  }
+}
+
+// The activations of rows m0..m0+R-1 at block b0 onwards: one stream, kIntRows entries per
+// block (see ActBlocks), so every address below is a base plus a constant.
+struct ActStream {
+  const int8_t* q;
+  const float* scale;
+  const float* scaled_sum;
+  const int32_t* neg128_sum;
+
+  ActStream(const ActBlocks& act, int64_t m0, int64_t b0) {
+    const int64_t e = act.entry(m0, b0);
+    q = act.q + e * kBlock;
+    scale = act.scale + e;
+    scaled_sum = act.scaled_sum + e;
+    neg128_sum = act.neg128_sum + e;
+  }
+  void next_block() {
+    q += kIntRows * kBlock;
+    scale += kIntRows;
+    scaled_sum += kIntRows;
+    neg128_sum += kIntRows;
+  }
+};
+
+// ---- Q8 tiles ------------------------------------------------------------------------------
+
+template <int R>
+void tiles_q8_rows(ActStream x, const TileQ8* tiles, int64_t nblocks, float* y, int64_t ldy,
+                   int cols, bool accumulate) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nblocks; ++b, x.next_block()) {
+    const TileQ8& t = tiles[b];
+    __m512i sum[R];
+    // The tile holds q + 128; starting from -128 * sum(x) makes the total sum(q * x).
+    for (int r = 0; r < R; ++r) sum[r] = _mm512_set1_epi32(x.neg128_sum[r]);
+#pragma GCC unroll 8
+    for (int g = 0; g < kBlock / 4; ++g) {
+      const __m512i w = _mm512_loadu_si512(t.q[g]);
+#pragma GCC unroll 12
+      for (int r = 0; r < R; ++r)
+        sum[r] = _mm512_dpbusd_epi32(sum[r], w, broadcast4(x.q + r * kBlock + 4 * g));
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.scale)));
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(x.scale[r]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r]), dd, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) store_row(y + r * ldy, acc[r], cols, accumulate);
+}
+
+// ---- Q4 tiles ------------------------------------------------------------------------------
+
+template <int R>
+void tiles_q4_rows(ActStream x, const TileQ4* tiles, int64_t nblocks, float* y, int64_t ldy,
+                   int cols, bool accumulate) {
+  const __m512i nibble = _mm512_set1_epi8(15);
+  const __m512 scale_factor = _mm512_set1_ps(kQ4ScaleFactor);
+  const __m512 sixteenth = _mm512_set1_ps(0.0625f);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nblocks; ++b, x.next_block()) {
+    const TileQ4& t = tiles[b];
+    __m512i sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int g = 0; g < kBlock / 8; ++g) {
+      const __m512i v = _mm512_loadu_si512(t.q[g]);
+      const __m512i lo = _mm512_and_si512(v, nibble);                         // columns 4g..
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);  // columns 16+4g..
+#pragma GCC unroll 12
+      for (int r = 0; r < R; ++r) {
+        sum[r] = _mm512_dpbusd_epi32(sum[r], lo, broadcast4(x.q + r * kBlock + 4 * g));
+        sum[r] = _mm512_dpbusd_epi32(sum[r], hi, broadcast4(x.q + r * kBlock + 16 + 4 * g));
+      }
+    }
+    // Scale codes are the f16 bits >> 7: widen, shift back, convert, times 2^-8.
+    const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t.scale));
+    const __m512 d = _mm512_mul_ps(
+        _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(codes), 7)), scale_factor);
+    const __m128i zeros = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t.zero));
+    const __m512 dz = _mm512_mul_ps(d, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(zeros)),
+                                                     sixteenth));
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(x.scale[r]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r]), dd, acc[r]);
+      acc[r] = _mm512_fnmadd_ps(dz, _mm512_set1_ps(x.scaled_sum[r]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) store_row(y + r * ldy, acc[r], cols, accumulate);
+}
+
+// Row counts 1..12 as compile-time constants, so accumulators live in registers.
+template <template <int> class F, class... Args>
+void dispatch_rows(int rows, Args&&... args) {
+  switch (rows) {
+    case 1: return F<1>::run(args...);
+    case 2: return F<2>::run(args...);
+    case 3: return F<3>::run(args...);
+    case 4: return F<4>::run(args...);
+    case 5: return F<5>::run(args...);
+    case 6: return F<6>::run(args...);
+    case 7: return F<7>::run(args...);
+    case 8: return F<8>::run(args...);
+    case 9: return F<9>::run(args...);
+    case 10: return F<10>::run(args...);
+    case 11: return F<11>::run(args...);
+    default: return F<12>::run(args...);
+  }
+}
+
+template <int R>
+struct TilesQ8 {
+  static void run(const ActStream& x, const TileQ8* tiles, int64_t nblocks, float* y, int64_t ldy,
+                  int cols, bool accumulate) {
+    tiles_q8_rows<R>(x, tiles, nblocks, y, ldy, cols, accumulate);
+  }
+};
+template <int R>
+struct TilesQ4 {
+  static void run(const ActStream& x, const TileQ4* tiles, int64_t nblocks, float* y, int64_t ldy,
+                  int cols, bool accumulate) {
+    tiles_q4_rows<R>(x, tiles, nblocks, y, ldy, cols, accumulate);
+  }
+};
+
+void tiles_q8(const ActBlocks& act, int64_t m0, int64_t b0, int rows, const TileQ8* tiles,
+              int64_t nblocks, float* y, int64_t ldy, int cols, bool accumulate) {
+  dispatch_rows<TilesQ8>(rows, ActStream(act, m0, b0), tiles, nblocks, y, ldy, cols, accumulate);
+}
+void tiles_q4(const ActBlocks& act, int64_t m0, int64_t b0, int rows, const TileQ4* tiles,
+              int64_t nblocks, float* y, int64_t ldy, int cols, bool accumulate) {
+  dispatch_rows<TilesQ4>(rows, ActStream(act, m0, b0), tiles, nblocks, y, ldy, cols, accumulate);
+}
+
+// ---- Float panels --------------------------------------------------------------------------
+
+// 16 consecutive weights of one row as float32. The type is a template parameter so that
+// the inner loops carry no branch on it.
+template <DType T>
+inline __m512 load16(const void* w, int64_t i) {
+  if constexpr (T == DType::BF16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+        static_cast<const uint16_t*>(w) + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else if constexpr (T == DType::F16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+        static_cast<const uint16_t*>(w) + i));
+    return _mm512_cvtph_ps(h);
+  } else {
+    return _mm512_loadu_ps(static_cast<const float*>(w) + i);
+  }
+}
+
+constexpr size_t element_size(DType t) { return t == DType::F32 ? 4 : 2; }
+
+// In-register transpose of a 16 x 16 block: r[i] (row i) becomes column i.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // r[4q + j], 128-bit lane L: rows 4q..4q+3 of column 4L + j.
+  for (int q = 0; q < 4; ++q) {
+    r[4 * q + 0] = _mm512_shuffle_ps(t[4 * q], t[4 * q + 2], 0x44);
+    r[4 * q + 1] = _mm512_shuffle_ps(t[4 * q], t[4 * q + 2], 0xee);
+    r[4 * q + 2] = _mm512_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0x44);
+    r[4 * q + 3] = _mm512_shuffle_ps(t[4 * q + 1], t[4 * q + 3], 0xee);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512 u0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
+    const __m512 u1 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xdd);
+    const __m512 v0 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+    const __m512 v1 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xdd);
+    t[j] = _mm512_shuffle_f32x4(u0, v0, 0x88);
+    t[8 + j] = _mm512_shuffle_f32x4(u0, v0, 0xdd);
+    t[4 + j] = _mm512_shuffle_f32x4(u1, v1, 0x88);
+    t[12 + j] = _mm512_shuffle_f32x4(u1, v1, 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+template <DType T>
+void pack_panel_t(const void* w, int64_t ldw, int rows, int kc, float* panel) {
+  const auto* base = static_cast<const uint8_t*>(w);
+  for (int half = 0; half < 2; ++half) {
+    for (int k = 0; k < kc; k += 16) {
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) {
+        const int row = half * 16 + i;
+        r[i] = row < rows ? load16<T>(base + size_t(row * ldw) * element_size(T), k)
+                          : _mm512_setzero_ps();
+      }
+      transpose16(r);
+      for (int i = 0; i < 16; ++i) _mm512_store_ps(panel + (k + i) * kPanelCols + half * 16, r[i]);
+    }
+  }
+}
+
+void pack_panel(DType type, const void* w, int64_t ldw, int rows, int kc, float* panel) {
+  switch (type) {
+    case DType::BF16: return pack_panel_t<DType::BF16>(w, ldw, rows, kc, panel);
+    case DType::F16: return pack_panel_t<DType::F16>(w, ldw, rows, kc, panel);
+    default: return pack_panel_t<DType::F32>(w, ldw, rows, kc, panel);
+  }
+}
+
+void pack_rows(const float* x, int64_t ldx, int rows, int kc, float* out) {
+  for (int k = 0; k < kc; k += 16) {
+    __m512 r[16];
+    for (int i = 0; i < 16; ++i)
+      r[i] = i < rows ? _mm512_loadu_ps(x + i * ldx + k) : _mm512_setzero_ps();
+    transpose16(r);
+    for (int i = 0; i < 16; ++i) _mm512_mask_storeu_ps(out + (k + i) * kGemmRows, 0xfff, r[i]);
+  }
+}
+
+template <int R>
+struct GemmRows {
+  // 12 x 32 outputs in 24 registers; per k: two panel loads, 12 broadcasts, 24 FMAs.
+  static void run(const float* xp, const float* panel, int kc, float* y, int64_t ldy, int cols,
+                  bool accumulate) {
+    __m512 acc0[R], acc1[R];
+    for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+    for (int k = 0; k < kc; ++k) {
+      const __m512 w0 = _mm512_load_ps(panel + k * kPanelCols);
+      const __m512 w1 = _mm512_load_ps(panel + k * kPanelCols + 16);
+#pragma GCC unroll 12
+      for (int r = 0; r < R; ++r) {
+        const __m512 xv = _mm512_set1_ps(xp[k * kGemmRows + r]);
+        acc0[r] = _mm512_fmadd_ps(w0, xv, acc0[r]);
+        acc1[r] = _mm512_fmadd_ps(w1, xv, acc1[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      store_row(y + r * ldy, acc0[r], cols, accumulate);
+      if (cols > 16) store_row(y + r * ldy + 16, acc1[r], cols - 16, accumulate);
+    }
+  }
+};
+
+void gemm_panel(const float* xp, int rows, const float* panel, int kc, float* y, int64_t ldy,
+                int cols, bool accumulate) {
+  dispatch_rows<GemmRows>(rows, xp, panel, kc, y, ldy, cols, accumulate);
+}
+
+// ---- Small M: dot products along K ---------------------------------------------------------
+
+template <DType T, int R, int C>
+void dot_tile(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K, float* y,
+              int64_t ldy) {
+  const auto* base = static_cast<const uint8_t*>(w);
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    __m512 wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = load16<T>(base + size_t(c * ldw) * element_size(T), k);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_loadu_ps(x + r * ldx + k);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+template <DType T, int R>
+void dot_tile_rows(int wrows, const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K,
+                   float* y, int64_t ldy) {
+  switch (wrows) {
+    case 1: return dot_tile<T, R, 1>(x, ldx, w, ldw, K, y, ldy);
+    case 2: return dot_tile<T, R, 2>(x, ldx, w, ldw, K, y, ldy);
+    case 3: return dot_tile<T, R, 3>(x, ldx, w, ldw, K, y, ldy);
+    default: return dot_tile<T, R, 4>(x, ldx, w, ldw, K, y, ldy);
+  }
+}
+
+template <DType T>
+void dot_rows_t(const float* x, int64_t ldx, int rows, const void* w, int64_t ldw, int wrows,
+                int64_t K, float* y, int64_t ldy) {
+  switch (rows) {
+    case 1: return dot_tile_rows<T, 1>(wrows, x, ldx, w, ldw, K, y, ldy);
+    case 2: return dot_tile_rows<T, 2>(wrows, x, ldx, w, ldw, K, y, ldy);
+    case 3: return dot_tile_rows<T, 3>(wrows, x, ldx, w, ldw, K, y, ldy);
+    default: return dot_tile_rows<T, 4>(wrows, x, ldx, w, ldw, K, y, ldy);
+  }
+}
+
+void dot_rows(DType type, const float* x, int64_t ldx, int rows, const void* w, int64_t ldw,
+              int wrows, int64_t K, float* y, int64_t ldy) {
+  switch (type) {
+    case DType::BF16: return dot_rows_t<DType::BF16>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
+    case DType::F16: return dot_rows_t<DType::F16>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
+    default: return dot_rows_t<DType::F32>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
+  }
+}
+
+}  // namespace
+
+const Kernels& avx512_kernels() {
+  static const Kernels k{Isa::Avx512, kIntRows,  kGemmRows,  kPanelCols, quantize_rows, tiles_q8,
+                         tiles_q4,    pack_rows, pack_panel, gemm_panel, dot_rows};
+  return k;
+}
+
+}  // namespace klein::quant::detail

@@ -1,0 +1,489 @@
+// Matrix bookkeeping (sizes, slices, packing) and the matmul driver: it cuts Y into
+// cache-sized tasks, hands them to the thread pool and calls the kernels of the chosen
+// instruction set (quant/kernels.h) on each piece.
+#include "quant/matmul.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "core/cpu.h"
+#include "core/error.h"
+#include "quant/blocks.h"
+#include "quant/kernels.h"
+
+namespace klein::quant {
+namespace {
+
+using detail::ActBlocks;
+using detail::Kernels;
+
+// ---- Tuning (measured on a 2-core AVX-512 machine; see BENCHMARKS.md) ----------------------
+// Below this M the float types use dot products along K on the row-major weights; from it
+// on, converting 32-row panels pays for itself.
+constexpr int64_t kFloatSmallM = 8;
+constexpr int kFloatKc = 256;            // columns per float panel: kFloatKc x 32 floats = 32 KiB
+constexpr int64_t kFloatMinRows = 192;   // rows per task, so each panel conversion is reused
+constexpr int64_t kFloatMaxRows = 384;   // packed X block: 384 x kFloatKc floats = 384 KiB (L2)
+constexpr int64_t kIntKcBlocks = 64;     // 32-column blocks per chunk of K (2048 columns)
+constexpr int64_t kIntMaxRows = 384;     // int8 activation block: 384 x 2 KiB (L2)
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+bool is_quantized(DType t) { return t == DType::Q8 || t == DType::Q4; }
+
+size_t block_bytes(DType t) { return t == DType::Q8 ? sizeof(BlockQ8) : sizeof(BlockQ4); }
+size_t tile_bytes(DType t) { return t == DType::Q8 ? sizeof(TileQ8) : sizeof(TileQ4); }
+
+void check_shape(DType type, Layout layout, int64_t rows, int64_t cols) {
+  check(rows >= 0 && cols >= 0, "matrix: negative shape [", rows, ", ", cols, "]");
+  if (is_float(type)) {
+    check(layout == Layout::RowMajor, "matrix: ", dtype_name(type), " supports only the RowMajor",
+          " layout, not ", layout_name(layout));
+  } else {
+    check(is_quantized(type), "matrix: ", dtype_name(type), " is not a weight type");
+    check(cols % kBlock == 0, "matrix: ", dtype_name(type), " needs a column count that is a",
+          " multiple of ", kBlock, ", got ", cols);
+  }
+}
+
+// ---- Instruction sets ----------------------------------------------------------------------
+
+const Kernels& kernels_for(Isa isa) {
+  if (isa == Isa::Auto) isa = best_isa();
+  check(isa_available(isa), "matmul: instruction set ", isa_name(isa),
+        " is not available on this CPU or build");
+  switch (isa) {
+#if defined(KLEIN_X86)
+    case Isa::Avx2: return detail::avx2_kernels();
+    case Isa::Avx512: {
+      // AVX-512 without VNNI (first-generation AVX-512 CPUs): AVX-512 float kernels with the
+      // AVX2 integer ones.
+      if (cpu_features().avx512_vnni) return detail::avx512_kernels();
+      static const Kernels mixed = [] {
+        Kernels k = detail::avx512_kernels();
+        const Kernels& a = detail::avx2_kernels();
+        k.int_rows = a.int_rows;  // the activation layout follows the integer kernels
+        k.quantize_rows = a.quantize_rows;
+        k.tiles_q8 = a.tiles_q8;
+        k.tiles_q4 = a.tiles_q4;
+        return k;
+      }();
+      return mixed;
+    }
+#endif
+#if defined(KLEIN_ARM64)
+    case Isa::Neon: return detail::neon_kernels();
+#endif
+    default: return detail::scalar_kernels();
+  }
+}
+
+// ---- Task split ----------------------------------------------------------------------------
+
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// Y is cut into m_blocks x n_chunks tasks; a task covers rows [i * m_block, ...) and `units`
+// (n-tiles of the kernel) [j * n_chunk, ...). A few tasks per thread, so that dynamic hand-out
+// evens out a core that is busy with something else; rows per task between min_rows and
+// max_rows (multiples of m_align) to keep per-task work above its fixed costs and its
+// activation block in L2; the columns are split only when the rows do not give enough tasks.
+struct Split {
+  int64_t m_block, m_blocks, n_chunk, n_chunks;
+  int64_t tasks() const { return m_blocks * n_chunks; }
+};
+
+Split split_work(int64_t M, int64_t units, int threads, int64_t m_align, int64_t min_rows,
+                 int64_t max_rows) {
+  const int64_t wanted = threads > 1 ? 3 * threads : 1;
+  Split s;
+  s.m_block = std::clamp(ceil_div(M, wanted), min_rows, max_rows);
+  s.m_block = std::min(round_up(s.m_block, m_align), round_up(M, m_align));
+  s.m_blocks = ceil_div(M, s.m_block);
+  s.n_chunk = std::max<int64_t>(1, ceil_div(units, ceil_div(wanted, s.m_blocks)));
+  s.n_chunks = ceil_div(units, s.n_chunk);
+  return s;
+}
+
+// A per-worker piece of one buffer, so tasks never allocate.
+template <class T>
+class WorkerBuffers {
+ public:
+  WorkerBuffers(MatmulScratch* scratch, int workers, size_t per_worker)
+      : per_worker_((per_worker * sizeof(T) + 63) / 64 * 64 / sizeof(T)) {
+    MatmulScratch& s = scratch ? *scratch : local_;
+    base_ = static_cast<T*>(s.get(per_worker_ * sizeof(T) * size_t(workers)));
+  }
+  T* operator[](int worker) const { return base_ + per_worker_ * size_t(worker); }
+
+ private:
+  MatmulScratch local_;
+  size_t per_worker_;
+  T* base_ = nullptr;
+};
+
+// ---- Float weights (F32 / BF16 / F16, row-major) -------------------------------------------
+
+void matmul_float_small_m(const Kernels& kern, const float* x, int64_t M, int64_t ldx,
+                          const Matrix& w, float* y, int64_t ldy, ThreadPool& pool) {
+  const int64_t N = w.rows, K = w.cols;
+  const size_t esize = dtype_size(w.type);
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  const int64_t quads = ceil_div(N, detail::kDotCols);
+  const Split s = split_work(1, quads, pool.size(), 1, 1, 1);
+  pool.for_each_task(s.tasks(), [&](int64_t task, int) {
+    const int64_t q0 = task * s.n_chunk, q1 = std::min(quads, q0 + s.n_chunk);
+    for (int64_t q = q0; q < q1; ++q) {
+      const int64_t n0 = q * detail::kDotCols;
+      const int wrows = int(std::min<int64_t>(detail::kDotCols, N - n0));
+      for (int64_t m = 0; m < M; m += detail::kDotRows) {
+        const int rows = int(std::min<int64_t>(detail::kDotRows, M - m));
+        kern.dot_rows(w.type, x + m * ldx, ldx, rows, base + n0 * K * esize, K, wrows, K,
+                      y + m * ldy + n0, ldy);
+      }
+    }
+  });
+}
+
+void matmul_float(const Kernels& kern, const float* x, int64_t M, int64_t ldx, const Matrix& w,
+                  float* y, int64_t ldy, ThreadPool& pool, MatmulScratch* scratch) {
+  if (M < kFloatSmallM) return matmul_float_small_m(kern, x, M, ldx, w, y, ldy, pool);
+  const int64_t N = w.rows, K = w.cols;
+  const size_t esize = dtype_size(w.type);
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  const int pc = kern.panel_cols, mr = kern.gemm_rows;
+  const int64_t tiles = ceil_div(N, pc);
+  const Split s = split_work(M, tiles, pool.size(), mr, kFloatMinRows, kFloatMaxRows);
+  // Per worker: one packed block of X rows, then one W panel.
+  const size_t xp_floats = size_t(s.m_block) * kFloatKc;
+  WorkerBuffers<float> buffers(scratch, pool.size(), xp_floats + size_t(kFloatKc) * pc);
+  pool.for_each_task(s.tasks(), [&](int64_t task, int worker) {
+    float* xp = buffers[worker];
+    float* panel = xp + xp_floats;
+    const int64_t m0 = (task / s.n_chunks) * s.m_block, m1 = std::min(M, m0 + s.m_block);
+    const int64_t t0 = (task % s.n_chunks) * s.n_chunk, t1 = std::min(tiles, t0 + s.n_chunk);
+    // K chunks outermost: the packed X block [m0, m1) x kc stays in L2 while each W panel,
+    // converted once, sits in L1 for all the row tiles that pass over it.
+    for (int64_t k0 = 0; k0 < K; k0 += kFloatKc) {
+      const int kc = int(std::min<int64_t>(kFloatKc, K - k0));
+      for (int64_t m = m0; m < m1; m += mr)
+        kern.pack_rows(x + m * ldx + k0, ldx, int(std::min<int64_t>(mr, m1 - m)), kc,
+                       xp + (m - m0) * kFloatKc);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t n0 = t * pc;
+        const int cols = int(std::min<int64_t>(pc, N - n0));
+        kern.pack_panel(w.type, base + (n0 * K + k0) * esize, K, cols, kc, panel);
+        for (int64_t m = m0; m < m1; m += mr) {
+          const int rows = int(std::min<int64_t>(mr, m1 - m));
+          kern.gemm_panel(xp + (m - m0) * kFloatKc, rows, panel, kc, y + m * ldy + n0, ldy, cols,
+                          k0 > 0);
+        }
+      }
+    }
+  });
+}
+
+// ---- Quantized weights (Q8 / Q4) -----------------------------------------------------------
+
+// Where the tiles of group g, blocks [b0, b0 + count) come from: straight from an
+// Interleaved16 matrix, or re-laid out from RowMajor blocks into a per-task buffer.
+class TileSource {
+ public:
+  TileSource(const Matrix& w) : w_(w), nb_(w.cols / kBlock), tile_(tile_bytes(w.type)) {
+    if (w.layout == Layout::RowMajor) buffer_.resize(size_t(kIntKcBlocks) * tile_);
+  }
+
+  const void* tiles(int64_t g, int64_t b0, int64_t count) {
+    const auto* base = static_cast<const uint8_t*>(w_.data);
+    if (w_.layout == Layout::Interleaved16) return base + size_t(g * nb_ + b0) * tile_;
+    const size_t row_bytes = size_t(nb_) * block_bytes(w_.type);
+    for (int64_t b = 0; b < count; ++b) {
+      const void* rows[kTileRows];
+      for (int r = 0; r < kTileRows; ++r) {
+        const int64_t n = g * kTileRows + r;
+        rows[r] = n < w_.rows ? base + size_t(n) * row_bytes + size_t(b0 + b) * block_bytes(w_.type)
+                              : nullptr;
+      }
+      void* out = buffer_.data() + size_t(b) * tile_;
+      if (w_.type == DType::Q8) {
+        make_tile_q8(reinterpret_cast<const BlockQ8* const*>(rows), static_cast<TileQ8*>(out));
+      } else {
+        make_tile_q4(reinterpret_cast<const BlockQ4* const*>(rows), static_cast<TileQ4*>(out));
+      }
+    }
+    return buffer_.data();
+  }
+
+ private:
+  const Matrix& w_;
+  int64_t nb_;
+  size_t tile_;
+  std::vector<uint8_t> buffer_;
+};
+
+void matmul_quantized(const Kernels& kern, const float* x, int64_t M, int64_t ldx, const Matrix& w,
+                      float* y, int64_t ldy, ThreadPool& pool, MatmulScratch* scratch) {
+  const int64_t N = w.rows, K = w.cols, nb = K / kBlock;
+  const int mr = kern.int_rows;
+
+  // 1. Activations to int8 blocks, once, shared by all threads.
+  const size_t entries = size_t(round_up(M, mr) * nb);
+  const size_t q_bytes = entries * kBlock;
+  const size_t s_bytes = (entries * 4 + 63) / 64 * 64;
+  MatmulScratch local;
+  auto* buf = static_cast<uint8_t*>((scratch ? scratch : &local)->get(q_bytes + 3 * s_bytes));
+  ActBlocks act;
+  act.q = reinterpret_cast<int8_t*>(buf);
+  act.scale = reinterpret_cast<float*>(buf + q_bytes);
+  act.scaled_sum = reinterpret_cast<float*>(buf + q_bytes + s_bytes);
+  act.neg128_sum = reinterpret_cast<int32_t*>(buf + q_bytes + 2 * s_bytes);
+  act.blocks_per_row = nb;
+  act.tile_rows = mr;
+  pool.parallel_for(
+      M, [&](int64_t m0, int64_t m1, int) { kern.quantize_rows(x, ldx, m0, m1, K, act); }, 16);
+
+  // 2. Integer tiles: each task takes rows [m0, m1) of the activations and a run of 16-row
+  // weight groups, and walks K in chunks so that its activation block stays in L2.
+  const int64_t groups = ceil_div(N, kTileRows);
+  const Split s = split_work(M, groups, pool.size(), mr, mr, kIntMaxRows);
+  pool.for_each_task(s.tasks(), [&](int64_t task, int) {
+    const int64_t m0 = (task / s.n_chunks) * s.m_block, m1 = std::min(M, m0 + s.m_block);
+    const int64_t g0 = (task % s.n_chunks) * s.n_chunk, g1 = std::min(groups, g0 + s.n_chunk);
+    TileSource source(w);
+    for (int64_t b0 = 0; b0 < nb; b0 += kIntKcBlocks) {
+      const int64_t count = std::min(kIntKcBlocks, nb - b0);
+      for (int64_t g = g0; g < g1; ++g) {
+        const void* tiles = source.tiles(g, b0, count);
+        const int cols = int(std::min<int64_t>(kTileRows, N - g * kTileRows));
+        for (int64_t m = m0; m < m1; m += mr) {
+          const int rows = int(std::min<int64_t>(mr, m1 - m));
+          float* yt = y + m * ldy + g * kTileRows;
+          if (w.type == DType::Q8) {
+            kern.tiles_q8(act, m, b0, rows, static_cast<const TileQ8*>(tiles), count, yt, ldy, cols,
+                          b0 > 0);
+          } else {
+            kern.tiles_q4(act, m, b0, rows, static_cast<const TileQ4*>(tiles), count, yt, ldy, cols,
+                          b0 > 0);
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// ---- Layouts and sizes ---------------------------------------------------------------------
+
+std::string_view layout_name(Layout layout) {
+  switch (layout) {
+    case Layout::RowMajor: return "RowMajor";
+    case Layout::Interleaved16: return "Interleaved16";
+  }
+  return "?";
+}
+
+int64_t row_granularity(Layout layout) { return layout == Layout::Interleaved16 ? kTileRows : 1; }
+
+size_t storage_bytes(DType type, Layout layout, int64_t rows, int64_t cols) {
+  check_shape(type, layout, rows, cols);
+  if (is_float(type)) return size_t(rows * cols) * dtype_size(type);
+  const int64_t nb = cols / kBlock;
+  if (layout == Layout::RowMajor) return size_t(rows * nb) * block_bytes(type);
+  return size_t(ceil_div(rows, kTileRows) * nb) * tile_bytes(type);
+}
+
+Matrix Matrix::slice_rows(int64_t begin, int64_t end) const {
+  const int64_t g = row_granularity(layout);
+  check(0 <= begin && begin <= end && end <= rows, "matrix: row slice [", begin, ", ", end,
+        ") outside [0, ", rows, ")");
+  check(begin % g == 0 && (end % g == 0 || end == rows), "matrix: row slice [", begin, ", ", end,
+        ") of a ", layout_name(layout), " ", dtype_name(type), " matrix must start and end at",
+        " multiples of ", g, " rows");
+  Matrix m = *this;
+  m.rows = end - begin;
+  const size_t offset = storage_bytes(type, layout, begin, cols);
+  m.data = static_cast<const uint8_t*>(data) + offset;
+  m.nbytes = storage_bytes(type, layout, m.rows, cols);
+  return m;
+}
+
+void pack(const float* w, int64_t rows, int64_t cols, DType type, Layout layout, void* out) {
+  check_shape(type, layout, rows, cols);
+  auto* dst = static_cast<uint8_t*>(out);
+  if (is_float(type)) {
+    const size_t n = size_t(rows * cols);
+    if (type == DType::F32) std::memcpy(dst, w, n * 4);
+    if (type == DType::BF16) f32_to_bf16(w, reinterpret_cast<uint16_t*>(dst), n);
+    if (type == DType::F16) f32_to_f16(w, reinterpret_cast<uint16_t*>(dst), n);
+    return;
+  }
+  const int64_t nb = cols / kBlock;
+  const size_t row_bytes = size_t(nb) * block_bytes(type);
+  auto quantize_row = [&](const float* src, void* blocks) {
+    if (type == DType::Q8) {
+      quantize_q8(src, static_cast<BlockQ8*>(blocks), cols);
+    } else {
+      quantize_q4(src, static_cast<BlockQ4*>(blocks), cols);
+    }
+  };
+  if (layout == Layout::RowMajor) {
+    for (int64_t r = 0; r < rows; ++r) quantize_row(w + r * cols, dst + size_t(r) * row_bytes);
+    return;
+  }
+  // Interleaved16: quantize 16 rows, then deal their blocks out into tiles.
+  std::vector<uint8_t> group(kTileRows * row_bytes);
+  for (int64_t g = 0; g < ceil_div(rows, kTileRows); ++g) {
+    const void* row_blocks[kTileRows];
+    for (int r = 0; r < kTileRows; ++r) {
+      const int64_t n = g * kTileRows + r;
+      row_blocks[r] = nullptr;
+      if (n >= rows) continue;
+      quantize_row(w + n * cols, group.data() + r * row_bytes);
+      row_blocks[r] = group.data() + r * row_bytes;
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      const void* rb[kTileRows];
+      for (int r = 0; r < kTileRows; ++r)
+        rb[r] = row_blocks[r] ? static_cast<const uint8_t*>(row_blocks[r]) + b * block_bytes(type)
+                              : nullptr;
+      void* tile = dst + size_t(g * nb + b) * tile_bytes(type);
+      if (type == DType::Q8) {
+        make_tile_q8(reinterpret_cast<const BlockQ8* const*>(rb), static_cast<TileQ8*>(tile));
+      } else {
+        make_tile_q4(reinterpret_cast<const BlockQ4* const*>(rb), static_cast<TileQ4*>(tile));
+      }
+    }
+  }
+}
+
+void unpack_rows(const Matrix& w, int64_t r0, int64_t r1, float* out) {
+  check_shape(w.type, w.layout, w.rows, w.cols);
+  check(0 <= r0 && r0 <= r1 && r1 <= w.rows, "unpack_rows: rows [", r0, ", ", r1,
+        ") outside [0, ", w.rows, ")");
+  const int64_t K = w.cols;
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  if (is_float(w.type)) {
+    to_f32(w.type, base + size_t(r0 * K) * dtype_size(w.type), out, size_t((r1 - r0) * K));
+    return;
+  }
+  const int64_t nb = K / kBlock;
+  for (int64_t r = r0; r < r1; ++r) {
+    float* dst = out + (r - r0) * K;
+    if (w.layout == Layout::RowMajor) {
+      const uint8_t* row = base + size_t(r * nb) * block_bytes(w.type);
+      if (w.type == DType::Q8) dequantize_q8(reinterpret_cast<const BlockQ8*>(row), dst, K);
+      if (w.type == DType::Q4) dequantize_q4(reinterpret_cast<const BlockQ4*>(row), dst, K);
+      continue;
+    }
+    const int64_t g = r / kTileRows;
+    const int rr = int(r % kTileRows);
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* tile = base + size_t(g * nb + b) * tile_bytes(w.type);
+      if (w.type == DType::Q8) {
+        const BlockQ8 block = tile_row_q8(*reinterpret_cast<const TileQ8*>(tile), rr);
+        dequantize_q8(&block, dst + b * kBlock, kBlock);
+      } else {
+        const BlockQ4 block = tile_row_q4(*reinterpret_cast<const TileQ4*>(tile), rr);
+        dequantize_q4(&block, dst + b * kBlock, kBlock);
+      }
+    }
+  }
+}
+
+Layout preferred_layout(DType type) {
+  return is_quantized(type) ? Layout::Interleaved16 : Layout::RowMajor;
+}
+
+// ---- Instruction sets ----------------------------------------------------------------------
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Auto: return "auto";
+    case Isa::Scalar: return "scalar";
+    case Isa::Avx2: return "avx2";
+    case Isa::Avx512: return "avx512";
+    case Isa::Neon: return "neon";
+  }
+  return "?";
+}
+
+bool isa_available(Isa isa) {
+  const CpuFeatures& f = cpu_features();
+  switch (isa) {
+    case Isa::Auto:
+    case Isa::Scalar: return true;
+#if defined(KLEIN_X86)
+    case Isa::Avx2: return f.avx2;
+    case Isa::Avx512: return f.avx512;
+#endif
+#if defined(KLEIN_ARM64)
+    case Isa::Neon: return f.neon;
+#endif
+    default: return false;
+  }
+}
+
+Isa best_isa() {
+  const std::vector<Isa> isas = available_isas();
+  return isas.back();
+}
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon})
+    if (isa_available(isa)) out.push_back(isa);
+  return out;
+}
+
+// ---- Scratch -------------------------------------------------------------------------------
+
+MatmulScratch::MatmulScratch() = default;
+MatmulScratch::~MatmulScratch() = default;
+
+void MatmulScratch::Free::operator()(void* p) const { std::free(p); }
+
+void* MatmulScratch::get(size_t bytes) {
+  if (bytes > capacity_ || !data_) {
+    const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+    data_.reset();
+    void* p = std::aligned_alloc(64, rounded);
+    if (!p) throw std::bad_alloc();
+    data_.reset(p);
+    capacity_ = rounded;
+  }
+  return data_.get();
+}
+
+// ---- Entry points --------------------------------------------------------------------------
+
+void matmul(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* y, int64_t ldy,
+            ThreadPool& pool, const MatmulOptions& options) {
+  check_shape(w.type, w.layout, w.rows, w.cols);
+  const int64_t N = w.rows, K = w.cols;
+  check(M >= 0 && ldx >= K && ldy >= N, "matmul: bad strides (M ", M, ", ldx ", ldx, ", ldy ",
+        ldy, ") for a [", N, ", ", K, "] weight");
+  check(w.nbytes >= storage_bytes(w.type, w.layout, N, K), "matmul: ", dtype_name(w.type), " ",
+        layout_name(w.layout), " weight [", N, ", ", K, "] needs ",
+        storage_bytes(w.type, w.layout, N, K), " bytes, has ", w.nbytes);
+  check(K % kBlock == 0, "matmul: K = ", K, " is not a multiple of ", kBlock);
+  const Kernels& kern = kernels_for(options.isa);
+  if (M == 0 || N == 0) return;
+  if (is_float(w.type)) return matmul_float(kern, x, M, ldx, w, y, ldy, pool, options.scratch);
+  matmul_quantized(kern, x, M, ldx, w, y, ldy, pool, options.scratch);
+}
+
+void matmul_reference(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* y,
+                      int64_t ldy) {
+  const int64_t K = w.cols;
+  std::vector<float> row(size_t(K > 0 ? K : 1));
+  for (int64_t n = 0; n < w.rows; ++n) {
+    unpack_rows(w, n, n + 1, row.data());
+    for (int64_t m = 0; m < M; ++m) y[m * ldy + n] = float(dot_f32(row.data(), x + m * ldx, K));
+  }
+}
+
+}  // namespace klein::quant

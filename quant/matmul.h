@@ -1,0 +1,112 @@
+#pragma once
+// The hot loop of the engine: Y[M, N] = X[M, K] * W[N, K]^T with float32 activations X and a
+// weight matrix W in any storage type (F32, BF16, F16, Q8, Q4; formats in quant/blocks.h).
+//
+// How each type is multiplied (chosen by measurement, see BENCHMARKS.md "Matmul kernels"):
+// - F32, BF16, F16 (row-major, straight from safetensors): exact float32 activations.
+//   Large M: 32-row panels of W are converted to float32 and transposed into a small
+//   per-thread buffer (never the whole matrix) and a register-tiled FMA kernel streams X
+//   over them. Small M: dot products along K, converting W in registers.
+// - Q8, Q4: the activations are quantized once per call to int8 in blocks of 32 (scale =
+//   max|x| / 127, shared by all threads), then integer blocks are multiplied (AVX-512 VNNI
+//   vpdpbusd, NEON sdot, AVX2 pmaddubsw) and each block's int32 sum is scaled into a float
+//   accumulator. This adds the activation rounding error (bound below) to the weight
+//   quantization error, as int8 engines do, and runs 2x-4x faster than float FMA.
+//
+// Accuracy, with P = sum_k |x[m,k] * w[n,k]| and w the dequantized weights:
+// - F32/BF16/F16: |y - y_exact| <= (K/16 + 64) * 2^-24 * P on every path (typically ~1e-7 P).
+// - Q8/Q4: |y - y_exact| <= sum over blocks b of (max_b|x| / 254) * sum_{k in b} |w[n,k]|
+//   + 2^-18 * P; y_exact uses the float32 activations.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/threadpool.h"
+
+namespace klein::quant {
+
+enum class Layout : uint8_t {
+  RowMajor,       // plain [N, K]; quantized types: K/32 blocks per row (BlockQ8 / BlockQ4)
+  Interleaved16,  // Q8/Q4 only: groups of 16 rows, one TileQ8 / TileQ4 per 32 columns
+};
+std::string_view layout_name(Layout layout);
+
+// Rows a slice must start at (and end at, unless it ends at the last row): 1 for RowMajor,
+// 16 for Interleaved16.
+int64_t row_granularity(Layout layout);
+
+// A weight matrix W[rows = N, cols = K] held elsewhere (usually a mapped file).
+struct Matrix {
+  DType type = DType::F32;
+  Layout layout = Layout::RowMajor;
+  int64_t rows = 0, cols = 0;
+  const void* data = nullptr;
+  size_t nbytes = 0;
+
+  // Rows [begin, end) as a matrix of its own. begin must be a multiple of
+  // row_granularity(layout); so must end, unless end == rows.
+  Matrix slice_rows(int64_t begin, int64_t end) const;
+};
+
+size_t storage_bytes(DType type, Layout layout, int64_t rows, int64_t cols);
+
+// Quantizes / converts float32 rows w[rows, cols] into `type` / `layout` at `out`
+// (storage_bytes(...) bytes). Deterministic: the same input gives the same bytes on any
+// machine. Rows may be packed in pieces: pack rows [r0, r1) with r0 a multiple of
+// row_granularity(layout) into out + storage_bytes(type, layout, r0, cols).
+void pack(const float* w, int64_t rows, int64_t cols, DType type, Layout layout, void* out);
+
+// Reference dequantization of rows [r0, r1) into out[(r1 - r0) * cols].
+void unpack_rows(const Matrix& w, int64_t r0, int64_t r1, float* out);
+
+// Which instruction set runs the kernels. Auto is the best one the CPU has (within KLEIN_ISA);
+// the others force a path, for tests and benchmarks, and fail if it is not available.
+enum class Isa : uint8_t { Auto, Scalar, Avx2, Avx512, Neon };
+std::string_view isa_name(Isa isa);
+bool isa_available(Isa isa);  // compiled in and supported by this CPU (within KLEIN_ISA)
+Isa best_isa();
+std::vector<Isa> available_isas();  // Scalar first, best last
+
+// Reusable buffers for matmul (the quantized activations). Optional: without one, each call
+// allocates its own. Keep one per engine context to avoid page faults on every call.
+class MatmulScratch {
+ public:
+  MatmulScratch();
+  ~MatmulScratch();
+  MatmulScratch(const MatmulScratch&) = delete;
+  MatmulScratch& operator=(const MatmulScratch&) = delete;
+  void* get(size_t bytes);  // 64-byte aligned, valid until the next get()
+  size_t capacity() const { return capacity_; }
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<void, Free> data_;
+  size_t capacity_ = 0;
+};
+
+struct MatmulOptions {
+  Isa isa = Isa::Auto;
+  MatmulScratch* scratch = nullptr;
+};
+
+// y[m * ldy + n] = sum_k x[m * ldx + k] * W[n, k] for m < M, n < N = w.rows, k < K = w.cols.
+// All paths agree with matmul_reference within the bounds stated at the top of this file.
+void matmul(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* y, int64_t ldy,
+            ThreadPool& pool, const MatmulOptions& options = {});
+
+// The scalar reference: float32 activations times unpack_rows(w), accumulated in double.
+// Slow; for tests and error reports.
+void matmul_reference(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* y,
+                      int64_t ldy);
+
+// What the converter should write for the fastest kernels on any CPU: Interleaved16 for Q8
+// and Q4, RowMajor for the float types (their kernels convert panels on the fly at no
+// measurable cost, so the original safetensors run as fast as a converted file).
+Layout preferred_layout(DType type);
+
+}  // namespace klein::quant
