@@ -51,7 +51,8 @@ Tensor load_chw(const std::filesystem::path& path) {
 // The same store with another model configuration (to exercise klein-base behaviour).
 class ConfigOverride final : public WeightStore {
  public:
-  ConfigOverride(WeightStore& inner, ModelConfig config) : inner_(inner), config_(std::move(config)) {}
+  ConfigOverride(WeightStore& inner, ModelConfig config)
+      : inner_(inner), config_(std::move(config)) {}
   UnitRef acquire(const std::string& unit) override { return inner_.acquire(unit); }
   bool has_unit(const std::string& unit) const override { return inner_.has_unit(unit); }
   std::vector<std::string> units() const override { return inner_.units(); }
@@ -122,6 +123,8 @@ TEST(PackLatents, RoundTripsAndPacksRowMajor) {
 
 TEST_F(SamplerTest, TextToImage64x64FourSteps) { run_case("t2i_h64_w64", {4, 4}, {}); }
 
+TEST_F(SamplerTest, TextToImage96x128FourSteps) { run_case("t2i_h96_w128", {6, 8}, {}); }
+
 TEST_F(SamplerTest, EditWithOneReference64x64FourSteps) {
   run_case("edit_h64_w64_ref0", {4, 4}, {{4, 5}});
 }
@@ -168,13 +171,15 @@ TEST_F(SamplerTest, BaseModelAppliesClassifierFreeGuidance) {
   // The same first step by hand: two forwards and v_u + g (v_c - v_u).
   Transformer model(store);
   const TokenLayout layout{512, {4, 4}, {}};
-  const RopeTable rope(joint_position_ids(layout), model.config().rope_axes, model.config().rope_theta);
+  const RopeTable rope(joint_position_ids(layout), model.config().rope_axes,
+                       model.config().rope_theta);
   Activations act(model.config(), layout);
   Modulation mod(model.config());
   model.modulate(in.schedule.model_timestep(0), mod, pool);
   std::vector<float> v_c(16 * 128), v_u(16 * 128);
-  model.forward(noise.data(), model.embed_text(context, pool), nullptr, mod, rope, act, v_c.data(), pool);
-  model.forward(noise.data(), model.embed_text(negative, pool), nullptr, mod, rope, act, v_u.data(), pool);
+  const Tensor text_c = model.embed_text(context, pool), text_u = model.embed_text(negative, pool);
+  model.forward(noise.data(), text_c, nullptr, mod, rope, act, v_c.data(), pool);
+  model.forward(noise.data(), text_u, nullptr, mod, rope, act, v_u.data(), pool);
   ASSERT_EQ(guided.size(), v_c.size());
   double max_gap = 0;
   for (size_t i = 0; i < v_c.size(); ++i) {

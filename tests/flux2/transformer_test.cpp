@@ -2,7 +2,7 @@
 // including every intermediate the t2i_h64_w64 case stores.
 #include <gtest/gtest.h>
 
-#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -158,7 +158,8 @@ TEST_F(TransformerTest, TimestepEmbeddingAndModulationMatch) {
   Transformer model(*store_);
   Modulation mod(model.config());
   model.modulate(read_npy(vector_path(c.name, "timestep")).to_f32()[0], mod, pool);
-  EXPECT_TRUE(close_to(mod.temb.data(), mod.temb.numel(), vector_path(c.name, "time_guidance_embed")));
+  EXPECT_TRUE(close_to(mod.temb.data(), mod.temb.numel(),
+                       vector_path(c.name, "time_guidance_embed")));
   EXPECT_TRUE(close_to(mod.img.data(), mod.img.numel(),
                        vector_path(c.name, "double_stream_modulation_img")));
   EXPECT_TRUE(close_to(mod.txt.data(), mod.txt.numel(),
@@ -171,7 +172,8 @@ TEST_F(TransformerTest, ContextEmbedderMatches) {
   const Case c = t2i_64x64();
   ThreadPool pool(2);
   Transformer model(*store_);
-  const Tensor text = model.embed_text(load_rows(vector_path(c.name, "encoder_hidden_states")), pool);
+  const Tensor context = load_rows(vector_path(c.name, "encoder_hidden_states"));
+  const Tensor text = model.embed_text(context, pool);
   EXPECT_TRUE(close_to(text.data(), text.numel(), vector_path(c.name, "context_embedder")));
 }
 
@@ -179,9 +181,10 @@ TEST_F(TransformerTest, TextToImage64x64MatchesEveryIntermediate) {
   const Case c = t2i_64x64();
   ThreadPool pool(2);
   std::map<std::string, std::vector<float>> seen;
-  const std::vector<float> v = run(c, pool, [&](std::string_view name, const float* data, const Shape& s) {
+  auto record = [&](std::string_view name, const float* data, const Shape& s) {
     seen[std::string(name)].assign(data, data + numel(s));
-  });
+  };
+  const std::vector<float> v = run(c, pool, record);
   const std::vector<std::string> expected = {
       "x_embedder",
       "transformer_blocks.0.txt", "transformer_blocks.0.img",
@@ -231,7 +234,8 @@ TEST_F(TransformerTest, SmallChunksGiveTheSameResult) {
   Tensor ref({20, 128});
   std::memcpy(ref.data(), hidden.row(16), size_t(ref.numel()) * sizeof(float));
   const ReferenceTokens refs[] = {{&ref, {4, 5}}};
-  const RopeTable rope(joint_position_ids(c.layout), model.config().rope_axes, model.config().rope_theta);
+  const RopeTable rope(joint_position_ids(c.layout), model.config().rope_axes,
+                       model.config().rope_theta);
   const Tensor text = model.embed_text(context, pool);
   const Tensor embedded = model.embed_references(refs, pool);
   Modulation mod(model.config());
@@ -242,6 +246,53 @@ TEST_F(TransformerTest, SmallChunksGiveTheSameResult) {
   model.forward(hidden.data(), text, &embedded, mod, rope, big, a.data(), pool);
   model.forward(hidden.data(), text, &embedded, mod, rope, small, b.data(), pool);
   EXPECT_LE(testing::scaled_diff(b.data(), a.data(), int64_t(a.size())), 1e-6);
+}
+
+TEST_F(TransformerTest, ManyReferencesShareTheOneForward) {
+  // Two references of different sizes: each changes the target's velocity.
+  ThreadPool pool(2);
+  Transformer model(*store_);
+  const Tensor context = load_rows(vector_path("i2i_h64_w64_ref0", "encoder_hidden_states"));
+  const Tensor hidden = load_rows(vector_path("i2i_h64_w64_ref0", "hidden_states"));
+  Tensor ref0({20, 128}), ref1({6, 128});
+  std::memcpy(ref0.data(), hidden.row(16), size_t(ref0.numel()) * sizeof(float));
+  std::memcpy(ref1.data(), hidden.row(0), size_t(ref1.numel()) * sizeof(float));
+  const Tensor text = model.embed_text(context, pool);
+  Modulation mod(model.config());
+  model.modulate(0.8f, mod, pool);
+  auto velocity = [&](std::vector<ReferenceTokens> refs) {
+    TokenLayout layout{512, {4, 4}, {}};
+    for (const auto& r : refs) layout.references.push_back(r.grid);
+    const RopeTable rope(joint_position_ids(layout), model.config().rope_axes,
+                         model.config().rope_theta);
+    const Tensor embedded = model.embed_references(refs, pool);
+    Activations act(model.config(), layout);
+    std::vector<float> v(16 * 128);
+    model.forward(hidden.data(), text, &embedded, mod, rope, act, v.data(), pool);
+    return v;
+  };
+  const std::vector<float> none = velocity({});
+  const std::vector<float> one = velocity({{&ref0, {4, 5}}});
+  const std::vector<float> two = velocity({{&ref0, {4, 5}}, {&ref1, {2, 3}}});
+  const std::vector<float> swapped = velocity({{&ref1, {2, 3}}, {&ref0, {4, 5}}});
+  EXPECT_GT(testing::scaled_diff(one.data(), none.data(), 16 * 128), 1e-3);
+  EXPECT_GT(testing::scaled_diff(two.data(), one.data(), 16 * 128), 1e-3);
+  // Order matters: the references carry different time offsets.
+  EXPECT_GT(testing::scaled_diff(two.data(), swapped.data(), 16 * 128), 1e-4);
+  for (float x : two) ASSERT_TRUE(std::isfinite(x));
+}
+
+TEST_F(TransformerTest, ActivationPlanMatchesWhatIsAllocated) {
+  const TransformerConfig& tiny = store_->config().transformer;
+  const TokenLayout layout = i2i_ref0().layout;
+  EXPECT_EQ(Activations::plan_bytes(tiny, layout), Activations(tiny, layout).bytes());
+  EXPECT_EQ(Activations::plan_bytes(tiny, layout, 7), Activations(tiny, layout, 7).bytes());
+  // klein-4B at 1024x1024, text to image: S = 512 + 4096 rows.
+  const TransformerConfig klein4b;  // the defaults are the klein-4B configuration
+  const size_t bytes = Activations::plan_bytes(klein4b, {512, {64, 64}, {}});
+  const size_t S = 4608, D = 3072, F = 9216, chunk = 512;
+  EXPECT_EQ(bytes, (6 * S * D + chunk * (2 * F + D + F + D) + 128) * sizeof(float));
+  std::printf("  klein-4B 1024x1024 activations: %.1f MiB\n", double(bytes) / (1 << 20));
 }
 
 TEST_F(TransformerTest, RejectsAContextOfTheWrongWidth) {

@@ -97,7 +97,10 @@ void add_gated(float* x, const float* y, int64_t rows, int64_t D, const float* g
 void swiglu_rows(const float* in, int64_t F, float* out, int64_t ldo, int64_t rows,
                  ThreadPool& pool) {
   pool.parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r) ops::swiglu(in + r * 2 * F, in + r * 2 * F + F, out + r * ldo, F);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* gate = in + r * 2 * F;
+      ops::swiglu(gate, gate + F, out + r * ldo, F);
+    }
   }, 4);
 }
 
@@ -109,8 +112,8 @@ void copy_rows(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int
 
 // Per-head RMSNorm of Q or K, in place: x is [rows, heads·head_dim], every head normalised
 // on its own with the same [head_dim] weight.
-void head_rms_norm(const Weight& w, float* x, int64_t rows, int64_t heads, float eps, Tensor& weight,
-                   ThreadPool& pool) {
+void head_rms_norm(const Weight& w, float* x, int64_t rows, int64_t heads, float eps,
+                   Tensor& weight, ThreadPool& pool) {
   const int64_t head_dim = weight.numel();
   to_f32(w.dtype, w.data, weight.data(), size_t(head_dim));
   ops::rms_norm(x, x, rows * heads, head_dim, weight.data(), eps, pool);
@@ -146,9 +149,17 @@ Activations::Activations(const TransformerConfig& c, const TokenLayout& l, int64
   head_norm = Tensor({c.head_dim});
 }
 
+size_t Activations::plan_bytes(const TransformerConfig& c, const TokenLayout& l, int64_t chunk) {
+  const int64_t S = l.total_tokens(), D = c.inner_dim(), F = c.mlp_hidden();
+  const int64_t rows = std::min(chunk, S);
+  const int64_t floats = 6 * S * D + rows * (2 * F + (D + F) + D) + c.head_dim;
+  return size_t(floats) * sizeof(float);
+}
+
 size_t Activations::bytes() const {
   size_t n = 0;
-  for (const Tensor* t : {&stream, &normed, &q, &k, &v, &attn, &mlp_in, &mlp_cat, &proj, &head_norm})
+  for (const Tensor* t :
+       {&stream, &normed, &q, &k, &v, &attn, &mlp_in, &mlp_cat, &proj, &head_norm})
     n += size_t(t->numel()) * sizeof(float);
   return n;
 }
@@ -212,12 +223,11 @@ void Transformer::modulate(float timestep, Modulation& m, ThreadPool& pool) {
   // temb = linear_2 · silu(linear_1 · sinusoid(1000·t))                            [D]
   const float tau = timestep * 1000.0f;
   timestep_sinusoid(tau, m.sinusoid.data(), channels);
-  ops::linear(m.sinusoid.data(), 1,
-              linear_weight(w, "time_guidance_embed.timestep_embedder.linear_1.weight", D, channels),
+  const std::string embedder = "time_guidance_embed.timestep_embedder.";
+  ops::linear(m.sinusoid.data(), 1, linear_weight(w, embedder + "linear_1.weight", D, channels),
               m.hidden.data(), pool);
   ops::silu_inplace(m.hidden.data(), D);
-  ops::linear(m.hidden.data(), 1,
-              linear_weight(w, "time_guidance_embed.timestep_embedder.linear_2.weight", D, D),
+  ops::linear(m.hidden.data(), 1, linear_weight(w, embedder + "linear_2.weight", D, D),
               m.temb.data(), pool);
 
   // Every modulation linear reads silu(temb).                                     [D]
@@ -230,7 +240,8 @@ void Transformer::modulate(float timestep, Modulation& m, ThreadPool& pool) {
               m.txt.data(), pool);                                                // [6D]
   ops::linear(s, 1, linear_weight(w, "single_stream_modulation.linear.weight", 3 * D, D),
               m.single.data(), pool);                                             // [3D]
-  ops::linear(s, 1, linear_weight(w, "norm_out.linear.weight", 2 * D, D), m.out.data(), pool);  // [2D]
+  ops::linear(s, 1, linear_weight(w, "norm_out.linear.weight", 2 * D, D), m.out.data(),
+              pool);                                                              // [2D]
 }
 
 // One stream of a double block: its rows of the joint sequence, its weights, its modulation.
@@ -341,8 +352,10 @@ void Transformer::single_block(const WeightUnit& w, const Modulation& mod, const
   ops::linear(a.normed.data(), S, ops::weight_rows(fused, D, 2 * D), a.k.data(), pool);
   ops::linear(a.normed.data(), S, ops::weight_rows(fused, 2 * D, 3 * D), a.v.data(), pool);
   // Q, K ← RMSNorm per head                                                      [S, H, 128]
-  head_rms_norm(vector_weight(w, "attn.norm_q.weight", hd), a.q.data(), S, H, eps, a.head_norm, pool);
-  head_rms_norm(vector_weight(w, "attn.norm_k.weight", hd), a.k.data(), S, H, eps, a.head_norm, pool);
+  const Weight& norm_q = vector_weight(w, "attn.norm_q.weight", hd);
+  const Weight& norm_k = vector_weight(w, "attn.norm_k.weight", hd);
+  head_rms_norm(norm_q, a.q.data(), S, H, eps, a.head_norm, pool);
+  head_rms_norm(norm_k, a.k.data(), S, H, eps, a.head_norm, pool);
   // O = softmax(RoPE(Q) RoPE(K)ᵀ / √128) V                                       [S, D]
   attention(rope, a, pool);
 
@@ -418,8 +431,10 @@ void Transformer::forward(const float* latents, const Tensor& text, const Tensor
       }
     } else {
       single_block(*unit, mod, rope, a, pool);
-      if (observe)
-        report("single_transformer_blocks." + std::to_string(i - n_double), a.stream.data(), {S, D});
+      if (observe) {
+        const std::string name = "single_transformer_blocks." + std::to_string(i - n_double);
+        report(name, a.stream.data(), {S, D});
+      }
     }
   }
 

@@ -26,8 +26,8 @@ struct Modulation {
   explicit Modulation(const TransformerConfig& config);
 
   Tensor temb;    // [D]   timestep embedding (time_guidance_embed output)
-  Tensor img;     // [6D]  image stream of the double blocks: shift1 scale1 gate1 shift2 scale2 gate2
-  Tensor txt;     // [6D]  text stream of the double blocks, same order
+  Tensor img;     // [6D]  double blocks, image stream: shift1 scale1 gate1 shift2 scale2 gate2
+  Tensor txt;     // [6D]  double blocks, text stream, same order
   Tensor single;  // [3D]  single blocks: shift scale gate
   Tensor out;     // [2D]  norm_out: scale shift (diffusers order)
   // Scratch of the embedding MLP.
@@ -56,7 +56,10 @@ struct Activations {
 
   Activations(const TransformerConfig& config, const TokenLayout& layout,
               int64_t chunk_rows = kDefaultChunkRows);
-  // Bytes held, for memory reports.
+  // Bytes the plan needs, without allocating (for memory budgets before a generation).
+  static size_t plan_bytes(const TransformerConfig& config, const TokenLayout& layout,
+                           int64_t chunk_rows = kDefaultChunkRows);
+  // Bytes held.
   size_t bytes() const;
 
   TokenLayout layout;
