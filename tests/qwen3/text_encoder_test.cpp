@@ -38,7 +38,8 @@ std::vector<int32_t> read_i32(const std::filesystem::path& path) {
 Tokens prompt_tokens(int n) {
   const auto dir = tiny_vectors() / "tokenizer";
   const std::string stem = "prompt" + std::to_string(n);
-  return {read_i32(dir / (stem + "_input_ids.npy")), read_i32(dir / (stem + "_attention_mask.npy"))};
+  return {read_i32(dir / (stem + "_input_ids.npy")),
+          read_i32(dir / (stem + "_attention_mask.npy"))};
 }
 
 std::filesystem::path te_vector(const std::string& name) {
