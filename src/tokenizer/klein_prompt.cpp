@@ -1,0 +1,64 @@
+#include "tokenizer/klein_prompt.h"
+
+#include "core/error.h"
+#include "tokenizer/byte_level.h"
+
+namespace klein {
+
+namespace {
+
+constexpr std::string_view kPadToken = "<|endoftext|>";
+// How much of the dropped text the warning quotes, so the user can see where the cut fell.
+constexpr size_t kQuotedBytes = 48;
+
+// The first `max_bytes` bytes of `text`, not cutting a character in two.
+std::string_view utf8_head(std::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return text;
+  size_t end = max_bytes;
+  while (end > 0 && (uint8_t(text[end]) & 0xC0) == 0x80) --end;
+  return text.substr(0, end);
+}
+
+std::string truncation_warning(const Tokenizer& tokenizer, const std::vector<int32_t>& all, int kept) {
+  const std::span<const int32_t> dropped(all.data() + kept, all.size() - size_t(kept));
+  const std::string dropped_text = tokenizer.decode(dropped);
+  const std::string_view head = utf8_head(dropped_text, kQuotedBytes);
+  std::string w = "prompt too long: " + std::to_string(all.size()) +
+                  " tokens with the chat template, the text encoder reads " + std::to_string(kept) +
+                  "; the last " + std::to_string(dropped.size()) + " tokens are dropped, from \"" +
+                  std::string(head) + (head.size() < dropped_text.size() ? "...\"" : "\"");
+  return w;
+}
+
+}  // namespace
+
+std::string klein_chat_text(std::string_view prompt) {
+  std::string text = "<|im_start|>user\n";
+  text.append(prompt);
+  text += "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+  return text;
+}
+
+KleinPromptTokens tokenize_klein_prompt(const Tokenizer& tokenizer, std::string_view prompt,
+                                        int max_tokens) {
+  check(max_tokens > 0, "the maximum prompt length must be positive, got ", max_tokens);
+  KleinPromptTokens out;
+  out.pad_id = tokenizer.token_id(kPadToken);
+  check(out.pad_id >= 0, "the tokenizer has no ", kPadToken, " token to pad prompts with");
+
+  const std::vector<int32_t> all = tokenizer.encode(klein_chat_text(prompt));
+  const int total = int(all.size());
+  out.real_tokens = std::min(total, max_tokens);
+  out.dropped = total - out.real_tokens;
+  if (out.dropped > 0) out.warning = truncation_warning(tokenizer, all, out.real_tokens);
+
+  out.ids.assign(size_t(max_tokens), out.pad_id);
+  out.mask.assign(size_t(max_tokens), 0);
+  for (int i = 0; i < out.real_tokens; ++i) {
+    out.ids[size_t(i)] = all[size_t(i)];
+    out.mask[size_t(i)] = 1;
+  }
+  return out;
+}
+
+}  // namespace klein

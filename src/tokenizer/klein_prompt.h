@@ -1,0 +1,37 @@
+#pragma once
+// The text-encoder input of the FLUX.2-klein pipeline: the user prompt wrapped in the Qwen3
+// chat template, tokenized, cut or padded to a fixed length (spec sections 4 and 5).
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
+
+namespace klein {
+
+// The pipeline's max_sequence_length: every prompt becomes exactly this many ids.
+constexpr int kKleinMaxTokens = 512;
+
+struct KleinPromptTokens {
+  std::vector<int32_t> ids;   // max_tokens ids, right-padded with the pad id
+  std::vector<int32_t> mask;  // attention mask: 1 for the real tokens, 0 for the padding
+  int real_tokens = 0;        // ids that are real tokens (the number of ones in the mask)
+  int dropped = 0;            // tokens cut off the end because the text was too long
+  int32_t pad_id = -1;        // <|endoftext|>, 151643 for Qwen3
+  // Empty unless tokens were dropped; then a sentence for the user saying how many and
+  // where the cut fell. The library never prints it; the caller decides.
+  std::string warning;
+};
+
+// The chat-template text for one user message, with the generation prompt and thinking
+// switched off, exactly as the pipeline renders it:
+//   <|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n
+std::string klein_chat_text(std::string_view prompt);
+
+// Renders, tokenizes, truncates on the right to `max_tokens` and right-pads with
+// <|endoftext|>. The prompt is used verbatim (no trimming), like the pipeline does.
+KleinPromptTokens tokenize_klein_prompt(const Tokenizer& tokenizer, std::string_view prompt,
+                                        int max_tokens = kKleinMaxTokens);
+
+}  // namespace klein

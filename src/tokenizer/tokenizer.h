@@ -1,0 +1,82 @@
+#pragma once
+// The Qwen2/Qwen3 byte-level BPE tokenizer (spec/qwen3-tokenizer.md), as used by the
+// FLUX.2-klein text encoder.
+//
+//   auto tok = klein::Tokenizer::from_directory(model_dir / "tokenizer");
+//   std::vector<int32_t> ids = tok.encode("a cat on a skateboard");
+//   std::string text = tok.decode(ids);
+//
+// Encoding: added tokens (<|im_start|>, <think>, ...) are split out of the raw text first,
+// longest match left to right; every text segment between them is NFC-normalised, split
+// into pieces by the pre-tokenisation regex, and each piece is BPE-merged on its UTF-8 bytes.
+// No BOS/EOS is added. A Tokenizer is immutable after construction and safe to share
+// between threads.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace klein {
+
+// The contents of the tokenizer files, however they were obtained (a model directory, or
+// the bytes a container stores). Absent files are nullopt. The views only need to stay valid
+// while the Tokenizer constructor runs.
+//
+// Either tokenizer.json (which holds everything), or vocab.json + merges.txt, must be
+// present. Added tokens come from tokenizer.json's "added_tokens" and from
+// tokenizer_config.json's "added_tokens_decoder"; when both name an id they must agree.
+struct TokenizerFiles {
+  std::string origin;  // where the files live, for error messages, e.g. "model/tokenizer"
+  std::optional<std::string_view> vocab_json;
+  std::optional<std::string_view> merges_txt;
+  std::optional<std::string_view> tokenizer_config_json;
+  std::optional<std::string_view> tokenizer_json;
+};
+
+// A token matched as a whole in the raw text before any other processing.
+struct AddedToken {
+  int32_t id = -1;
+  std::string content;   // the literal text, e.g. "<|im_start|>"
+  bool special = false;  // only affects decode(..., skip_special = true)
+};
+
+class Tokenizer {
+ public:
+  // Reads vocab.json, merges.txt, tokenizer_config.json and tokenizer.json from `dir` (the
+  // ones that exist) and builds the tokenizer. Throws klein::Error naming the file and the
+  // problem when something is missing or malformed.
+  static Tokenizer from_directory(const std::filesystem::path& dir);
+  explicit Tokenizer(const TokenizerFiles& files);
+
+  ~Tokenizer();
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+
+  // Token ids of UTF-8 text. Throws klein::Error if the text is not valid UTF-8.
+  std::vector<int32_t> encode(std::string_view text) const;
+
+  // Text of a sequence of ids. Byte sequences that do not form valid UTF-8 (a token run cut
+  // in the middle of a character) come out as U+FFFD. Throws klein::Error on an id that is
+  // neither in the vocabulary nor an added token.
+  std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
+
+  // A token as the files spell it: byte-level symbols for vocabulary tokens ("Ġworld" for
+  // " world"), the literal content for added tokens. Throws on an unknown id.
+  std::string token(int32_t id) const;
+  // The id of a token spelled as token() returns it, or -1.
+  int32_t token_id(std::string_view token) const;
+
+  const std::vector<AddedToken>& added_tokens() const;
+  size_t vocab_size() const;   // regular (BPE) tokens, without the added ones
+  size_t merge_count() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<const Impl> impl_;
+};
+
+}  // namespace klein
