@@ -92,7 +92,9 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : file_(path) {
               off[1].is_number_unsigned(),
           where, ": tensor ", name, ": data_offsets must be two non-negative integers");
     const uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
-    check(b <= en && en <= data_size, where, ": tensor ", name, ": data_offsets [", b, ", ", en,
+    check(b <= en, where, ": tensor ", name, ": data_offsets [", b, ", ", en,
+          ") end before they begin");
+    check(en <= data_size, where, ": tensor ", name, ": data_offsets [", b, ", ", en,
           ") lie outside the data area of ", data_size, " bytes (file truncated?)");
     const uint64_t expected = count * dtype_size(e.dtype);
     check(en - b == expected, where, ": tensor ", name, ": shape ", shape_str(e.shape), " x ",
@@ -101,18 +103,17 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : file_(path) {
     e.end = data_start + en;
     entries_.push_back(std::move(e));
   }
-  std::vector<const SafetensorsEntry*> by_offset;
-  for (auto& e : entries_) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](auto* a, auto* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    const auto* prev = by_offset[i - 1];
-    const auto* cur = by_offset[i];
-    check(cur->begin >= prev->end || cur->begin == cur->end || prev->begin == prev->end, where,
-          ": tensors ", prev->name, " and ", cur->name, " overlap in the data area");
-  }
   std::sort(entries_.begin(), entries_.end(),
             [](const auto& a, const auto& b) { return a.begin < b.begin; });
+  // Compare each tensor with the furthest-reaching one before it, not just its neighbour:
+  // an empty tensor sorted in between must not hide an overlap.
+  const SafetensorsEntry* reach = nullptr;
+  for (const auto& e : entries_) {
+    if (e.begin == e.end) continue;  // empty tensors occupy no bytes
+    check(reach == nullptr || e.begin >= reach->end, where, ": tensors ", reach ? reach->name : "",
+          " and ", e.name, " overlap in the data area");
+    if (reach == nullptr || e.end > reach->end) reach = &e;
+  }
   for (size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].name] = i;
 }
 
@@ -130,7 +131,7 @@ TensorView SafetensorsFile::view(const SafetensorsEntry& e) const {
   return v;
 }
 
-SafetensorsSet::SafetensorsSet(const fs::path& path) {
+SafetensorsSet::SafetensorsSet(const fs::path& path) : path_(path) {
   const std::string where = path.string();
   if (path.filename().string().ends_with(".index.json")) {
     json index = json::parse(read_text_file(path), nullptr, false);

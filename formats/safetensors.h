@@ -58,8 +58,11 @@ class SafetensorsSet {
   const std::vector<Located>& tensors() const { return tensors_; }
   const Located* find(const std::string& name) const;
   const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
+  // The path the set was opened from: the .safetensors file or the .index.json.
+  const std::filesystem::path& path() const { return path_; }
 
  private:
+  std::filesystem::path path_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::vector<Located> tensors_;
   std::map<std::string, size_t> index_;
