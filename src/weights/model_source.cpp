@@ -90,22 +90,22 @@ ShapeMap canonical_shapes(const SourceComponent& c) {
   ShapeMap m;
   for (const auto& t : c.tensors) {
     const auto* located = c.files->find(t.source);
-    Shape s = located->entry->shape;
-    if (t.row_end >= 0) s[0] = t.row_end - t.row_begin;
-    if (t.squeeze_1x1 && s.size() == 4) s = {s[0], s[1]};
     check(!m.count(t.canonical), c.files->files().front()->path().string(), ": tensor ",
           t.canonical, " is given twice (under two spellings)");
-    m[t.canonical] = s;
+    m[t.canonical] = canonical_shape(t, located->entry->shape);
   }
   return m;
 }
 
-SourceComponent open_component(Component kind, const fs::path& weights) {
+SourceComponent open_component(Component kind, const Located& where) {
+  const fs::path& weights = where.weights;
   SourceComponent c;
   c.component = kind;
+  c.config_file = where.config;
   c.files = std::make_unique<SafetensorsSet>(weights);
   std::vector<NamedShape> names;
   for (const auto& t : c.files->tensors()) names.push_back({t.entry->name, t.entry->shape});
+  c.layout = detect_layout(kind, names);
   c.tensors = map_component(kind, names, weights.string());
   return c;
 }
@@ -151,9 +151,9 @@ std::string file_identity(const fs::path& p) {
 std::unique_ptr<WeightStore> open_model(const ModelPaths& paths) {
   const Discovered d = discover(paths);
   std::vector<SourceComponent> comps;
-  comps.push_back(open_component(Component::Transformer, d.transformer.weights));
-  comps.push_back(open_component(Component::TextEncoder, d.text_encoder.weights));
-  comps.push_back(open_component(Component::Vae, d.vae.weights));
+  comps.push_back(open_component(Component::Transformer, d.transformer));
+  comps.push_back(open_component(Component::TextEncoder, d.text_encoder));
+  comps.push_back(open_component(Component::Vae, d.vae));
   const ShapeMap t_shapes = canonical_shapes(comps[0]);
   const ShapeMap e_shapes = canonical_shapes(comps[1]);
   const ShapeMap v_shapes = canonical_shapes(comps[2]);

@@ -243,6 +243,24 @@ std::vector<TensorSource> map_vae(const std::vector<NamedShape>& tensors, const 
 
 }  // namespace
 
+const char* layout_name(Layout l) { return l == Layout::Bfl ? "BFL" : "diffusers"; }
+
+Layout detect_layout(Component c, const std::vector<NamedShape>& tensors) {
+  switch (c) {
+    case Component::Transformer: return is_bfl_transformer(tensors) ? Layout::Bfl : Layout::Diffusers;
+    case Component::Vae: return is_bfl_vae(tensors) ? Layout::Bfl : Layout::Diffusers;
+    case Component::TextEncoder: return Layout::Diffusers;  // BFL and ComfyUI use the HF names
+  }
+  return Layout::Diffusers;
+}
+
+Shape canonical_shape(const TensorSource& t, const Shape& source_shape) {
+  Shape s = source_shape;
+  if (t.row_end >= 0) s[0] = t.row_end - t.row_begin;
+  if (t.squeeze_1x1 && s.size() == 4) s = {s[0], s[1]};
+  return s;
+}
+
 const char* component_name(Component c) {
   switch (c) {
     case Component::Transformer: return "transformer";

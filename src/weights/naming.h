@@ -36,6 +36,17 @@ struct NamedShape {
 enum class Component { Transformer, TextEncoder, Vae };
 const char* component_name(Component c);
 
+// How a component's source names its tensors: the diffusers / transformers names (the
+// diffusers directory, and single files saved from it), or the original BFL names of the
+// flux2 repository (single-file checkpoints, with or without a ComfyUI prefix).
+enum class Layout { Diffusers, Bfl };
+const char* layout_name(Layout l);
+Layout detect_layout(Component c, const std::vector<NamedShape>& tensors);
+
+// The shape the canonical tensor has, given the shape of its source tensor (a row range of
+// a fused projection, a 1x1 convolution read as a Linear).
+Shape canonical_shape(const TensorSource& t, const Shape& source_shape);
+
 // Maps every tensor of one component's source file(s) to canonical names, recognising the
 // diffusers, BFL and ComfyUI spellings (prefixes such as "model.diffusion_model." are
 // stripped). Unknown tensors are an error naming them; `where` names the file.

@@ -15,6 +15,8 @@ namespace klein {
 
 struct SourceComponent {
   Component component;
+  Layout layout = Layout::Diffusers;
+  std::filesystem::path config_file;  // its config.json; empty when read from tensor shapes
   std::unique_ptr<SafetensorsSet> files;
   std::vector<TensorSource> tensors;  // canonical name -> where its bytes are
 };
