@@ -86,6 +86,14 @@ struct TileQ4 {
 static_assert(sizeof(TileQ4) == 288);
 
 // ---- Scalar reference ----------------------------------------------------------------------
+// Round to nearest, ties to even, for |v| < 2^22: what the vector conversions (cvtps2dq,
+// fcvtns) do, without the libm call behind std::nearbyint (which saves and restores the
+// floating-point environment and made quantization 20x slower).
+inline float round_even(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it leaves no fraction bits
+  return (v + kMagic) - kMagic;
+}
+
 // n is a multiple of kBlock everywhere. Quantizers are deterministic (no SIMD, no threads):
 // the same floats give the same bytes on every machine.
 void quantize_q8(const float* x, BlockQ8* out, int64_t n);

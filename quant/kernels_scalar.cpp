@@ -28,7 +28,7 @@ void quantize_rows(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t 
       const float inv_d = amax > 0 ? 127.0f / amax : 0.0f;
       int32_t sum = 0;
       for (int i = 0; i < kBlock; ++i) {
-        q[i] = int8_t(std::nearbyint(xb[i] * inv_d));  // ties to even, like cvtps2dq
+        q[i] = int8_t(round_even(xb[i] * inv_d));  // ties to even, like cvtps2dq
         sum += q[i];
       }
       act.scale[e] = d;

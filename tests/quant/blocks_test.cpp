@@ -83,7 +83,7 @@ double symmetric_q4_rmse(const std::vector<float>& w) {
       const float d = f16_to_f32(f32_to_f16(signed_max / (-8.0f + 0.1f * float(s))));
       double e = 0;
       for (int i = 0; i < kBlock; ++i) {
-        const int q = d != 0 ? std::clamp(int(std::nearbyint(x[i] / d)), -8, 7) : 0;
+        const int q = d != 0 ? std::clamp(int(round_even(x[i] / d)), -8, 7) : 0;
         e += double(x[i] - d * float(q)) * double(x[i] - d * float(q));
       }
       best = std::min(best, e);

@@ -1,0 +1,371 @@
+// NEON kernels for aarch64 (compiled with -march=armv8.2-a+fp16+dotprod). The integer tiles use
+// sdot where the CPU has it (FEAT_DotProd) and widening multiplies otherwise; both variants are
+// compiled here and neon_kernels() picks one from the CPU's features.
+//
+// Integer tiles: 16 bytes of a tile vector are 4 columns of 4 rows, so one sdot by element
+// (activation group g of a 16-byte load) adds 4 row sums. The tile is done one 4-row quad at a
+// time, so that 8 activation rows keep their int32 and float sums in 16 of the 32 registers.
+#include <arm_neon.h>
+
+#include <cstring>
+#include <utility>
+
+#include "core/cpu.h"
+#include "quant/kernels.h"
+
+namespace klein::quant::detail {
+namespace {
+
+constexpr int kIntRows = 8;
+constexpr int kGemmRows = 8;
+constexpr int kPanelCols = 12;
+
+// Calls f(std::integral_constant<int, i>) for i = 0..N-1: lane numbers must be constants.
+template <class F, int... I>
+inline void unroll_impl(F&& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, class F>
+inline void unroll(F&& f) {
+  unroll_impl(f, std::make_integer_sequence<int, N>{});
+}
+
+// acc[i] += sum_j w[4i + j] * x[4L + j] (4 rows of w, group L of x).
+template <bool kDotProd, int L>
+inline int32x4_t dot4(int32x4_t acc, int8x16_t w, int8x16_t x) {
+  if constexpr (kDotProd) {
+    return vdotq_laneq_s32(acc, w, x, L);
+  } else {
+    const int8x16_t xr = vreinterpretq_s8_s32(vdupq_laneq_s32(vreinterpretq_s32_s8(x), L));
+    const int16x8_t lo = vmull_s8(vget_low_s8(w), vget_low_s8(xr));  // rows 0, 1
+    const int16x8_t hi = vmull_high_s8(w, xr);                        // rows 2, 3
+    // Pairs of products fit int16 (|w|, |x| <= 127); pairs of pairs widen to int32.
+    return vpadalq_s16(acc, vpaddq_s16(lo, hi));
+  }
+}
+
+// Writes (or adds to) the first `cols` (0..4) of 4 outputs.
+inline void store4(float* y, float32x4_t v, int cols, bool accumulate) {
+  if (cols >= 4) {
+    if (accumulate) v = vaddq_f32(v, vld1q_f32(y));
+    vst1q_f32(y, v);
+    return;
+  }
+  float tmp[4];
+  vst1q_f32(tmp, v);
+  for (int i = 0; i < cols; ++i) y[i] = (accumulate ? y[i] : 0.0f) + tmp[i];
+}
+
+// ---- Activations ---------------------------------------------------------------------------
+
+void quantize_rows(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K,
+                   const ActBlocks& act) {
+  for (int64_t m = m0; m < m1; ++m) {
+    for (int64_t b = 0; b < K / kBlock; ++b) {
+      const float* xb = x + m * ldx + b * kBlock;
+      float32x4_t v[8];
+      float32x4_t a = vdupq_n_f32(0.0f);
+      for (int i = 0; i < 8; ++i) {
+        v[i] = vld1q_f32(xb + 4 * i);
+        a = vmaxq_f32(a, vabsq_f32(v[i]));
+      }
+      const float amax = vmaxvq_f32(a);
+      const float d = amax / 127.0f;
+      const float inv_d = amax > 0 ? 127.0f / amax : 0.0f;
+      int32x4_t q[8];
+      int32x4_t sum = vdupq_n_s32(0);
+      for (int i = 0; i < 8; ++i) {
+        q[i] = vcvtnq_s32_f32(vmulq_n_f32(v[i], inv_d));  // nearest, ties to even
+        sum = vaddq_s32(sum, q[i]);
+      }
+      const int64_t e = act.entry(m, b);
+      for (int h = 0; h < 2; ++h) {
+        const int16x8_t lo = vcombine_s16(vqmovn_s32(q[4 * h]), vqmovn_s32(q[4 * h + 1]));
+        const int16x8_t hi = vcombine_s16(vqmovn_s32(q[4 * h + 2]), vqmovn_s32(q[4 * h + 3]));
+        vst1q_s8(act.q + e * kBlock + 16 * h, vcombine_s8(vqmovn_s16(lo), vqmovn_s16(hi)));
+      }
+      const int32_t s = vaddvq_s32(sum);
+      act.scale[e] = d;
+      act.scaled_sum[e] = d * float(s);
+      act.neg128_sum[e] = -128 * s;
+    }
+  }
+}
+
+struct ActStream {
+  const int8_t* q;
+  const float* scale;
+  const float* scaled_sum;
+
+  ActStream(const ActBlocks& act, int64_t m0, int64_t b0) {
+    const int64_t e = act.entry(m0, b0);
+    q = act.q + e * kBlock;
+    scale = act.scale + e;
+    scaled_sum = act.scaled_sum + e;
+  }
+  void next_block() {
+    q += kIntRows * kBlock;
+    scale += kIntRows;
+    scaled_sum += kIntRows;
+  }
+};
+
+// ---- Q8 tiles ------------------------------------------------------------------------------
+
+// Tile rows 4 quad .. 4 quad + 3. The tile stores q + 128; flipping the top bit gives q back
+// as a signed byte for sdot (signed x signed), so no bias correction is needed here.
+template <bool kDotProd, int R>
+void q8_quad(ActStream x, const TileQ8* tiles, int64_t nblocks, int quad, float* y, int64_t ldy,
+             int cols, bool accumulate) {
+  const uint8x16_t bias = vdupq_n_u8(0x80);
+  float32x4_t acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = vdupq_n_f32(0.0f);
+  for (int64_t b = 0; b < nblocks; ++b, x.next_block()) {
+    const TileQ8& t = tiles[b];
+    int32x4_t sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = vdupq_n_s32(0);
+    for (int half = 0; half < 2; ++half) {
+      int8x16_t w[4];
+      for (int j = 0; j < 4; ++j)
+        w[j] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(t.q[4 * half + j][4 * quad]), bias));
+      for (int r = 0; r < R; ++r) {
+        const int8x16_t xv = vld1q_s8(x.q + r * kBlock + 16 * half);
+        unroll<4>([&](auto j) {
+          constexpr int g = decltype(j)::value;
+          sum[r] = dot4<kDotProd, g>(sum[r], w[g], xv);
+        });
+      }
+    }
+    const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(t.scale + 4 * quad)));
+    for (int r = 0; r < R; ++r)
+      acc[r] = vfmaq_f32(acc[r], vcvtq_f32_s32(sum[r]), vmulq_n_f32(d, x.scale[r]));
+  }
+  for (int r = 0; r < R; ++r) store4(y + r * ldy + 4 * quad, acc[r], cols - 4 * quad, accumulate);
+}
+
+// ---- Q4 tiles ------------------------------------------------------------------------------
+
+template <bool kDotProd, int R>
+void q4_quad(ActStream x, const TileQ4* tiles, int64_t nblocks, int quad, float* y, int64_t ldy,
+             int cols, bool accumulate) {
+  const uint8x16_t nibble = vdupq_n_u8(15);
+  float32x4_t acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = vdupq_n_f32(0.0f);
+  for (int64_t b = 0; b < nblocks; ++b, x.next_block()) {
+    const TileQ4& t = tiles[b];
+    int8x16_t lo[4], hi[4];  // columns 4g.. and 16+4g.. of the quad's rows
+    for (int g = 0; g < 4; ++g) {
+      const uint8x16_t v = vld1q_u8(t.q[g][4 * quad]);
+      lo[g] = vreinterpretq_s8_u8(vandq_u8(v, nibble));
+      hi[g] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+    }
+    int32x4_t sum[R];
+    for (int r = 0; r < R; ++r) {
+      const int8x16_t xlo = vld1q_s8(x.q + r * kBlock), xhi = vld1q_s8(x.q + r * kBlock + 16);
+      sum[r] = vdupq_n_s32(0);
+      unroll<4>([&](auto j) {
+        constexpr int g = decltype(j)::value;
+        sum[r] = dot4<kDotProd, g>(sum[r], lo[g], xlo);
+        sum[r] = dot4<kDotProd, g>(sum[r], hi[g], xhi);
+      });
+    }
+    uint32_t packed;
+    std::memcpy(&packed, t.scale + 4 * quad, 4);
+    const uint16x4_t codes = vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(packed))));
+    const float32x4_t d =
+        vmulq_n_f32(vcvt_f32_f16(vreinterpret_f16_u16(vshl_n_u16(codes, 7))), kQ4ScaleFactor);
+    std::memcpy(&packed, t.zero + 4 * quad, 4);
+    const uint32x4_t zeros = vmovl_u16(vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(packed)))));
+    const float32x4_t dz = vmulq_f32(d, vmulq_n_f32(vcvtq_f32_u32(zeros), 0.0625f));
+    for (int r = 0; r < R; ++r) {
+      acc[r] = vfmaq_f32(acc[r], vcvtq_f32_s32(sum[r]), vmulq_n_f32(d, x.scale[r]));
+      acc[r] = vfmsq_f32(acc[r], dz, vdupq_n_f32(x.scaled_sum[r]));
+    }
+  }
+  for (int r = 0; r < R; ++r) store4(y + r * ldy + 4 * quad, acc[r], cols - 4 * quad, accumulate);
+}
+
+template <bool kDotProd, int R>
+struct Tiles {
+  static void q8(const ActStream& x, const TileQ8* tiles, int64_t nblocks, float* y, int64_t ldy,
+                 int cols, bool accumulate) {
+    for (int quad = 0; 4 * quad < cols; ++quad)
+      q8_quad<kDotProd, R>(x, tiles, nblocks, quad, y, ldy, cols, accumulate);
+  }
+  static void q4(const ActStream& x, const TileQ4* tiles, int64_t nblocks, float* y, int64_t ldy,
+                 int cols, bool accumulate) {
+    for (int quad = 0; 4 * quad < cols; ++quad)
+      q4_quad<kDotProd, R>(x, tiles, nblocks, quad, y, ldy, cols, accumulate);
+  }
+};
+
+template <bool kDotProd>
+void tiles_q8(const ActBlocks& act, int64_t m0, int64_t b0, int rows, const TileQ8* tiles,
+              int64_t nblocks, float* y, int64_t ldy, int cols, bool accumulate) {
+  using Fn = void (*)(const ActStream&, const TileQ8*, int64_t, float*, int64_t, int, bool);
+  static constexpr Fn fns[kIntRows] = {
+      Tiles<kDotProd, 1>::q8, Tiles<kDotProd, 2>::q8, Tiles<kDotProd, 3>::q8, Tiles<kDotProd, 4>::q8,
+      Tiles<kDotProd, 5>::q8, Tiles<kDotProd, 6>::q8, Tiles<kDotProd, 7>::q8, Tiles<kDotProd, 8>::q8};
+  fns[rows - 1](ActStream(act, m0, b0), tiles, nblocks, y, ldy, cols, accumulate);
+}
+
+template <bool kDotProd>
+void tiles_q4(const ActBlocks& act, int64_t m0, int64_t b0, int rows, const TileQ4* tiles,
+              int64_t nblocks, float* y, int64_t ldy, int cols, bool accumulate) {
+  using Fn = void (*)(const ActStream&, const TileQ4*, int64_t, float*, int64_t, int, bool);
+  static constexpr Fn fns[kIntRows] = {
+      Tiles<kDotProd, 1>::q4, Tiles<kDotProd, 2>::q4, Tiles<kDotProd, 3>::q4, Tiles<kDotProd, 4>::q4,
+      Tiles<kDotProd, 5>::q4, Tiles<kDotProd, 6>::q4, Tiles<kDotProd, 7>::q4, Tiles<kDotProd, 8>::q4};
+  fns[rows - 1](ActStream(act, m0, b0), tiles, nblocks, y, ldy, cols, accumulate);
+}
+
+// ---- Float panels --------------------------------------------------------------------------
+
+template <DType T>
+inline float32x4_t load4(const void* w, int64_t i) {
+  if constexpr (T == DType::BF16) {
+    return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(static_cast<const uint16_t*>(w) + i), 16));
+  } else if constexpr (T == DType::F16) {
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(static_cast<const uint16_t*>(w) + i)));
+  } else {
+    return vld1q_f32(static_cast<const float*>(w) + i);
+  }
+}
+
+constexpr size_t element_size(DType t) { return t == DType::F32 ? 4 : 2; }
+
+// In-register transpose of a 4 x 4 block: r[i] (row i) becomes column i.
+inline void transpose4(float32x4_t r[4]) {
+  const float32x4_t t0 = vtrn1q_f32(r[0], r[1]), t1 = vtrn2q_f32(r[0], r[1]);
+  const float32x4_t t2 = vtrn1q_f32(r[2], r[3]), t3 = vtrn2q_f32(r[2], r[3]);
+  auto f64 = [](float32x4_t v) { return vreinterpretq_f64_f32(v); };
+  r[0] = vreinterpretq_f32_f64(vtrn1q_f64(f64(t0), f64(t2)));
+  r[1] = vreinterpretq_f32_f64(vtrn1q_f64(f64(t1), f64(t3)));
+  r[2] = vreinterpretq_f32_f64(vtrn2q_f64(f64(t0), f64(t2)));
+  r[3] = vreinterpretq_f32_f64(vtrn2q_f64(f64(t1), f64(t3)));
+}
+
+template <DType T>
+void pack_panel_t(const void* w, int64_t ldw, int rows, int kc, float* panel) {
+  const auto* base = static_cast<const uint8_t*>(w);
+  for (int quad = 0; quad < kPanelCols / 4; ++quad) {
+    for (int k = 0; k < kc; k += 4) {
+      float32x4_t r[4];
+      for (int i = 0; i < 4; ++i) {
+        const int row = 4 * quad + i;
+        r[i] = row < rows ? load4<T>(base + size_t(row * ldw) * element_size(T), k) : vdupq_n_f32(0);
+      }
+      transpose4(r);
+      for (int i = 0; i < 4; ++i) vst1q_f32(panel + (k + i) * kPanelCols + 4 * quad, r[i]);
+    }
+  }
+}
+
+void pack_panel(DType type, const void* w, int64_t ldw, int rows, int kc, float* panel) {
+  switch (type) {
+    case DType::BF16: return pack_panel_t<DType::BF16>(w, ldw, rows, kc, panel);
+    case DType::F16: return pack_panel_t<DType::F16>(w, ldw, rows, kc, panel);
+    default: return pack_panel_t<DType::F32>(w, ldw, rows, kc, panel);
+  }
+}
+
+void pack_rows(const float* x, int64_t ldx, int rows, int kc, float* out) {
+  for (int quad = 0; quad < kGemmRows / 4; ++quad) {
+    for (int k = 0; k < kc; k += 4) {
+      float32x4_t r[4];
+      for (int i = 0; i < 4; ++i) {
+        const int row = 4 * quad + i;
+        r[i] = row < rows ? vld1q_f32(x + row * ldx + k) : vdupq_n_f32(0);
+      }
+      transpose4(r);
+      for (int i = 0; i < 4; ++i) vst1q_f32(out + (k + i) * kGemmRows + 4 * quad, r[i]);
+    }
+  }
+}
+
+// 8 x 12 outputs in 24 registers; per k: three panel loads, two loads of 4 rows of x, and 24
+// FMAs by element.
+template <int R>
+void gemm_rows(const float* xp, const float* panel, int kc, float* y, int64_t ldy, int cols,
+               bool accumulate) {
+  float32x4_t acc[R][3];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = vdupq_n_f32(0);
+  for (int k = 0; k < kc; ++k) {
+    const float32x4_t w0 = vld1q_f32(panel + k * kPanelCols);
+    const float32x4_t w1 = vld1q_f32(panel + k * kPanelCols + 4);
+    const float32x4_t w2 = vld1q_f32(panel + k * kPanelCols + 8);
+    const float32x4_t x[2] = {vld1q_f32(xp + k * kGemmRows), vld1q_f32(xp + k * kGemmRows + 4)};
+    unroll<R>([&](auto r) {
+      constexpr int i = decltype(r)::value;
+      acc[i][0] = vfmaq_laneq_f32(acc[i][0], w0, x[i / 4], i % 4);
+      acc[i][1] = vfmaq_laneq_f32(acc[i][1], w1, x[i / 4], i % 4);
+      acc[i][2] = vfmaq_laneq_f32(acc[i][2], w2, x[i / 4], i % 4);
+    });
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 3; ++j) store4(y + r * ldy + 4 * j, acc[r][j], cols - 4 * j, accumulate);
+}
+
+void gemm_panel(const float* xp, int rows, const float* panel, int kc, float* y, int64_t ldy,
+                int cols, bool accumulate) {
+  using Fn = void (*)(const float*, const float*, int, float*, int64_t, int, bool);
+  static constexpr Fn fns[kGemmRows] = {gemm_rows<1>, gemm_rows<2>, gemm_rows<3>, gemm_rows<4>,
+                                        gemm_rows<5>, gemm_rows<6>, gemm_rows<7>, gemm_rows<8>};
+  fns[rows - 1](xp, panel, kc, y, ldy, cols, accumulate);
+}
+
+// ---- Small M: dot products along K ---------------------------------------------------------
+
+template <DType T, int R, int C>
+void dot_tile(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K, float* y,
+              int64_t ldy) {
+  const auto* base = static_cast<const uint8_t*>(w);
+  float32x4_t acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = vdupq_n_f32(0);
+  for (int64_t k = 0; k < K; k += 4) {
+    float32x4_t wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = load4<T>(base + size_t(c * ldw) * element_size(T), k);
+    for (int r = 0; r < R; ++r) {
+      const float32x4_t xv = vld1q_f32(x + r * ldx + k);
+      for (int c = 0; c < C; ++c) acc[r][c] = vfmaq_f32(acc[r][c], xv, wv[c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = vaddvq_f32(acc[r][c]);
+}
+
+template <DType T>
+void dot_rows_t(const float* x, int64_t ldx, int rows, const void* w, int64_t ldw, int wrows,
+                int64_t K, float* y, int64_t ldy) {
+  using Fn = void (*)(const float*, int64_t, const void*, int64_t, int64_t, float*, int64_t);
+  static constexpr Fn fns[kDotRows][kDotCols] = {
+      {dot_tile<T, 1, 1>, dot_tile<T, 1, 2>, dot_tile<T, 1, 3>, dot_tile<T, 1, 4>},
+      {dot_tile<T, 2, 1>, dot_tile<T, 2, 2>, dot_tile<T, 2, 3>, dot_tile<T, 2, 4>},
+      {dot_tile<T, 3, 1>, dot_tile<T, 3, 2>, dot_tile<T, 3, 3>, dot_tile<T, 3, 4>},
+      {dot_tile<T, 4, 1>, dot_tile<T, 4, 2>, dot_tile<T, 4, 3>, dot_tile<T, 4, 4>}};
+  fns[rows - 1][wrows - 1](x, ldx, w, ldw, K, y, ldy);
+}
+
+void dot_rows(DType type, const float* x, int64_t ldx, int rows, const void* w, int64_t ldw,
+              int wrows, int64_t K, float* y, int64_t ldy) {
+  switch (type) {
+    case DType::BF16: return dot_rows_t<DType::BF16>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
+    case DType::F16: return dot_rows_t<DType::F16>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
+    default: return dot_rows_t<DType::F32>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
+  }
+}
+
+}  // namespace
+
+const Kernels& neon_kernels() {
+  static const Kernels with_dotprod{Isa::Neon,     kIntRows,       kGemmRows,      kPanelCols,
+                                    quantize_rows, tiles_q8<true>, tiles_q4<true>, pack_rows,
+                                    pack_panel,    gemm_panel,     dot_rows};
+  static const Kernels without_dotprod{Isa::Neon,     kIntRows,        kGemmRows,       kPanelCols,
+                                       quantize_rows, tiles_q8<false>, tiles_q4<false>, pack_rows,
+                                       pack_panel,    gemm_panel,      dot_rows};
+  return cpu_features().neon_dotprod ? with_dotprod : without_dotprod;
+}
+
+}  // namespace klein::quant::detail

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Cross-builds klein_quant and its test program for aarch64 and runs the tests under qemu,
+# once with the CPU's features (sdot) and once with KLEIN_ISA=neon (NEON without sdot).
+# Needs: apt-get install -y g++-aarch64-linux-gnu qemu-user (and libgtest-dev, whose sources
+# in /usr/src/googletest are built here for aarch64).
+# Usage: scripts/cross-test-arm64.sh [build dir, default build-arm64]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build=${1:-build-arm64}
+sysroot=/usr/aarch64-linux-gnu
+toolchain=(
+  -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64
+  -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++
+  "-DCMAKE_CROSSCOMPILING_EMULATOR=qemu-aarch64;-L;$sysroot"
+)
+
+# 1. GoogleTest (and GoogleMock, which other test programs link) for aarch64, from the sources
+#    Debian ships with libgtest-dev.
+cmake -S /usr/src/googletest -B "$build/googletest" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  "${toolchain[@]}" -DBUILD_GMOCK=ON -DCMAKE_INSTALL_PREFIX="$PWD/$build/googletest-install" \
+  >/dev/null
+cmake --build "$build/googletest" --target install >/dev/null
+
+# 2. klein_quant and test_quant only (the other libraries' host dependencies are never built).
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${toolchain[@]}" \
+  -DKLEIN_BUILD_BENCH=OFF -DGTest_DIR="$PWD/$build/googletest-install/lib/cmake/GTest" >/dev/null
+cmake --build "$build" --target test_quant
+
+# 3. Run under qemu (its default CPU model has FEAT_DotProd).
+qemu-aarch64 -L "$sysroot" "$build/tests/test_quant" --gtest_brief=1
+KLEIN_ISA=neon qemu-aarch64 -L "$sysroot" "$build/tests/test_quant" --gtest_brief=1
