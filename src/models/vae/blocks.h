@@ -1,0 +1,50 @@
+#pragma once
+// Building blocks shared by the two halves of the FLUX.2 VAE (diffusers AutoencoderKLFlux2):
+// weight loading, GroupNorm, the ResNet block and the mid block with its attention.
+// Activations are [C, H, W] float32 tensors (batch 1).
+#include <functional>
+#include <string>
+
+#include "core/tensor.h"
+#include "core/threadpool.h"
+#include "ops/conv2d.h"
+#include "ops/group_norm.h"
+#include "weights/weight_store.h"
+
+namespace klein::vae {
+
+// Receives named intermediate tensors (tests, --dump); names follow the golden files, e.g.
+// "decoder_up_blocks_2", "vae_mean", "tokens". Empty: nothing is reported.
+using Observer = std::function<void(const std::string& name, const Tensor& value)>;
+
+// What every block needs: the weights of the half being run, its hyper-parameters, threads.
+struct Net {
+  const WeightUnit& weights;
+  const VaeConfig& config;
+  ThreadPool& pool;
+  const Observer& observe;
+
+  void report(const std::string& name, const Tensor& value) const {
+    if (observe) observe(name, value);
+  }
+};
+
+// Convolution `name` ("decoder.conv_in") as float32, checked to be [out, in, kernel, kernel]
+// with a bias [out]. Converted when a layer runs and freed after it, one layer at a time.
+ops::Conv2dWeights load_conv(const Net& net, const std::string& name, int64_t out, int64_t in,
+                             int64_t kernel);
+
+// GroupNorm `name` (config.norm_groups groups, eps config.norm_eps) of x as a per-channel
+// affine map, optionally followed by SiLU: the convolution reading x applies it.
+ops::ChannelAffine group_norm(const Net& net, const std::string& name, const Tensor& x, bool silu);
+
+// ResNet block (ResnetBlock2D, no time embedding) from x.dim(0) to out_channels; consumes x.
+Tensor resnet_block(const Net& net, const std::string& prefix, Tensor x, int64_t out_channels);
+
+// Mid block (UNetMidBlock2D): ResNet, self-attention over all positions, ResNet; consumes x.
+Tensor mid_block(const Net& net, const std::string& prefix, Tensor x);
+
+// A [C, H, W] copy.
+Tensor clone(const Tensor& x);
+
+}  // namespace klein::vae

@@ -1,0 +1,74 @@
+// The FLUX.2 VAE decoder. With klein's configuration (channels [128, 256, 512, 512],
+// 3 ResNets per level, latent 32):
+//
+//   post_quant_conv 1×1                                        [32,  H/8, W/8]
+//   conv_in 3×3 (32 → 512)                                     [512, H/8, W/8]
+//   mid_block: ResNet, attention, ResNet                       [512, H/8, W/8]
+//   up_blocks.0: 3 ResNets (512), nearest ×2, conv 3×3         [512, H/4, W/4]
+//   up_blocks.1: 3 ResNets (512), nearest ×2, conv 3×3         [512, H/2, W/2]
+//   up_blocks.2: 3 ResNets (512 → 256), nearest ×2, conv 3×3   [256, H,   W  ]
+//   up_blocks.3: 3 ResNets (256 → 128)                         [128, H,   W  ]
+//   conv_norm_out (GroupNorm), SiLU, conv_out 3×3 (128 → 3)    [3,   H,   W  ]
+//
+// Every GroupNorm has 32 groups and eps 1e-6. Memory at full resolution: the upsampled tensor
+// is never built (conv_in of each upsampler reads the half-size input through the nearest-
+// neighbour map) and each ResNet holds its input and one intermediate, so the peak is in
+// up_blocks.3.resnets.0: its 256-channel input plus a 128-channel intermediate.
+#include "models/vae/decoder.h"
+
+#include "core/error.h"
+
+namespace klein::vae {
+
+namespace {
+
+// Upsample2D: nearest-neighbour ×2, then a 3×3 convolution; fused into one pass.
+Tensor upsample(const Net& net, const std::string& name, const Tensor& x) {
+  const int64_t C = x.dim(0);
+  ops::Conv2dParams p = ops::Conv2dParams::same(3);
+  p.upsample = 2;
+  return ops::conv2d(x, load_conv(net, name, C, C, 3), p, net.pool);
+}
+
+}  // namespace
+
+Tensor run_decoder(const WeightUnit& weights, const VaeConfig& config, const Tensor& z,
+                   ThreadPool& pool, const Observer& observe) {
+  const Net net{weights, config, pool, observe};
+  const std::vector<int64_t>& channels = config.decoder_channels();
+  const int64_t levels = int64_t(channels.size());
+  const int64_t latent = config.latent_channels;
+  check(z.shape().size() == 3 && z.dim(0) == latent, "VAE decoder: expected a latent [", latent,
+        ", h, w], got ", shape_str(z.shape()));
+  const auto same3x3 = ops::Conv2dParams::same(3);
+
+  Tensor x = config.use_post_quant_conv
+                 ? ops::conv2d(z, load_conv(net, "post_quant_conv", latent, latent, 1),
+                               ops::Conv2dParams::same(1), pool)
+                 : clone(z);
+  if (config.use_post_quant_conv) net.report("post_quant_conv", x);
+  x = ops::conv2d(x, load_conv(net, "decoder.conv_in", channels.back(), latent, 3), same3x3, pool);
+  net.report("decoder_conv_in", x);
+
+  x = mid_block(net, "decoder.mid_block.", std::move(x));
+  net.report("decoder_mid_block", x);
+
+  // Levels run from the deepest (most channels) to full resolution.
+  for (int64_t i = 0; i < levels; ++i) {
+    const std::string p = "decoder.up_blocks." + std::to_string(i) + ".";
+    const int64_t out = channels[size_t(levels - 1 - i)];
+    for (int64_t j = 0; j <= config.layers_per_block; ++j)
+      x = resnet_block(net, p + "resnets." + std::to_string(j) + ".", std::move(x), out);
+    if (i + 1 < levels) x = upsample(net, p + "upsamplers.0.conv", x);
+    net.report("decoder_up_blocks_" + std::to_string(i), x);
+  }
+
+  const ops::ChannelAffine norm_out = group_norm(net, "decoder.conv_norm_out", x, /*silu=*/true);
+  Tensor image = ops::conv2d(
+      x, load_conv(net, "decoder.conv_out", config.out_channels, channels.front(), 3), same3x3,
+      pool, &norm_out);
+  net.report("decoder_conv_out", image);
+  return image;
+}
+
+}  // namespace klein::vae

@@ -1,0 +1,13 @@
+#pragma once
+#include "models/vae/blocks.h"
+
+namespace klein::vae {
+
+// The VAE decoder (post_quant_conv + Decoder): latent z [latent_channels, H/8, W/8] → image
+// [out_channels, H, W], roughly in [-1, 1] and not clamped. `weights` is the "vae.decoder"
+// unit. Reports post_quant_conv, decoder_conv_in, decoder_mid_block, decoder_up_blocks_{i},
+// decoder_conv_out.
+Tensor run_decoder(const WeightUnit& weights, const VaeConfig& config, const Tensor& z,
+                   ThreadPool& pool, const Observer& observe = {});
+
+}  // namespace klein::vae

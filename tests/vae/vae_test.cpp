@@ -1,0 +1,172 @@
+// The VAE and its latent glue against the golden vectors of klein-tiny (vectors/vae/): every
+// intermediate the reference stored, within a scaled difference of 1e-4.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <iostream>
+#include <map>
+
+#include "core/error.h"
+#include "core/npy.h"
+#include "models/vae/vae.h"
+#include "support/testing.h"
+#include "weights/model_source.h"
+
+namespace klein {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr double kTolerance = 1e-4;
+
+// Keeps a copy of every intermediate the VAE reports.
+struct Recorder {
+  std::map<std::string, Tensor> seen;
+  vae::Observer observer() {
+    return [this](const std::string& name, const Tensor& t) { seen[name] = vae::clone(t); };
+  }
+};
+
+Tensor load(const fs::path& path) { return read_npy(path).to_tensor(); }
+
+// Compares each named intermediate with <dir>/<prefix><name>.npy and prints the scaled
+// difference, so a run shows how close every stage is.
+void expect_matches(const Recorder& r, const fs::path& dir, const std::string& prefix,
+                    const std::vector<std::string>& names) {
+  for (const std::string& name : names) {
+    SCOPED_TRACE(name);
+    auto it = r.seen.find(name);
+    ASSERT_NE(it, r.seen.end()) << "intermediate " << name << " was not reported";
+    const fs::path ref = dir / (prefix + name + ".npy");
+    const std::vector<float> values = read_npy(ref).to_f32();
+    ASSERT_EQ(int64_t(values.size()), it->second.numel()) << ref;
+    std::cout << "  " << prefix << name << ": scaled diff "
+              << testing::scaled_diff(it->second.data(), values.data(), it->second.numel())
+              << "\n";
+    EXPECT_TRUE(testing::matches_npy(it->second, ref, kTolerance));
+  }
+}
+
+class VaeGolden : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { store_ = open_model(testing::tiny_model()); }
+  static void TearDownTestSuite() { store_.reset(); }
+
+  static fs::path vectors() { return testing::tiny_vectors() / "vae"; }
+
+  // packed_in [1, N, 128] as tokens [N, 128].
+  static Tensor packed_tokens(const std::string& name) {
+    Tensor t = load(vectors() / (name + "_packed_in.npy"));
+    t.reshape({t.dim(1), t.dim(2)});
+    return t;
+  }
+
+  static std::unique_ptr<WeightStore> store_;
+  ThreadPool pool_{2};
+};
+
+std::unique_ptr<WeightStore> VaeGolden::store_;
+
+const std::vector<std::string> kDecodeSteps = {"unpacked", "denormalized", "unpatchified"};
+
+TEST_F(VaeGolden, DecodeH64W64EveryIntermediate) {
+  vae::Vae model(*store_, pool_);
+  Recorder r;
+  const Tensor image = model.decode(packed_tokens("decode_h64_w64"), 4, 4, r.observer());
+  EXPECT_EQ(image.shape(), (Shape{3, 64, 64}));
+  expect_matches(r, vectors(), "decode_h64_w64_",
+                 {"unpacked", "denormalized", "unpatchified", "post_quant_conv", "decoder_conv_in",
+                  "decoder_mid_block", "decoder_up_blocks_0", "decoder_up_blocks_1",
+                  "decoder_up_blocks_2", "decoder_up_blocks_3", "decoder_conv_out", "image"});
+}
+
+TEST_F(VaeGolden, DecodeH64W96) {
+  vae::Vae model(*store_, pool_);
+  Recorder r;
+  const Tensor image = model.decode(packed_tokens("decode_h64_w96"), 4, 6, r.observer());
+  EXPECT_EQ(image.shape(), (Shape{3, 64, 96}));
+  expect_matches(r, vectors(), "decode_h64_w96_",
+                 {"unpacked", "denormalized", "unpatchified", "image"});
+}
+
+TEST_F(VaeGolden, EncodeRef0EveryIntermediate) {
+  vae::Vae model(*store_, pool_);
+  Tensor pixels = load(vectors() / "encode_ref0" / "ref0_pixels.npy");
+  pixels.reshape({pixels.dim(1), pixels.dim(2), pixels.dim(3)});
+  Recorder r;
+  const Tensor tokens = model.encode(pixels, r.observer());
+  EXPECT_EQ(tokens.shape(), (Shape{20, 128}));
+  expect_matches(r, vectors() / "encode_ref0", "ref0_",
+                 {"encoder_down_blocks_0", "encoder_down_blocks_1", "encoder_down_blocks_2",
+                  "encoder_down_blocks_3", "encoder_mid_block", "encoder_conv_out", "quant_conv",
+                  "vae_mean", "patchified", "normalized", "tokens"});
+}
+
+// The end-to-end runs hand the decoder the same tensor the pipeline logged as vae_input.
+TEST_F(VaeGolden, PipelineVaeInputAndImage) {
+  vae::Vae model(*store_, pool_);
+  const fs::path dir = testing::tiny_vectors() / "e2e" / "t2i_h96_w128";
+  Tensor tokens = load(dir / "final_latents.npy");
+  tokens.reshape({tokens.dim(1), tokens.dim(2)});
+  const Tensor z = model.tokens_to_latent(tokens, 6, 8);
+  EXPECT_TRUE(testing::matches_npy(z, dir / "vae_input.npy", kTolerance));
+  const Tensor image = model.decode_latent(z);
+  EXPECT_TRUE(testing::matches_npy(image, dir / "image_decoded.npy", kTolerance));
+}
+
+TEST_F(VaeGolden, ResultsDoNotDependOnThreadCount) {
+  ThreadPool one(1), three(3);
+  vae::Vae a(*store_, one), b(*store_, three);
+  const Tensor tokens = packed_tokens("decode_h64_w96");
+  const Tensor x = a.decode(tokens, 4, 6), y = b.decode(tokens, 4, 6);
+  ASSERT_EQ(x.shape(), y.shape());
+  EXPECT_EQ(0, std::memcmp(x.data(), y.data(), size_t(x.numel()) * sizeof(float)));
+  Tensor pixels = load(vectors() / "encode_ref0" / "ref0_pixels.npy");
+  pixels.reshape({pixels.dim(1), pixels.dim(2), pixels.dim(3)});
+  const Tensor p = a.encode(pixels), q = b.encode(pixels);
+  EXPECT_EQ(0, std::memcmp(p.data(), q.data(), size_t(p.numel()) * sizeof(float)));
+}
+
+TEST_F(VaeGolden, RejectsBadSizes) {
+  vae::Vae model(*store_, pool_);
+  Tensor pixels = Tensor::zeros({3, 64, 72});
+  try {
+    model.encode(pixels);
+    FAIL() << "a 72-pixel-wide image was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiples of 16"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(model.encode(Tensor::zeros({4, 64, 64})), Error);
+  EXPECT_THROW(model.decode(Tensor::zeros({15, 128}), 4, 4), Error);
+  EXPECT_THROW(model.decode(Tensor::zeros({16, 64}), 4, 4), Error);
+}
+
+// The latent glue on its own: channel 4·c + 2·dy + dx, row-major tokens, exact inverses.
+TEST(VaeLatents, PatchifyChannelOrder) {
+  Tensor latent({2, 4, 6});
+  for (int64_t i = 0; i < latent.numel(); ++i) latent.data()[i] = float(i);
+  const Tensor packed = vae::patchify(latent, {2, 2});
+  ASSERT_EQ(packed.shape(), (Shape{8, 2, 3}));
+  for (int64_t c = 0; c < 2; ++c)
+    for (int64_t dy = 0; dy < 2; ++dy)
+      for (int64_t dx = 0; dx < 2; ++dx)
+        for (int64_t r = 0; r < 2; ++r)
+          for (int64_t col = 0; col < 3; ++col)
+            ASSERT_EQ(packed.data()[((4 * c + 2 * dy + dx) * 2 + r) * 3 + col],
+                      latent.data()[(c * 4 + 2 * r + dy) * 6 + 2 * col + dx]);
+  const Tensor back = vae::unpatchify(packed, {2, 2});
+  EXPECT_EQ(0, std::memcmp(back.data(), latent.data(), sizeof(float) * size_t(latent.numel())));
+}
+
+TEST(VaeLatents, PackIsRowMajorAndInvertible) {
+  Tensor latent({3, 2, 5});
+  for (int64_t i = 0; i < latent.numel(); ++i) latent.data()[i] = float(i);
+  const Tensor tokens = vae::pack_tokens(latent);
+  ASSERT_EQ(tokens.shape(), (Shape{10, 3}));
+  EXPECT_EQ(tokens.data()[(1 * 5 + 3) * 3 + 2], latent.data()[(2 * 2 + 1) * 5 + 3]);
+  const Tensor back = vae::unpack_tokens(tokens, 2, 5);
+  EXPECT_EQ(0, std::memcmp(back.data(), latent.data(), sizeof(float) * size_t(latent.numel())));
+  EXPECT_THROW(vae::unpack_tokens(tokens, 3, 5), Error);
+}
+
+}  // namespace
+}  // namespace klein
