@@ -61,12 +61,13 @@ using PackPanelFn = void (*)(DType type, const void* w, int64_t ldw, int rows, i
 using GemmPanelFn = void (*)(const float* xp, int rows, const float* panel, int kc, float* y,
                              int64_t ldy, int cols, bool accumulate);
 
-// Small M: y[r, c] = sum_k x[r, k] * W[c, k] for r < rows <= kDotRows, c < wrows <= kDotCols,
-// reading W rows (row-major F32/BF16/F16, ldw in elements) directly.
+// Small M: y[r, c] (+)= sum_k x[r, k] * W[c, k] for r < rows <= kDotRows, c < wrows <= kDotCols,
+// k < K, reading W rows (row-major F32/BF16/F16, ldw in elements) directly.
 constexpr int kDotRows = 4;
 constexpr int kDotCols = 4;
 using DotRowsFn = void (*)(DType type, const float* x, int64_t ldx, int rows, const void* w,
-                           int64_t ldw, int wrows, int64_t K, float* y, int64_t ldy);
+                           int64_t ldw, int wrows, int64_t K, float* y, int64_t ldy,
+                           bool accumulate);
 
 struct Kernels {
   Isa isa;

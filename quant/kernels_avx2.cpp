@@ -269,6 +269,8 @@ inline void transpose8(__m256 r[8]) {
   for (int i = 0; i < 8; ++i) r[i] = t[i];
 }
 
+constexpr int kPrefetchAhead = 128;  // elements
+
 template <DType T>
 void pack_panel_t(const void* w, int64_t ldw, int rows, int kc, float* panel) {
   const auto* base = static_cast<const uint8_t*>(w);
@@ -277,8 +279,16 @@ void pack_panel_t(const void* w, int64_t ldw, int rows, int kc, float* panel) {
       __m256 r[8];
       for (int i = 0; i < 8; ++i) {
         const int row = half * 8 + i;
-        r[i] = row < rows ? load8<T>(base + size_t(row * ldw) * element_size(T), k)
-                          : _mm256_setzero_ps();
+        if (row >= rows) {
+          r[i] = _mm256_setzero_ps();
+          continue;
+        }
+        const uint8_t* src = base + size_t(row * ldw) * element_size(T);
+        // 16 rows are too many streams for the hardware prefetcher: ask for each row's data a
+        // few blocks ahead, or every block waits for memory.
+        _mm_prefetch(reinterpret_cast<const char*>(src + (k + kPrefetchAhead) * element_size(T)),
+                     _MM_HINT_T0);
+        r[i] = load8<T>(src, k);
       }
       transpose8(r);
       for (int i = 0; i < 8; ++i) _mm256_store_ps(panel + (k + i) * kPanelCols + half * 8, r[i]);
@@ -345,7 +355,7 @@ void gemm_panel(const float* xp, int rows, const float* panel, int kc, float* y,
 // Up to 2 rows of X against up to 4 rows of W: 8 accumulators, 4 converted W vectors.
 template <DType T, int R, int C>
 void dot_tile(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K, float* y,
-              int64_t ldy) {
+              int64_t ldy, bool accumulate) {
   const auto* base = static_cast<const uint8_t*>(w);
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -359,38 +369,38 @@ void dot_tile(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[r * ldy + c] = hsum(acc[r][c]);
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = (accumulate ? y[r * ldy + c] : 0.0f) + hsum(acc[r][c]);
 }
 
 template <DType T, int R>
 void dot_tile_cols(int wrows, const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K,
-                   float* y, int64_t ldy) {
+                   float* y, int64_t ldy, bool accumulate) {
   switch (wrows) {
-    case 1: return dot_tile<T, R, 1>(x, ldx, w, ldw, K, y, ldy);
-    case 2: return dot_tile<T, R, 2>(x, ldx, w, ldw, K, y, ldy);
-    case 3: return dot_tile<T, R, 3>(x, ldx, w, ldw, K, y, ldy);
-    default: return dot_tile<T, R, 4>(x, ldx, w, ldw, K, y, ldy);
+    case 1: return dot_tile<T, R, 1>(x, ldx, w, ldw, K, y, ldy, accumulate);
+    case 2: return dot_tile<T, R, 2>(x, ldx, w, ldw, K, y, ldy, accumulate);
+    case 3: return dot_tile<T, R, 3>(x, ldx, w, ldw, K, y, ldy, accumulate);
+    default: return dot_tile<T, R, 4>(x, ldx, w, ldw, K, y, ldy, accumulate);
   }
 }
 
 template <DType T>
 void dot_rows_t(const float* x, int64_t ldx, int rows, const void* w, int64_t ldw, int wrows,
-                int64_t K, float* y, int64_t ldy) {
+                int64_t K, float* y, int64_t ldy, bool accumulate) {
   for (int r = 0; r < rows; r += 2) {
     if (rows - r >= 2) {
-      dot_tile_cols<T, 2>(wrows, x + r * ldx, ldx, w, ldw, K, y + r * ldy, ldy);
+      dot_tile_cols<T, 2>(wrows, x + r * ldx, ldx, w, ldw, K, y + r * ldy, ldy, accumulate);
     } else {
-      dot_tile_cols<T, 1>(wrows, x + r * ldx, ldx, w, ldw, K, y + r * ldy, ldy);
+      dot_tile_cols<T, 1>(wrows, x + r * ldx, ldx, w, ldw, K, y + r * ldy, ldy, accumulate);
     }
   }
 }
 
 void dot_rows(DType type, const float* x, int64_t ldx, int rows, const void* w, int64_t ldw,
-              int wrows, int64_t K, float* y, int64_t ldy) {
+              int wrows, int64_t K, float* y, int64_t ldy, bool accumulate) {
   switch (type) {
-    case DType::BF16: return dot_rows_t<DType::BF16>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
-    case DType::F16: return dot_rows_t<DType::F16>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
-    default: return dot_rows_t<DType::F32>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
+    case DType::BF16: return dot_rows_t<DType::BF16>(x, ldx, rows, w, ldw, wrows, K, y, ldy, accumulate);
+    case DType::F16: return dot_rows_t<DType::F16>(x, ldx, rows, w, ldw, wrows, K, y, ldy, accumulate);
+    default: return dot_rows_t<DType::F32>(x, ldx, rows, w, ldw, wrows, K, y, ldy, accumulate);
   }
 }
 

@@ -250,6 +250,8 @@ inline void transpose16(__m512 r[16]) {
   for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
 
+constexpr int kPrefetchAhead = 128;  // elements
+
 template <DType T>
 void pack_panel_t(const void* w, int64_t ldw, int rows, int kc, float* panel) {
   const auto* base = static_cast<const uint8_t*>(w);
@@ -258,8 +260,16 @@ void pack_panel_t(const void* w, int64_t ldw, int rows, int kc, float* panel) {
       __m512 r[16];
       for (int i = 0; i < 16; ++i) {
         const int row = half * 16 + i;
-        r[i] = row < rows ? load16<T>(base + size_t(row * ldw) * element_size(T), k)
-                          : _mm512_setzero_ps();
+        if (row >= rows) {
+          r[i] = _mm512_setzero_ps();
+          continue;
+        }
+        const uint8_t* src = base + size_t(row * ldw) * element_size(T);
+        // 32 rows are too many streams for the hardware prefetcher: ask for each row's data a
+        // few blocks ahead, or every block waits for memory.
+        _mm_prefetch(reinterpret_cast<const char*>(src + (k + kPrefetchAhead) * element_size(T)),
+                     _MM_HINT_T0);
+        r[i] = load16<T>(src, k);
       }
       transpose16(r);
       for (int i = 0; i < 16; ++i) _mm512_store_ps(panel + (k + i) * kPanelCols + half * 16, r[i]);
@@ -318,7 +328,7 @@ void gemm_panel(const float* xp, int rows, const float* panel, int kc, float* y,
 
 template <DType T, int R, int C>
 void dot_tile(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K, float* y,
-              int64_t ldy) {
+              int64_t ldy, bool accumulate) {
   const auto* base = static_cast<const uint8_t*>(w);
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -332,37 +342,37 @@ void dot_tile(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[r * ldy + c] = _mm512_reduce_add_ps(acc[r][c]);
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = (accumulate ? y[r * ldy + c] : 0.0f) + _mm512_reduce_add_ps(acc[r][c]);
 }
 
 template <DType T, int R>
 void dot_tile_rows(int wrows, const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K,
-                   float* y, int64_t ldy) {
+                   float* y, int64_t ldy, bool accumulate) {
   switch (wrows) {
-    case 1: return dot_tile<T, R, 1>(x, ldx, w, ldw, K, y, ldy);
-    case 2: return dot_tile<T, R, 2>(x, ldx, w, ldw, K, y, ldy);
-    case 3: return dot_tile<T, R, 3>(x, ldx, w, ldw, K, y, ldy);
-    default: return dot_tile<T, R, 4>(x, ldx, w, ldw, K, y, ldy);
+    case 1: return dot_tile<T, R, 1>(x, ldx, w, ldw, K, y, ldy, accumulate);
+    case 2: return dot_tile<T, R, 2>(x, ldx, w, ldw, K, y, ldy, accumulate);
+    case 3: return dot_tile<T, R, 3>(x, ldx, w, ldw, K, y, ldy, accumulate);
+    default: return dot_tile<T, R, 4>(x, ldx, w, ldw, K, y, ldy, accumulate);
   }
 }
 
 template <DType T>
 void dot_rows_t(const float* x, int64_t ldx, int rows, const void* w, int64_t ldw, int wrows,
-                int64_t K, float* y, int64_t ldy) {
+                int64_t K, float* y, int64_t ldy, bool accumulate) {
   switch (rows) {
-    case 1: return dot_tile_rows<T, 1>(wrows, x, ldx, w, ldw, K, y, ldy);
-    case 2: return dot_tile_rows<T, 2>(wrows, x, ldx, w, ldw, K, y, ldy);
-    case 3: return dot_tile_rows<T, 3>(wrows, x, ldx, w, ldw, K, y, ldy);
-    default: return dot_tile_rows<T, 4>(wrows, x, ldx, w, ldw, K, y, ldy);
+    case 1: return dot_tile_rows<T, 1>(wrows, x, ldx, w, ldw, K, y, ldy, accumulate);
+    case 2: return dot_tile_rows<T, 2>(wrows, x, ldx, w, ldw, K, y, ldy, accumulate);
+    case 3: return dot_tile_rows<T, 3>(wrows, x, ldx, w, ldw, K, y, ldy, accumulate);
+    default: return dot_tile_rows<T, 4>(wrows, x, ldx, w, ldw, K, y, ldy, accumulate);
   }
 }
 
 void dot_rows(DType type, const float* x, int64_t ldx, int rows, const void* w, int64_t ldw,
-              int wrows, int64_t K, float* y, int64_t ldy) {
+              int wrows, int64_t K, float* y, int64_t ldy, bool accumulate) {
   switch (type) {
-    case DType::BF16: return dot_rows_t<DType::BF16>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
-    case DType::F16: return dot_rows_t<DType::F16>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
-    default: return dot_rows_t<DType::F32>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
+    case DType::BF16: return dot_rows_t<DType::BF16>(x, ldx, rows, w, ldw, wrows, K, y, ldy, accumulate);
+    case DType::F16: return dot_rows_t<DType::F16>(x, ldx, rows, w, ldw, wrows, K, y, ldy, accumulate);
+    default: return dot_rows_t<DType::F32>(x, ldx, rows, w, ldw, wrows, K, y, ldy, accumulate);
   }
 }
 

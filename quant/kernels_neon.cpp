@@ -245,6 +245,8 @@ inline void transpose4(float32x4_t r[4]) {
   r[3] = vreinterpretq_f32_f64(vtrn2q_f64(f64(t1), f64(t3)));
 }
 
+constexpr int kPrefetchAhead = 64;  // elements
+
 template <DType T>
 void pack_panel_t(const void* w, int64_t ldw, int rows, int kc, float* panel) {
   const auto* base = static_cast<const uint8_t*>(w);
@@ -253,7 +255,15 @@ void pack_panel_t(const void* w, int64_t ldw, int rows, int kc, float* panel) {
       float32x4_t r[4];
       for (int i = 0; i < 4; ++i) {
         const int row = 4 * quad + i;
-        r[i] = row < rows ? load4<T>(base + size_t(row * ldw) * element_size(T), k) : vdupq_n_f32(0);
+        if (row >= rows) {
+          r[i] = vdupq_n_f32(0);
+          continue;
+        }
+        const uint8_t* src = base + size_t(row * ldw) * element_size(T);
+        // 12 rows are too many streams for the hardware prefetcher: ask for each row's data a
+        // few blocks ahead.
+        __builtin_prefetch(src + (k + kPrefetchAhead) * element_size(T));
+        r[i] = load4<T>(src, k);
       }
       transpose4(r);
       for (int i = 0; i < 4; ++i) vst1q_f32(panel + (k + i) * kPanelCols + 4 * quad, r[i]);
@@ -318,7 +328,7 @@ void gemm_panel(const float* xp, int rows, const float* panel, int kc, float* y,
 
 template <DType T, int R, int C>
 void dot_tile(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K, float* y,
-              int64_t ldy) {
+              int64_t ldy, bool accumulate) {
   const auto* base = static_cast<const uint8_t*>(w);
   float32x4_t acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -332,27 +342,27 @@ void dot_tile(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[r * ldy + c] = vaddvq_f32(acc[r][c]);
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = (accumulate ? y[r * ldy + c] : 0.0f) + vaddvq_f32(acc[r][c]);
 }
 
 template <DType T>
 void dot_rows_t(const float* x, int64_t ldx, int rows, const void* w, int64_t ldw, int wrows,
-                int64_t K, float* y, int64_t ldy) {
-  using Fn = void (*)(const float*, int64_t, const void*, int64_t, int64_t, float*, int64_t);
+                int64_t K, float* y, int64_t ldy, bool accumulate) {
+  using Fn = void (*)(const float*, int64_t, const void*, int64_t, int64_t, float*, int64_t, bool);
   static constexpr Fn fns[kDotRows][kDotCols] = {
       {dot_tile<T, 1, 1>, dot_tile<T, 1, 2>, dot_tile<T, 1, 3>, dot_tile<T, 1, 4>},
       {dot_tile<T, 2, 1>, dot_tile<T, 2, 2>, dot_tile<T, 2, 3>, dot_tile<T, 2, 4>},
       {dot_tile<T, 3, 1>, dot_tile<T, 3, 2>, dot_tile<T, 3, 3>, dot_tile<T, 3, 4>},
       {dot_tile<T, 4, 1>, dot_tile<T, 4, 2>, dot_tile<T, 4, 3>, dot_tile<T, 4, 4>}};
-  fns[rows - 1][wrows - 1](x, ldx, w, ldw, K, y, ldy);
+  fns[rows - 1][wrows - 1](x, ldx, w, ldw, K, y, ldy, accumulate);
 }
 
 void dot_rows(DType type, const float* x, int64_t ldx, int rows, const void* w, int64_t ldw,
-              int wrows, int64_t K, float* y, int64_t ldy) {
+              int wrows, int64_t K, float* y, int64_t ldy, bool accumulate) {
   switch (type) {
-    case DType::BF16: return dot_rows_t<DType::BF16>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
-    case DType::F16: return dot_rows_t<DType::F16>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
-    default: return dot_rows_t<DType::F32>(x, ldx, rows, w, ldw, wrows, K, y, ldy);
+    case DType::BF16: return dot_rows_t<DType::BF16>(x, ldx, rows, w, ldw, wrows, K, y, ldy, accumulate);
+    case DType::F16: return dot_rows_t<DType::F16>(x, ldx, rows, w, ldw, wrows, K, y, ldy, accumulate);
+    default: return dot_rows_t<DType::F32>(x, ldx, rows, w, ldw, wrows, K, y, ldy, accumulate);
   }
 }
 

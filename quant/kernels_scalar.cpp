@@ -125,7 +125,7 @@ float dot8(const float* a, const float* b, int n) {
 }
 
 void dot_rows(DType type, const float* x, int64_t ldx, int rows, const void* w, int64_t ldw,
-              int wrows, int64_t K, float* y, int64_t ldy) {
+              int wrows, int64_t K, float* y, int64_t ldy, bool accumulate) {
   constexpr int kChunk = 256;  // converted W values per row held at once
   float wf[kChunk];
   float acc[kDotRows][kDotCols] = {};
@@ -137,7 +137,7 @@ void dot_rows(DType type, const float* x, int64_t ldx, int rows, const void* w, 
     }
   }
   for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < wrows; ++c) y[r * ldy + c] = acc[r][c];
+    for (int c = 0; c < wrows; ++c) y[r * ldy + c] = (accumulate ? y[r * ldy + c] : 0.0f) + acc[r][c];
 }
 
 }  // namespace

@@ -23,7 +23,8 @@ using detail::Kernels;
 // ---- Tuning (measured on a 2-core AVX-512 machine; see BENCHMARKS.md) ----------------------
 // Below this M the float types use dot products along K on the row-major weights; from it
 // on, converting 32-row panels pays for itself.
-constexpr int64_t kFloatSmallM = 8;
+constexpr int64_t kFloatSmallM = 32;
+constexpr int64_t kDotKc = 2048;         // columns per pass of the small-M path (X in L2)
 constexpr int kFloatKc = 256;            // columns per float panel: kFloatKc x 32 floats = 32 KiB
 constexpr int64_t kFloatMinRows = 192;   // rows per task, so each panel conversion is reused
 constexpr int64_t kFloatMaxRows = 384;   // packed X block: 384 x kFloatKc floats = 384 KiB (L2)
@@ -136,13 +137,17 @@ void matmul_float_small_m(const Kernels& kern, const float* x, int64_t M, int64_
   const Split s = split_work(1, quads, pool.size(), 1, 1, 1);
   pool.for_each_task(s.tasks(), [&](int64_t task, int) {
     const int64_t q0 = task * s.n_chunk, q1 = std::min(quads, q0 + s.n_chunk);
-    for (int64_t q = q0; q < q1; ++q) {
-      const int64_t n0 = q * detail::kDotCols;
-      const int wrows = int(std::min<int64_t>(detail::kDotCols, N - n0));
-      for (int64_t m = 0; m < M; m += detail::kDotRows) {
-        const int rows = int(std::min<int64_t>(detail::kDotRows, M - m));
-        kern.dot_rows(w.type, x + m * ldx, ldx, rows, base + n0 * K * esize, K, wrows, K,
-                      y + m * ldy + n0, ldy);
+    // K in chunks, so that the rows of X stay in L2 while every W row streams past once.
+    for (int64_t k0 = 0; k0 < K; k0 += kDotKc) {
+      const int64_t kc = std::min(kDotKc, K - k0);
+      for (int64_t q = q0; q < q1; ++q) {
+        const int64_t n0 = q * detail::kDotCols;
+        const int wrows = int(std::min<int64_t>(detail::kDotCols, N - n0));
+        for (int64_t m = 0; m < M; m += detail::kDotRows) {
+          const int rows = int(std::min<int64_t>(detail::kDotRows, M - m));
+          kern.dot_rows(w.type, x + m * ldx + k0, ldx, rows, base + (n0 * K + k0) * esize, K,
+                        wrows, kc, y + m * ldy + n0, ldy, k0 > 0);
+        }
       }
     }
   });
