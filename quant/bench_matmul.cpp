@@ -11,8 +11,6 @@
 namespace klein::quant {
 namespace {
 
-constexpr size_t kMatVecBytes = size_t(1) << 30;  // weights cycled through when M = 1
-
 const std::vector<std::pair<int64_t, int64_t>>& model_nk() {
   static const std::vector<std::pair<int64_t, int64_t>> nk = {
       {3072, 3072},  {18432, 3072}, {3072, 9216}, {27648, 3072}, {3072, 12288},  // FLUX.2
@@ -114,7 +112,7 @@ std::vector<MatmulBenchRow> run_matmul_bench(const MatmulBenchOptions& options, 
   const std::vector<Isa> isas = options.isas.empty() ? std::vector<Isa>{best_isa()} : options.isas;
   const bool any_matvec = std::any_of(shapes.begin(), shapes.end(),
                                       [](const MatmulShape& s) { return s.M == 1; });
-  const double copy_gbps = any_matvec ? measure_copy_bandwidth(pool, kMatVecBytes) : 0;
+  const double copy_gbps = any_matvec ? measure_copy_bandwidth(pool, options.matvec_bytes) : 0;
 
   // Group by [N, K] so that each weight matrix is generated and packed once.
   std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> by_nk;
@@ -130,8 +128,8 @@ std::vector<MatmulBenchRow> run_matmul_bench(const MatmulBenchOptions& options, 
       for (int64_t M : ms) {
         std::unique_ptr<BenchWeights>& weights = M == 1 ? rotating : single;
         if (!weights)
-          weights = std::make_unique<BenchWeights>(wf.data(), type, N, K, M == 1 ? kMatVecBytes : 0,
-                                                   pool);
+          weights = std::make_unique<BenchWeights>(wf.data(), type, N, K,
+                                                   M == 1 ? options.matvec_bytes : 0, pool);
         const std::vector<float> x = bench_float_weights(M, K, uint32_t(M + 7));
         std::vector<float> y(size_t(M * N));
         const double ops = 2.0 * double(M) * double(N) * double(K);

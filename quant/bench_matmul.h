@@ -34,6 +34,8 @@ struct MatmulBenchOptions {
   std::vector<MatmulShape> shapes;   // empty: matmul_bench_shapes(false)
   double min_seconds = 0.3;          // per measurement; the best of 3 such runs is kept
   SgemmFn sgemm;                     // optional
+  // M = 1 rotates through copies of the weights adding up to this, so they come from memory.
+  size_t matvec_bytes = size_t(1) << 30;
 };
 
 struct MatmulBenchRow {

@@ -92,6 +92,11 @@ class MatmulScratch {
 struct MatmulOptions {
   Isa isa = Isa::Auto;
   MatmulScratch* scratch = nullptr;
+  // Q8 / Q4: keep the activations in float32 and dequantize the weights block by block into
+  // the float kernels instead of multiplying int8 blocks. No activation rounding error (the
+  // float bound above applies); about the speed of BF16 weights for M >= 32, slower below
+  // (each weight is dequantized per use, ~1e9 weights/s per core). Ignored for float types.
+  bool exact_activations = false;
 };
 
 // y[m * ldy + n] = sum_k x[m * ldx + k] * W[n, k] for m < M, n < N = w.rows, k < K = w.cols.
