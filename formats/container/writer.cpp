@@ -1,0 +1,137 @@
+#include "formats/container/writer.h"
+
+#include <xxhash.h>
+#include <zstd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+
+namespace klein::container {
+
+namespace {
+
+const std::byte kZeros[4096] = {};
+
+}  // namespace
+
+ContainerWriter::ContainerWriter(const std::filesystem::path& path, uint64_t alignment)
+    : out_(path) {
+  check(alignment >= kMinAlignment && alignment <= kMaxAlignment && !(alignment & (alignment - 1)),
+        "container alignment ", alignment, " must be a power of two between 64 KiB and 1 GiB");
+  header_.alignment = alignment;
+  unit_state_ = XXH3_createState();
+  tensor_state_ = XXH3_createState();
+  if (!unit_state_ || !tensor_state_) throw std::bad_alloc();
+  // The header is written last, over these zeros.
+  out_.write(kZeros, kHeaderSize);
+}
+
+ContainerWriter::~ContainerWriter() {
+  XXH3_freeState(unit_state_);
+  XXH3_freeState(tensor_state_);
+}
+
+void ContainerWriter::pad_to(uint64_t multiple) {
+  uint64_t gap = (multiple - out_.offset() % multiple) % multiple;
+  while (gap > 0) {
+    const size_t n = size_t(std::min<uint64_t>(gap, sizeof kZeros));
+    out_.write(kZeros, n);
+    if (in_unit_) XXH3_64bits_update(unit_state_, kZeros, n);
+    gap -= n;
+  }
+}
+
+void ContainerWriter::write_metadata(std::string_view json, int zstd_level) {
+  check(!metadata_written_ && index_.units.empty(), "internal: container metadata written twice "
+        "or after the first unit");
+  std::vector<char> packed(ZSTD_compressBound(json.size()));
+  const size_t n = ZSTD_compress(packed.data(), packed.size(), json.data(), json.size(), zstd_level);
+  check(!ZSTD_isError(n), "compressing the container metadata: ", ZSTD_getErrorName(n));
+  header_.metadata_offset = out_.offset();
+  header_.metadata_size = n;
+  header_.metadata_raw_size = json.size();
+  header_.metadata_xxh3 = xxh3(packed.data(), n);
+  out_.write(packed.data(), n);
+  metadata_written_ = true;
+}
+
+void ContainerWriter::begin_unit(const std::string& name) {
+  check(metadata_written_, "internal: container unit before the metadata");
+  check(!in_unit_, "internal: unit ", name, " begun inside another unit");
+  pad_to(header_.alignment);
+  if (index_.units.empty()) header_.data_offset = out_.offset();
+  UnitEntry u;
+  u.name = name;
+  u.first_tensor = uint32_t(index_.tensors.size());
+  u.offset = out_.offset();
+  index_.units.push_back(std::move(u));
+  XXH3_64bits_reset(unit_state_);
+  in_unit_ = true;
+}
+
+void ContainerWriter::begin_tensor(TensorEntry t) {
+  check(in_unit_ && !in_tensor_, "internal: tensor ", t.name, " begun outside a unit");
+  pad_to(kTensorAlignment);
+  t.offset = out_.offset();
+  t.xxh3 = 0;
+  index_.tensors.push_back(std::move(t));
+  ++index_.units.back().tensor_count;
+  XXH3_64bits_reset(tensor_state_);
+  tensor_written_ = 0;
+  in_tensor_ = true;
+}
+
+void ContainerWriter::write(const void* data, size_t n) {
+  TensorEntry& t = index_.tensors.back();
+  check(in_tensor_ && tensor_written_ + n <= t.size, "internal: tensor ", t.name, " given ",
+        tensor_written_ + n, " bytes, declared ", t.size);
+  out_.write(data, n);
+  XXH3_64bits_update(unit_state_, data, n);
+  XXH3_64bits_update(tensor_state_, data, n);
+  tensor_written_ += n;
+}
+
+void ContainerWriter::end_tensor() {
+  TensorEntry& t = index_.tensors.back();
+  check(in_tensor_ && tensor_written_ == t.size, "internal: tensor ", t.name, " got ",
+        tensor_written_, " bytes, declared ", t.size);
+  t.xxh3 = XXH3_64bits_digest(tensor_state_);
+  in_tensor_ = false;
+}
+
+void ContainerWriter::end_unit() {
+  check(in_unit_ && !in_tensor_, "internal: end of a unit outside a unit");
+  UnitEntry& u = index_.units.back();
+  check(u.tensor_count > 0, "internal: unit ", u.name, " has no tensors");
+  u.size = out_.offset() - u.offset;
+  u.xxh3 = XXH3_64bits_digest(unit_state_);
+  in_unit_ = false;
+}
+
+void ContainerWriter::commit() {
+  check(metadata_written_ && !in_unit_, "internal: container committed incomplete");
+  check(!index_.units.empty(), "internal: container without units");
+  const UnitEntry& last = index_.units.back();
+  header_.data_size = last.offset + last.size - header_.data_offset;
+  const std::vector<std::byte> index = encode_index(index_);
+  header_.index_offset = out_.offset();
+  header_.index_size = index.size();
+  header_.index_xxh3 = xxh3(index.data(), index.size());
+  header_.unit_count = uint32_t(index_.units.size());
+  header_.tensor_count = uint32_t(index_.tensors.size());
+  out_.write(index.data(), index.size());
+  header_.file_size = out_.offset();
+  const auto head = encode_header(header_);
+  std::FILE* f = out_.stream();
+  const std::string temp = out_.temp_path().string();
+  if (std::fflush(f) != 0 || std::fseek(f, 0, SEEK_SET) != 0 ||
+      std::fwrite(head.data(), 1, head.size(), f) != head.size() || std::fseek(f, 0, SEEK_END) != 0)
+    fail("cannot write ", temp, ": ", std::strerror(errno));
+  out_.commit();
+}
+
+}  // namespace klein::container
