@@ -6,6 +6,8 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "formats/container/reader.h"
+#include "weights/container_store.h"
 #include "weights/expected.h"
 #include "weights/source_store.h"
 
@@ -149,6 +151,13 @@ std::string file_identity(const fs::path& p) {
 }  // namespace
 
 std::unique_ptr<WeightStore> open_model(const ModelPaths& paths) {
+  // A container holds every component (and the tokenizer).
+  if (!paths.model.empty() && container::is_container(paths.model)) {
+    check(paths.diffusion_model.empty() && paths.text_encoder.empty() && paths.vae.empty(),
+          "-m ", paths.model.string(), " is a klein container, which holds every component; "
+          "--diffusion-model, --text-encoder and --vae cannot be combined with it");
+    return std::make_unique<ContainerStore>(paths.model);
+  }
   const Discovered d = discover(paths);
   std::vector<SourceComponent> comps;
   comps.push_back(open_component(Component::Transformer, d.transformer));
@@ -238,6 +247,8 @@ fs::path find_tokenizer_dir(const ModelPaths& paths) {
     return paths.tokenizer;
   }
   check(!paths.model.empty(), "no tokenizer given: use -m DIR or --tokenizer DIR");
+  check(!container::is_container(paths.model), paths.model.string(), " is a klein container: "
+        "its tokenizer is stored inside it (read_tokenizer_files), not in a directory");
   const fs::path dir = paths.model / "tokenizer";
   check(fs::is_directory(dir), paths.model.string(), ": no tokenizer/ directory (give --tokenizer DIR)");
   return dir;
