@@ -1,0 +1,144 @@
+// klein convert: a published checkpoint (or another container) -> one klein container.
+// Parses the options, installs the interrupt handler and prints progress; the conversion
+// itself is convert/convert.h.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "cli/commands.h"
+#include "convert/convert.h"
+#include "convert/policy.h"
+#include "core/error.h"
+#include "core/files.h"
+
+namespace klein::cli {
+namespace {
+
+struct ConvertArgs {
+  ModelPaths paths;
+  std::string output;
+  std::string type;
+  std::string policy;
+  bool print_policy = false;
+  int alignment_kib = 64;
+  int threads = 0;
+};
+
+// Ctrl-C: the first interrupt asks the converter to stop (it removes its temporary file
+// and returns an error); a second one removes the temporary file here and exits at once.
+std::atomic<bool> g_cancel{false};
+char g_temp_path[4096];
+
+extern "C" void on_interrupt(int sig) {
+  if (!g_cancel.exchange(true)) return;
+  if (g_temp_path[0]) ::unlink(g_temp_path);
+  ::_exit(128 + sig);
+}
+
+class InterruptGuard {
+ public:
+  InterruptGuard() {
+    struct sigaction sa {};
+    sa.sa_handler = on_interrupt;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~InterruptGuard() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    g_temp_path[0] = '\0';
+  }
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+std::string mb(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MB", double(bytes) / 1e6);
+  return buf;
+}
+
+void run_convert(const ConvertArgs& a) {
+  if (a.print_policy) {
+    std::printf("%s", convert::default_policy_text().c_str());
+    return;
+  }
+  check(!a.type.empty(), "convert: give the storage type with -t q4|q8|bf16|f16|f32");
+  check(!a.output.empty(), "convert: give the output file with -o FILE");
+  check(a.alignment_kib >= 64 && (a.alignment_kib & (a.alignment_kib - 1)) == 0,
+        "--align-kib ", a.alignment_kib, ": expected a power of two >= 64");
+  convert::ConvertOptions o;
+  o.source = a.paths;
+  o.output = a.output;
+  o.target = convert::parse_storage_type(a.type, "-t");
+  if (!a.policy.empty()) {
+    o.policy_text = read_text_file(a.policy);
+    o.policy_origin = a.policy;
+  }
+  o.alignment = uint64_t(a.alignment_kib) << 10;
+  o.threads = a.threads;
+  o.cancel = &g_cancel;
+  o.stage = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
+  o.on_temp_file = [](const std::filesystem::path& p) {
+    std::strncpy(g_temp_path, p.c_str(), sizeof g_temp_path - 1);
+  };
+  o.progress = [](const convert::ConvertProgress& p) {
+    const double rate = p.seconds > 0 ? double(p.source_bytes) / 1e6 / p.seconds : 0;
+    std::fprintf(stderr, "[%3zu/%zu] %-28s read %10s  wrote %10s  %7.1f MB/s\n", p.unit, p.units,
+                 p.name.c_str(), mb(p.source_bytes).c_str(), mb(p.written_bytes).c_str(), rate);
+  };
+  g_cancel = false;
+  InterruptGuard guard;
+  const convert::ConvertSummary s = convert::convert_model(o);
+  std::fprintf(stderr, "wrote %s: %s, %zu units, %zu tensors (%zu dropped); hashing %.1f s, "
+               "conversion %.1f s\n",
+               s.output.c_str(), mb(s.file_bytes).c_str(), s.units, s.tensors, s.dropped,
+               s.hash_seconds, s.convert_seconds);
+  for (const auto& [type, t] : s.by_type)
+    std::fprintf(stderr, "  %-5s %5zu tensors  %12llu parameters  %s\n", type.c_str(), t.tensors,
+                 static_cast<unsigned long long>(t.parameters), mb(t.bytes).c_str());
+}
+
+}  // namespace
+
+static Registration reg("convert", 10, [](CLI::App& app) {
+  auto a = std::make_shared<ConvertArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "convert", "Convert a FLUX.2-klein checkpoint into one klein container file");
+  const char* group = "Model";
+  cmd->add_option("-m,--model", a->paths.model,
+                  "FLUX.2-klein diffusers directory, or a klein container to convert again")
+      ->group(group);
+  cmd->add_option("--diffusion-model", a->paths.diffusion_model,
+                  "transformer safetensors file (BFL, ComfyUI or diffusers names)")
+      ->group(group);
+  cmd->add_option("--text-encoder", a->paths.text_encoder,
+                  "Qwen3 text encoder safetensors file or its .index.json")
+      ->group(group);
+  cmd->add_option("--vae", a->paths.vae, "VAE safetensors file (BFL or diffusers names)")->group(group);
+  cmd->add_option("--tokenizer", a->paths.tokenizer,
+                  "tokenizer directory (vocab.json, merges.txt, tokenizer_config.json)")
+      ->group(group);
+  cmd->add_option("-o,--output", a->output, "the container file to write");
+  cmd->add_option("-t,--type", a->type,
+                  "storage type of the weight matrices: q4, q8, bf16, f16 or f32 (the policy "
+                  "keeps sensitive tensors at higher precision)");
+  cmd->add_option("--policy", a->policy,
+                  "precision policy file: lines \"<glob|re:regex|@1d> <type|>=type>\", first "
+                  "match wins, before the built-in defaults");
+  cmd->add_flag("--print-policy", a->print_policy, "print the built-in policy and exit");
+  cmd->add_option("--align-kib", a->alignment_kib, "unit alignment in KiB (power of two >= 64)")
+      ->capture_default_str();
+  cmd->add_option("--threads", a->threads, "packing threads (default: all)");
+  cmd->callback([a] { run_convert(*a); });
+});
+
+}  // namespace klein::cli

@@ -1,0 +1,468 @@
+#include "convert/convert.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <nlohmann/json.hpp>
+
+#include "convert/policy.h"
+#include "convert/storage.h"
+#include "core/error.h"
+#include "core/threadpool.h"
+#include "core/version.h"
+#include "formats/container/writer.h"
+#include "weights/container_store.h"
+#include "weights/naming.h"
+#include "weights/source_store.h"
+
+namespace klein::convert {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Float32 elements converted per slice: bounds the conversion buffers (this many floats
+// plus their packed bytes) whatever the tensor size.
+constexpr int64_t kSliceElements = int64_t(8) << 20;
+
+void check_cancel(const ConvertOptions& o) {
+  if (o.cancel && o.cancel->load()) fail("conversion interrupted; ", o.output.string(), " not written");
+}
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// --- what is kept, in which order -----------------------------------------------------
+
+// "text_encoder.layer.12" -> 12, else -1.
+int64_t text_layer_of(const std::string& unit) {
+  const std::string p = "text_encoder.layer.";
+  if (unit.rfind(p, 0) != 0) return -1;
+  return std::stoll(unit.substr(p.size()));
+}
+
+int64_t trailing_index(const std::string& unit) {
+  return std::stoll(unit.substr(unit.rfind('.') + 1));
+}
+
+// File order of the units: every text-encoder layer, every double block, every single
+// block, the transformer's shared tensors, the token embedding table, the VAE encoder, the
+// VAE decoder, the latent statistics.
+std::pair<int, int64_t> unit_rank(const std::string& u) {
+  if (text_layer_of(u) >= 0) return {0, text_layer_of(u)};
+  if (u.rfind("transformer.double.", 0) == 0) return {1, trailing_index(u)};
+  if (u.rfind("transformer.single.", 0) == 0) return {2, trailing_index(u)};
+  if (u == "transformer.shared") return {3, 0};
+  if (u == "text_encoder.embed") return {4, 0};
+  if (u == "vae.encoder") return {5, 0};
+  if (u == "vae.decoder") return {6, 0};
+  if (u == "vae.latent_stats") return {7, 0};
+  return {8, 0};
+}
+
+// Why inference never reads a unit, or "" when it does.
+std::string unit_drop_reason(const std::string& unit, const TextEncoderConfig& e) {
+  if (unit == "text_encoder.norm")
+    return "final norm of the text encoder: the pipeline reads hidden states before it";
+  const int64_t layer = text_layer_of(unit);
+  if (layer >= e.layers_needed())
+    return "text encoder layer " + std::to_string(layer) + ": the pipeline reads hidden states " +
+           "up to layer " + std::to_string(e.layers_needed()) + " (1-based) only";
+  return "";
+}
+
+std::string tensor_drop_reason(const std::string& canonical) {
+  if (canonical.rfind("text_encoder.lm_head.", 0) == 0)
+    return "language-model head: tied to the token embedding, never read";
+  if (canonical.find("num_batches_tracked") != std::string::npos)
+    return "BatchNorm batch counter: not used at inference";
+  return "never read by inference";
+}
+
+// --- the conversion record -------------------------------------------------------------
+
+struct SourceFile {
+  std::string name;
+  fs::path path;
+};
+
+std::string display_name(const fs::path& p, const fs::path& model_dir) {
+  if (!model_dir.empty()) {
+    std::error_code ec;
+    const fs::path rel = fs::relative(p, model_dir, ec);
+    if (!ec && !rel.empty() && rel.native().rfind("..", 0) != 0) return rel.generic_string();
+  }
+  return p.filename().string();
+}
+
+std::vector<SourceFile> source_files(const ConvertOptions& o, const WeightStore& store) {
+  std::vector<SourceFile> out;
+  const fs::path dir = o.source.model.empty() || !fs::is_directory(o.source.model) ? fs::path()
+                                                                                    : o.source.model;
+  auto add = [&](const fs::path& p) {
+    for (const auto& f : out)
+      if (fs::equivalent(f.path, p)) return;
+    out.push_back({display_name(p, dir), p});
+  };
+  if (!dir.empty()) {
+    // The configuration files of a diffusers directory (the tokenizer is recorded apart).
+    std::vector<fs::path> configs;
+    for (const auto& e : fs::recursive_directory_iterator(dir)) {
+      if (!e.is_regular_file() || e.path().extension() != ".json") continue;
+      const fs::path rel = fs::relative(e.path(), dir);
+      if (*rel.begin() == "tokenizer" || std::distance(rel.begin(), rel.end()) > 2) continue;
+      configs.push_back(e.path());
+    }
+    std::sort(configs.begin(), configs.end());
+    for (const auto& p : configs) add(p);
+  }
+  if (const auto* source = dynamic_cast<const SourceStore*>(&store)) {
+    for (const auto& c : source->components())
+      for (const auto& f : c.files->files()) add(f->path());
+  } else if (const auto* container = dynamic_cast<const ContainerStore*>(&store)) {
+    add(container->file().path());
+  }
+  return out;
+}
+
+std::string hash_file(const fs::path& path, uint64_t& bytes, const ConvertOptions& o) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open ", path.string(), ": ", std::strerror(errno));
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  std::vector<char> buf(size_t(8) << 20);
+  bytes = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      XXH3_freeState(state);
+      fail("cannot read ", path.string(), ": ", std::strerror(e));
+    }
+    if (n == 0) break;
+    XXH3_64bits_update(state, buf.data(), size_t(n));
+    bytes += uint64_t(n);
+    if (o.cancel && o.cancel->load()) break;
+  }
+  ::close(fd);
+  const uint64_t h = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  check_cancel(o);
+  return container::hex64(h);
+}
+
+std::string utc_now() {
+  std::time_t t = std::time(nullptr);
+  // Reproducible builds: a fixed date when asked for one.
+  if (const char* epoch = std::getenv("SOURCE_DATE_EPOCH")) t = std::time_t(std::atoll(epoch));
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// --- source pages ------------------------------------------------------------------------
+
+// The mapped source files, so that pages already converted can be dropped from the process
+// (they stay in the page cache): only ranges inside these mappings are ever dropped.
+class SourcePages {
+ public:
+  explicit SourcePages(const WeightStore& store) {
+    if (const auto* source = dynamic_cast<const SourceStore*>(&store)) {
+      for (const auto& c : source->components())
+        for (const auto& f : c.files->files())
+          maps_.push_back({f->mapping().data(), f->mapping().size()});
+    }
+  }
+  void drop(const void* data, size_t n) const {
+    const auto* p = static_cast<const std::byte*>(data);
+    for (const auto& [base, size] : maps_) {
+      if (p < base || p + n > base + size) continue;
+      const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+      uintptr_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
+      uintptr_t end = (reinterpret_cast<uintptr_t>(p + n) + page - 1) / page * page;
+      begin = std::max(begin, reinterpret_cast<uintptr_t>(base) / page * page);
+      end = std::min(end, (reinterpret_cast<uintptr_t>(base + size) + page - 1) / page * page);
+      if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+      return;
+    }
+  }
+
+ private:
+  std::vector<std::pair<const std::byte*, size_t>> maps_;
+};
+
+// --- one tensor --------------------------------------------------------------------------
+
+struct Planned {
+  const Weight* source;
+  StorageFormat format;
+  uint64_t size;
+};
+
+// Float32 values of rows [r0, r1) of a source tensor.
+void read_rows(const Weight& w, int64_t r0, int64_t r1, float* out) {
+  const int64_t cols = w.cols();
+  if (dtype_is_float(w.dtype) && w.layout == 0) {
+    const size_t row_bytes = size_t(cols) * dtype_size(w.dtype);
+    to_f32(w.dtype, static_cast<const std::byte*>(w.data) + size_t(r0) * row_bytes, out,
+           size_t(r1 - r0) * size_t(cols));
+    return;
+  }
+  StorageFormat f = storage_format(w.dtype);
+  f.layout = w.layout;
+  unpack_rows(w.data, w.nbytes, f, w.rows(), cols, r0, r1, out);
+}
+
+void check_f16_range(const Weight& w, const float* v, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (std::isfinite(v[i]) && std::fabs(v[i]) > 65504.0f)
+      fail("tensor ", w.name, " holds the value ", v[i], ", beyond the range of F16 (65504); "
+           "store it as bf16 or f32 (a policy line \"", w.name, " bf16\")");
+}
+
+class TensorConverter {
+ public:
+  TensorConverter(container::ContainerWriter& out, ThreadPool& pool, const SourcePages& pages,
+                  const ConvertOptions& o)
+      : out_(out), pool_(pool), pages_(pages), o_(o) {}
+
+  uint64_t source_bytes = 0;
+
+  void convert(const Planned& p) {
+    const Weight& w = *p.source;
+    container::TensorEntry e;
+    e.name = w.name;
+    e.type = p.format.type;
+    e.layout = p.format.layout;
+    e.block_size = p.format.block_size;
+    e.shape = w.shape;
+    e.size = p.size;
+    out_.begin_tensor(e);
+    const int64_t rows = w.rows(), cols = w.cols();
+    if (w.dtype == p.format.type && w.layout == 0 && p.format.layout == 0) {
+      // Same plain type: the bytes as they are (bit-exact, NaN payloads included).
+      const size_t slice = size_t(kSliceElements) * dtype_size(w.dtype);
+      for (size_t at = 0; at < w.nbytes; at += slice) {
+        check_cancel(o_);
+        const size_t n = std::min(slice, w.nbytes - at);
+        out_.write(static_cast<const std::byte*>(w.data) + at, n);
+        pages_.drop(static_cast<const std::byte*>(w.data) + at, n);
+      }
+    } else {
+      const int64_t g = p.format.row_granularity;
+      int64_t slice_rows = std::max<int64_t>(1, kSliceElements / std::max<int64_t>(cols, 1));
+      slice_rows = std::max(g, slice_rows / g * g);
+      floats_.resize(size_t(std::min(slice_rows, rows)) * size_t(cols));
+      packed_.resize(storage_size(p.format, std::min(slice_rows, rows), cols));
+      const size_t src_row_bytes = rows > 0 ? w.nbytes / size_t(rows) : 0;
+      for (int64_t r0 = 0; r0 < rows; r0 += slice_rows) {
+        check_cancel(o_);
+        const int64_t r1 = std::min(rows, r0 + slice_rows);
+        // Rows are handed out to the threads in pieces that start on the granularity.
+        const int64_t groups = (r1 - r0 + g - 1) / g;
+        pool_.parallel_for(groups, [&](int64_t gb, int64_t ge, int) {
+          const int64_t a = r0 + gb * g, b = std::min(r1, r0 + ge * g);
+          float* f = floats_.data() + size_t(a - r0) * size_t(cols);
+          read_rows(w, a, b, f);
+          if (p.format.type == DType::F16) check_f16_range(w, f, size_t(b - a) * size_t(cols));
+          pack_rows(f, b - a, cols, p.format, packed_.data() + storage_size(p.format, a - r0, cols));
+        });
+        out_.write(packed_.data(), storage_size(p.format, r1 - r0, cols));
+        if (dtype_is_float(w.dtype) && w.layout == 0)
+          pages_.drop(static_cast<const std::byte*>(w.data) + size_t(r0) * src_row_bytes,
+                      size_t(r1 - r0) * src_row_bytes);
+      }
+    }
+    source_bytes += w.nbytes;
+    out_.end_tensor();
+  }
+
+ private:
+  container::ContainerWriter& out_;
+  ThreadPool& pool_;
+  const SourcePages& pages_;
+  const ConvertOptions& o_;
+  std::vector<float> floats_;
+  std::vector<std::byte> packed_;
+};
+
+}  // namespace
+
+ConvertSummary convert_model(const ConvertOptions& o) {
+  check(!o.output.empty(), "no output file given (-o FILE)");
+  check(!fs::is_directory(o.output), "output ", o.output.string(), " is a directory; give a file name");
+  const PrecisionPolicy policy = o.policy_text.empty()
+                                     ? PrecisionPolicy()
+                                     : PrecisionPolicy::with_user_rules(o.policy_text, o.policy_origin);
+  (void)storage_format(o.target);  // fails early for a type this build cannot write
+  auto note = [&](const std::string& s) {
+    if (o.stage) o.stage(s);
+  };
+
+  note("opening the source model");
+  std::unique_ptr<WeightStore> store = open_model(o.source);
+  const ModelConfig& config = store->config();
+  const TokenizerBytes tokenizer = read_tokenizer_files(o.source);
+
+  // What goes in, in which order, and what is dropped.
+  json dropped = json::array();
+  std::vector<std::string> units;
+  for (const auto& u : store->units()) {
+    const std::string why = unit_drop_reason(u, config.text_encoder);
+    if (why.empty()) {
+      units.push_back(u);
+      continue;
+    }
+    const UnitRef ref = store->acquire(u);  // views only: nothing is read
+    for (const auto& w : ref->weights()) dropped.push_back({{"tensor", w.name}, {"reason", why}});
+  }
+  if (const auto* source = dynamic_cast<const SourceStore*>(store.get()))
+    for (const auto& c : source->components())
+      for (const auto& t : c.tensors)
+        if (!unit_of(t.canonical))
+          dropped.push_back({{"tensor", t.canonical}, {"reason", tensor_drop_reason(t.canonical)}});
+  if (const auto* source = dynamic_cast<const ContainerStore*>(store.get())) {
+    const auto& meta = source->file().metadata();
+    if (meta.contains("conversion") && meta["conversion"].contains("dropped"))
+      for (const auto& d : meta["conversion"]["dropped"]) dropped.push_back(d);
+  }
+  std::stable_sort(units.begin(), units.end(), [](const std::string& a, const std::string& b) {
+    return unit_rank(a) < unit_rank(b);
+  });
+
+  // The record of where the weights came from.
+  const Clock::time_point hash_start = Clock::now();
+  note("hashing the source files");
+  json sources = json::array();
+  for (const auto& f : source_files(o, *store)) {
+    uint64_t bytes = 0;
+    const std::string h = hash_file(f.path, bytes, o);
+    sources.push_back({{"file", f.name}, {"bytes", bytes}, {"xxh3", h}});
+  }
+  json tok = json::object();
+  auto add_tokenizer = [&](const char* name, const std::optional<std::string>& text) {
+    if (!text) return;
+    tok[name] = *text;
+    sources.push_back({{"file", std::string("tokenizer/") + name},
+                       {"bytes", text->size()},
+                       {"xxh3", container::hex64(container::xxh3(text->data(), text->size()))}});
+  };
+  add_tokenizer("vocab.json", tokenizer.vocab_json);
+  add_tokenizer("merges.txt", tokenizer.merges_txt);
+  add_tokenizer("tokenizer_config.json", tokenizer.tokenizer_config_json);
+  add_tokenizer("tokenizer.json", tokenizer.tokenizer_json);
+  const double hash_seconds = since(hash_start);
+
+  // Storage types, decided before anything is written.
+  json fallbacks = json::array();
+  std::map<std::string, std::vector<Planned>> plans;
+  for (const auto& u : units) {
+    UnitRef ref = store->acquire(u);
+    std::vector<const Weight*> ws;
+    for (const auto& w : ref->weights()) ws.push_back(&w);
+    std::sort(ws.begin(), ws.end(), [](const Weight* a, const Weight* b) { return a->name < b->name; });
+    auto& plan = plans[u];
+    for (const Weight* w : ws) {
+      check(dtype_is_float(w->dtype) || w->dtype == DType::Q8 || w->dtype == DType::Q4,
+            "tensor ", w->name, " is of type ", dtype_name(w->dtype), "; expected a float tensor");
+      const auto choice = policy.choose(w->name, w->shape, o.target);
+      DType type = choice.type;
+      std::string why;
+      if (!can_store(type, w->shape, &why)) {
+        check(choice.rule == nullptr || choice.rule->at_least, choice.rule ? choice.rule->origin : "",
+              ": rule \"", choice.rule ? choice.rule->text : "", "\" asks for ",
+              storage_type_name(type), " for tensor ", w->name, " ", shape_str(w->shape), ", but ", why);
+        fallbacks.push_back({{"tensor", w->name},
+                             {"wanted", storage_type_name(type)},
+                             {"stored", "bf16"},
+                             {"reason", why}});
+        type = DType::BF16;
+      }
+      const StorageFormat f = storage_format(type);
+      plan.push_back({nullptr, f, storage_size(f, w->rows(), w->cols())});
+    }
+  }
+
+  json meta = {
+      {"format", "klein-container"},
+      {"config", to_json(config)},
+      {"tokenizer", tok},
+      {"conversion",
+       {{"program", "klein"},
+        {"version", KLEIN_VERSION},
+        {"date", utc_now()},
+        {"target_type", storage_type_name(o.target)},
+        {"policy_file", o.policy_origin.empty() ? json(nullptr) : json(o.policy_origin)},
+        {"policy", policy.text()},
+        {"alignment", o.alignment},
+        {"sources", sources},
+        {"dropped", dropped},
+        {"fallbacks", fallbacks}}},
+  };
+  std::string meta_text;
+  try {
+    meta_text = meta.dump(-1, ' ', false, json::error_handler_t::strict);
+  } catch (const json::exception& e) {
+    fail("the tokenizer files of ", tokenizer.origin, " are not valid UTF-8 text: ", e.what());
+  }
+
+  // Write.
+  container::ContainerWriter out(o.output, o.alignment);
+  if (o.on_temp_file) o.on_temp_file(out.temp_path());
+  note("writing " + o.output.string());
+  out.write_metadata(meta_text);
+  ThreadPool pool(o.threads);
+  const SourcePages pages(*store);
+  TensorConverter conv(out, pool, pages, o);
+  ConvertSummary summary;
+  const Clock::time_point t0 = Clock::now();
+  for (size_t i = 0; i < units.size(); ++i) {
+    check_cancel(o);
+    UnitRef ref = store->acquire(units[i]);
+    std::vector<const Weight*> ws;
+    for (const auto& w : ref->weights()) ws.push_back(&w);
+    std::sort(ws.begin(), ws.end(), [](const Weight* a, const Weight* b) { return a->name < b->name; });
+    auto& plan = plans[units[i]];
+    out.begin_unit(units[i]);
+    for (size_t k = 0; k < ws.size(); ++k) {
+      plan[k].source = ws[k];
+      conv.convert(plan[k]);
+      auto& totals = summary.by_type[storage_type_name(plan[k].format.type)];
+      ++totals.tensors;
+      totals.parameters += uint64_t(ws[k]->numel());
+      totals.bytes += plan[k].size;
+      ++summary.tensors;
+    }
+    out.end_unit();
+    if (o.progress)
+      o.progress({i + 1, units.size(), units[i], conv.source_bytes, out.bytes_written(), since(t0)});
+  }
+  check_cancel(o);
+  out.commit();
+  summary.output = o.output;
+  summary.file_bytes = fs::file_size(o.output);
+  summary.units = units.size();
+  summary.dropped = dropped.size();
+  summary.hash_seconds = hash_seconds;
+  summary.convert_seconds = since(t0);
+  return summary;
+}
+
+}  // namespace klein::convert

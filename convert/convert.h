@@ -1,0 +1,71 @@
+#pragma once
+// Checkpoint -> container (docs/container.md). The source is any model open_model() accepts
+// (the diffusers directory, single files, or another container); every tensor inference
+// reads is stored at the type the precision policy gives it, packed in the layout the
+// kernels want; what inference never reads (text-encoder layers past the last one used, the
+// final norm, lm_head, BatchNorm's batch counter) is dropped and the drop recorded.
+//
+// Streaming: one unit is acquired from the source at a time and its tensors converted in
+// slices of rows, so memory stays at a few tens of MB plus the source pages of the slice
+// being read (dropped after use), whatever the size of the model. The output is written
+// under a temporary name and renamed when complete; an error or a cancellation removes it.
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "core/dtype.h"
+#include "formats/container/format.h"
+#include "weights/model_source.h"
+
+namespace klein::convert {
+
+struct ConvertProgress {
+  size_t unit = 0;   // 1-based index of the unit just written
+  size_t units = 0;
+  std::string name;
+  uint64_t source_bytes = 0;   // source tensor bytes read so far
+  uint64_t written_bytes = 0;  // container bytes written so far
+  double seconds = 0;          // since the start of the conversion (hashing excluded)
+};
+
+struct ConvertOptions {
+  ModelPaths source;
+  std::filesystem::path output;
+  DType target = DType::Q4;
+  std::string policy_text;    // the user's policy rules; empty: the built-in defaults only
+  std::string policy_origin;  // where they came from (file name), for errors and the record
+  uint64_t alignment = container::kMinAlignment;
+  int threads = 0;            // packing threads; <= 0: one per hardware thread
+  std::function<void(const std::string&)> stage;              // "hashing sources", ...
+  std::function<void(const ConvertProgress&)> progress;       // after each unit
+  // Told the temporary file's name as soon as it exists (for a signal handler that has to
+  // remove it on a second interrupt).
+  std::function<void(const std::filesystem::path&)> on_temp_file;
+  // Checked between slices; when it becomes true the conversion stops with an error and
+  // the temporary file is removed.
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+struct TypeTotals {
+  size_t tensors = 0;
+  uint64_t parameters = 0;
+  uint64_t bytes = 0;
+};
+
+struct ConvertSummary {
+  std::filesystem::path output;
+  uint64_t file_bytes = 0;
+  size_t units = 0;
+  size_t tensors = 0;
+  size_t dropped = 0;
+  std::map<std::string, TypeTotals> by_type;  // "q4" -> totals
+  double hash_seconds = 0;
+  double convert_seconds = 0;
+};
+
+ConvertSummary convert_model(const ConvertOptions& options);
+
+}  // namespace klein::convert

@@ -1,0 +1,210 @@
+#include "convert/inspect.h"
+
+#include <cstdio>
+#include <map>
+
+#include "convert/policy.h"
+#include "core/error.h"
+#include "quant/matmul.h"
+#include "weights/container_store.h"
+
+namespace klein::convert {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+double bits_per_weight(uint64_t bytes, uint64_t params) {
+  return params ? double(bytes) * 8.0 / double(params) : 0.0;
+}
+
+std::string layout_label(DType type, uint8_t layout) {
+  if (dtype_is_float(type) && layout == 0) return "row-major";
+  if (layout > uint8_t(quant::Layout::Interleaved16)) return "layout " + std::to_string(layout);
+  return std::string(quant::layout_name(quant::Layout(layout)));
+}
+
+struct Totals {
+  uint64_t tensors = 0, params = 0, bytes = 0;
+  void add(uint64_t p, uint64_t b) {
+    ++tensors;
+    params += p;
+    bytes += b;
+  }
+  json to_json() const {
+    return {{"tensors", tensors}, {"parameters", params}, {"bytes", bytes},
+            {"bits_per_weight", bits_per_weight(bytes, params)}};
+  }
+};
+
+std::string human_bytes(uint64_t n) {
+  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
+  double v = double(n);
+  int u = 0;
+  while (v >= 1000 && u < 4) {
+    v /= 1000;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+}  // namespace
+
+json describe_container(const fs::path& path, bool tensors) {
+  const container::ContainerFile file(path);
+  const auto& h = file.header();
+  const auto& meta = file.metadata();
+  json d;
+  d["file"] = path.string();
+  d["format_version"] = std::to_string(h.major) + "." + std::to_string(h.minor);
+  d["file_bytes"] = h.file_size;
+  d["alignment"] = h.alignment;
+  d["header_xxh3"] = container::hex64(h.header_xxh3);
+  d["metadata_bytes"] = {{"compressed", h.metadata_size}, {"json", h.metadata_raw_size}};
+  d["index_bytes"] = h.index_size;
+
+  Totals all;
+  std::map<std::string, Totals> by_type;
+  json units = json::array();
+  json tensor_list = json::array();
+  for (const auto& u : file.index().units) {
+    Totals ut;
+    std::map<std::string, uint64_t> types;
+    for (const auto& t : file.tensors_of(u)) {
+      const uint64_t params = uint64_t(numel(t.shape));
+      const std::string type = storage_type_name(t.type);
+      ut.add(params, t.size);
+      all.add(params, t.size);
+      by_type[type].add(params, t.size);
+      ++types[type];
+      if (tensors)
+        tensor_list.push_back({{"name", t.name},
+                               {"unit", u.name},
+                               {"type", type},
+                               {"layout", layout_label(t.type, t.layout)},
+                               {"block_size", t.block_size},
+                               {"shape", t.shape},
+                               {"offset", t.offset},
+                               {"bytes", t.size},
+                               {"bits_per_weight", bits_per_weight(t.size, params)},
+                               {"xxh3", container::hex64(t.xxh3)}});
+    }
+    json uj = ut.to_json();
+    uj["name"] = u.name;
+    uj["offset"] = u.offset;
+    uj["span_bytes"] = u.size;
+    uj["types"] = types;
+    uj["xxh3"] = container::hex64(u.xxh3);
+    units.push_back(uj);
+  }
+  d["total"] = all.to_json();
+  json types = json::object();
+  for (const auto& [name, t] : by_type) types[name] = t.to_json();
+  d["by_type"] = types;
+  d["units"] = units;
+  if (tensors) d["tensors"] = tensor_list;
+  if (meta.contains("config")) d["config"] = meta["config"];
+  if (meta.contains("conversion")) d["conversion"] = meta["conversion"];
+  json tok = json::object();
+  if (meta.contains("tokenizer") && meta["tokenizer"].is_object())
+    for (const auto& [name, text] : meta["tokenizer"].items())
+      tok[name] = {{"bytes", text.is_string() ? text.get<std::string>().size() : 0}};
+  d["tokenizer"] = tok;
+  return d;
+}
+
+std::string describe_container_text(const json& d) {
+  std::string s;
+  auto line = [&](const std::string& l) { s += l + "\n"; };
+  line("container: " + d["file"].get<std::string>() + " (format " +
+       d["format_version"].get<std::string>() + ", " + human_bytes(d["file_bytes"]) +
+       ", units aligned to " + std::to_string(d["alignment"].get<uint64_t>() >> 10) + " KiB)");
+  const json& total = d["total"];
+  line("  " + std::to_string(total["tensors"].get<uint64_t>()) + " tensors, " +
+       std::to_string(total["parameters"].get<uint64_t>()) + " parameters, " +
+       human_bytes(total["bytes"]) + ", " + fmt("%.2f", total["bits_per_weight"]) +
+       " bits per weight");
+  line("  checksum (identity): " + d["header_xxh3"].get<std::string>());
+  if (d.contains("config")) {
+    const json& c = d["config"];
+    const json& t = c["transformer"];
+    const json& e = c["text_encoder"];
+    line("model: " + c.value("name", std::string("?")) + (c.value("is_distilled", true) ? " (distilled)" : " (base)"));
+    line("  transformer: " + std::to_string(t["num_layers"].get<int64_t>()) + " double + " +
+         std::to_string(t["num_single_layers"].get<int64_t>()) + " single blocks, inner dim " +
+         std::to_string(t["num_attention_heads"].get<int64_t>() * t["attention_head_dim"].get<int64_t>()));
+    line("  text encoder: Qwen3, hidden " + std::to_string(e["hidden_size"].get<int64_t>()) + ", " +
+         std::to_string(e["num_hidden_layers"].get<int64_t>()) + " layers in the checkpoint");
+  }
+  line("storage types:");
+  for (const auto& [type, t] : d["by_type"].items())
+    line("  " + type + std::string(6 - std::min<size_t>(type.size(), 5), ' ') +
+         std::to_string(t["tensors"].get<uint64_t>()) + " tensors, " + human_bytes(t["bytes"]) +
+         ", " + fmt("%.2f", t["bits_per_weight"]) + " bits per weight");
+  line("units (file order):");
+  for (const auto& u : d["units"]) {
+    std::string types;
+    for (const auto& [type, n] : u["types"].items())
+      types += (types.empty() ? "" : " ") + type + "x" + std::to_string(n.get<uint64_t>());
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "  %-26s %4llu tensors %11s %6.2f bpw  %s",
+                  u["name"].get<std::string>().c_str(),
+                  static_cast<unsigned long long>(u["tensors"].get<uint64_t>()),
+                  human_bytes(u["bytes"]).c_str(), u["bits_per_weight"].get<double>(), types.c_str());
+    line(buf);
+  }
+  if (d.contains("conversion")) {
+    const json& r = d["conversion"];
+    line("conversion: " + r.value("program", std::string("?")) + " " +
+         r.value("version", std::string("?")) + ", " + r.value("date", std::string("?")) +
+         ", target " + r.value("target_type", std::string("?")) +
+         (r.contains("policy_file") && r["policy_file"].is_string()
+              ? ", policy " + r["policy_file"].get<std::string>()
+              : std::string(", default policy")));
+    if (r.contains("sources"))
+      for (const auto& f : r["sources"])
+        line("  source " + f.value("file", std::string("?")) + " (" +
+             std::to_string(f.value("bytes", uint64_t(0))) + " bytes, xxh3 " +
+             f.value("xxh3", std::string("?")) + ")");
+    if (r.contains("dropped") && !r["dropped"].empty())
+      line("  dropped " + std::to_string(r["dropped"].size()) +
+           " tensors never read by inference (see --json)");
+    if (r.contains("fallbacks"))
+      for (const auto& f : r["fallbacks"])
+        line("  " + f.value("tensor", std::string("?")) + ": stored as " +
+             f.value("stored", std::string("?")) + " instead of " + f.value("wanted", std::string("?")) +
+             " (" + f.value("reason", std::string("?")) + ")");
+  }
+  std::string tok;
+  for (const auto& [name, t] : d["tokenizer"].items())
+    tok += (tok.empty() ? "" : ", ") + name + " (" + std::to_string(t["bytes"].get<uint64_t>()) + " bytes)";
+  line("tokenizer: " + (tok.empty() ? std::string("none") : tok));
+  return s;
+}
+
+VerifyOutcome verify_model_container(const fs::path& path,
+                                     const std::function<void(size_t, size_t)>& progress) {
+  VerifyOutcome out;
+  // Header, index, metadata: thrown when wrong.
+  const container::ContainerFile file(path);
+  try {
+    ContainerOptions o;
+    o.check_on_first_acquire = false;
+    ContainerStore store(path, o);
+  } catch (const Error& e) {
+    out.model.push_back(e.what());
+  }
+  out.data = container::verify_container(file, progress);
+  return out;
+}
+
+}  // namespace klein::convert

@@ -1,0 +1,148 @@
+#include "convert/policy.h"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <cctype>
+#include <regex>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace klein::convert {
+
+namespace {
+
+// Built-in defaults. Kept as policy text so that the record of a conversion and
+// `klein convert --print-policy` show exactly the rules that ran.
+const char* const kDefaultPolicy = R"(# Built-in defaults (after the user's rules; first match wins).
+# Biases, norm weights, BatchNorm statistics: tiny, and every value matters.
+@1d                                        >=bf16
+# The embedders: what every token's stream starts from.
+transformer.x_embedder.*                   >=bf16
+transformer.context_embedder.*             >=bf16
+transformer.time_guidance_embed.*          >=bf16
+# Shared modulation: scales and shifts of every block; output layer.
+transformer.*_modulation*                  >=bf16
+transformer.norm_out.*                     >=bf16
+transformer.proj_out.*                     >=bf16
+# Token embedding table: rows are looked up, never multiplied; q8 keeps them close.
+text_encoder.model.embed_tokens.weight     >=q8
+# VAE: small, convolutions want floats.
+vae.*                                      >=bf16
+)";
+
+int precision_rank(DType t) {
+  switch (t) {
+    case DType::Q4: return 0;
+    case DType::Q8: return 1;
+    case DType::F16:
+    case DType::BF16: return 2;
+    case DType::F32: return 3;
+    default: return -1;
+  }
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+bool matches(const PolicyRule& r, const std::string& name, const Shape& shape) {
+  switch (r.selector) {
+    case PolicyRule::Selector::Vector: return shape.size() < 2;
+    case PolicyRule::Selector::Glob: return ::fnmatch(r.pattern.c_str(), name.c_str(), 0) == 0;
+    case PolicyRule::Selector::Regex:
+      return std::regex_match(name, *r.regex);
+  }
+  return false;
+}
+
+}  // namespace
+
+DType parse_storage_type(std::string_view s, const std::string& where) {
+  const std::string t = lower(s);
+  if (t == "f32") return DType::F32;
+  if (t == "bf16") return DType::BF16;
+  if (t == "f16") return DType::F16;
+  if (t == "q8") return DType::Q8;
+  if (t == "q4") return DType::Q4;
+  fail(where, ": unknown storage type \"", s, "\" (expected f32, bf16, f16, q8 or q4)");
+}
+
+std::string storage_type_name(DType t) { return lower(dtype_name(t)); }
+
+std::vector<PolicyRule> parse_policy(std::string_view text, const std::string& origin) {
+  std::vector<PolicyRule> rules;
+  std::istringstream in{std::string(text)};
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    const std::string where = origin + ":" + std::to_string(number);
+    if (const size_t hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    std::istringstream words(line);
+    std::string selector, type, extra;
+    if (!(words >> selector)) continue;  // blank or comment
+    check(bool(words >> type), where, ": expected \"<pattern> <type>\", got only \"", selector, "\"");
+    check(!(words >> extra), where, ": unexpected \"", extra, "\" after the type");
+    PolicyRule r;
+    r.pattern = selector;
+    r.origin = where;
+    r.text = selector + " " + type;
+    if (selector == "@1d") {
+      r.selector = PolicyRule::Selector::Vector;
+    } else if (selector.rfind("re:", 0) == 0) {
+      r.selector = PolicyRule::Selector::Regex;
+      try {
+        r.regex = std::make_shared<const std::regex>(selector.substr(3), std::regex::ECMAScript);
+      } catch (const std::regex_error& e) {
+        fail(where, ": invalid regular expression \"", selector.substr(3), "\": ", e.what());
+      }
+    } else {
+      check(selector[0] != '@', where, ": unknown selector ", selector, " (the only one is @1d)");
+      r.selector = PolicyRule::Selector::Glob;
+    }
+    if (type.rfind(">=", 0) == 0) {
+      r.at_least = true;
+      type = type.substr(2);
+    }
+    r.type = parse_storage_type(type, where);
+    rules.push_back(std::move(r));
+  }
+  return rules;
+}
+
+const std::string& default_policy_text() {
+  static const std::string text = kDefaultPolicy;
+  return text;
+}
+
+PrecisionPolicy::PrecisionPolicy() : rules_(parse_policy(default_policy_text(), "default")) {}
+
+PrecisionPolicy PrecisionPolicy::with_user_rules(std::string_view text, const std::string& origin) {
+  PrecisionPolicy p;
+  std::vector<PolicyRule> user = parse_policy(text, origin);
+  user.insert(user.end(), p.rules_.begin(), p.rules_.end());
+  p.rules_ = std::move(user);
+  return p;
+}
+
+PrecisionPolicy::Choice PrecisionPolicy::choose(const std::string& name, const Shape& shape,
+                                                DType target) const {
+  for (const auto& r : rules_) {
+    if (!matches(r, name, shape)) continue;
+    if (!r.at_least) return {r.type, &r};
+    return {precision_rank(target) >= precision_rank(r.type) ? target : r.type, &r};
+  }
+  return {target, nullptr};
+}
+
+std::string PrecisionPolicy::text() const {
+  std::string out;
+  for (const auto& r : rules_) out += r.text + "    # " + r.origin + "\n";
+  return out;
+}
+
+}  // namespace klein::convert
