@@ -1,0 +1,164 @@
+// klein generate: text-to-image and editing with reference images.
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/model_options.h"
+#include "core/error.h"
+#include "core/memory.h"
+#include "core/threadpool.h"
+#include "formats/image/image.h"
+#include "models/qwen3/prompt_cache.h"
+#include "pipeline/pipeline.h"
+
+namespace klein::cli {
+namespace {
+
+struct Args {
+  ModelPaths model;
+  GenerateOptions gen;
+  std::string output;
+  uint64_t seed = 0;
+  float guidance = 0;
+  std::vector<std::string> references;
+  std::string noise, dump;
+  int threads = 0;
+  int jpeg_quality = 95;
+  bool no_cache = false, quiet = false, json = false;
+};
+
+// Progress on stderr: one line per phase, rewritten in place while it runs.
+class TerminalProgress final : public Progress {
+ public:
+  explicit TerminalProgress(bool quiet) : quiet_(quiet) {}
+  void begin(const std::string& phase, int total) override {
+    start_ = std::chrono::steady_clock::now();
+    if (!quiet_) std::fprintf(stderr, "%s...", phase.c_str());
+  }
+  void step(const std::string& phase, int done, int total) override {
+    if (quiet_) return;
+    const double elapsed = seconds_since(start_);
+    const double per = elapsed / done;
+    std::fprintf(stderr, "\r%s: step %d/%d  %.2f s/step  ETA %.0f s   ", phase.c_str(), done, total,
+                 per, per * (total - done));
+  }
+  void end(const std::string& phase, double seconds) override {
+    if (!quiet_) std::fprintf(stderr, "\r%s: %.2f s%30s\n", phase.c_str(), seconds, "");
+  }
+  void warn(const std::string& message) override {
+    std::fprintf(stderr, "\nwarning: %s\n", message.c_str());
+  }
+
+ private:
+  static double seconds_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+  bool quiet_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// Progress as JSON lines on stdout, one event per line.
+class JsonProgress final : public Progress {
+ public:
+  void begin(const std::string& phase, int total) override {
+    emit({{"event", "begin"}, {"phase", phase}, {"total", total}});
+  }
+  void step(const std::string& phase, int done, int total) override {
+    emit({{"event", "step"}, {"phase", phase}, {"done", done}, {"total", total}});
+  }
+  void end(const std::string& phase, double seconds) override {
+    emit({{"event", "end"}, {"phase", phase}, {"seconds", seconds}});
+  }
+  void warn(const std::string& message) override { emit({{"event", "warning"}, {"message", message}}); }
+  static void emit(const nlohmann::json& j) {
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  }
+};
+
+bool is_jpeg_name(const std::string& path) {
+  auto lower = path;
+  for (auto& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return lower.ends_with(".jpg") || lower.ends_with(".jpeg");
+}
+
+void run(Args& a) {
+  GenerateOptions& g = a.gen;
+  for (const auto& r : a.references) g.references.push_back(r);
+  g.noise_file = a.noise;
+  g.dump_dir = a.dump;
+  if (!a.no_cache) g.prompt_cache_dir = qwen3::PromptCache::default_dir();
+  check(is_jpeg_name(a.output) || a.output.ends_with(".png") || a.output.ends_with(".PNG"),
+        "-o ", a.output, ": the output must end in .png, .jpg or .jpeg");
+
+  ThreadPool pool(a.threads);
+  auto store = open_model(a.model);
+  const Tokenizer tokenizer = Tokenizer::from_directory(find_tokenizer_dir(a.model));
+  Pipeline pipeline(*store, tokenizer, pool);
+  TerminalProgress terminal(a.quiet || a.json);
+  JsonProgress json_events;
+  Progress& progress = a.json ? static_cast<Progress&>(json_events) : terminal;
+
+  const auto start = std::chrono::steady_clock::now();
+  GenerateResult r = pipeline.generate(g, progress);
+  const std::string model_name = store->config().name;
+  const std::string checksum = is_regular_file(a.model.model) ? store->identity() : "";
+  ImageMetadata meta = {{"parameters", parameters_text(g, r, model_name)},
+                        {"klein", parameters_json(g, r, model_name, checksum)}};
+  save_image(a.output, r.image, meta, a.jpeg_quality);
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  if (a.json) {
+    nlohmann::ordered_json j;
+    j["event"] = "result";
+    j["output"] = a.output;
+    j["seed"] = r.seed;
+    j["width"] = r.width;
+    j["height"] = r.height;
+    j["steps"] = r.steps;
+    j["guidance"] = r.guidance;
+    j["context_from_cache"] = r.context_from_cache;
+    for (const auto& [phase, s] : r.timings) j["timings"][phase] = s;
+    j["total_seconds"] = total;
+    j["peak_rss_bytes"] = peak_rss_bytes();
+    j["warnings"] = r.warnings;
+    JsonProgress::emit(j);
+  } else {
+    std::fprintf(stderr, "seed %llu, %lldx%lld, %lld steps, %.1f s, peak RSS %.0f MiB\n",
+                 static_cast<unsigned long long>(r.seed), static_cast<long long>(r.width),
+                 static_cast<long long>(r.height), static_cast<long long>(r.steps), total,
+                 double(peak_rss_bytes()) / (1 << 20));
+    std::printf("%s\n", a.output.c_str());
+  }
+}
+
+Registration reg("generate", 10, [](CLI::App& app) {
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("generate", "Generate an image from a prompt (and reference images)");
+  add_model_options(*cmd, a->model);
+  cmd->add_option("-p,--prompt", a->gen.prompt, "What to draw")->required();
+  cmd->add_option("-o,--output", a->output, "Output image (.png, or .jpg/.jpeg)")->required();
+  cmd->add_option("-W,--width", a->gen.width, "Width in pixels (default: the first reference's, else 1024)");
+  cmd->add_option("-H,--height", a->gen.height, "Height in pixels (default: the first reference's, else 1024)");
+  cmd->add_option("-s,--steps", a->gen.steps, "Denoising steps (default: 4 for klein, 50 for klein-base)");
+  cmd->add_option_function<uint64_t>("--seed", [a](uint64_t s) { a->gen.seed = s; },
+                                     "Seed of the initial noise (default: random, always printed)");
+  cmd->add_option("-r,--reference", a->references, "Reference image(s) for editing, in order")
+      ->check(CLI::ExistingFile);
+  cmd->add_option_function<float>("-g,--guidance", [a](float g) { a->gen.guidance = g; },
+                                  "Guidance scale (klein-base only; default 4)");
+  cmd->add_option("-n,--negative", a->gen.negative_prompt, "Negative prompt (klein-base only)");
+  cmd->add_option("--threads", a->threads, "Worker threads (default: all cores)");
+  cmd->add_option("--noise", a->noise, "Initial noise as float32 .npy [1, 128, H/16, W/16]")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--dump", a->dump, "Write every stage as .npy files into this directory");
+  cmd->add_option("--jpeg-quality", a->jpeg_quality, "JPEG quality 1-100")->check(CLI::Range(1, 100));
+  cmd->add_flag("--no-cache", a->no_cache, "Do not read or write the prompt cache");
+  cmd->add_flag("-q,--quiet", a->quiet, "No progress output");
+  cmd->add_flag("--json", a->json, "Progress events and the result as JSON lines on stdout");
+  cmd->callback([a] { run(*a); });
+});
+
+}  // namespace
+}  // namespace klein::cli

@@ -1,0 +1,47 @@
+// klein synth: writes a full-size synthetic FLUX.2-klein-4B checkpoint (random weights, real
+// names, shapes, dtypes and layout) for speed and memory measurements.
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "weights/synthetic.h"
+
+namespace klein::cli {
+namespace {
+
+Registration reg("synth", 90, [](CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "synth", "Write a synthetic klein-4B model (random weights, exact layout) for benchmarks");
+  struct Args {
+    std::string out, tokenizer;
+    uint64_t seed = 0;
+    bool quiet = false;
+  };
+  auto args = std::make_shared<Args>();
+  cmd->add_option("-o,--output", args->out, "Directory to create (about 16 GB)")->required();
+  cmd->add_option("--tokenizer", args->tokenizer,
+                  "Directory with the Qwen3 tokenizer files to copy (vocab.json, merges.txt, "
+                  "tokenizer_config.json)")
+      ->required();
+  cmd->add_option("--seed", args->seed, "Seed of the random weights");
+  cmd->add_flag("-q,--quiet", args->quiet, "No progress output");
+  cmd->callback([args] {
+    SyntheticModelOptions o;
+    o.out_dir = args->out;
+    o.tokenizer_dir = args->tokenizer;
+    o.seed = args->seed;
+    int last_percent = -1;
+    write_synthetic_model(o, [&](const std::string& file, uint64_t done, uint64_t total) {
+      const int percent = int(100 * done / std::max<uint64_t>(total, 1));
+      if (args->quiet || percent == last_percent) return;
+      last_percent = percent;
+      std::fprintf(stderr, "\rsynth: %3d%%  %.1f / %.1f GB  %-40s", percent, double(done) / 1e9,
+                   double(total) / 1e9, file.c_str());
+      std::fflush(stderr);
+    });
+    if (!args->quiet) std::fprintf(stderr, "\n");
+    std::printf("wrote %s\n", args->out.c_str());
+  });
+});
+
+}  // namespace
+}  // namespace klein::cli

@@ -1,0 +1,72 @@
+#pragma once
+// The FLUX.2-klein pipeline, prompt (and reference images) to picture, as the official
+// Flux2KleinPipeline does it:
+//
+//   prompt → chat template → tokens (512) → Qwen3 layers 1..27 → context [512, 3·hidden]
+//   seed → noise [128, H/16, W/16] → packed tokens;  references → VAE encode → tokens
+//   for each σ: transformer (text | target | references) → velocity → Euler step
+//   tokens → unpack, BatchNorm de-normalise, unpatchify → VAE decode → pixels
+//
+// Each network holds its weights only while it runs (the store pages them), so the text
+// encoder is gone before denoising starts and the VAE decoder is loaded only at the end.
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/threadpool.h"
+#include "formats/image/image.h"
+#include "pipeline/progress.h"
+#include "tokenizer/tokenizer.h"
+#include "weights/weight_store.h"
+
+namespace klein {
+
+struct GenerateOptions {
+  std::string prompt;
+  std::string negative_prompt;                    // CFG only (klein-base); "" by default
+  int64_t width = 0, height = 0;                  // 0: the first reference's size, else 1024
+  int64_t steps = 0;                              // 0: 4 for distilled klein, 50 for base
+  std::optional<uint64_t> seed;                   // none: drawn from the OS
+  std::optional<float> guidance;                  // none: 4.0 for base, 1.0 for distilled
+  std::vector<std::filesystem::path> references;  // reference images for editing, in order
+  std::filesystem::path noise_file;               // optional [1, 128, H/16, W/16] float32 .npy
+  std::filesystem::path dump_dir;                 // optional: write every stage as .npy here
+  std::optional<std::filesystem::path> prompt_cache_dir;  // none: no prompt cache
+};
+
+struct GenerateResult {
+  Image image;
+  uint64_t seed = 0;
+  int64_t width = 0, height = 0, steps = 0;
+  float guidance = 1;
+  bool context_from_cache = false;
+  std::vector<std::pair<std::string, double>> timings;  // phase → seconds, in order
+  std::vector<std::string> warnings;
+};
+
+// The size the pipeline produces for a requested size: floored to multiples of 16.
+int64_t floor_to_multiple(int64_t value, int64_t multiple);
+
+class Pipeline {
+ public:
+  // All three must outlive the pipeline.
+  Pipeline(WeightStore& store, const Tokenizer& tokenizer, ThreadPool& pool);
+  GenerateResult generate(const GenerateOptions& options, Progress& progress);
+
+ private:
+  WeightStore& store_;
+  const Tokenizer& tokenizer_;
+  ThreadPool& pool_;
+};
+
+// The A1111-style "parameters" text and a JSON description of a generation, for the
+// image file's metadata.
+std::string parameters_text(const GenerateOptions& options, const GenerateResult& result,
+                            const std::string& model_name);
+std::string parameters_json(const GenerateOptions& options, const GenerateResult& result,
+                            const std::string& model_name, const std::string& model_checksum);
+
+}  // namespace klein

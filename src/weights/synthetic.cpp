@@ -1,0 +1,229 @@
+#include "weights/synthetic.h"
+
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/files.h"
+#include "formats/safetensors_writer.h"
+#include "weights/expected.h"
+
+namespace klein {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+namespace {
+
+// splitmix64: seeds a per-tensor xoshiro-style stream from (seed, name).
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t name_hash(const std::string& name) {  // FNV-1a
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// Values of unit variance, uniform on [-sqrt 3, sqrt 3]: cheap, and enough for timing runs.
+class UnitUniform {
+ public:
+  UnitUniform(uint64_t seed, const std::string& name) {
+    uint64_t s = seed ^ name_hash(name);
+    for (auto& w : state_) w = splitmix(s);
+  }
+  float next() {  // xoshiro256+
+    const uint64_t result = state_[0] + state_[3];
+    const uint64_t t = state_[1] << 17;
+    state_[2] ^= state_[0];
+    state_[3] ^= state_[1];
+    state_[1] ^= state_[2];
+    state_[0] ^= state_[3];
+    state_[2] ^= t;
+    state_[3] = (state_[3] << 45) | (state_[3] >> 19);
+    const float unit = float(result >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    return (2.0f * unit - 1.0f) * 1.7320508f;
+  }
+
+ private:
+  uint64_t state_[4];
+};
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const std::string x(suffix);
+  return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
+}
+
+// value = offset + scale * u, per the rules in synthetic.h.
+struct Rule {
+  float offset, scale;
+  bool exponential = false;
+};
+
+Rule rule_for(const std::string& name, const Shape& shape) {
+  const bool is_norm_q_k = name.find("norm_q") != std::string::npos ||
+                           name.find("norm_k") != std::string::npos ||
+                           name.find("norm_added_") != std::string::npos ||
+                           name.find("q_norm") != std::string::npos ||
+                           name.find("k_norm") != std::string::npos;
+  if (ends_with(name, "running_mean")) return {0.f, 0.3f};
+  if (ends_with(name, "running_var")) return {0.f, 0.4f, true};
+  if (name.find("embed_tokens") != std::string::npos) return {0.f, 0.5f};
+  if (shape.size() == 1) {
+    if (ends_with(name, ".bias")) return {0.f, 0.02f};
+    if (is_norm_q_k) return {1.8f, 0.18f};
+    return {1.f, 0.1f};
+  }
+  float fan_in = 1;
+  for (size_t i = 1; i < shape.size(); ++i) fan_in *= float(shape[i]);
+  float gain = 1;
+  if (name.find("modulation") != std::string::npos || name.find("norm_out.linear") != std::string::npos)
+    gain = 2;
+  if (name.find("decoder.conv_out") != std::string::npos) gain = 0.5f;
+  return {0.f, gain / std::sqrt(fan_in)};
+}
+
+// Streams one tensor's random values as bf16 (or i64 zeros for the batch counter).
+void write_tensor(SafetensorsWriter& w, const SafetensorsDecl& d, uint64_t seed) {
+  if (d.dtype == DType::I64) {
+    const std::vector<int64_t> zeros(size_t(numel(d.shape)), 0);
+    w.write(zeros.data(), zeros.size() * 8);
+    return;
+  }
+  const Rule r = rule_for(d.name, d.shape);
+  UnitUniform rng(seed, d.name);
+  constexpr int64_t kChunk = 1 << 20;
+  std::vector<uint16_t> buf;
+  for (int64_t done = 0, n = numel(d.shape); done < n; done += kChunk) {
+    const int64_t m = std::min(kChunk, n - done);
+    buf.resize(size_t(m));
+    for (int64_t i = 0; i < m; ++i) {
+      float v = r.offset + r.scale * rng.next();
+      if (r.exponential) v = std::exp(v);
+      buf[size_t(i)] = f32_to_bf16(v);
+    }
+    w.write(buf.data(), buf.size() * 2);
+  }
+}
+
+std::vector<SafetensorsDecl> decls_from(const ShapeMap& shapes, const std::string& strip) {
+  std::vector<SafetensorsDecl> out;
+  for (const auto& [name, shape] : shapes) out.push_back({name.substr(strip.size()), DType::BF16, shape});
+  return out;
+}
+
+void write_file(const fs::path& path, std::vector<SafetensorsDecl> decls, uint64_t seed,
+                uint64_t& done, uint64_t total, const SyntheticProgress& progress) {
+  SafetensorsWriter w(path, std::move(decls), {{"format", "pt"}});
+  for (const auto& d : w.tensors()) {
+    write_tensor(w, d, seed);
+    done += d.nbytes();
+    if (progress) progress(path.filename().string(), done, total);
+  }
+  w.finish();
+}
+
+void write_json(const fs::path& path, const json& j) {
+  AtomicFile f(path);
+  f.write(j.dump(2) + "\n");
+  f.commit();
+}
+
+json diffusers_config(const char* cls, const nlohmann::json& fields) {
+  json j;
+  j["_class_name"] = cls;
+  j["_diffusers_version"] = "0.36.0";
+  for (auto& [k, v] : fields.items()) j[k] = v;
+  return j;
+}
+
+}  // namespace
+
+void write_synthetic_model(const SyntheticModelOptions& o, const SyntheticProgress& progress) {
+  const fs::path& dir = o.out_dir;
+  check(!fs::exists(dir) || fs::is_empty(dir), dir.string(), " exists and is not empty");
+  for (const char* f : {"vocab.json", "merges.txt", "tokenizer_config.json"})
+    check(fs::exists(o.tokenizer_dir / f), "--tokenizer ", o.tokenizer_dir.string(), ": no ", f);
+  for (const char* sub : {"transformer", "text_encoder", "vae", "tokenizer", "scheduler"})
+    fs::create_directories(dir / sub);
+
+  const ModelConfig& c = o.config;
+  const nlohmann::json cfg = to_json(c);
+  ShapeMap text = expected_text_encoder(c.text_encoder);
+  // The published encoder has every layer and the final norm, though inference stops early.
+  TextEncoderConfig all_layers = c.text_encoder;
+  all_layers.output_layers = {c.text_encoder.num_layers, c.text_encoder.num_layers,
+                              c.text_encoder.num_layers};
+  text = expected_text_encoder(all_layers);
+  text["text_encoder.model.norm.weight"] = {c.text_encoder.hidden};
+
+  auto tdecls = decls_from(expected_transformer(c.transformer), "transformer.");
+  auto vdecls = decls_from(expected_vae(c.vae), "vae.");
+  vdecls.push_back({"bn.num_batches_tracked", DType::I64, {}});
+  // Two text-encoder shards split by layer, as the published checkpoint is.
+  std::vector<SafetensorsDecl> shard1, shard2;
+  for (auto& d : decls_from(text, "text_encoder.")) {
+    int64_t layer = -1;
+    if (d.name.rfind("model.layers.", 0) == 0) layer = std::stoll(d.name.substr(13));
+    (layer >= c.text_encoder.num_layers / 2 || d.name == "model.norm.weight" ? shard2 : shard1)
+        .push_back(d);
+  }
+  uint64_t total = 0, done = 0;
+  for (const auto* list : {&tdecls, &vdecls, &shard1, &shard2})
+    for (const auto& d : *list) total += d.nbytes();
+
+  write_json(dir / "model_index.json",
+             json{{"_class_name", "Flux2KleinPipeline"}, {"_diffusers_version", "0.36.0"},
+                  {"is_distilled", c.is_distilled},
+                  {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
+                  {"text_encoder", {"transformers", "Qwen3ForCausalLM"}},
+                  {"tokenizer", {"transformers", "Qwen2TokenizerFast"}},
+                  {"transformer", {"diffusers", "Flux2Transformer2DModel"}},
+                  {"vae", {"diffusers", "AutoencoderKLFlux2"}}});
+  write_json(dir / "transformer" / "config.json",
+             diffusers_config("Flux2Transformer2DModel", cfg["transformer"]));
+  write_json(dir / "vae" / "config.json", diffusers_config("AutoencoderKLFlux2", cfg["vae"]));
+  json sched = diffusers_config("FlowMatchEulerDiscreteScheduler", cfg["scheduler"]);
+  sched["base_image_seq_len"] = 256;
+  sched["max_image_seq_len"] = 4096;
+  sched["base_shift"] = 0.5;
+  sched["max_shift"] = 1.15;
+  write_json(dir / "scheduler" / "scheduler_config.json", sched);
+  json te = cfg["text_encoder"];
+  te["architectures"] = {"Qwen3ForCausalLM"};
+  te["hidden_act"] = "silu";
+  te["tie_word_embeddings"] = true;
+  te["torch_dtype"] = "bfloat16";
+  te["max_position_embeddings"] = 40960;
+  te["attention_bias"] = false;
+  te["bos_token_id"] = 151643;
+  te["eos_token_id"] = 151645;
+  write_json(dir / "text_encoder" / "config.json", te);
+
+  write_file(dir / "vae" / "diffusion_pytorch_model.safetensors", vdecls, o.seed, done, total, progress);
+  json weight_map;
+  uint64_t text_bytes = 0;
+  const char* shard_names[2] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+  for (int s = 0; s < 2; ++s)
+    for (const auto& d : (s == 0 ? shard1 : shard2)) {
+      weight_map[d.name] = shard_names[s];
+      text_bytes += d.nbytes();
+    }
+  write_json(dir / "text_encoder" / "model.safetensors.index.json",
+             json{{"metadata", {{"total_size", text_bytes}}}, {"weight_map", weight_map}});
+  write_file(dir / "text_encoder" / shard_names[0], shard1, o.seed, done, total, progress);
+  write_file(dir / "text_encoder" / shard_names[1], shard2, o.seed, done, total, progress);
+  write_file(dir / "transformer" / "diffusion_pytorch_model.safetensors", tdecls, o.seed, done,
+             total, progress);
+  for (const auto& entry : fs::directory_iterator(o.tokenizer_dir))
+    if (entry.is_regular_file())
+      fs::copy_file(entry.path(), dir / "tokenizer" / entry.path().filename(),
+                    fs::copy_options::overwrite_existing);
+}
+
+}  // namespace klein
