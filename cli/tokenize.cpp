@@ -1,0 +1,111 @@
+// klein tokenize: the token ids of a text, or with --template the 512 padded ids and the
+// attention mask the text encoder receives for a prompt. Parses the options and prints; the
+// tokenizer does the work.
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "tokenizer/klein_prompt.h"
+#include "tokenizer/tokenizer.h"
+
+namespace klein::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TokenizeOptions {
+  fs::path model;
+  std::string text;
+  bool use_template = false;
+  bool json = false;
+};
+
+// Where the tokenizer files of MODEL are: MODEL/tokenizer/ of a diffusers directory, or
+// MODEL itself when it holds them. (Model discovery will take this over.)
+fs::path tokenizer_dir_of(const fs::path& model) {
+  auto holds_tokenizer = [](const fs::path& dir) {
+    return fs::exists(dir / "vocab.json") || fs::exists(dir / "tokenizer.json");
+  };
+  if (holds_tokenizer(model / "tokenizer")) return model / "tokenizer";
+  if (holds_tokenizer(model)) return model;
+  fail(model.string(), ": no tokenizer found (expected vocab.json or tokenizer.json in ",
+       (model / "tokenizer").string(), " or in the directory itself)");
+}
+
+void print_ids(const std::vector<int32_t>& ids) {
+  std::string line;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) line += ' ';
+    line += std::to_string(ids[i]);
+  }
+  std::printf("%s\n", line.c_str());
+}
+
+void print_raw(const Tokenizer& tokenizer, const TokenizeOptions& o) {
+  const std::vector<int32_t> ids = tokenizer.encode(o.text);
+  if (!o.json) {
+    print_ids(ids);
+    return;
+  }
+  nlohmann::json out;
+  out["ids"] = ids;
+  std::vector<std::string> tokens;
+  for (int32_t id : ids) tokens.push_back(tokenizer.token(id));
+  out["tokens"] = tokens;
+  out["decoded"] = tokenizer.decode(ids);
+  std::printf("%s\n", out.dump().c_str());
+}
+
+void print_template(const Tokenizer& tokenizer, const TokenizeOptions& o) {
+  const KleinPromptTokens p = tokenize_klein_prompt(tokenizer, o.text);
+  if (!p.warning.empty()) std::fprintf(stderr, "warning: %s\n", p.warning.c_str());
+  if (!o.json) {
+    print_ids(p.ids);
+    print_ids(p.mask);
+    return;
+  }
+  nlohmann::json out;
+  out["chat_text"] = klein_chat_text(o.text);
+  out["ids"] = p.ids;
+  out["attention_mask"] = p.mask;
+  out["real_tokens"] = p.real_tokens;
+  out["dropped"] = p.dropped;
+  out["pad_id"] = p.pad_id;
+  if (!p.warning.empty()) out["warning"] = p.warning;
+  std::printf("%s\n", out.dump().c_str());
+}
+
+void run_tokenize(const TokenizeOptions& o) {
+  const Tokenizer tokenizer = Tokenizer::from_directory(tokenizer_dir_of(o.model));
+  if (o.use_template) {
+    print_template(tokenizer, o);
+  } else {
+    print_raw(tokenizer, o);
+  }
+}
+
+}  // namespace
+
+static Registration reg("tokenize", 30, [](CLI::App& app) {
+  auto options = std::make_shared<TokenizeOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "tokenize", "Print the Qwen3 token ids of a text, or the text encoder's input for a prompt");
+  cmd->add_option("-m,--model", options->model,
+                  "FLUX.2-klein diffusers directory (its tokenizer/ is used), or a directory "
+                  "holding the tokenizer files")
+      ->required();
+  cmd->add_flag("--template", options->use_template,
+                "wrap TEXT in the chat template as the pipeline does and print the 512 padded "
+                "ids, then the attention mask");
+  cmd->add_flag("--json", options->json, "print JSON (ids, tokens, decoded text / mask, counts)");
+  cmd->add_option("text", options->text, "the text or prompt")->required();
+  cmd->callback([options] { run_tokenize(*options); });
+});
+
+}  // namespace klein::cli
