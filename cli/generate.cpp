@@ -10,6 +10,7 @@
 #include "core/threadpool.h"
 #include "formats/image/image.h"
 #include "models/qwen3/prompt_cache.h"
+#include "pipeline/model_tokenizer.h"
 #include "pipeline/pipeline.h"
 
 namespace klein::cli {
@@ -94,7 +95,7 @@ void run(Args& a) {
 
   ThreadPool pool(a.threads);
   auto store = open_model(a.model);
-  const Tokenizer tokenizer = Tokenizer::from_directory(find_tokenizer_dir(a.model));
+  const Tokenizer tokenizer = load_model_tokenizer(a.model);
   Pipeline pipeline(*store, tokenizer, pool);
   TerminalProgress terminal(a.quiet || a.json);
   JsonProgress json_events;

@@ -117,3 +117,29 @@ TEST(GenerateCli, SizeNotAMultipleOf16IsFlooredWithAWarning) {
 
 }  // namespace
 }  // namespace klein
+
+namespace klein {
+namespace {
+
+// The container path end to end: convert, verify, generate. A BF16 container holds the
+// source bytes unchanged, so its image equals the one made straight from the safetensors.
+TEST(ContainerCli, ConvertVerifyGenerateMatchesTheSource) {
+  const fs::path out = testing::temp_dir("container-e2e");
+  const fs::path ctr = out / "tiny-bf16.klein";
+  std::string log;
+  ASSERT_EQ(testing::run_klein("convert -m " + testing::tiny_model().string() + " -t bf16 -o " +
+                                   ctr.string(), &log), 0) << log;
+  ASSERT_EQ(testing::run_klein("verify " + ctr.string(), &log), 0) << log;
+  const std::string noise =
+      (testing::tiny_vectors() / "e2e" / "t2i_h64_w64" / "noise.npy").string();
+  const std::string args = " -p \"A cat holding a sign that says hello world\" -W 64 -H 64 --noise " +
+                           noise + " --no-cache -q -o ";
+  ASSERT_EQ(testing::run_klein("generate -m " + ctr.string() + args + (out / "c.png").string(), &log), 0)
+      << log;
+  ASSERT_EQ(testing::run_klein("generate -m " + testing::tiny_model().string() + args +
+                                   (out / "s.png").string(), &log), 0) << log;
+  EXPECT_EQ(load_image(out / "c.png").rgb, load_image(out / "s.png").rgb);
+}
+
+}  // namespace
+}  // namespace klein
