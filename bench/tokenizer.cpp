@@ -13,7 +13,8 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path tokenizer_dir() {
-  if (const char* env = std::getenv("KLEIN_TESTDATA")) return fs::path(env) / "klein-tiny/model/tokenizer";
+  if (const char* env = std::getenv("KLEIN_TESTDATA"))
+    return fs::path(env) / "klein-tiny/model/tokenizer";
   return fs::path(KLEIN_TESTDATA) / "klein-tiny/model/tokenizer";
 }
 
@@ -24,7 +25,8 @@ std::string long_prompt(const klein::Tokenizer& tokenizer) {
       "A sprawling panoramic illustration of a floating island city at golden hour, 35mm, f/1.8; "
       "brass airships docked at carved stone piers \xE2\x80\x94 caf\xC3\xA9 lanterns, 2 gulls. ";
   std::string prompt;
-  while (tokenizer.encode(klein::klein_chat_text(prompt + sentence)).size() <= klein::kKleinMaxTokens)
+  while (tokenizer.encode(klein::klein_chat_text(prompt + sentence)).size() <=
+         klein::kKleinMaxTokens)
     prompt += sentence;
   return prompt;
 }

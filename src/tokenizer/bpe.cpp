@@ -72,7 +72,8 @@ void MergeList::reserve(size_t merges, size_t bytes) {
 }
 
 void MergeList::add(std::string_view left, std::string_view right) {
-  check(bytes_.size() + left.size() + right.size() < UINT32_MAX, "the merge list is larger than 4 GiB");
+  check(bytes_.size() + left.size() + right.size() < UINT32_MAX,
+        "the merge list is larger than 4 GiB");
   starts_.push_back(uint32_t(bytes_.size()));
   bytes_.append(left);
   splits_.push_back(uint32_t(bytes_.size()));
@@ -170,9 +171,10 @@ void Vocabulary::reserve(size_t n) {
 bool Vocabulary::add(int32_t id, std::string_view bytes) {
   if (size_t(id) >= entry_of_id_.size()) entry_of_id_.resize(size_t(id) + 1, kEmpty);
   if (entry_of_id_[size_t(id)] != kEmpty) return false;
-  check(bytes.size() <= UINT16_MAX, "token ", id, " is ", bytes.size(), " bytes long; the limit is ",
-        UINT16_MAX);
-  check(arena_.size() + kEntryHeader + bytes.size() < kEmpty, "the vocabulary is larger than 4 GiB");
+  check(bytes.size() <= UINT16_MAX, "token ", id, " is ", bytes.size(),
+        " bytes long; the limit is ", UINT16_MAX);
+  check(arena_.size() + kEntryHeader + bytes.size() < kEmpty,
+        "the vocabulary is larger than 4 GiB");
   const uint16_t length = uint16_t(bytes.size());
   char header[kEntryHeader];
   std::memcpy(header, &id, 4);

@@ -19,15 +19,15 @@ std::string_view utf8_head(std::string_view text, size_t max_bytes) {
   return text.substr(0, end);
 }
 
-std::string truncation_warning(const Tokenizer& tokenizer, const std::vector<int32_t>& all, int kept) {
+std::string truncation_warning(const Tokenizer& tokenizer, const std::vector<int32_t>& all,
+                               int kept) {
   const std::span<const int32_t> dropped(all.data() + kept, all.size() - size_t(kept));
   const std::string dropped_text = tokenizer.decode(dropped);
   const std::string_view head = utf8_head(dropped_text, kQuotedBytes);
-  std::string w = "prompt too long: " + std::to_string(all.size()) +
-                  " tokens with the chat template, the text encoder reads " + std::to_string(kept) +
-                  "; the last " + std::to_string(dropped.size()) + " tokens are dropped, from \"" +
-                  std::string(head) + (head.size() < dropped_text.size() ? "...\"" : "\"");
-  return w;
+  return "prompt too long: " + std::to_string(all.size()) +
+         " tokens with the chat template, but the text encoder reads " + std::to_string(kept) +
+         "; the last " + std::to_string(dropped.size()) + " are dropped, starting at \"" +
+         std::string(head) + (head.size() < dropped_text.size() ? "...\"" : "\"");
 }
 
 }  // namespace

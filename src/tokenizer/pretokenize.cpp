@@ -15,27 +15,29 @@ namespace {
 
 // The reference implementation's `\s` is the Unicode White_Space property (it uses the
 // Python `regex` module). PCRE2's `\s` with UCP is "separator or tab..CR" instead, which
-// leaves out U+0085 (NEXT LINE), so the class is written out here. These are all 25
-// White_Space code points.
-#define KLEIN_WHITE_SPACE \
-  "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+// leaves out U+0085 (NEXT LINE), so the class is written out here: all 25 White_Space code
+// points, as the inside of a character class.
+constexpr std::string_view kWhiteSpace =
+    "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"
+    "\\x{205F}\\x{3000}";
 
 // The Qwen2 pre-tokenisation pattern (spec section 3, step 3) with \s and \S spelled out.
 // Alternatives are tried in order; see the spec for what each one is for.
-constexpr char kPattern[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
-    "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+"
-    "|\\p{N}"
-    "| ?[^" KLEIN_WHITE_SPACE "\\p{L}\\p{N}]+[\\r\\n]*"
-    "|[" KLEIN_WHITE_SPACE "]*[\\r\\n]+"
-    "|[" KLEIN_WHITE_SPACE "]+(?![^" KLEIN_WHITE_SPACE "])"
-    "|[" KLEIN_WHITE_SPACE "]+";
-
-#undef KLEIN_WHITE_SPACE
+std::string pretokenize_pattern() {
+  const std::string ws(kWhiteSpace);
+  return "(?i:'s|'t|'re|'ve|'m|'ll|'d)"                 // contraction suffixes
+         "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+"               // letters, maybe one symbol before
+         "|\\p{N}"                                      // one number character
+         "| ?[^" + ws + "\\p{L}\\p{N}]+[\\r\\n]*"       // symbols, maybe one space before
+         "|[" + ws + "]*[\\r\\n]+"                      // line breaks, spaces before them
+         "|[" + ws + "]+(?![^" + ws + "])"              // spaces not followed by a non-space
+         "|[" + ws + "]+";                              // any other spaces
+}
 
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buffer[256];
-  if (pcre2_get_error_message(code, buffer, sizeof buffer) < 0) return "error " + std::to_string(code);
+  if (pcre2_get_error_message(code, buffer, sizeof buffer) < 0)
+    return "error " + std::to_string(code);
   return reinterpret_cast<const char*>(buffer);
 }
 
@@ -51,9 +53,9 @@ std::string nfc(std::string_view text) {
   // ASCII is already in NFC; prompts are mostly ASCII, so skip the copy through utf8proc.
   if (is_ascii(text)) return std::string(text);
   utf8proc_uint8_t* out = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                   utf8proc_ssize_t(text.size()), &out, utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                          utf8proc_ssize_t(text.size()), &out,
+                                          utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
   if (n < 0) {
     const size_t bad = valid_utf8_prefix(text);
     fail("text is not valid UTF-8 (byte ", bad, " of ", text.size(), "): ", utf8proc_errmsg(n));
@@ -71,10 +73,12 @@ struct Pretokenizer::Regex {
 Pretokenizer::Pretokenizer() : regex_(std::make_unique<Regex>()) {
   int error = 0;
   PCRE2_SIZE error_offset = 0;
-  regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED,
+  const std::string pattern = pretokenize_pattern();
+  regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                                PCRE2_UTF | PCRE2_UCP, &error, &error_offset, nullptr);
   if (!regex_->code)
-    fail("pre-tokenizer regex does not compile at offset ", error_offset, ": ", pcre2_message(error));
+    fail("pre-tokenizer regex does not compile at offset ", error_offset, ": ",
+         pcre2_message(error));
   // JIT is only a speed-up: when the platform has none, the interpreter gives the same matches.
   pcre2_jit_compile(regex_->code, PCRE2_JIT_COMPLETE);
 }

@@ -71,7 +71,7 @@ class Tokenizer {
   int32_t token_id(std::string_view token) const;
 
   const std::vector<AddedToken>& added_tokens() const;
-  size_t vocab_size() const;   // regular (BPE) tokens, without the added ones
+  size_t vocab_size() const;  // regular (BPE) tokens, without the added ones
   size_t merge_count() const;
 
  private:

@@ -71,11 +71,16 @@ class TokenizerJsonReader final : public json::json_sax_t {
 
   bool null() override { return scalar_other("null"); }
   bool boolean(bool v) override {
-    if (RawAddedToken* t = added_field("special")) t->special = v;
-    else if ((t = added_field("lstrip"))) t->lstrip = v;
-    else if ((t = added_field("rstrip"))) t->rstrip = v;
-    else if ((t = added_field("single_word"))) t->single_word = v;
-    else return scalar_other("a boolean");
+    if (RawAddedToken* t = added_field("special"))
+      t->special = v;
+    else if ((t = added_field("lstrip")))
+      t->lstrip = v;
+    else if ((t = added_field("rstrip")))
+      t->rstrip = v;
+    else if ((t = added_field("single_word")))
+      t->single_word = v;
+    else
+      return scalar_other("a boolean");
     return element_done();
   }
   bool number_integer(number_integer_t v) override {
@@ -210,7 +215,8 @@ class TokenizerJsonReader final : public json::json_sax_t {
 
   std::string where() const {
     std::string w = file_ + ": ";
-    if (layout_ == Layout::kVocabJson && path_.size() == 1) return w + "token " + shown(path_[0].key);
+    if (layout_ == Layout::kVocabJson && path_.size() == 1)
+      return w + "token " + shown(path_[0].key);
     for (size_t i = 0; i < path_.size(); ++i) {
       if (path_[i].array) {
         w.append("[").append(std::to_string(path_[i].index)).append("]");
@@ -226,8 +232,10 @@ class TokenizerJsonReader final : public json::json_sax_t {
     const std::string& symbols = path_.back().key;
     if (id >= kMaxTokenId) fail(where(), ": token id ", id, " is out of range");
     if (!tok::symbols_to_bytes(symbols, bytes_))
-      fail(where(), ": not a byte-level token (it has a character outside the GPT-2 byte alphabet)");
-    if (!bpe_.add_token(int32_t(id), bytes_)) fail(where(), ": id ", id, " is used by another token as well");
+      fail(where(),
+           ": not a byte-level token (it has a character outside the GPT-2 byte alphabet)");
+    if (!bpe_.add_token(int32_t(id), bytes_))
+      fail(where(), ": id ", id, " is used by another token as well");
     ++vocab_entries_;
   }
 
@@ -235,9 +243,11 @@ class TokenizerJsonReader final : public json::json_sax_t {
     // Byte-level symbols never contain a real space (the space byte is "Ġ"), so the one
     // space separates the two halves unambiguously.
     const size_t space = merge.find(' ');
-    const bool two_halves = space != std::string_view::npos && space > 0 && space + 1 < merge.size() &&
+    const bool two_halves = space != std::string_view::npos && space > 0 &&
+                            space + 1 < merge.size() &&
                             merge.find(' ', space + 1) == std::string_view::npos;
-    if (!two_halves) fail(where(), ": expected two symbols separated by one space, found ", shown(merge));
+    if (!two_halves)
+      fail(where(), ": expected two symbols separated by one space, found ", shown(merge));
     add_merge(merge.substr(0, space), merge.substr(space + 1));
   }
 
@@ -287,13 +297,15 @@ void read_merges_txt(std::string_view text, const std::string& file, Collected& 
     while (split < line.size() && !is_blank(line[split])) ++split;
     std::string_view left = line.substr(0, split), right = line.substr(split);
     while (!right.empty() && is_blank(right.front())) right.remove_prefix(1);
-    const bool two_fields = !right.empty() &&
-                            std::none_of(right.begin(), right.end(), [](char ch) { return is_blank(ch); });
+    const bool two_fields = !right.empty() && std::none_of(right.begin(), right.end(),
+                                                           [](char ch) { return is_blank(ch); });
     // (Messages are built only on failure: this loop runs 151k times.)
     if (!two_fields)
-      fail(file, ": line ", line_no, ": expected two symbols separated by a space, found ", shown(line));
+      fail(file, ": line ", line_no, ": expected two symbols separated by a space, found ",
+           shown(line));
     if (!tok::symbols_to_bytes(left, a) || !tok::symbols_to_bytes(right, b))
-      fail(file, ": line ", line_no, ": ", shown(line), " has a character outside the GPT-2 byte alphabet");
+      fail(file, ": line ", line_no, ": ", shown(line),
+           " has a character outside the GPT-2 byte alphabet");
     c.merges.add(a, b);
     c.merge_lines.push_back(line_no);
   }
@@ -397,14 +409,17 @@ void load_vocab(const TokenizerFiles& files, tok::BpeModel& bpe, Collected& c) {
   c.vocab_file = file_in(files, fast ? "tokenizer.json" : "vocab.json");
   c.merges_file = file_in(files, fast ? "tokenizer.json" : "merges.txt");
   if (!fast) {
-    check(files.vocab_json.has_value(), c.vocab_file, " is missing (and there is no tokenizer.json)");
-    check(files.merges_txt.has_value(), c.merges_file, " is missing (and there is no tokenizer.json)");
+    check(files.vocab_json.has_value(), c.vocab_file,
+          " is missing (and there is no tokenizer.json)");
+    check(files.merges_txt.has_value(), c.merges_file,
+          " is missing (and there is no tokenizer.json)");
   }
   const std::string_view text = fast ? *files.tokenizer_json : *files.vocab_json;
   // Every vocabulary entry has a colon, so counting them bounds the size closely enough to
   // allocate the tables once.
   bpe.reserve_vocabulary(size_t(std::count(text.begin(), text.end(), ':')));
-  TokenizerJsonReader reader(fast ? Layout::kTokenizerJson : Layout::kVocabJson, c.vocab_file, bpe, c);
+  TokenizerJsonReader reader(fast ? Layout::kTokenizerJson : Layout::kVocabJson, c.vocab_file, bpe,
+                             c);
   json::sax_parse(text, &reader);
   if (fast) {
     check(reader.model_type().empty() || reader.model_type() == "BPE", c.vocab_file,
@@ -429,7 +444,8 @@ Tokenizer::Tokenizer(const TokenizerFiles& files) {
   add_merges(c, impl->bpe);
   check(impl->bpe.merge_count() > 0, c.merges_file, ": there are no merges");
   if (files.tokenizer_config_json)
-    read_added_tokens_decoder(*files.tokenizer_config_json, file_in(files, "tokenizer_config.json"), c);
+    read_added_tokens_decoder(*files.tokenizer_config_json, file_in(files, "tokenizer_config.json"),
+                              c);
   impl->added = settle_added_tokens(c.added);
   impl->index_added_tokens();
   impl_ = std::move(impl);
@@ -447,7 +463,8 @@ Tokenizer Tokenizer::from_directory(const fs::path& dir) {
     const fs::path path = dir / name;
     if (!fs::exists(path, ec)) return;
     mapped.emplace_back(path);
-    slot = std::string_view(reinterpret_cast<const char*>(mapped.back().data()), mapped.back().size());
+    slot =
+        std::string_view(reinterpret_cast<const char*>(mapped.back().data()), mapped.back().size());
   };
   map_if_present("vocab.json", files.vocab_json);
   map_if_present("merges.txt", files.merges_txt);

@@ -48,8 +48,8 @@ TEST(Tokenizer, LoadsTheQwen3Vocabulary) {
   EXPECT_EQ(t.token_id("ĊĊ"), 271);
   EXPECT_EQ(t.token_id("Ġ"), 220);
   EXPECT_EQ(t.token_id("no such token"), -1);
-  EXPECT_TRUE(t.added_tokens().front().special);    // <|endoftext|>
-  EXPECT_FALSE(t.added_tokens().back().special);    // </think>
+  EXPECT_TRUE(t.added_tokens().front().special);  // <|endoftext|>
+  EXPECT_FALSE(t.added_tokens().back().special);  // </think>
 }
 
 // Every string of strings.json: ids, tokens and decoded text exactly as the reference.
@@ -92,7 +92,8 @@ TEST(KleinPrompt, MatchesThePipelineInputs) {
 
 TEST(KleinPrompt, LongPromptReportsWhatWasDropped) {
   const json prompts = read_json("prompts.json")["prompts"];
-  const KleinPromptTokens got = tokenize_klein_prompt(qwen3(), prompts[2]["prompt"].get<std::string>());
+  const std::string prompt = prompts[2]["prompt"];
+  const KleinPromptTokens got = tokenize_klein_prompt(qwen3(), prompt);
   EXPECT_EQ(got.real_tokens, 512);
   EXPECT_EQ(got.dropped, 1030 - 512);
   EXPECT_NE(got.warning.find("1030"), std::string::npos) << got.warning;
@@ -103,7 +104,8 @@ TEST(KleinPrompt, LongPromptReportsWhatWasDropped) {
 
 TEST(KleinPrompt, EmptyPromptIsTheTemplateAlone) {
   const KleinPromptTokens got = tokenize_klein_prompt(qwen3(), "");
-  const Ids expected = {151644, 872, 198, 151645, 198, 151644, 77091, 198, 151667, 271, 151668, 271};
+  const Ids expected = {151644, 872,    198, 151645, 198, 151644,
+                        77091,  198, 151667, 271, 151668, 271};
   EXPECT_EQ(Ids(got.ids.begin(), got.ids.begin() + 12), expected);
   EXPECT_EQ(got.real_tokens, 12);
   EXPECT_EQ(got.dropped, 0);
@@ -133,15 +135,17 @@ TEST(Tokenizer, SpecFullTemplateExamples) {
       {"a cat on a skateboard",
        {151644, 872, 198, 64, 8251, 389, 264, 97982, 151645, 198, 151644, 77091, 198, 151667, 271,
         151668, 271}},
-      {"My dog Rocket, who is an Akita, eating burgers at a really cool biker bar in rural Oklahoma",
+      {"My dog Rocket, who is an Akita, eating burgers at a really cool biker bar in rural "
+       "Oklahoma",
        {151644, 872, 198, 5050, 5562, 39218, 11, 879, 374, 458, 16358, 6255, 11, 12182, 62352, 518,
-        264, 2167, 7010, 293, 24803, 3619, 304, 19082, 22797, 151645, 198, 151644, 77091, 198, 151667,
-        271, 151668, 271}},
+        264, 2167, 7010, 293, 24803, 3619, 304, 19082, 22797, 151645, 198, 151644, 77091, 198,
+        151667, 271, 151668, 271}},
       {"It's 3 cats & 2 dogs (100% good) \u2014 don't stop!",
        {151644, 872, 198, 2132, 594, 220, 18, 19423, 609, 220, 17, 12590, 320, 16, 15, 15, 4, 1661,
         8, 1959, 1513, 944, 2936, 0, 151645, 198, 151644, 77091, 198, 151667, 271, 151668, 271}},
   };
-  for (const auto& [prompt, ids] : cases) EXPECT_EQ(qwen3().encode(klein_chat_text(prompt)), ids) << prompt;
+  for (const auto& [prompt, ids] : cases)
+    EXPECT_EQ(qwen3().encode(klein_chat_text(prompt)), ids) << prompt;
 }
 
 // Spec 7.2: pieces of the pre-tokenizer.
@@ -175,8 +179,8 @@ TEST(Pretokenizer, WhiteSpaceIsTheUnicodeProperty) {
 
 TEST(Tokenizer, RoundTripsLongAndUnusualInputs) {
   const std::vector<std::string> inputs = {
-      std::string(20000, ' '),        std::string(20000, 'a'),  std::string(5000, '7'),
-      std::string(3000, '\n') + "x",  "\xF0\x9F\x98\x80 tail",   std::string(4000, '!'),
+      std::string(20000, ' '),       std::string(20000, 'a'), std::string(5000, '7'),
+      std::string(3000, '\n') + "x", "\xF0\x9F\x98\x80 tail", std::string(4000, '!'),
       std::string("nul\0byte", 8),
   };
   for (const std::string& s : inputs) {
@@ -191,7 +195,7 @@ TEST(Tokenizer, DecodeReplacesBrokenCharacters) {
   const int32_t lead = qwen3().token_id("\xC3\xA6");
   ASSERT_GE(lead, 0);
   EXPECT_EQ(qwen3().decode(Ids{lead}), "\xEF\xBF\xBD");  // U+FFFD
-  EXPECT_EQ(qwen3().decode(Ids{lead, 64}), "\xEF\xBF\xBD" "a");
+  EXPECT_EQ(qwen3().decode(Ids{lead, 64}), std::string("\xEF\xBF\xBD") + "a");
   EXPECT_EQ(qwen3().decode(Ids{151644, 872, 151645}, /*skip_special=*/true), "user");
   EXPECT_EQ(qwen3().decode(Ids{151667, 151668}, /*skip_special=*/true), "<think></think>");
 }

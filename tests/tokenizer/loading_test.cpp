@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <initializer_list>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/files.h"
@@ -16,6 +18,7 @@ namespace {
 
 using json = nlohmann::json;
 using Ids = std::vector<int32_t>;
+using Parts = std::initializer_list<std::string_view>;  // pieces an error message must contain
 namespace fs = std::filesystem;
 
 // A minimal byte-level vocabulary: the 256 single bytes (id = byte value) and then `extra`
@@ -30,7 +33,8 @@ std::string small_vocab_json(const std::vector<std::string>& extra) {
 // Merges given as raw-text pairs, written in the merges.txt form.
 std::string small_merges_txt(const std::vector<std::pair<std::string, std::string>>& merges) {
   std::string text = "#version: 0.2\n";
-  for (const auto& [a, b] : merges) text += tok::bytes_to_symbols(a) + " " + tok::bytes_to_symbols(b) + "\n";
+  for (const auto& [a, b] : merges)
+    text += tok::bytes_to_symbols(a) + " " + tok::bytes_to_symbols(b) + "\n";
   return text;
 }
 
@@ -44,7 +48,7 @@ TokenizerFiles files_of(const std::string& vocab, const std::string& merges) {
 
 // Expects a klein::Error whose message contains every one of `parts`.
 template <class F>
-void expect_error(F&& f, std::initializer_list<std::string_view> parts) {
+void expect_error(F&& f, Parts parts) {
   try {
     f();
     ADD_FAILURE() << "expected klein::Error";
@@ -65,15 +69,17 @@ TEST(BpeMerges, LowestRankWinsNotLeftmost) {
 }
 
 TEST(BpeMerges, OverlappingPairsMergeLeftToRight) {
-  const Tokenizer t(files_of(small_vocab_json({"aa", "aaaa"}), small_merges_txt({{"a", "a"}, {"aa", "aa"}})));
+  const Tokenizer t(
+      files_of(small_vocab_json({"aa", "aaaa"}), small_merges_txt({{"a", "a"}, {"aa", "aa"}})));
   EXPECT_EQ(t.encode("aaa"), (Ids{256, 'a'}));
   EXPECT_EQ(t.encode("aaaaa"), (Ids{257, 'a'}));
   EXPECT_EQ(t.encode("aaaaaa"), (Ids{257, 256}));
 }
 
 TEST(BpeMerges, ChainsOfMergesBuildLongTokens) {
-  const Tokenizer t(files_of(small_vocab_json({"he", "ll", "hell", "hello"}),
-                             small_merges_txt({{"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}})));
+  const Tokenizer t(
+      files_of(small_vocab_json({"he", "ll", "hell", "hello"}),
+               small_merges_txt({{"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}})));
   EXPECT_EQ(t.encode("hello"), (Ids{259}));
   EXPECT_EQ(t.encode("hellhello"), (Ids{258, 259}));  // one piece: letters only
   EXPECT_EQ(t.decode(Ids{258, 259}), "hellhello");
@@ -103,29 +109,37 @@ TEST(Loading, TokenizerJsonMatchesVocabAndMerges) {
   const json config = json::parse(read_text_file(dir / "tokenizer_config.json"));
   json added = json::array();
   for (auto& [id, t] : config["added_tokens_decoder"].items())
-    added.push_back({{"id", std::stoi(id)}, {"content", t["content"]}, {"special", t["special"]},
-                     {"lstrip", false}, {"rstrip", false}, {"single_word", false}, {"normalized", false}});
+    added.push_back({{"id", std::stoi(id)},
+                     {"content", t["content"]},
+                     {"special", t["special"]},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"single_word", false},
+                     {"normalized", false}});
 
   auto tokenizer_json = [&](bool pairs) {
     std::string m = "[";
     size_t line_start = 0;
     bool first = true;
-    for (size_t eol; (eol = merges.find('\n', line_start)) != std::string::npos; line_start = eol + 1) {
+    for (size_t eol; (eol = merges.find('\n', line_start)) != std::string::npos;
+         line_start = eol + 1) {
       std::string line = merges.substr(line_start, eol - line_start);
       if (line.empty() || line.starts_with("#version")) continue;
       const size_t space = line.find(' ');
       m += first ? "" : ",";
       first = false;
-      m += pairs ? json::array({line.substr(0, space), line.substr(space + 1)}).dump() : json(line).dump();
+      m += pairs ? json::array({line.substr(0, space), line.substr(space + 1)}).dump()
+                 : json(line).dump();
     }
     m += "]";
     return R"({"version": "1.0", "added_tokens": )" + added.dump() +
-           R"(, "normalizer": {"type": "NFC"}, "model": {"type": "BPE", "dropout": null, "vocab": )" +
-           vocab + R"(, "merges": )" + m + "}}";
+           R"(, "normalizer": {"type": "NFC"}, "model": {"type": "BPE", "vocab": )" + vocab +
+           R"(, "merges": )" + m + "}}";
   };
 
   const Tokenizer reference = Tokenizer::from_directory(dir);
-  const json cases = json::parse(read_text_file(testing::tiny_vectors() / "tokenizer" / "strings.json"))["cases"];
+  const json cases =
+      json::parse(read_text_file(testing::tiny_vectors() / "tokenizer" / "strings.json"))["cases"];
   for (bool pairs : {false, true}) {
     const std::string text = tokenizer_json(pairs);
     TokenizerFiles f;
@@ -135,7 +149,8 @@ TEST(Loading, TokenizerJsonMatchesVocabAndMerges) {
     EXPECT_EQ(t.vocab_size(), reference.vocab_size());
     EXPECT_EQ(t.merge_count(), reference.merge_count());
     EXPECT_EQ(t.added_tokens().size(), 26u);
-    for (const json& c : cases) EXPECT_EQ(t.encode(c["text"].get<std::string>()), c["ids"].get<Ids>());
+    for (const json& c : cases)
+      EXPECT_EQ(t.encode(c["text"].get<std::string>()), c["ids"].get<Ids>());
   }
 }
 
@@ -143,9 +158,7 @@ TEST(LoadingErrors, MissingDirectoryOrFiles) {
   expect_error([] { Tokenizer::from_directory("/nonexistent/klein/tokenizer"); },
                {"/nonexistent/klein/tokenizer", "does not exist"});
   const fs::path dir = testing::temp_dir("tokenizer_missing");
-  {
-    std::ofstream(dir / "merges.txt") << "#version: 0.2\n";
-  }
+  { std::ofstream(dir / "merges.txt") << "#version: 0.2\n"; }
   expect_error([&] { Tokenizer::from_directory(dir); }, {"vocab.json", "missing"});
   TokenizerFiles f;
   f.origin = "mem";
@@ -164,9 +177,11 @@ TEST(LoadingErrors, CorruptMergesTxt) {
   // A symbol that is not in the vocabulary at all.
   expect_error([&] { Tokenizer t(files_of(vocab, "ab zz\n")); }, {"line 1", "\"zz\""});
   // A character outside the byte-level alphabet (U+4E2D).
-  expect_error([&] { Tokenizer t(files_of(vocab, "a \xE4\xB8\xAD\n")); }, {"line 1", "byte alphabet"});
+  expect_error([&] { Tokenizer t(files_of(vocab, "a \xE4\xB8\xAD\n")); },
+               {"line 1", "byte alphabet"});
   // Nothing but the header.
-  expect_error([&] { Tokenizer t(files_of(vocab, "#version: 0.2\n")); }, {"merges.txt", "no merges"});
+  expect_error([&] { Tokenizer t(files_of(vocab, "#version: 0.2\n")); },
+               {"merges.txt", "no merges"});
   // Binary garbage.
   expect_error([&] { Tokenizer t(files_of(vocab, std::string("\x00\xff\xfe garbage\n", 13))); },
                {"merges.txt", "line 1"});
@@ -174,8 +189,10 @@ TEST(LoadingErrors, CorruptMergesTxt) {
 
 TEST(LoadingErrors, CorruptVocabJson) {
   const std::string merges = small_merges_txt({{"a", "b"}});
-  expect_error([&] { Tokenizer t(files_of("{\"a\": 1,", merges)); }, {"mem/vocab.json", "not valid JSON"});
-  expect_error([&] { Tokenizer t(files_of("[1, 2]", merges)); }, {"vocab.json", "expected a JSON object"});
+  expect_error([&] { Tokenizer t(files_of("{\"a\": 1,", merges)); },
+               {"mem/vocab.json", "not valid JSON"});
+  expect_error([&] { Tokenizer t(files_of("[1, 2]", merges)); },
+               {"vocab.json", "expected a JSON object"});
   expect_error([&] { Tokenizer t(files_of(R"({"a": "one"})", merges)); },
                {"vocab.json", "\"a\"", "expected a token id"});
   expect_error([&] { Tokenizer t(files_of(R"({"a": -4})", merges)); }, {"vocab.json", "negative"});
@@ -186,46 +203,51 @@ TEST(LoadingErrors, CorruptVocabJson) {
   expect_error([&] { Tokenizer t(files_of("{}", merges)); }, {"vocab.json", "empty"});
 }
 
-TEST(LoadingErrors, CorruptAddedTokensAndTokenizerJson) {
+TEST(LoadingErrors, CorruptAddedTokens) {
   const std::string vocab = small_vocab_json({"ab"});
   const std::string merges = small_merges_txt({{"a", "b"}});
-  TokenizerFiles f = files_of(vocab, merges);
-  auto with_config = [&](const std::string& config) {
-    TokenizerFiles g = f;
-    g.tokenizer_config_json = config;
-    Tokenizer t(g);
+  auto config_error = [&](const std::string& decoder, Parts parts) {
+    TokenizerFiles f = files_of(vocab, merges);
+    const std::string config = R"({"added_tokens_decoder": )" + decoder + "}";
+    f.tokenizer_config_json = config;
+    expect_error([&] { Tokenizer t(f); }, parts);
   };
-  expect_error([&] { with_config(R"({"added_tokens_decoder": {"x1": {"content": "<a>"}}})"); },
-               {"mem/tokenizer_config.json", "x1", "token id"});
-  expect_error([&] { with_config(R"({"added_tokens_decoder": {"300": {"special": true}}})"); },
-               {"tokenizer_config.json", "300", "content"});
-  expect_error([&] { with_config(R"({"added_tokens_decoder": {"300": {"content": "<a>", "lstrip": true}}})"); },
-               {"lstrip"});
-  expect_error([&] { with_config(R"({"added_tokens_decoder": {"300": {"content": "<a>"}, "301": {"content": "<a>"}}})"); },
-               {"two ids"});
-  expect_error([&] { with_config("{ nope"); }, {"tokenizer_config.json", "not valid JSON"});
+  config_error(R"({"x1": {"content": "<a>"}})", {"mem/tokenizer_config.json", "x1", "token id"});
+  config_error(R"({"300": {"special": true}})", {"tokenizer_config.json", "300", "content"});
+  config_error(R"({"300": {"content": "<a>", "lstrip": true}})", {"lstrip"});
+  config_error(R"({"300": {"content": "<a>"}, "301": {"content": "<a>"}})", {"two ids"});
+  config_error(R"({"300": {"content": "<a>", "special": "yes"}})", {"special", "true or false"});
+  config_error(R"([1, 2])", {"added_tokens_decoder", "object"});
 
-  auto with_tokenizer_json = [](const std::string& text) {
-    TokenizerFiles g;
-    g.origin = "mem";
-    g.tokenizer_json = text;
-    Tokenizer t(g);
+  TokenizerFiles f = files_of(vocab, merges);
+  f.tokenizer_config_json = "{ nope";
+  expect_error([&] { Tokenizer t(f); }, {"tokenizer_config.json", "not valid JSON"});
+}
+
+TEST(LoadingErrors, CorruptTokenizerJson) {
+  const std::string vocab = small_vocab_json({"ab"});
+  auto json_error = [](const std::string& text, Parts parts) {
+    TokenizerFiles f;
+    f.origin = "mem";
+    f.tokenizer_json = text;
+    expect_error([&] { Tokenizer t(f); }, parts);
   };
-  const std::string model = R"({"model": {"type": "BPE", "vocab": )" + vocab;
-  expect_error([&] { with_tokenizer_json(R"({"model": {"type": "WordPiece", "vocab": {"a": 0}, "merges": []}})"); },
-               {"mem/tokenizer.json", "WordPiece"});
-  expect_error([&] { with_tokenizer_json(model + R"(, "merges": ["a b", "ab"]}})"); },
-               {"tokenizer.json", "model.merges[1]", "two symbols"});
-  expect_error([&] { with_tokenizer_json(model + R"(, "merges": [["a", "b", "c"]]}})"); },
-               {"tokenizer.json", "two parts"});
-  expect_error([&] { with_tokenizer_json(model + R"(, "merges": [["a", "q"]]}})"); },
-               {"tokenizer.json", "model.merges[0]", "\"aq\"", "not in the vocabulary"});
-  expect_error([&] { with_tokenizer_json(model + R"(, "merges": ["a b"]}, "added_tokens": [{"id": 300}]})"); },
-               {"tokenizer.json", "added_tokens[0]", "content"});
-  expect_error([&] { with_tokenizer_json(R"({"model": {"type": "BPE", "merges": ["a b"]}})"); },
-               {"tokenizer.json", "model.vocab"});
-  expect_error([&] { with_tokenizer_json(model + "}}"); }, {"tokenizer.json", "model.merges"});
-  expect_error([&] { with_tokenizer_json(model); }, {"tokenizer.json", "not valid JSON"});
+  // Everything after "model": {"type": "BPE", "vocab": <vocab>.
+  auto model_error = [&](const std::string& rest, Parts parts) {
+    json_error(R"({"model": {"type": "BPE", "vocab": )" + vocab + rest, parts);
+  };
+  json_error(R"({"model": {"type": "WordPiece", "vocab": {"a": 0}, "merges": []}})",
+             {"mem/tokenizer.json", "WordPiece"});
+  json_error(R"({"model": {"type": "BPE", "merges": ["a b"]}})", {"tokenizer.json", "model.vocab"});
+  model_error(R"(, "merges": ["a b", "ab"]}})",
+              {"tokenizer.json", "model.merges[1]", "two symbols"});
+  model_error(R"(, "merges": [["a", "b", "c"]]}})", {"tokenizer.json", "two parts"});
+  model_error(R"(, "merges": [["a", "q"]]}})",
+              {"tokenizer.json", "model.merges[0]", "\"aq\"", "not in the vocabulary"});
+  model_error(R"(, "merges": ["a b"]}, "added_tokens": [{"id": 300}]})",
+              {"tokenizer.json", "added_tokens[0]", "content"});
+  model_error("}}", {"tokenizer.json", "model.merges"});
+  model_error("", {"tokenizer.json", "not valid JSON"});
 }
 
 TEST(EncodingErrors, InvalidUtf8AndUnknownIds) {
