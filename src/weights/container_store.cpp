@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "quant/blocks.h"
+#include "quant/matmul.h"
 #include "weights/expected.h"
 #include "weights/naming.h"
 
@@ -68,8 +70,17 @@ uint64_t stored_tensor_bytes(const std::string& name, DType type, uint8_t layout
           " is not readable (plain float types are row-major, layout 0)");
     return n * dtype_size(type);
   }
-  fail("tensor ", name, " is stored as ", dtype_name(type),
-       ", which this build of klein cannot read (it reads F32, F16, BF16)");
+  check(type == DType::Q8 || type == DType::Q4, "tensor ", name, " is stored as ", dtype_name(type),
+        ", which a container cannot hold");
+  check(layout <= uint8_t(quant::Layout::Interleaved16), "tensor ", name, ": ", dtype_name(type),
+        " layout ", int(layout), " is unknown to this program (written by a newer klein?)");
+  check(block_size == uint32_t(quant::kBlock), "tensor ", name, ": ", dtype_name(type),
+        " with blocks of ", block_size, " values; this program reads blocks of ", quant::kBlock);
+  const int64_t rows = shape.empty() ? 1 : shape[0];
+  const int64_t cols = rows > 0 ? int64_t(n) / rows : 0;
+  check(shape.size() >= 2 && cols % quant::kBlock == 0, "tensor ", name, " ", shape_str(shape),
+        " cannot be ", dtype_name(type), ": rows must be whole blocks of ", quant::kBlock);
+  return quant::storage_bytes(type, quant::Layout(layout), rows, cols);
 }
 
 ContainerStore::ContainerStore(const fs::path& path, ContainerOptions options)
