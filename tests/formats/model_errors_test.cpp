@@ -17,8 +17,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using ::testing::AllOf;
-using ::testing::HasSubstr;
 using testing::error_of;
+using ::testing::HasSubstr;
 using testing::StTensor;
 using testing::TinyModelCopy;
 
@@ -70,7 +70,8 @@ TEST(ModelErrors, PathThatDoesNotExist) {
 
 TEST(ModelErrors, PathThatIsAFile) {
   const fs::path file = testing::tiny_model() / "model_index.json";
-  EXPECT_THAT(open_error(file), AllOf(HasSubstr(file.string()), HasSubstr("is not a model directory")));
+  EXPECT_THAT(open_error(file),
+              AllOf(HasSubstr(file.string()), HasSubstr("is not a model directory")));
 }
 
 TEST(ModelErrors, MissingComponentDirectory) {
@@ -82,9 +83,8 @@ TEST(ModelErrors, MissingComponentDirectory) {
 TEST(ModelErrors, MissingWeightsFile) {
   TinyModelCopy copy(test_name());
   copy.remove(kTransformer);
-  EXPECT_THAT(open_error(copy.dir()),
-              AllOf(HasSubstr((copy / "transformer").string()),
-                    HasSubstr("no diffusion_pytorch_model.safetensors")));
+  EXPECT_THAT(open_error(copy.dir()), AllOf(HasSubstr((copy / "transformer").string()),
+                                            HasSubstr("no diffusion_pytorch_model.safetensors")));
 }
 
 TEST(ModelErrors, ConfigThatDisagreesWithTheWeights) {
@@ -111,14 +111,15 @@ TEST(ModelErrors, ConfigValueOfTheWrongType) {
 TEST(ModelErrors, ConfigThatIsNotJson) {
   TinyModelCopy copy(test_name());
   copy.write("text_encoder/config.json", "{\"hidden_size\": ");
-  EXPECT_THAT(open_error(copy.dir()),
-              AllOf(HasSubstr((copy / "text_encoder/config.json").string()), HasSubstr("not valid JSON")));
+  EXPECT_THAT(open_error(copy.dir()), AllOf(HasSubstr((copy / "text_encoder/config.json").string()),
+                                            HasSubstr("not valid JSON")));
 }
 
 TEST(ModelErrors, MissingTensor) {
   TinyModelCopy copy(test_name());
   auto tensors = tiny_tensors(kTransformer);
-  std::erase_if(tensors, [](const StTensor& t) { return t.name == "transformer_blocks.1.attn.to_k.weight"; });
+  std::erase_if(
+      tensors, [](const StTensor& t) { return t.name == "transformer_blocks.1.attn.to_k.weight"; });
   copy.write_safetensors(kTransformer, tensors);
   EXPECT_THAT(open_error(copy.dir()),
               AllOf(HasSubstr((copy / kTransformer).string()),
@@ -141,23 +142,27 @@ TEST(ModelErrors, TensorWithTheWrongShape) {
   auto tensors = tiny_tensors(kTransformer);
   reshape(tensors, "transformer_blocks.1.attn.norm_added_k.weight", {64});
   copy.write_safetensors(kTransformer, tensors);
-  EXPECT_THAT(open_error(copy.dir()),
-              AllOf(HasSubstr((copy / kTransformer).string()),
-                    HasSubstr("transformer tensor transformer.transformer_blocks.1.attn.norm_added_k.weight "
-                              "has shape [64] but the configuration implies [128]")));
+  EXPECT_THAT(
+      open_error(copy.dir()),
+      AllOf(
+          HasSubstr((copy / kTransformer).string()),
+          HasSubstr("transformer tensor transformer.transformer_blocks.1.attn.norm_added_k.weight "
+                    "has shape [64] but the configuration implies [128]")));
 }
 
 TEST(ModelErrors, UnknownTensorInABflFile) {
   TinyModelCopy copy(test_name());
-  testing::write_safetensors(copy / "bfl.safetensors",
-                             {{"img_in.weight", "BF16", {256, 128}, testing::pattern_bytes(256 * 128 * 2, 1)},
-                              {"double_blocks.0.img_attn.rotary.weight", "BF16", {4}, testing::pattern_bytes(8, 2)}});
+  testing::write_safetensors(
+      copy / "bfl.safetensors",
+      {{"img_in.weight", "BF16", {256, 128}, testing::pattern_bytes(256 * 128 * 2, 1)},
+       {"double_blocks.0.img_attn.rotary.weight", "BF16", {4}, testing::pattern_bytes(8, 2)}});
   ModelPaths paths;
   paths.model = copy.dir();
   paths.diffusion_model = copy / "bfl.safetensors";
-  EXPECT_THAT(error_of([&] { open_model(paths); }),
-              AllOf(HasSubstr((copy / "bfl.safetensors").string()),
-                    HasSubstr("unknown transformer tensor double_blocks.0.img_attn.rotary.weight")));
+  EXPECT_THAT(
+      error_of([&] { open_model(paths); }),
+      AllOf(HasSubstr((copy / "bfl.safetensors").string()),
+            HasSubstr("unknown transformer tensor double_blocks.0.img_attn.rotary.weight")));
 }
 
 TEST(ModelErrors, TransformerThatExpectsAnotherTextEncoder) {

@@ -16,7 +16,8 @@ using json = nlohmann::json;
 
 namespace {
 
-void write_bytes(const fs::path& path, const std::string& head, const std::vector<std::byte>& data) {
+void write_bytes(const fs::path& path, const std::string& head,
+                 const std::vector<std::byte>& data) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   ASSERT_TRUE(out) << "cannot write " << path;
   out.write(head.data(), std::streamsize(head.size()));
@@ -37,7 +38,8 @@ void write_safetensors(const fs::path& path, const std::vector<StTensor>& tensor
   for (const auto& t : tensors) {
     const uint64_t begin = data.size();
     data.insert(data.end(), t.bytes.begin(), t.bytes.end());
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {begin, data.size()}}};
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {begin, data.size()}}};
   }
   header["__metadata__"] = {{"format", "pt"}};
   std::string text = header.dump();
@@ -118,7 +120,8 @@ void TinyModelCopy::write(const std::string& relative, const std::string& text) 
   write_text(dir_ / relative, text);
 }
 
-void TinyModelCopy::write_safetensors(const std::string& relative, const std::vector<StTensor>& tensors) {
+void TinyModelCopy::write_safetensors(const std::string& relative,
+                                      const std::vector<StTensor>& tensors) {
   remove(relative);
   testing::write_safetensors(dir_ / relative, tensors);
 }
