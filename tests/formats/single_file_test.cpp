@@ -1,0 +1,300 @@
+// Single-file checkpoints in the original BFL layout (spec b.4): the tiny model's diffusers
+// tensors are rewritten under BFL names (fused QKV, swapped final-layer halves, ".scale"
+// norms, reversed decoder levels, 1x1 attention convolutions) and must load to exactly the
+// same canonical tensors, bit for bit, as the diffusers directory.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <regex>
+
+#include "formats/st_files.h"
+#include "support/testing.h"
+#include "weights/model_source.h"
+#include "weights/source_store.h"
+#include "weights/summary.h"
+
+namespace klein {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::StTensor;
+
+std::string test_name() { return ::testing::UnitTest::GetInstance()->current_test_info()->name(); }
+
+using TensorMap = std::map<std::string, StTensor>;
+
+TensorMap by_name(const std::vector<StTensor>& tensors) {
+  TensorMap m;
+  for (const auto& t : tensors) m[t.name] = t;
+  return m;
+}
+
+// Takes tensor `name` out of `from` (so that what is left can be checked to be empty).
+StTensor take(TensorMap& from, const std::string& name) {
+  auto it = from.find(name);
+  if (it == from.end()) throw std::runtime_error("tiny model lacks " + name);
+  StTensor t = std::move(it->second);
+  from.erase(it);
+  return t;
+}
+
+StTensor renamed(StTensor t, std::string name) {
+  t.name = std::move(name);
+  return t;
+}
+
+// Rows of q, k, v stacked into one [3*D, D] projection.
+StTensor fused(std::string name, const StTensor& q, const StTensor& k, const StTensor& v) {
+  StTensor t{std::move(name), q.dtype, {3 * q.shape[0], q.shape[1]}, {}};
+  for (const StTensor* part : {&q, &k, &v})
+    t.bytes.insert(t.bytes.end(), part->bytes.begin(), part->bytes.end());
+  return t;
+}
+
+// diffusers keeps scale|shift in norm_out, BFL shift|scale.
+StTensor halves_swapped(StTensor t, std::string name) {
+  const size_t half = t.bytes.size() / 2;
+  std::rotate(t.bytes.begin(), t.bytes.begin() + std::ptrdiff_t(half), t.bytes.end());
+  t.name = std::move(name);
+  return t;
+}
+
+struct BflSpelling {
+  std::string prefix;          // "" or "model.diffusion_model."
+  std::string norm = "scale";  // BFL "scale"; some repacks write "weight"
+};
+
+// The tiny transformer under BFL names (spec b.4, transformer table).
+std::vector<StTensor> bfl_transformer(const BflSpelling& spelling) {
+  TensorMap d = by_name(
+      testing::read_all(testing::tiny_model() / "transformer/diffusion_pytorch_model.safetensors"));
+  std::vector<StTensor> out;
+  auto put = [&](StTensor t) {
+    t.name = spelling.prefix + t.name;
+    out.push_back(std::move(t));
+  };
+  const std::map<std::string, std::string> shared = {
+      {"x_embedder.weight", "img_in.weight"},
+      {"context_embedder.weight", "txt_in.weight"},
+      {"time_guidance_embed.timestep_embedder.linear_1.weight", "time_in.in_layer.weight"},
+      {"time_guidance_embed.timestep_embedder.linear_2.weight", "time_in.out_layer.weight"},
+      {"double_stream_modulation_img.linear.weight", "double_stream_modulation_img.lin.weight"},
+      {"double_stream_modulation_txt.linear.weight", "double_stream_modulation_txt.lin.weight"},
+      {"single_stream_modulation.linear.weight", "single_stream_modulation.lin.weight"},
+      {"proj_out.weight", "final_layer.linear.weight"},
+  };
+  for (const auto& [from, to] : shared) put(renamed(take(d, from), to));
+  put(halves_swapped(take(d, "norm_out.linear.weight"), "final_layer.adaLN_modulation.1.weight"));
+  const std::string norm = "." + spelling.norm;
+  for (int i = 0; i < 2; ++i) {
+    const std::string p = "transformer_blocks." + std::to_string(i) + ".";
+    const std::string b = "double_blocks." + std::to_string(i) + ".";
+    const StTensor q = take(d, p + "attn.to_q.weight"), k = take(d, p + "attn.to_k.weight"),
+                   v = take(d, p + "attn.to_v.weight");
+    put(fused(b + "img_attn.qkv.weight", q, k, v));
+    const StTensor aq = take(d, p + "attn.add_q_proj.weight"),
+                   ak = take(d, p + "attn.add_k_proj.weight"),
+                   av = take(d, p + "attn.add_v_proj.weight");
+    put(fused(b + "txt_attn.qkv.weight", aq, ak, av));
+    const std::map<std::string, std::string> block = {
+        {"attn.norm_q.weight", "img_attn.norm.query_norm" + norm},
+        {"attn.norm_k.weight", "img_attn.norm.key_norm" + norm},
+        {"attn.norm_added_q.weight", "txt_attn.norm.query_norm" + norm},
+        {"attn.norm_added_k.weight", "txt_attn.norm.key_norm" + norm},
+        {"attn.to_out.0.weight", "img_attn.proj.weight"},
+        {"attn.to_add_out.weight", "txt_attn.proj.weight"},
+        {"ff.linear_in.weight", "img_mlp.0.weight"},
+        {"ff.linear_out.weight", "img_mlp.2.weight"},
+        {"ff_context.linear_in.weight", "txt_mlp.0.weight"},
+        {"ff_context.linear_out.weight", "txt_mlp.2.weight"},
+    };
+    for (const auto& [from, to] : block) put(renamed(take(d, p + from), b + to));
+  }
+  for (int i = 0; i < 2; ++i) {
+    const std::string p = "single_transformer_blocks." + std::to_string(i) + ".attn.";
+    const std::string b = "single_blocks." + std::to_string(i) + ".";
+    put(renamed(take(d, p + "to_qkv_mlp_proj.weight"), b + "linear1.weight"));
+    put(renamed(take(d, p + "to_out.weight"), b + "linear2.weight"));
+    put(renamed(take(d, p + "norm_q.weight"), b + "norm.query_norm" + norm));
+    put(renamed(take(d, p + "norm_k.weight"), b + "norm.key_norm" + norm));
+  }
+  EXPECT_TRUE(d.empty()) << "unconverted tensor " << d.begin()->first;
+  return out;
+}
+
+// The BFL name of a diffusers VAE tensor (spec b.4, VAE table), rules tried in order.
+std::string bfl_vae_name(const std::string& n, int levels) {
+  static const std::vector<std::pair<std::regex, std::string>> rules = [] {
+    std::vector<std::pair<std::regex, std::string>> r;
+    auto add = [&](const char* re, const char* to) { r.emplace_back(std::regex(re), to); };
+    add(R"(^(encoder|decoder)\.conv_norm_out\.(.*)$)", "$1.norm_out.$2");
+    add(R"(^encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.conv_shortcut\.(.*)$)",
+        "encoder.down.$1.block.$2.nin_shortcut.$3");
+    add(R"(^encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.(.*)$)", "encoder.down.$1.block.$2.$3");
+    add(R"(^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.conv\.(.*)$)",
+        "encoder.down.$1.downsample.conv.$2");
+    add(R"(^(encoder|decoder)\.mid_block\.resnets\.0\.(.*)$)", "$1.mid.block_1.$2");
+    add(R"(^(encoder|decoder)\.mid_block\.resnets\.1\.(.*)$)", "$1.mid.block_2.$2");
+    add(R"(^(encoder|decoder)\.mid_block\.attentions\.0\.group_norm\.(.*)$)",
+        "$1.mid.attn_1.norm.$2");
+    add(R"(^(encoder|decoder)\.mid_block\.attentions\.0\.to_(q|k|v)\.(.*)$)",
+        "$1.mid.attn_1.$2.$3");
+    add(R"(^(encoder|decoder)\.mid_block\.attentions\.0\.to_out\.0\.(.*)$)",
+        "$1.mid.attn_1.proj_out.$2");
+    add(R"(^quant_conv\.(.*)$)", "encoder.quant_conv.$1");
+    add(R"(^post_quant_conv\.(.*)$)", "decoder.post_quant_conv.$1");
+    return r;
+  }();
+  // Decoder levels run the other way: diffusers up_blocks.k is BFL up.(levels-1-k).
+  static const std::regex up(
+      R"(^decoder\.up_blocks\.(\d+)\.(resnets\.(\d+)\.(.*)|upsamplers\.0\.conv\.(.*))$)");
+  std::smatch m;
+  if (std::regex_match(n, m, up)) {
+    const std::string level = std::to_string(levels - 1 - std::stoi(m[1]));
+    if (m[3].matched) {
+      std::string rest = m[4];
+      if (rest.rfind("conv_shortcut.", 0) == 0) rest = "nin_shortcut." + rest.substr(14);
+      return "decoder.up." + level + ".block." + m[3].str() + "." + rest;
+    }
+    return "decoder.up." + level + ".upsample.conv." + m[5].str();
+  }
+  for (const auto& [re, to] : rules)
+    if (std::regex_match(n, m, re)) return m.format(to);
+  return n;  // conv_in, conv_out, bn.*: same names
+}
+
+std::vector<StTensor> bfl_vae(const std::string& prefix) {
+  std::vector<StTensor> out;
+  for (StTensor t :
+       testing::read_all(testing::tiny_model() / "vae/diffusion_pytorch_model.safetensors")) {
+    const bool attention_linear =
+        t.name.find(".attentions.0.to_") != std::string::npos && t.name.ends_with(".weight");
+    t.name = prefix + bfl_vae_name(t.name, 4);
+    // BFL's attention projections are 1x1 convolutions.
+    if (attention_linear) t.shape = {t.shape[0], t.shape[1], 1, 1};
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+// Every unit of `got` holds exactly the canonical tensors of `want`, bit for bit.
+void expect_same_weights(WeightStore& want, WeightStore& got) {
+  ASSERT_EQ(want.units(), got.units());
+  size_t compared = 0;
+  for (const auto& name : want.units()) {
+    UnitRef a = want.acquire(name), b = got.acquire(name);
+    ASSERT_EQ(a->weights().size(), b->weights().size()) << name;
+    for (const Weight& w : a->weights()) {
+      const Weight* x = b->find(w.name.substr(a->prefix().size()));
+      ASSERT_NE(x, nullptr) << w.name;
+      EXPECT_EQ(x->dtype, w.dtype) << w.name;
+      EXPECT_EQ(x->shape, w.shape) << w.name;
+      ASSERT_EQ(x->nbytes, w.nbytes) << w.name;
+      EXPECT_EQ(std::memcmp(x->data, w.data, w.nbytes), 0) << w.name << " differs";
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 500u);
+}
+
+class BflLayout : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::temp_dir("bfl-" + test_name()); }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+TEST_F(BflLayout, TransformerLoadsBitIdentical) {
+  testing::write_safetensors(dir_ / "flux-2-klein-tiny.safetensors", bfl_transformer({}));
+  ModelPaths paths;
+  paths.model = testing::tiny_model();
+  paths.diffusion_model = dir_ / "flux-2-klein-tiny.safetensors";
+  auto bfl = open_model(paths);
+  auto diffusers = open_model(testing::tiny_model());
+  expect_same_weights(*diffusers, *bfl);
+  // No config.json came with the file: the shapes must give the same configuration.
+  const TransformerConfig& a = diffusers->config().transformer;
+  const TransformerConfig& b = bfl->config().transformer;
+  EXPECT_EQ(b.num_double_blocks, a.num_double_blocks);
+  EXPECT_EQ(b.num_single_blocks, a.num_single_blocks);
+  EXPECT_EQ(b.num_heads, a.num_heads);
+  EXPECT_EQ(b.head_dim, a.head_dim);
+  EXPECT_EQ(b.context_dim, a.context_dim);
+  EXPECT_EQ(b.mlp_ratio, a.mlp_ratio);
+  EXPECT_EQ(b.rope_axes, a.rope_axes);
+}
+
+TEST_F(BflLayout, ComfyPrefixAndWeightSpelledNormsLoadBitIdentical) {
+  testing::write_safetensors(dir_ / "comfy.safetensors",
+                             bfl_transformer({"model.diffusion_model.", "weight"}));
+  ModelPaths paths;
+  paths.model = testing::tiny_model();
+  paths.diffusion_model = dir_ / "comfy.safetensors";
+  auto bfl = open_model(paths);
+  auto diffusers = open_model(testing::tiny_model());
+  expect_same_weights(*diffusers, *bfl);
+}
+
+TEST_F(BflLayout, VaeLoadsBitIdentical) {
+  for (const std::string prefix : {"", "first_stage_model."}) {
+    SCOPED_TRACE("prefix '" + prefix + "'");
+    testing::write_safetensors(dir_ / "ae.safetensors", bfl_vae(prefix));
+    ModelPaths paths;
+    paths.model = testing::tiny_model();
+    paths.vae = dir_ / "ae.safetensors";
+    auto bfl = open_model(paths);
+    auto diffusers = open_model(testing::tiny_model());
+    expect_same_weights(*diffusers, *bfl);
+    const VaeConfig& a = diffusers->config().vae;
+    const VaeConfig& b = bfl->config().vae;
+    EXPECT_EQ(b.block_out_channels, a.block_out_channels);
+    EXPECT_EQ(b.decoder_channels(), a.decoder_channels());
+    EXPECT_EQ(b.layers_per_block, a.layers_per_block);
+    EXPECT_EQ(b.latent_channels, a.latent_channels);
+    EXPECT_EQ(b.mid_block_attention, a.mid_block_attention);
+  }
+}
+
+TEST_F(BflLayout, EverythingFromSingleFiles) {
+  testing::write_safetensors(dir_ / "t.safetensors", bfl_transformer({"model.diffusion_model."}));
+  testing::write_safetensors(dir_ / "ae.safetensors", bfl_vae(""));
+  ModelPaths paths;
+  paths.diffusion_model = dir_ / "t.safetensors";
+  paths.text_encoder = testing::tiny_model() / "text_encoder/model.safetensors.index.json";
+  paths.vae = dir_ / "ae.safetensors";
+  auto bfl = open_model(paths);
+  auto diffusers = open_model(testing::tiny_model());
+  expect_same_weights(*diffusers, *bfl);
+}
+
+TEST_F(BflLayout, SummaryReportsTheLayoutAndTheFileTensors) {
+  testing::write_safetensors(dir_ / "t.safetensors", bfl_transformer({}));
+  testing::write_safetensors(dir_ / "ae.safetensors", bfl_vae(""));
+  ModelPaths paths;
+  paths.model = testing::tiny_model();
+  paths.diffusion_model = dir_ / "t.safetensors";
+  paths.vae = dir_ / "ae.safetensors";
+  const ModelSummary s = describe_model(paths);
+  ASSERT_EQ(s.components.size(), 3u);
+  const ComponentSummary& t = s.components[0];
+  EXPECT_EQ(t.layout, Layout::Bfl);
+  EXPECT_TRUE(t.config_file.empty());
+  // Each double block holds two fused QKV tensors in place of six projections.
+  EXPECT_EQ(t.counts.tensors, 49 - 2 * 4);
+  int64_t unit_tensors = 0, unit_parameters = 0;
+  for (const auto& u : t.units) {
+    unit_tensors += u.counts.tensors;
+    unit_parameters += u.counts.parameters;
+  }
+  EXPECT_EQ(unit_tensors, 49);
+  EXPECT_EQ(unit_parameters, t.counts.parameters);
+  EXPECT_EQ(s.components[1].layout, Layout::Diffusers);
+  EXPECT_EQ(s.components[2].layout, Layout::Bfl);
+  EXPECT_EQ(s.components[2].counts.tensors, 247);
+}
+
+}  // namespace
+}  // namespace klein
