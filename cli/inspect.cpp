@@ -1,0 +1,134 @@
+// klein inspect: what a model is made of. Parses the options, asks weights/summary.h for the
+// description and prints it, as text or (--json) as one JSON document.
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/commands.h"
+#include "cli/model_options.h"
+#include "weights/summary.h"
+
+namespace klein::cli {
+namespace {
+
+struct InspectOptions {
+  ModelPaths paths;
+  bool json = false;
+};
+
+// 19376579 -> "19,376,579"
+std::string with_separators(uint64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// Decimal units, as checkpoint sizes are usually quoted ("7.75 GB").
+std::string human_bytes(uint64_t n) {
+  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
+  double v = double(n);
+  int u = 0;
+  while (v >= 1000 && u < 4) {
+    v /= 1000;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+// "1 tensor", "49 tensors"
+std::string tensors(int64_t n) {
+  return with_separators(uint64_t(n)) + (n == 1 ? " tensor" : " tensors");
+}
+
+std::string counts_line(const TensorCounts& c) {
+  return tensors(c.tensors) + ", " + with_separators(uint64_t(c.parameters)) + " parameters, " +
+         human_bytes(c.bytes);
+}
+
+// The entries of a config object as "key=value" words, wrapped under an indent.
+void print_config(const nlohmann::json& config, const std::string& indent) {
+  std::string line;
+  for (const auto& [key, value] : config.items()) {
+    const std::string word =
+        key + "=" + (value.is_string() ? value.get<std::string>() : value.dump());
+    if (!line.empty() && line.size() + 1 + word.size() > 88) {
+      std::printf("%s%s\n", indent.c_str(), line.c_str());
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  if (!line.empty()) std::printf("%s%s\n", indent.c_str(), line.c_str());
+}
+
+void print_component(const ComponentSummary& c, const nlohmann::json& config) {
+  std::printf("\n%s: %s layout\n", component_name(c.component), layout_name(c.layout));
+  if (!c.index_file.empty())
+    std::printf("  index:  %s (%zu shards)\n", c.index_file.c_str(), c.files.size());
+  for (const auto& f : c.files) std::printf("  file:   %s\n", f.c_str());
+  if (c.config_file.empty())
+    std::printf("  config: read from the tensor shapes\n");
+  else
+    std::printf("  config: %s (checked against the tensor shapes)\n", c.config_file.c_str());
+  print_config(config, "          ");
+  std::printf("  %s\n", counts_line(c.counts).c_str());
+  for (const auto& [dtype, counts] : c.dtypes)
+    std::printf("  %-6s  %s, %s\n", dtype.c_str(), tensors(counts.tensors).c_str(),
+                human_bytes(counts.bytes).c_str());
+  std::printf("  units:\n");
+  for (const auto& u : c.units)
+    std::printf("    %-28s %12s %15s parameters %10s%s\n", u.name.c_str(),
+                tensors(u.counts.tensors).c_str(),
+                with_separators(uint64_t(u.counts.parameters)).c_str(),
+                human_bytes(u.counts.bytes).c_str(),
+                u.read_by_inference ? "" : "  (not read by inference)");
+  if (!c.unused.empty()) {
+    std::printf("  not read by inference:");
+    for (const auto& name : c.unused) std::printf(" %s", name.c_str());
+    std::printf("\n");
+  }
+}
+
+void print_text(const ModelSummary& s) {
+  const nlohmann::json config = to_json(s.config);
+  std::printf("model: %s", s.name.c_str());
+  if (!s.model.empty()) std::printf(" (%s)", s.model.c_str());
+  std::printf("\n  %s\n", s.config.is_distilled ? "distilled: no classifier-free guidance"
+                                                : "base model: classifier-free guidance");
+  std::printf("  scheduler:\n");
+  print_config(config.at("scheduler"), "    ");
+  for (const auto& c : s.components) print_component(c, config.at(component_key(c.component)));
+  std::printf("\ntokenizer: %s\n", s.tokenizer_dir.empty()
+                                       ? ("none (" + s.tokenizer_problem + ")").c_str()
+                                       : s.tokenizer_dir.c_str());
+  std::printf("\ntotal: %s\n", counts_line(s.total).c_str());
+}
+
+void run_inspect(const InspectOptions& o) {
+  // Here is where a klein container gets its own description (a file whose first bytes are
+  // the container magic): its sections, precisions, checksums. Everything else is an
+  // original checkpoint, described from its safetensors headers.
+  const ModelSummary s = describe_model(o.paths);
+  if (o.json)
+    std::printf("%s\n", to_json(s).dump(2).c_str());
+  else
+    print_text(s);
+}
+
+}  // namespace
+
+static Registration reg("inspect", 20, [](CLI::App& app) {
+  auto options = std::make_shared<InspectOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "inspect", "Describe a model: files, layout, configuration, tensor and parameter counts");
+  add_model_options(*cmd, options->paths);
+  cmd->add_flag("--json", options->json, "print the description as one JSON document");
+  cmd->callback([options] { run_inspect(*options); });
+});
+
+}  // namespace klein::cli

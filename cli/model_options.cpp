@@ -1,0 +1,27 @@
+#include "cli/model_options.h"
+
+namespace klein::cli {
+
+void add_model_options(CLI::App& cmd, ModelPaths& paths) {
+  const char* group = "Model";
+  cmd.add_option("-m,--model", paths.model,
+                 "FLUX.2-klein diffusers directory (model_index.json, transformer/, "
+                 "text_encoder/, vae/, tokenizer/) or klein container file")
+      ->group(group);
+  cmd.add_option("--diffusion-model", paths.diffusion_model,
+                 "transformer safetensors file (BFL, ComfyUI or diffusers names); overrides "
+                 "the one in -m")
+      ->group(group);
+  cmd.add_option("--text-encoder", paths.text_encoder,
+                 "Qwen3 text encoder safetensors file or its .index.json; overrides the one in -m")
+      ->group(group);
+  cmd.add_option("--vae", paths.vae,
+                 "VAE safetensors file (BFL or diffusers names); overrides the one in -m")
+      ->group(group);
+  cmd.add_option("--tokenizer", paths.tokenizer,
+                 "tokenizer directory (vocab.json, merges.txt, tokenizer_config.json); "
+                 "overrides the one in -m")
+      ->group(group);
+}
+
+}  // namespace klein::cli
