@@ -1,0 +1,82 @@
+// klein encode-text: a prompt -> the text-encoder context the transformer attends to, saved as
+// .npy float32 [1, 512, 3 * hidden] (the pipeline's prompt_embeds). Parses the options, calls
+// the tokenizer, the prompt cache and the encoder, and prints what happened.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "cli/commands.h"
+#include "cli/model_options.h"
+#include "core/npy.h"
+#include "core/threadpool.h"
+#include "models/qwen3/prompt_cache.h"
+#include "models/qwen3/text_encoder.h"
+#include "pipeline/model_tokenizer.h"
+#include "tokenizer/klein_prompt.h"
+#include "weights/model_source.h"
+
+namespace klein::cli {
+namespace {
+
+struct EncodeTextOptions {
+  ModelPaths paths;
+  std::string prompt;
+  std::filesystem::path output;
+  bool no_cache = false;
+  std::filesystem::path cache_dir;
+  int threads = 0;
+};
+
+void run_encode_text(const EncodeTextOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
+  auto store = open_model(o.paths);
+  const Tokenizer tokenizer = load_model_tokenizer(o.paths);
+  const KleinPromptTokens tokens = tokenize_klein_prompt(tokenizer, o.prompt);
+  if (!tokens.warning.empty()) std::fprintf(stderr, "warning: %s\n", tokens.warning.c_str());
+
+  ThreadPool pool(o.threads);
+  qwen3::TextEncoder encoder(*store, pool);
+  std::optional<qwen3::PromptCache> cache;
+  if (!o.no_cache)
+    cache.emplace(o.cache_dir.empty() ? qwen3::PromptCache::default_dir() : o.cache_dir);
+  qwen3::CachedContext result =
+      qwen3::encode_with_cache(encoder, cache ? &*cache : nullptr, tokens.ids, tokens.mask);
+  if (!result.store_error.empty())
+    std::fprintf(stderr, "warning: the context was not cached: %s\n", result.store_error.c_str());
+
+  Tensor& context = result.context;
+  context.reshape({1, context.dim(0), context.dim(1)});  // batch of one, as the pipeline has it
+  write_npy(o.output, context);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("%s: context %s from %d prompt tokens + %d padding, %s in %.2f s\n",
+              o.output.string().c_str(), shape_str(context.shape()).c_str(), tokens.real_tokens,
+              int(tokens.ids.size()) - tokens.real_tokens,
+              result.from_cache ? "read from the prompt cache" : "encoded", seconds);
+}
+
+}  // namespace
+
+static Registration reg("encode-text", 40, [](CLI::App& app) {
+  auto options = std::make_shared<EncodeTextOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "encode-text", "Encode a prompt with the text encoder and save the context as .npy");
+  add_model_options(*cmd, options->paths);
+  cmd->add_option("-p,--prompt", options->prompt, "the prompt text")->required();
+  cmd->add_option("-o,--output", options->output,
+                  "output .npy file: float32 [1, 512, 3 x text hidden size]")
+      ->required();
+  cmd->add_flag("--no-cache", options->no_cache,
+                "always run the text encoder; neither read nor write the prompt cache");
+  cmd->add_option("--cache-dir", options->cache_dir,
+                  "prompt cache directory (default: $XDG_CACHE_HOME/klein/prompts, else "
+                  "~/.cache/klein/prompts)");
+  cmd->add_option("--threads", options->threads, "worker threads (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->callback([options] { run_encode_text(*options); });
+});
+
+}  // namespace klein::cli
