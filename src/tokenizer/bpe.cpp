@@ -299,7 +299,8 @@ int64_t BpeModel::add_merges(const MergeList& list, std::string* missing) {
 // ---------------------------------------------------------------------------------------
 // Encoding one piece
 
-void BpeModel::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
+void BpeModel::encode_piece(std::string_view piece, std::vector<int32_t>& out,
+                            Scratch& scratch) const {
   const size_t n = piece.size();
   if (n == 0) return;
   if (n == 1) {
@@ -312,24 +313,10 @@ void BpeModel::encode_piece(std::string_view piece, std::vector<int32_t>& out) c
   // merge, lowest rank first and leftmost first among equal ranks, so applying the pairs in
   // heap order repeats "merge every occurrence of the best pair, left to right". Entries go
   // stale when a neighbour changes; they are recognised by the ids they were made from.
-  struct Symbol {
-    int32_t id;
-    int32_t prev;
-    int32_t next;
-  };
-  struct Candidate {
-    int32_t rank;
-    int32_t left;  // position of the left symbol
-    int32_t left_id;
-    int32_t right_id;
-    int32_t merged;
-    bool operator>(const Candidate& o) const {
-      return rank != o.rank ? rank > o.rank : left > o.left;
-    }
-  };
-  std::vector<Symbol> symbols(n);
-  std::vector<Candidate> heap;
-  heap.reserve(n);
+  auto& symbols = scratch.symbols;
+  auto& heap = scratch.heap;
+  symbols.resize(n);
+  heap.clear();
   for (size_t i = 0; i < n; ++i)
     symbols[i] = {id_of_byte_[uint8_t(piece[i])], int32_t(i) - 1, i + 1 < n ? int32_t(i + 1) : -1};
 
@@ -346,11 +333,11 @@ void BpeModel::encode_piece(std::string_view piece, std::vector<int32_t>& out) c
 
   while (!heap.empty()) {
     std::pop_heap(heap.begin(), heap.end(), std::greater<>());
-    const Candidate c = heap.back();
+    const Scratch::Candidate c = heap.back();
     heap.pop_back();
-    Symbol& left = symbols[size_t(c.left)];
+    Scratch::Symbol& left = symbols[size_t(c.left)];
     if (left.id != c.left_id || left.next < 0) continue;  // left changed or was absorbed
-    Symbol& right = symbols[size_t(left.next)];
+    Scratch::Symbol& right = symbols[size_t(left.next)];
     if (right.id != c.right_id) continue;  // right neighbour changed
     left.id = c.merged;
     right.id = -1;

@@ -143,8 +143,30 @@ class BpeModel {
   // `missing`; or -1 when all are fine.
   int64_t add_merges(const MergeList& merges, std::string* missing);
 
-  // Appends the ids of one pre-tokenized piece (raw UTF-8 bytes) to `out`.
-  void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+  // Working memory of encode_piece, kept by the caller across the pieces of a text so that
+  // encoding a piece allocates nothing.
+  struct Scratch {
+    struct Symbol {
+      int32_t id;
+      int32_t prev;  // position of the neighbours, -1 at the ends
+      int32_t next;
+    };
+    struct Candidate {
+      int32_t rank;
+      int32_t left;  // position of the left symbol
+      int32_t left_id;
+      int32_t right_id;
+      int32_t merged;
+      bool operator>(const Candidate& o) const {
+        return rank != o.rank ? rank > o.rank : left > o.left;
+      }
+    };
+    std::vector<Symbol> symbols;
+    std::vector<Candidate> heap;
+  };
+
+  // Appends the ids of one pre-tokenized piece (raw UTF-8 bytes, under 2 GiB) to `out`.
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out, Scratch& scratch) const;
 
   int32_t id_of(std::string_view bytes) const { return vocab_.find(bytes); }
   std::optional<std::string_view> bytes_of(int32_t id) const { return vocab_.bytes_of(id); }

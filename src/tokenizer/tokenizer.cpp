@@ -35,10 +35,12 @@ const AddedToken* Tokenizer::Impl::added_token_at(std::string_view text, size_t 
   return nullptr;
 }
 
-void Tokenizer::Impl::encode_segment(std::string_view segment, std::vector<int32_t>& ids) const {
+void Tokenizer::Impl::encode_segment(std::string_view segment, std::vector<int32_t>& ids,
+                                     tok::BpeModel::Scratch& scratch) const {
   if (segment.empty()) return;
   const std::string normalized = tok::nfc(segment);
-  pretokenizer.split(normalized, [&](std::string_view piece) { bpe.encode_piece(piece, ids); });
+  pretokenizer.split(normalized,
+                     [&](std::string_view piece) { bpe.encode_piece(piece, ids, scratch); });
 }
 
 Tokenizer::~Tokenizer() = default;
@@ -47,8 +49,11 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   const Impl& impl = *impl_;
+  // Positions inside a piece are 32-bit.
+  check(text.size() < size_t(INT32_MAX), "text of ", text.size(), " bytes is too long to encode");
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 8);  // English runs at about four bytes per token
+  tok::BpeModel::Scratch scratch;
   // Added tokens are found in the raw text, before normalisation, and cut it into segments
   // that are encoded independently: text never merges across an added token.
   size_t segment_start = 0;
@@ -58,12 +63,12 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
       ++pos;
       continue;
     }
-    impl.encode_segment(text.substr(segment_start, pos - segment_start), ids);
+    impl.encode_segment(text.substr(segment_start, pos - segment_start), ids, scratch);
     ids.push_back(t->id);
     pos += t->content.size();
     segment_start = pos;
   }
-  impl.encode_segment(text.substr(segment_start), ids);
+  impl.encode_segment(text.substr(segment_start), ids, scratch);
   return ids;
 }
 

@@ -11,6 +11,11 @@
 // into pieces by the pre-tokenisation regex, and each piece is BPE-merged on its UTF-8 bytes.
 // No BOS/EOS is added. A Tokenizer is immutable after construction and safe to share
 // between threads.
+//
+// The normaliser and pre-tokenizer are Qwen2's, built in; tokenizer.json's own description
+// of them is not read. (The reference "slow" tokenizer normalises the whole text before
+// finding added tokens, the "fast" one after, as here; they differ only when a combining
+// mark directly follows an added token such as "<think>".)
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -27,8 +32,9 @@ namespace klein {
 // while the Tokenizer constructor runs.
 //
 // Either tokenizer.json (which holds everything), or vocab.json + merges.txt, must be
-// present. Added tokens come from tokenizer.json's "added_tokens" and from
-// tokenizer_config.json's "added_tokens_decoder"; when both name an id they must agree.
+// present; when tokenizer.json is there, vocab.json and merges.txt are not read. Added
+// tokens come from tokenizer.json's "added_tokens" and from tokenizer_config.json's
+// "added_tokens_decoder"; when both name an id they must agree.
 struct TokenizerFiles {
   std::string origin;  // where the files live, for error messages, e.g. "model/tokenizer"
   std::optional<std::string_view> vocab_json;

@@ -29,7 +29,8 @@ struct Tokenizer::Impl {
   // The longest added token that starts at text[pos], or nullptr.
   const AddedToken* added_token_at(std::string_view text, size_t pos) const;
   // One stretch of text between added tokens: normalise, pre-tokenize, BPE every piece.
-  void encode_segment(std::string_view segment, std::vector<int32_t>& ids) const;
+  void encode_segment(std::string_view segment, std::vector<int32_t>& ids,
+                      tok::BpeModel::Scratch& scratch) const;
 };
 
 }  // namespace klein

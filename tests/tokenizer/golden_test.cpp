@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <random>
 #include <thread>
 
 #include "core/files.h"
 #include "core/npy.h"
 #include "support/testing.h"
+#include "tokenizer/byte_level.h"
 #include "tokenizer/klein_prompt.h"
 #include "tokenizer/pretokenize.h"
 #include "tokenizer/tokenizer.h"
@@ -187,6 +189,28 @@ TEST(Tokenizer, RoundTripsLongAndUnusualInputs) {
     const Ids ids = qwen3().encode(s);
     EXPECT_FALSE(ids.empty());
     EXPECT_EQ(qwen3().decode(ids), s) << s.substr(0, 20);
+  }
+}
+
+// Any text comes back from decode(encode(text)) as its NFC form: no byte is lost or added,
+// whatever mix of scripts, marks, spaces and symbols it has.
+TEST(Tokenizer, RoundTripsRandomUnicode) {
+  std::mt19937 rng(3);
+  // Code points from ranges with different regex classes: ASCII, Latin-1 with NBSP and NEL,
+  // combining marks, Greek, CJK, Hangul, emoji and the other White_Space characters.
+  const std::vector<std::pair<char32_t, char32_t>> ranges = {
+      {0x00, 0x7F},     {0x80, 0xFF},     {0x300, 0x36F},     {0x391, 0x3C9},   {0x4E00, 0x4E40},
+      {0xAC00, 0xAC20}, {0x1F600, 0x1F64F}, {0x2000, 0x200D}, {0x3000, 0x3003}, {0x1100, 0x1175},
+  };
+  for (int round = 0; round < 300; ++round) {
+    std::string text;
+    const int length = 1 + int(rng() % 40);
+    for (int i = 0; i < length; ++i) {
+      const auto& [lo, hi] = ranges[rng() % ranges.size()];
+      tok::append_utf8(text, lo + char32_t(rng() % (hi - lo + 1)));
+    }
+    const Ids ids = qwen3().encode(text);
+    ASSERT_EQ(qwen3().decode(ids), tok::nfc(text)) << "round " << round;
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <initializer_list>
+#include <random>
 #include <string_view>
 
 #include "core/error.h"
@@ -248,6 +249,54 @@ TEST(LoadingErrors, CorruptTokenizerJson) {
               {"tokenizer.json", "added_tokens[0]", "content"});
   model_error("}}", {"tokenizer.json", "model.merges"});
   model_error("", {"tokenizer.json", "not valid JSON"});
+}
+
+// Random damage to every file must end in klein::Error or a working tokenizer, never in
+// another exception or a crash.
+TEST(LoadingErrors, RandomDamageOnlyEverThrowsKleinError) {
+  const std::string vocab = small_vocab_json({"ab", "abc", "\xC3\xA9"});
+  const std::string merges = small_merges_txt({{"a", "b"}, {"ab", "c"}, {"\xC3", "\xA9"}});
+  const std::string config = R"({"added_tokens_decoder": {"300": {"content": "<x>"}}})";
+  const std::string tokenizer_json = R"({"added_tokens": [{"id": 300, "content": "<x>"}], )"
+                                     R"("model": {"type": "BPE", "vocab": )" +
+                                     vocab + R"(, "merges": ["a b", ["ab", "c"]]}})";
+  std::mt19937 rng(7);
+  auto damage = [&](std::string s) {
+    const int edits = 1 + int(rng() % 4);
+    for (int e = 0; e < edits && !s.empty(); ++e) {
+      const size_t at = rng() % s.size();
+      switch (rng() % 3) {
+        case 0: s[at] = char(rng()); break;                 // change a byte
+        case 1: s.erase(at, 1 + rng() % 8); break;          // cut a few bytes
+        default: s.insert(at, 1, "{}[]\":, 0\n\\"[rng() % 12]);  // add structure
+      }
+    }
+    return s;
+  };
+  int loaded = 0, rejected = 0;
+  for (int round = 0; round < 400; ++round) {
+    std::string v = vocab, m = merges, c = config, t = tokenizer_json;
+    switch (round % 4) {
+      case 0: v = damage(v); break;
+      case 1: m = damage(m); break;
+      case 2: c = damage(c); break;
+      default: t = damage(t); break;
+    }
+    TokenizerFiles f = files_of(v, m);
+    f.tokenizer_config_json = c;
+    if (round % 4 == 3) f.tokenizer_json = t;
+    try {
+      const Tokenizer tok(f);
+      tok.decode(tok.encode("abc <x> \xC3\xA9 abab"));
+      ++loaded;
+    } catch (const Error&) {
+      ++rejected;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "round " << round << ": not a klein::Error: " << e.what();
+    }
+  }
+  EXPECT_GT(rejected, 0);
+  EXPECT_GT(loaded, 0);
 }
 
 TEST(EncodingErrors, InvalidUtf8AndUnknownIds) {
