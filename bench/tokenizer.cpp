@@ -57,6 +57,34 @@ void BM_LoadFromMemory(benchmark::State& state) {
 }
 BENCHMARK(BM_LoadFromMemory)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 
+// tokenizer.json (the layout of the published model, one 11 MB file), made from the same
+// vocabulary and merges with the merges written as "A B" strings.
+void BM_LoadTokenizerJson(benchmark::State& state) {
+  const fs::path dir = tokenizer_dir();
+  const std::string merges = klein::read_text_file(dir / "merges.txt");
+  std::string json = R"({"added_tokens": [], "model": {"type": "BPE", "vocab": )" +
+                     klein::read_text_file(dir / "vocab.json") + R"(, "merges": [)";
+  size_t start = merges.find('\n') + 1;  // after the #version line
+  for (size_t eol; (eol = merges.find('\n', start)) != std::string::npos; start = eol + 1) {
+    // Byte-level symbols never need JSON escapes except '"' and '\\'.
+    std::string line;
+    for (char c : merges.substr(start, eol - start)) {
+      if (c == '"' || c == '\\') line += '\\';
+      line += c;
+    }
+    json += (json.back() == '[' ? "\"" : ",\"") + line + "\"";
+  }
+  json += "]}}";
+  klein::TokenizerFiles files;
+  files.tokenizer_json = json;
+  for (auto _ : state) {
+    klein::Tokenizer t(files);
+    benchmark::DoNotOptimize(t);
+  }
+  state.counters["MB"] = double(json.size()) / 1e6;
+}
+BENCHMARK(BM_LoadTokenizerJson)->Unit(benchmark::kMillisecond)->MinTime(2.0);
+
 void BM_EncodeKleinPrompt(benchmark::State& state) {
   const klein::Tokenizer tokenizer = klein::Tokenizer::from_directory(tokenizer_dir());
   const std::string prompt = long_prompt(tokenizer);

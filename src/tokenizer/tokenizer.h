@@ -14,8 +14,8 @@
 //
 // The normaliser and pre-tokenizer are Qwen2's, built in; tokenizer.json's own description
 // of them is not read. (The reference "slow" tokenizer normalises the whole text before
-// finding added tokens, the "fast" one after, as here; they differ only when a combining
-// mark directly follows an added token such as "<think>".)
+// finding added tokens, the "fast" one after, as here; they differ only when the character
+// after an added token composes with its last one under NFC, as ">" + U+0338 does.)
 #include <cstdint>
 #include <filesystem>
 #include <memory>

@@ -155,6 +155,16 @@ TEST(Loading, TokenizerJsonMatchesVocabAndMerges) {
   }
 }
 
+TEST(Loading, DirectoryWithTokenizerJsonIgnoresTheOtherFiles) {
+  const fs::path dir = testing::temp_dir("tokenizer_json_dir");
+  const std::string vocab = small_vocab_json({"ab"});
+  std::ofstream(dir / "tokenizer.json")
+      << R"({"model": {"type": "BPE", "vocab": )" << vocab << R"(, "merges": [["a", "b"]]}})";
+  std::ofstream(dir / "vocab.json") << "not even JSON";
+  const Tokenizer t = Tokenizer::from_directory(dir);
+  EXPECT_EQ(t.encode("abab"), (Ids{256, 256}));
+}
+
 TEST(LoadingErrors, MissingDirectoryOrFiles) {
   expect_error([] { Tokenizer::from_directory("/nonexistent/klein/tokenizer"); },
                {"/nonexistent/klein/tokenizer", "does not exist"});
