@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "ops/blas.h"
+#include "quant/matmul.h"
 
 namespace klein::ops {
 
@@ -39,6 +40,17 @@ void linear_float_rows(const float* x, int64_t M, int64_t ldx, const Weight& w, 
   });
 }
 
+quant::Matrix as_matrix(const Weight& w) {
+  quant::Matrix m;
+  m.type = w.dtype;
+  m.layout = static_cast<quant::Layout>(w.layout);
+  m.rows = w.rows();
+  m.cols = w.cols();
+  m.data = w.data;
+  m.nbytes = w.nbytes;
+  return m;
+}
+
 }  // namespace
 
 void linear(const float* x, int64_t M, int64_t ldx, const Weight& w, float* y, int64_t ldy,
@@ -48,7 +60,10 @@ void linear(const float* x, int64_t M, int64_t ldx, const Weight& w, float* y, i
   if (M == 0) return;
   ensure_blas_single_threaded();
   if (dtype_is_float(w.dtype) && w.layout == 0) return linear_float_rows(x, M, ldx, w, y, ldy, pool);
-  fail("tensor ", w.name, ": storage type ", dtype_name(w.dtype), " is not supported by linear");
+  // Quantized weights: the kernels multiply block by block (quant/matmul.h).
+  check(w.dtype == DType::Q8 || w.dtype == DType::Q4, "tensor ", w.name, ": storage type ",
+        dtype_name(w.dtype), " is not supported by linear");
+  quant::matmul(x, M, ldx, as_matrix(w), y, ldy, pool);
 }
 
 void linear(const float* x, int64_t M, const Weight& w, float* y, ThreadPool& pool) {
@@ -58,9 +73,20 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, ThreadPool& po
 Weight weight_rows(const Weight& w, int64_t begin, int64_t end) {
   check(begin >= 0 && begin <= end && end <= w.rows(), "tensor ", w.name, ": row range [", begin,
         ", ", end, ") outside ", w.rows(), " rows");
-  check(dtype_is_float(w.dtype) && w.layout == 0, "tensor ", w.name,
-        ": row slicing of storage type ", dtype_name(w.dtype), " is not supported");
   Weight out = w;
+  if (!(dtype_is_float(w.dtype) && w.layout == 0)) {
+    // Packed layouts slice at their row granularity (quant::row_granularity).
+    const quant::Matrix m = as_matrix(w);
+    const int64_t g = quant::row_granularity(m.layout);
+    check(begin % g == 0 && (end % g == 0 || end == w.rows()), "tensor ", w.name, ": rows [",
+          begin, ", ", end, ") do not fall on the ", g, "-row groups of its ",
+          quant::layout_name(m.layout), " layout");
+    const quant::Matrix part = m.slice_rows(begin, end);
+    out.shape[0] = end - begin;
+    out.data = part.data;
+    out.nbytes = part.nbytes;
+    return out;
+  }
   const size_t row_bytes = size_t(w.cols()) * dtype_size(w.dtype);
   out.shape[0] = end - begin;
   out.data = static_cast<const std::byte*>(w.data) + size_t(begin) * row_bytes;
