@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/model_options.h"
 #include "convert/convert.h"
 #include "convert/policy.h"
 #include "core/error.h"
@@ -113,20 +114,7 @@ static Registration reg("convert", 10, [](CLI::App& app) {
   auto a = std::make_shared<ConvertArgs>();
   CLI::App* cmd = app.add_subcommand(
       "convert", "Convert a FLUX.2-klein checkpoint into one klein container file");
-  const char* group = "Model";
-  cmd->add_option("-m,--model", a->paths.model,
-                  "FLUX.2-klein diffusers directory, or a klein container to convert again")
-      ->group(group);
-  cmd->add_option("--diffusion-model", a->paths.diffusion_model,
-                  "transformer safetensors file (BFL, ComfyUI or diffusers names)")
-      ->group(group);
-  cmd->add_option("--text-encoder", a->paths.text_encoder,
-                  "Qwen3 text encoder safetensors file or its .index.json")
-      ->group(group);
-  cmd->add_option("--vae", a->paths.vae, "VAE safetensors file (BFL or diffusers names)")->group(group);
-  cmd->add_option("--tokenizer", a->paths.tokenizer,
-                  "tokenizer directory (vocab.json, merges.txt, tokenizer_config.json)")
-      ->group(group);
+  add_model_options(*cmd, a->paths);
   cmd->add_option("-o,--output", a->output, "the container file to write");
   cmd->add_option("-t,--type", a->type,
                   "storage type of the weight matrices: q4, q8, bf16, f16 or f32 (the policy "

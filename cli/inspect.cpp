@@ -7,6 +7,8 @@
 
 #include "cli/commands.h"
 #include "cli/model_options.h"
+#include "convert/inspect.h"
+#include "formats/container/reader.h"
 #include "weights/summary.h"
 
 namespace klein::cli {
@@ -110,9 +112,15 @@ void print_text(const ModelSummary& s) {
 }
 
 void run_inspect(const InspectOptions& o) {
-  // Here is where a klein container gets its own description (a file whose first bytes are
-  // the container magic): its sections, precisions, checksums. Everything else is an
-  // original checkpoint, described from its safetensors headers.
+  // A klein container (a file whose first bytes are the container magic) gets its own
+  // description: its units, storage types, sizes, checksums and conversion record.
+  // Everything else is an original checkpoint, described from its safetensors headers.
+  if (!o.paths.model.empty() && container::is_container(o.paths.model)) {
+    const nlohmann::json d = convert::describe_container(o.paths.model);
+    const std::string text = o.json ? d.dump(2) + "\n" : convert::describe_container_text(d);
+    std::fputs(text.c_str(), stdout);
+    return;
+  }
   const ModelSummary s = describe_model(o.paths);
   if (o.json)
     std::printf("%s\n", to_json(s).dump(2).c_str());
@@ -127,6 +135,7 @@ static Registration reg("inspect", 20, [](CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "inspect", "Describe a model: files, layout, configuration, tensor and parameter counts");
   add_model_options(*cmd, options->paths);
+  cmd->add_option("file", options->paths.model, "a klein container or model directory (same as -m)");
   cmd->add_flag("--json", options->json, "print the description as one JSON document");
   cmd->callback([options] { run_inspect(*options); });
 });

@@ -579,6 +579,14 @@ TEST(Convert, CliConvertVerifyInspect) {
 
   const Parsed r = parse(out);
   const auto& t = r.index.tensors[r.index.units[5].first_tensor];
+  EXPECT_EQ(testing::run_klein("inspect " + out.string(), &log), 0) << log;
+  EXPECT_NE(log.find("transformer.double.1"), std::string::npos) << log;
+  EXPECT_NE(log.find("bits per weight"), std::string::npos) << log;
+  EXPECT_EQ(testing::run_klein("inspect --json -m " + out.string(), &log), 0) << log;
+  const auto j = nlohmann::json::parse(log);
+  EXPECT_EQ(j["by_type"]["f16"]["bits_per_weight"], 16.0);
+  EXPECT_EQ(j["conversion"]["target_type"], "f16");
+
   flip_bit(out, t.offset + t.size / 2);
   EXPECT_EQ(testing::run_klein("verify -q " + out.string(), &log), 1) << log;
   EXPECT_NE(log.find("BAD unit"), std::string::npos) << log;
