@@ -12,6 +12,7 @@
 #include "core/npy.h"
 #include "core/threadpool.h"
 #include "models/qwen3/text_encoder.h"
+#include "quant/matmul.h"
 #include "support/testing.h"
 #include "weights/model_source.h"
 
@@ -127,6 +128,66 @@ TEST_F(TextEncoderGolden, RejectsMalformedInput) {
     EXPECT_NE(std::string(e.what()).find("token id 151936 at position 5"), std::string::npos)
         << e.what();
   }
+}
+
+// A unit whose tensors live in memory it owns (here: a re-packed copy of a real tensor).
+class OwnedUnit : public WeightUnit {
+ public:
+  OwnedUnit(std::string name, std::string prefix)
+      : WeightUnit(std::move(name), std::move(prefix)) {}
+  using WeightUnit::add;
+  std::unique_ptr<std::byte[], FreeAligned> bytes;
+};
+
+// Forwards to the real store, but serves the token embedding table as Q8 in the layout the
+// converter writes, as a converted model may hold it.
+class Q8EmbeddingStore : public WeightStore {
+ public:
+  explicit Q8EmbeddingStore(WeightStore& inner) : inner_(inner) {
+    UnitRef real = inner.acquire("text_encoder.embed");
+    Weight w = real->get("embed_tokens.weight");
+    const std::vector<float> table = weight_to_floats(w);
+    const auto layout = quant::Layout::Interleaved16;
+    auto unit = std::make_shared<OwnedUnit>(real->name(), real->prefix());
+    w.nbytes = quant::storage_bytes(DType::Q8, layout, w.rows(), w.cols());
+    unit->bytes = alloc_aligned<std::byte>(w.nbytes);
+    quant::pack(table.data(), w.rows(), w.cols(), DType::Q8, layout, unit->bytes.get());
+    w.dtype = DType::Q8;
+    w.layout = uint8_t(layout);
+    w.data = unit->bytes.get();
+    unit->add(w);
+    embed_ = unit;
+  }
+
+  UnitRef acquire(const std::string& unit) override {
+    return unit == "text_encoder.embed" ? embed_ : inner_.acquire(unit);
+  }
+  bool has_unit(const std::string& unit) const override { return inner_.has_unit(unit); }
+  std::vector<std::string> units() const override { return inner_.units(); }
+  const ModelConfig& config() const override { return inner_.config(); }
+  std::string identity() const override { return inner_.identity() + "+q8-embed"; }
+
+ private:
+  WeightStore& inner_;
+  UnitRef embed_;
+};
+
+TEST_F(TextEncoderGolden, LooksUpRowsOfAQuantizedEmbeddingTable) {
+  Q8EmbeddingStore store(*store_);
+  ThreadPool pool(2);
+  TextEncoder encoder(store, pool);
+  const Tokens t = prompt_tokens(0);
+  const std::vector<float> ref = read_npy(te_vector("prompt0_hidden_all.npy")).to_f32();
+  double embedding_diff = -1;
+  const Tensor ctx = encoder.encode(t.ids, t.mask, [&](int64_t layer, const Tensor& x) {
+    if (layer == 0) embedding_diff = klein::testing::scaled_diff(x.data(), ref.data(), x.numel());
+  });
+  // Q8 keeps each value within a step (max|w| of its 32-value block / 127; half a step plus
+  // the rounding of the stored scale); a wrong row, or a row from the wrong tile, is off by
+  // the size of the values themselves (scaled difference above 1).
+  EXPECT_GE(embedding_diff, 0);
+  EXPECT_LE(embedding_diff, 1.0 / 127);
+  EXPECT_EQ(ctx.shape(), (Shape{512, 192}));
 }
 
 // Forwards to the real store and records how the encoder pages its units.

@@ -26,6 +26,7 @@
 #include "ops/attention.h"
 #include "ops/linear.h"
 #include "ops/norm.h"
+#include "quant/matmul.h"
 
 namespace klein::qwen3 {
 
@@ -106,21 +107,24 @@ void TextEncoder::prepare(int64_t seq) {
     }
 }
 
-// x = rows of embed_tokens for the ids. Only seq rows of the table are ever converted.
+// x = rows of embed_tokens for the ids. Only seq rows of the table are ever converted, from
+// whatever storage type it has (a converted model may keep it as Q8).
 void TextEncoder::embed_tokens(std::span<const int32_t> ids) {
   UnitRef unit = store_.acquire("text_encoder.embed");
   const Weight& table = unit->get("embed_tokens.weight");
   check(table.shape.size() == 2 && table.shape[1] == config_.hidden, "tensor ", table.name,
         ": expected [vocab, ", config_.hidden, "], got ", shape_str(table.shape));
-  check(dtype_is_float(table.dtype) && table.layout == 0, "tensor ", table.name,
-        ": embedding rows stored as ", dtype_name(table.dtype), " are not supported");
-  const size_t row_bytes = size_t(config_.hidden) * dtype_size(table.dtype);
-  const auto* base = static_cast<const std::byte*>(table.data);
+  quant::Matrix rows;
+  rows.type = table.dtype;
+  rows.layout = static_cast<quant::Layout>(table.layout);
+  rows.rows = table.rows();
+  rows.cols = table.cols();
+  rows.data = table.data;
+  rows.nbytes = table.nbytes;
   for (size_t t = 0; t < ids.size(); ++t) {
     check(ids[t] >= 0 && ids[t] < table.rows(), "token id ", ids[t], " at position ", t,
           " is outside the text encoder vocabulary (", table.rows(), " rows in ", table.name, ")");
-    to_f32(table.dtype, base + size_t(ids[t]) * row_bytes, a_.x.row(int64_t(t)),
-           size_t(config_.hidden));
+    quant::unpack_rows(rows, ids[t], ids[t] + 1, a_.x.row(int64_t(t)));
   }
 }
 
