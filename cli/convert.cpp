@@ -99,10 +99,10 @@ void run_convert(const ConvertArgs& a) {
   g_cancel = false;
   InterruptGuard guard;
   const convert::ConvertSummary s = convert::convert_model(o);
-  std::fprintf(stderr, "wrote %s: %s, %zu units, %zu tensors (%zu dropped); hashing %.1f s, "
-               "conversion %.1f s\n",
+  std::fprintf(stderr, "wrote %s: %s, %zu units, %zu tensors (%zu dropped) in %.1f s "
+               "(source checksums: %.1f s, alongside)\n",
                s.output.c_str(), mb(s.file_bytes).c_str(), s.units, s.tensors, s.dropped,
-               s.hash_seconds, s.convert_seconds);
+               s.convert_seconds, s.hash_seconds);
   for (const auto& [type, t] : s.by_type)
     std::fprintf(stderr, "  %-5s %5zu tensors  %12llu parameters  %s\n", type.c_str(), t.tensors,
                  static_cast<unsigned long long>(t.parameters), mb(t.bytes).c_str());

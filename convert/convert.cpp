@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <ctime>
+#include <future>
 #include <nlohmann/json.hpp>
 
 #include "convert/policy.h"
@@ -137,7 +138,8 @@ std::vector<SourceFile> source_files(const ConvertOptions& o, const WeightStore&
   return out;
 }
 
-std::string hash_file(const fs::path& path, uint64_t& bytes, const ConvertOptions& o) {
+// XXH3 of a whole file, read sequentially; gives up (returning "") when `stop` is set.
+std::string hash_file(const fs::path& path, uint64_t& bytes, const std::atomic<bool>& stop) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("cannot open ", path.string(), ": ", std::strerror(errno));
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -157,13 +159,12 @@ std::string hash_file(const fs::path& path, uint64_t& bytes, const ConvertOption
     if (n == 0) break;
     XXH3_64bits_update(state, buf.data(), size_t(n));
     bytes += uint64_t(n);
-    if (o.cancel && o.cancel->load()) break;
+    if (stop.load()) break;
   }
   ::close(fd);
   const uint64_t h = XXH3_64bits_digest(state);
   XXH3_freeState(state);
-  check_cancel(o);
-  return container::hex64(h);
+  return stop.load() ? std::string() : container::hex64(h);
 }
 
 std::string utc_now() {
@@ -347,28 +348,45 @@ ConvertSummary convert_model(const ConvertOptions& o) {
     return unit_rank(a) < unit_rank(b);
   });
 
-  // The record of where the weights came from.
-  const Clock::time_point hash_start = Clock::now();
-  note("hashing the source files");
-  json sources = json::array();
-  for (const auto& f : source_files(o, *store)) {
-    uint64_t bytes = 0;
-    const std::string h = hash_file(f.path, bytes, o);
-    sources.push_back({{"file", f.name}, {"bytes", bytes}, {"xxh3", h}});
-  }
+  // The record of where the weights came from: the source files are hashed on a second
+  // thread while the units are converted (both read the same files, through the page cache),
+  // and the metadata that records them is written after the units.
+  std::atomic<bool> stop_hashing{false};
+  std::future<json> hashing = std::async(std::launch::async, [&, files = source_files(o, *store)] {
+    const Clock::time_point start = Clock::now();
+    json sources = json::array();
+    for (const auto& f : files) {
+      uint64_t bytes = 0;
+      const std::string h = hash_file(f.path, bytes, stop_hashing);
+      sources.push_back({{"file", f.name}, {"bytes", bytes}, {"xxh3", h}});
+    }
+    return json{{"sources", sources}, {"seconds", since(start)}};
+  });
+  // Leaving early (an error, a cancellation) stops the hashing before waiting for it.
+  struct StopHashing {
+    std::atomic<bool>& flag;
+    ~StopHashing() { flag = true; }
+  } stop_on_exit{stop_hashing};
+
   json tok = json::object();
+  json tokenizer_sources = json::array();
   auto add_tokenizer = [&](const char* name, const std::optional<std::string>& text) {
     if (!text) return;
     tok[name] = *text;
-    sources.push_back({{"file", std::string("tokenizer/") + name},
-                       {"bytes", text->size()},
-                       {"xxh3", container::hex64(container::xxh3(text->data(), text->size()))}});
+    tokenizer_sources.push_back(
+        {{"file", std::string("tokenizer/") + name},
+         {"bytes", text->size()},
+         {"xxh3", container::hex64(container::xxh3(text->data(), text->size()))}});
   };
   add_tokenizer("vocab.json", tokenizer.vocab_json);
   add_tokenizer("merges.txt", tokenizer.merges_txt);
   add_tokenizer("tokenizer_config.json", tokenizer.tokenizer_config_json);
   add_tokenizer("tokenizer.json", tokenizer.tokenizer_json);
-  const double hash_seconds = since(hash_start);
+  try {
+    (void)tok.dump(-1, ' ', false, json::error_handler_t::strict);
+  } catch (const json::exception& e) {
+    fail("the tokenizer files of ", tokenizer.origin, " are not valid UTF-8 text: ", e.what());
+  }
 
   // Storage types, decided before anything is written.
   json fallbacks = json::array();
@@ -400,34 +418,9 @@ ConvertSummary convert_model(const ConvertOptions& o) {
     }
   }
 
-  json meta = {
-      {"format", "klein-container"},
-      {"config", to_json(config)},
-      {"tokenizer", tok},
-      {"conversion",
-       {{"program", "klein"},
-        {"version", KLEIN_VERSION},
-        {"date", utc_now()},
-        {"target_type", storage_type_name(o.target)},
-        {"policy_file", o.policy_origin.empty() ? json(nullptr) : json(o.policy_origin)},
-        {"policy", policy.text()},
-        {"alignment", o.alignment},
-        {"sources", sources},
-        {"dropped", dropped},
-        {"fallbacks", fallbacks}}},
-  };
-  std::string meta_text;
-  try {
-    meta_text = meta.dump(-1, ' ', false, json::error_handler_t::strict);
-  } catch (const json::exception& e) {
-    fail("the tokenizer files of ", tokenizer.origin, " are not valid UTF-8 text: ", e.what());
-  }
-
-  // Write.
   container::ContainerWriter out(o.output, o.alignment);
   if (o.on_temp_file) o.on_temp_file(out.temp_path());
-  note("writing " + o.output.string());
-  out.write_metadata(meta_text);
+  note("writing " + o.output.string() + " (source files hashed alongside)");
   ThreadPool pool(o.threads);
   const SourcePages pages(*store);
   TensorConverter conv(out, pool, pages, o);
@@ -455,12 +448,35 @@ ConvertSummary convert_model(const ConvertOptions& o) {
       o.progress({i + 1, units.size(), units[i], conv.source_bytes, out.bytes_written(), since(t0)});
   }
   check_cancel(o);
+
+  note("waiting for the source checksums");
+  const json hashed = hashing.get();
+  check_cancel(o);
+  json sources = hashed["sources"];
+  for (const auto& t : tokenizer_sources) sources.push_back(t);
+  const json meta = {
+      {"format", "klein-container"},
+      {"config", to_json(config)},
+      {"tokenizer", tok},
+      {"conversion",
+       {{"program", "klein"},
+        {"version", KLEIN_VERSION},
+        {"date", utc_now()},
+        {"target_type", storage_type_name(o.target)},
+        {"policy_file", o.policy_origin.empty() ? json(nullptr) : json(o.policy_origin)},
+        {"policy", policy.text()},
+        {"alignment", o.alignment},
+        {"sources", sources},
+        {"dropped", dropped},
+        {"fallbacks", fallbacks}}},
+  };
+  out.write_metadata(meta.dump(-1, ' ', false, json::error_handler_t::strict));
   out.commit();
   summary.output = o.output;
   summary.file_bytes = fs::file_size(o.output);
   summary.units = units.size();
   summary.dropped = dropped.size();
-  summary.hash_seconds = hash_seconds;
+  summary.hash_seconds = hashed["seconds"].get<double>();
   summary.convert_seconds = since(t0);
   return summary;
 }

@@ -28,7 +28,7 @@ struct ConvertProgress {
   std::string name;
   uint64_t source_bytes = 0;   // source tensor bytes read so far
   uint64_t written_bytes = 0;  // container bytes written so far
-  double seconds = 0;          // since the start of the conversion (hashing excluded)
+  double seconds = 0;          // since the first unit began
 };
 
 struct ConvertOptions {
@@ -39,7 +39,7 @@ struct ConvertOptions {
   std::string policy_origin;  // where they came from (file name), for errors and the record
   uint64_t alignment = container::kMinAlignment;
   int threads = 0;            // packing threads; <= 0: one per hardware thread
-  std::function<void(const std::string&)> stage;              // "hashing sources", ...
+  std::function<void(const std::string&)> stage;              // "opening the source model", ...
   std::function<void(const ConvertProgress&)> progress;       // after each unit
   // Told the temporary file's name as soon as it exists (for a signal handler that has to
   // remove it on a second interrupt).
@@ -62,8 +62,8 @@ struct ConvertSummary {
   size_t tensors = 0;
   size_t dropped = 0;
   std::map<std::string, TypeTotals> by_type;  // "q4" -> totals
-  double hash_seconds = 0;
-  double convert_seconds = 0;
+  double hash_seconds = 0;     // hashing the source files, on a thread of its own
+  double convert_seconds = 0;  // writing the units, metadata and index
 };
 
 ConvertSummary convert_model(const ConvertOptions& options);

@@ -7,10 +7,10 @@
 //
 //   header   128 bytes at offset 0: magic, version, offsets and sizes of the other sections,
 //            XXH3-64 of the metadata and of the index, and XXH3-64 of the header itself
-//   metadata a zstd frame holding UTF-8 JSON (configuration, tokenizer files, conversion
-//            record); the writer places it right after the header
 //   units    each unit's tensors, contiguous, the unit starting at a multiple of `alignment`
 //            (>= 64 KiB) and each tensor at a multiple of 64 bytes inside it
+//   metadata a zstd frame holding UTF-8 JSON (configuration, tokenizer files, conversion
+//            record); klein convert places it after the last unit
 //   index    the unit table and the tensor table (binary, below); the writer places it last
 //
 // All integers are little-endian. Checksums are XXH3-64 (xxHash's XXH3_64bits, seed 0).

@@ -46,8 +46,8 @@ void ContainerWriter::pad_to(uint64_t multiple) {
 }
 
 void ContainerWriter::write_metadata(std::string_view json, int zstd_level) {
-  check(!metadata_written_ && index_.units.empty(), "internal: container metadata written twice "
-        "or after the first unit");
+  check(!metadata_written_ && !in_unit_, "internal: container metadata written twice or inside "
+        "a unit");
   std::vector<char> packed(ZSTD_compressBound(json.size()));
   const size_t n = ZSTD_compress(packed.data(), packed.size(), json.data(), json.size(), zstd_level);
   check(!ZSTD_isError(n), "compressing the container metadata: ", ZSTD_getErrorName(n));
@@ -57,10 +57,11 @@ void ContainerWriter::write_metadata(std::string_view json, int zstd_level) {
   header_.metadata_xxh3 = xxh3(packed.data(), n);
   out_.write(packed.data(), n);
   metadata_written_ = true;
+  metadata_after_units_ = !index_.units.empty();
 }
 
 void ContainerWriter::begin_unit(const std::string& name) {
-  check(metadata_written_, "internal: container unit before the metadata");
+  check(!metadata_after_units_, "internal: container unit ", name, " after the metadata");
   check(!in_unit_, "internal: unit ", name, " begun inside another unit");
   pad_to(header_.alignment);
   if (index_.units.empty()) header_.data_offset = out_.offset();

@@ -1,16 +1,18 @@
 #pragma once
-// Writing a klein container, streaming: the metadata first, then each unit's tensors as
-// their bytes are produced (never the whole model in memory), then the index; the header is
-// filled in last. The file is written under a temporary name and renamed onto the target by
-// commit(); destroying the writer without commit() removes the temporary file.
+// Writing a klein container, streaming: each unit's tensors as their bytes are produced
+// (never the whole model in memory), the metadata before the first unit or after the last
+// one, then the index; the header is filled in last. The file is written under a temporary
+// name and renamed onto the target by commit(); destroying the writer without commit()
+// removes the temporary file.
 //
 //   ContainerWriter w(path);
-//   w.write_metadata(json_text);
 //   w.begin_unit("transformer.double.0");
 //   w.begin_tensor({.name = ..., .type = DType::BF16, .shape = {256, 256}, .size = 131072});
 //   w.write(bytes, n); ...                  // exactly `size` bytes in total
 //   w.end_tensor();
 //   w.end_unit();
+//   ...
+//   w.write_metadata(json_text);
 //   w.commit();
 #include <cstdint>
 #include <filesystem>
@@ -33,7 +35,8 @@ class ContainerWriter {
 
   const std::filesystem::path& temp_path() const { return out_.temp_path(); }
 
-  // Once, before the first unit. `json` is the UTF-8 metadata text; it is stored zstd-compressed.
+  // Once, before the first unit or after the last one (not between units). `json` is the
+  // UTF-8 metadata text; it is stored zstd-compressed.
   void write_metadata(std::string_view json, int zstd_level = 12);
 
   void begin_unit(const std::string& name);
@@ -55,6 +58,7 @@ class ContainerWriter {
   Header header_;
   Index index_;
   bool metadata_written_ = false;
+  bool metadata_after_units_ = false;
   bool in_unit_ = false;
   bool in_tensor_ = false;
   uint64_t tensor_written_ = 0;
