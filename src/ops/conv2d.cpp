@@ -6,28 +6,38 @@
 #include <climits>
 #include <cstring>
 
+#include "core/cpu.h"
 #include "core/error.h"
 #include "ops/blas.h"
+#include "ops/conv2d_kernels.h"
 
 namespace klein::ops {
 
 namespace {
 
-// Bytes of the im2col matrix of one band: bounds memory at any image size while keeping the
-// GEMM wide (at 1024 columns and 256 input channels that is 3 output rows).
-constexpr int64_t kColumnBudgetBytes = int64_t(32) << 20;
-// Output columns per GEMM task. A constant, not derived from the thread count, so that every
-// output value is computed by the same BLAS call whatever the pool size.
+// Output pixels per band: bounds the band buffers (a few MiB to a few tens of MiB) at any
+// image size while giving every thread several GEMM tiles.
+constexpr int64_t kBandPixels = 8192;
+// Output pixels per GEMM tile. A constant, not derived from the thread count, so every output
+// value comes from the same BLAS call whatever the pool size. Each call packs the whole
+// weight matrix once, so wider tiles spread that cost; the tile's column matrix is
+// K x kTileColumns floats (9 MiB at K = 4608).
 constexpr int64_t kTileColumns = 512;
+// Output pixels of one row per direct-kernel task.
+constexpr int64_t kDirectSegment = 192;
 
 struct ConvGeometry {
   int64_t in_channels = 0, in_height = 0, in_width = 0;  // as stored
   int64_t height = 0, width = 0;                         // after upsampling
   int64_t out_channels = 0, out_height = 0, out_width = 0;
-  int64_t kernel = 1, stride = 1, upsample = 1, pad_top = 0, pad_left = 0;
+  int64_t kernel = 1, stride = 1, upsample = 1, pad_top = 0, pad_left = 0, pad_right = 0;
 
   int64_t column_rows() const { return in_channels * kernel * kernel; }  // GEMM K
   int64_t out_pixels() const { return out_height * out_width; }
+  // A band row: one upsampled input row with its zero padding on both sides.
+  int64_t band_width() const { return pad_left + width + pad_right; }
+  // Band rows read by `rows` output rows.
+  int64_t band_rows(int64_t rows) const { return (rows - 1) * stride + kernel; }
 };
 
 ConvGeometry geometry_of(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p) {
@@ -62,6 +72,7 @@ ConvGeometry geometry_of(const ConvInput& in, const Conv2dWeights& w, const Conv
   g.upsample = p.upsample;
   g.pad_top = p.pad_top;
   g.pad_left = p.pad_left;
+  g.pad_right = p.pad_right;
   check(g.out_height >= 1 && g.out_width >= 1, "conv2d: a ", in.height, "x", in.width,
         " input is too small for a ", w.kernel, "x", w.kernel, " kernel");
   check(g.column_rows() < INT_MAX && g.out_pixels() < INT_MAX && in.height * in.width < INT_MAX,
@@ -69,90 +80,63 @@ ConvGeometry geometry_of(const ConvInput& in, const Conv2dWeights& w, const Conv
   return g;
 }
 
-// For kernel column kx and output column ox: the stored input column read, or -1 (padding).
-std::vector<int64_t> source_columns(const ConvGeometry& g) {
-  std::vector<int64_t> src(size_t(g.kernel * g.out_width));
-  for (int64_t kx = 0; kx < g.kernel; ++kx)
-    for (int64_t ox = 0; ox < g.out_width; ++ox) {
-      const int64_t x = ox * g.stride - g.pad_left + kx;
-      src[size_t(kx * g.out_width + ox)] = (x >= 0 && x < g.width) ? x / g.upsample : -1;
-    }
-  return src;
-}
-
-// Scratch for the transformed input rows of one channel and one band.
-int64_t band_source_rows(const ConvGeometry& g, int64_t band_rows) {
-  return ((band_rows - 1) * g.stride + g.kernel) / g.upsample + 2;
-}
-
-// One output row's worth of one column-matrix row: the input row `src` (stored columns)
-// as seen through kernel column kx.
-void gather_row(const ConvGeometry& g, const float* src, int64_t kx, const int64_t* src_x,
-                float* dst) {
-  const int64_t ow = g.out_width;
-  if (g.stride == 1 && g.upsample == 1) {
-    // Output column ox reads input column ox - pad_left + kx: one contiguous run.
-    const int64_t shift = kx - g.pad_left;
-    const int64_t begin = std::clamp<int64_t>(-shift, 0, ow);
-    const int64_t end = std::clamp<int64_t>(g.width - shift, begin, ow);
-    std::fill(dst, dst + begin, 0.0f);
-    std::memcpy(dst + begin, src + begin + shift, size_t(end - begin) * sizeof(float));
-    std::fill(dst + end, dst + ow, 0.0f);
-    return;
-  }
-  for (int64_t ox = 0; ox < ow; ++ox) dst[ox] = src_x[ox] >= 0 ? src[src_x[ox]] : 0.0f;
-}
-
-// columns [K, rows·OW] for output rows [r0, r0 + rows): row (ci·k + ky)·k + kx holds the input
-// value that each output pixel multiplies with weight [·, ci, ky, kx].
-void gather_columns(const ConvInput& in, const ConvGeometry& g, const std::vector<int64_t>& src_x,
-                    int64_t r0, int64_t rows, float* columns,
-                    std::vector<std::vector<float>>& scratch, ThreadPool& pool) {
-  const int64_t n = rows * g.out_width;
-  const int64_t k = g.kernel;
-  // Virtual (upsampled) input rows the band reads, clipped to the image.
-  const int64_t first = std::max<int64_t>(0, r0 * g.stride - g.pad_top);
-  const int64_t last = std::min(g.height - 1, (r0 + rows - 1) * g.stride - g.pad_top + k - 1);
-  const int64_t src_first = first / g.upsample;
-  const int64_t src_rows = last >= first ? last / g.upsample - src_first + 1 : 0;
-  pool.parallel_for(g.in_channels, [&](int64_t c0, int64_t c1, int worker) {
-    for (int64_t ci = c0; ci < c1; ++ci) {
-      // The stored rows of this band, transformed once here rather than k² times below.
-      const float* band = in.data + (ci * g.in_height + src_first) * g.in_width;
-      if (in.transform && src_rows > 0) {
-        float* buf = scratch[size_t(worker)].data();
-        in.transform->apply(ci, band, buf, src_rows * g.in_width);
-        band = buf;
-      }
-      for (int64_t ky = 0; ky < k; ++ky)
-        for (int64_t kx = 0; kx < k; ++kx) {
-          float* dst = columns + ((ci * k + ky) * k + kx) * n;
-          for (int64_t oy = 0; oy < rows; ++oy, dst += g.out_width) {
-            const int64_t y = (r0 + oy) * g.stride - g.pad_top + ky;
-            if (y < 0 || y >= g.height) {
-              std::fill(dst, dst + g.out_width, 0.0f);
-              continue;
-            }
-            const float* src = band + (y / g.upsample - src_first) * g.in_width;
-            gather_row(g, src, kx, src_x.data() + kx * g.out_width, dst);
-          }
+// The input rows that output rows [r0, r0 + rows) read, as the kernel sees them: upsampled,
+// transformed, with the zero padding written out. band [C, band_rows(rows), band_width()].
+// Each input value is transformed once here, not k² times in the column matrix.
+void fill_band(const ConvInput& in, const ConvGeometry& g, int64_t r0, int64_t rows, float* band,
+               ThreadPool& pool) {
+  const int64_t band_rows = g.band_rows(rows), bw = g.band_width();
+  pool.parallel_for(g.in_channels, [&](int64_t c0, int64_t c1, int) {
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t j = 0; j < band_rows; ++j) {
+        float* dst = band + (c * band_rows + j) * bw;
+        const int64_t y = r0 * g.stride - g.pad_top + j;  // upsampled input row
+        if (y < 0 || y >= g.height) {
+          std::fill(dst, dst + bw, 0.0f);
+          continue;
         }
-    }
+        const float* src = in.data + (c * g.in_height + y / g.upsample) * g.in_width;
+        std::fill(dst, dst + g.pad_left, 0.0f);
+        float* row = dst + g.pad_left;
+        if (g.upsample == 1)
+          std::memcpy(row, src, size_t(g.width) * sizeof(float));
+        else
+          for (int64_t x = 0; x < g.width; ++x) row[x] = src[x / g.upsample];
+        if (in.transform) in.transform->apply(c, row, row, g.width);
+        std::fill(row + g.width, dst + bw, 0.0f);
+      }
   });
 }
 
-// out [Cout, n] (row stride ldc) = W [Cout, K] · b [K, n] (row stride ldb) + beta · out,
-// one single-threaded BLAS call per tile of kTileColumns columns.
-void multiply(const Conv2dWeights& w, const float* b, int64_t n, int64_t ldb, float* out,
-              int64_t ldc, float beta, ThreadPool& pool) {
+// The column matrix of band pixels [p0, p0 + n) (pixel p = output row p / OW of the band,
+// column p % OW): row (c·k + ky)·k + kx holds the band value each pixel multiplies with
+// weight [·, c, ky, kx]. columns [K, n], contiguous, so BLAS packs it with unit strides.
+void gather_tile(const ConvGeometry& g, const float* band, int64_t band_rows, int64_t p0,
+                 int64_t n, float* columns) {
+  const int64_t k = g.kernel, ow = g.out_width, bw = g.band_width();
+  for (int64_t c = 0; c < g.in_channels; ++c)
+    for (int64_t ky = 0; ky < k; ++ky)
+      for (int64_t kx = 0; kx < k; ++kx) {
+        float* dst = columns + ((c * k + ky) * k + kx) * n;
+        for (int64_t p = p0; p < p0 + n;) {
+          const int64_t oy = p / ow, ox = p % ow, run = std::min(ow - ox, p0 + n - p);
+          const float* src = band + (c * band_rows + oy * g.stride + ky) * bw + ox * g.stride + kx;
+          if (g.stride == 1)
+            std::memcpy(dst, src, size_t(run) * sizeof(float));
+          else
+            for (int64_t i = 0; i < run; ++i) dst[i] = src[i * g.stride];
+          dst += run;
+          p += run;
+        }
+      }
+}
+
+// result [Cout, n] (row stride ldc) = W [Cout, K] · b [K, n] (row stride ldb) + beta · result.
+void gemm(const Conv2dWeights& w, const float* b, int64_t n, int64_t ldb, float* result,
+          int64_t ldc, float beta) {
   const int64_t K = w.in_channels * w.kernel * w.kernel;
-  const int64_t tiles = (n + kTileColumns - 1) / kTileColumns;
-  pool.for_each_task(tiles, [&](int64_t t, int) {
-    const int64_t n0 = t * kTileColumns;
-    const int64_t cols = std::min(kTileColumns, n - n0);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(w.out_channels), int(cols), int(K),
-                1.0f, w.weight.data(), int(K), b + n0, int(ldb), beta, out + n0, int(ldc));
-  });
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(w.out_channels), int(n), int(K), 1.0f,
+              w.weight.data(), int(K), b, int(ldb), beta, result, int(ldc));
 }
 
 // Rows [r0, r0 + rows) of every output channel from a band result [Cout, rows·OW].
@@ -172,6 +156,66 @@ void write_band(const float* result, const ConvGeometry& g, const Conv2dWeights&
   });
 }
 
+using ColumnBuffer = std::unique_ptr<float[], FreeAligned>;
+
+// Result [Cout, rows·OW] of one band as im2col + GEMM, one task per tile of pixels.
+void gemm_band(const ConvGeometry& g, const Conv2dWeights& w, const float* band_input,
+               int64_t rows, int64_t tile_columns, std::vector<ColumnBuffer>& columns,
+               float* result, ThreadPool& pool) {
+  const int64_t n = rows * g.out_width;
+  pool.for_each_task((n + tile_columns - 1) / tile_columns, [&](int64_t t, int worker) {
+    ColumnBuffer& cols = columns[size_t(worker)];
+    if (!cols) cols = alloc_aligned<float>(size_t(g.column_rows() * tile_columns));
+    const int64_t p0 = t * tile_columns, width = std::min(tile_columns, n - p0);
+    gather_tile(g, band_input, g.band_rows(rows), p0, width, cols.get());
+    gemm(w, cols.get(), width, width, result + p0, n, 0.0f);
+  });
+}
+
+// Auto's choice, from bench_vae BM_Conv3x3 (one thread, AVX-512 Xeon): the direct kernel is
+// about 10% faster than OpenBLAS when K = C·k² <= 2304 (the VAE's full-resolution levels,
+// 128 and 256 channels), 2.6x faster for a few output channels (conv_out, where GEMM rows
+// are wasted), and about 25% slower at 512 channels, where OpenBLAS's cache blocking wins.
+bool use_direct(const ConvGeometry& g, const Conv2dParams& p) {
+  if (p.algorithm == ConvAlgorithm::Gemm) return false;
+  const bool available = g.stride == 1 && conv2d_direct_available();
+  check(available || p.algorithm != ConvAlgorithm::Direct,
+        "conv2d: the direct kernel needs stride 1 and AVX-512");
+  if (p.algorithm == ConvAlgorithm::Direct) return true;
+  return available && (g.out_channels < 16 || g.column_rows() <= 2304);
+}
+
+std::vector<float> pack_direct_weights(const Conv2dWeights& w) {
+  const int64_t taps = w.in_channels * w.kernel * w.kernel;
+  const int64_t groups = (w.out_channels + detail::kDirectBlock - 1) / detail::kDirectBlock;
+  std::vector<float> packed(size_t(groups * taps * detail::kDirectBlock), 0.0f);
+  for (int64_t co = 0; co < w.out_channels; ++co)
+    for (int64_t t = 0; t < taps; ++t)
+      packed[size_t(((co / detail::kDirectBlock) * taps + t) * detail::kDirectBlock +
+                    co % detail::kDirectBlock)] = w.weight[size_t(co * taps + t)];
+  return packed;
+}
+
+// Result [Cout, rows·OW] of one band with the direct kernel, in tasks of one row segment.
+void direct_band(const ConvGeometry& g, const float* band_input, int64_t rows,
+                 const std::vector<float>& packed, float* result, ThreadPool& pool) {
+  const detail::DirectBand band{band_input, g.in_channels, g.band_rows(rows), g.band_width(),
+                                g.kernel};
+  const int64_t segments = (g.out_width + kDirectSegment - 1) / kDirectSegment;
+  const int64_t n = rows * g.out_width;
+  pool.for_each_task(rows * segments, [&](int64_t t, int) {
+    const int64_t oy = t / segments, x0 = t % segments * kDirectSegment;
+    const int64_t x1 = std::min(g.out_width, x0 + kDirectSegment);
+#if defined(KLEIN_X86)
+    detail::direct_conv_row_avx512(band, packed.data(), g.out_channels, oy, x0, x1,
+                                   result + oy * g.out_width, n);
+#else
+    (void)oy, (void)x0, (void)x1, (void)n, (void)band, (void)result;
+    fail("conv2d: no direct kernel in this build");
+#endif
+  });
+}
+
 // A 1×1 convolution without padding, striding or transform is a plain GEMM on the input.
 bool is_pointwise(const ConvInput& in, const ConvGeometry& g, const Conv2dParams& p) {
   return g.kernel == 1 && g.stride == 1 && g.upsample == 1 && !in.transform && p.pad_top == 0 &&
@@ -182,7 +226,10 @@ void pointwise_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWeig
                     float* out, ConvWrite mode, ThreadPool& pool) {
   const int64_t n = g.out_pixels();
   const float beta = mode == ConvWrite::Accumulate ? 1.0f : 0.0f;
-  multiply(w, in.data, n, n, out, n, beta, pool);
+  pool.for_each_task((n + kTileColumns - 1) / kTileColumns, [&](int64_t t, int) {
+    const int64_t p0 = t * kTileColumns;
+    gemm(w, in.data + p0, std::min(kTileColumns, n - p0), n, out + p0, n, beta);
+  });
   if (w.bias.empty()) return;
   pool.parallel_for(g.out_channels, [&](int64_t c0, int64_t c1, int) {
     for (int64_t co = c0; co < c1; ++co) {
@@ -194,6 +241,14 @@ void pointwise_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWeig
 }
 
 }  // namespace
+
+bool conv2d_direct_available() {
+#if defined(KLEIN_X86)
+  return cpu_features().avx512;
+#else
+  return false;
+#endif
+}
 
 Conv2dParams Conv2dParams::same(int64_t kernel) {
   Conv2dParams p;
@@ -214,40 +269,41 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
   const bool in_place = out == in.data;
   if (is_pointwise(in, g, p) && !in_place) return pointwise_conv(in, g, w, out, mode, pool);
 
-  const int64_t K = g.column_rows();
-  int64_t band = std::clamp<int64_t>(kColumnBudgetBytes / int64_t(sizeof(float)) /
-                                         (K * g.out_width), 1, g.out_height);
+  int64_t band = std::clamp<int64_t>((kBandPixels + g.out_width - 1) / g.out_width, 1,
+                                     g.out_height);
   if (in_place) {
     check(g.stride == 1 && g.upsample == 1 && g.out_height == g.in_height &&
               g.out_width == g.in_width && g.out_channels <= g.in_channels,
-          "conv2d: in place needs an output of the input's size with no more channels (", 
+          "conv2d: in place needs an output of the input's size with no more channels (",
           g.out_channels, "x", g.out_height, "x", g.out_width, " from ", g.in_channels, "x",
           g.in_height, "x", g.in_width, ")");
     // A band must not reach back past the rows of the band before it.
     band = std::max(band, g.pad_top);
   }
+  const int64_t tile_columns = std::min(kTileColumns, band * g.out_width);
+  const bool direct = use_direct(g, p);
+  const std::vector<float> packed = direct ? pack_direct_weights(w) : std::vector<float>();
 
-  const std::vector<int64_t> src_x = source_columns(g);
-  auto columns = alloc_aligned<float>(size_t(K * band * g.out_width));
+  auto band_input = alloc_aligned<float>(size_t(g.in_channels * g.band_rows(band) * g.band_width()));
   std::unique_ptr<float[], FreeAligned> results[2] = {
       alloc_aligned<float>(size_t(g.out_channels * band * g.out_width)),
       alloc_aligned<float>(size_t(g.out_channels * band * g.out_width))};
-  std::vector<std::vector<float>> scratch;
-  if (in.transform)
-    scratch.assign(size_t(pool.size()),
-                   std::vector<float>(size_t(band_source_rows(g, band) * g.in_width)));
+  std::vector<ColumnBuffer> columns(size_t(pool.size()));  // one per worker, made on first use
 
-  // Each band's result is written out only after the next band has gathered its input: in
-  // place, the next band still reads the last rows the previous band overwrites.
+  // Each band's result is written out only after the next band has read its input: in place,
+  // the next band still reads the last rows the previous band overwrites.
   int64_t pending_row = -1, pending_rows = 0;
   int current = 0;
   for (int64_t r0 = 0; r0 < g.out_height; r0 += band) {
     const int64_t rows = std::min(band, g.out_height - r0);
-    gather_columns(in, g, src_x, r0, rows, columns.get(), scratch, pool);
+    fill_band(in, g, r0, rows, band_input.get(), pool);
     if (pending_row >= 0)
       write_band(results[1 - current].get(), g, w, pending_row, pending_rows, out, mode, pool);
-    multiply(w, columns.get(), rows * g.out_width, rows * g.out_width, results[current].get(),
-             rows * g.out_width, 0.0f, pool);
+    float* result = results[current].get();
+    if (direct)
+      direct_band(g, band_input.get(), rows, packed, result, pool);
+    else
+      gemm_band(g, w, band_input.get(), rows, tile_columns, columns, result, pool);
     pending_row = r0;
     pending_rows = rows;
     current = 1 - current;

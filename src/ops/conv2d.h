@@ -1,6 +1,8 @@
 #pragma once
-// 2-D convolution over [C, H, W] float32 activations (batch 1), computed as im2col + GEMM in
-// bands of output rows, so the column matrix stays a few tens of MiB at any image size.
+// 2-D convolution over [C, H, W] float32 activations (batch 1), computed in bands of output
+// rows so that working memory stays a few tens of MiB at any image size. Per band the input
+// rows are prepared once (below), then either a direct SIMD kernel reads them (stride 1) or
+// they are expanded tile by tile into an im2col matrix for a BLAS GEMM.
 //
 // Two input transforms are fused into the gathering of columns, so their results never
 // exist as full tensors:
@@ -24,12 +26,18 @@ struct Conv2dWeights {
   std::vector<float> bias;    // [out], or empty for none
 };
 
+// How the products are computed. Auto picks the fastest available for the geometry: the
+// direct SIMD kernel for stride 1 on CPUs that have one, im2col + GEMM otherwise. The others
+// force a path (tests, benchmarks).
+enum class ConvAlgorithm { Auto, Gemm, Direct };
+
 struct Conv2dParams {
   int64_t stride = 1;
   // Zero padding of the (upsampled) input on each side; may be asymmetric, e.g. the VAE
   // downsampler pads only right and bottom.
   int64_t pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
   int64_t upsample = 1;  // nearest-neighbour factor applied to the input first
+  ConvAlgorithm algorithm = ConvAlgorithm::Auto;
 
   // Stride 1 with kernel/2 zeros on every side: output size = input size.
   static Conv2dParams same(int64_t kernel);
@@ -45,6 +53,9 @@ enum class ConvWrite {
   Overwrite,   // out = conv(in)
   Accumulate,  // out = out + conv(in)   (a residual connection for free)
 };
+
+// Whether ConvAlgorithm::Direct can run here (stride 1 on a CPU with AVX-512).
+bool conv2d_direct_available();
 
 // Output extent of one axis.
 int64_t conv2d_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad_before,

@@ -116,15 +116,30 @@ const ConvCase kCases[] = {
     {"kernel5_stride3_asymmetric", 4, 3, 14, 17, 5, odd_params()},
 };
 
+// The algorithms that can run this case here: im2col + GEMM always, the direct kernel for
+// stride 1 on CPUs that have it.
+std::vector<ops::ConvAlgorithm> algorithms_for(const Conv2dParams& p) {
+  std::vector<ops::ConvAlgorithm> a = {ops::ConvAlgorithm::Gemm};
+  if (p.stride == 1 && ops::conv2d_direct_available()) a.push_back(ops::ConvAlgorithm::Direct);
+  return a;
+}
+
+const char* name_of(ops::ConvAlgorithm a) {
+  return a == ops::ConvAlgorithm::Gemm ? "gemm" : a == ops::ConvAlgorithm::Direct ? "direct" : "auto";
+}
+
 TEST(Conv2d, MatchesDefinition) {
   ThreadPool pool(3);
-  for (const ConvCase& c : kCases) {
-    SCOPED_TRACE(c.name);
-    Tensor x = random_tensor({c.in, c.height, c.width}, 7);
-    Conv2dWeights w = random_conv(c.out, c.in, c.kernel, 11);
-    Tensor got = ops::conv2d(x, w, c.params, pool);
-    EXPECT_LE(max_scaled_diff(got, reference_conv(x, nullptr, w, c.params)), 1e-6);
-  }
+  for (const ConvCase& c : kCases)
+    for (ops::ConvAlgorithm a : algorithms_for(c.params)) {
+      SCOPED_TRACE(std::string(c.name) + " " + name_of(a));
+      Tensor x = random_tensor({c.in, c.height, c.width}, 7);
+      Conv2dWeights w = random_conv(c.out, c.in, c.kernel, 11);
+      Conv2dParams p = c.params;
+      p.algorithm = a;
+      Tensor got = ops::conv2d(x, w, p, pool);
+      EXPECT_LE(max_scaled_diff(got, reference_conv(x, nullptr, w, c.params)), 1e-6);
+    }
 }
 
 ChannelAffine random_affine(int64_t channels, bool silu) {
@@ -138,14 +153,33 @@ ChannelAffine random_affine(int64_t channels, bool silu) {
 
 TEST(Conv2d, FusedTransformMatchesDefinition) {
   ThreadPool pool(2);
-  for (const ConvCase& c : kCases) {
-    SCOPED_TRACE(c.name);
-    Tensor x = random_tensor({c.in, c.height, c.width}, 8);
-    Conv2dWeights w = random_conv(c.out, c.in, c.kernel, 12);
-    ChannelAffine t = random_affine(c.in, true);
-    Tensor got = ops::conv2d(x, w, c.params, pool, &t);
-    EXPECT_LE(max_scaled_diff(got, reference_conv(x, &t, w, c.params)), 1e-6);
-  }
+  for (const ConvCase& c : kCases)
+    for (ops::ConvAlgorithm a : algorithms_for(c.params)) {
+      SCOPED_TRACE(std::string(c.name) + " " + name_of(a));
+      Tensor x = random_tensor({c.in, c.height, c.width}, 8);
+      Conv2dWeights w = random_conv(c.out, c.in, c.kernel, 12);
+      ChannelAffine t = random_affine(c.in, true);
+      Conv2dParams p = c.params;
+      p.algorithm = a;
+      Tensor got = ops::conv2d(x, w, p, pool, &t);
+      EXPECT_LE(max_scaled_diff(got, reference_conv(x, &t, w, c.params)), 1e-6);
+    }
+}
+
+// Widths that are not multiples of the kernel's vector blocks, channel counts that are not
+// multiples of its channel groups, one-row images.
+TEST(Conv2d, DirectKernelEdges) {
+  if (!ops::conv2d_direct_available()) GTEST_SKIP() << "no direct kernel on this CPU";
+  ThreadPool pool(2);
+  for (int64_t width : {1, 15, 16, 17, 95, 96, 97, 193, 250})
+    for (int64_t out : {1, 3, 4, 5, 9}) {
+      SCOPED_TRACE("width " + std::to_string(width) + ", out " + std::to_string(out));
+      Tensor x = random_tensor({3, 2, width}, uint32_t(width));
+      Conv2dWeights w = random_conv(out, 3, 3, uint32_t(out));
+      Conv2dParams p = Conv2dParams::same(3);
+      p.algorithm = ops::ConvAlgorithm::Direct;
+      EXPECT_LE(max_scaled_diff(ops::conv2d(x, w, p, pool), reference_conv(x, nullptr, w, p)), 1e-6);
+    }
 }
 
 TEST(Conv2d, AccumulatesIntoOutput) {
@@ -162,44 +196,55 @@ TEST(Conv2d, AccumulatesIntoOutput) {
   }
 }
 
-// 512 channels at 1000 columns: the column matrix of one output row is 18 MiB, so every
-// row is a band of its own.
+// Bands hold 8192 output pixels (82 rows of 100 here) and GEMM tiles 512, so this covers
+// several bands and tiles that straddle rows.
 TEST(Conv2d, InPlaceOverManyBands) {
   ThreadPool pool(2);
-  const int64_t C = 512, H = 7, W = 1000;
+  const int64_t C = 16, H = 200, W = 100;
   Tensor x = random_tensor({C, H, W}, 4);
   Conv2dWeights w = random_conv(8, C, 3, 5);
   ChannelAffine t = random_affine(C, true);
-  Conv2dParams p = Conv2dParams::same(3);
-  Tensor ref = ops::conv2d(x, w, p, pool, &t);
-  ops::conv2d({x.data(), C, H, W, &t}, w, p, x.data(), ConvWrite::Overwrite, pool);
-  // The first 8 planes now hold the result.
-  EXPECT_EQ(testing::scaled_diff(x.data(), ref.data(), ref.numel()), 0.0);
+  for (ops::ConvAlgorithm a : algorithms_for(Conv2dParams::same(3))) {
+    SCOPED_TRACE(name_of(a));
+    Conv2dParams p = Conv2dParams::same(3);
+    p.algorithm = a;
+    Tensor work({C, H, W});  // a copy of x to convolve in place
+    std::memcpy(work.data(), x.data(), size_t(x.numel()) * sizeof(float));
+    Tensor ref = ops::conv2d(x, w, p, pool, &t);
+    ops::conv2d({work.data(), C, H, W, &t}, w, p, work.data(), ConvWrite::Overwrite, pool);
+    // The first 8 planes now hold the result.
+    EXPECT_EQ(testing::scaled_diff(work.data(), ref.data(), ref.numel()), 0.0);
+  }
 }
 
 TEST(Conv2d, ManyBandsMatchDefinition) {
   ThreadPool pool(2);
-  const int64_t C = 512, H = 3, W = 500;  // upsampled to 6 x 1000: one band per output row
+  const int64_t C = 8, H = 100, W = 50;  // upsampled to 200 x 100: three bands
   Tensor x = random_tensor({C, H, W}, 9);
-  Conv2dWeights w = random_conv(2, C, 3, 10);
-  Conv2dParams p = upsample_params();
-  Tensor got = ops::conv2d(x, w, p, pool);
-  Tensor ref = reference_conv(x, nullptr, w, p);
-  EXPECT_LE(max_scaled_diff(got, ref), 1e-6);
+  Conv2dWeights w = random_conv(3, C, 3, 10);
+  Tensor ref = reference_conv(x, nullptr, w, upsample_params());
+  for (ops::ConvAlgorithm a : algorithms_for(upsample_params())) {
+    SCOPED_TRACE(name_of(a));
+    Conv2dParams p = upsample_params();
+    p.algorithm = a;
+    EXPECT_LE(max_scaled_diff(ops::conv2d(x, w, p, pool), ref), 1e-6);
+  }
 }
 
 TEST(Conv2d, ResultsDoNotDependOnThreadCount) {
-  const int64_t C = 40, H = 33, W = 70;
+  const int64_t C = 40, H = 150, W = 70;  // two bands
   Tensor x = random_tensor({C, H, W}, 13);
   Conv2dWeights w = random_conv(24, C, 3, 14);
   ChannelAffine t = random_affine(C, true);
   ThreadPool one(1), three(3);
-  for (Conv2dParams p : {Conv2dParams::same(3), downsample_params(), upsample_params()}) {
-    Tensor a = ops::conv2d(x, w, p, one, &t);
-    Tensor b = ops::conv2d(x, w, p, three, &t);
-    ASSERT_EQ(a.shape(), b.shape());
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), size_t(a.numel()) * sizeof(float)));
-  }
+  for (Conv2dParams p : {Conv2dParams::same(3), downsample_params(), upsample_params()})
+    for (ops::ConvAlgorithm algorithm : algorithms_for(p)) {
+      p.algorithm = algorithm;
+      Tensor a = ops::conv2d(x, w, p, one, &t);
+      Tensor b = ops::conv2d(x, w, p, three, &t);
+      ASSERT_EQ(a.shape(), b.shape());
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), size_t(a.numel()) * sizeof(float)));
+    }
 }
 
 TEST(Conv2d, RejectsMismatchedInput) {
