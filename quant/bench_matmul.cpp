@@ -26,9 +26,10 @@ std::vector<MatmulShape> matmul_bench_shapes(bool full) {
     return {{768, 3072, 3072}, {1536, 18432, 3072}, {4608, 3072, 12288}, {768, 9728, 2560},
             {1, 3072, 3072},   {1, 27648, 3072},    {1, 2560, 9728}};
   }
+  // [N, K] outermost, so that each weight matrix is built once for all M.
   std::vector<MatmulShape> out;
-  for (int64_t M : {1, 768, 1536, 4608})
-    for (auto [N, K] : model_nk()) out.push_back({M, N, K});
+  for (auto [N, K] : model_nk())
+    for (int64_t M : {1, 768, 1536, 4608}) out.push_back({M, N, K});
   return out;
 }
 

@@ -63,6 +63,20 @@ inline void store8(float* y, __m256 v, int cols, bool accumulate) {
   }
 }
 
+// store8 for R rows, with all loads before any store: rows of Y are often a multiple of 4 KiB
+// apart, and a load behind a store to the same offset within a page waits for that store.
+template <int R>
+inline void store8_rows(float* y, int64_t ldy, __m256 (&acc)[R], int cols, bool accumulate) {
+  if (cols <= 0) return;
+  if (cols < 8) {
+    for (int r = 0; r < R; ++r) store8(y + r * ldy, acc[r], cols, accumulate);
+    return;
+  }
+  if (accumulate)
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_add_ps(acc[r], _mm256_loadu_ps(y + r * ldy));
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, acc[r]);
+}
+
 // ---- Activations ---------------------------------------------------------------------------
 
 void quantize_rows(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K,
@@ -147,7 +161,7 @@ void q8_half(ActStream x, const TileQ8* tiles, int64_t nblocks, int half, float*
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), dd, acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) store8(y + r * ldy + 8 * half, acc[r], cols - 8 * half, accumulate);
+  store8_rows<R>(y + 8 * half, ldy, acc, cols - 8 * half, accumulate);
 }
 
 // ---- Q4 tiles ------------------------------------------------------------------------------
@@ -191,7 +205,7 @@ void q4_half(ActStream x, const TileQ4* tiles, int64_t nblocks, int half, float*
       acc[r] = _mm256_fnmadd_ps(dz, _mm256_set1_ps(x.scaled_sum[r]), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) store8(y + r * ldy + 8 * half, acc[r], cols - 8 * half, accumulate);
+  store8_rows<R>(y + 8 * half, ldy, acc, cols - 8 * half, accumulate);
 }
 
 template <template <int> class F, class... Args>
@@ -331,10 +345,8 @@ struct GemmRows {
         acc1[r] = _mm256_fmadd_ps(w1, xv, acc1[r]);
       }
     }
-    for (int r = 0; r < R; ++r) {
-      store8(y + r * ldy, acc0[r], cols, accumulate);
-      store8(y + r * ldy + 8, acc1[r], cols - 8, accumulate);
-    }
+    store8_rows<R>(y, ldy, acc0, cols, accumulate);
+    store8_rows<R>(y + 8, ldy, acc1, cols - 8, accumulate);
   }
 };
 

@@ -37,6 +37,17 @@ inline void store_row(float* y, __m512 v, int cols, bool accumulate) {
   _mm512_mask_storeu_ps(y, m, v);
 }
 
+// Writes (or adds to) the first `cols` of 16 outputs in each of R rows. All loads come before
+// any store: rows of Y are often a multiple of 4 KiB apart, and a load behind a store to the
+// same offset within a page waits for that store.
+template <int R>
+inline void store_rows(float* y, int64_t ldy, __m512 (&acc)[R], int cols, bool accumulate) {
+  const __mmask16 m = low_mask(cols);
+  if (accumulate)
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_add_ps(acc[r], _mm512_maskz_loadu_ps(m, y + r * ldy));
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ldy, m, acc[r]);
+}
+
 // ---- Activations ---------------------------------------------------------------------------
 
 void quantize_rows(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K,
@@ -114,7 +125,7 @@ void tiles_q8_rows(ActStream x, const TileQ8* tiles, int64_t nblocks, float* y, 
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r]), dd, acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) store_row(y + r * ldy, acc[r], cols, accumulate);
+  store_rows<R>(y, ldy, acc, cols, accumulate);
 }
 
 // ---- Q4 tiles ------------------------------------------------------------------------------
@@ -156,7 +167,7 @@ void tiles_q4_rows(ActStream x, const TileQ4* tiles, int64_t nblocks, float* y, 
       acc[r] = _mm512_fnmadd_ps(dz, _mm512_set1_ps(x.scaled_sum[r]), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) store_row(y + r * ldy, acc[r], cols, accumulate);
+  store_rows<R>(y, ldy, acc, cols, accumulate);
 }
 
 // Row counts 1..12 as compile-time constants, so accumulators live in registers.
@@ -311,6 +322,23 @@ struct GemmRows {
         acc0[r] = _mm512_fmadd_ps(w0, xv, acc0[r]);
         acc1[r] = _mm512_fmadd_ps(w1, xv, acc1[r]);
       }
+    }
+    if (cols == kPanelCols) {  // the common case, without masks
+      // All loads before any store: rows of Y are often a multiple of 4 KiB apart, and a load
+      // behind a store to the same offset within a page waits for that store.
+      if (accumulate) {
+#pragma GCC unroll 12
+        for (int r = 0; r < R; ++r) {
+          acc0[r] = _mm512_add_ps(acc0[r], _mm512_loadu_ps(y + r * ldy));
+          acc1[r] = _mm512_add_ps(acc1[r], _mm512_loadu_ps(y + r * ldy + 16));
+        }
+      }
+#pragma GCC unroll 12
+      for (int r = 0; r < R; ++r) {
+        _mm512_storeu_ps(y + r * ldy, acc0[r]);
+        _mm512_storeu_ps(y + r * ldy + 16, acc1[r]);
+      }
+      return;
     }
     for (int r = 0; r < R; ++r) {
       store_row(y + r * ldy, acc0[r], cols, accumulate);

@@ -25,11 +25,11 @@ using detail::Kernels;
 // on, converting 32-row panels pays for itself.
 constexpr int64_t kFloatSmallM = 32;
 constexpr int64_t kDotKc = 2048;         // columns per pass of the small-M path (X in L2)
-constexpr int kFloatKc = 256;            // columns per float panel: kFloatKc x 32 floats = 32 KiB
-constexpr int64_t kFloatMinRows = 192;   // rows per task, so each panel conversion is reused
-constexpr int64_t kFloatMaxRows = 384;   // packed X block: 384 x kFloatKc floats = 384 KiB (L2)
+constexpr int kFloatKc = 512;            // columns per float panel: kFloatKc x 32 floats = 64 KiB
+constexpr int64_t kFloatMaxRows = 384;   // packed X block: 384 x kFloatKc floats = 768 KiB (L2)
 constexpr int64_t kIntKcBlocks = 64;     // 32-column blocks per chunk of K (2048 columns)
 constexpr int64_t kIntMaxRows = 384;     // int8 activation block: 384 x 2 KiB (L2)
+constexpr int64_t kIntSubGroups = 16;    // weight groups whose Y block stays in L2: 384 x 256
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -89,22 +89,25 @@ int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 // Y is cut into m_blocks x n_chunks tasks; a task covers rows [i * m_block, ...) and `units`
 // (n-tiles of the kernel) [j * n_chunk, ...). A few tasks per thread, so that dynamic hand-out
-// evens out a core that is busy with something else; rows per task between min_rows and
-// max_rows (multiples of m_align) to keep per-task work above its fixed costs and its
-// activation block in L2; the columns are split only when the rows do not give enough tasks.
+// evens out a core that is busy with something else. Rows are split only as far as the
+// activation block of a task must fit in L2 (max_rows): every extra row block converts or
+// streams all of W once more, while an extra column chunk only repacks X rows, which is
+// cheaper when N >= M. Only when the columns run out are the rows split further.
 struct Split {
   int64_t m_block, m_blocks, n_chunk, n_chunks;
   int64_t tasks() const { return m_blocks * n_chunks; }
 };
 
-Split split_work(int64_t M, int64_t units, int threads, int64_t m_align, int64_t min_rows,
-                 int64_t max_rows) {
+Split split_work(int64_t M, int64_t units, int threads, int64_t m_align, int64_t max_rows) {
   const int64_t wanted = threads > 1 ? 3 * threads : 1;
   Split s;
-  s.m_block = std::clamp(ceil_div(M, wanted), min_rows, max_rows);
-  s.m_block = std::min(round_up(s.m_block, m_align), round_up(M, m_align));
+  s.m_blocks = ceil_div(M, max_rows);
+  s.n_chunks = std::min(units, ceil_div(wanted, s.m_blocks));
+  if (s.m_blocks * s.n_chunks < wanted)
+    s.m_blocks = std::max(s.m_blocks, std::min(ceil_div(M, m_align), ceil_div(wanted, s.n_chunks)));
+  s.m_block = round_up(ceil_div(M, s.m_blocks), m_align);
   s.m_blocks = ceil_div(M, s.m_block);
-  s.n_chunk = std::max<int64_t>(1, ceil_div(units, ceil_div(wanted, s.m_blocks)));
+  s.n_chunk = ceil_div(units, s.n_chunks);
   s.n_chunks = ceil_div(units, s.n_chunk);
   return s;
 }
@@ -178,7 +181,7 @@ void matmul_float_small_m(const Kernels& kern, const float* x, int64_t M, int64_
                           MatmulScratch* scratch) {
   const int64_t N = w.rows, K = w.cols;
   const int64_t quads = ceil_div(N, detail::kDotCols);
-  const Split s = split_work(1, quads, pool.size(), 1, 1, 1);
+  const Split s = split_work(1, quads, pool.size(), 1, 1);
   WorkerBuffers<float> buffers(scratch, pool.size(),
                                is_float(w.type) ? 1 : size_t(kDotKc) * detail::kDotCols);
   pool.for_each_task(s.tasks(), [&](int64_t task, int worker) {
@@ -206,7 +209,7 @@ void matmul_float(const Kernels& kern, const float* x, int64_t M, int64_t ldx, c
   const int64_t N = w.rows, K = w.cols;
   const int pc = kern.panel_cols, mr = kern.gemm_rows;
   const int64_t tiles = ceil_div(N, pc);
-  const Split s = split_work(M, tiles, pool.size(), mr, kFloatMinRows, kFloatMaxRows);
+  const Split s = split_work(M, tiles, pool.size(), mr, kFloatMaxRows);
   // Per worker: one packed block of X rows, one W panel, and (Q8 / Q4) dequantized W rows.
   const size_t xp_floats = size_t(s.m_block) * kFloatKc;
   const size_t panel_floats = size_t(kFloatKc) * pc;
@@ -219,7 +222,8 @@ void matmul_float(const Kernels& kern, const float* x, int64_t M, int64_t ldx, c
     const int64_t m0 = (task / s.n_chunks) * s.m_block, m1 = std::min(M, m0 + s.m_block);
     const int64_t t0 = (task % s.n_chunks) * s.n_chunk, t1 = std::min(tiles, t0 + s.n_chunk);
     // K chunks outermost: the packed X block [m0, m1) x kc stays in L2 while each W panel,
-    // converted once, sits in L1 for all the row tiles that pass over it.
+    // converted once, serves all the row tiles. Y goes to memory and back once per chunk,
+    // which costs less than streaming X from memory once per panel would.
     for (int64_t k0 = 0; k0 < K; k0 += kFloatKc) {
       const int kc = int(std::min<int64_t>(kFloatKc, K - k0));
       for (int64_t m = m0; m < m1; m += mr)
@@ -300,27 +304,30 @@ void matmul_quantized(const Kernels& kern, const float* x, int64_t M, int64_t ld
       M, [&](int64_t m0, int64_t m1, int) { kern.quantize_rows(x, ldx, m0, m1, K, act); }, 16);
 
   // 2. Integer tiles: each task takes rows [m0, m1) of the activations and a run of 16-row
-  // weight groups, and walks K in chunks so that its activation block stays in L2.
+  // weight groups. A few groups at a time, with K inside in chunks: the activation chunk
+  // stays in L2, and so does the block of Y that every chunk adds into.
   const int64_t groups = ceil_div(N, kTileRows);
-  const Split s = split_work(M, groups, pool.size(), mr, mr, kIntMaxRows);
+  const Split s = split_work(M, groups, pool.size(), mr, kIntMaxRows);
   pool.for_each_task(s.tasks(), [&](int64_t task, int) {
     const int64_t m0 = (task / s.n_chunks) * s.m_block, m1 = std::min(M, m0 + s.m_block);
     const int64_t g0 = (task % s.n_chunks) * s.n_chunk, g1 = std::min(groups, g0 + s.n_chunk);
     TileSource source(w);
-    for (int64_t b0 = 0; b0 < nb; b0 += kIntKcBlocks) {
-      const int64_t count = std::min(kIntKcBlocks, nb - b0);
-      for (int64_t g = g0; g < g1; ++g) {
-        const void* tiles = source.tiles(g, b0, count);
-        const int cols = int(std::min<int64_t>(kTileRows, N - g * kTileRows));
-        for (int64_t m = m0; m < m1; m += mr) {
-          const int rows = int(std::min<int64_t>(mr, m1 - m));
-          float* yt = y + m * ldy + g * kTileRows;
-          if (w.type == DType::Q8) {
-            kern.tiles_q8(act, m, b0, rows, static_cast<const TileQ8*>(tiles), count, yt, ldy, cols,
-                          b0 > 0);
-          } else {
-            kern.tiles_q4(act, m, b0, rows, static_cast<const TileQ4*>(tiles), count, yt, ldy, cols,
-                          b0 > 0);
+    for (int64_t gs = g0; gs < g1; gs += kIntSubGroups) {
+      for (int64_t b0 = 0; b0 < nb; b0 += kIntKcBlocks) {
+        const int64_t count = std::min(kIntKcBlocks, nb - b0);
+        for (int64_t g = gs; g < std::min(g1, gs + kIntSubGroups); ++g) {
+          const void* tiles = source.tiles(g, b0, count);
+          const int cols = int(std::min<int64_t>(kTileRows, N - g * kTileRows));
+          for (int64_t m = m0; m < m1; m += mr) {
+            const int rows = int(std::min<int64_t>(mr, m1 - m));
+            float* yt = y + m * ldy + g * kTileRows;
+            if (w.type == DType::Q8) {
+              kern.tiles_q8(act, m, b0, rows, static_cast<const TileQ8*>(tiles), count, yt, ldy,
+                            cols, b0 > 0);
+            } else {
+              kern.tiles_q4(act, m, b0, rows, static_cast<const TileQ4*>(tiles), count, yt, ldy,
+                            cols, b0 > 0);
+            }
           }
         }
       }

@@ -13,10 +13,16 @@
 //   accumulator. This adds the activation rounding error (bound below) to the weight
 //   quantization error, as int8 engines do, and runs 2x-4x faster than float FMA.
 //
-// Accuracy, with P = sum_k |x[m,k] * w[n,k]| and w the dequantized weights:
-// - F32/BF16/F16: |y - y_exact| <= (K/16 + 64) * 2^-24 * P on every path (typically ~1e-7 P).
-// - Q8/Q4: |y - y_exact| <= sum over blocks b of (max_b|x| / 254) * sum_{k in b} |w[n,k]|
-//   + 2^-18 * P; y_exact uses the float32 activations.
+// Accuracy against y_exact = sum_k x[m, k] * w[n, k] in exact arithmetic, w the dequantized
+// weights, P = sum_k |x[m, k] * w[n, k]|; checked for every output by tests/quant:
+// - F32 / BF16 / F16 (and Q8 / Q4 with exact_activations): |y - y_exact| <= (K + 18) 2^-24 P,
+//   the worst case of float32 summation. Measured RMS error / RMS y: 3e-7 at K = 3072.
+// - Q8 / Q4: |y - y_exact| <= sum_b (max_b |x| / 254) sum_{k in b} |w[n, k]|   (int8 rounding)
+//                           + (K/32 + 4) 2^-23 sum_b 1.01 max_b |x| S_b + 2^-23 P (float32)
+//   over the 32-column blocks b of row m, with S_b = sum_{k in b} |w[n, k]| for Q8 and
+//   992 d_b (d_b the block's scale) for Q4. Measured RMS error / RMS y: 5.4e-3 for Gaussian
+//   activations, 1.2e-2 when every 97th channel is 30x larger (outliers widen their blocks).
+//   For comparison, the weights' own error: Q8 5e-3, Q4 7e-2 (RMS, Gaussian weights).
 #include <cstddef>
 #include <cstdint>
 #include <memory>
