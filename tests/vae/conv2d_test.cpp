@@ -247,6 +247,25 @@ TEST(Conv2d, ResultsDoNotDependOnThreadCount) {
     }
 }
 
+// The two algorithms at the channel counts of the real VAE (512 channels: K = 4608).
+TEST(Conv2d, AlgorithmsAgreeAtVaeShapes) {
+  if (!ops::conv2d_direct_available()) GTEST_SKIP() << "no direct kernel on this CPU";
+  ThreadPool pool(2);
+  const int64_t shapes[][2] = {{512, 512}, {256, 128}, {128, 3}};
+  for (const auto& [in, out] : shapes) {
+    SCOPED_TRACE(std::to_string(in) + " -> " + std::to_string(out));
+    Tensor x = random_tensor({in, 12, 21}, uint32_t(in));
+    Conv2dWeights w = random_conv(out, in, 3, uint32_t(out));
+    ChannelAffine t = random_affine(in, true);
+    Conv2dParams gemm = Conv2dParams::same(3), direct = gemm;
+    gemm.algorithm = ops::ConvAlgorithm::Gemm;
+    direct.algorithm = ops::ConvAlgorithm::Direct;
+    // Sums of up to 4608 products in different orders: a few float32 ulps apart.
+    EXPECT_LE(max_scaled_diff(ops::conv2d(x, w, direct, pool, &t), ops::conv2d(x, w, gemm, pool, &t)),
+              2e-5);
+  }
+}
+
 TEST(Conv2d, RejectsMismatchedInput) {
   ThreadPool pool(1);
   Tensor x = random_tensor({3, 8, 8}, 1);

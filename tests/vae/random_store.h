@@ -1,12 +1,12 @@
 #pragma once
 // An in-memory weight store holding only the VAE, with random BF16 weights of the shapes a
 // VaeConfig implies (klein's real [128, 256, 512, 512] by default): for speed and memory
-// measurements at full size without the real checkpoint. Scales keep activations O(1):
-//   conv [out, in, k, k]: N(0,1)/sqrt(in·k·k) (0.5× for decoder.conv_out); linear [out, in]:
-//   N(0,1)/sqrt(in); norm weights 1 + 0.1·N; biases 0.02·N; bn mean 0.3·N, var exp(0.4·N).
+// measurements at full size without the real checkpoint. With u uniform of unit variance
+// (on [-√3, √3], cheap to draw for 84M values), scales keep activations O(1):
+//   conv [out, in, k, k]: u/sqrt(in·k·k) (0.5× for decoder.conv_out); linear [out, in]:
+//   u/sqrt(in); norm weights 1 + 0.1·u; biases 0.02·u; bn mean 0.3·u, var exp(0.4·u).
 #include <cmath>
 #include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -39,24 +39,32 @@ class RandomVaeUnit final : public WeightUnit {
 
  private:
   static std::vector<uint16_t> draw(const std::string& name, const Shape& shape, uint64_t seed) {
-    std::mt19937_64 rng(seed ^ std::hash<std::string>{}(name));
-    std::normal_distribution<float> normal(0.0f, 1.0f);
+    // splitmix64, one stream per tensor name.
+    uint64_t state = seed ^ std::hash<std::string>{}(name);
+    auto u = [&state]() {
+      uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      z ^= z >> 31;
+      const float unit = float(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+      return (2.0f * unit - 1.0f) * 1.7320508f;
+    };
     auto ends_with = [&](const std::string& s) {
       return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
     };
     std::function<float()> value;
     if (ends_with("bn.running_mean")) {
-      value = [&] { return 0.3f * normal(rng); };
+      value = [&] { return 0.3f * u(); };
     } else if (ends_with("bn.running_var")) {
-      value = [&] { return std::exp(0.4f * normal(rng)); };
+      value = [&] { return std::exp(0.4f * u()); };
     } else if (ends_with(".bias")) {
-      value = [&] { return 0.02f * normal(rng); };
+      value = [&] { return 0.02f * u(); };
     } else if (shape.size() == 1) {
-      value = [&] { return 1.0f + 0.1f * normal(rng); };
+      value = [&] { return 1.0f + 0.1f * u(); };
     } else {
       const float fan_in = float(numel(shape) / shape[0]);
       const float gain = ends_with("decoder.conv_out.weight") ? 0.5f : 1.0f;
-      value = [&, s = gain / std::sqrt(fan_in)] { return s * normal(rng); };
+      value = [&, s = gain / std::sqrt(fan_in)] { return s * u(); };
     }
     std::vector<uint16_t> out(static_cast<size_t>(numel(shape)));
     for (auto& v : out) v = f32_to_bf16(value());

@@ -2,6 +2,7 @@
 // intermediate the reference stored, within a scaled difference of 1e-4.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -10,6 +11,7 @@
 #include "core/npy.h"
 #include "models/vae/vae.h"
 #include "support/testing.h"
+#include "vae/random_store.h"
 #include "weights/model_source.h"
 
 namespace klein {
@@ -138,6 +140,23 @@ TEST_F(VaeGolden, RejectsBadSizes) {
   EXPECT_THROW(model.encode(Tensor::zeros({4, 64, 64})), Error);
   EXPECT_THROW(model.decode(Tensor::zeros({15, 128}), 4, 4), Error);
   EXPECT_THROW(model.decode(Tensor::zeros({16, 64}), 4, 4), Error);
+}
+
+// The real klein shapes (channels [128, 256, 512, 512], 16 channels per GroupNorm group,
+// 512-dimensional attention) with random weights: runs end to end, sizes right, finite.
+TEST(VaeRealShapes, DecodeAndEncodeRun) {
+  testing::RandomVaeStore store;
+  ThreadPool pool(2);
+  vae::Vae model(store, pool);
+  EXPECT_EQ(model.pixels_per_token(), 16);
+  Tensor tokens({2 * 3, 128});
+  for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data()[i] = float(i % 7) / 7.0f - 0.4f;
+  const Tensor image = model.decode(tokens, 2, 3);
+  ASSERT_EQ(image.shape(), (Shape{3, 32, 48}));
+  for (int64_t i = 0; i < image.numel(); ++i) ASSERT_TRUE(std::isfinite(image.data()[i])) << i;
+  const Tensor back = model.encode(image);
+  ASSERT_EQ(back.shape(), (Shape{6, 128}));
+  for (int64_t i = 0; i < back.numel(); ++i) ASSERT_TRUE(std::isfinite(back.data()[i])) << i;
 }
 
 // The latent glue on its own: channel 4·c + 2·dy + dx, row-major tokens, exact inverses.
