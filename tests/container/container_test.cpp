@@ -341,6 +341,25 @@ TEST_F(Containers, PrefetchThenAcquireAndRepeatedAcquireShareTheUnit) {
   EXPECT_ERROR_HAS(store.acquire("transformer.double.9"), "no weight unit transformer.double.9");
 }
 
+// A container is a valid source: converting the BF16 container to F16 gives the same unit
+// bytes as converting the safetensors to F16, and carries over the tokenizer and drop record.
+TEST_F(Containers, ReconvertFromAContainer) {
+  ConvertOptions o;
+  o.source.model = files_.at("bf16");
+  o.output = testing::temp_dir("reconvert") / "again-f16.klein";
+  o.target = DType::F16;
+  convert::convert_model(o);
+  const container::ContainerFile a(o.output), b(files_.at("f16"));
+  ASSERT_EQ(a.index().units.size(), b.index().units.size());
+  for (size_t i = 0; i < a.index().units.size(); ++i) {
+    EXPECT_EQ(a.index().units[i].name, b.index().units[i].name);
+    EXPECT_EQ(a.index().units[i].xxh3, b.index().units[i].xxh3) << a.index().units[i].name;
+  }
+  EXPECT_EQ(a.metadata()["tokenizer"], b.metadata()["tokenizer"]);
+  EXPECT_EQ(a.metadata()["conversion"]["dropped"].size(), b.metadata()["conversion"]["dropped"].size());
+  EXPECT_EQ(a.metadata()["conversion"]["sources"][0]["file"], "tiny-bf16.klein");
+}
+
 TEST_F(Containers, TwoMegabyteAlignment) {
   const fs::path p = convert_tiny(testing::temp_dir("align"), "bf16", "", uint64_t(2) << 20);
   const container::ContainerFile f(p);
