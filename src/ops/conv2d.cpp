@@ -23,7 +23,8 @@ constexpr int64_t kBandPixels = 8192;
 // weight matrix once, so wider tiles spread that cost; the tile's column matrix is
 // K x kTileColumns floats (9 MiB at K = 4608).
 constexpr int64_t kTileColumns = 512;
-// Output pixels of one row per direct-kernel task.
+// Output pixels of one row per direct-kernel task: two full 96-pixel register tiles, and
+// five or six tasks per row at 1024 columns so every thread has work.
 constexpr int64_t kDirectSegment = 192;
 
 struct ConvGeometry {

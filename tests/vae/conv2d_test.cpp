@@ -274,6 +274,35 @@ TEST(Conv2d, RejectsMismatchedInput) {
   EXPECT_THROW(ops::conv2d(tiny, random_conv(4, 3, 5, 1), Conv2dParams{}, pool), Error);
 }
 
+// The SiLU's own exponential against the exact value over the whole float range that matters.
+TEST(GroupNorm, SiluIsAccurate) {
+  ThreadPool pool(1);
+  ChannelAffine identity;
+  identity.mean = {0.0f};
+  identity.scale = {1.0f};
+  identity.shift = {0.0f};
+  identity.silu = true;
+  std::vector<float> x;
+  for (float v = -120.0f; v <= 120.0f; v += 0.0137f) x.push_back(v);
+  x.push_back(0.0f);
+  x.push_back(1e-30f);
+  std::vector<float> y(x.size());
+  identity.apply(0, x.data(), y.data(), int64_t(x.size()));
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double ref = x[i] / (1.0 + std::exp(-double(x[i])));
+    if (std::fabs(ref) < 1e-30) {
+      EXPECT_LE(std::fabs(y[i]), 1e-30) << x[i];
+      continue;
+    }
+    worst = std::max(worst, std::fabs(y[i] - ref) / std::fabs(ref));
+  }
+  EXPECT_LE(worst, 1e-6);
+  float nan = std::nanf("");
+  identity.apply(0, &nan, &nan, 1);
+  EXPECT_TRUE(std::isnan(nan));
+}
+
 // GroupNorm by its definition, in double.
 TEST(GroupNorm, MatchesDefinition) {
   ThreadPool pool(3);
