@@ -1,6 +1,8 @@
 // klein convert: a published checkpoint (or another container) -> one klein container.
 // Parses the options, installs the interrupt handler and prints progress; the conversion
 // itself is convert/convert.h.
+#include "convert/convert.h"
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -12,7 +14,6 @@
 
 #include "cli/commands.h"
 #include "cli/model_options.h"
-#include "convert/convert.h"
 #include "convert/policy.h"
 #include "core/error.h"
 #include "core/files.h"
@@ -74,8 +75,8 @@ void run_convert(const ConvertArgs& a) {
   }
   check(!a.type.empty(), "convert: give the storage type with -t q4|q8|bf16|f16|f32");
   check(!a.output.empty(), "convert: give the output file with -o FILE");
-  check(a.alignment_kib >= 64 && (a.alignment_kib & (a.alignment_kib - 1)) == 0,
-        "--align-kib ", a.alignment_kib, ": expected a power of two >= 64");
+  check(a.alignment_kib >= 64 && (a.alignment_kib & (a.alignment_kib - 1)) == 0, "--align-kib ",
+        a.alignment_kib, ": expected a power of two >= 64");
   convert::ConvertOptions o;
   o.source = a.paths;
   o.output = a.output;
@@ -99,7 +100,8 @@ void run_convert(const ConvertArgs& a) {
   g_cancel = false;
   InterruptGuard guard;
   const convert::ConvertSummary s = convert::convert_model(o);
-  std::fprintf(stderr, "wrote %s: %s, %zu units, %zu tensors (%zu dropped) in %.1f s "
+  std::fprintf(stderr,
+               "wrote %s: %s, %zu units, %zu tensors (%zu dropped) in %.1f s "
                "(source checksums: %.1f s, alongside)\n",
                s.output.c_str(), mb(s.file_bytes).c_str(), s.units, s.tensors, s.dropped,
                s.convert_seconds, s.hash_seconds);

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
-
 #include <xxhash.h>
 
 #include <algorithm>
@@ -38,7 +37,8 @@ namespace {
 constexpr int64_t kSliceElements = int64_t(8) << 20;
 
 void check_cancel(const ConvertOptions& o) {
-  if (o.cancel && o.cancel->load()) fail("conversion interrupted; ", o.output.string(), " not written");
+  if (o.cancel && o.cancel->load())
+    fail("conversion interrupted; ", o.output.string(), " not written");
 }
 
 double since(Clock::time_point t0) {
@@ -110,8 +110,8 @@ std::string display_name(const fs::path& p, const fs::path& model_dir) {
 
 std::vector<SourceFile> source_files(const ConvertOptions& o, const WeightStore& store) {
   std::vector<SourceFile> out;
-  const fs::path dir = o.source.model.empty() || !fs::is_directory(o.source.model) ? fs::path()
-                                                                                    : o.source.model;
+  const fs::path dir =
+      o.source.model.empty() || !fs::is_directory(o.source.model) ? fs::path() : o.source.model;
   auto add = [&](const fs::path& p) {
     for (const auto& f : out)
       if (fs::equivalent(f.path, p)) return;
@@ -234,8 +234,8 @@ void read_rows(const Weight& w, int64_t r0, int64_t r1, float* out) {
 void check_f16_range(const Weight& w, const float* v, size_t n) {
   for (size_t i = 0; i < n; ++i)
     if (std::isfinite(v[i]) && std::fabs(v[i]) > 65504.0f)
-      fail("tensor ", w.name, " holds the value ", v[i], ", beyond the range of F16 (65504); "
-           "store it as bf16 or f32 (a policy line \"", w.name, " bf16\")");
+      fail("tensor ", w.name, " holds the value ", v[i], ", beyond the range of F16 (65504);",
+           " store it as bf16 or f32 (a policy line \"", w.name, " bf16\")");
 }
 
 class TensorConverter {
@@ -283,7 +283,8 @@ class TensorConverter {
           float* f = floats_.data() + size_t(a - r0) * size_t(cols);
           read_rows(w, a, b, f);
           if (p.format.type == DType::F16) check_f16_range(w, f, size_t(b - a) * size_t(cols));
-          pack_rows(f, b - a, cols, p.format, packed_.data() + storage_size(p.format, a - r0, cols));
+          pack_rows(f, b - a, cols, p.format,
+                    packed_.data() + storage_size(p.format, a - r0, cols));
         });
         out_.write(packed_.data(), storage_size(p.format, r1 - r0, cols));
         if (dtype_is_float(w.dtype) && w.layout == 0)
@@ -308,10 +309,11 @@ class TensorConverter {
 
 ConvertSummary convert_model(const ConvertOptions& o) {
   check(!o.output.empty(), "no output file given (-o FILE)");
-  check(!fs::is_directory(o.output), "output ", o.output.string(), " is a directory; give a file name");
-  const PrecisionPolicy policy = o.policy_text.empty()
-                                     ? PrecisionPolicy()
-                                     : PrecisionPolicy::with_user_rules(o.policy_text, o.policy_origin);
+  check(!fs::is_directory(o.output), "output ", o.output.string(),
+        " is a directory; give a file name");
+  const PrecisionPolicy policy =
+      o.policy_text.empty() ? PrecisionPolicy()
+                            : PrecisionPolicy::with_user_rules(o.policy_text, o.policy_origin);
   (void)storage_format(o.target);  // fails early for a type this build cannot write
   auto note = [&](const std::string& s) {
     if (o.stage) o.stage(s);
@@ -395,18 +397,20 @@ ConvertSummary convert_model(const ConvertOptions& o) {
     UnitRef ref = store->acquire(u);
     std::vector<const Weight*> ws;
     for (const auto& w : ref->weights()) ws.push_back(&w);
-    std::sort(ws.begin(), ws.end(), [](const Weight* a, const Weight* b) { return a->name < b->name; });
+    std::sort(ws.begin(), ws.end(),
+              [](const Weight* a, const Weight* b) { return a->name < b->name; });
     auto& plan = plans[u];
     for (const Weight* w : ws) {
-      check(dtype_is_float(w->dtype) || w->dtype == DType::Q8 || w->dtype == DType::Q4,
-            "tensor ", w->name, " is of type ", dtype_name(w->dtype), "; expected a float tensor");
+      check(dtype_is_float(w->dtype) || w->dtype == DType::Q8 || w->dtype == DType::Q4, "tensor ",
+            w->name, " is of type ", dtype_name(w->dtype), "; expected a float tensor");
       const auto choice = policy.choose(w->name, w->shape, o.target);
       DType type = choice.type;
       std::string why;
       if (!can_store(type, w->shape, &why)) {
-        check(choice.rule == nullptr || choice.rule->at_least, choice.rule ? choice.rule->origin : "",
-              ": rule \"", choice.rule ? choice.rule->text : "", "\" asks for ",
-              storage_type_name(type), " for tensor ", w->name, " ", shape_str(w->shape), ", but ", why);
+        check(choice.rule == nullptr || choice.rule->at_least,
+              choice.rule ? choice.rule->origin : "", ": rule \"",
+              choice.rule ? choice.rule->text : "", "\" asks for ", storage_type_name(type),
+              " for tensor ", w->name, " ", shape_str(w->shape), ", but ", why);
         fallbacks.push_back({{"tensor", w->name},
                              {"wanted", storage_type_name(type)},
                              {"stored", "bf16"},
@@ -431,7 +435,8 @@ ConvertSummary convert_model(const ConvertOptions& o) {
     UnitRef ref = store->acquire(units[i]);
     std::vector<const Weight*> ws;
     for (const auto& w : ref->weights()) ws.push_back(&w);
-    std::sort(ws.begin(), ws.end(), [](const Weight* a, const Weight* b) { return a->name < b->name; });
+    std::sort(ws.begin(), ws.end(),
+              [](const Weight* a, const Weight* b) { return a->name < b->name; });
     auto& plan = plans[units[i]];
     out.begin_unit(units[i]);
     for (size_t k = 0; k < ws.size(); ++k) {
@@ -445,7 +450,8 @@ ConvertSummary convert_model(const ConvertOptions& o) {
     }
     out.end_unit();
     if (o.progress)
-      o.progress({i + 1, units.size(), units[i], conv.source_bytes, out.bytes_written(), since(t0)});
+      o.progress(
+          {i + 1, units.size(), units[i], conv.source_bytes, out.bytes_written(), since(t0)});
   }
   check_cancel(o);
 

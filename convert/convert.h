@@ -23,7 +23,7 @@
 namespace klein::convert {
 
 struct ConvertProgress {
-  size_t unit = 0;   // 1-based index of the unit just written
+  size_t unit = 0;  // 1-based index of the unit just written
   size_t units = 0;
   std::string name;
   uint64_t source_bytes = 0;   // source tensor bytes read so far
@@ -38,9 +38,9 @@ struct ConvertOptions {
   std::string policy_text;    // the user's policy rules; empty: the built-in defaults only
   std::string policy_origin;  // where they came from (file name), for errors and the record
   uint64_t alignment = container::kMinAlignment;
-  int threads = 0;            // packing threads; <= 0: one per hardware thread
-  std::function<void(const std::string&)> stage;              // "opening the source model", ...
-  std::function<void(const ConvertProgress&)> progress;       // after each unit
+  int threads = 0;                                // packing threads; <= 0: one per hardware thread
+  std::function<void(const std::string&)> stage;  // "opening the source model", ...
+  std::function<void(const ConvertProgress&)> progress;  // after each unit
   // Told the temporary file's name as soon as it exists (for a signal handler that has to
   // remove it on a second interrupt).
   std::function<void(const std::filesystem::path&)> on_temp_file;
@@ -62,8 +62,8 @@ struct ConvertSummary {
   size_t tensors = 0;
   size_t dropped = 0;
   std::map<std::string, TypeTotals> by_type;  // "q4" -> totals
-  double hash_seconds = 0;     // hashing the source files, on a thread of its own
-  double convert_seconds = 0;  // writing the units, metadata and index
+  double hash_seconds = 0;                    // hashing the source files, on a thread of its own
+  double convert_seconds = 0;                 // writing the units, metadata and index
 };
 
 ConvertSummary convert_model(const ConvertOptions& options);

@@ -33,7 +33,9 @@ struct Totals {
     bytes += b;
   }
   json to_json() const {
-    return {{"tensors", tensors}, {"parameters", params}, {"bytes", bytes},
+    return {{"tensors", tensors},
+            {"parameters", params},
+            {"bytes", bytes},
             {"bits_per_weight", bits_per_weight(bytes, params)}};
   }
 };
@@ -138,10 +140,12 @@ std::string describe_container_text(const json& d) {
     const json& c = d["config"];
     const json& t = c["transformer"];
     const json& e = c["text_encoder"];
-    line("model: " + c.value("name", std::string("?")) + (c.value("is_distilled", true) ? " (distilled)" : " (base)"));
+    line("model: " + c.value("name", std::string("?")) +
+         (c.value("is_distilled", true) ? " (distilled)" : " (base)"));
     line("  transformer: " + std::to_string(t["num_layers"].get<int64_t>()) + " double + " +
          std::to_string(t["num_single_layers"].get<int64_t>()) + " single blocks, inner dim " +
-         std::to_string(t["num_attention_heads"].get<int64_t>() * t["attention_head_dim"].get<int64_t>()));
+         std::to_string(t["num_attention_heads"].get<int64_t>() *
+                        t["attention_head_dim"].get<int64_t>()));
     line("  text encoder: Qwen3, hidden " + std::to_string(e["hidden_size"].get<int64_t>()) + ", " +
          std::to_string(e["num_hidden_layers"].get<int64_t>()) + " layers in the checkpoint");
   }
@@ -159,7 +163,8 @@ std::string describe_container_text(const json& d) {
     std::snprintf(buf, sizeof buf, "  %-26s %4llu tensors %11s %6.2f bpw  %s",
                   u["name"].get<std::string>().c_str(),
                   static_cast<unsigned long long>(u["tensors"].get<uint64_t>()),
-                  human_bytes(u["bytes"]).c_str(), u["bits_per_weight"].get<double>(), types.c_str());
+                  human_bytes(u["bytes"]).c_str(), u["bits_per_weight"].get<double>(),
+                  types.c_str());
     line(buf);
   }
   if (d.contains("conversion")) {
@@ -181,12 +186,14 @@ std::string describe_container_text(const json& d) {
     if (r.contains("fallbacks"))
       for (const auto& f : r["fallbacks"])
         line("  " + f.value("tensor", std::string("?")) + ": stored as " +
-             f.value("stored", std::string("?")) + " instead of " + f.value("wanted", std::string("?")) +
-             " (" + f.value("reason", std::string("?")) + ")");
+             f.value("stored", std::string("?")) + " instead of " +
+             f.value("wanted", std::string("?")) + " (" + f.value("reason", std::string("?")) +
+             ")");
   }
   std::string tok;
   for (const auto& [name, t] : d["tokenizer"].items())
-    tok += (tok.empty() ? "" : ", ") + name + " (" + std::to_string(t["bytes"].get<uint64_t>()) + " bytes)";
+    tok += (tok.empty() ? "" : ", ") + name + " (" + std::to_string(t["bytes"].get<uint64_t>()) +
+           " bytes)";
   line("tokenizer: " + (tok.empty() ? std::string("none") : tok));
   return s;
 }

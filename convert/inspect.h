@@ -4,10 +4,9 @@
 #include <cstddef>
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "formats/container/reader.h"
 
@@ -24,8 +23,8 @@ nlohmann::json describe_container(const std::filesystem::path& path, bool tensor
 std::string describe_container_text(const nlohmann::json& description);
 
 struct VerifyOutcome {
-  container::VerifyReport data;          // checksums of every unit and tensor, padding
-  std::vector<std::string> model;        // model-level problems (config, tensors, sizes)
+  container::VerifyReport data;    // checksums of every unit and tensor, padding
+  std::vector<std::string> model;  // model-level problems (config, tensors, sizes)
   bool ok() const { return data.ok() && model.empty(); }
 };
 

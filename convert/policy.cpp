@@ -15,7 +15,8 @@ namespace {
 
 // Built-in defaults. Kept as policy text so that the record of a conversion and
 // `klein convert --print-policy` show exactly the rules that ran.
-const char* const kDefaultPolicy = R"(# Built-in defaults (after the user's rules; first match wins).
+const char* const kDefaultPolicy =
+    R"(# Built-in defaults (after the user's rules; first match wins).
 # Biases, norm weights, BatchNorm statistics: tiny, and every value matters.
 @1d                                        >=bf16
 # The embedders: what every token's stream starts from.
@@ -53,8 +54,7 @@ bool matches(const PolicyRule& r, const std::string& name, const Shape& shape) {
   switch (r.selector) {
     case PolicyRule::Selector::Vector: return shape.size() < 2;
     case PolicyRule::Selector::Glob: return ::fnmatch(r.pattern.c_str(), name.c_str(), 0) == 0;
-    case PolicyRule::Selector::Regex:
-      return std::regex_match(name, *r.regex);
+    case PolicyRule::Selector::Regex: return std::regex_match(name, *r.regex);
   }
   return false;
 }
@@ -85,7 +85,8 @@ std::vector<PolicyRule> parse_policy(std::string_view text, const std::string& o
     std::istringstream words(line);
     std::string selector, type, extra;
     if (!(words >> selector)) continue;  // blank or comment
-    check(bool(words >> type), where, ": expected \"<pattern> <type>\", got only \"", selector, "\"");
+    check(bool(words >> type), where, ": expected \"<pattern> <type>\", got only \"", selector,
+          "\"");
     check(!(words >> extra), where, ": unexpected \"", extra, "\" after the type");
     PolicyRule r;
     r.pattern = selector;

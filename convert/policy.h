@@ -31,7 +31,7 @@ namespace klein::convert {
 struct PolicyRule {
   enum class Selector { Glob, Regex, Vector };
   Selector selector = Selector::Glob;
-  std::string pattern;  // as written
+  std::string pattern;                      // as written
   std::shared_ptr<const std::regex> regex;  // Selector::Regex, compiled
   DType type = DType::BF16;
   bool at_least = false;  // ">=type"

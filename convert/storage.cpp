@@ -8,9 +8,7 @@ namespace klein::convert {
 
 namespace {
 
-bool storable(DType t) {
-  return dtype_is_float(t) || t == DType::Q8 || t == DType::Q4;
-}
+bool storable(DType t) { return dtype_is_float(t) || t == DType::Q8 || t == DType::Q4; }
 
 quant::Matrix matrix(const void* data, size_t nbytes, const StorageFormat& f, int64_t rows,
                      int64_t cols) {
@@ -41,7 +39,8 @@ bool can_store(DType type, const Shape& shape, std::string* why) {
   if (dtype_is_float(type)) return true;
   const int64_t cols = shape.size() < 2 ? 1 : numel(shape) / shape[0];
   if (shape.size() < 2) {
-    if (why) *why = "a quantized type holds matrices only, not a tensor of shape " + shape_str(shape);
+    if (why)
+      *why = "a quantized type holds matrices only, not a tensor of shape " + shape_str(shape);
     return false;
   }
   if (cols % quant::kBlock != 0) {

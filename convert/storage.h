@@ -12,9 +12,9 @@ namespace klein::convert {
 
 struct StorageFormat {
   DType type = DType::BF16;
-  uint8_t layout = 0;            // quant::Layout
-  uint32_t block_size = 1;       // elements per block (1 for plain types)
-  int64_t row_granularity = 1;   // rows are packed in pieces that start at multiples of this
+  uint8_t layout = 0;           // quant::Layout
+  uint32_t block_size = 1;      // elements per block (1 for plain types)
+  int64_t row_granularity = 1;  // rows are packed in pieces that start at multiples of this
 };
 
 // The format the kernels want for `type` (quant::preferred_layout).

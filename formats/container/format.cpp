@@ -59,7 +59,8 @@ class In {
   uint64_t get(int n, const std::string& what) {
     need(size_t(n), what);
     uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= uint64_t(std::to_integer<uint8_t>(bytes_[pos_ + i])) << (8 * i);
+    for (int i = 0; i < n; ++i)
+      v |= uint64_t(std::to_integer<uint8_t>(bytes_[pos_ + i])) << (8 * i);
     pos_ += size_t(n);
     return v;
   }
@@ -201,8 +202,10 @@ bool has_magic(std::span<const std::byte> bytes) {
   return true;
 }
 
-Header decode_header(std::span<const std::byte> bytes, uint64_t actual_size, const std::string& where) {
-  check(has_magic(bytes), where, ": not a klein container (the file does not start with the "
+Header decode_header(std::span<const std::byte> bytes, uint64_t actual_size,
+                     const std::string& where) {
+  check(has_magic(bytes), where,
+        ": not a klein container (the file does not start with the "
         "container magic 89 4B 4C 45 49 4E 0D 0A)");
   check(bytes.size() >= 16, where, ": truncated: ", bytes.size(),
         " bytes, shorter than the container header");
@@ -214,8 +217,8 @@ Header decode_header(std::span<const std::byte> bytes, uint64_t actual_size, con
   // The version is checked before anything else that a later version could have changed.
   check(h.major != 0, where, ": container format version 0.", h.minor, " is not valid");
   check(h.major <= kMajorVersion, where, ": container format version ", h.major, ".", h.minor,
-        " is newer than this program reads (", kMajorVersion, ".x); update klein, or convert "
-        "the model again with this version");
+        " is newer than this program reads (", kMajorVersion,
+        ".x); update klein, or convert the model again with this version");
   check(h.header_size >= kHeaderSize && h.header_size <= 65536 && h.header_size % 8 == 0, where,
         ": corrupt header: header size ", h.header_size, " (expected ", kHeaderSize,
         " or a larger multiple of 8)");
@@ -242,14 +245,14 @@ Header decode_header(std::span<const std::byte> bytes, uint64_t actual_size, con
   h.tensor_count = uint32_t(read_le(p + 116, 4));
 
   const uint64_t unknown = h.flags & kRequiredFlagsMask;
-  check(unknown == 0, where, ": the container uses features this program does not know "
-        "(required flags 0x", hex64(unknown), "); update klein");
+  check(unknown == 0, where, ": the container uses features this program does not know",
+        " (required flags 0x", hex64(unknown), "); update klein");
   check(actual_size >= h.file_size, where, ": truncated: the header says ", h.file_size,
         " bytes, the file has ", actual_size);
-  check(actual_size == h.file_size, where, ": the file has ", actual_size, " bytes, the header says ",
-        h.file_size, " (data appended after the container?)");
-  check(is_pow2(h.alignment) && h.alignment >= kMinAlignment && h.alignment <= kMaxAlignment,
-        where, ": corrupt header: unit alignment ", h.alignment,
+  check(actual_size == h.file_size, where, ": the file has ", actual_size,
+        " bytes, the header says ", h.file_size, " (data appended after the container?)");
+  check(is_pow2(h.alignment) && h.alignment >= kMinAlignment && h.alignment <= kMaxAlignment, where,
+        ": corrupt header: unit alignment ", h.alignment,
         " (expected a power of two between 64 KiB and 1 GiB)");
   check(h.metadata_raw_size <= kMaxMetadataBytes, where, ": metadata of ", h.metadata_raw_size,
         " bytes is larger than any reader accepts (", kMaxMetadataBytes, ")");
@@ -277,8 +280,8 @@ Header decode_header(std::span<const std::byte> bytes, uint64_t actual_size, con
             ": corrupt header: the ", a.name, " section ", range_str(a.offset, a.size),
             " overlaps the ", b.name, " section ", range_str(b.offset, b.size));
     }
-  check(h.data_offset % h.alignment == 0, where, ": corrupt header: data offset ",
-        h.data_offset, " is not a multiple of the alignment ", h.alignment);
+  check(h.data_offset % h.alignment == 0, where, ": corrupt header: data offset ", h.data_offset,
+        " is not a multiple of the alignment ", h.alignment);
   return h;
 }
 
@@ -325,7 +328,8 @@ Index decode_index(const Header& h, std::span<const std::byte> bytes, const std:
     const std::string named = "tensor " + t.name;
     const uint8_t code = in.u8(named);
     check(dtype_of_code(code, t.type), where, ": tensor ", t.name, " has storage type code ",
-          int(code), ", unknown to this program (known: 0..4); corrupt, or written by a newer klein");
+          int(code),
+          ", unknown to this program (known: 0..4); corrupt, or written by a newer klein");
     t.layout = in.u8(named);
     const uint8_t ndim = in.u8(named);
     check(ndim <= kMaxDims, where, ": corrupt index: tensor ", t.name, " has ", int(ndim),

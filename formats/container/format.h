@@ -36,9 +36,9 @@ inline constexpr uint16_t kMajorVersion = 1;
 inline constexpr uint16_t kMinorVersion = 0;
 
 inline constexpr size_t kHeaderSize = 128;
-inline constexpr uint64_t kMinAlignment = uint64_t(64) << 10;   // unit alignment, at least
+inline constexpr uint64_t kMinAlignment = uint64_t(64) << 10;  // unit alignment, at least
 inline constexpr uint64_t kMaxAlignment = uint64_t(1) << 30;
-inline constexpr uint64_t kTensorAlignment = 64;                 // inside a unit
+inline constexpr uint64_t kTensorAlignment = 64;  // inside a unit
 // Bounds a reader enforces so that a corrupt file cannot ask for absurd allocations.
 inline constexpr uint64_t kMaxMetadataBytes = uint64_t(1) << 30;  // decompressed
 inline constexpr uint64_t kMaxIndexBytes = uint64_t(1) << 30;
@@ -70,29 +70,29 @@ struct Header {
   uint64_t index_offset = 0;
   uint64_t index_size = 0;
   uint64_t index_xxh3 = 0;
-  uint64_t data_offset = 0;        // first byte of the first unit
-  uint64_t data_size = 0;          // through the last byte of the last unit
+  uint64_t data_offset = 0;  // first byte of the first unit
+  uint64_t data_size = 0;    // through the last byte of the last unit
   uint32_t unit_count = 0;
   uint32_t tensor_count = 0;
-  uint64_t header_xxh3 = 0;        // of bytes [0, header_size - 8)
+  uint64_t header_xxh3 = 0;  // of bytes [0, header_size - 8)
 };
 
 struct UnitEntry {
   std::string name;
   uint32_t first_tensor = 0;  // the unit's tensors are [first_tensor, first_tensor + tensor_count)
   uint32_t tensor_count = 0;
-  uint64_t offset = 0;        // absolute, multiple of the header's alignment
-  uint64_t size = 0;          // from the first tensor's first byte to the last tensor's last
-  uint64_t xxh3 = 0;          // of bytes [offset, offset + size), padding included
+  uint64_t offset = 0;  // absolute, multiple of the header's alignment
+  uint64_t size = 0;    // from the first tensor's first byte to the last tensor's last
+  uint64_t xxh3 = 0;    // of bytes [offset, offset + size), padding included
 };
 
 struct TensorEntry {
   std::string name;
   DType type = DType::F32;
-  uint8_t layout = 0;         // arrangement of the bytes for the kernels; 0 = row-major
-  uint32_t block_size = 1;    // elements per quantization block; 1 for plain types
+  uint8_t layout = 0;       // arrangement of the bytes for the kernels; 0 = row-major
+  uint32_t block_size = 1;  // elements per quantization block; 1 for plain types
   Shape shape;
-  uint64_t offset = 0;        // absolute, multiple of 64, inside its unit
+  uint64_t offset = 0;  // absolute, multiple of 64, inside its unit
   uint64_t size = 0;
   uint64_t xxh3 = 0;
 };
@@ -123,6 +123,7 @@ Header decode_header(std::span<const std::byte> bytes, uint64_t actual_file_size
 // the parser never reads outside `bytes` either way) and checks its consistency with the
 // header: counts, unique names, units inside the data section and aligned and disjoint,
 // tensors inside their unit, 64-byte aligned and disjoint, known storage types.
-Index decode_index(const Header& header, std::span<const std::byte> bytes, const std::string& where);
+Index decode_index(const Header& header, std::span<const std::byte> bytes,
+                   const std::string& where);
 
 }  // namespace klein::container

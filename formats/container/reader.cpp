@@ -45,7 +45,8 @@ ContainerFile::ContainerFile(const fs::path& path) : file_(path) {
   const std::string where = path.string();
   const std::span<const std::byte> all(file_.data(), file_.size());
   header_ = decode_header(all, file_.size(), where);
-  const std::span<const std::byte> index_bytes = all.subspan(header_.index_offset, header_.index_size);
+  const std::span<const std::byte> index_bytes =
+      all.subspan(header_.index_offset, header_.index_size);
   const uint64_t sum = xxh3(index_bytes.data(), index_bytes.size());
   check(sum == header_.index_xxh3, where, ": corrupt index: checksum mismatch (stored ",
         hex64(header_.index_xxh3), ", computed ", hex64(sum), ")");
@@ -61,12 +62,15 @@ const UnitEntry* ContainerFile::find_unit(const std::string& name) const {
   return it == units_by_name_.end() ? nullptr : &index_.units[it->second];
 }
 
-uint64_t ContainerFile::unit_checksum(const UnitEntry& u) const { return xxh3(at(u.offset), u.size); }
+uint64_t ContainerFile::unit_checksum(const UnitEntry& u) const {
+  return xxh3(at(u.offset), u.size);
+}
 
 void ContainerFile::check_unit(const UnitEntry& u) const {
   const uint64_t sum = unit_checksum(u);
-  check(sum == u.xxh3, path().string(), ": unit ", u.name, " is corrupt: checksum mismatch over bytes [",
-        u.offset, ", ", u.offset + u.size, ") (stored ", hex64(u.xxh3), ", computed ", hex64(sum),
+  check(sum == u.xxh3, path().string(), ": unit ", u.name,
+        " is corrupt: checksum mismatch over bytes [", u.offset, ", ", u.offset + u.size,
+        ") (stored ", hex64(u.xxh3), ", computed ", hex64(sum),
         "); convert the model again or restore the file");
 }
 
@@ -79,14 +83,15 @@ VerifyReport verify_container(const ContainerFile& file,
     const UnitEntry& u = index.units[i];
     const uint64_t sum = file.unit_checksum(u);
     if (sum != u.xxh3)
-      r.problems.push_back({"unit", u.name, "checksum mismatch (stored " + hex64(u.xxh3) +
-                                                ", computed " + hex64(sum) + ")"});
+      r.problems.push_back(
+          {"unit", u.name,
+           "checksum mismatch (stored " + hex64(u.xxh3) + ", computed " + hex64(sum) + ")"});
     for (const TensorEntry& t : file.tensors_of(u)) {
       const uint64_t ts = xxh3(file.at(t.offset), t.size);
       if (ts != t.xxh3)
-        r.problems.push_back({"tensor", t.name, "checksum mismatch (stored " + hex64(t.xxh3) +
-                                                    ", computed " + hex64(ts) + ") in unit " +
-                                                    u.name});
+        r.problems.push_back({"tensor", t.name,
+                              "checksum mismatch (stored " + hex64(t.xxh3) + ", computed " +
+                                  hex64(ts) + ") in unit " + u.name});
       ++r.tensors_checked;
     }
     ++r.units_checked;
@@ -94,9 +99,8 @@ VerifyReport verify_container(const ContainerFile& file,
     if (progress) progress(i + 1, index.units.size());
   }
   // Every byte not in a section or a tensor is padding and must be zero.
-  std::vector<std::pair<uint64_t, uint64_t>> used = {{0, h.header_size},
-                                                     {h.metadata_offset, h.metadata_size},
-                                                     {h.index_offset, h.index_size}};
+  std::vector<std::pair<uint64_t, uint64_t>> used = {
+      {0, h.header_size}, {h.metadata_offset, h.metadata_size}, {h.index_offset, h.index_size}};
   for (const auto& t : index.tensors) used.push_back({t.offset, t.size});
   std::sort(used.begin(), used.end());
   uint64_t cursor = 0;
@@ -106,8 +110,9 @@ VerifyReport verify_container(const ContainerFile& file,
         std::string near = "between sections";
         for (const auto& u : index.units)
           if (p >= u.offset && p < u.offset + u.size) near = "inside unit " + u.name;
-        r.problems.push_back({"padding", near, "non-zero byte at offset " + std::to_string(p) +
-                                                   " (padding must be zero)"});
+        r.problems.push_back(
+            {"padding", near,
+             "non-zero byte at offset " + std::to_string(p) + " (padding must be zero)"});
         return;
       }
   };

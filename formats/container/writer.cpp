@@ -46,10 +46,12 @@ void ContainerWriter::pad_to(uint64_t multiple) {
 }
 
 void ContainerWriter::write_metadata(std::string_view json, int zstd_level) {
-  check(!metadata_written_ && !in_unit_, "internal: container metadata written twice or inside "
+  check(!metadata_written_ && !in_unit_,
+        "internal: container metadata written twice or inside "
         "a unit");
   std::vector<char> packed(ZSTD_compressBound(json.size()));
-  const size_t n = ZSTD_compress(packed.data(), packed.size(), json.data(), json.size(), zstd_level);
+  const size_t n =
+      ZSTD_compress(packed.data(), packed.size(), json.data(), json.size(), zstd_level);
   check(!ZSTD_isError(n), "compressing the container metadata: ", ZSTD_getErrorName(n));
   header_.metadata_offset = out_.offset();
   header_.metadata_size = n;

@@ -17,7 +17,8 @@ namespace {
 
 class ContainerUnit final : public WeightUnit {
  public:
-  ContainerUnit(std::string name, std::string prefix, const std::byte* begin, size_t size, bool drop)
+  ContainerUnit(std::string name, std::string prefix, const std::byte* begin, size_t size,
+                bool drop)
       : WeightUnit(std::move(name), std::move(prefix)), begin_(begin), size_(size), drop_(drop) {}
   ~ContainerUnit() override {
     if (!drop_ || size_ == 0) return;
@@ -50,7 +51,8 @@ TokenizerBytes container_tokenizer(const container::ContainerFile& file) {
   const auto& tok = meta["tokenizer"];
   auto take = [&](const char* key, std::optional<std::string>& into) {
     if (!tok.contains(key)) return;
-    check(tok[key].is_string(), where, ": tokenizer file ", key, " in the metadata is not a string");
+    check(tok[key].is_string(), where, ": tokenizer file ", key,
+          " in the metadata is not a string");
     into = tok[key].get<std::string>();
   };
   take("vocab.json", out.vocab_json);
@@ -62,8 +64,8 @@ TokenizerBytes container_tokenizer(const container::ContainerFile& file) {
 
 }  // namespace
 
-uint64_t stored_tensor_bytes(const std::string& name, DType type, uint8_t layout, uint32_t block_size,
-                             const Shape& shape) {
+uint64_t stored_tensor_bytes(const std::string& name, DType type, uint8_t layout,
+                             uint32_t block_size, const Shape& shape) {
   const uint64_t n = uint64_t(numel(shape));
   if (dtype_is_float(type)) {
     check(layout == 0, "tensor ", name, ": ", dtype_name(type), " with layout ", int(layout),
@@ -99,7 +101,8 @@ ContainerStore::ContainerStore(const fs::path& path, ContainerOptions options)
       check(belongs && belongs->unit == u.name, where, ": tensor ", t.name, " is stored in unit ",
             u.name, " but belongs to ", belongs ? belongs->unit : std::string("no unit"));
       s.prefix = belongs->prefix;
-      const uint64_t expected = stored_tensor_bytes(t.name, t.type, t.layout, t.block_size, t.shape);
+      const uint64_t expected =
+          stored_tensor_bytes(t.name, t.type, t.layout, t.block_size, t.shape);
       check(t.size == expected, where, ": tensor ", t.name, " ", shape_str(t.shape), " as ",
             dtype_name(t.type), " should take ", expected, " bytes, the index says ", t.size);
       shapes[int(component_of(t.name))][t.name] = t.shape;

@@ -78,8 +78,8 @@ class ContainerStore final : public WeightStore {
 
 // The bytes a tensor of this type, layout and shape takes in a container; throws naming the
 // tensor when this build cannot read the type.
-uint64_t stored_tensor_bytes(const std::string& name, DType type, uint8_t layout, uint32_t block_size,
-                             const Shape& shape);
+uint64_t stored_tensor_bytes(const std::string& name, DType type, uint8_t layout,
+                             uint32_t block_size, const Shape& shape);
 
 // The tokenizer files of a model given as paths: from the container when -m is a
 // container, else from the tokenizer directory (find_tokenizer_dir).

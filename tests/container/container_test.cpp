@@ -49,10 +49,10 @@ std::string error_of(F&& f) {
   return "";
 }
 
-#define EXPECT_ERROR_HAS(expr, text)                                          \
-  do {                                                                        \
-    const std::string msg_ = error_of([&] { expr; });                         \
-    EXPECT_NE(msg_.find(text), std::string::npos) << "error was: " << msg_;  \
+#define EXPECT_ERROR_HAS(expr, text)                                        \
+  do {                                                                      \
+    const std::string msg_ = error_of([&] { expr; });                       \
+    EXPECT_NE(msg_.find(text), std::string::npos) << "error was: " << msg_; \
   } while (0)
 
 fs::path convert_tiny(const fs::path& dir, const std::string& type, const std::string& policy = "",
@@ -80,8 +80,8 @@ Parsed parse(const fs::path& p) {
   r.bytes = read_bytes(p);
   const auto span = std::as_bytes(std::span(r.bytes.data(), r.bytes.size()));
   r.header = container::decode_header(span, r.bytes.size(), p.string());
-  r.index = container::decode_index(r.header, span.subspan(r.header.index_offset, r.header.index_size),
-                                    p.string());
+  r.index = container::decode_index(
+      r.header, span.subspan(r.header.index_offset, r.header.index_size), p.string());
   return r;
 }
 
@@ -143,9 +143,12 @@ TEST_F(Containers, UnitsAreInFileOrderAndUnusedPartsAreDropped) {
   const auto units = store->units();
   const auto& c = store->config();
   std::vector<std::string> expected;
-  for (int64_t l = 0; l < c.text_encoder.layers_needed(); ++l) expected.push_back(text_layer_unit(l));
-  for (int64_t i = 0; i < c.transformer.num_double_blocks; ++i) expected.push_back(double_block_unit(i));
-  for (int64_t i = 0; i < c.transformer.num_single_blocks; ++i) expected.push_back(single_block_unit(i));
+  for (int64_t l = 0; l < c.text_encoder.layers_needed(); ++l)
+    expected.push_back(text_layer_unit(l));
+  for (int64_t i = 0; i < c.transformer.num_double_blocks; ++i)
+    expected.push_back(double_block_unit(i));
+  for (int64_t i = 0; i < c.transformer.num_single_blocks; ++i)
+    expected.push_back(single_block_unit(i));
   for (const char* u : {"transformer.shared", "text_encoder.embed", "vae.encoder", "vae.decoder",
                         "vae.latent_stats"})
     expected.push_back(u);
@@ -155,7 +158,8 @@ TEST_F(Containers, UnitsAreInFileOrderAndUnusedPartsAreDropped) {
 
   const auto& meta = dynamic_cast<ContainerStore&>(*store).file().metadata();
   std::set<std::string> dropped;
-  for (const auto& d : meta["conversion"]["dropped"]) dropped.insert(d["tensor"].get<std::string>());
+  for (const auto& d : meta["conversion"]["dropped"])
+    dropped.insert(d["tensor"].get<std::string>());
   EXPECT_TRUE(dropped.count("text_encoder.model.norm.weight"));
   EXPECT_TRUE(dropped.count("text_encoder.model.layers.27.self_attn.q_proj.weight"));
   EXPECT_TRUE(dropped.count("vae.bn.num_batches_tracked"));
@@ -272,8 +276,8 @@ TEST_F(Containers, QuantizedContainersFollowThePolicyWithinErrorBounds) {
             amax = std::max(amax, std::fabs(src[i]));
           }
           const double step = (hi - lo) / 15.0;
-          const double bound = c.dtype == DType::Q8 ? amax / 254.0 * (1 + std::ldexp(1.0, -9))
-                                                    : 1.5 * step;
+          const double bound =
+              c.dtype == DType::Q8 ? amax / 254.0 * (1 + std::ldexp(1.0, -9)) : 1.5 * step;
           double sq = 0;
           for (size_t i = b0; i < b0 + 32; ++i) {
             const double err = std::fabs(double(got[i]) - src[i]);
@@ -289,9 +293,11 @@ TEST_F(Containers, QuantizedContainersFollowThePolicyWithinErrorBounds) {
         }
       }
     }
-    std::printf("%s container: %zu Q8, %zu Q4, %zu BF16 tensors; worst error / bound: Q8 %.3f, "
-                "Q4 %.3f; Q4 block RMS error up to %.3f steps\n", type, count[DType::Q8],
-                count[DType::Q4], count[DType::BF16], worst[DType::Q8], worst[DType::Q4], worst_rms);
+    std::printf(
+        "%s container: %zu Q8, %zu Q4, %zu BF16 tensors; worst error / bound: Q8 %.3f, "
+        "Q4 %.3f; Q4 block RMS error up to %.3f steps\n",
+        type, count[DType::Q8], count[DType::Q4], count[DType::BF16], worst[DType::Q8],
+        worst[DType::Q4], worst_rms);
     EXPECT_GT(count[target], 0u) << type;
     EXPECT_GT(count[DType::BF16], 0u) << type;
   }
@@ -356,7 +362,8 @@ TEST_F(Containers, ReconvertFromAContainer) {
     EXPECT_EQ(a.index().units[i].xxh3, b.index().units[i].xxh3) << a.index().units[i].name;
   }
   EXPECT_EQ(a.metadata()["tokenizer"], b.metadata()["tokenizer"]);
-  EXPECT_EQ(a.metadata()["conversion"]["dropped"].size(), b.metadata()["conversion"]["dropped"].size());
+  EXPECT_EQ(a.metadata()["conversion"]["dropped"].size(),
+            b.metadata()["conversion"]["dropped"].size());
   EXPECT_EQ(a.metadata()["conversion"]["sources"][0]["file"], "tiny-bf16.klein");
 }
 
@@ -586,10 +593,10 @@ TEST(Convert, CliConvertVerifyInspect) {
   const fs::path dir = testing::temp_dir("cli");
   const fs::path out = dir / "tiny.klein";
   std::string log;
-  ASSERT_EQ(testing::run_klein("convert -m " + testing::tiny_model().string() + " -o " + out.string() +
-                                   " -t f16",
-                               &log),
-            0)
+  ASSERT_EQ(
+      testing::run_klein(
+          "convert -m " + testing::tiny_model().string() + " -o " + out.string() + " -t f16", &log),
+      0)
       << log;
   EXPECT_NE(log.find("transformer.double.1"), std::string::npos) << log;
   EXPECT_NE(log.find("MB/s"), std::string::npos) << log;
@@ -627,14 +634,18 @@ TEST(Policy, DefaultsKeepSensitiveTensorsAtFloat) {
   auto type = [&](const std::string& name, Shape shape, DType target) {
     return p.choose(name, shape, target).type;
   };
-  EXPECT_EQ(type("transformer.transformer_blocks.0.attn.to_q.weight", {3072, 3072}, DType::Q4), DType::Q4);
-  EXPECT_EQ(type("transformer.transformer_blocks.0.attn.norm_q.weight", {128}, DType::Q4), DType::BF16);
-  EXPECT_EQ(type("transformer.x_embedder.weight", {3072, 128}, DType::Q4), DType::BF16);
-  EXPECT_EQ(type("transformer.double_stream_modulation_img.linear.weight", {18432, 3072}, DType::Q8),
+  EXPECT_EQ(type("transformer.transformer_blocks.0.attn.to_q.weight", {3072, 3072}, DType::Q4),
+            DType::Q4);
+  EXPECT_EQ(type("transformer.transformer_blocks.0.attn.norm_q.weight", {128}, DType::Q4),
             DType::BF16);
+  EXPECT_EQ(type("transformer.x_embedder.weight", {3072, 128}, DType::Q4), DType::BF16);
+  EXPECT_EQ(
+      type("transformer.double_stream_modulation_img.linear.weight", {18432, 3072}, DType::Q8),
+      DType::BF16);
   EXPECT_EQ(type("transformer.norm_out.linear.weight", {6144, 3072}, DType::Q4), DType::BF16);
   EXPECT_EQ(type("text_encoder.model.embed_tokens.weight", {151936, 2560}, DType::Q4), DType::Q8);
-  EXPECT_EQ(type("text_encoder.model.embed_tokens.weight", {151936, 2560}, DType::BF16), DType::BF16);
+  EXPECT_EQ(type("text_encoder.model.embed_tokens.weight", {151936, 2560}, DType::BF16),
+            DType::BF16);
   EXPECT_EQ(type("vae.decoder.conv_in.weight", {512, 32, 3, 3}, DType::Q4), DType::BF16);
   // A float target satisfies every floor: a bf16 container is entirely bf16.
   EXPECT_EQ(type("vae.decoder.conv_in.weight", {512, 32, 3, 3}, DType::F16), DType::F16);
@@ -649,18 +660,25 @@ TEST(Policy, UserRulesComeFirstAndFirstMatchWins) {
       "transformer.*  f16\n"
       "vae.*          q4\n",
       "my.policy");
-  EXPECT_EQ(p.choose("transformer.single_transformer_blocks.3.attn.to_out.weight", {3072, 12288}, DType::Q4).type,
+  EXPECT_EQ(p.choose("transformer.single_transformer_blocks.3.attn.to_out.weight", {3072, 12288},
+                     DType::Q4)
+                .type,
             DType::Q8);
-  EXPECT_EQ(p.choose("transformer.transformer_blocks.3.ff.linear_in.weight", {18432, 3072}, DType::Q4).type,
-            DType::Q8);
-  EXPECT_EQ(p.choose("transformer.transformer_blocks.3.ff.linear_in.weight", {18432, 3072}, DType::BF16).type,
-            DType::BF16);
+  EXPECT_EQ(
+      p.choose("transformer.transformer_blocks.3.ff.linear_in.weight", {18432, 3072}, DType::Q4)
+          .type,
+      DType::Q8);
+  EXPECT_EQ(
+      p.choose("transformer.transformer_blocks.3.ff.linear_in.weight", {18432, 3072}, DType::BF16)
+          .type,
+      DType::BF16);
   // The user's "transformer.* f16" wins over the built-in @1d floor.
   const auto c = p.choose("transformer.transformer_blocks.3.attn.norm_q.weight", {128}, DType::Q4);
   EXPECT_EQ(c.type, DType::F16);
   EXPECT_EQ(c.rule->origin, "my.policy:4");
   EXPECT_EQ(p.choose("vae.encoder.conv_in.weight", {32, 3, 3, 3}, DType::BF16).type, DType::Q4);
-  EXPECT_EQ(p.choose("text_encoder.model.layers.0.mlp.up_proj.weight", {192, 64}, DType::Q4).rule, nullptr);
+  EXPECT_EQ(p.choose("text_encoder.model.layers.0.mlp.up_proj.weight", {192, 64}, DType::Q4).rule,
+            nullptr);
 }
 
 TEST(Policy, MalformedLinesNameTheLine) {

@@ -8,9 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <vector>
-
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "core/error.h"
 #include "formats/container/format.h"
