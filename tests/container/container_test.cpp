@@ -367,6 +367,27 @@ TEST_F(Containers, ReconvertFromAContainer) {
   EXPECT_EQ(a.metadata()["conversion"]["sources"][0]["file"], "tiny-bf16.klein");
 }
 
+// Single files instead of the directory: the same units, byte for byte.
+TEST_F(Containers, SingleFileSourcesGiveTheSameUnits) {
+  const fs::path m = testing::tiny_model();
+  ConvertOptions o;
+  o.source.diffusion_model = m / "transformer" / "diffusion_pytorch_model.safetensors";
+  o.source.text_encoder = m / "text_encoder" / "model.safetensors.index.json";
+  o.source.vae = m / "vae" / "diffusion_pytorch_model.safetensors";
+  o.source.tokenizer = m / "tokenizer";
+  o.output = testing::temp_dir("single") / "single-bf16.klein";
+  o.target = DType::BF16;
+  convert::convert_model(o);
+  const container::ContainerFile a(o.output), b(files_.at("bf16"));
+  ASSERT_EQ(a.index().units.size(), b.index().units.size());
+  for (size_t i = 0; i < a.index().units.size(); ++i)
+    EXPECT_EQ(a.index().units[i].xxh3, b.index().units[i].xxh3) << a.index().units[i].name;
+  std::set<std::string> files;
+  for (const auto& s : a.metadata()["conversion"]["sources"]) files.insert(s["file"]);
+  EXPECT_TRUE(files.count("diffusion_pytorch_model.safetensors"));
+  EXPECT_TRUE(files.count("tokenizer/vocab.json"));
+}
+
 TEST_F(Containers, TwoMegabyteAlignment) {
   const fs::path p = convert_tiny(testing::temp_dir("align"), "bf16", "", uint64_t(2) << 20);
   const container::ContainerFile f(p);
