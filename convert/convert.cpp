@@ -138,8 +138,8 @@ std::vector<SourceFile> source_files(const ConvertOptions& o, const WeightStore&
   return out;
 }
 
-// XXH3 of a whole file, read sequentially; gives up (returning "") when `stop` is set.
-std::string hash_file(const fs::path& path, uint64_t& bytes, const std::atomic<bool>& stop) {
+// XXH3 of a whole file, read sequentially; gives up (returning "") when `stop()` says so.
+std::string hash_file(const fs::path& path, uint64_t& bytes, const std::function<bool()>& stop) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("cannot open ", path.string(), ": ", std::strerror(errno));
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -159,12 +159,12 @@ std::string hash_file(const fs::path& path, uint64_t& bytes, const std::atomic<b
     if (n == 0) break;
     XXH3_64bits_update(state, buf.data(), size_t(n));
     bytes += uint64_t(n);
-    if (stop.load()) break;
+    if (stop()) break;
   }
   ::close(fd);
   const uint64_t h = XXH3_64bits_digest(state);
   XXH3_freeState(state);
-  return stop.load() ? std::string() : container::hex64(h);
+  return stop() ? std::string() : container::hex64(h);
 }
 
 std::string utc_now() {
@@ -359,7 +359,8 @@ ConvertSummary convert_model(const ConvertOptions& o) {
     json sources = json::array();
     for (const auto& f : files) {
       uint64_t bytes = 0;
-      const std::string h = hash_file(f.path, bytes, stop_hashing);
+      const std::string h = hash_file(
+          f.path, bytes, [&] { return stop_hashing.load() || (o.cancel && o.cancel->load()); });
       sources.push_back({{"file", f.name}, {"bytes", bytes}, {"xxh3", h}});
     }
     return json{{"sources", sources}, {"seconds", since(start)}};
