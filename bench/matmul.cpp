@@ -36,19 +36,28 @@ ThreadPool& pool() {
   return p;
 }
 
+// The benchmarks run grouped by shape and type, so one cached entry of each kind is enough
+// (and the whole grid would not fit in memory at once).
 const std::vector<float>& float_weights(int64_t N, int64_t K) {
-  static std::map<std::pair<int64_t, int64_t>, std::vector<float>> cache;
-  auto& w = cache[{N, K}];
-  if (w.empty()) w = bench_float_weights(N, K, uint32_t(N * 31 + K));
+  static std::pair<int64_t, int64_t> key{-1, -1};
+  static std::vector<float> w;
+  if (key != std::pair{N, K}) {
+    w.clear();
+    w = bench_float_weights(N, K, uint32_t(N * 31 + K));
+    key = {N, K};
+  }
   return w;
 }
 
 BenchWeights& weights(DType type, int64_t N, int64_t K, bool rotate) {
-  static std::map<std::tuple<DType, int64_t, int64_t, bool>, std::unique_ptr<BenchWeights>> cache;
-  auto& w = cache[{type, N, K, rotate}];
-  if (!w)
+  static std::tuple<DType, int64_t, int64_t, bool> key{DType::F32, -1, -1, false};
+  static std::unique_ptr<BenchWeights> w;
+  if (key != std::tuple{type, N, K, rotate}) {
+    w.reset();
     w = std::make_unique<BenchWeights>(float_weights(N, K).data(), type, N, K,
                                        rotate ? kMatVecBytes : 0, pool());
+    key = {type, N, K, rotate};
+  }
   return *w;
 }
 

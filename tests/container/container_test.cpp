@@ -106,17 +106,27 @@ class Containers : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new fs::path(testing::temp_dir("containers"));
-    for (const char* t : {"f32", "bf16", "f16", "q8", "q4"}) files_[t] = convert_tiny(*dir_, t);
     source_ = open_model(testing::tiny_model()).release();
   }
   static void TearDownTestSuite() {
     delete source_;
     source_ = nullptr;
   }
+  // The tiny model converted to `type`, converted on first use (ctest runs every test in a
+  // process of its own).
+  static const fs::path& file(const std::string& type) {
+    auto it = files_.find(type);
+    if (it == files_.end()) it = files_.emplace(type, convert_tiny(*dir_, type)).first;
+    return it->second;
+  }
+  static const std::vector<std::string>& all_types() {
+    static const std::vector<std::string> types = {"f32", "bf16", "f16", "q8", "q4"};
+    return types;
+  }
   // A private copy of a converted container to damage.
   static fs::path copy_of(const std::string& type, const std::string& name) {
     const fs::path p = *dir_ / (name + ".klein");
-    fs::copy_file(files_.at(type), p, fs::copy_options::overwrite_existing);
+    fs::copy_file(file(type), p, fs::copy_options::overwrite_existing);
     return p;
   }
   static fs::path* dir_;
@@ -130,8 +140,8 @@ WeightStore* Containers::source_ = nullptr;
 // --- conversion and exactness ------------------------------------------------------------
 
 TEST_F(Containers, OpenModelRecognisesTheContainerAndKeepsTheConfig) {
-  for (const auto& [type, path] : files_) {
-    auto store = open_model(path);
+  for (const auto& type : all_types()) {
+    auto store = open_model(file(type));
     ASSERT_NE(dynamic_cast<ContainerStore*>(store.get()), nullptr) << type;
     EXPECT_EQ(to_json(store->config()), to_json(source_->config())) << type;
     EXPECT_EQ(store->identity().rfind("klein-container:", 0), 0u);
@@ -139,7 +149,7 @@ TEST_F(Containers, OpenModelRecognisesTheContainerAndKeepsTheConfig) {
 }
 
 TEST_F(Containers, UnitsAreInFileOrderAndUnusedPartsAreDropped) {
-  auto store = open_model(files_.at("bf16"));
+  auto store = open_model(file("bf16"));
   const auto units = store->units();
   const auto& c = store->config();
   std::vector<std::string> expected;
@@ -167,7 +177,7 @@ TEST_F(Containers, UnitsAreInFileOrderAndUnusedPartsAreDropped) {
 }
 
 TEST_F(Containers, UnitsAreAlignedAndContiguous) {
-  const container::ContainerFile f(files_.at("bf16"));
+  const container::ContainerFile f(file("bf16"));
   for (const auto& u : f.index().units) {
     EXPECT_EQ(u.offset % container::kMinAlignment, 0u) << u.name;
     const auto ts = f.tensors_of(u);
@@ -178,7 +188,7 @@ TEST_F(Containers, UnitsAreAlignedAndContiguous) {
 }
 
 TEST_F(Containers, Bf16ContainerIsBitIdenticalToTheSafetensors) {
-  auto store = open_model(files_.at("bf16"));
+  auto store = open_model(file("bf16"));
   size_t compared = 0;
   for (const auto& unit : store->units()) {
     UnitRef a = store->acquire(unit);
@@ -204,7 +214,7 @@ TEST_F(Containers, Bf16ContainerIsBitIdenticalToTheSafetensors) {
 
 TEST_F(Containers, F32AndF16HoldExactlyTheConvertedValues) {
   for (const char* type : {"f32", "f16"}) {
-    auto store = open_model(files_.at(type));
+    auto store = open_model(file(type));
     for (const auto& unit : store->units()) {
       UnitRef a = store->acquire(unit);
       UnitRef b = source_->acquire(unit);
@@ -239,7 +249,7 @@ TEST_F(Containers, QuantizedContainersFollowThePolicyWithinErrorBounds) {
   const convert::PrecisionPolicy policy;
   for (const char* type : {"q8", "q4"}) {
     const DType target = convert::parse_storage_type(type, "test");
-    auto store = open_model(files_.at(type));
+    auto store = open_model(file(type));
     std::map<DType, size_t> count;
     std::map<DType, double> worst;  // largest error as a fraction of the bound
     double worst_rms = 0;           // Q4: largest block RMS error in steps
@@ -305,7 +315,7 @@ TEST_F(Containers, QuantizedContainersFollowThePolicyWithinErrorBounds) {
 
 TEST_F(Containers, TokenizerFilesComeFromTheContainer) {
   ModelPaths p;
-  p.model = files_.at("bf16");
+  p.model = file("bf16");
   const TokenizerBytes t = read_tokenizer_files(p);
   const fs::path dir = testing::tiny_model() / "tokenizer";
   ASSERT_TRUE(t.vocab_json && t.merges_txt && t.tokenizer_config_json);
@@ -317,7 +327,7 @@ TEST_F(Containers, TokenizerFilesComeFromTheContainer) {
 }
 
 TEST_F(Containers, ConversionRecordNamesSourcesAndProgram) {
-  const container::ContainerFile f(files_.at("bf16"));
+  const container::ContainerFile f(file("bf16"));
   const auto& r = f.metadata()["conversion"];
   std::set<std::string> files;
   for (const auto& s : r["sources"]) {
@@ -338,7 +348,7 @@ TEST_F(Containers, ConversionRecordNamesSourcesAndProgram) {
 }
 
 TEST_F(Containers, PrefetchThenAcquireAndRepeatedAcquireShareTheUnit) {
-  ContainerStore store(files_.at("bf16"));
+  ContainerStore store(file("bf16"));
   store.prefetch("transformer.double.1");
   UnitRef a = store.acquire("transformer.double.1");
   UnitRef b = store.acquire("transformer.double.1");
@@ -351,11 +361,11 @@ TEST_F(Containers, PrefetchThenAcquireAndRepeatedAcquireShareTheUnit) {
 // bytes as converting the safetensors to F16, and carries over the tokenizer and drop record.
 TEST_F(Containers, ReconvertFromAContainer) {
   ConvertOptions o;
-  o.source.model = files_.at("bf16");
+  o.source.model = file("bf16");
   o.output = testing::temp_dir("reconvert") / "again-f16.klein";
   o.target = DType::F16;
   convert::convert_model(o);
-  const container::ContainerFile a(o.output), b(files_.at("f16"));
+  const container::ContainerFile a(o.output), b(file("f16"));
   ASSERT_EQ(a.index().units.size(), b.index().units.size());
   for (size_t i = 0; i < a.index().units.size(); ++i) {
     EXPECT_EQ(a.index().units[i].name, b.index().units[i].name);
@@ -378,7 +388,7 @@ TEST_F(Containers, SingleFileSourcesGiveTheSameUnits) {
   o.output = testing::temp_dir("single") / "single-bf16.klein";
   o.target = DType::BF16;
   convert::convert_model(o);
-  const container::ContainerFile a(o.output), b(files_.at("bf16"));
+  const container::ContainerFile a(o.output), b(file("bf16"));
   ASSERT_EQ(a.index().units.size(), b.index().units.size());
   for (size_t i = 0; i < a.index().units.size(); ++i)
     EXPECT_EQ(a.index().units[i].xxh3, b.index().units[i].xxh3) << a.index().units[i].name;
@@ -402,8 +412,8 @@ TEST_F(Containers, TwoMegabyteAlignment) {
 // --- integrity ---------------------------------------------------------------------------
 
 TEST_F(Containers, VerifyPassesOnEveryConvertedFile) {
-  for (const auto& [type, path] : files_) {
-    const auto v = convert::verify_model_container(path);
+  for (const auto& type : all_types()) {
+    const auto v = convert::verify_model_container(file(type));
     EXPECT_TRUE(v.ok()) << type;
     EXPECT_GT(v.data.units_checked, 30u);
   }
@@ -540,7 +550,7 @@ TEST_F(Containers, WrongTensorSizeOrShapeIsAModelError) {
 // Random damage to the header and index must give klein::Error or a valid parse, never a
 // crash or an unbounded allocation (the fuzz target does the same at scale).
 TEST_F(Containers, RandomDamageToHeaderAndIndexIsAlwaysAnError) {
-  const Parsed good = parse(files_.at("bf16"));
+  const Parsed good = parse(file("bf16"));
   const std::string header = good.bytes.substr(0, container::kHeaderSize);
   const std::string index = good.bytes.substr(good.header.index_offset, good.header.index_size);
   std::mt19937 rng(7);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "formats/st_files.h"
 #include "support/testing.h"
 
@@ -227,6 +228,64 @@ TEST_F(Safetensors, MissingFile) {
               AllOf(HasSubstr("cannot open"), HasSubstr(file("absent.safetensors").string())));
   EXPECT_THAT(error_of([&] { SafetensorsSet s(file("absent.safetensors")); }),
               HasSubstr(file("absent.safetensors").string()));
+}
+
+TEST_F(Safetensors, DeeplyNestedHeader) {
+  testing::write_raw_safetensors(file("deep.safetensors"), std::string(200000, '['), 0);
+  EXPECT_THAT(open_error(file("deep.safetensors")), HasSubstr("header is not valid JSON"));
+  const std::string nested = R"({"w":)" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  testing::write_raw_safetensors(file("deep.safetensors"), nested, 0);
+  EXPECT_THAT(open_error(file("deep.safetensors")),
+              HasSubstr("tensor w lacks dtype, shape or data_offsets"));
+}
+
+// Any damage to a file gives klein::Error or a valid file, never a crash or a read outside
+// the mapping (the sanitizer build checks the latter).
+class DamagedFile : public Safetensors {
+ protected:
+  void SetUp() override {
+    Safetensors::SetUp();
+    testing::write_safetensors(file("good.safetensors"),
+                               {{"a", "BF16", {2, 3}, testing::pattern_bytes(12, 1)},
+                                {"b", "F32", {4}, testing::pattern_bytes(16, 2)},
+                                {"c", "I64", {}, testing::pattern_bytes(8, 3)}});
+    good_ = read_text_file(file("good.safetensors"));
+  }
+  // Opens `bytes` as a file and reads every tensor it claims to have.
+  void open_and_read(const std::string& bytes) {
+    testing::write_text(file("damaged.safetensors"), bytes);
+    try {
+      SafetensorsFile f(file("damaged.safetensors"));
+      uint64_t sum = 0;
+      for (const auto& e : f.entries()) {
+        const TensorView v = f.view(e);
+        for (size_t i = 0; i < v.nbytes; ++i)
+          sum += std::to_integer<uint8_t>(static_cast<const std::byte*>(v.data)[i]);
+      }
+      checksum_ += sum;  // keeps the reads from being optimised away
+    } catch (const Error&) {
+    }
+  }
+  std::string good_;
+  uint64_t checksum_ = 0;
+};
+
+TEST_F(DamagedFile, TruncatedAtEveryLength) {
+  for (size_t n = 0; n < good_.size(); ++n) {
+    SCOPED_TRACE("length " + std::to_string(n));
+    open_and_read(good_.substr(0, n));
+    EXPECT_FALSE(error_of([&] { SafetensorsFile f(file("damaged.safetensors")); }).empty());
+  }
+}
+
+TEST_F(DamagedFile, EveryHeaderByteChanged) {
+  const size_t header_end = 8 + size_t(uint8_t(good_[0])) + (size_t(uint8_t(good_[1])) << 8);
+  for (size_t i = 0; i < header_end; ++i)
+    for (char c : {'{', '}', '"', ',', ':', '0', '9', '-', '.', 'e', ' ', '\0', '\xff'}) {
+      std::string bytes = good_;
+      bytes[i] = c;
+      open_and_read(bytes);
+    }
 }
 
 // --- sharded sets ------------------------------------------------------------------------
