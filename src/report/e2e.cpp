@@ -1,0 +1,506 @@
+#include "report/e2e.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "formats/image/preprocess.h"
+#include "models/flux2/sampler.h"
+#include "models/flux2/schedule.h"
+#include "models/flux2/transformer.h"
+#include "models/qwen3/text_encoder.h"
+#include "models/vae/vae.h"
+#include "pipeline/noise.h"
+#include "report/mixed_store.h"
+#include "tokenizer/klein_prompt.h"
+
+namespace klein::report {
+
+namespace {
+
+constexpr int64_t kPixelsPerToken = 16;
+constexpr int64_t kDefaultSide = 256;
+constexpr int64_t kTestModelSide = 64;
+constexpr int64_t kTestModelWidth = 1024;  // transformers narrower than this are test models
+constexpr double kMaxDifferenceGain = 64;
+
+struct DefaultCase {
+  const char* prompt;
+  uint64_t seed;
+};
+constexpr DefaultCase kDefaultCases[] = {
+    {"a red fox in fresh snow, morning light", 42},
+    {"a lighthouse on a rocky coast at dusk, oil painting", 7},
+};
+
+Tensor copy_of(const Tensor& t) {
+  Tensor c(t.shape());
+  std::memcpy(c.data(), t.data(), size_t(t.numel()) * sizeof(float));
+  return c;
+}
+
+std::string case_label(size_t i, size_t n) {
+  return n > 1 ? "case " + std::to_string(i + 1) + "/" + std::to_string(n) + ": " : "";
+}
+
+// --- text encoder ---------------------------------------------------------------------------
+
+// The reference run keeps the stream after every layer; the candidate run compares its own
+// against them as it goes, so only one run's layers are ever held.
+Tensor encode_recording(WeightStore& store, ThreadPool& pool, const KleinPromptTokens& tokens,
+                        std::vector<Tensor>* layers) {
+  qwen3::TextEncoder encoder(store, pool);
+  return encoder.encode(tokens.ids, tokens.mask, [&](int64_t layer, const Tensor& hidden) {
+    if (layer > 0) layers->push_back(copy_of(hidden));
+  });
+}
+
+Tensor encode_comparing(WeightStore& store, ThreadPool& pool, const KleinPromptTokens& tokens,
+                        const std::vector<Tensor>& reference_layers,
+                        std::vector<ErrorSummary>* errors) {
+  qwen3::TextEncoder encoder(store, pool);
+  return encoder.encode(tokens.ids, tokens.mask, [&](int64_t layer, const Tensor& hidden) {
+    if (layer == 0 || size_t(layer) > reference_layers.size()) return;
+    const Tensor& ref = reference_layers[size_t(layer - 1)];
+    errors->push_back(compare(ref.data(), hidden.data(), hidden.numel()));
+  });
+}
+
+Tensor encode_plain(WeightStore& store, ThreadPool& pool, const KleinPromptTokens& tokens) {
+  qwen3::TextEncoder encoder(store, pool);
+  return encoder.encode(tokens.ids, tokens.mask);
+}
+
+// --- denoising ------------------------------------------------------------------------------
+
+struct Denoising {
+  const Tensor* context = nullptr;
+  const Tensor* negative = nullptr;  // CFG only
+  const Tensor* noise = nullptr;
+  flux2::LatentGrid grid;
+  const flux2::Schedule* schedule = nullptr;
+  float guidance = 1;
+};
+
+Tensor denoise(WeightStore& store, const Denoising& d, ThreadPool& pool, Phase& phase,
+               const std::function<void(const flux2::StepInfo&)>& on_step) {
+  flux2::SamplerInputs in;
+  in.context = d.context;
+  in.negative_context = d.negative;
+  in.noise = d.noise;
+  in.target = d.grid;
+  in.schedule = *d.schedule;
+  in.guidance = d.guidance;
+  in.on_step = [&](const flux2::StepInfo& s) {
+    on_step(s);
+    phase.step(int(s.step + 1), int(s.steps));
+  };
+  return flux2::sample(store, in, pool).latents;
+}
+
+Tensor initial_noise(uint64_t seed, flux2::LatentGrid grid, int64_t channels) {
+  Tensor chw({channels, grid.rows, grid.cols});
+  const std::vector<float> values = gaussian_noise(seed, chw.numel());
+  std::memcpy(chw.data(), values.data(), values.size() * sizeof(float));
+  return flux2::pack_latents(chw);
+}
+
+// --- images ---------------------------------------------------------------------------------
+
+// Decoder output [3, H, W] -> the pixel values the image holds, in [0, 1] (before rounding).
+std::vector<float> unit_pixels(const Tensor& decoded) {
+  std::vector<float> u(size_t(decoded.numel()));
+  for (size_t i = 0; i < u.size(); ++i)
+    u[i] = std::clamp(0.5f * decoded.data()[i] + 0.5f, 0.0f, 1.0f);
+  return u;
+}
+
+Tensor decode(WeightStore& store, ThreadPool& pool, const Tensor& latents,
+              flux2::LatentGrid grid) {
+  vae::Vae vae(store, pool);
+  return vae.decode(latents, grid.rows, grid.cols);
+}
+
+// The largest power of two (at most 64) that keeps the largest difference within range, so
+// that small errors are visible and the caption can state the factor.
+double difference_gain(double max_difference) {
+  double gain = 1;
+  while (gain < kMaxDifferenceGain && max_difference * gain * 2 <= 1) gain *= 2;
+  return gain;
+}
+
+Image difference_image(const std::vector<float>& ref, const std::vector<float>& cand, int height,
+                       int width, double gain) {
+  Image out(width, height);
+  const int64_t plane = int64_t(width) * height;
+  for (int64_t i = 0; i < plane; ++i)
+    for (int c = 0; c < 3; ++c) {
+      const size_t k = size_t(c * plane + i);
+      const double d = std::min(1.0, std::fabs(double(cand[k]) - ref[k]) * gain);
+      out.rgb[size_t(i * 3 + c)] = uint8_t(std::lround(255 * d));
+    }
+  return out;
+}
+
+// --- transformer probes ---------------------------------------------------------------------
+
+struct ProbeInputs {
+  const Tensor* latents = nullptr;  // [N, in_channels]
+  const Tensor* context = nullptr;  // [T, context_dim]
+  flux2::LatentGrid grid;
+  float timestep = 0;
+};
+
+// One conditional transformer forward at the probe step.
+Tensor forward_once(WeightStore& store, const ProbeInputs& in, ThreadPool& pool,
+                    const flux2::Observer& observe) {
+  flux2::Transformer model(store);
+  flux2::TokenLayout layout;
+  layout.text_tokens = in.context->dim(0);
+  layout.target = in.grid;
+  const flux2::RopeTable rope(flux2::joint_position_ids(layout), model.config().rope_axes,
+                              model.config().rope_theta);
+  const Tensor text = model.embed_text(*in.context, pool);
+  flux2::Activations act(model.config(), layout);
+  flux2::Modulation mod(model.config());
+  model.modulate(in.timestep, mod, pool);
+  Tensor velocity({in.grid.tokens(), model.config().out_channels});
+  model.forward(in.latents->data(), text, nullptr, mod, rope, act, velocity.data(), pool,
+                observe);
+  return velocity;
+}
+
+// Where an observed tensor lies in its block's output stream [S, D]: double blocks report
+// their text and image rows separately, single blocks the whole stream.
+struct BlockPart {
+  std::string block;  // "" for what is not a block output
+  int64_t first_row = 0;
+};
+
+BlockPart block_part(std::string_view name, int64_t text_tokens) {
+  auto ends_with = [&](std::string_view s) { return name.ends_with(s); };
+  if (name.starts_with("transformer_blocks.")) {
+    const std::string block(name.substr(0, name.size() - 4));
+    if (ends_with(".txt")) return {block, 0};
+    if (ends_with(".img")) return {block, text_tokens};
+  }
+  if (name.starts_with("single_transformer_blocks.")) return {std::string(name), 0};
+  return {};
+}
+
+// The blocks in order with their units.
+std::vector<BlockError> block_list(const TransformerConfig& c) {
+  std::vector<BlockError> blocks;
+  for (int64_t i = 0; i < c.num_double_blocks; ++i)
+    blocks.push_back({"transformer_blocks." + std::to_string(i), double_block_unit(i), {}, {}});
+  for (int64_t i = 0; i < c.num_single_blocks; ++i)
+    blocks.push_back(
+        {"single_transformer_blocks." + std::to_string(i), single_block_unit(i), {}, {}});
+  return blocks;
+}
+
+// The reference's block outputs, [S, D] each, as the probes compare against them.
+class BlockOutputs {
+ public:
+  BlockOutputs(int64_t text_tokens, int64_t tokens, int64_t width)
+      : text_tokens_(text_tokens), tokens_(tokens), width_(width) {}
+
+  flux2::Observer recorder() {
+    return [this](std::string_view name, const float* data, const Shape& shape) {
+      const BlockPart p = block_part(name, text_tokens_);
+      if (p.block.empty()) return;
+      auto it = outputs_.find(p.block);
+      if (it == outputs_.end()) it = outputs_.emplace(p.block, Tensor({tokens_, width_})).first;
+      std::memcpy(it->second.row(p.first_row), data, size_t(numel(shape)) * sizeof(float));
+    };
+  }
+
+  // Compares the observed outputs of the blocks `only` names (all when empty) into `stats`.
+  flux2::Observer comparer(std::map<std::string, ErrorStats>& stats, const std::string& only) {
+    return [this, &stats, only](std::string_view name, const float* data, const Shape& shape) {
+      const BlockPart p = block_part(name, text_tokens_);
+      if (p.block.empty() || (!only.empty() && p.block != only)) return;
+      auto it = outputs_.find(p.block);
+      check(it != outputs_.end(), "block probe: no reference output of ", p.block);
+      stats[p.block].add(it->second.row(p.first_row), data, numel(shape));
+    };
+  }
+
+ private:
+  int64_t text_tokens_, tokens_, width_;
+  std::map<std::string, Tensor> outputs_;
+};
+
+double velocity_nmse(const Tensor& ref, const Tensor& cand) {
+  return compare(ref.data(), cand.data(), ref.numel()).nmse;
+}
+
+std::vector<std::string> units_starting(WeightStore& store, const std::string& prefix) {
+  std::vector<std::string> units;
+  for (const auto& u : store.units())
+    if (u.starts_with(prefix)) units.push_back(u);
+  return units;
+}
+
+bool wants_accumulated(BlockProbes p) {
+  return p == BlockProbes::Accumulated || p == BlockProbes::Both;
+}
+bool wants_isolated(BlockProbes p) { return p == BlockProbes::Isolated || p == BlockProbes::Both; }
+
+}  // namespace
+
+// --- the session ------------------------------------------------------------------------------
+
+struct E2eSession::ReferenceCase {
+  E2eCase spec;  // steps resolved
+  KleinPromptTokens tokens, empty;
+  flux2::LatentGrid grid;
+  flux2::Schedule schedule;
+  float guidance = 1;
+  bool cfg = false;
+  Tensor noise;
+  Tensor context, negative;
+  std::vector<Tensor> layers;        // the stream after every text-encoder layer
+  std::vector<Tensor> step_latents;  // after every Euler step
+  Tensor latents_at_probe;           // entering the probe step (first case only)
+  float probe_timestep = 0;
+  Tensor final_latents;
+  std::vector<float> pixels;  // [3, H, W] in [0, 1]
+  int height = 0, width = 0;
+  Image image;
+};
+
+struct E2eSession::ReferenceProbe {
+  std::unique_ptr<BlockOutputs> blocks;
+  Tensor velocity;
+};
+
+E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, ThreadPool& pool,
+                       E2eOptions options, Progress& progress)
+    : reference_(reference), tokenizer_(tokenizer), pool_(pool), options_(std::move(options)) {
+  check(!options_.cases.empty(), "end-to-end comparison: no cases");
+  check(options_.probe_step >= 0, "probe step ", options_.probe_step, ": expected >= 0");
+  const ModelConfig& config = reference_.config();
+  const size_t n = options_.cases.size();
+  for (size_t i = 0; i < n; ++i) {
+    const std::string label = case_label(i, n) + "reference ";
+    ReferenceCase c;
+    c.spec = options_.cases[i];
+    c.spec.steps = c.spec.steps > 0 ? c.spec.steps : flux2::default_steps(config);
+    c.grid = {c.spec.height / kPixelsPerToken, c.spec.width / kPixelsPerToken};
+    c.guidance = config.is_distilled ? 1.0f : 4.0f;
+    c.cfg = flux2::uses_guidance(config, c.guidance);
+    c.tokens = tokenize_klein_prompt(tokenizer_, c.spec.prompt);
+    if (!c.tokens.warning.empty()) progress.warn(c.tokens.warning);
+    c.empty = tokenize_klein_prompt(tokenizer_, "");
+    {
+      Phase phase(progress, label + "text encoder");
+      c.context = encode_recording(reference_, pool_, c.tokens, &c.layers);
+      if (c.cfg) c.negative = encode_plain(reference_, pool_, c.empty);
+    }
+    c.noise = initial_noise(c.spec.seed, c.grid, config.transformer.in_channels);
+    c.schedule = flux2::make_schedule(config.scheduler, c.grid.tokens(), c.spec.steps);
+    for (const auto& w : c.schedule.warnings) progress.warn(w);
+    const int64_t probe_step = i == 0 && options_.blocks != BlockProbes::None
+                                   ? options_.probe_step : -1;
+    check(probe_step < c.schedule.steps(), "probe step ", probe_step,
+          ": the first case has only ", c.schedule.steps(), " steps (counted from 0)");
+    {
+      Phase phase(progress, label + "denoise", int(c.spec.steps));
+      const Denoising d{&c.context, c.cfg ? &c.negative : nullptr, &c.noise, c.grid,
+                        &c.schedule, c.guidance};
+      c.final_latents = denoise(reference_, d, pool_, phase, [&](const flux2::StepInfo& s) {
+        c.step_latents.push_back(copy_of(s.latents_out));
+        if (s.step == probe_step) {
+          c.latents_at_probe = copy_of(s.latents_in);
+          c.probe_timestep = s.timestep;
+        }
+      });
+    }
+    {
+      Phase phase(progress, label + "vae decode");
+      const Tensor decoded = decode(reference_, pool_, c.final_latents, c.grid);
+      c.pixels = unit_pixels(decoded);
+      c.height = int(decoded.dim(1));
+      c.width = int(decoded.dim(2));
+      c.image = tensor_to_image(decoded);
+    }
+    cases_.push_back(std::move(c));
+  }
+  if (options_.blocks != BlockProbes::None) {
+    const ReferenceCase& c = cases_[0];
+    Phase phase(progress, "reference block outputs");
+    const TransformerConfig& tc = config.transformer;
+    const int64_t T = c.context.dim(0);
+    probe_ = std::make_unique<ReferenceProbe>();
+    probe_->blocks = std::make_unique<BlockOutputs>(T, T + c.grid.tokens(), tc.inner_dim());
+    const ProbeInputs in{&c.latents_at_probe, &c.context, c.grid, c.probe_timestep};
+    probe_->velocity = forward_once(reference_, in, pool_, probe_->blocks->recorder());
+  }
+}
+
+E2eSession::~E2eSession() = default;
+
+E2eResult E2eSession::compare(WeightStore& candidate, Progress& progress) {
+  E2eResult out;
+  const size_t n = cases_.size();
+  Tensor first_context;  // the candidate's, for the text-encoder probe
+  for (size_t i = 0; i < n; ++i) {
+    const ReferenceCase& ref = cases_[i];
+    const std::string label = case_label(i, n) + "candidate ";
+    CaseResult r;
+    r.spec = ref.spec;
+    Tensor context, negative;
+    {
+      Phase phase(progress, label + "text encoder");
+      context = encode_comparing(candidate, pool_, ref.tokens, ref.layers, &r.text_layers);
+      if (ref.cfg) negative = encode_plain(candidate, pool_, ref.empty);
+    }
+    r.context = report::compare(ref.context.data(), context.data(), context.numel());
+    Tensor latents;
+    {
+      Phase phase(progress, label + "denoise", int(ref.spec.steps));
+      const Denoising d{&context, ref.cfg ? &negative : nullptr, &ref.noise, ref.grid,
+                        &ref.schedule, ref.guidance};
+      latents = denoise(candidate, d, pool_, phase, [&](const flux2::StepInfo& s) {
+        const Tensor& x = ref.step_latents[size_t(s.step)];
+        r.step_latents.push_back(report::compare(x.data(), s.latents_out.data(), x.numel()));
+      });
+    }
+    r.final_latents =
+        report::compare(ref.final_latents.data(), latents.data(), latents.numel());
+    Tensor decoded;
+    {
+      Phase phase(progress, label + "vae decode");
+      decoded = decode(candidate, pool_, latents, ref.grid);
+    }
+    const std::vector<float> pixels = unit_pixels(decoded);
+    const int64_t count = int64_t(pixels.size());
+    r.image = report::compare(ref.pixels.data(), pixels.data(), count);
+    r.psnr_db = psnr_db(ref.pixels.data(), pixels.data(), count);
+    r.ssim = ssim(ref.pixels.data(), pixels.data(), 3, ref.height, ref.width);
+    r.reference_image = ref.image;
+    r.candidate_image = tensor_to_image(decoded);
+    r.difference_gain = difference_gain(r.image.max_abs);
+    r.difference_image =
+        difference_image(ref.pixels, pixels, ref.height, ref.width, r.difference_gain);
+    out.mean_image_mse += r.image.rmse * r.image.rmse / double(n);
+    out.cases.push_back(std::move(r));
+    if (i == 0) first_context = std::move(context);
+  }
+  if (probe_) out.probe = run_probes(candidate, first_context, progress);
+  return out;
+}
+
+BlockProbe E2eSession::run_probes(WeightStore& candidate, const Tensor& candidate_context,
+                                  Progress& progress) {
+  const ReferenceCase& c = cases_[0];
+  const BlockProbes mode = options_.blocks;
+  BlockProbe probe;
+  probe.step = options_.probe_step;
+  probe.timestep = c.probe_timestep;
+  probe.blocks = block_list(reference_.config().transformer);
+  const ProbeInputs in{&c.latents_at_probe, &c.context, c.grid, c.probe_timestep};
+  const std::vector<std::string> units = units_starting(candidate, "transformer.");
+  const int total = 1 + (wants_accumulated(mode) ? 1 : 0) +
+                    (wants_isolated(mode) ? int(units.size()) + 1 : 0);
+  Phase phase(progress, "candidate block probes", total);
+  int done = 0;
+  auto stepped = [&] { phase.step(++done, total); };
+  BlockOutputs& ref_blocks = *probe_->blocks;
+
+  if (wants_accumulated(mode)) {
+    std::map<std::string, ErrorStats> stats;
+    const Tensor v = forward_once(candidate, in, pool_, ref_blocks.comparer(stats, ""));
+    probe.velocity = report::compare(probe_->velocity.data(), v.data(), v.numel());
+    for (auto& b : probe.blocks) b.accumulated = summarize(stats[b.name]);
+    stepped();
+  }
+  if (wants_isolated(mode)) {
+    for (const auto& unit : units) {
+      MixedStore mixed(reference_, candidate, {unit});
+      const auto block = std::find_if(probe.blocks.begin(), probe.blocks.end(),
+                                      [&](const BlockError& b) { return b.unit == unit; });
+      std::map<std::string, ErrorStats> stats;
+      const std::string only = block != probe.blocks.end() ? block->name : "-";
+      const Tensor v = forward_once(mixed, in, pool_, ref_blocks.comparer(stats, only));
+      if (block != probe.blocks.end()) block->isolated = summarize(stats[block->name]);
+      const double nmse = velocity_nmse(probe_->velocity, v);
+      probe.sensitivities.push_back({unit, nmse});
+      probe.isolated_velocity_nmse_sum += nmse;
+      stepped();
+    }
+    // The text encoder acts through the context alone: the reference transformer on the
+    // candidate's context.
+    const ProbeInputs text_in{&c.latents_at_probe, &candidate_context, c.grid, c.probe_timestep};
+    const Tensor v = forward_once(reference_, text_in, pool_, {});
+    probe.sensitivities.push_back({"text_encoder", velocity_nmse(probe_->velocity, v)});
+    stepped();
+  }
+
+  // The VAE acts on the image alone: the candidate's decoder on the reference latents.
+  const std::vector<std::string> vae = units_starting(candidate, "vae.");
+  MixedStore mixed(reference_, candidate, {vae.begin(), vae.end()});
+  const std::vector<float> pixels = unit_pixels(decode(mixed, pool_, c.final_latents, c.grid));
+  const ErrorSummary e = report::compare(c.pixels.data(), pixels.data(), int64_t(pixels.size()));
+  probe.vae_image_mse = e.rmse * e.rmse;
+  stepped();
+  return probe;
+}
+
+std::vector<E2eCase> make_cases(const ModelConfig& config, const std::vector<std::string>& prompts,
+                                const std::vector<uint64_t>& seeds, int64_t width,
+                                int64_t height, int64_t steps) {
+  const int64_t side =
+      config.transformer.inner_dim() < kTestModelWidth ? kTestModelSide : kDefaultSide;
+  const int64_t w = width > 0 ? width : side, h = height > 0 ? height : side;
+  for (auto [value, what] : {std::pair{w, "width"}, std::pair{h, "height"}})
+    check(value >= kPixelsPerToken && value <= 8192 && value % kPixelsPerToken == 0, "image ",
+          what, " ", value, ": expected a multiple of 16 from 16 to 8192");
+  check(steps >= 0, "steps ", steps, ": expected at least 1");
+  std::vector<E2eCase> cases;
+  const size_t n = prompts.empty() ? std::size(kDefaultCases) : prompts.size();
+  for (size_t i = 0; i < n; ++i) {
+    E2eCase c;
+    c.prompt = prompts.empty() ? kDefaultCases[i].prompt : prompts[i];
+    if (!seeds.empty())
+      c.seed = seeds[std::min(i, seeds.size() - 1)];
+    else
+      c.seed = i < std::size(kDefaultCases) ? kDefaultCases[i].seed : 42 + i;
+    c.width = w;
+    c.height = h;
+    c.steps = steps;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+BlockProbes parse_block_probes(const std::string& s) {
+  if (s == "none") return BlockProbes::None;
+  if (s == "accumulated") return BlockProbes::Accumulated;
+  if (s == "isolated") return BlockProbes::Isolated;
+  if (s == "both") return BlockProbes::Both;
+  fail("block probes \"", s, "\": expected none, accumulated, isolated or both");
+}
+
+std::string block_probes_name(BlockProbes p) {
+  switch (p) {
+    case BlockProbes::None: return "none";
+    case BlockProbes::Accumulated: return "accumulated";
+    case BlockProbes::Isolated: return "isolated";
+    case BlockProbes::Both: return "both";
+  }
+  return "";
+}
+
+E2eResult run_e2e(WeightStore& reference, WeightStore& candidate, const Tokenizer& tokenizer,
+                  ThreadPool& pool, const E2eOptions& options, Progress& progress) {
+  E2eSession session(reference, tokenizer, pool, options, progress);
+  return session.compare(candidate, progress);
+}
+
+}  // namespace klein::report

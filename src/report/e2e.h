@@ -1,0 +1,136 @@
+#pragma once
+// End to end: the same generations (prompt, seed, size, steps) run with the reference and
+// with the candidate, compared stage by stage:
+//
+//   text encoder   the residual stream after every layer and the context (candidate run with
+//                  its own weights from the same tokens)
+//   denoising      the latents after every Euler step and at the end (each run on its own
+//                  context, from the same noise)
+//   image          PSNR and SSIM of the decoded images, and the amplified difference
+//
+// Transformer blocks are probed at one step of the first case, on the reference run's
+// latents and context at that step, in two ways:
+//   accumulated    the whole candidate transformer against the whole reference: each block's
+//                  output error includes what the blocks before it passed on
+//   isolated       one forward per unit with only that unit from the candidate (MixedStore):
+//                  every block sees exactly the reference's activations, so the error at its
+//                  output is its own; the same forward gives its effect on the velocity
+// The isolated probes (and one forward with the candidate's context on the reference
+// transformer, and the candidate's VAE decoding the reference latents) are the measured
+// sensitivities the policy search works from.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/threadpool.h"
+#include "formats/image/image.h"
+#include "pipeline/progress.h"
+#include "report/metrics.h"
+#include "tokenizer/tokenizer.h"
+#include "weights/weight_store.h"
+
+namespace klein::report {
+
+struct E2eCase {
+  std::string prompt;
+  uint64_t seed = 0;
+  int64_t width = 0, height = 0;  // multiples of 16
+  int64_t steps = 0;              // 0: the model's default
+};
+
+// The built-in set: two prompts with fixed seeds at 256x256 (64x64 for test-sized models,
+// whose transformer is narrower than 1024), the model's default steps. Any of prompts,
+// seeds, width, height, steps given (non-empty / non-zero) replaces the default; the i-th
+// prompt takes the i-th seed, the last seed repeating.
+std::vector<E2eCase> make_cases(const ModelConfig& config, const std::vector<std::string>& prompts,
+                                const std::vector<uint64_t>& seeds, int64_t width,
+                                int64_t height, int64_t steps);
+
+enum class BlockProbes { None, Accumulated, Isolated, Both };
+BlockProbes parse_block_probes(const std::string& s);  // "none", "accumulated", ...
+std::string block_probes_name(BlockProbes p);
+
+struct E2eOptions {
+  std::vector<E2eCase> cases;
+  BlockProbes blocks = BlockProbes::Both;
+  int64_t probe_step = 0;  // the step of the first case whose inputs the probes use
+};
+
+struct CaseResult {
+  E2eCase spec;  // with the steps resolved
+  ErrorSummary context;
+  std::vector<ErrorSummary> text_layers;  // [k - 1]: the stream after decoder layer k
+  std::vector<ErrorSummary> step_latents;  // [i]: the latents after Euler step i
+  ErrorSummary final_latents;
+  ErrorSummary image;  // pixel values in [0, 1], before rounding to 8 bits
+  double psnr_db = 0, ssim = 1;
+  Image reference_image, candidate_image, difference_image;
+  double difference_gain = 1;  // the difference image shows |candidate - reference| x gain
+};
+
+struct BlockError {
+  std::string name;  // "transformer_blocks.0", "single_transformer_blocks.3"
+  std::string unit;  // "transformer.double.0", "transformer.single.3"
+  std::optional<ErrorSummary> accumulated;
+  std::optional<ErrorSummary> isolated;
+};
+
+// The velocity error (NMSE) when only `group`'s weights come from the candidate.
+struct Sensitivity {
+  std::string group;  // a transformer unit, or "text_encoder" (through its context)
+  double velocity_nmse = 0;
+};
+
+struct BlockProbe {
+  int64_t step = 0;
+  float timestep = 0;
+  std::vector<BlockError> blocks;
+  std::optional<ErrorSummary> velocity;  // the whole candidate transformer (accumulated run)
+  std::vector<Sensitivity> sensitivities;  // isolated runs, one per transformer unit + text
+  double isolated_velocity_nmse_sum = 0;   // Σ of the transformer units' (additivity check)
+  double vae_image_mse = 0;  // the candidate's VAE on the reference latents, vs the reference
+};
+
+struct E2eResult {
+  std::vector<CaseResult> cases;
+  std::optional<BlockProbe> probe;
+  double mean_image_mse = 0;  // over the cases, pixel values in [0, 1]
+};
+
+// The reference side is run once and kept (contexts, every step's latents, the images, the
+// block outputs at the probe step), so that several candidates (the policy search verifies
+// its proposals) are each compared for the price of their own runs.
+class E2eSession {
+ public:
+  // Runs the reference generations and the reference forward of the block probes. The store,
+  // tokenizer and pool must outlive the session.
+  E2eSession(WeightStore& reference, const Tokenizer& tokenizer, ThreadPool& pool,
+             E2eOptions options, Progress& progress);
+  ~E2eSession();
+  E2eSession(const E2eSession&) = delete;
+  E2eSession& operator=(const E2eSession&) = delete;
+
+  // The candidate's generations and probes against the reference's (the same model).
+  E2eResult compare(WeightStore& candidate, Progress& progress);
+
+ private:
+  struct ReferenceCase;
+  struct ReferenceProbe;
+  BlockProbe run_probes(WeightStore& candidate, const Tensor& candidate_context,
+                        Progress& progress);
+  WeightStore& reference_;
+  const Tokenizer& tokenizer_;
+  ThreadPool& pool_;
+  E2eOptions options_;
+  std::vector<ReferenceCase> cases_;
+  std::unique_ptr<ReferenceProbe> probe_;
+};
+
+// Both stores must be the same model; `tokenizer` tokenizes the prompts for both runs.
+E2eResult run_e2e(WeightStore& reference, WeightStore& candidate, const Tokenizer& tokenizer,
+                  ThreadPool& pool, const E2eOptions& options, Progress& progress);
+
+}  // namespace klein::report
