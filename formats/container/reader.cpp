@@ -64,12 +64,28 @@ const UnitEntry* ContainerFile::find_unit(const std::string& name) const {
   return it == units_by_name_.end() ? nullptr : &index_.units[it->second];
 }
 
-uint64_t ContainerFile::unit_checksum(const UnitEntry& u) const {
-  return xxh3(at(u.offset), u.size);
+uint64_t ContainerFile::unit_checksum(const UnitEntry& u, bool drop_pages) const {
+  if (!drop_pages) return xxh3(at(u.offset), u.size);
+  // Units start on the container's alignment (>= 64 KiB, a multiple of the page size), so
+  // slices of a power-of-two size >= 64 KiB start on pages too.
+  constexpr uint64_t kSlice = uint64_t(4) << 20;
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  XXH3_state_t* state = XXH3_createState();
+  if (!state) throw std::bad_alloc();
+  XXH3_64bits_reset(state);
+  for (uint64_t done = 0; done < u.size; done += kSlice) {
+    const size_t n = size_t(std::min(kSlice, u.size - done));
+    XXH3_64bits_update(state, at(u.offset + done), n);
+    ::madvise(const_cast<std::byte*>(at(u.offset + done)), (n + page - 1) / page * page,
+              MADV_DONTNEED);
+  }
+  const uint64_t sum = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return sum;
 }
 
-void ContainerFile::check_unit(const UnitEntry& u) const {
-  const uint64_t sum = unit_checksum(u);
+void ContainerFile::check_unit(const UnitEntry& u, bool drop_pages) const {
+  const uint64_t sum = unit_checksum(u, drop_pages);
   check(sum == u.xxh3, path().string(), ": unit ", u.name,
         " is corrupt: checksum mismatch over bytes [", u.offset, ", ", u.offset + u.size,
         ") (stored ", hex64(u.xxh3), ", computed ", hex64(sum),

@@ -37,10 +37,12 @@ class ContainerFile {
   const std::byte* at(uint64_t offset) const { return file_.data() + offset; }
   const MappedFile& mapping() const { return file_; }
 
-  // XXH3-64 of a unit's bytes (reads them: this is what pages a unit in from disk).
-  uint64_t unit_checksum(const UnitEntry& u) const;
+  // XXH3-64 of a unit's bytes (reads them: this is what pages a unit in from disk). With
+  // drop_pages, each slice's pages are dropped from the process once hashed (they stay in
+  // the page cache while memory allows), so checking a unit does not make it resident.
+  uint64_t unit_checksum(const UnitEntry& u, bool drop_pages = false) const;
   // Throws klein::Error naming the file and the unit when its bytes do not match the index.
-  void check_unit(const UnitEntry& u) const;
+  void check_unit(const UnitEntry& u, bool drop_pages = false) const;
 
  private:
   MappedFile file_;

@@ -3,6 +3,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <future>
+
 #include "core/error.h"
 #include "quant/blocks.h"
 #include "quant/matmul.h"
@@ -14,26 +16,6 @@ namespace klein {
 namespace fs = std::filesystem;
 
 namespace {
-
-class ContainerUnit final : public WeightUnit {
- public:
-  ContainerUnit(std::string name, std::string prefix, const std::byte* begin, size_t size,
-                bool drop)
-      : WeightUnit(std::move(name), std::move(prefix)), begin_(begin), size_(size), drop_(drop) {}
-  ~ContainerUnit() override {
-    if (!drop_ || size_ == 0) return;
-    // Units start on the container's alignment (>= 64 KiB, so on a page); round the end up.
-    const size_t page = size_t(::sysconf(_SC_PAGESIZE));
-    const size_t len = (size_ + page - 1) / page * page;
-    ::madvise(const_cast<std::byte*>(begin_), len, MADV_DONTNEED);
-  }
-  using WeightUnit::add;
-
- private:
-  const std::byte* begin_;
-  size_t size_;
-  bool drop_;
-};
 
 Component component_of(const std::string& canonical) {
   if (canonical.rfind("transformer.", 0) == 0) return Component::Transformer;
@@ -63,6 +45,18 @@ TokenizerBytes container_tokenizer(const container::ContainerFile& file) {
 }
 
 }  // namespace
+
+// A unit's views; tells the store when its last reference goes.
+class ContainerStore::Unit final : public WeightUnit {
+ public:
+  Unit(ContainerStore& store, std::string name, std::string prefix)
+      : WeightUnit(std::move(name), std::move(prefix)), store_(store) {}
+  ~Unit() override { store_.unit_gone(name()); }
+  using WeightUnit::add;
+
+ private:
+  ContainerStore& store_;
+};
 
 uint64_t stored_tensor_bytes(const std::string& name, DType type, uint8_t layout,
                              uint32_t block_size, const Shape& shape) {
@@ -118,6 +112,13 @@ ContainerStore::ContainerStore(const fs::path& path, ContainerOptions options)
 }
 
 ContainerStore::~ContainerStore() {
+  // Kept units tell the store when they go: destroy them while it is whole.
+  std::vector<UnitRef> kept;
+  {
+    std::lock_guard lock(mutex_);
+    kept = take_kept_locked("");
+  }
+  kept.clear();
   // Background checks read the mapping: let them finish before it goes.
   for (auto& [name, s] : units_)
     if (s.checking.valid()) s.checking.wait();
@@ -132,11 +133,13 @@ std::string ContainerStore::identity() const {
 void ContainerStore::check_unit_locked(UnitState& s, std::unique_lock<std::mutex>& lock) {
   if (s.checked || !options_.check_on_first_acquire) return;
   // The check runs without the lock (a big unit takes a while to read); threads wanting the
-  // same unit wait for the one check, whether a prefetch or an acquire started it.
+  // same unit wait for the one check, whether a prefetch or an acquire started it. Paged, it
+  // drops what it has hashed: the unit is faulted in again (from the page cache) as it is used.
   std::shared_future<void> pending = s.checking;
   if (!pending.valid()) {
     const container::UnitEntry* e = s.entry;
-    std::packaged_task<void()> task([this, e] { file_.check_unit(*e); });
+    const bool drop = options_.residency == Residency::Paged;
+    std::packaged_task<void()> task([this, e, drop] { file_.check_unit(*e, drop); });
     pending = s.checking = task.get_future().share();
     lock.unlock();
     task();
@@ -155,12 +158,17 @@ UnitRef ContainerStore::acquire(const std::string& unit) {
   auto it = units_.find(unit);
   if (it == units_.end()) fail(file_.path().string(), ": the container has no weight unit ", unit);
   UnitState& s = it->second;
-  if (auto held = s.live.lock()) return held;
-  check_unit_locked(s, lock);
-  if (auto held = s.live.lock()) return held;  // built by another thread while we waited
   const container::UnitEntry& e = *s.entry;
-  auto u = std::make_shared<ContainerUnit>(unit, s.prefix, file_.at(e.offset), size_t(e.size),
-                                           options_.drop_on_release);
+  if (auto held = s.live.lock()) {
+    tracker_.acquired(unit, e.size);
+    return held;
+  }
+  check_unit_locked(s, lock);
+  if (auto held = s.live.lock()) {  // built by another thread while we waited
+    tracker_.acquired(unit, e.size);
+    return held;
+  }
+  auto u = std::make_shared<Unit>(*this, unit, s.prefix);
   for (const auto& t : file_.tensors_of(e)) {
     Weight w;
     w.name = t.name;
@@ -172,6 +180,8 @@ UnitRef ContainerStore::acquire(const std::string& unit) {
     u->add(std::move(w));
   }
   s.live = u;
+  if (options_.residency == Residency::Resident) s.kept = u;
+  tracker_.acquired(unit, e.size);
   return u;
 }
 
@@ -181,10 +191,91 @@ void ContainerStore::prefetch(const std::string& unit) {
   if (it == units_.end()) return;
   UnitState& s = it->second;
   const container::UnitEntry& e = *s.entry;
+  if (!s.live.expired()) return;  // held: its pages are in already
+  tracker_.prefetched(unit, e.size);
   ::madvise(const_cast<std::byte*>(file_.at(e.offset)), size_t(e.size), MADV_WILLNEED);
   if (s.checked || s.checking.valid() || !options_.check_on_first_acquire) return;
   const container::ContainerFile* file = &file_;
-  s.checking = std::async(std::launch::async, [file, &e] { file->check_unit(e); }).share();
+  const bool drop = options_.residency == Residency::Paged;
+  s.checking =
+      std::async(std::launch::async, [file, &e, drop] { file->check_unit(e, drop); }).share();
+}
+
+void ContainerStore::drop_pages(const container::UnitEntry& e) const {
+  if (e.size == 0) return;
+  // Units start on the container's alignment (>= 64 KiB, so on a page); round the end up.
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  const size_t len = (size_t(e.size) + page - 1) / page * page;
+  ::madvise(const_cast<std::byte*>(file_.at(e.offset)), len, MADV_DONTNEED);
+}
+
+void ContainerStore::unit_gone(const std::string& name) {
+  std::lock_guard lock(mutex_);
+  auto it = units_.find(name);
+  if (it == units_.end()) return;
+  UnitState& s = it->second;
+  if (!s.live.expired()) return;  // acquired again meanwhile: a new object holds the pages
+  drop_pages(*s.entry);
+  tracker_.dropped(name);
+}
+
+std::vector<UnitRef> ContainerStore::take_kept_locked(const std::string& prefix) {
+  std::vector<UnitRef> kept;
+  for (auto& [name, s] : units_) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    if (s.kept) {
+      kept.push_back(std::move(s.kept));
+      s.kept.reset();
+    } else if (s.live.expired() && tracker_.resident(name)) {
+      drop_pages(*s.entry);  // read ahead and never acquired
+      tracker_.dropped(name);
+    }
+  }
+  return kept;
+}
+
+void ContainerStore::set_residency(Residency r) {
+  std::vector<UnitRef> kept;
+  {
+    std::lock_guard lock(mutex_);
+    options_.residency = r;
+    if (r == Residency::Paged) kept = take_kept_locked("");
+  }
+  kept.clear();  // unit_gone drops the units nobody else holds
+}
+
+Residency ContainerStore::residency() const {
+  std::lock_guard lock(mutex_);
+  return options_.residency;
+}
+
+uint64_t ContainerStore::unit_bytes(const std::string& unit) const {
+  auto it = units_.find(unit);
+  return it == units_.end() ? 0 : it->second.entry->size;
+}
+
+void ContainerStore::release(const std::string& prefix) {
+  std::vector<UnitRef> kept;
+  {
+    std::lock_guard lock(mutex_);
+    kept = take_kept_locked(prefix);
+  }
+  kept.clear();
+}
+
+void ContainerStore::set_observer(UnitObserver observer) {
+  std::lock_guard lock(mutex_);
+  tracker_.set_observer(std::move(observer));
+}
+
+ResidencyStats ContainerStore::residency_stats() const {
+  std::lock_guard lock(mutex_);
+  return tracker_.stats();
+}
+
+void ContainerStore::reset_peak() {
+  std::lock_guard lock(mutex_);
+  tracker_.reset_peak();
 }
 
 TokenizerBytes ContainerStore::tokenizer_files() const { return container_tokenizer(file_); }

@@ -3,9 +3,13 @@
 // every unit is a set of views into the mapping, at whatever storage type and layout the
 // conversion chose. A unit's bytes are checked against its XXH3 checksum the first time it is
 // acquired (or prefetched) in this process; a corrupt unit is refused with an error naming
-// it. When the last reference to a unit goes, its pages are dropped from the process
-// (madvise DONTNEED; they stay in the page cache while memory allows), so that resident
-// memory follows the units in use rather than the model.
+// it.
+//
+// Residency (weight_store.h): when paged (the default), the last reference to a unit going
+// drops its pages from the process (madvise DONTNEED; they stay in the page cache while
+// memory allows), prefetch() reads the next unit ahead on a background thread, and the
+// checksum pass drops what it has hashed, so that resident memory follows the units in use
+// rather than the model. When resident, units stay mapped once paged in until release().
 //
 // Units must not outlive their store.
 #include <filesystem>
@@ -18,13 +22,14 @@
 
 #include "formats/container/reader.h"
 #include "weights/model_source.h"
+#include "weights/residency_tracker.h"
 #include "weights/weight_store.h"
 
 namespace klein {
 
 struct ContainerOptions {
   bool check_on_first_acquire = true;  // XXH3 of a unit the first time it is paged in
-  bool drop_on_release = true;         // drop a unit's pages when its last reference goes
+  Residency residency = Residency::Paged;
 };
 
 // The contents of a model's tokenizer files (absent ones are nullopt); klein::TokenizerFiles
@@ -55,6 +60,14 @@ class ContainerStore final : public WeightStore {
   // checksum of every unit.
   std::string identity() const override;
 
+  void set_residency(Residency r) override;
+  Residency residency() const override;
+  uint64_t unit_bytes(const std::string& unit) const override;
+  void release(const std::string& prefix) override;
+  void set_observer(UnitObserver observer) override;
+  ResidencyStats residency_stats() const override;
+  void reset_peak() override;
+
   const container::ContainerFile& file() const { return file_; }
   TokenizerBytes tokenizer_files() const;
 
@@ -65,15 +78,24 @@ class ContainerStore final : public WeightStore {
     bool checked = false;
     std::shared_future<void> checking;  // a prefetch's background check
     std::weak_ptr<const WeightUnit> live;
+    UnitRef kept;  // resident: the unit stays built and mapped until release()
   };
+  class Unit;
   void check_unit_locked(UnitState& s, std::unique_lock<std::mutex>& lock);
+  void drop_pages(const container::UnitEntry& e) const;
+  // A unit object went (its last reference); drops its pages unless a newer one is live.
+  void unit_gone(const std::string& name);
+  // Takes the kept references of the units starting with `prefix` (all when empty), and
+  // forgets read-ahead units under it; the caller destroys the references without the lock.
+  std::vector<UnitRef> take_kept_locked(const std::string& prefix);
 
   container::ContainerFile file_;
   ContainerOptions options_;
   ModelConfig config_;
   std::map<std::string, UnitState> units_;
   std::vector<std::string> order_;
-  std::mutex mutex_;
+  ResidencyTracker tracker_;
+  mutable std::mutex mutex_;
 };
 
 // The bytes a tensor of this type, layout and shape takes in a container; throws naming the

@@ -1,22 +1,27 @@
 #include "weights/source_store.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstring>
 
 #include "core/error.h"
 
 namespace klein {
 
-namespace {
-
-class SourceUnit final : public WeightUnit {
+// A unit's views (and the buffers of tensors that could not be plain views); tells the
+// store when its last reference goes.
+class SourceStore::Unit final : public WeightUnit {
  public:
-  SourceUnit(std::string name, std::string prefix) : WeightUnit(std::move(name), std::move(prefix)) {}
+  Unit(SourceStore& store, std::string name, std::string prefix)
+      : WeightUnit(std::move(name), std::move(prefix)), store_(store) {}
+  ~Unit() override { store_.unit_gone(name()); }
   using WeightUnit::add;
-  // Buffers for tensors that could not be plain views.
   std::vector<std::vector<std::byte>> owned;
-};
 
-}  // namespace
+ private:
+  SourceStore& store_;
+};
 
 SourceStore::SourceStore(std::vector<SourceComponent> components, ModelConfig config,
                          std::string identity)
@@ -28,6 +33,20 @@ SourceStore::SourceStore(std::vector<SourceComponent> components, ModelConfig co
       units_[u->unit].push_back({&c, &t});
       prefixes_[u->unit] = u->prefix;
     }
+  for (const auto& [name, _] : units_) {
+    uint64_t n = 0;
+    for (const auto& [data, size] : ranges_of(name)) n += size;
+    bytes_[name] = n;
+  }
+}
+
+SourceStore::~SourceStore() {
+  std::vector<UnitRef> kept;
+  {
+    std::lock_guard lock(mutex_);
+    kept = take_kept_locked("");
+  }
+  kept.clear();
 }
 
 std::vector<std::string> SourceStore::units() const {
@@ -36,13 +55,48 @@ std::vector<std::string> SourceStore::units() const {
   return out;
 }
 
+std::vector<std::pair<const std::byte*, size_t>> SourceStore::ranges_of(
+    const std::string& unit) const {
+  std::vector<std::pair<const std::byte*, size_t>> out;
+  auto it = units_.find(unit);
+  if (it == units_.end()) return out;
+  for (const auto& p : it->second) {
+    const auto* located = p.component->files->find(p.source->source);
+    if (!located) continue;
+    const TensorView v = located->file->view(*located->entry);
+    const std::byte* data = static_cast<const std::byte*>(v.data);
+    size_t nbytes = v.nbytes;
+    if (p.source->row_end >= 0 && v.shape[0] > 0) {
+      const size_t row_bytes = v.nbytes / size_t(v.shape[0]);
+      data += size_t(p.source->row_begin) * row_bytes;
+      nbytes = size_t(p.source->row_end - p.source->row_begin) * row_bytes;
+    }
+    out.emplace_back(data, nbytes);
+  }
+  return out;
+}
+
+void SourceStore::advise(const std::string& unit, int advice) const {
+  // The mappings start on pages; a tensor's range is widened to whole pages.
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  for (const auto& [data, size] : ranges_of(unit)) {
+    if (size == 0) continue;
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(data) / page * page;
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + size + page - 1) / page * page;
+    ::madvise(reinterpret_cast<void*>(begin), end - begin, advice);
+  }
+}
+
 UnitRef SourceStore::acquire(const std::string& unit) {
   std::lock_guard lock(mutex_);
   if (auto it = live_.find(unit); it != live_.end())
-    if (auto held = it->second.lock()) return held;
+    if (auto held = it->second.lock()) {
+      tracker_.acquired(unit, bytes_[unit]);
+      return held;
+    }
   auto it = units_.find(unit);
   if (it == units_.end()) fail("the model has no weight unit ", unit);
-  auto u = std::make_shared<SourceUnit>(unit, prefixes_[unit]);
+  auto u = std::make_shared<Unit>(*this, unit, prefixes_[unit]);
   for (const auto& p : it->second) {
     const TensorSource& src = *p.source;
     const auto* located = p.component->files->find(src.source);
@@ -73,7 +127,90 @@ UnitRef SourceStore::acquire(const std::string& unit) {
     u->add(std::move(w));
   }
   live_[unit] = u;
+  if (residency_ == Residency::Resident) kept_[unit] = u;
+  tracker_.acquired(unit, bytes_[unit]);
   return u;
+}
+
+void SourceStore::prefetch(const std::string& unit) {
+  std::lock_guard lock(mutex_);
+  if (!units_.count(unit)) return;
+  if (auto it = live_.find(unit); it != live_.end() && !it->second.expired()) return;
+  tracker_.prefetched(unit, bytes_[unit]);
+  advise(unit, MADV_WILLNEED);
+}
+
+void SourceStore::unit_gone(const std::string& name) {
+  std::lock_guard lock(mutex_);
+  if (auto it = live_.find(name); it != live_.end() && !it->second.expired()) return;
+  advise(name, MADV_DONTNEED);
+  tracker_.dropped(name);
+}
+
+std::vector<UnitRef> SourceStore::take_kept_locked(const std::string& prefix) {
+  std::vector<UnitRef> kept;
+  for (auto it = kept_.begin(); it != kept_.end();) {
+    if (it->first.rfind(prefix, 0) == 0) {
+      kept.push_back(std::move(it->second));
+      it = kept_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& [name, _] : units_) {
+    if (name.rfind(prefix, 0) != 0 || !tracker_.resident(name)) continue;
+    auto live = live_.find(name);
+    const bool held = live != live_.end() && !live->second.expired();
+    if (!held) {  // read ahead and never acquired
+      advise(name, MADV_DONTNEED);
+      tracker_.dropped(name);
+    }
+  }
+  return kept;
+}
+
+void SourceStore::set_residency(Residency r) {
+  std::vector<UnitRef> kept;
+  {
+    std::lock_guard lock(mutex_);
+    residency_ = r;
+    if (r == Residency::Paged) kept = take_kept_locked("");
+  }
+  kept.clear();
+}
+
+Residency SourceStore::residency() const {
+  std::lock_guard lock(mutex_);
+  return residency_;
+}
+
+uint64_t SourceStore::unit_bytes(const std::string& unit) const {
+  auto it = bytes_.find(unit);
+  return it == bytes_.end() ? 0 : it->second;
+}
+
+void SourceStore::release(const std::string& prefix) {
+  std::vector<UnitRef> kept;
+  {
+    std::lock_guard lock(mutex_);
+    kept = take_kept_locked(prefix);
+  }
+  kept.clear();
+}
+
+void SourceStore::set_observer(UnitObserver observer) {
+  std::lock_guard lock(mutex_);
+  tracker_.set_observer(std::move(observer));
+}
+
+ResidencyStats SourceStore::residency_stats() const {
+  std::lock_guard lock(mutex_);
+  return tracker_.stats();
+}
+
+void SourceStore::reset_peak() {
+  std::lock_guard lock(mutex_);
+  tracker_.reset_peak();
 }
 
 }  // namespace klein

@@ -1,7 +1,12 @@
 #pragma once
 // A WeightStore that reads straight from the published safetensors files: tensors are views
 // into the mapped files (zero copy), except the few that a layout change forces us to
-// rebuild (BFL's swapped final-layer halves).
+// rebuild (BFL's swapped final-layer halves). Nothing is converted to float ahead of use
+// (the linear layers convert BF16 per panel). Residency as for containers (weight_store.h):
+// paged (the default) drops a unit's pages from the process when its last reference goes
+// and prefetch() asks the kernel to read the next unit ahead; tensors of the published files
+// do not start on pages, so a page shared with a neighbouring unit's tensor is dropped too
+// and faulted in again from the page cache when that tensor is read.
 #include <map>
 #include <memory>
 #include <mutex>
@@ -9,6 +14,7 @@
 
 #include "formats/safetensors.h"
 #include "weights/naming.h"
+#include "weights/residency_tracker.h"
 #include "weights/weight_store.h"
 
 namespace klein {
@@ -24,8 +30,10 @@ struct SourceComponent {
 class SourceStore final : public WeightStore {
  public:
   SourceStore(std::vector<SourceComponent> components, ModelConfig config, std::string identity);
+  ~SourceStore() override;
 
   UnitRef acquire(const std::string& unit) override;
+  void prefetch(const std::string& unit) override;
   bool has_unit(const std::string& unit) const override { return units_.count(unit) > 0; }
   std::vector<std::string> units() const override;
   const ModelConfig& config() const override { return config_; }
@@ -33,18 +41,36 @@ class SourceStore final : public WeightStore {
 
   const std::vector<SourceComponent>& components() const { return components_; }
 
+  void set_residency(Residency r) override;
+  Residency residency() const override;
+  uint64_t unit_bytes(const std::string& unit) const override;
+  void release(const std::string& prefix) override;
+  void set_observer(UnitObserver observer) override;
+  ResidencyStats residency_stats() const override;
+  void reset_peak() override;
+
  private:
   struct Pending {
     const SourceComponent* component;
     const TensorSource* source;
   };
+  class Unit;
+  // The mapped bytes of a unit's tensors.
+  std::vector<std::pair<const std::byte*, size_t>> ranges_of(const std::string& unit) const;
+  void advise(const std::string& unit, int advice) const;
+  void unit_gone(const std::string& name);
+  std::vector<UnitRef> take_kept_locked(const std::string& prefix);
   std::vector<SourceComponent> components_;
   ModelConfig config_;
   std::string identity_;
   std::map<std::string, std::vector<Pending>> units_;  // unit -> its tensors
   std::map<std::string, std::string> prefixes_;        // unit -> name prefix
-  std::mutex mutex_;
+  std::map<std::string, uint64_t> bytes_;              // unit -> bytes of its tensors
+  mutable std::mutex mutex_;
   std::map<std::string, std::weak_ptr<const WeightUnit>> live_;
+  std::map<std::string, UnitRef> kept_;  // resident: units stay until release()
+  Residency residency_ = Residency::Paged;
+  ResidencyTracker tracker_;
 };
 
 }  // namespace klein

@@ -25,6 +25,10 @@ std::vector<float> weight_to_floats(const Weight& w) {
   return out;
 }
 
+const char* residency_name(Residency r) {
+  return r == Residency::Paged ? "paged" : "resident";
+}
+
 std::string double_block_unit(int64_t i) { return "transformer.double." + std::to_string(i); }
 std::string single_block_unit(int64_t i) { return "transformer.single." + std::to_string(i); }
 std::string text_layer_unit(int64_t layer) { return "text_encoder.layer." + std::to_string(layer); }

@@ -17,6 +17,8 @@
 //   vae.latent_stats          prefix "vae."   bn.running_mean, bn.running_var
 // Canonical (global) names are prefix + relative name, with diffusers / transformers
 // spelling: "transformer.transformer_blocks.3.attn.to_q.weight".
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +66,32 @@ class WeightUnit {
 
 using UnitRef = std::shared_ptr<const WeightUnit>;
 
+// What a store does with a unit's pages once nobody holds the unit.
+//   Paged     drops them from the process (madvise DONTNEED; they stay in the page cache
+//             while memory allows) and reads the next unit ahead while one computes: memory
+//             follows the units in use, about two at a time.
+//   Resident  keeps every unit it has paged in until release() says a network is done:
+//             fastest when the machine has the memory.
+enum class Residency { Paged, Resident };
+const char* residency_name(Residency r);  // "paged", "resident"
+
+// What the store did with a unit, for tests and memory reports.
+enum class UnitEvent {
+  Prefetch,  // reading ahead started; the unit counts as resident from here
+  Acquire,   // a reference was handed out (also when it was resident already)
+  Drop,      // its pages were dropped; no longer resident
+};
+using UnitObserver = std::function<void(const std::string& unit, UnitEvent event)>;
+
+// Units a store has made resident and not dropped (held, read ahead, or kept by a resident
+// store), now and at their peak since the store opened or reset_peak() was called.
+struct ResidencyStats {
+  size_t units = 0;
+  uint64_t bytes = 0;
+  size_t peak_units = 0;
+  uint64_t peak_bytes = 0;
+};
+
 class WeightStore {
  public:
   virtual ~WeightStore() = default;
@@ -78,6 +106,20 @@ class WeightStore {
   // A string that changes whenever the weights could have changed (checksum, or file
   // names + sizes + modification times); used to key caches.
   virtual std::string identity() const = 0;
+
+  // Residency (see Residency). Stores that do not page keep everything and ignore it.
+  virtual void set_residency(Residency r) {}
+  virtual Residency residency() const { return Residency::Resident; }
+  // Bytes of the unit's tensors as stored: what holding it fully paged in costs.
+  virtual uint64_t unit_bytes(const std::string& unit) const { return 0; }
+  // This generation will not use the units whose names start with `prefix` again (a network
+  // is done): a resident store drops them now; a paged store dropped them already.
+  virtual void release(const std::string& prefix) {}
+  // Sees every prefetch, acquire and drop, in order (called under the store's lock, possibly
+  // from another thread: it must not call the store); empty to stop.
+  virtual void set_observer(UnitObserver observer) {}
+  virtual ResidencyStats residency_stats() const { return {}; }
+  virtual void reset_peak() {}
 };
 
 // The values of a small float tensor (norm weights, biases, statistics) as float32.
