@@ -1,5 +1,6 @@
 #include "models/flux2/sampler.h"
 
+#include <chrono>
 #include <cstring>
 #include <sstream>
 
@@ -32,6 +33,10 @@ void check_inputs(const SamplerInputs& in, const TransformerConfig& c, bool guid
   check(s.steps() >= 1 && s.sigmas.size() == size_t(s.steps() + 1),
         "sampler: schedule has ", s.steps(), " timesteps and ", s.sigmas.size(),
         " sigmas; expected steps >= 1 and steps + 1 sigmas");
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 // v ← v_u + g·(v_c − v_u), each operation rounded to float32 like the pipeline's.
@@ -84,18 +89,34 @@ SamplerResult sample(WeightStore& store, const SamplerInputs& in, ThreadPool& po
     result.warnings.push_back(w.str());
   }
 
-  // Once per generation: layout, RoPE, σ-independent embeddings, activation memory.
+  // Once per generation: layout, RoPE, σ-independent embeddings, every step's modulation
+  // (σ only), activation memory. Everything that reads "transformer.shared" happens here,
+  // under one reference, while the first block is read ahead; then the unit is released.
+  const auto setup_start = std::chrono::steady_clock::now();
+  const Schedule& s = in.schedule;
   TokenLayout layout;
   layout.text_tokens = in.context->dim(0);
   layout.target = in.target;
   for (const ReferenceTokens& r : in.references) layout.references.push_back(r.grid);
   const RopeTable rope(joint_position_ids(layout), model.config().rope_axes,
                        model.config().rope_theta);
-  const Tensor text = model.embed_text(*in.context, pool);
-  const Tensor negative_text = guided ? model.embed_text(*in.negative_context, pool) : Tensor();
-  const Tensor references = model.embed_references(in.references, pool);
+  Tensor text, negative_text, references;
+  std::vector<Modulation> mods;  // shared by both passes of CFG
+  {
+    const UnitRef shared = store.acquire("transformer.shared");
+    store.prefetch(model.config().num_double_blocks > 0 ? double_block_unit(0)
+                                                        : single_block_unit(0));
+    text = model.embed_text(*in.context, pool);
+    if (guided) negative_text = model.embed_text(*in.negative_context, pool);
+    references = model.embed_references(in.references, pool);
+    mods.reserve(size_t(s.steps()));
+    for (int64_t i = 0; i < s.steps(); ++i) {
+      mods.emplace_back(model.config());
+      model.modulate(s.model_timestep(i), mods.back(), pool);
+    }
+    model.keep_io_weights();
+  }
   Activations act(model.config(), layout);
-  Modulation mod(model.config());
   result.activation_bytes = act.bytes();
 
   const Shape tokens = in.noise->shape();
@@ -103,12 +124,13 @@ SamplerResult sample(WeightStore& store, const SamplerInputs& in, ThreadPool& po
   Tensor x(tokens), velocity(tokens), velocity_uncond(guided ? tokens : Shape{0});
   Tensor x_in(in.on_step ? tokens : Shape{0});
   std::memcpy(x.data(), in.noise->data(), size_t(n) * sizeof(float));
+  result.setup_seconds = seconds_since(setup_start);
 
-  const Schedule& s = in.schedule;
   for (int64_t i = 0; i < s.steps(); ++i) {
+    const auto step_start = std::chrono::steady_clock::now();
     const float sigma = s.sigmas[size_t(i)], sigma_next = s.sigmas[size_t(i + 1)];
     const float timestep = s.model_timestep(i);
-    model.modulate(timestep, mod, pool);  // shared by both passes of CFG
+    const Modulation& mod = mods[size_t(i)];
     model.forward(x.data(), text, &references, mod, rope, act, velocity.data(), pool);
     if (guided) {
       model.forward(x.data(), negative_text, &references, mod, rope, act, velocity_uncond.data(),
@@ -117,6 +139,7 @@ SamplerResult sample(WeightStore& store, const SamplerInputs& in, ThreadPool& po
     }
     if (in.on_step) std::memcpy(x_in.data(), x.data(), size_t(n) * sizeof(float));
     euler_step(x.data(), velocity.data(), n, sigma, sigma_next);
+    result.step_seconds.push_back(seconds_since(step_start));
     if (in.on_step)
       in.on_step(StepInfo{i, s.steps(), sigma, sigma_next, timestep, x_in, velocity, x});
   }

@@ -2,9 +2,10 @@
 // The denoising loop of the FLUX.2-klein pipeline: Euler steps over a flow-matching schedule,
 // with the target tokens evolving and the text and reference tokens fixed.
 //
-//   once         RoPE table, text embedding(s), reference embeddings, activation memory
-//   every step   modulation(σ_i); v = model(x, σ_i) [+ unconditional pass for CFG];
-//                x ← x + (σ_{i+1} − σ_i)·v
+//   once         RoPE table, text embedding(s), reference embeddings, every step's
+//                modulation(σ_i) (all that reads "transformer.shared", which is then
+//                released), activation memory
+//   every step   v = model(x, σ_i) [+ unconditional pass for CFG]; x ← x + (σ_{i+1} − σ_i)·v
 //
 // Classifier-free guidance (klein-base only, i.e. is_distilled false, and guidance > 1):
 // a second forward with the negative context, v = v_u + g·(v_c − v_u). The distilled klein
@@ -52,6 +53,8 @@ struct SamplerResult {
   Tensor latents;                      // [N_img, in_channels] final packed latents
   std::vector<std::string> warnings;   // e.g. guidance ignored by a distilled model
   size_t activation_bytes = 0;         // the planned activation memory of the loop
+  double setup_seconds = 0;            // the once-per-generation work before step 0
+  std::vector<double> step_seconds;    // each step's forward pass(es) and update (no callback)
 };
 
 // Latents [C, h, w] (channel-first, as noise is drawn) ↔ packed tokens [h·w, C], token r·w + c.

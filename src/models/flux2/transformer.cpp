@@ -21,7 +21,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "core/error.h"
@@ -244,6 +246,26 @@ void Transformer::modulate(float timestep, Modulation& m, ThreadPool& pool) {
               pool);                                                              // [2D]
 }
 
+Transformer::OwnedWeight Transformer::copy_weight(const Weight& w) {
+  constexpr size_t kAlign = 4096;  // like the mapping: kernels see the same alignment
+  const size_t n = std::max<size_t>(kAlign, (w.nbytes + kAlign - 1) / kAlign * kAlign);
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(kAlign, n));
+  if (!p) throw std::bad_alloc();
+  OwnedWeight o;
+  o.bytes = std::shared_ptr<std::byte>(p, [](std::byte* q) { std::free(q); });
+  std::memcpy(p, w.data, w.nbytes);
+  o.weight = w;
+  o.weight.data = p;
+  return o;
+}
+
+void Transformer::keep_io_weights() {
+  const int64_t D = config_.inner_dim();
+  UnitRef shared = store_.acquire("transformer.shared");
+  x_embedder_ = copy_weight(linear_weight(*shared, "x_embedder.weight", D, config_.in_channels));
+  proj_out_ = copy_weight(linear_weight(*shared, "proj_out.weight", config_.out_channels, D));
+}
+
 // One stream of a double block: its rows of the joint sequence, its weights, its modulation.
 struct Transformer::Stream {
   int64_t row0, rows;
@@ -405,14 +427,11 @@ void Transformer::forward(const float* latents, const Tensor& text, const Tensor
   };
 
   // Stream rows [text | target | references]: the σ-independent embeddings are copies.
-  {
-    UnitRef shared = store_.acquire("transformer.shared");
-    const Weight& x_embedder = linear_weight(*shared, "x_embedder.weight", D, config_.in_channels);
-    copy_rows(text.data(), D, a.stream.row(0), D, T, D);                          // C  [T, D]
-    ops::linear(latents, N_img, x_embedder, a.stream.row(T), pool);               // X  [N_img, D]
-    if (N_ref > 0) copy_rows(references->data(), D, a.stream.row(T + N_img), D, N_ref, D);
-    report("x_embedder", a.stream.row(T), {N, D});
-  }
+  if (!x_embedder_ || !proj_out_) keep_io_weights();
+  copy_rows(text.data(), D, a.stream.row(0), D, T, D);                            // C  [T, D]
+  ops::linear(latents, N_img, x_embedder_->weight, a.stream.row(T), pool);        // X  [N_img, D]
+  if (N_ref > 0) copy_rows(references->data(), D, a.stream.row(T + N_img), D, N_ref, D);
+  report("x_embedder", a.stream.row(T), {N, D});
 
   // The blocks, one weight unit resident at a time while the next one is brought in.
   const int64_t n_double = config_.num_double_blocks, n_single = config_.num_single_blocks;
@@ -440,8 +459,7 @@ void Transformer::forward(const float* latents, const Tensor& text, const Tensor
 
   // Output, target rows only (reference rows would be discarded):
   // v = proj_out · ((1 + scale_o) ⊙ LN(Z) + shift_o)                             [N_img, out]
-  UnitRef shared = store_.acquire("transformer.shared");
-  const Weight& proj_out = linear_weight(*shared, "proj_out.weight", config_.out_channels, D);
+  const Weight& proj_out = proj_out_->weight;
   const float *scale_o = mod.out.data(), *shift_o = scale_o + D;
   modulated_norm(a.stream.row(T), a.normed.row(T), N_img, D, shift_o, scale_o, float(config_.eps),
                  pool);

@@ -9,8 +9,13 @@
 //   per step         Modulation (σ only): timestep embedding and every shift/scale/gate,
 //                    shared by the conditional and unconditional passes of CFG
 //   per forward      the noisy target tokens through every block
+// The sampler does everything that reads the unit "transformer.shared" (the embedders, all
+// steps' modulation) up front and then releases it: forward() reads only the block units and
+// its own copies of the two small weights it needs every time (keep_io_weights).
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -96,6 +101,10 @@ class Transformer {
   // Timestep embedding and all modulation vectors for the timestep the pipeline passes
   // (σ-like: schedule timestep / 1000; the model multiplies by 1000 itself).
   void modulate(float timestep, Modulation& out, ThreadPool& pool);
+  // Copies x_embedder and proj_out (3072 x 128 each for klein-4B, bytes as stored) out of
+  // "transformer.shared", so that forward() does not acquire it. forward() calls it the first
+  // time if nobody did.
+  void keep_io_weights();
 
   // The velocity of the target tokens, [N_img, out_channels] into `velocity`.
   //   latents     [N_img, in_channels] noisy target tokens
@@ -115,8 +124,16 @@ class Transformer {
   void attention(const RopeTable& rope, Activations& a, ThreadPool& pool);
   void finish_stream_rows(const Stream& s, Activations& a, ThreadPool& pool);
 
+  // A weight whose bytes this object owns (page-aligned, as stored).
+  struct OwnedWeight {
+    Weight weight;
+    std::shared_ptr<std::byte> bytes;
+  };
+  static OwnedWeight copy_weight(const Weight& w);
+
   WeightStore& store_;
   TransformerConfig config_;
+  std::optional<OwnedWeight> x_embedder_, proj_out_;
 };
 
 }  // namespace klein::flux2
