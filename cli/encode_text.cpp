@@ -9,11 +9,14 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/memory_options.h"
 #include "cli/model_options.h"
+#include "core/memory.h"
 #include "core/npy.h"
 #include "core/threadpool.h"
 #include "models/qwen3/prompt_cache.h"
 #include "models/qwen3/text_encoder.h"
+#include "pipeline/memory_plan.h"
 #include "pipeline/model_tokenizer.h"
 #include "tokenizer/klein_prompt.h"
 #include "weights/model_source.h"
@@ -28,11 +31,20 @@ struct EncodeTextOptions {
   bool no_cache = false;
   std::filesystem::path cache_dir;
   int threads = 0;
+  MemoryOptions memory;
+  bool verbose = false;
 };
 
 void run_encode_text(const EncodeTextOptions& o) {
+  const std::optional<uint64_t> budget = o.memory.budget();
   const auto start = std::chrono::steady_clock::now();
   auto store = open_model(o.paths);
+  MemoryPlanInputs need;
+  need.image = false;
+  const MemoryPlan plan = plan_memory(estimate_memory(*store, need), budget,
+                                      available_memory_bytes(), o.memory.forced());
+  store->set_residency(plan.residency);
+  if (o.verbose) std::fprintf(stderr, "memory: %s\n", plan.reason.c_str());
   const Tokenizer tokenizer = load_model_tokenizer(o.paths);
   const KleinPromptTokens tokens = tokenize_klein_prompt(tokenizer, o.prompt);
   if (!tokens.warning.empty()) std::fprintf(stderr, "warning: %s\n", tokens.warning.c_str());
@@ -56,6 +68,10 @@ void run_encode_text(const EncodeTextOptions& o) {
               o.output.string().c_str(), shape_str(context.shape()).c_str(), tokens.real_tokens,
               int(tokens.ids.size()) - tokens.real_tokens,
               result.from_cache ? "read from the prompt cache" : "encoded", seconds);
+  if (o.verbose)
+    std::fprintf(stderr, "peak RSS %s, at most %zu weight units (%s) resident at once\n",
+                 format_bytes(peak_rss_bytes()).c_str(), store->residency_stats().peak_units,
+                 format_bytes(store->residency_stats().peak_bytes).c_str());
 }
 
 }  // namespace
@@ -76,6 +92,8 @@ static Registration reg("encode-text", 40, [](CLI::App& app) {
                   "~/.cache/klein/prompts)");
   cmd->add_option("--threads", options->threads, "worker threads (default: all cores)")
       ->check(CLI::NonNegativeNumber);
+  add_memory_options(*cmd, options->memory);
+  cmd->add_flag("-v,--verbose", options->verbose, "the memory decision and the peak RSS");
   cmd->callback([options] { run_encode_text(*options); });
 });
 

@@ -1,9 +1,11 @@
 // klein generate: text-to-image and editing with reference images.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/memory_options.h"
 #include "cli/model_options.h"
 #include "core/error.h"
 #include "core/memory.h"
@@ -26,13 +28,27 @@ struct Args {
   std::string noise, dump;
   int threads = 0;
   int jpeg_quality = 95;
-  bool no_cache = false, quiet = false, json = false;
+  MemoryOptions memory;
+  bool no_cache = false, quiet = false, json = false, verbose = false;
 };
 
 // Progress on stderr: one line per phase, rewritten in place while it runs.
 class TerminalProgress final : public Progress {
  public:
-  explicit TerminalProgress(bool quiet) : quiet_(quiet) {}
+  TerminalProgress(bool quiet, bool verbose) : quiet_(quiet), verbose_(verbose) {}
+  void memory_plan(const MemoryPlan& plan) override {
+    if (!verbose_) return;
+    std::fprintf(stderr, "memory: %s\n", plan.reason.c_str());
+    std::fprintf(stderr, "  budget %s (%s), available %s; need resident %s, paged %s "
+                 "(program %s)\n", format_bytes(plan.budget).c_str(),
+                 plan.budget_given ? "--max-memory" : "from the available memory",
+                 format_bytes(plan.available).c_str(), format_bytes(plan.need.resident()).c_str(),
+                 format_bytes(plan.need.paged()).c_str(), format_bytes(plan.need.fixed).c_str());
+    for (const auto& p : plan.need.phases)
+      std::fprintf(stderr, "  %-13s weights %s paged / %s resident, activations %s\n",
+                   p.phase.c_str(), format_bytes(p.weights_paged).c_str(),
+                   format_bytes(p.weights_resident).c_str(), format_bytes(p.activations).c_str());
+  }
   void begin(const std::string& phase, int total) override {
     start_ = std::chrono::steady_clock::now();
     if (!quiet_) std::fprintf(stderr, "%s...", phase.c_str());
@@ -55,7 +71,7 @@ class TerminalProgress final : public Progress {
   static double seconds_since(std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   }
-  bool quiet_;
+  bool quiet_, verbose_;
   std::chrono::steady_clock::time_point start_;
 };
 
@@ -72,7 +88,13 @@ class JsonProgress final : public Progress {
     emit({{"event", "end"}, {"phase", phase}, {"seconds", seconds}});
   }
   void warn(const std::string& message) override { emit({{"event", "warning"}, {"message", message}}); }
-  static void emit(const nlohmann::json& j) {
+  void memory_plan(const MemoryPlan& plan) override {
+    nlohmann::ordered_json j;
+    j["event"] = "memory";
+    j.update(plan.to_json());
+    emit(j);
+  }
+  static void emit(const nlohmann::ordered_json& j) {
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
   }
@@ -84,8 +106,73 @@ bool is_jpeg_name(const std::string& path) {
   return lower.ends_with(".jpg") || lower.ends_with(".jpeg");
 }
 
+// What the run measured, for --verbose and --json.
+struct LoadPhase {
+  double seconds = 0;
+  uint64_t peak_rss = 0;
+};
+
+// The whole run's peak: the kernel's counters are updated lazily, so a phase's reading can
+// exceed the process mark by a few pages.
+uint64_t overall_peak_rss(const GenerateResult& r, const LoadPhase& load) {
+  uint64_t peak = std::max(peak_rss_bytes(), load.peak_rss);
+  for (const auto& m : r.phase_memory) peak = std::max(peak, m.peak_rss_bytes);
+  return peak;
+}
+
+nlohmann::ordered_json result_json(const Args& a, const GenerateResult& r, const LoadPhase& load,
+                                   double total, int threads) {
+  nlohmann::ordered_json j;
+  j["event"] = "result";
+  j["output"] = a.output;
+  j["seed"] = r.seed;
+  j["width"] = r.width;
+  j["height"] = r.height;
+  j["steps"] = r.steps;
+  j["guidance"] = r.guidance;
+  j["context_from_cache"] = r.context_from_cache;
+  j["timings"]["load"] = load.seconds;
+  for (const auto& [phase, s] : r.timings) j["timings"][phase] = s;
+  j["denoise_setup_seconds"] = r.denoise_setup_seconds;
+  j["step_seconds"] = r.step_seconds;
+  j["total_seconds"] = total;
+  j["phase_peak_rss_bytes"]["load"] = load.peak_rss;
+  for (const auto& m : r.phase_memory) j["phase_peak_rss_bytes"][m.phase] = m.peak_rss_bytes;
+  j["peak_rss_bytes"] = overall_peak_rss(r, load);
+  if (r.memory) {
+    j["residency"] = residency_name(r.memory->residency);
+    j["memory"] = r.memory->to_json();
+  }
+  j["weights_peak_units"] = r.weights.peak_units;
+  j["weights_peak_bytes"] = r.weights.peak_bytes;
+  j["threads"] = threads;
+  j["warnings"] = r.warnings;
+  return j;
+}
+
+void print_verbose(const GenerateResult& r, const LoadPhase& load) {
+  std::fprintf(stderr, "%-14s %9s %12s\n", "phase", "seconds", "peak RSS");
+  std::fprintf(stderr, "%-14s %9.2f %12s\n", "load", load.seconds,
+               format_bytes(load.peak_rss).c_str());
+  for (size_t i = 0; i < r.timings.size(); ++i) {
+    const auto& [phase, seconds] = r.timings[i];
+    const std::string rss =
+        i < r.phase_memory.size() ? format_bytes(r.phase_memory[i].peak_rss_bytes) : "";
+    std::fprintf(stderr, "%-14s %9.2f %12s\n", phase.c_str(), seconds, rss.c_str());
+    if (phase == "denoise") {
+      std::fprintf(stderr, "  %-12s %9.2f\n", "setup", r.denoise_setup_seconds);
+      for (size_t s = 0; s < r.step_seconds.size(); ++s)
+        std::fprintf(stderr, "  step %-7zu %9.2f\n", s + 1, r.step_seconds[s]);
+    }
+  }
+  std::fprintf(stderr, "weights: at most %zu units (%s) resident at once\n", r.weights.peak_units,
+               format_bytes(r.weights.peak_bytes).c_str());
+}
+
 void run(Args& a) {
   GenerateOptions& g = a.gen;
+  g.max_memory = a.memory.budget();  // a bad size fails before anything is loaded
+  g.residency = a.memory.forced();
   for (const auto& r : a.references) g.references.push_back(r);
   g.noise_file = a.noise;
   g.dump_dir = a.dump;
@@ -93,15 +180,19 @@ void run(Args& a) {
   check(is_jpeg_name(a.output) || a.output.ends_with(".png") || a.output.ends_with(".PNG"),
         "-o ", a.output, ": the output must end in .png, .jpg or .jpeg");
 
+  const auto start = std::chrono::steady_clock::now();
   ThreadPool pool(a.threads);
+  LoadPhase load;
+  const bool exact = reset_peak_rss();
   auto store = open_model(a.model);
   const Tokenizer tokenizer = load_model_tokenizer(a.model);
+  load.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  load.peak_rss = exact ? peak_rss_since_reset() : peak_rss_bytes();
   Pipeline pipeline(*store, tokenizer, pool);
-  TerminalProgress terminal(a.quiet || a.json);
+  TerminalProgress terminal(a.quiet || a.json, a.verbose && !a.json);
   JsonProgress json_events;
   Progress& progress = a.json ? static_cast<Progress&>(json_events) : terminal;
 
-  const auto start = std::chrono::steady_clock::now();
   GenerateResult r = pipeline.generate(g, progress);
   const std::string model_name = store->config().name;
   const std::string checksum = is_regular_file(a.model.model) ? store->identity() : "";
@@ -111,25 +202,14 @@ void run(Args& a) {
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   if (a.json) {
-    nlohmann::ordered_json j;
-    j["event"] = "result";
-    j["output"] = a.output;
-    j["seed"] = r.seed;
-    j["width"] = r.width;
-    j["height"] = r.height;
-    j["steps"] = r.steps;
-    j["guidance"] = r.guidance;
-    j["context_from_cache"] = r.context_from_cache;
-    for (const auto& [phase, s] : r.timings) j["timings"][phase] = s;
-    j["total_seconds"] = total;
-    j["peak_rss_bytes"] = peak_rss_bytes();
-    j["warnings"] = r.warnings;
-    JsonProgress::emit(j);
+    JsonProgress::emit(result_json(a, r, load, total, pool.size()));
   } else {
-    std::fprintf(stderr, "seed %llu, %lldx%lld, %lld steps, %.1f s, peak RSS %.0f MiB\n",
+    if (a.verbose) print_verbose(r, load);
+    std::fprintf(stderr, "seed %llu, %lldx%lld, %lld steps, %.1f s, peak RSS %.0f MiB%s%s\n",
                  static_cast<unsigned long long>(r.seed), static_cast<long long>(r.width),
                  static_cast<long long>(r.height), static_cast<long long>(r.steps), total,
-                 double(peak_rss_bytes()) / (1 << 20));
+                 double(overall_peak_rss(r, load)) / (1 << 20), r.memory ? ", " : "",
+                 r.memory ? residency_name(r.memory->residency) : "");
     std::printf("%s\n", a.output.c_str());
   }
 }
@@ -156,7 +236,10 @@ Registration reg("generate", 10, [](CLI::App& app) {
   cmd->add_option("--dump", a->dump, "Write every stage as .npy files into this directory");
   cmd->add_option("--jpeg-quality", a->jpeg_quality, "JPEG quality 1-100")->check(CLI::Range(1, 100));
   cmd->add_flag("--no-cache", a->no_cache, "Do not read or write the prompt cache");
+  add_memory_options(*cmd, a->memory);
   cmd->add_flag("-q,--quiet", a->quiet, "No progress output");
+  cmd->add_flag("-v,--verbose", a->verbose,
+                "The memory decision, and time and peak RSS per phase and per step");
   cmd->add_flag("--json", a->json, "Progress events and the result as JSON lines on stdout");
   cmd->callback([a] { run(*a); });
 });

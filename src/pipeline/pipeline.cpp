@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/npy.h"
 #include "core/version.h"
 #include "formats/image/preprocess.h"
@@ -109,10 +110,16 @@ GenerateResult Pipeline::generate(const GenerateOptions& o, Progress& progress) 
     progress.warn(message);
   };
   auto timed = [&](const std::string& name, auto&& fn, int total = 0) {
-    Phase phase(progress, name, total);
-    fn(phase);
-    r.timings.emplace_back(name, phase.seconds());
+    return_free_memory();  // what the previous phase freed
+    const bool exact = reset_peak_rss();
+    {
+      Phase phase(progress, name, total);
+      fn(phase);
+      r.timings.emplace_back(name, phase.seconds());
+    }
+    r.phase_memory.push_back({name, exact ? peak_rss_since_reset() : peak_rss_bytes(), exact});
   };
+  store_.reset_peak();
   const Dumper dump(o.dump_dir);
 
   // Sizes, as the official pipeline picks them.
@@ -142,6 +149,20 @@ GenerateResult Pipeline::generate(const GenerateOptions& o, Progress& progress) 
   r.seed = o.seed.value_or(fresh_seed());
   const bool cfg = flux2::uses_guidance(config, r.guidance);
 
+  // Memory: how much this generation needs, resident or paged, against the budget.
+  if (o.plan_memory) {
+    MemoryPlanInputs need;
+    need.width = width;
+    need.height = height;
+    for (const auto& ref : refs) need.references.emplace_back(ref.pixels.dim(2), ref.pixels.dim(1));
+    need.steps = r.steps;
+    need.guided = cfg;
+    r.memory = plan_memory(estimate_memory(store_, need), o.max_memory, available_memory_bytes(),
+                           o.residency);
+    store_.set_residency(r.memory->residency);
+    progress.memory_plan(*r.memory);
+  }
+
   // Text: prompt (and the negative prompt for CFG) → contexts. The encoder's weights are
   // acquired layer by layer inside encode() and released before denoising starts.
   Tensor context, negative;
@@ -161,6 +182,7 @@ GenerateResult Pipeline::generate(const GenerateOptions& o, Progress& progress) 
     bool unused;
     if (cfg) negative = encode(o.negative_prompt, unused);
   });
+  store_.release("text_encoder.");
   dump.f32("prompt_embeds", context, {1, context.dim(0), context.dim(1)});
 
   Tensor noise = initial_noise(o, r.seed, grid, config.transformer.in_channels);
@@ -180,6 +202,7 @@ GenerateResult Pipeline::generate(const GenerateOptions& o, Progress& progress) 
         phase.step(int(i + 1), int(refs.size()));
       }
     }, int(refs.size()));
+    store_.release("vae.encoder");
     refs.clear();
   }
   if (dump.on()) {
@@ -223,7 +246,10 @@ GenerateResult Pipeline::generate(const GenerateOptions& o, Progress& progress) 
     flux2::SamplerResult out = flux2::sample(store_, in, pool_);
     for (const auto& w : out.warnings) warn(w);
     latents = std::move(out.latents);
+    r.denoise_setup_seconds = out.setup_seconds;
+    r.step_seconds = out.step_seconds;
   }, int(r.steps));
+  store_.release("transformer.");
   dump.f32("final_latents", latents, {1, latents.dim(0), latents.dim(1)});
   context = Tensor();
   negative = Tensor();
@@ -236,6 +262,8 @@ GenerateResult Pipeline::generate(const GenerateOptions& o, Progress& progress) 
     dump.f32("vae_input", z, {1, z.dim(0), z.dim(1), z.dim(2)});
     decoded = vae.decode_latent(z);
   });
+  store_.release("vae.");
+  r.weights = store_.residency_stats();
   dump.f32("image_decoded", decoded, {1, decoded.dim(0), decoded.dim(1), decoded.dim(2)});
   r.image = tensor_to_image(decoded);
   if (dump.on()) {

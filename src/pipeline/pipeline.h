@@ -7,8 +7,11 @@
 //   for each σ: transformer (text | target | references) → velocity → Euler step
 //   tokens → unpack, BatchNorm de-normalise, unpatchify → VAE decode → pixels
 //
-// Each network holds its weights only while it runs (the store pages them), so the text
-// encoder is gone before denoising starts and the VAE decoder is loaded only at the end.
+// Each network holds its weights only while it runs, so the text encoder is gone before
+// denoising starts and the VAE decoder is loaded only at the end. Before the first one runs,
+// the pipeline estimates the memory of this generation (memory_plan.h) and sets the store's
+// residency: resident when the budget allows, paged otherwise; after each network it
+// releases that network's units (a resident store drops them then).
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -18,6 +21,7 @@
 
 #include "core/threadpool.h"
 #include "formats/image/image.h"
+#include "pipeline/memory_plan.h"
 #include "pipeline/progress.h"
 #include "tokenizer/tokenizer.h"
 #include "weights/weight_store.h"
@@ -35,6 +39,18 @@ struct GenerateOptions {
   std::filesystem::path noise_file;               // optional [1, 128, H/16, W/16] float32 .npy
   std::filesystem::path dump_dir;                 // optional: write every stage as .npy here
   std::optional<std::filesystem::path> prompt_cache_dir;  // none: no prompt cache
+  // Memory: plan and set the store's residency (false: leave the store as it is), within
+  // max_memory bytes (none: the default budget from the available memory).
+  bool plan_memory = true;
+  std::optional<uint64_t> max_memory;
+  std::optional<Residency> residency;  // force a residency (still checked against max_memory)
+};
+
+// Peak RSS during one phase.
+struct PhaseMemory {
+  std::string phase;
+  uint64_t peak_rss_bytes = 0;
+  bool exact = true;  // false: the kernel's mark could not be reset; this is the peak so far
 };
 
 struct GenerateResult {
@@ -44,6 +60,11 @@ struct GenerateResult {
   float guidance = 1;
   bool context_from_cache = false;
   std::vector<std::pair<std::string, double>> timings;  // phase → seconds, in order
+  double denoise_setup_seconds = 0;   // embeddings and all steps' modulation, before step 0
+  std::vector<double> step_seconds;   // each denoising step
+  std::vector<PhaseMemory> phase_memory;  // peak RSS per phase, in order
+  std::optional<MemoryPlan> memory;       // when options.plan_memory
+  ResidencyStats weights;                 // units resident at once: the peak over the run
   std::vector<std::string> warnings;
 };
 

@@ -6,6 +6,8 @@
 
 namespace klein {
 
+struct MemoryPlan;
+
 class Progress {
  public:
   virtual ~Progress() = default;
@@ -17,6 +19,8 @@ class Progress {
   virtual void end(const std::string& phase, double seconds) {}
   // Something the user should know (a size rounded down, tokens dropped, ...).
   virtual void warn(const std::string& message) {}
+  // The memory decision, before the first network runs (pipeline/memory_plan.h).
+  virtual void memory_plan(const MemoryPlan& plan) {}
 };
 
 // Times a phase and reports begin/end around a scope.

@@ -53,3 +53,13 @@ class Vae {
 };
 
 }  // namespace klein::vae
+
+namespace klein::vae {
+
+// The activation memory (bytes, float32 tensors and convolution scratch, weights not included)
+// of decoding to / encoding from an image of height x width pixels: the largest set of tensors
+// alive at once, following decoder.cpp and encoder.cpp. For memory budgets before a run.
+size_t decode_activation_bytes(const VaeConfig& config, int64_t height, int64_t width);
+size_t encode_activation_bytes(const VaeConfig& config, int64_t height, int64_t width);
+
+}  // namespace klein::vae

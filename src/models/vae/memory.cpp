@@ -1,0 +1,74 @@
+// Activation memory of the VAE, walked layer by layer as decoder.cpp and encoder.cpp allocate:
+// a ResNet holds its input and one intermediate (conv2 writes into one of them), an up- or
+// downsampler its input and output, the mid-block attention its input, the normalised copy,
+// the token copy and Q, K, V. Convolutions add their band buffers and float32 weights.
+#include <algorithm>
+
+#include "models/vae/vae.h"
+
+namespace klein::vae {
+
+namespace {
+
+// Band buffers of one convolution (ops/conv2d.cpp keeps them to a few tens of MiB) and the
+// float32 weights of the convolutions alive at once (conv1 and conv2 of the widest ResNet).
+size_t conv_overhead(int64_t widest) {
+  const size_t bands = size_t(64) << 20;
+  const size_t weights = size_t(2 * widest * widest * 9) * sizeof(float);
+  return bands + weights;
+}
+
+size_t attention_floats(int64_t channels, int64_t pixels) { return size_t(6 * channels * pixels); }
+
+}  // namespace
+
+size_t decode_activation_bytes(const VaeConfig& c, int64_t height, int64_t width) {
+  const std::vector<int64_t>& channels = c.decoder_channels();
+  const int64_t levels = int64_t(channels.size());
+  const int64_t down = int64_t(1) << (levels - 1);
+  int64_t pixels = std::max<int64_t>(1, height / down) * std::max<int64_t>(1, width / down);
+  const int64_t top = channels.back();
+  size_t peak = size_t((c.latent_channels + top) * pixels);            // conv_in
+  peak = std::max(peak, size_t(2 * top * pixels));                     // mid-block ResNets
+  if (c.mid_block_attention) peak = std::max(peak, attention_floats(top, pixels));
+  int64_t in = top;
+  for (int64_t i = 0; i < levels; ++i) {
+    const int64_t out = channels[size_t(levels - 1 - i)];
+    for (int64_t j = 0; j <= c.layers_per_block; ++j) {
+      peak = std::max(peak, size_t((in + out) * pixels));
+      in = out;
+    }
+    if (i + 1 < levels) {
+      peak = std::max(peak, size_t(out * pixels * 5));  // input + the 2x upsampled output
+      pixels *= 4;
+    }
+  }
+  peak = std::max(peak, size_t((channels.front() + c.out_channels) * pixels));  // conv_out
+  return peak * sizeof(float) + conv_overhead(top);
+}
+
+size_t encode_activation_bytes(const VaeConfig& c, int64_t height, int64_t width) {
+  const std::vector<int64_t>& channels = c.block_out_channels;
+  const int64_t levels = int64_t(channels.size());
+  int64_t pixels = height * width;
+  size_t peak = size_t((c.in_channels + channels.front()) * pixels);  // pixels + conv_in
+  int64_t in = channels.front();
+  for (int64_t i = 0; i < levels; ++i) {
+    const int64_t out = channels[size_t(i)];
+    for (int64_t j = 0; j < c.layers_per_block; ++j) {
+      peak = std::max(peak, size_t((in + out) * pixels));
+      in = out;
+    }
+    if (i + 1 < levels) {
+      peak = std::max(peak, size_t(out * pixels + out * pixels / 4));
+      pixels /= 4;
+    }
+  }
+  const int64_t top = channels.back();
+  peak = std::max(peak, size_t(2 * top * pixels));
+  if (c.mid_block_attention) peak = std::max(peak, attention_floats(top, pixels));
+  // The pipeline keeps the reference pixels [3, H, W] while encoding.
+  return (peak + size_t(c.in_channels * height * width)) * sizeof(float) + conv_overhead(top);
+}
+
+}  // namespace klein::vae

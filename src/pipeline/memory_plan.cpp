@@ -1,0 +1,211 @@
+#include "pipeline/memory_plan.h"
+
+#include <algorithm>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "models/flux2/transformer.h"
+#include "models/vae/vae.h"
+#include "tokenizer/klein_prompt.h"
+
+namespace klein {
+
+namespace {
+
+// The program, its libraries, the tokenizer's tables, thread stacks and allocator slack.
+// Measured: 35 MiB of RSS once the full-size model's container and tokenizer are open.
+constexpr uint64_t kFixedBytes = uint64_t(96) << 20;
+
+struct UnitSizes {
+  uint64_t total = 0;
+  uint64_t largest = 0, second = 0;
+  void add(uint64_t bytes) {
+    total += bytes;
+    if (bytes > largest) {
+      second = largest;
+      largest = bytes;
+    } else if (bytes > second) {
+      second = bytes;
+    }
+  }
+  uint64_t two_largest() const { return largest + second; }
+};
+
+uint64_t f32_bytes(int64_t n) { return uint64_t(n) * sizeof(float); }
+
+PhaseNeed text_encoder_need(const WeightStore& store) {
+  const TextEncoderConfig& c = store.config().text_encoder;
+  const int64_t S = kKleinMaxTokens;
+  PhaseNeed p{"text encoder"};
+  UnitSizes layers;
+  for (int64_t l = 0; l < c.layers_needed(); ++l) layers.add(store.unit_bytes(text_layer_unit(l)));
+  // Only the prompt's rows of the embedding table are read (when paged, even its checksum
+  // pass drops what it read); resident, the checksum pass maps all of it.
+  const uint64_t table = store.unit_bytes("text_encoder.embed");
+  const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
+  const uint64_t row = c.vocab_size > 0 ? table / uint64_t(c.vocab_size) : table;
+  const uint64_t rows = std::min(table, uint64_t(S) * (row + 2 * page));
+  p.weights_paged = layers.two_largest() + rows;
+  p.weights_resident = layers.total + table;
+  const int64_t q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  // x, h, q, k, v, attn, gate, up; RoPE tables; the context it returns.
+  p.activations = f32_bytes(S * (2 * c.hidden + 2 * q + 2 * kv + 2 * c.intermediate)) +
+                  f32_bytes(S * c.head_dim) + f32_bytes(S * c.context_dim());
+  return p;
+}
+
+PhaseNeed denoise_need(const WeightStore& store, const MemoryPlanInputs& in) {
+  const TransformerConfig& c = store.config().transformer;
+  PhaseNeed p{"denoise"};
+  UnitSizes blocks;
+  for (int64_t i = 0; i < c.num_double_blocks; ++i) blocks.add(store.unit_bytes(double_block_unit(i)));
+  for (int64_t i = 0; i < c.num_single_blocks; ++i) blocks.add(store.unit_bytes(single_block_unit(i)));
+  const uint64_t shared = store.unit_bytes("transformer.shared");
+  // The shared unit is held while the embeddings and modulation are computed, with the first
+  // block read ahead; then the blocks, two at a time.
+  p.weights_paged = std::max(shared + blocks.largest, blocks.two_largest());
+  p.weights_resident = blocks.total + shared;
+
+  flux2::TokenLayout layout;
+  layout.text_tokens = kKleinMaxTokens;
+  layout.target = {in.height / 16, in.width / 16};
+  for (const auto& [w, h] : in.references) layout.references.push_back({h / 16, w / 16});
+  const int64_t D = c.inner_dim(), S = layout.total_tokens(), N = layout.target_tokens();
+  const int64_t contexts = in.guided ? 2 : 1;
+  p.activations =
+      flux2::Activations::plan_bytes(c, layout) +
+      f32_bytes(contexts * layout.text_tokens * (c.context_dim + D)) +  // contexts, embedded
+      f32_bytes(layout.reference_tokens() * (D + c.in_channels)) +      // references
+      f32_bytes(5 * N * c.in_channels) +                                // noise, x, velocities
+      f32_bytes(std::max<int64_t>(in.steps, 1) * (19 * D + c.timestep_channels)) +  // modulation
+      f32_bytes(2 * S * c.head_dim);                                    // RoPE tables
+  return p;
+}
+
+}  // namespace
+
+uint64_t MemoryEstimate::paged() const {
+  uint64_t peak = 0;
+  for (const auto& p : phases) peak = std::max(peak, p.paged());
+  return fixed + peak;
+}
+
+uint64_t MemoryEstimate::resident() const {
+  uint64_t peak = 0;
+  for (const auto& p : phases) peak = std::max(peak, p.resident());
+  return fixed + peak;
+}
+
+MemoryEstimate estimate_memory(const WeightStore& store, const MemoryPlanInputs& in) {
+  MemoryEstimate e;
+  e.fixed = kFixedBytes;
+  const VaeConfig& vae = store.config().vae;
+  const uint64_t context = f32_bytes((in.guided ? 2 : 1) * kKleinMaxTokens *
+                                     store.config().transformer.context_dim);
+  if (in.text_encoder) e.phases.push_back(text_encoder_need(store));
+  if (!in.image) return e;
+  if (!in.references.empty()) {
+    PhaseNeed p{"vae encode"};
+    p.weights_paged = p.weights_resident = store.unit_bytes("vae.encoder");
+    for (const auto& [w, h] : in.references)
+      p.activations = std::max<uint64_t>(p.activations, vae::encode_activation_bytes(vae, h, w));
+    p.activations += context;
+    e.phases.push_back(p);
+  }
+  e.phases.push_back(denoise_need(store, in));
+  PhaseNeed d{"vae decode"};
+  d.weights_paged = d.weights_resident = store.unit_bytes("vae.decoder");
+  d.activations = vae::decode_activation_bytes(vae, in.height, in.width) +
+                  f32_bytes(int64_t(3) * in.height * in.width);  // the image
+  e.phases.push_back(d);
+  return e;
+}
+
+uint64_t default_memory_budget(uint64_t available) {
+  if (available == 0) return 0;
+  const uint64_t margin = std::max(available / 8, uint64_t(256) << 20);
+  return available > margin ? available - margin : 0;
+}
+
+nlohmann::ordered_json MemoryPlan::to_json() const {
+  nlohmann::ordered_json j;
+  j["residency"] = residency_name(residency);
+  j["budget_bytes"] = budget;
+  j["budget_from"] = budget_given ? "--max-memory" : "available memory";
+  j["available_bytes"] = available;
+  j["need_resident_bytes"] = need.resident();
+  j["need_paged_bytes"] = need.paged();
+  j["fixed_bytes"] = need.fixed;
+  for (const auto& p : need.phases) {
+    nlohmann::ordered_json q;
+    q["phase"] = p.phase;
+    q["weights_paged_bytes"] = p.weights_paged;
+    q["weights_resident_bytes"] = p.weights_resident;
+    q["activation_bytes"] = p.activations;
+    j["phases"].push_back(q);
+  }
+  j["reason"] = reason;
+  return j;
+}
+
+MemoryPlan plan_memory(const MemoryEstimate& need, std::optional<uint64_t> budget,
+                       uint64_t available, std::optional<Residency> forced) {
+  MemoryPlan plan;
+  plan.need = need;
+  plan.available = available;
+  plan.budget_given = budget.has_value();
+  plan.budget = budget ? *budget : default_memory_budget(available);
+  const uint64_t resident = need.resident(), paged = need.paged();
+  const std::string of = plan.budget_given ? " of the --max-memory budget " : " of the budget ";
+  if (forced) {
+    plan.residency = *forced;
+    const uint64_t needed = *forced == Residency::Resident ? resident : paged;
+    const std::string mode = residency_name(*forced);
+    check(!plan.budget_given || needed <= plan.budget, "--residency ", mode, " needs about ",
+          format_bytes(needed), ", more than --max-memory ", format_bytes(plan.budget),
+          "; give at least --max-memory ", (needed + (uint64_t(1) << 20) - 1) >> 20, "M");
+    plan.reason = mode + " (--residency): needs about " + format_bytes(needed) + of +
+                  format_bytes(plan.budget);
+    if (plan.budget != 0 && needed > plan.budget) plan.reason += ", more than the budget";
+    return plan;
+  }
+  if (!plan.budget_given && plan.budget == 0) {
+    plan.residency = Residency::Paged;
+    plan.reason = "the available memory is unknown: paged (needs about " + format_bytes(paged) + ")";
+    return plan;
+  }
+  if (resident <= plan.budget) {
+    plan.residency = Residency::Resident;
+    plan.reason = "resident: the weights of each network and its activations need about " +
+                  format_bytes(resident) + of + format_bytes(plan.budget);
+    return plan;
+  }
+  plan.residency = Residency::Paged;
+  if (paged <= plan.budget) {
+    plan.reason = "paged: keeping the weights resident would need about " + format_bytes(resident) +
+                  ", more than" + of + format_bytes(plan.budget) + "; paging needs about " +
+                  format_bytes(paged);
+    return plan;
+  }
+  // The largest phase, to say where the memory goes.
+  const PhaseNeed* worst = nullptr;
+  for (const auto& p : need.phases)
+    if (!worst || p.paged() > worst->paged()) worst = &p;
+  const std::string where =
+      worst ? " (" + worst->phase + ": " + format_bytes(worst->weights_paged) + " of weights, " +
+                  format_bytes(worst->activations) + " of activations, plus " +
+                  format_bytes(need.fixed) + " for the program)"
+            : "";
+  if (plan.budget_given)
+    fail("--max-memory ", format_bytes(plan.budget), " is too small for this model at this size: "
+         "even paging one unit at a time needs about ", format_bytes(paged), where,
+         "; give at least --max-memory ", (paged + (uint64_t(1) << 20) - 1) >> 20,
+         "M or generate a smaller image");
+  plan.reason = "paged: the available memory (" + format_bytes(available) +
+                ") is below what even paging needs, about " + format_bytes(paged) + where +
+                "; the run may swap or be stopped by the system";
+  return plan;
+}
+
+}  // namespace klein

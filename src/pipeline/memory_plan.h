@@ -1,0 +1,79 @@
+#pragma once
+// How much memory a generation needs, and whether the weights can stay resident.
+//
+// A generation runs three networks one after the other, each holding its weights only while
+// it runs (the pipeline releases a network when it is done):
+//   text encoder   the layers that feed the context, the token rows of the embedding table,
+//                  activations for 512 tokens
+//   transformer    every block, the shared unit (embedders, modulation) while the embeddings
+//                  and all steps' modulation vectors are computed, the planned activations
+//                  (flux2::Activations::plan_bytes) and the per-generation tensors
+//   VAE            the decoder (the encoder first when there are references) and its
+//                  activation bound at the image size (vae::decode_activation_bytes)
+// Paged, a network needs its two largest units at once (one computing, the next read ahead);
+// resident, all of its units. The need of a mode is the largest phase plus the process's
+// fixed part (program, tokenizer, libraries). The budget picks resident when that fits,
+// else paged; below what paging needs, a budget the user gave is refused.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "weights/weight_store.h"
+
+namespace klein {
+
+// What the estimate needs to know about the generation.
+struct MemoryPlanInputs {
+  int64_t width = 0, height = 0;                           // output size in pixels
+  std::vector<std::pair<int64_t, int64_t>> references;     // (width, height) of each reference
+  int64_t steps = 4;
+  bool guided = false;                                     // CFG: a second context
+  bool text_encoder = true;                                // false: the context comes from elsewhere
+  bool image = true;                                       // false: the text encoder alone
+};
+
+// Bytes of one phase.
+struct PhaseNeed {
+  std::string phase;                 // "text encoder", "vae encode", "denoise", "vae decode"
+  uint64_t weights_paged = 0;        // largest units held at once when paged
+  uint64_t weights_resident = 0;     // all of the phase's units
+  uint64_t activations = 0;
+  uint64_t paged() const { return weights_paged + activations; }
+  uint64_t resident() const { return weights_resident + activations; }
+};
+
+struct MemoryEstimate {
+  uint64_t fixed = 0;  // program, libraries, tokenizer
+  std::vector<PhaseNeed> phases;
+  uint64_t paged() const;     // fixed + the largest phase, paged
+  uint64_t resident() const;  // fixed + the largest phase, resident
+};
+
+MemoryEstimate estimate_memory(const WeightStore& store, const MemoryPlanInputs& inputs);
+
+struct MemoryPlan {
+  Residency residency = Residency::Paged;
+  uint64_t budget = 0;
+  bool budget_given = false;  // --max-memory, else from the available memory
+  uint64_t available = 0;     // MemAvailable when planned (0: unknown)
+  MemoryEstimate need;
+  std::string reason;         // one sentence: why this residency
+  nlohmann::ordered_json to_json() const;
+};
+
+// The default budget: what the kernel says is available, less a margin for the rest of the
+// machine (an eighth, at least 256 MiB). 0 when unknown.
+uint64_t default_memory_budget(uint64_t available);
+
+// Picks the residency for `budget` (none: default_memory_budget of the available memory), or
+// takes `forced` (--residency). A given budget below the need of the chosen mode (paged, when
+// choosing) throws klein::Error naming both sizes; without one, a machine short of memory
+// runs paged anyway and the reason says so.
+MemoryPlan plan_memory(const MemoryEstimate& need, std::optional<uint64_t> budget,
+                       uint64_t available, std::optional<Residency> forced = {});
+
+}  // namespace klein

@@ -1,0 +1,420 @@
+// Memory: the --max-memory parser, the residency decision, the estimate, what a paged store
+// keeps resident during a generation, and that paged and resident runs give the same image.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "convert/convert.h"
+#include "core/error.h"
+#include "core/memory.h"
+#include "formats/image/image.h"
+#include "pipeline/memory_plan.h"
+#include "pipeline/model_tokenizer.h"
+#include "pipeline/pipeline.h"
+#include "support/testing.h"
+#include "weights/container_store.h"
+#include "weights/model_source.h"
+
+namespace klein {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint64_t MiB = uint64_t(1) << 20;
+constexpr uint64_t GiB = uint64_t(1) << 30;
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// --- the size parser -----------------------------------------------------------------------
+
+TEST(MemorySize, AcceptsTheUsualSpellings) {
+  EXPECT_EQ(parse_memory_size("800M", "--max-memory"), 800 * MiB);
+  EXPECT_EQ(parse_memory_size("800m", "--max-memory"), 800 * MiB);
+  EXPECT_EQ(parse_memory_size("800MB", "--max-memory"), 800 * MiB);
+  EXPECT_EQ(parse_memory_size("800MiB", "--max-memory"), 800 * MiB);
+  EXPECT_EQ(parse_memory_size("1.5G", "--max-memory"), 3 * GiB / 2);
+  EXPECT_EQ(parse_memory_size("2GiB", "--max-memory"), 2 * GiB);
+  EXPECT_EQ(parse_memory_size("2 GiB", "--max-memory"), 2 * GiB);
+  EXPECT_EQ(parse_memory_size("512k", "--max-memory"), 512 * uint64_t(1024));
+  EXPECT_EQ(parse_memory_size("1T", "--max-memory"), 1024 * GiB);
+  EXPECT_EQ(parse_memory_size("4096", "--max-memory"), 4096u);
+  EXPECT_EQ(parse_memory_size("4096B", "--max-memory"), 4096u);
+  EXPECT_EQ(parse_memory_size(".5G", "--max-memory"), GiB / 2);
+}
+
+TEST(MemorySize, RejectsWhatIsNotASize) {
+  for (const char* bad : {"", "G", "abc", "-1G", "1.5.5G", "10Q", "2GiBs", "0", "0M", "1e9",
+                          "99999999999T"}) {
+    const std::string msg = error_of([&] { parse_memory_size(bad, "--max-memory"); });
+    EXPECT_NE(msg.find("--max-memory"), std::string::npos) << bad << ": " << msg;
+    EXPECT_NE(msg.find("800M"), std::string::npos) << bad << ": " << msg;  // the accepted forms
+  }
+}
+
+TEST(MemorySize, Formats) {
+  EXPECT_EQ(format_bytes(12), "12 B");
+  EXPECT_EQ(format_bytes(640 * 1024), "640 KiB");
+  EXPECT_EQ(format_bytes(812 * MiB), "812 MiB");
+  EXPECT_EQ(format_bytes(3 * GiB / 2), "1.50 GiB");
+}
+
+// --- the decision --------------------------------------------------------------------------
+
+// fixed 100 MiB; the denoising phase needs 500 MiB paged, 3 GiB resident.
+MemoryEstimate example_need() {
+  MemoryEstimate e;
+  e.fixed = 100 * MiB;
+  e.phases.push_back({"text encoder", 200 * MiB, 2 * GiB, 100 * MiB});
+  e.phases.push_back({"denoise", 300 * MiB, 3 * GiB - 200 * MiB, 200 * MiB});
+  e.phases.push_back({"vae decode", 100 * MiB, 100 * MiB, 300 * MiB});
+  return e;
+}
+
+TEST(MemoryPlan, NeedIsTheLargestPhasePlusTheFixedPart) {
+  const MemoryEstimate e = example_need();
+  EXPECT_EQ(e.paged(), 100 * MiB + 500 * MiB);
+  EXPECT_EQ(e.resident(), 100 * MiB + 3 * GiB);
+}
+
+TEST(MemoryPlan, ResidentWhenEverythingFits) {
+  const MemoryPlan p = plan_memory(example_need(), 4 * GiB, 0);
+  EXPECT_EQ(p.residency, Residency::Resident);
+  EXPECT_TRUE(p.budget_given);
+  EXPECT_EQ(p.budget, 4 * GiB);
+  // Exactly the need is enough.
+  EXPECT_EQ(plan_memory(example_need(), 100 * MiB + 3 * GiB, 0).residency, Residency::Resident);
+}
+
+TEST(MemoryPlan, PagedBetweenThePagedAndTheResidentNeed) {
+  for (uint64_t budget : {600 * MiB, GiB, 3 * GiB}) {
+    const MemoryPlan p = plan_memory(example_need(), budget, 0);
+    EXPECT_EQ(p.residency, Residency::Paged) << budget;
+    EXPECT_NE(p.reason.find("paged"), std::string::npos) << p.reason;
+  }
+}
+
+TEST(MemoryPlan, GivenBudgetBelowThePagedNeedIsRefusedNamingBothSizes) {
+  const std::string msg = error_of([] { plan_memory(example_need(), 599 * MiB, 0); });
+  EXPECT_NE(msg.find("--max-memory 599 MiB is too small"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("needs about 600 MiB"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("denoise"), std::string::npos) << msg;  // where the memory goes
+  EXPECT_NE(msg.find("--max-memory 600M"), std::string::npos) << msg;
+}
+
+TEST(MemoryPlan, DefaultBudgetComesFromTheAvailableMemory) {
+  EXPECT_EQ(default_memory_budget(0), 0u);
+  EXPECT_EQ(default_memory_budget(16 * GiB), 14 * GiB);           // an eighth kept back
+  EXPECT_EQ(default_memory_budget(1 * GiB), 768 * MiB);           // at least 256 MiB
+  EXPECT_EQ(default_memory_budget(100 * MiB), 0u);
+  EXPECT_EQ(plan_memory(example_need(), std::nullopt, 16 * GiB).residency, Residency::Resident);
+  EXPECT_EQ(plan_memory(example_need(), std::nullopt, 2 * GiB).residency, Residency::Paged);
+  // Short of memory without a budget from the user: paged anyway, and the reason says so.
+  const MemoryPlan p = plan_memory(example_need(), std::nullopt, 512 * MiB);
+  EXPECT_EQ(p.residency, Residency::Paged);
+  EXPECT_FALSE(p.budget_given);
+  EXPECT_NE(p.reason.find("below what even paging needs"), std::string::npos) << p.reason;
+  // Unknown available memory: paged.
+  EXPECT_EQ(plan_memory(example_need(), std::nullopt, 0).residency, Residency::Paged);
+}
+
+TEST(MemoryPlan, ForcedResidencyIsCheckedAgainstAGivenBudget) {
+  EXPECT_EQ(plan_memory(example_need(), 8 * GiB, 0, Residency::Paged).residency, Residency::Paged);
+  EXPECT_EQ(plan_memory(example_need(), std::nullopt, 0, Residency::Resident).residency,
+            Residency::Resident);
+  const std::string msg =
+      error_of([] { plan_memory(example_need(), GiB, 0, Residency::Resident); });
+  EXPECT_NE(msg.find("--residency resident needs about"), std::string::npos) << msg;
+}
+
+// --- the tiny model as a container -----------------------------------------------------------
+
+const fs::path& tiny_container() {
+  static const fs::path path = [] {
+    convert::ConvertOptions o;
+    o.source.model = testing::tiny_model();
+    o.output = testing::temp_dir("memory-container") / "tiny-q8.klein";
+    o.target = DType::Q8;
+    convert::convert_model(o);
+    return o.output;
+  }();
+  return path;
+}
+
+TEST(MemoryEstimate, FollowsTheUnitsAndTheImageSize) {
+  ContainerStore store(tiny_container());
+  MemoryPlanInputs small;
+  small.width = small.height = 64;
+  MemoryPlanInputs large = small;
+  large.width = large.height = 512;
+  const MemoryEstimate a = estimate_memory(store, small), b = estimate_memory(store, large);
+  ASSERT_EQ(a.phases.size(), 3u);
+  EXPECT_EQ(a.phases[0].phase, "text encoder");
+  EXPECT_EQ(a.phases[1].phase, "denoise");
+  EXPECT_EQ(a.phases[2].phase, "vae decode");
+  uint64_t transformer = 0, largest_block = 0;
+  for (const auto& u : store.units())
+    if (u.rfind("transformer.", 0) == 0) {
+      transformer += store.unit_bytes(u);
+      if (u != "transformer.shared") largest_block = std::max(largest_block, store.unit_bytes(u));
+    }
+  EXPECT_EQ(a.phases[1].weights_resident, transformer);
+  EXPECT_GE(a.phases[1].weights_paged, 2 * largest_block);
+  EXPECT_LT(a.phases[1].weights_paged, a.phases[1].weights_resident);
+  EXPECT_EQ(a.phases[2].weights_paged, store.unit_bytes("vae.decoder"));
+  EXPECT_LE(a.paged(), a.resident());
+  // Larger images need more activation memory, the same weights.
+  EXPECT_GT(b.phases[1].activations, a.phases[1].activations);
+  EXPECT_GT(b.phases[2].activations, a.phases[2].activations);
+  EXPECT_EQ(b.phases[1].weights_paged, a.phases[1].weights_paged);
+  // References add an encoding phase.
+  MemoryPlanInputs edit = small;
+  edit.references = {{64, 64}};
+  EXPECT_EQ(estimate_memory(store, edit).phases[1].phase, "vae encode");
+}
+
+// Records which units are resident, as the store reports them.
+struct ResidencyLog {
+  std::mutex mutex;
+  std::set<std::string> resident;
+  std::map<std::string, int> loads;  // times a unit became resident
+  size_t max_blocks = 0;             // transformer block units resident at once
+  size_t max_transformer = 0;        // transformer units (blocks + shared) at once
+  bool shared_with_late_block = false;  // shared resident together with a block past the first two
+  bool text_with_transformer = false;
+  bool vae_with_transformer = false;
+  bool vae_before_denoise_end = false;
+  bool denoise_done = false;
+
+  static bool is_block(const std::string& u) {
+    return u.rfind("transformer.double.", 0) == 0 || u.rfind("transformer.single.", 0) == 0;
+  }
+  void on_event(const std::string& unit, UnitEvent event) {
+    std::lock_guard lock(mutex);
+    if (event == UnitEvent::Drop) {
+      resident.erase(unit);
+      return;
+    }
+    if (resident.insert(unit).second) ++loads[unit];
+    size_t blocks = 0, transformer = 0;
+    bool text = false, vae = false, late_block = false;
+    for (const auto& u : resident) {
+      if (is_block(u)) {
+        ++blocks;
+        late_block |= u != "transformer.double.0" && u != "transformer.double.1";
+      }
+      transformer += u.rfind("transformer.", 0) == 0;
+      text |= u.rfind("text_encoder.", 0) == 0;
+      vae |= u.rfind("vae.", 0) == 0 && u != "vae.latent_stats";
+    }
+    max_blocks = std::max(max_blocks, blocks);
+    max_transformer = std::max(max_transformer, transformer);
+    shared_with_late_block |= late_block && resident.count("transformer.shared");
+    text_with_transformer |= text && transformer > 0;
+    vae_with_transformer |= vae && transformer > 0;
+    vae_before_denoise_end |= unit == "vae.decoder" && !denoise_done;
+  }
+};
+
+// Records when the denoising phase ends, for the log above.
+class PhaseWatch final : public Progress {
+ public:
+  explicit PhaseWatch(ResidencyLog& log) : log_(log) {}
+  void end(const std::string& phase, double) override {
+    if (phase == "denoise") {
+      std::lock_guard lock(log_.mutex);
+      log_.denoise_done = true;
+    }
+  }
+
+ private:
+  ResidencyLog& log_;
+};
+
+GenerateOptions tiny_options(Residency residency) {
+  GenerateOptions o;
+  o.prompt = "a small red cube";
+  o.width = 64;
+  o.height = 48;
+  o.seed = 11;
+  o.residency = residency;
+  return o;
+}
+
+TEST(Paging, PagedGenerationHoldsAboutTwoUnitsAndReleasesEachNetwork) {
+  ContainerStore store(tiny_container());
+  ResidencyLog log;
+  store.set_observer([&](const std::string& u, UnitEvent e) { log.on_event(u, e); });
+  ModelPaths paths;
+  paths.model = tiny_container();
+  const Tokenizer tokenizer = load_model_tokenizer(paths);
+  ThreadPool pool(2);
+  Pipeline pipeline(store, tokenizer, pool);
+  PhaseWatch progress(log);
+  GenerateOptions o = tiny_options(Residency::Paged);
+  o.steps = 3;
+  const GenerateResult r = pipeline.generate(o, progress);
+  store.set_observer({});
+
+  ASSERT_TRUE(r.memory);
+  EXPECT_EQ(r.memory->residency, Residency::Paged);
+  EXPECT_EQ(store.residency(), Residency::Paged);
+  EXPECT_LE(log.max_blocks, 2u);             // one computing, the next read ahead
+  EXPECT_LE(log.max_transformer, 3u);        // + shared while the first block is read ahead
+  EXPECT_FALSE(log.shared_with_late_block);  // shared is released before the blocks run
+  EXPECT_EQ(log.loads["transformer.shared"], 1);  // once per generation, all steps' modulation
+  EXPECT_EQ(log.loads["transformer.double.1"], 3);  // once per step: paged
+  EXPECT_FALSE(log.text_with_transformer);   // the text encoder is gone before denoising
+  EXPECT_FALSE(log.vae_with_transformer);
+  EXPECT_FALSE(log.vae_before_denoise_end);  // the decoder comes in only when it runs
+  EXPECT_EQ(log.loads["vae.decoder"], 1);
+  EXPECT_TRUE(log.resident.empty() ||
+              (log.resident.size() == 1 && log.resident.count("vae.latent_stats")))
+      << *log.resident.begin();
+  EXPECT_EQ(r.step_seconds.size(), 3u);
+  EXPECT_GE(r.weights.peak_units, 2u);
+  EXPECT_LE(r.weights.peak_units, 3u);
+}
+
+TEST(Paging, ResidentGenerationLoadsEachUnitOnceAndReleasesAtTheEnd) {
+  ContainerStore store(tiny_container());
+  ResidencyLog log;
+  store.set_observer([&](const std::string& u, UnitEvent e) { log.on_event(u, e); });
+  ModelPaths paths;
+  paths.model = tiny_container();
+  const Tokenizer tokenizer = load_model_tokenizer(paths);
+  ThreadPool pool(2);
+  Pipeline pipeline(store, tokenizer, pool);
+  PhaseWatch progress(log);
+  GenerateOptions o = tiny_options(Residency::Resident);
+  o.steps = 3;
+  const GenerateResult r = pipeline.generate(o, progress);
+  store.set_observer({});
+  EXPECT_EQ(r.memory->residency, Residency::Resident);
+  EXPECT_EQ(log.loads["transformer.double.1"], 1);
+  EXPECT_EQ(log.loads["transformer.single.1"], 1);
+  EXPECT_FALSE(log.text_with_transformer);  // each network is released when it is done
+  EXPECT_FALSE(log.vae_with_transformer);
+  EXPECT_EQ(store.residency_stats().units, 0u);
+}
+
+TEST(Paging, PagedAndResidentGiveTheSameImage) {
+  ModelPaths paths;
+  paths.model = tiny_container();
+  const Tokenizer tokenizer = load_model_tokenizer(paths);
+  ThreadPool pool(2);
+  Progress quiet;
+  std::vector<uint8_t> images[2];
+  for (int i = 0; i < 2; ++i) {
+    ContainerStore store(tiny_container());
+    Pipeline pipeline(store, tokenizer, pool);
+    images[i] = pipeline.generate(tiny_options(i ? Residency::Resident : Residency::Paged), quiet)
+                    .image.rgb;
+  }
+  EXPECT_EQ(images[0], images[1]);
+  // The same on the safetensors.
+  std::vector<uint8_t> source[2];
+  for (int i = 0; i < 2; ++i) {
+    auto store = open_model(testing::tiny_model());
+    Pipeline pipeline(*store, tokenizer, pool);
+    source[i] = pipeline.generate(tiny_options(i ? Residency::Resident : Residency::Paged), quiet)
+                    .image.rgb;
+  }
+  EXPECT_EQ(source[0], source[1]);
+}
+
+TEST(Paging, SafetensorsStorePagesToo) {
+  auto store = open_model(testing::tiny_model());
+  store->set_residency(Residency::Paged);
+  ResidencyLog log;
+  store->set_observer([&](const std::string& u, UnitEvent e) { log.on_event(u, e); });
+  ModelPaths paths;
+  paths.model = testing::tiny_model();
+  const Tokenizer tokenizer = load_model_tokenizer(paths);
+  ThreadPool pool(2);
+  Pipeline pipeline(*store, tokenizer, pool);
+  PhaseWatch progress(log);
+  pipeline.generate(tiny_options(Residency::Paged), progress);
+  store->set_observer({});
+  EXPECT_LE(log.max_blocks, 2u);
+  EXPECT_FALSE(log.text_with_transformer);
+  EXPECT_EQ(log.loads["transformer.shared"], 1);
+  EXPECT_GT(store->unit_bytes("transformer.double.0"), 0u);
+}
+
+// --- the CLI -------------------------------------------------------------------------------
+
+TEST(MemoryCli, TooSmallABudgetFailsEarlyWithTheNeededSize) {
+  const fs::path out = testing::temp_dir("cli-budget");
+  std::string log;
+  const std::string base = "generate -m " + tiny_container().string() +
+                           " -p x -W 64 -H 64 --seed 1 --no-cache -o " + (out / "a.png").string();
+  EXPECT_NE(testing::run_klein(base + " --max-memory 20M", &log), 0);
+  EXPECT_NE(log.find("--max-memory 20 MiB is too small"), std::string::npos) << log;
+  EXPECT_NE(log.find("needs about"), std::string::npos) << log;
+  EXPECT_EQ(log.find("text encoder:"), std::string::npos) << log;  // nothing ran
+  EXPECT_NE(testing::run_klein(base + " --max-memory 12Q", &log), 0);
+  EXPECT_NE(log.find("--max-memory 12Q: unknown unit"), std::string::npos) << log;
+  EXPECT_NE(testing::run_klein(base + " --residency sometimes", &log), 0);
+  EXPECT_TRUE(fs::is_empty(out));
+}
+
+TEST(MemoryCli, VerboseAndJsonReportTheDecisionTimesAndPeaks) {
+  const fs::path out = testing::temp_dir("cli-report");
+  std::string log;
+  const std::string base = "generate -m " + tiny_container().string() +
+                           " -p x -W 64 -H 64 --seed 1 --no-cache --threads 2 -o " +
+                           (out / "a.png").string();
+  ASSERT_EQ(testing::run_klein(base + " --max-memory 4G --verbose", &log), 0) << log;
+  EXPECT_NE(log.find("memory: resident"), std::string::npos) << log;
+  EXPECT_NE(log.find("step 4"), std::string::npos) << log;
+  EXPECT_NE(log.find("peak RSS"), std::string::npos) << log;
+
+  ASSERT_EQ(testing::run_klein(base + " --residency paged --json", &log), 0) << log;
+  nlohmann::json memory, result;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) continue;
+    if (j.value("event", "") == "memory") memory = j;
+    if (j.value("event", "") == "result") result = j;
+  }
+  ASSERT_TRUE(memory.is_object()) << log;
+  ASSERT_TRUE(result.is_object()) << log;
+  EXPECT_EQ(memory["residency"], "paged");
+  EXPECT_GT(memory["need_paged_bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(result["residency"], "paged");
+  EXPECT_EQ(result["step_seconds"].size(), 4u);
+  EXPECT_EQ(result["threads"], 2);
+  for (const char* phase : {"load", "text encoder", "denoise", "vae decode"}) {
+    EXPECT_TRUE(result["timings"].contains(phase)) << phase;
+    EXPECT_GT(result["phase_peak_rss_bytes"][phase].get<uint64_t>(), 0u) << phase;
+  }
+  EXPECT_GT(result["peak_rss_bytes"].get<uint64_t>(), 0u);
+  EXPECT_LE(result["weights_peak_units"].get<int>(), 3);
+}
+
+TEST(MemoryCli, EncodeTextTakesTheBudgetToo) {
+  const fs::path out = testing::temp_dir("cli-encode");
+  std::string log;
+  const std::string base = "encode-text -m " + tiny_container().string() +
+                           " -p x --no-cache -o " + (out / "c.npy").string();
+  EXPECT_NE(testing::run_klein(base + " --max-memory 1M", &log), 0);
+  EXPECT_NE(log.find("--max-memory 1 MiB is too small"), std::string::npos) << log;
+  ASSERT_EQ(testing::run_klein(base + " --max-memory 1G --residency paged -v", &log), 0) << log;
+  EXPECT_NE(log.find("memory: paged"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace klein
