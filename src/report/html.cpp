@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <sstream>
 
@@ -331,7 +332,8 @@ code, pre { font-size: 12px; }
 std::string report_html(const Report& r) {
   std::ostringstream s;
   s << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n"
-    << "<title>klein report: " << escape(r.candidate.name) << "</title>\n<style>" << kStyle
+    << "<title>klein report: "
+    << escape(std::filesystem::path(r.candidate.path).filename().string()) << "</title>\n<style>" << kStyle
     << "</style>\n</head>\n<body>\n";
   s << "<h1>Quantization report</h1>\n<p>Candidate <code>" << escape(r.candidate.path)
     << "</code> against reference <code>" << escape(r.reference.path) << "</code>.</p>\n";

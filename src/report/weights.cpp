@@ -157,7 +157,7 @@ void GroupTotals::add(const TensorError& t, const ErrorStats& s) {
   bytes += t.bytes;
   reference_bytes += t.reference_bytes;
   stats.merge(s);
-  if (worst_tensor.empty() || t.error.nmse > worst_nmse) {
+  if (t.error.nmse > worst_nmse) {  // none for a group without error
     worst_tensor = t.name;
     worst_nmse = t.error.nmse;
   }

@@ -49,7 +49,7 @@ struct GroupTotals {
   int64_t parameters = 0;
   uint64_t bytes = 0, reference_bytes = 0;
   ErrorStats stats;
-  std::string worst_tensor;  // highest NMSE
+  std::string worst_tensor;  // highest NMSE; "" when every tensor is exact
   double worst_nmse = 0;
 
   void add(const TensorError& t, const ErrorStats& s);
