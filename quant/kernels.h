@@ -83,10 +83,39 @@ struct Kernels {
   DotRowsFn dot_rows;
 };
 
+// ---- AMX (Isa::Amx): BF16 tiles for Q8 / Q4 weights at M >= kAmxMinRows -------------------
+// The activations are rounded to bf16 (8 significant bits; no block scales, so no integer
+// fix-ups) and each weight tile is dequantized once per call into a bf16 tile that serves
+// every row of X. Tile shapes: A = 16 rows x 32 bf16 of X (row-major), B = one TileQ8/TileQ4
+// (16 weight rows x 32 columns) as 16 column pairs x 16 rows x 2 bf16 (the pair layout
+// TDPBF16PS reads), C = 16 x 16 float32 of Y.
+constexpr int64_t kAmxMinRows = 32;
+constexpr int kAmxBlockRows = 32;         // rows of X per micro-kernel call (two A tiles)
+constexpr size_t kAmxTileElements = 512;  // bf16 values in one A or B tile
+
+struct AmxKernels {
+  // Loads this thread's tile configuration; call at the start of every task (the tile state
+  // is per thread) and release() at its end.
+  void (*configure)();
+  void (*release)();
+  // Rows [0, rows) of x (K columns, K % 32 == 0) as bf16 at out[r * K + k]; rows [rows,
+  // padded_rows) are zero.
+  void (*rows_to_bf16)(const float* x, int64_t ldx, int rows, int padded_rows, int64_t K,
+                       uint16_t* out);
+  // `count` consecutive TileQ8 or TileQ4 (of one 16-row group) as B tiles, kAmxTileElements
+  // bf16 each.
+  void (*tiles_to_bf16)(DType type, const void* tiles, int64_t count, uint16_t* out);
+  // c[32 x 16 * groups] = a[32 rows, K] * B^T, for 1 or 2 groups of B tiles (b0, b1; nb tiles
+  // each, b1 unused when groups == 1). a rows lda elements apart, c rows ldc floats apart.
+  void (*block)(const uint16_t* a, int64_t lda, const uint16_t* b0, const uint16_t* b1,
+                int groups, int64_t nb, float* c, int64_t ldc);
+};
+
 const Kernels& scalar_kernels();
 #if defined(KLEIN_X86)
 const Kernels& avx2_kernels();
 const Kernels& avx512_kernels();
+const AmxKernels& amx_kernels();
 #endif
 #if defined(KLEIN_ARM64)
 const Kernels& neon_kernels();

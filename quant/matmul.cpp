@@ -60,6 +60,14 @@ const Kernels& kernels_for(Isa isa) {
   switch (isa) {
 #if defined(KLEIN_X86)
     case Isa::Avx2: return detail::avx2_kernels();
+    case Isa::Amx: {
+      static const Kernels amx = [] {
+        Kernels k = detail::avx512_kernels();
+        k.isa = Isa::Amx;
+        return k;
+      }();
+      return amx;
+    }
     case Isa::Avx512: {
       // AVX-512 without VNNI (first-generation AVX-512 CPUs): AVX-512 float kernels with the
       // AVX2 integer ones.
@@ -335,6 +343,89 @@ void matmul_quantized(const Kernels& kern, const float* x, int64_t M, int64_t ld
   });
 }
 
+#if defined(KLEIN_X86)
+// ---- Quantized weights on AMX tiles ------------------------------------------------------
+
+// Weight groups per task: their bf16 tiles (1 KiB per 32 columns per group) are made once
+// and stay in L2 while every 32-row block of X streams past.
+int64_t amx_panel_groups(int64_t nb) {
+  constexpr int64_t kPanelBytes = 512 * 1024;
+  const int64_t fit = kPanelBytes / (nb * int64_t(detail::kAmxTileElements * sizeof(uint16_t)));
+  return std::max<int64_t>(2, fit / 2 * 2);
+}
+
+void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* y, int64_t ldy,
+                ThreadPool& pool, MatmulScratch* scratch) {
+  const detail::AmxKernels& amx = detail::amx_kernels();
+  const int64_t N = w.rows, K = w.cols, nb = K / kBlock;
+  constexpr int64_t kRows = detail::kAmxBlockRows;
+  const int64_t padded_m = round_up(M, kRows);
+  const int64_t groups = ceil_div(N, kTileRows);
+  const int64_t panel = std::min(groups, amx_panel_groups(nb));
+  const int64_t panels = ceil_div(groups, panel);
+  // Few panels (small N): split the rows too, so that every thread has work.
+  const int64_t wanted = pool.size() > 1 ? 3 * pool.size() : 1;
+  const int64_t row_blocks = padded_m / kRows;
+  const int64_t m_splits = std::min(row_blocks, std::max<int64_t>(1, ceil_div(wanted, panels)));
+  const int64_t m_split = ceil_div(row_blocks, m_splits) * kRows;
+
+  // Scratch: X as bf16 (shared), then per worker the panel's B tiles and a C block for the
+  // edges of Y.
+  const size_t x_elements = size_t(padded_m * K);
+  const size_t panel_elements = size_t(panel * nb) * detail::kAmxTileElements;
+  const size_t edge_floats = size_t(kRows * 2 * kTileRows);
+  const size_t per_worker = panel_elements * sizeof(uint16_t) + edge_floats * sizeof(float);
+  MatmulScratch local;
+  auto* base = static_cast<uint8_t*>(
+      (scratch ? scratch : &local)->get(x_elements * sizeof(uint16_t) + per_worker * pool.size()));
+  auto* xb = reinterpret_cast<uint16_t*>(base);
+  uint8_t* workers = base + x_elements * sizeof(uint16_t);
+
+  pool.parallel_for(row_blocks, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t m = b * kRows;
+      const int rows = int(std::clamp<int64_t>(M - m, 0, kRows));
+      amx.rows_to_bf16(x + m * ldx, ldx, rows, int(kRows), K, xb + m * K);
+    }
+  });
+
+  pool.for_each_task(panels * m_splits, [&](int64_t task, int worker) {
+    auto* tiles = reinterpret_cast<uint16_t*>(workers + per_worker * size_t(worker));
+    auto* edge = reinterpret_cast<float*>(tiles + panel_elements);
+    const int64_t g0 = (task / m_splits) * panel, g1 = std::min(groups, g0 + panel);
+    const int64_t m0 = (task % m_splits) * m_split, m1 = std::min(padded_m, m0 + m_split);
+    TileSource source(w);
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int64_t b = 0; b < nb; b += kIntKcBlocks) {
+        const int64_t count = std::min(kIntKcBlocks, nb - b);
+        amx.tiles_to_bf16(w.type, source.tiles(g, b, count), count,
+                          tiles + ((g - g0) * nb + b) * int64_t(detail::kAmxTileElements));
+      }
+    }
+    amx.configure();
+    for (int64_t m = m0; m < m1; m += kRows) {
+      for (int64_t g = g0; g < g1; g += 2) {
+        const int pair = int(std::min<int64_t>(2, g1 - g));
+        const uint16_t* b0 = tiles + (g - g0) * nb * int64_t(detail::kAmxTileElements);
+        const uint16_t* b1 = b0 + nb * int64_t(detail::kAmxTileElements);
+        const int64_t n0 = g * kTileRows;
+        const int cols = int(std::min<int64_t>(pair * kTileRows, N - n0));
+        const int rows = int(std::min<int64_t>(kRows, M - m));
+        if (rows == kRows && cols == pair * kTileRows) {
+          amx.block(xb + m * K, K, b0, b1, pair, nb, y + m * ldy + n0, ldy);
+          continue;
+        }
+        // The edges of Y: through a block of our own, copying the part inside Y.
+        amx.block(xb + m * K, K, b0, b1, pair, nb, edge, 2 * kTileRows);
+        for (int r = 0; r < rows; ++r)
+          std::memcpy(y + (m + r) * ldy + n0, edge + r * 2 * kTileRows, size_t(cols) * 4);
+      }
+    }
+    amx.release();
+  });
+}
+#endif
+
 }  // namespace
 
 // ---- Layouts and sizes ---------------------------------------------------------------------
@@ -467,6 +558,7 @@ std::string_view isa_name(Isa isa) {
     case Isa::Scalar: return "scalar";
     case Isa::Avx2: return "avx2";
     case Isa::Avx512: return "avx512";
+    case Isa::Amx: return "amx";
     case Isa::Neon: return "neon";
   }
   return "?";
@@ -480,6 +572,7 @@ bool isa_available(Isa isa) {
 #if defined(KLEIN_X86)
     case Isa::Avx2: return f.avx2;
     case Isa::Avx512: return f.avx512;
+    case Isa::Amx: return f.amx_bf16;
 #endif
 #if defined(KLEIN_ARM64)
     case Isa::Neon: return f.neon;
@@ -495,7 +588,7 @@ Isa best_isa() {
 
 std::vector<Isa> available_isas() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon})
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx, Isa::Neon})
     if (isa_available(isa)) out.push_back(isa);
   return out;
 }
@@ -535,6 +628,10 @@ void matmul(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* y, i
   if (M == 0 || N == 0) return;
   if (is_float(w.type) || options.exact_activations)
     return matmul_float(kern, x, M, ldx, w, y, ldy, pool, options.scratch);
+#if defined(KLEIN_X86)
+  if (kern.isa == Isa::Amx && M >= detail::kAmxMinRows)
+    return matmul_amx(x, M, ldx, w, y, ldy, pool, options.scratch);
+#endif
   matmul_quantized(kern, x, M, ldx, w, y, ldy, pool, options.scratch);
 }
 

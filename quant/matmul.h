@@ -70,7 +70,8 @@ void unpack_rows(const Matrix& w, int64_t r0, int64_t r1, float* out);
 
 // Which instruction set runs the kernels. Auto is the best one the CPU has (within KLEIN_ISA);
 // the others force a path, for tests and benchmarks, and fail if it is not available.
-enum class Isa : uint8_t { Auto, Scalar, Avx2, Avx512, Neon };
+// Amx: the AVX-512 kernels, plus AMX BF16 tiles for Q8 / Q4 weights from 32 rows of X on.
+enum class Isa : uint8_t { Auto, Scalar, Avx2, Avx512, Amx, Neon };
 std::string_view isa_name(Isa isa);
 bool isa_available(Isa isa);  // compiled in and supported by this CPU (within KLEIN_ISA)
 Isa best_isa();

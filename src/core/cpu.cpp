@@ -3,6 +3,13 @@
 #include <cstdlib>
 #include <string_view>
 
+#if defined(KLEIN_X86)
+#include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#endif
 #if defined(KLEIN_ARM64) && defined(__linux__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
@@ -10,6 +17,28 @@
 
 namespace klein {
 namespace {
+
+#if defined(KLEIN_X86)
+// AMX needs three things: the CPU's AMX-TILE and AMX-BF16 bits, the OS saving the tile state
+// (XCR0 bits 17 and 18), and on Linux a per-process request for that state, without which
+// the first tile instruction faults.
+bool enable_amx_bf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
+  if (!amx_bf16 || !amx_tile) return false;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return false;  // OSXSAVE
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if (((lo >> 17) & 3) != 3) return false;
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return ::syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+#endif
 
 CpuFeatures detect() {
   CpuFeatures f;
@@ -21,6 +50,7 @@ CpuFeatures detect() {
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   f.avx512_vnni = f.avx512 && __builtin_cpu_supports("avx512vnni");
   f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
+  f.amx_bf16 = f.avx512_vnni && f.avx512_bf16 && enable_amx_bf16();
 #elif defined(KLEIN_ARM64)
   f.neon = true;
 #if defined(__linux__) && defined(HWCAP_ASIMDDP)
@@ -35,8 +65,10 @@ CpuFeatures apply_limit(CpuFeatures f, std::string_view isa) {
   if (isa.empty() || isa == "native") return f;
   if (isa == "scalar") return CpuFeatures{};
   if (isa == "avx2") {
-    f.avx512 = f.avx512_vnni = f.avx512_bf16 = false;
+    f.avx512 = f.avx512_vnni = f.avx512_bf16 = f.amx_bf16 = false;
   } else if (isa == "avx512") {
+    f.amx_bf16 = false;
+  } else if (isa == "amx") {
     // everything the CPU has
   } else if (isa == "neon") {
     f.neon_dotprod = false;
@@ -65,6 +97,7 @@ std::string describe(const CpuFeatures& f) {
   add(f.avx512, "avx512");
   add(f.avx512_vnni, "avx512-vnni");
   add(f.avx512_bf16, "avx512-bf16");
+  add(f.amx_bf16, "amx-bf16");
   add(f.neon, "neon");
   add(f.neon_dotprod, "neon-dotprod");
   return s.empty() ? "scalar" : s;

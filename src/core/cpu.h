@@ -9,11 +9,14 @@ struct CpuFeatures {
   bool avx512 = false;    // F, BW, VL, DQ
   bool avx512_vnni = false;
   bool avx512_bf16 = false;
+  // AMX tiles with BF16 dot products (Sapphire Rapids and later), enabled for this process
+  // by the kernel (Linux asks each process to request the tile state first).
+  bool amx_bf16 = false;
   bool neon = false;
   bool neon_dotprod = false;
 };
 
-// The features of this CPU, limited by KLEIN_ISA (scalar, avx2, avx512, neon) if set,
+// The features of this CPU, limited by KLEIN_ISA (scalar, avx2, avx512, amx, neon) if set,
 // so tests and benchmarks can force a path.
 const CpuFeatures& cpu_features();
 std::string describe(const CpuFeatures& f);
