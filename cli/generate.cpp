@@ -29,7 +29,7 @@ struct Args {
   int threads = 0;
   int jpeg_quality = 95;
   MemoryOptions memory;
-  bool no_cache = false, quiet = false, json = false, verbose = false;
+  bool no_cache = false, quiet = false, json = false, verbose = false, dry_run = false;
 };
 
 // Progress on stderr: one line per phase, rewritten in place while it runs.
@@ -138,6 +138,7 @@ nlohmann::ordered_json result_json(const Args& a, const GenerateResult& r, const
   j["total_seconds"] = total;
   j["phase_peak_rss_bytes"]["load"] = load.peak_rss;
   for (const auto& m : r.phase_memory) j["phase_peak_rss_bytes"][m.phase] = m.peak_rss_bytes;
+  for (const auto& m : r.phase_memory) j["phase_start_rss_bytes"][m.phase] = m.start_rss_bytes;
   j["peak_rss_bytes"] = overall_peak_rss(r, load);
   if (r.memory) {
     j["residency"] = residency_name(r.memory->residency);
@@ -151,14 +152,18 @@ nlohmann::ordered_json result_json(const Args& a, const GenerateResult& r, const
 }
 
 void print_verbose(const GenerateResult& r, const LoadPhase& load) {
-  std::fprintf(stderr, "%-14s %9s %12s\n", "phase", "seconds", "peak RSS");
-  std::fprintf(stderr, "%-14s %9.2f %12s\n", "load", load.seconds,
+  std::fprintf(stderr, "%-14s %9s %12s %12s\n", "phase", "seconds", "RSS at start", "peak RSS");
+  std::fprintf(stderr, "%-14s %9.2f %12s %12s\n", "load", load.seconds, "",
                format_bytes(load.peak_rss).c_str());
   for (size_t i = 0; i < r.timings.size(); ++i) {
     const auto& [phase, seconds] = r.timings[i];
-    const std::string rss =
-        i < r.phase_memory.size() ? format_bytes(r.phase_memory[i].peak_rss_bytes) : "";
-    std::fprintf(stderr, "%-14s %9.2f %12s\n", phase.c_str(), seconds, rss.c_str());
+    std::string start, peak;
+    if (i < r.phase_memory.size()) {
+      start = format_bytes(r.phase_memory[i].start_rss_bytes);
+      peak = format_bytes(r.phase_memory[i].peak_rss_bytes);
+    }
+    std::fprintf(stderr, "%-14s %9.2f %12s %12s\n", phase.c_str(), seconds, start.c_str(),
+                 peak.c_str());
     if (phase == "denoise") {
       std::fprintf(stderr, "  %-12s %9.2f\n", "setup", r.denoise_setup_seconds);
       for (size_t s = 0; s < r.step_seconds.size(); ++s)
@@ -177,7 +182,10 @@ void run(Args& a) {
   g.noise_file = a.noise;
   g.dump_dir = a.dump;
   if (!a.no_cache) g.prompt_cache_dir = qwen3::PromptCache::default_dir();
-  check(is_jpeg_name(a.output) || a.output.ends_with(".png") || a.output.ends_with(".PNG"),
+  g.plan_only = a.dry_run;
+  check(a.dry_run || !a.output.empty(), "-o/--output is required (the image to write)");
+  check(a.dry_run || is_jpeg_name(a.output) || a.output.ends_with(".png") ||
+            a.output.ends_with(".PNG"),
         "-o ", a.output, ": the output must end in .png, .jpg or .jpeg");
 
   const auto start = std::chrono::steady_clock::now();
@@ -189,11 +197,12 @@ void run(Args& a) {
   load.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   load.peak_rss = exact ? peak_rss_since_reset() : peak_rss_bytes();
   Pipeline pipeline(*store, tokenizer, pool);
-  TerminalProgress terminal(a.quiet || a.json, a.verbose && !a.json);
+  TerminalProgress terminal(a.quiet || a.json, (a.verbose || a.dry_run) && !a.json);
   JsonProgress json_events;
   Progress& progress = a.json ? static_cast<Progress&>(json_events) : terminal;
 
   GenerateResult r = pipeline.generate(g, progress);
+  if (a.dry_run) return;  // the plan is printed (or emitted as JSON); nothing to write
   const std::string model_name = store->config().name;
   const std::string checksum = is_regular_file(a.model.model) ? store->identity() : "";
   ImageMetadata meta = {{"parameters", parameters_text(g, r, model_name)},
@@ -219,7 +228,7 @@ Registration reg("generate", 10, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Generate an image from a prompt (and reference images)");
   add_model_options(*cmd, a->model);
   cmd->add_option("-p,--prompt", a->gen.prompt, "What to draw")->required();
-  cmd->add_option("-o,--output", a->output, "Output image (.png, or .jpg/.jpeg)")->required();
+  cmd->add_option("-o,--output", a->output, "Output image (.png, or .jpg/.jpeg)");
   cmd->add_option("-W,--width", a->gen.width, "Width in pixels (default: the first reference's, else 1024)");
   cmd->add_option("-H,--height", a->gen.height, "Height in pixels (default: the first reference's, else 1024)");
   cmd->add_option("-s,--steps", a->gen.steps, "Denoising steps (default: 4 for klein, 50 for klein-base)");
@@ -240,6 +249,8 @@ Registration reg("generate", 10, [](CLI::App& app) {
   cmd->add_flag("-q,--quiet", a->quiet, "No progress output");
   cmd->add_flag("-v,--verbose", a->verbose,
                 "The memory decision, and time and peak RSS per phase and per step");
+  cmd->add_flag("--dry-run", a->dry_run,
+                "Print the memory estimate and decision for these options and exit (no -o)");
   cmd->add_flag("--json", a->json, "Progress events and the result as JSON lines on stdout");
   cmd->callback([a] { run(*a); });
 });

@@ -112,12 +112,14 @@ GenerateResult Pipeline::generate(const GenerateOptions& o, Progress& progress) 
   auto timed = [&](const std::string& name, auto&& fn, int total = 0) {
     return_free_memory();  // what the previous phase freed
     const bool exact = reset_peak_rss();
+    const uint64_t start_rss = current_rss_bytes();
     {
       Phase phase(progress, name, total);
       fn(phase);
       r.timings.emplace_back(name, phase.seconds());
     }
-    r.phase_memory.push_back({name, exact ? peak_rss_since_reset() : peak_rss_bytes(), exact});
+    r.phase_memory.push_back(
+        {name, start_rss, exact ? peak_rss_since_reset() : peak_rss_bytes(), exact});
   };
   store_.reset_peak();
   const Dumper dump(o.dump_dir);
@@ -162,6 +164,7 @@ GenerateResult Pipeline::generate(const GenerateOptions& o, Progress& progress) 
     store_.set_residency(r.memory->residency);
     progress.memory_plan(*r.memory);
   }
+  if (o.plan_only) return r;
 
   // Text: prompt (and the negative prompt for CFG) → contexts. The encoder's weights are
   // acquired layer by layer inside encode() and released before denoising starts.

@@ -44,11 +44,13 @@ struct GenerateOptions {
   bool plan_memory = true;
   std::optional<uint64_t> max_memory;
   std::optional<Residency> residency;  // force a residency (still checked against max_memory)
+  bool plan_only = false;              // stop after the memory plan (result without an image)
 };
 
 // Peak RSS during one phase.
 struct PhaseMemory {
   std::string phase;
+  uint64_t start_rss_bytes = 0;  // RSS when the phase started (what earlier phases left)
   uint64_t peak_rss_bytes = 0;
   bool exact = true;  // false: the kernel's mark could not be reset; this is the peak so far
 };

@@ -405,6 +405,28 @@ TEST(MemoryCli, VerboseAndJsonReportTheDecisionTimesAndPeaks) {
   EXPECT_LE(result["weights_peak_units"].get<int>(), 3);
 }
 
+TEST(MemoryCli, DryRunPrintsTheEstimateAndRunsNothing) {
+  const fs::path out = testing::temp_dir("cli-dry");
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate -m " + tiny_container().string() +
+                                   " -p x -W 512 -H 512 --max-memory 2G --dry-run",
+                               &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("memory: resident"), std::string::npos) << log;
+  EXPECT_NE(log.find("vae decode"), std::string::npos) << log;
+  EXPECT_EQ(log.find("text encoder:"), std::string::npos) << log;  // nothing ran
+  ASSERT_EQ(testing::run_klein("generate -m " + tiny_container().string() +
+                                   " -p x -W 512 -H 512 --residency paged --dry-run --json",
+                               &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("\"event\":\"memory\""), std::string::npos) << log;
+  EXPECT_EQ(log.find("\"event\":\"begin\""), std::string::npos) << log;
+  EXPECT_NE(testing::run_klein("generate -m " + tiny_container().string() + " -p x", &log), 0);
+  EXPECT_NE(log.find("-o/--output is required"), std::string::npos) << log;
+}
+
 TEST(MemoryCli, EncodeTextTakesTheBudgetToo) {
   const fs::path out = testing::temp_dir("cli-encode");
   std::string log;
