@@ -105,10 +105,11 @@ struct AmxKernels {
   // `count` consecutive TileQ8 or TileQ4 (of one 16-row group) as B tiles, kAmxTileElements
   // bf16 each.
   void (*tiles_to_bf16)(DType type, const void* tiles, int64_t count, uint16_t* out);
-  // c[32 x 16 * groups] = a[32 rows, K] * B^T, for 1 or 2 groups of B tiles (b0, b1; nb tiles
-  // each, b1 unused when groups == 1). a rows lda elements apart, c rows ldc floats apart.
+  // c[32 x 16 * groups] (+)= a[32 rows, 32 nb] * B^T, for 1 or 2 groups of B tiles (b0, b1;
+  // nb consecutive tiles each, b1 unused when groups == 1). a rows lda elements apart, c rows
+  // ldc floats apart; `accumulate` adds to c instead of overwriting it.
   void (*block)(const uint16_t* a, int64_t lda, const uint16_t* b0, const uint16_t* b1,
-                int groups, int64_t nb, float* c, int64_t ldc);
+                int groups, int64_t nb, float* c, int64_t ldc, bool accumulate);
 };
 
 const Kernels& scalar_kernels();

@@ -136,15 +136,25 @@ void tiles_to_bf16(DType type, const void* tiles, int64_t count, uint16_t* out) 
 constexpr int64_t kTileStride = 64;  // bytes per row of a B tile
 
 void block(const uint16_t* a, int64_t lda, const uint16_t* b0, const uint16_t* b1, int groups,
-           int64_t nb, float* c, int64_t ldc) {
+           int64_t nb, float* c, int64_t ldc, bool accumulate) {
   const int64_t a_stride = lda * int64_t(sizeof(uint16_t));
   const int64_t c_stride = ldc * int64_t(sizeof(float));
   const uint16_t* a1 = a + 16 * lda;
-  _tile_zero(4);
-  _tile_zero(6);
+  if (accumulate) {
+    _tile_loadd(4, c, c_stride);
+    _tile_loadd(6, c + 16 * ldc, c_stride);
+  } else {
+    _tile_zero(4);
+    _tile_zero(6);
+  }
   if (groups == 2) {
-    _tile_zero(5);
-    _tile_zero(7);
+    if (accumulate) {
+      _tile_loadd(5, c + 16, c_stride);
+      _tile_loadd(7, c + 16 * ldc + 16, c_stride);
+    } else {
+      _tile_zero(5);
+      _tile_zero(7);
+    }
     for (int64_t b = 0; b < nb; ++b) {
       _tile_loadd(0, a + b * kBlock, a_stride);
       _tile_loadd(1, a1 + b * kBlock, a_stride);

@@ -30,6 +30,7 @@ constexpr int64_t kFloatMaxRows = 384;   // packed X block: 384 x kFloatKc float
 constexpr int64_t kIntKcBlocks = 64;     // 32-column blocks per chunk of K (2048 columns)
 constexpr int64_t kIntMaxRows = 384;     // int8 activation block: 384 x 2 KiB (L2)
 constexpr int64_t kIntSubGroups = 16;    // weight groups whose Y block stays in L2: 384 x 256
+constexpr int64_t kAmxKcBlocks = 8;      // AMX: 32-column blocks per chunk of K (X chunk in L1)
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -369,12 +370,12 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
   const int64_t m_splits = std::min(row_blocks, std::max<int64_t>(1, ceil_div(wanted, panels)));
   const int64_t m_split = ceil_div(row_blocks, m_splits) * kRows;
 
-  // Scratch: X as bf16 (shared), then per worker the panel's B tiles and a C block for the
-  // edges of Y.
+  // Scratch: X as bf16 (shared), then per worker the panel's B tiles and the sums of one
+  // 32-row block of the panel.
   const size_t x_elements = size_t(padded_m * K);
   const size_t panel_elements = size_t(panel * nb) * detail::kAmxTileElements;
-  const size_t edge_floats = size_t(kRows * 2 * kTileRows);
-  const size_t per_worker = panel_elements * sizeof(uint16_t) + edge_floats * sizeof(float);
+  const size_t sum_floats = size_t(kRows * panel * kTileRows);
+  const size_t per_worker = panel_elements * sizeof(uint16_t) + sum_floats * sizeof(float);
   MatmulScratch local;
   auto* base = static_cast<uint8_t*>(
       (scratch ? scratch : &local)->get(x_elements * sizeof(uint16_t) + per_worker * pool.size()));
@@ -391,7 +392,7 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
 
   pool.for_each_task(panels * m_splits, [&](int64_t task, int worker) {
     auto* tiles = reinterpret_cast<uint16_t*>(workers + per_worker * size_t(worker));
-    auto* edge = reinterpret_cast<float*>(tiles + panel_elements);
+    auto* sums = reinterpret_cast<float*>(tiles + panel_elements);
     const int64_t g0 = (task / m_splits) * panel, g1 = std::min(groups, g0 + panel);
     const int64_t m0 = (task % m_splits) * m_split, m1 = std::min(padded_m, m0 + m_split);
     TileSource source(w);
@@ -403,23 +404,25 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
       }
     }
     amx.configure();
+    const int64_t panel_cols = (g1 - g0) * kTileRows;
     for (int64_t m = m0; m < m1; m += kRows) {
-      for (int64_t g = g0; g < g1; g += 2) {
-        const int pair = int(std::min<int64_t>(2, g1 - g));
-        const uint16_t* b0 = tiles + (g - g0) * nb * int64_t(detail::kAmxTileElements);
-        const uint16_t* b1 = b0 + nb * int64_t(detail::kAmxTileElements);
-        const int64_t n0 = g * kTileRows;
-        const int cols = int(std::min<int64_t>(pair * kTileRows, N - n0));
-        const int rows = int(std::min<int64_t>(kRows, M - m));
-        if (rows == kRows && cols == pair * kTileRows) {
-          amx.block(xb + m * K, K, b0, b1, pair, nb, y + m * ldy + n0, ldy);
-          continue;
+      // K in chunks, the inner loop over the panel's group pairs: the chunk of X (32 rows x
+      // kAmxKcBlocks tiles, 16 KiB) is read from L2 once and then from L1 by every pair.
+      for (int64_t c0 = 0; c0 < nb; c0 += kAmxKcBlocks) {
+        const int64_t count = std::min(kAmxKcBlocks, nb - c0);
+        for (int64_t g = g0; g < g1; g += 2) {
+          const int pair = int(std::min<int64_t>(2, g1 - g));
+          const uint16_t* b0 = tiles + ((g - g0) * nb + c0) * int64_t(detail::kAmxTileElements);
+          const uint16_t* b1 = b0 + nb * int64_t(detail::kAmxTileElements);
+          amx.block(xb + m * K + c0 * kBlock, K, b0, b1, pair, count,
+                    sums + (g - g0) * kTileRows, panel_cols, c0 > 0);
         }
-        // The edges of Y: through a block of our own, copying the part inside Y.
-        amx.block(xb + m * K, K, b0, b1, pair, nb, edge, 2 * kTileRows);
-        for (int r = 0; r < rows; ++r)
-          std::memcpy(y + (m + r) * ldy + n0, edge + r * 2 * kTileRows, size_t(cols) * 4);
       }
+      const int rows = int(std::min<int64_t>(kRows, M - m));
+      const int64_t n0 = g0 * kTileRows;
+      const int cols = int(std::min<int64_t>(panel_cols, N - n0));
+      for (int r = 0; r < rows; ++r)
+        std::memcpy(y + (m + r) * ldy + n0, sums + r * panel_cols, size_t(cols) * sizeof(float));
     }
     amx.release();
   });
