@@ -8,34 +8,108 @@
 #include <limits>
 #include <vector>
 
+#include "core/cpu.h"
 #include "core/error.h"
+#include "ops/attention_kernels.h"
 #include "ops/blas.h"
 
 namespace klein::ops {
 
-namespace {
+namespace detail {
 
-// Tile sizes: a [kQueryTile, kKeyTile] block of scores and a [kQueryTile, head_dim]
-// accumulator stay in L2 while the keys and values stream past.
-constexpr int64_t kQueryTile = 64;
-constexpr int64_t kKeyTile = 256;
-
-struct TileScratch {
-  std::vector<float> scores;   // [kQueryTile, kKeyTile]
-  std::vector<float> acc;      // [kQueryTile, head_dim]
-  std::vector<float> row_max;  // running max per query
-  std::vector<float> row_sum;  // running softmax denominator per query
-};
-
-bool key_visible(const AttentionParams& p, int64_t query, int64_t key) {
-  if (p.causal && key > query) return false;
-  if (p.key_valid && !p.key_valid[key]) return false;
-  return true;
+void softmax_chunk_f32_scalar(const SoftmaxChunk& c) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < c.rows; ++i) {
+    float* s = c.scores + i * c.ld;
+    const int64_t n = std::clamp<int64_t>(c.visible0 + i, 0, c.cols);
+    float chunk_max = neg_inf;
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = s[j] * c.scale + (c.bias ? c.bias[j] : 0.0f);
+      chunk_max = std::max(chunk_max, s[j]);
+    }
+    const float new_max = std::max(c.row_max[i], chunk_max);
+    if (new_max == neg_inf) {  // nothing visible yet in this row
+      c.correction[i] = 1.0f;
+      std::fill(s, s + c.cols, 0.0f);
+      continue;
+    }
+    // What was accumulated under the old maximum is rescaled by the caller.
+    c.correction[i] = std::exp(c.row_max[i] - new_max);
+    float sum = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = std::exp(s[j] - new_max);
+      sum += s[j];
+    }
+    std::fill(s + n, s + c.cols, 0.0f);
+    c.row_sum[i] = c.row_sum[i] * c.correction[i] + sum;
+    c.row_max[i] = new_max;
+  }
 }
 
-// One (head, query tile): stream over key tiles with an online softmax.
+}  // namespace detail
+
+namespace {
+
+using detail::SoftmaxChunk;
+
+// A block of kQueryTile query rows of one head is one task of the exact path; keys come in
+// chunks of at most kMaxKeyChunk, so the [rows, chunk] scores and the [rows, head_dim]
+// accumulator stay in L2 while the keys and values stream past. sgemm packs the keys and
+// values of a chunk again for every task: 256 rows make that a small part of the work.
+constexpr int64_t kQueryTile = 256;
+constexpr int64_t kMaxKeyChunk = 1024;
+int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+// Keys per chunk: all of them up to kMaxKeyChunk, else equal chunks of at most that.
+int64_t key_chunk(int64_t keys, int64_t align) {
+  const int64_t n = std::max<int64_t>(1, (keys + kMaxKeyChunk - 1) / kMaxKeyChunk);
+  return round_up(std::max<int64_t>(1, (keys + n - 1) / n), align);
+}
+
+// key_valid as an additive bias: 0 for a visible key, -inf for a hidden one.
+std::vector<float> key_bias(const AttentionParams& p) {
+  std::vector<float> bias;
+  if (!p.key_valid) return bias;
+  bias.resize(size_t(p.kv_len));
+  for (int64_t j = 0; j < p.kv_len; ++j)
+    bias[size_t(j)] = p.key_valid[j] ? 0.0f : -std::numeric_limits<float>::infinity();
+  return bias;
+}
+
+void scale_rows_scalar(float* acc, int64_t ld, int64_t rows, int64_t n, const float* factor) {
+  for (int64_t i = 0; i < rows; ++i)
+    if (factor[i] != 1.0f)
+      for (int64_t d = 0; d < n; ++d) acc[i * ld + d] *= factor[i];
+}
+
+struct ExactKernels {
+  void (*softmax)(const SoftmaxChunk&) = detail::softmax_chunk_f32_scalar;
+  void (*scale_rows)(float*, int64_t, int64_t, int64_t, const float*) = scale_rows_scalar;
+};
+
+ExactKernels exact_kernels() {
+  ExactKernels k;
+#if defined(KLEIN_X86)
+  if (cpu_features().avx512) {
+    k.softmax = detail::softmax_chunk_f32_avx512;
+    k.scale_rows = detail::scale_rows_avx512;
+  }
+#endif
+  return k;
+}
+
+struct TileScratch {
+  std::vector<float> scores;      // [kQueryTile, chunk]
+  std::vector<float> acc;         // [kQueryTile, head_dim]
+  std::vector<float> row_max;     // running max per query
+  std::vector<float> row_sum;     // running softmax denominator per query
+  std::vector<float> correction;  // per query, for the current chunk
+};
+
+// One (head, query tile) of the exact path: the key chunks with an online softmax.
 void attend_tile(const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
-                 int64_t ldv, float* out, int64_t ldo, const AttentionParams& p, int64_t head,
+                 int64_t ldv, float* out, int64_t ldo, const AttentionParams& p,
+                 const float* bias, int64_t chunk, const ExactKernels& kern, int64_t head,
                  int64_t q0, TileScratch& s) {
   const int64_t D = p.head_dim;
   const int64_t rows = std::min(kQueryTile, p.q_len - q0);
@@ -43,55 +117,62 @@ void attend_tile(const float* q, int64_t ldq, const float* k, int64_t ldk, const
   const float* qh = q + q0 * ldq + head * D;
   const float* kh = k + kv_head * D;
   const float* vh = v + kv_head * D;
-  const bool masked = p.causal || p.key_valid;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
 
-  std::fill(s.acc.begin(), s.acc.begin() + rows * D, 0.0f);
-  std::fill(s.row_max.begin(), s.row_max.begin() + rows, neg_inf);
+  std::fill(s.row_max.begin(), s.row_max.begin() + rows, -std::numeric_limits<float>::infinity());
   std::fill(s.row_sum.begin(), s.row_sum.begin() + rows, 0.0f);
 
   // With a causal mask no key after the last query of the tile is visible.
   const int64_t kv_end = p.causal ? std::min(p.kv_len, q0 + rows) : p.kv_len;
-  for (int64_t k0 = 0; k0 < kv_end; k0 += kKeyTile) {
-    const int64_t cols = std::min(kKeyTile, kv_end - k0);
+  for (int64_t k0 = 0; k0 < kv_end; k0 += chunk) {
+    const int64_t cols = std::min(chunk, kv_end - k0);
     float* S = s.scores.data();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(cols), int(D), p.scale,
-                qh, int(ldq), kh + k0 * ldk, int(ldk), 0.0f, S, int(kKeyTile));
-    for (int64_t i = 0; i < rows; ++i) {
-      float* srow = S + i * kKeyTile;
-      if (masked)
-        for (int64_t j = 0; j < cols; ++j)
-          if (!key_visible(p, q0 + i, k0 + j)) srow[j] = neg_inf;
-      float tile_max = neg_inf;
-      for (int64_t j = 0; j < cols; ++j) tile_max = std::max(tile_max, srow[j]);
-      const float new_max = std::max(s.row_max[i], tile_max);
-      if (new_max == neg_inf) {  // nothing visible yet in this row
-        std::fill(srow, srow + cols, 0.0f);
-        continue;
-      }
-      // Rescale what was accumulated under the old maximum.
-      const float correction = std::exp(s.row_max[i] - new_max);
-      float sum = 0;
-      for (int64_t j = 0; j < cols; ++j) {
-        srow[j] = std::exp(srow[j] - new_max);
-        sum += srow[j];
-      }
-      s.row_sum[i] = s.row_sum[i] * correction + sum;
-      s.row_max[i] = new_max;
-      if (correction != 1.0f) {
-        float* a = s.acc.data() + i * D;
-        for (int64_t d = 0; d < D; ++d) a[d] *= correction;
-      }
-    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(cols), int(D), 1.0f, qh,
+                int(ldq), kh + k0 * ldk, int(ldk), 0.0f, S, int(chunk));
+    SoftmaxChunk c;
+    c.scores = S;
+    c.ld = chunk;
+    c.rows = rows;
+    c.cols = cols;
+    c.scale = p.scale;
+    c.bias = bias ? bias + k0 : nullptr;
+    c.visible0 = p.causal ? q0 - k0 + 1 : cols;
+    c.row_max = s.row_max.data();
+    c.row_sum = s.row_sum.data();
+    c.correction = s.correction.data();
+    kern.softmax(c);
+    if (k0 > 0) kern.scale_rows(s.acc.data(), D, rows, D, s.correction.data());
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(D), int(cols), 1.0f, S,
-                int(kKeyTile), vh + k0 * ldv, int(ldv), 1.0f, s.acc.data(), int(D));
+                int(chunk), vh + k0 * ldv, int(ldv), k0 > 0 ? 1.0f : 0.0f, s.acc.data(), int(D));
   }
   for (int64_t i = 0; i < rows; ++i) {
     float* o = out + (q0 + i) * ldo + head * D;
+    if (kv_end == 0 || s.row_sum[size_t(i)] <= 0) {
+      std::fill(o, o + D, 0.0f);
+      continue;
+    }
     const float* a = s.acc.data() + i * D;
-    const float inv = s.row_sum[i] > 0 ? 1.0f / s.row_sum[i] : 0.0f;
+    const float inv = 1.0f / s.row_sum[size_t(i)];
     for (int64_t d = 0; d < D; ++d) o[d] = a[d] * inv;
   }
+}
+
+void attention_exact(const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
+                     int64_t ldv, float* out, int64_t ldo, const AttentionParams& p,
+                     const float* bias, ThreadPool& pool) {
+  ensure_blas_single_threaded();
+  const ExactKernels kern = exact_kernels();
+  const int64_t chunk = key_chunk(p.kv_len, 16);
+  const int64_t q_tiles = (p.q_len + kQueryTile - 1) / kQueryTile;
+  pool.for_each_task(p.heads * q_tiles, [&](int64_t t, int) {
+    thread_local TileScratch s;
+    s.scores.resize(size_t(kQueryTile * chunk));
+    s.acc.resize(size_t(kQueryTile * p.head_dim));
+    s.row_max.resize(size_t(kQueryTile));
+    s.row_sum.resize(size_t(kQueryTile));
+    s.correction.resize(size_t(kQueryTile));
+    attend_tile(q, ldq, k, ldk, v, ldv, out, ldo, p, bias, chunk, kern, t / q_tiles,
+                (t % q_tiles) * kQueryTile, s);
+  });
 }
 
 }  // namespace
@@ -102,17 +183,9 @@ void attention(const float* q, int64_t ldq, const float* k, int64_t ldk, const f
         " query heads cannot share ", p.kv_heads, " key/value heads");
   check(p.head_dim > 0, "attention: head_dim must be positive");
   if (p.q_len == 0) return;
-  ensure_blas_single_threaded();
-  const int64_t q_tiles = (p.q_len + kQueryTile - 1) / kQueryTile;
-  const int64_t tasks = p.heads * q_tiles;
-  pool.for_each_task(tasks, [&](int64_t t, int) {
-    thread_local TileScratch s;
-    s.scores.resize(size_t(kQueryTile * kKeyTile));
-    s.acc.resize(size_t(kQueryTile * p.head_dim));
-    s.row_max.resize(size_t(kQueryTile));
-    s.row_sum.resize(size_t(kQueryTile));
-    attend_tile(q, ldq, k, ldk, v, ldv, out, ldo, p, t / q_tiles, (t % q_tiles) * kQueryTile, s);
-  });
+  const std::vector<float> bias = key_bias(p);
+  const float* b = bias.empty() ? nullptr : bias.data();
+  attention_exact(q, ldq, k, ldk, v, ldv, out, ldo, p, b, pool);
 }
 
 }  // namespace klein::ops

@@ -1,6 +1,10 @@
 #pragma once
 // Scaled dot-product attention computed in tiles with an online softmax: memory is
 // O(tile), never a [heads, q_len, kv_len] score matrix.
+//
+// A block of 256 query rows of one head meets the keys in chunks of up to 1024 (all of them
+// up to that length) through sgemm, with the softmax vectorised (AVX-512 when the CPU has
+// it, else libm).
 #include <cstdint>
 
 #include "core/threadpool.h"

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -109,8 +110,8 @@ void expect_attention_matches(AttentionParams p, int threads, const uint8_t* mas
 
 TEST(Attention, MatchesNaiveAcrossTileBoundaries) {
   AttentionParams p;
-  p.q_len = 300;  // not a multiple of the 64-row query tile
-  p.kv_len = 600; // spans three key tiles, the last one partial
+  p.q_len = 300;  // not a multiple of the 256-row query tile
+  p.kv_len = 600; // one key chunk (ExactPathAcrossKeyChunks has several)
   p.heads = 2;
   p.kv_heads = 2;
   p.head_dim = 32;
@@ -129,6 +130,23 @@ TEST(Attention, CausalWithPaddingMaskAndGroupedHeads) {
   p.causal = true;
   std::vector<uint8_t> valid(130, 1);
   for (int j = 100; j < 130; ++j) valid[size_t(j)] = 0;  // right padding, as in the text encoder
+  expect_attention_matches(p, 2, valid.data());
+}
+
+TEST(Attention, ExactPathAcrossKeyChunks) {
+  AttentionParams p;
+  p.q_len = 70;
+  p.kv_len = 2100;  // three key chunks of 704, 704 and 692
+  p.heads = 3;
+  p.kv_heads = 1;
+  p.head_dim = 40;
+  p.scale = 1.0f / std::sqrt(40.0f);
+  expect_attention_matches(p, 2);
+  p.causal = true;
+  p.q_len = 2100;
+  p.heads = 1;
+  std::vector<uint8_t> valid(2100, 1);
+  for (int j = 0; j < 2100; j += 7) valid[size_t(j)] = 0;
   expect_attention_matches(p, 2, valid.data());
 }
 
