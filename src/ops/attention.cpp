@@ -58,6 +58,9 @@ using detail::SoftmaxChunk;
 // values of a chunk again for every task: 256 rows make that a small part of the work.
 constexpr int64_t kQueryTile = 256;
 constexpr int64_t kMaxKeyChunk = 1024;
+// The bf16 path packs the keys and values of this many bytes of kv heads at a time.
+constexpr int64_t kPackBudget = int64_t(16) << 20;
+
 int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 // Keys per chunk: all of them up to kMaxKeyChunk, else equal chunks of at most that.
@@ -175,6 +178,96 @@ void attention_exact(const float* q, int64_t ldq, const float* k, int64_t ldk, c
   });
 }
 
+#if defined(KLEIN_X86)
+struct AmxScratch {
+  std::vector<uint16_t> p;
+  std::vector<float> scores, acc, row_max, row_sum, correction;
+};
+
+void attention_bf16_amx(const float* q, int64_t ldq, const float* k, int64_t ldk,
+                        const float* v, int64_t ldv, float* out, int64_t ldo,
+                        const AttentionParams& p, const float* bias, ThreadPool& pool) {
+  using namespace detail;
+  const int64_t D = p.head_dim, group = p.heads / p.kv_heads;
+  const int64_t kv_padded = round_up(p.kv_len, kAmxKeyAlign);
+  const int64_t q_padded = round_up(p.q_len, kAmxSubRows);
+  const int64_t chunk = key_chunk(p.kv_len, kAmxKeyAlign);
+  // Per kv head: its keys and values, then the queries of its query heads, all bf16.
+  const int64_t kv_stride = kv_padded * D, q_stride = q_padded * D;
+  const int64_t per_head = 2 * kv_stride + group * q_stride;
+  const int64_t fit = std::max<int64_t>(1, kPackBudget / (per_head * int64_t(sizeof(uint16_t))));
+  const int64_t groups = (p.kv_heads + fit - 1) / fit;
+  const int64_t group_heads = (p.kv_heads + groups - 1) / groups;
+  // The caller's buffer, reused from call to call. (The lambdas below must not name it: in a
+  // worker, `packed` would be that worker's own instance.)
+  thread_local std::vector<uint16_t> packed;
+  packed.resize(size_t(group_heads * per_head));
+  uint16_t* const keys = packed.data();
+  uint16_t* const values = keys + group_heads * kv_stride;
+  uint16_t* const queries = values + group_heads * kv_stride;
+
+  constexpr int64_t kPackRows = 64;  // rows per packing task
+  const int64_t pieces = (std::max(kv_padded, q_padded) + kPackRows - 1) / kPackRows;
+  const int64_t q_tasks = (p.q_len + kAmxTaskRows - 1) / kAmxTaskRows;
+  for (int64_t g0 = 0; g0 < p.kv_heads; g0 += group_heads) {
+    AmxPack g;
+    g.q = q + g0 * group * D;
+    g.k = k + g0 * D;
+    g.v = v + g0 * D;
+    g.ldq = ldq;
+    g.ldk = ldk;
+    g.ldv = ldv;
+    g.q_len = p.q_len;
+    g.kv_len = p.kv_len;
+    g.head_dim = D;
+    g.q_padded = q_padded;
+    g.kv_padded = kv_padded;
+    g.kv_heads = std::min(group_heads, p.kv_heads - g0);
+    g.group = group;
+    g.keys = keys;
+    g.values = values;
+    g.kv_stride = kv_stride;
+    g.queries = queries;
+    g.q_stride = q_stride;
+    pool.for_each_task(pieces, [&](int64_t t, int) {
+      pack_amx(g, t * kPackRows, (t + 1) * kPackRows);
+    });
+    pool.for_each_task(g.kv_heads * group * q_tasks, [&](int64_t t, int) {
+      thread_local AmxScratch s;
+      s.p.resize(size_t(kAmxSubRows * chunk));
+      s.scores.resize(size_t(kAmxSubRows * chunk));
+      s.acc.resize(size_t(kAmxTaskRows * D));
+      s.row_max.resize(size_t(kAmxTaskRows));
+      s.row_sum.resize(size_t(kAmxTaskRows));
+      s.correction.resize(size_t(kAmxTaskRows));
+      const int64_t local_head = t / q_tasks, q0 = (t % q_tasks) * kAmxTaskRows;
+      const int64_t kv_head = local_head / group;
+      AmxTask task;
+      task.queries = queries + local_head * q_stride + q0 * D;
+      task.out = out + q0 * ldo + (g0 * group + local_head) * D;
+      task.ldo = ldo;
+      task.q0 = q0;
+      task.rows = std::min(kAmxTaskRows, p.q_len - q0);
+      task.keys = keys + kv_head * kv_stride;
+      task.values = values + kv_head * kv_stride;
+      task.kv_len = p.kv_len;
+      task.head_dim = D;
+      task.chunk = chunk;
+      task.scale = p.scale;
+      task.causal = p.causal;
+      task.bias = bias;
+      task.scores = s.scores.data();
+      task.p = s.p.data();
+      task.acc = s.acc.data();
+      task.row_max = s.row_max.data();
+      task.row_sum = s.row_sum.data();
+      task.correction = s.correction.data();
+      attend_amx(task);
+    });
+  }
+}
+#endif
+
 }  // namespace
 
 void attention(const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
@@ -185,6 +278,12 @@ void attention(const float* q, int64_t ldq, const float* k, int64_t ldk, const f
   if (p.q_len == 0) return;
   const std::vector<float> bias = key_bias(p);
   const float* b = bias.empty() ? nullptr : bias.data();
+#if defined(KLEIN_X86)
+  if (p.bf16 && p.head_dim % 32 == 0 && p.kv_len > 0 && cpu_features().amx_bf16) {
+    attention_bf16_amx(q, ldq, k, ldk, v, ldv, out, ldo, p, b, pool);
+    return;
+  }
+#endif
   attention_exact(q, ldq, k, ldk, v, ldv, out, ldo, p, b, pool);
 }
 

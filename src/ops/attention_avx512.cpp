@@ -106,6 +106,25 @@ void softmax_chunk_f32_avx512(const SoftmaxChunk& c) {
   }
 }
 
+void softmax_chunk_bf16_avx512(const SoftmaxChunk& c, uint16_t* p, int64_t ldp,
+                               int64_t padded_cols) {
+  const __m512 to_t = _mm512_set1_ps(c.scale * kLog2e);
+  for (int64_t i = 0; i < c.rows; ++i) {
+    const float* s = c.scores + i * c.ld;
+    uint16_t* out = p + i * ldp;
+    const int64_t n = visible(c, i);
+    const float max = update_max(c, i, s, n, to_t);
+    // padded_cols is a multiple of 16. The sum is of the float32 values: the bf16 rounding
+    // errors are unbiased and average out over a row.
+    const float sum = exponentiate(c, s, n, padded_cols, to_t, max, [&](int64_t j, __m512 v) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), __m256i(_mm512_cvtneps_pbh(v)));
+    });
+    if (max == -INFINITY) continue;
+    c.row_sum[i] = c.row_sum[i] * c.correction[i] + sum;
+    c.row_max[i] = max;
+  }
+}
+
 void scale_rows_avx512(float* acc, int64_t ld, int64_t rows, int64_t n, const float* factor) {
   for (int64_t i = 0; i < rows; ++i) {
     if (factor[i] == 1.0f) continue;

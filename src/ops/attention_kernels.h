@@ -31,8 +31,69 @@ struct SoftmaxChunk {
 void softmax_chunk_f32_scalar(const SoftmaxChunk& c);
 #if defined(KLEIN_X86)
 void softmax_chunk_f32_avx512(const SoftmaxChunk& c);
+// The same rounded to bf16 into p [rows, ldp], zero for hidden keys and in [cols,
+// padded_cols) (a multiple of 16); row_sum adds up the values before rounding.
+void softmax_chunk_bf16_avx512(const SoftmaxChunk& c, uint16_t* p, int64_t ldp,
+                               int64_t padded_cols);
 // acc[i, 0:n) *= factor[i] for each of `rows` rows with factor != 1.
 void scale_rows_avx512(float* acc, int64_t ld, int64_t rows, int64_t n, const float* factor);
+
+// --- AMX (attention_amx.cpp), head_dim a multiple of 32 ---
+// Keys are packed per key/value head in B-tile layout for Q·Kᵀ: blocks of 16 keys, each
+// [head_dim / 32] tiles of 16 pair rows x 32 bf16, pair row p holding dims (32c + 2p,
+// 32c + 2p + 1) of the 16 keys: element [b][c][p][2n + j] = K[16b + n][32c + 2p + j].
+// Values in B-tile layout for P·V: chunks of 32 keys, each [head_dim / 16] tiles,
+// element [kc][n][p][2e + j] = V[32kc + 2p + j][16n + e]. Keys at or past kv_len are zero.
+constexpr int64_t kAmxKeyAlign = 32;
+constexpr int64_t kAmxTileElements = 512;  // bf16 per tile (16 x 64 bytes)
+
+// The inputs of a group of kv heads and their query heads in tile layouts: keys and values
+// as above, [kv_padded / 16 or 32] tile blocks per head, queries as bf16 rows [q_padded, D]
+// per head (the A tiles load straight from them). Rows past q_len or kv_len are zero.
+struct AmxPack {
+  const float* q = nullptr;  // the group's first query head
+  const float* k = nullptr;  // the group's first kv head
+  const float* v = nullptr;
+  int64_t ldq = 0, ldk = 0, ldv = 0;
+  int64_t q_len = 0, kv_len = 0, head_dim = 0;
+  int64_t q_padded = 0, kv_padded = 0;  // multiples of 32
+  int64_t kv_heads = 0;                 // in the group
+  int64_t group = 1;                    // query heads per kv head
+  uint16_t* keys = nullptr;             // + h * kv_stride for kv head h of the group
+  uint16_t* values = nullptr;
+  int64_t kv_stride = 0;
+  uint16_t* queries = nullptr;          // + h * q_stride for query head h of the group
+  int64_t q_stride = 0;
+};
+// Packs rows [row0, row1) (multiples of 32) of queries, keys and values, reading the inputs
+// row by row across the group's heads.
+void pack_amx(const AmxPack& g, int64_t row0, int64_t row1);
+
+// One query head, `rows` consecutive queries starting at q0 (rows <= kAmxTaskRows) against
+// all keys of the packed kv head, in key chunks of `chunk` (multiple of 32).
+constexpr int64_t kAmxSubRows = 32;
+constexpr int64_t kAmxTaskRows = 128;
+struct AmxTask {
+  const uint16_t* queries = nullptr;  // packed row q0 of this head
+  float* out = nullptr;               // row q0 of this head's columns
+  int64_t ldo = 0;
+  int64_t q0 = 0, rows = 0;
+  const uint16_t* keys = nullptr;
+  const uint16_t* values = nullptr;
+  int64_t kv_len = 0, head_dim = 0, chunk = 0;
+  float scale = 1;
+  bool causal = false;
+  const float* bias = nullptr;  // [kv_len] or null
+  // Scratch: scores [kAmxSubRows, chunk] float, p [kAmxSubRows, chunk] bf16,
+  // acc [kAmxTaskRows, head_dim] float, row_max / row_sum / correction [kAmxTaskRows].
+  float* scores = nullptr;
+  uint16_t* p = nullptr;
+  float* acc = nullptr;
+  float* row_max = nullptr;
+  float* row_sum = nullptr;
+  float* correction = nullptr;
+};
+void attend_amx(const AmxTask& t);
 #endif
 
 }  // namespace klein::ops::detail

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
+#include "core/cpu.h"
 #include "ops/attention.h"
 #include "ops/linear.h"
 #include "ops/norm.h"
@@ -148,6 +150,105 @@ TEST(Attention, ExactPathAcrossKeyChunks) {
   std::vector<uint8_t> valid(2100, 1);
   for (int j = 0; j < 2100; j += 7) valid[size_t(j)] = 0;
   expect_attention_matches(p, 2, valid.data());
+}
+
+// The bf16 path against float64 attention: max |out - ref| / max |ref| for q, k, v drawn
+// from N(0, 1) with scale 1/sqrt(head_dim), the shape of the model's attention inputs after
+// the q/k norms. Without AMX the call takes the exact path and the bound holds trivially.
+double bf16_attention_error(AttentionParams p, int threads, const uint8_t* mask = nullptr) {
+  p.key_valid = mask;
+  p.bf16 = true;
+  auto q = random_vector(size_t(p.q_len * p.heads * p.head_dim), 11);
+  auto k = random_vector(size_t(p.kv_len * p.kv_heads * p.head_dim), 12);
+  auto v = random_vector(size_t(p.kv_len * p.kv_heads * p.head_dim), 13);
+  std::vector<float> out(q.size(), 123.f);
+  ThreadPool pool(threads);
+  const int64_t wq = p.heads * p.head_dim, wk = p.kv_heads * p.head_dim;
+  attention(q.data(), wq, k.data(), wk, v.data(), wk, out.data(), wq, p, pool);
+  auto ref = naive_attention(q, k, v, p);
+  double max_ref = 0, max_err = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(out[i])) << "at " << i;
+    max_ref = std::max(max_ref, std::fabs(double(ref[i])));
+    max_err = std::max(max_err, std::fabs(double(out[i]) - ref[i]));
+  }
+  const double rel = max_err / std::max(max_ref, 1e-30);
+  std::printf("    bf16 attention q_len %lld kv_len %lld heads %lld/%lld dim %lld%s%s: "
+              "max error %.2e of max|ref| %.3f (%s)\n",
+              (long long)p.q_len, (long long)p.kv_len, (long long)p.heads, (long long)p.kv_heads,
+              (long long)p.head_dim, p.causal ? " causal" : "", mask ? " masked" : "", rel,
+              max_ref, cpu_features().amx_bf16 ? "amx" : "exact path");
+  return rel;
+}
+
+constexpr double kBf16Bound = 2e-2;
+
+AttentionParams bf16_params(int64_t q_len, int64_t kv_len, int64_t heads, int64_t kv_heads,
+                            int64_t head_dim) {
+  AttentionParams p;
+  p.q_len = q_len;
+  p.kv_len = kv_len;
+  p.heads = heads;
+  p.kv_heads = kv_heads;
+  p.head_dim = head_dim;
+  p.scale = float(1.0 / std::sqrt(double(head_dim)));
+  return p;
+}
+
+TEST(AttentionBf16, OddSizesMatchDoublePrecision) {
+  // Neither length a multiple of 16 or 32; more query rows than one 128-row task.
+  EXPECT_LE(bf16_attention_error(bf16_params(141, 77, 3, 3, 128), 2), kBf16Bound);
+  EXPECT_LE(bf16_attention_error(bf16_params(77, 141, 2, 2, 64), 1), kBf16Bound);
+  // One query row, one key.
+  EXPECT_LE(bf16_attention_error(bf16_params(1, 50, 2, 2, 128), 2), kBf16Bound);
+  EXPECT_LE(bf16_attention_error(bf16_params(5, 1, 1, 1, 32), 1), kBf16Bound);
+}
+
+TEST(AttentionBf16, ManyKeyChunks) {
+  // 2500 keys: three chunks of 864, 864 and 772, the online softmax rescaling across them.
+  EXPECT_LE(bf16_attention_error(bf16_params(200, 2500, 2, 2, 128), 2), kBf16Bound);
+}
+
+TEST(AttentionBf16, CausalMaskedGroupedHeads) {
+  // The text encoder's case: GQA, causal, right padding hidden.
+  AttentionParams p = bf16_params(130, 130, 8, 2, 128);
+  p.causal = true;
+  std::vector<uint8_t> valid(130, 1);
+  for (int j = 100; j < 130; ++j) valid[size_t(j)] = 0;
+  EXPECT_LE(bf16_attention_error(p, 2, valid.data()), kBf16Bound);
+  // Causal across key chunks, with the first keys hidden too (row 0 sees nothing: zeros).
+  p = bf16_params(1100, 1100, 2, 1, 64);
+  p.causal = true;
+  std::vector<uint8_t> valid2(1100, 1);
+  valid2[0] = valid2[1] = 0;
+  EXPECT_LE(bf16_attention_error(p, 2, valid2.data()), kBf16Bound);
+}
+
+TEST(AttentionBf16, StridedRowsAndUnsupportedHeadDim) {
+  // head_dim 48 is not a multiple of 32: the exact path runs, to its own tolerance.
+  AttentionParams p = bf16_params(40, 45, 2, 1, 48);
+  p.bf16 = true;
+  expect_attention_matches(p, 2);
+  // Inputs inside wider rows, as when q, k and v come out of one fused projection.
+  p = bf16_params(50, 60, 2, 2, 64);
+  p.bf16 = true;
+  const int64_t W = 3 * 2 * 64, D = 2 * 64;
+  auto qkv = random_vector(size_t(60 * W), 21);
+  std::vector<float> out(size_t(50 * (D + 8)), 7.f), q, k, v;
+  for (int64_t i = 0; i < 60; ++i)
+    for (int64_t d = 0; d < D; ++d) {
+      if (i < 50) q.push_back(qkv[size_t(i * W + d)]);
+      k.push_back(qkv[size_t(i * W + D + d)]);
+      v.push_back(qkv[size_t(i * W + 2 * D + d)]);
+    }
+  ThreadPool pool(2);
+  attention(qkv.data(), W, qkv.data() + D, W, qkv.data() + 2 * D, W, out.data(), D + 8, p, pool);
+  auto ref = naive_attention(q, k, v, p);
+  for (int64_t i = 0; i < 50; ++i) {
+    for (int64_t d = 0; d < D; ++d)
+      ASSERT_NEAR(out[size_t(i * (D + 8) + d)], ref[size_t(i * D + d)], 2e-2) << i << "," << d;
+    for (int64_t d = D; d < D + 8; ++d) ASSERT_EQ(out[size_t(i * (D + 8) + d)], 7.f);
+  }
 }
 
 TEST(Norm, LayerNormAndRmsNorm) {
