@@ -217,6 +217,150 @@ void direct_band(const ConvGeometry& g, const float* band_input, int64_t rows,
   });
 }
 
+// ---- BF16 tiles ----------------------------------------------------------------------------
+
+// Column matrix per task, in bytes: the task's pixels are as many as fit, so that the columns
+// and the A tiles of 32 output channels (K x 64 bytes) stay in L2 together while the tiles
+// run. Never fewer than 32 pixels (one 2 x 2 tile block).
+constexpr int64_t kBf16ColumnBytes = int64_t(1) << 20;
+constexpr int64_t kBf16MaxTilePixels = 512;
+
+bool use_bf16_tiles(const Conv2dParams& p) {
+  if (p.algorithm == ConvAlgorithm::Bf16Tiles) {
+    check(conv2d_bf16_tiles_available(), "conv2d: BF16 tiles need a CPU with AMX BF16");
+    return true;
+  }
+  return p.algorithm == ConvAlgorithm::Auto && p.bf16 && conv2d_bf16_tiles_available();
+}
+
+#if defined(KLEIN_X86)
+
+using WordBuffer = std::unique_ptr<uint32_t[], FreeAligned>;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Weights [Cout, C, k, k] as A tiles (conv2d_kernels.h): bf16 [Cout rounded up to 16, K
+// rounded up to 32], K index ((cp·k + ky)·k + kx)·2 + i for input channel 2cp + i.
+std::unique_ptr<uint16_t[], FreeAligned> pack_bf16_weights(const Conv2dWeights& w,
+                                                           detail::Bf16Weights& packed,
+                                                           ThreadPool& pool) {
+  const int64_t taps = w.kernel * w.kernel, pairs = (w.in_channels + 1) / 2;
+  packed.out_channels = w.out_channels;
+  packed.out_rows = round_up(w.out_channels, detail::kBf16TileRows);
+  packed.k_padded = round_up(pairs * taps * 2, detail::kBf16TileK);
+  packed.bias = w.bias.empty() ? nullptr : w.bias.data();
+  auto data = alloc_aligned<uint16_t>(size_t(packed.out_rows * packed.k_padded));
+  pool.parallel_for(packed.out_rows, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t co = r0; co < r1; ++co) {
+      uint16_t* row = data.get() + co * packed.k_padded;
+      std::fill(row, row + packed.k_padded, uint16_t(0));
+      if (co >= w.out_channels) continue;
+      // The taps of channels 2cp and 2cp + 1 interleaved, as the band interleaves the pixels.
+      const float* src = w.weight.data() + co * w.in_channels * taps;
+      for (int64_t cp = 0; cp < pairs; ++cp)
+        detail::pack_pairs_amx(src + 2 * cp * taps,
+                               2 * cp + 1 < w.in_channels ? src + (2 * cp + 1) * taps : nullptr,
+                               taps, nullptr, 0, reinterpret_cast<uint32_t*>(row) + cp * taps);
+    }
+  });
+  packed.data = data.get();
+  return data;
+}
+
+// fill_band for BF16 tiles: the same rows (upsampled, transformed, zero-padded), with the
+// channels interleaved in pairs and rounded to bf16. band [pairs, band_rows(rows), band_width()]
+// dwords. Each input value is transformed once; upsampling repeats the packed dwords.
+void fill_band_bf16(const ConvInput& in, const ConvGeometry& g, int64_t r0, int64_t rows,
+                    uint32_t* band, ThreadPool& pool) {
+  const int64_t band_rows = g.band_rows(rows), bw = g.band_width();
+  const int64_t pairs = (g.in_channels + 1) / 2;
+  pool.parallel_for(pairs * band_rows, [&](int64_t i0, int64_t i1, int) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t cp = i / band_rows, j = i % band_rows;
+      uint32_t* dst = band + i * bw;
+      const int64_t y = r0 * g.stride - g.pad_top + j;  // upsampled input row
+      if (y < 0 || y >= g.height) {
+        std::fill(dst, dst + bw, 0u);
+        continue;
+      }
+      const int64_t c = 2 * cp, plane = g.in_height * g.in_width;
+      const float* a = in.data + c * plane + (y / g.upsample) * g.in_width;
+      const float* b = c + 1 < g.in_channels ? a + plane : nullptr;
+      uint32_t* row = dst + g.pad_left;
+      // Upsampled: pack the input row at the end of the output row, then spread it forwards
+      // (value x / u is read before position x overwrites anything still unread).
+      uint32_t* packed = row + g.width - g.in_width;
+      detail::pack_pairs_amx(a, b, g.in_width, in.transform, c, packed);
+      if (g.upsample > 1)
+        for (int64_t x = 0; x < g.width; ++x) row[x] = packed[x / g.upsample];
+      std::fill(dst, dst + g.pad_left, 0u);
+      std::fill(row + g.width, dst + bw, 0u);
+    }
+  });
+}
+
+void bf16_tiles_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWeights& w,
+                     float* out, ConvWrite mode, bool in_place, ThreadPool& pool) {
+  detail::Bf16Weights weights;
+  const auto weight_data = pack_bf16_weights(w, weights, pool);
+  const int64_t pairs = (g.in_channels + 1) / 2;
+
+  int64_t band = std::clamp<int64_t>((kBandPixels + g.out_width - 1) / g.out_width, 1,
+                                     g.out_height);
+  // In place, the next band's input is gathered before this band's results overwrite it, so
+  // a band must not reach back past the rows of the band before it.
+  if (in_place) band = std::max(band, g.pad_top);
+  const size_t band_words = size_t(pairs * g.band_rows(band) * g.band_width());
+  WordBuffer bands[2] = {alloc_aligned<uint32_t>(band_words),
+                         in_place ? alloc_aligned<uint32_t>(band_words) : WordBuffer()};
+
+  // Pixels per task: a multiple of 32 that keeps the task's column matrix near
+  // kBf16ColumnBytes, then evened out over the band so the last task is not a sliver. Depends
+  // on the geometry only, so results do not depend on the pool size.
+  const int64_t column_bytes_per_pixel = weights.k_padded * int64_t(sizeof(uint16_t));
+  const int64_t widest = std::clamp<int64_t>(kBf16ColumnBytes / column_bytes_per_pixel / 32 * 32,
+                                             32, kBf16MaxTilePixels);
+  std::vector<WordBuffer> columns(size_t(pool.size()));  // one per worker, made on first use
+
+  auto fill = [&](int64_t r0, uint32_t* buffer) {
+    fill_band_bf16(in, g, r0, std::min(band, g.out_height - r0), buffer, pool);
+  };
+  int current = 0;
+  fill(0, bands[0].get());
+  for (int64_t r0 = 0; r0 < g.out_height; r0 += band) {
+    const int64_t rows = std::min(band, g.out_height - r0), n = rows * g.out_width;
+    if (in_place && r0 + band < g.out_height) fill(r0 + band, bands[1 - current].get());
+    const detail::Bf16Band b{bands[current].get(), pairs, g.band_rows(rows), g.band_width(),
+                             g.kernel, g.stride};
+    const int64_t tasks = (n + widest - 1) / widest;
+    const int64_t per_task = round_up((n + tasks - 1) / tasks, 32);
+    float* band_out = out + r0 * g.out_width;
+    pool.for_each_task((n + per_task - 1) / per_task, [&](int64_t t, int worker) {
+      WordBuffer& cols = columns[size_t(worker)];
+      if (!cols)
+        cols = alloc_aligned<uint32_t>(size_t(detail::bf16_columns_size(b, weights, widest)));
+      const int64_t p0 = t * per_task;
+      detail::bf16_tiles_conv_amx(b, weights, g.out_width, p0, std::min(per_task, n - p0),
+                                  cols.get(), band_out, g.out_pixels(),
+                                  mode == ConvWrite::Accumulate);
+    });
+    if (in_place) {
+      current = 1 - current;
+    } else if (r0 + band < g.out_height) {
+      fill(r0 + band, bands[0].get());
+    }
+  }
+}
+
+#else
+
+void bf16_tiles_conv(const ConvInput&, const ConvGeometry&, const Conv2dWeights&, float*,
+                     ConvWrite, bool, ThreadPool&) {
+  fail("conv2d: no BF16 tile kernel in this build");
+}
+
+#endif
+
 // A 1×1 convolution without padding, striding or transform is a plain GEMM on the input.
 bool is_pointwise(const ConvInput& in, const ConvGeometry& g, const Conv2dParams& p) {
   return g.kernel == 1 && g.stride == 1 && g.upsample == 1 && !in.transform && p.pad_top == 0 &&
@@ -243,6 +387,14 @@ void pointwise_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWeig
 
 }  // namespace
 
+bool conv2d_bf16_tiles_available() {
+#if defined(KLEIN_X86)
+  return cpu_features().amx_bf16;
+#else
+  return false;
+#endif
+}
+
 bool conv2d_direct_available() {
 #if defined(KLEIN_X86)
   return cpu_features().avx512;
@@ -268,19 +420,19 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
   const ConvGeometry g = geometry_of(in, w, p);
   ensure_blas_single_threaded();
   const bool in_place = out == in.data;
-  if (is_pointwise(in, g, p) && !in_place) return pointwise_conv(in, g, w, out, mode, pool);
-
-  int64_t band = std::clamp<int64_t>((kBandPixels + g.out_width - 1) / g.out_width, 1,
-                                     g.out_height);
-  if (in_place) {
+  if (in_place)
     check(g.stride == 1 && g.upsample == 1 && g.out_height == g.in_height &&
               g.out_width == g.in_width && g.out_channels <= g.in_channels,
           "conv2d: in place needs an output of the input's size with no more channels (",
           g.out_channels, "x", g.out_height, "x", g.out_width, " from ", g.in_channels, "x",
           g.in_height, "x", g.in_width, ")");
-    // A band must not reach back past the rows of the band before it.
-    band = std::max(band, g.pad_top);
-  }
+  if (use_bf16_tiles(p)) return bf16_tiles_conv(in, g, w, out, mode, in_place, pool);
+  if (is_pointwise(in, g, p) && !in_place) return pointwise_conv(in, g, w, out, mode, pool);
+
+  int64_t band = std::clamp<int64_t>((kBandPixels + g.out_width - 1) / g.out_width, 1,
+                                     g.out_height);
+  // In place, a band must not reach back past the rows of the band before it.
+  if (in_place) band = std::max(band, g.pad_top);
   const int64_t tile_columns = std::min(kTileColumns, band * g.out_width);
   const bool direct = use_direct(g, p);
   const std::vector<float> packed = direct ? pack_direct_weights(w) : std::vector<float>();

@@ -26,10 +26,15 @@ struct Conv2dWeights {
   std::vector<float> bias;    // [out], or empty for none
 };
 
-// How the products are computed. Auto picks the fastest available for the geometry: the
-// direct SIMD kernel for stride 1 on CPUs that have one, im2col + GEMM otherwise. The others
-// force a path (tests, benchmarks).
-enum class ConvAlgorithm { Auto, Gemm, Direct };
+// How the products are computed. Auto picks the fastest exact (float32) one for the geometry:
+// the direct SIMD kernel for stride 1 on CPUs that have one, im2col + GEMM otherwise; with
+// Conv2dParams::bf16 it picks Bf16Tiles when the CPU has AMX. The others force a path (tests,
+// benchmarks).
+//   Bf16Tiles: im2col + GEMM on AMX tiles, inputs (after the transform) and weights rounded to
+//   bf16 (8 significant bits), products summed in float32: max|y - exact| is 1e-3 to 3e-3 of
+//   max|y| on random data (tests/ops/conv2d_bf16_test.cpp), and 3-6x faster than the exact
+//   paths (bench_vae BM_Conv3x3). Bias and accumulation stay float32.
+enum class ConvAlgorithm { Auto, Gemm, Direct, Bf16Tiles };
 
 struct Conv2dParams {
   int64_t stride = 1;
@@ -38,6 +43,9 @@ struct Conv2dParams {
   int64_t pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
   int64_t upsample = 1;  // nearest-neighbour factor applied to the input first
   ConvAlgorithm algorithm = ConvAlgorithm::Auto;
+  // Let Auto trade exactness for speed: run on BF16 tiles when conv2d_bf16_tiles_available(),
+  // on the exact paths otherwise. Off by default.
+  bool bf16 = false;
 
   // Stride 1 with kernel/2 zeros on every side: output size = input size.
   static Conv2dParams same(int64_t kernel);
@@ -56,6 +64,9 @@ enum class ConvWrite {
 
 // Whether ConvAlgorithm::Direct can run here (stride 1 on a CPU with AVX-512).
 bool conv2d_direct_available();
+// Whether ConvAlgorithm::Bf16Tiles can run here (any geometry, on a CPU with AMX BF16 that
+// the OS lets this process use).
+bool conv2d_bf16_tiles_available();
 
 // Output extent of one axis.
 int64_t conv2d_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad_before,
@@ -65,7 +76,7 @@ int64_t conv2d_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t p
 // input's size and no more channels (stride 1, no upsampling): bands are written back only
 // after the next band has gathered the rows it shares with them.
 // Results do not depend on the pool size: every output value comes from one GEMM tile of
-// fixed shape.
+// fixed shape (with Bf16Tiles too).
 void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, float* out,
             ConvWrite mode, ThreadPool& pool);
 

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "ops/group_norm.h"
+
 namespace klein::ops::detail {
 
 // Output channels per weight group: weights [Cout, C, k, k] become
@@ -26,5 +28,59 @@ struct DirectBand {
 // value, so results do not depend on how rows and columns are split among threads.
 void direct_conv_row_avx512(const DirectBand& band, const float* packed, int64_t out_channels,
                             int64_t oy, int64_t x_begin, int64_t x_end, float* result, int64_t ld);
+
+// ---- BF16 tiles (AMX, conv2d_amx.cpp) ------------------------------------------------------
+//
+// The products as a GEMM on bf16 values with float32 sums, Y[Cout, pixels] = A[Cout, K] ·
+// cols[K, pixels], one TDPBF16PS per 16 output channels x 16 pixels x 32 K values.
+//
+// K runs over (channel pair, ky, kx, channel in pair): K index ((cp·k + ky)·k + kx)·2 + i
+// multiplies input channel 2cp + i at tap (ky, kx). Then the two values a B tile keeps in one
+// dword (K pair p, pixel n) are the same pixel of channels 2cp and 2cp + 1, so a band stored
+// with its channels interleaved in pairs is copied into the column matrix one dword per pixel
+// and tap, with no shuffling. Input channels are padded to an even count and K to a multiple
+// of kBf16TileK, both with zeros.
+constexpr int64_t kBf16TileK = 32;       // K values per tile step (16 dword pair rows)
+constexpr int64_t kBf16TileRows = 16;    // output channels per A / C tile
+constexpr int64_t kBf16TilePixels = 16;  // pixels per B / C tile
+
+// The band of Bf16Tiles: as DirectBand's (upsampled, normalised, zero-padded rows), channels
+// interleaved in pairs and rounded to bf16. Dword x of row j of pair cp holds channel 2cp in
+// its low half and channel 2cp + 1 in its high half.
+struct Bf16Band {
+  const uint32_t* data = nullptr;  // [pairs, rows, width] dwords
+  int64_t pairs = 0, rows = 0, width = 0;
+  int64_t kernel = 1, stride = 1;
+};
+
+// Weights as A tiles: bf16 [out_rows, k_padded] row-major, out_rows = Cout rounded up to
+// kBf16TileRows, zero past Cout and past the real K. (Stored tile by tile instead, 1 KiB
+// after 1 KiB, they ran no faster.)
+struct Bf16Weights {
+  const uint16_t* data = nullptr;
+  int64_t out_channels = 0, out_rows = 0, k_padded = 0;
+  const float* bias = nullptr;  // [out_channels] or null
+};
+
+// out[x] = bf16(f(a[x])) | bf16(g(b[x])) << 16 for x < n, rounded to nearest even, where f
+// and g are the transform of channels c and c + 1 (identity when t is null), computed with the
+// very operations of ChannelAffine::apply, so the values are those of the exact paths rounded
+// once. b may be null: a zero channel.
+void pack_pairs_amx(const float* a, const float* b, int64_t n, const ChannelAffine* t, int64_t c,
+                    uint32_t* out);
+
+// Dwords of column-matrix scratch that bf16_tiles_conv_amx needs for `pixels` pixels.
+int64_t bf16_columns_size(const Bf16Band& band, const Bf16Weights& w, int64_t pixels);
+
+// Output pixels [p0, p0 + n) of a band (pixel p = band output row p / out_width, column
+// p % out_width): builds their column matrix in `columns` (bf16_columns_size dwords, 64-byte
+// aligned), multiplies it on AMX tiles for every output channel and writes
+// out[co·ld + p] = sum + bias[co] (accumulate: out[co·ld + p] += sum + bias[co]), `out`
+// pointing at the band's first output pixel of channel 0. Configures the tiles itself and
+// releases them on return. Every output value is one chain of tile products over K in a fixed
+// order, whatever p0 and n are.
+void bf16_tiles_conv_amx(const Bf16Band& band, const Bf16Weights& w, int64_t out_width,
+                         int64_t p0, int64_t n, uint32_t* columns, float* out, int64_t ld,
+                         bool accumulate);
 
 }  // namespace klein::ops::detail

@@ -1,0 +1,380 @@
+// ConvAlgorithm::Bf16Tiles (AMX BF16 tiles) against the exact float32 paths at every geometry
+// the VAE runs, and against the definition evaluated on the same bf16-rounded operands.
+//
+// Error bound: bf16 keeps 8 significant bits (relative rounding error <= 2^-9), so each
+// product is off by up to ~4e-3 relative and a sum of K random-signed products by about
+// 2^-9·sqrt(K)·|x||w| rms, a few 1e-3 of max|y|. Measured here (scaled difference
+// max|bf16 - exact| / max|exact|): 1.3e-3 to 3.4e-3 over the cases below; the bound is 1e-2.
+// Against the definition on the bf16-rounded operands, summed in double, only float32
+// rounding of the sums remains: measured <= 4e-7, bound 1e-5.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <string>
+
+#include "core/dtype.h"
+#include "ops/conv2d.h"
+#include "ops/group_norm.h"
+#include "support/testing.h"
+
+namespace klein {
+namespace {
+
+using ops::ChannelAffine;
+using ops::Conv2dParams;
+using ops::Conv2dWeights;
+using ops::ConvAlgorithm;
+using ops::ConvWrite;
+
+constexpr double kBf16Bound = 1e-2;       // against the float32 result, scaled by max|ref|
+constexpr double kRoundedBound = 1e-5;    // against the definition on bf16-rounded operands
+
+std::vector<float> random_values(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+Tensor random_tensor(Shape shape, uint32_t seed) {
+  Tensor t(shape);
+  std::vector<float> v = random_values(t.numel(), seed);
+  std::copy(v.begin(), v.end(), t.data());
+  return t;
+}
+
+Tensor copy_of(const Tensor& x) {
+  Tensor y(x.shape());
+  std::memcpy(y.data(), x.data(), size_t(x.numel()) * sizeof(float));
+  return y;
+}
+
+Conv2dWeights random_conv(int64_t out, int64_t in, int64_t kernel, uint32_t seed,
+                          bool bias = true) {
+  Conv2dWeights w;
+  w.out_channels = out;
+  w.in_channels = in;
+  w.kernel = kernel;
+  w.weight = random_values(out * in * kernel * kernel, seed,
+                           1.0f / std::sqrt(float(in * kernel * kernel)));
+  if (bias) w.bias = random_values(out, seed + 1, 0.1f);
+  return w;
+}
+
+// A GroupNorm + SiLU map as the VAE's ResNets apply it (mean, scale, shift per channel).
+ChannelAffine random_affine(int64_t channels, uint32_t seed) {
+  ChannelAffine a;
+  a.mean = random_values(channels, seed, 0.2f);
+  a.scale = random_values(channels, seed + 1, 0.5f);
+  for (float& s : a.scale) s += 1.0f;
+  a.shift = random_values(channels, seed + 2, 0.3f);
+  a.silu = true;
+  return a;
+}
+
+Conv2dParams same3x3() { return Conv2dParams::same(3); }
+Conv2dParams pointwise() { return Conv2dParams{}; }
+Conv2dParams downsample() {  // the VAE encoder's: a zero row/column on the bottom/right only
+  Conv2dParams p;
+  p.stride = 2;
+  p.pad_bottom = p.pad_right = 1;
+  return p;
+}
+Conv2dParams upsample() {  // the VAE decoder's Upsample2D: nearest x2, then a 3x3 conv
+  Conv2dParams p = Conv2dParams::same(3);
+  p.upsample = 2;
+  return p;
+}
+
+Conv2dParams with(Conv2dParams p, ConvAlgorithm a) {
+  p.algorithm = a;
+  return p;
+}
+
+struct Case {
+  const char* name;
+  int64_t in, out, height, width, kernel;
+  Conv2dParams params;
+  bool transform;   // GroupNorm + SiLU on the input
+  bool bias;
+  ConvWrite mode;
+};
+
+// Every kind of convolution of the decoder and encoder at klein's channel counts, on small
+// images whose sides are not multiples of 16 (partial pixel blocks, rows straddling blocks).
+const Case kVaeCases[] = {
+    {"resnet_512", 512, 512, 12, 21, 3, same3x3(), true, true, ConvWrite::Overwrite},
+    {"resnet_512_accumulate", 512, 512, 9, 10, 3, same3x3(), true, true, ConvWrite::Accumulate},
+    {"resnet_512_to_256", 512, 256, 11, 19, 3, same3x3(), true, true, ConvWrite::Overwrite},
+    {"resnet_256_to_128", 256, 128, 13, 35, 3, same3x3(), true, true, ConvWrite::Overwrite},
+    {"resnet_128", 128, 128, 17, 33, 3, same3x3(), true, true, ConvWrite::Accumulate},
+    {"shortcut_512_to_256", 512, 256, 11, 19, 1, pointwise(), false, true, ConvWrite::Accumulate},
+    {"shortcut_256_to_128", 256, 128, 13, 35, 1, pointwise(), false, true, ConvWrite::Accumulate},
+    {"post_quant_conv", 32, 32, 5, 7, 1, pointwise(), false, true, ConvWrite::Overwrite},
+    {"decoder_conv_in", 32, 512, 5, 7, 3, same3x3(), false, true, ConvWrite::Overwrite},
+    {"upsampler_512", 512, 512, 6, 9, 3, upsample(), false, true, ConvWrite::Overwrite},
+    {"upsampler_256", 256, 256, 7, 11, 3, upsample(), false, true, ConvWrite::Overwrite},
+    {"decoder_conv_out", 128, 3, 19, 23, 3, same3x3(), true, true, ConvWrite::Overwrite},
+    {"encoder_conv_in", 3, 128, 19, 23, 3, same3x3(), false, true, ConvWrite::Overwrite},
+    {"downsampler_even", 128, 128, 18, 34, 3, downsample(), false, true, ConvWrite::Overwrite},
+    {"downsampler_odd", 256, 256, 13, 21, 3, downsample(), false, true, ConvWrite::Overwrite},
+    {"encoder_conv_out", 512, 64, 7, 9, 3, same3x3(), true, true, ConvWrite::Overwrite},
+    {"quant_conv_no_bias", 64, 64, 7, 9, 1, pointwise(), false, false, ConvWrite::Overwrite},
+};
+
+// Runs `algorithm` on the case's input; in Accumulate mode onto a fixed random output.
+Tensor run(const Case& c, const Tensor& x, const Conv2dWeights& w, const ChannelAffine* t,
+           ConvAlgorithm algorithm, ThreadPool& pool) {
+  const Conv2dParams p = with(c.params, algorithm);
+  const Shape shape = {c.out,
+                       ops::conv2d_output_size(c.height, c.kernel, p.stride, p.pad_top,
+                                               p.pad_bottom, p.upsample),
+                       ops::conv2d_output_size(c.width, c.kernel, p.stride, p.pad_left,
+                                               p.pad_right, p.upsample)};
+  Tensor y = c.mode == ConvWrite::Accumulate ? random_tensor(shape, 99) : Tensor(shape);
+  ops::conv2d_into(x, t, w, p, y, c.mode, pool);
+  return y;
+}
+
+TEST(Conv2dBf16, MatchesExactPathAtVaeGeometries) {
+  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+  ThreadPool pool(2);
+  double worst = 0;
+  for (const Case& c : kVaeCases) {
+    SCOPED_TRACE(c.name);
+    const Tensor x = random_tensor({c.in, c.height, c.width}, uint32_t(c.in + c.height));
+    const Conv2dWeights w = random_conv(c.out, c.in, c.kernel, uint32_t(c.out), c.bias);
+    const ChannelAffine t = random_affine(c.in, 5);
+    const ChannelAffine* transform = c.transform ? &t : nullptr;
+    const Tensor exact = run(c, x, w, transform, ConvAlgorithm::Gemm, pool);
+    const Tensor tiles = run(c, x, w, transform, ConvAlgorithm::Bf16Tiles, pool);
+    ASSERT_EQ(exact.shape(), tiles.shape());
+    const double diff = testing::scaled_diff(tiles.data(), exact.data(), exact.numel());
+    std::cout << "  " << c.name << ": scaled diff " << diff << "\n";
+    EXPECT_LE(diff, kBf16Bound);
+    EXPECT_GT(diff, 0.0) << "bf16 rounding should show";
+    worst = std::max(worst, diff);
+  }
+  std::cout << "  worst " << worst << "\n";
+}
+
+float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+
+// The definition on bf16-rounded operands: upsample, transform (float32, as the convolution
+// does), round to bf16, pad, slide the kernel over bf16-rounded weights, sum in double, add
+// the float32 bias.
+Tensor rounded_reference(const Tensor& x, const ChannelAffine* t, const Conv2dWeights& w,
+                         const Conv2dParams& p) {
+  const int64_t C = x.dim(0), H = x.dim(1) * p.upsample, W = x.dim(2) * p.upsample;
+  const int64_t k = w.kernel;
+  const int64_t OH = (H + p.pad_top + p.pad_bottom - k) / p.stride + 1;
+  const int64_t OW = (W + p.pad_left + p.pad_right - k) / p.stride + 1;
+  auto input = [&](int64_t c, int64_t y, int64_t xx) -> double {
+    y -= p.pad_top;
+    xx -= p.pad_left;
+    if (y < 0 || y >= H || xx < 0 || xx >= W) return 0.0;
+    float v = x.data()[(c * x.dim(1) + y / p.upsample) * x.dim(2) + xx / p.upsample];
+    if (t) t->apply(c, &v, &v, 1);
+    return round_bf16(v);
+  };
+  Tensor y({w.out_channels, OH, OW});
+  for (int64_t co = 0; co < w.out_channels; ++co)
+    for (int64_t oy = 0; oy < OH; ++oy)
+      for (int64_t ox = 0; ox < OW; ++ox) {
+        double s = 0;
+        for (int64_t ci = 0; ci < C; ++ci)
+          for (int64_t ky = 0; ky < k; ++ky)
+            for (int64_t kx = 0; kx < k; ++kx)
+              s += double(round_bf16(w.weight[size_t(((co * C + ci) * k + ky) * k + kx)])) *
+                   input(ci, oy * p.stride + ky, ox * p.stride + kx);
+        if (!w.bias.empty()) s += w.bias[size_t(co)];
+        y.data()[(co * OH + oy) * OW + ox] = float(s);
+      }
+  return y;
+}
+
+Conv2dParams odd_params() {  // stride 3, asymmetric padding, with a 5x5 kernel below
+  Conv2dParams p;
+  p.stride = 3;
+  p.pad_top = 2;
+  p.pad_left = 1;
+  p.pad_right = 3;
+  return p;
+}
+
+// Small shapes with odd channel counts (a zero channel completes the last pair), K not a
+// multiple of 32, output channels not a multiple of 16, and images narrower than a tile.
+TEST(Conv2dBf16, MatchesDefinitionOnRoundedOperands) {
+  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+  ThreadPool pool(3);
+  const Case cases[] = {
+      {"same3x3_odd", 5, 7, 13, 11, 3, same3x3(), true, true, ConvWrite::Overwrite},
+      {"same3x3_wide", 19, 9, 6, 37, 3, same3x3(), false, true, ConvWrite::Overwrite},
+      {"narrow", 6, 17, 9, 3, 3, same3x3(), true, true, ConvWrite::Overwrite},
+      {"one_pixel", 4, 33, 1, 1, 3, same3x3(), true, false, ConvWrite::Overwrite},
+      {"pointwise", 6, 4, 9, 7, 1, pointwise(), false, true, ConvWrite::Overwrite},
+      {"pointwise_transform", 9, 40, 5, 13, 1, pointwise(), true, true, ConvWrite::Overwrite},
+      {"downsample_even", 4, 6, 12, 10, 3, downsample(), true, true, ConvWrite::Overwrite},
+      {"downsample_odd", 3, 5, 11, 9, 3, downsample(), false, true, ConvWrite::Overwrite},
+      {"upsample", 5, 3, 7, 5, 3, upsample(), true, true, ConvWrite::Overwrite},
+      {"kernel5_stride3", 4, 3, 14, 17, 5, odd_params(), true, true, ConvWrite::Overwrite},
+      {"channels_48", 48, 48, 10, 18, 3, same3x3(), true, true, ConvWrite::Overwrite},
+  };
+  double worst = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Tensor x = random_tensor({c.in, c.height, c.width}, 7);
+    const Conv2dWeights w = random_conv(c.out, c.in, c.kernel, 11, c.bias);
+    const ChannelAffine t = random_affine(c.in, 21);
+    const ChannelAffine* transform = c.transform ? &t : nullptr;
+    const Tensor got =
+        ops::conv2d(x, w, with(c.params, ConvAlgorithm::Bf16Tiles), pool, transform);
+    const Tensor ref = rounded_reference(x, transform, w, c.params);
+    ASSERT_EQ(got.shape(), ref.shape());
+    const double diff = testing::scaled_diff(got.data(), ref.data(), ref.numel());
+    EXPECT_LE(diff, kRoundedBound);
+    worst = std::max(worst, diff);
+  }
+  std::cout << "  worst scaled diff " << worst << "\n";
+}
+
+// The fused GroupNorm + SiLU transform gives the values of ChannelAffine::apply rounded once to
+// bf16, bit for bit: an identity 1x1 convolution (weights 1 and 0, no bias) returns them
+// exactly. Inputs span +-200 so the exponential's clamping at 87 is reached.
+TEST(Conv2dBf16, TransformedInputsAreRoundedExactly) {
+  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+  ThreadPool pool(2);
+  const int64_t C = 34, H = 5, W = 37;
+  Tensor x({C, H, W});
+  const std::vector<float> v = random_values(x.numel(), 41, 60.0f);
+  std::copy(v.begin(), v.end(), x.data());
+  const ChannelAffine t = random_affine(C, 42);
+  Conv2dWeights w;
+  w.out_channels = w.in_channels = C;
+  w.weight.assign(size_t(C * C), 0.0f);
+  for (int64_t c = 0; c < C; ++c) w.weight[size_t(c * C + c)] = 1.0f;
+  for (int64_t up : {1, 2}) {
+    SCOPED_TRACE("upsample " + std::to_string(up));
+    Conv2dParams p = with(pointwise(), ConvAlgorithm::Bf16Tiles);
+    p.upsample = up;
+    const Tensor y = ops::conv2d(x, w, p, pool, &t);
+    ASSERT_EQ(y.shape(), (Shape{C, H * up, W * up}));
+    int64_t mismatches = 0;
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t i = 0; i < H * up; ++i)
+        for (int64_t j = 0; j < W * up; ++j) {
+          float value = x.data()[(c * H + i / up) * W + j / up];
+          t.apply(c, &value, &value, 1);
+          const float expected = round_bf16(value), got = y.data()[(c * H * up + i) * W * up + j];
+          if (std::memcmp(&expected, &got, sizeof(float)) != 0 && ++mismatches <= 5)
+            ADD_FAILURE() << "channel " << c << " (" << i << ", " << j << "): " << got
+                          << " != " << expected << " (from " << value << ")";
+        }
+    EXPECT_EQ(mismatches, 0);
+  }
+}
+
+// Widths around the 16- and 32-pixel blocks and output channels around the 16- and 32-row
+// blocks, on images of one and a few rows.
+TEST(Conv2dBf16, BlockEdges) {
+  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+  ThreadPool pool(2);
+  for (int64_t width : {1, 2, 15, 16, 17, 31, 32, 33, 47, 65, 100})
+    for (int64_t out : {1, 3, 15, 16, 17, 31, 32, 33, 48, 50})
+      for (int64_t height : {1, 3}) {
+        SCOPED_TRACE("width " + std::to_string(width) + ", out " + std::to_string(out) +
+                     ", height " + std::to_string(height));
+        const Tensor x = random_tensor({3, height, width}, uint32_t(width));
+        const Conv2dWeights w = random_conv(out, 3, 3, uint32_t(out));
+        const Conv2dParams p = same3x3();
+        const Tensor got = ops::conv2d(x, w, with(p, ConvAlgorithm::Bf16Tiles), pool);
+        const Tensor ref = rounded_reference(x, nullptr, w, p);
+        ASSERT_LE(testing::scaled_diff(got.data(), ref.data(), ref.numel()), kRoundedBound);
+      }
+}
+
+// Accumulate adds onto what the output holds, bias included once.
+TEST(Conv2dBf16, Accumulates) {
+  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+  ThreadPool pool(2);
+  const Tensor x = random_tensor({6, 9, 10}, 1);
+  for (int64_t kernel : {1, 3}) {
+    SCOPED_TRACE("kernel " + std::to_string(kernel));
+    const Conv2dWeights w = random_conv(20, 6, kernel, 2);
+    const Conv2dParams p = with(Conv2dParams::same(kernel), ConvAlgorithm::Bf16Tiles);
+    Tensor y = random_tensor({20, 9, 10}, 3);
+    Tensor ref = rounded_reference(x, nullptr, w, Conv2dParams::same(kernel));
+    for (int64_t i = 0; i < ref.numel(); ++i) ref.data()[i] += y.data()[i];
+    ops::conv2d_into(x, nullptr, w, p, y, ConvWrite::Accumulate, pool);
+    EXPECT_LE(testing::scaled_diff(y.data(), ref.data(), ref.numel()), kRoundedBound);
+  }
+}
+
+// In place over several bands (8192 pixels each: 82 rows of 100 here), as the VAE's ResNets
+// run conv2 when the channel count changes: same values as into a separate output.
+TEST(Conv2dBf16, InPlaceOverManyBands) {
+  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+  ThreadPool pool(2);
+  const int64_t C = 40, H = 200, W = 100;
+  const Tensor x = random_tensor({C, H, W}, 4);
+  const Conv2dWeights w = random_conv(24, C, 3, 5);
+  const ChannelAffine t = random_affine(C, 6);
+  const Conv2dParams p = with(same3x3(), ConvAlgorithm::Bf16Tiles);
+  const Tensor ref = ops::conv2d(x, w, p, pool, &t);
+  for (ConvWrite mode : {ConvWrite::Overwrite, ConvWrite::Accumulate}) {
+    SCOPED_TRACE(mode == ConvWrite::Overwrite ? "overwrite" : "accumulate");
+    Tensor work = copy_of(x);
+    ops::conv2d({work.data(), C, H, W, &t}, w, p, work.data(), mode, pool);
+    // The first 24 planes now hold the result (plus the input, accumulating).
+    Tensor expected = copy_of(ref);
+    if (mode == ConvWrite::Accumulate)
+      for (int64_t i = 0; i < expected.numel(); ++i) expected.data()[i] += x.data()[i];
+    EXPECT_EQ(testing::scaled_diff(work.data(), expected.data(), expected.numel()), 0.0);
+  }
+  const Tensor exact = ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Gemm), pool, &t);
+  EXPECT_LE(testing::scaled_diff(ref.data(), exact.data(), ref.numel()), kBf16Bound);
+}
+
+TEST(Conv2dBf16, ResultsDoNotDependOnThreadCount) {
+  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+  const int64_t C = 40, H = 150, W = 70;  // two bands
+  const Tensor x = random_tensor({C, H, W}, 13);
+  const Conv2dWeights w = random_conv(24, C, 3, 14);
+  const ChannelAffine t = random_affine(C, 15);
+  ThreadPool one(1), three(3);
+  for (Conv2dParams p : {same3x3(), downsample(), upsample(), pointwise()}) {
+    p.algorithm = ConvAlgorithm::Bf16Tiles;
+    const Tensor a = ops::conv2d(x, w, p, one, &t);
+    const Tensor b = ops::conv2d(x, w, p, three, &t);
+    ASSERT_EQ(a.shape(), b.shape());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), size_t(a.numel()) * sizeof(float)));
+  }
+}
+
+// Conv2dParams::bf16 makes Auto use the tiles where they exist and the exact path elsewhere.
+TEST(Conv2dBf16, AutoUsesTilesOnlyWhenAsked) {
+  ThreadPool pool(2);
+  const Tensor x = random_tensor({20, 9, 30}, 16);
+  const Conv2dWeights w = random_conv(18, 20, 3, 17);
+  Conv2dParams p = same3x3();
+  const Tensor exact = ops::conv2d(x, w, p, pool);
+  p.bf16 = true;
+  const Tensor fast = ops::conv2d(x, w, p, pool);
+  const Tensor expected = ops::conv2d_bf16_tiles_available()
+                             ? ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Bf16Tiles), pool)
+                             : copy_of(exact);
+  EXPECT_EQ(0, std::memcmp(fast.data(), expected.data(), size_t(fast.numel()) * sizeof(float)));
+  // An explicit algorithm wins over the flag.
+  p.algorithm = ConvAlgorithm::Gemm;
+  const Tensor gemm = ops::conv2d(x, w, p, pool);
+  EXPECT_EQ(0, std::memcmp(gemm.data(), ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Gemm),
+                                                    pool).data(),
+                           size_t(gemm.numel()) * sizeof(float)));
+}
+
+}  // namespace
+}  // namespace klein
