@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/npy.h"
 #include "models/vae/vae.h"
+#include "ops/conv2d.h"
 #include "support/testing.h"
 #include "vae/random_store.h"
 #include "weights/model_source.h"
@@ -115,6 +116,67 @@ TEST_F(VaeGolden, PipelineVaeInputAndImage) {
   EXPECT_TRUE(testing::matches_npy(image, dir / "image_decoded.npy", kTolerance));
 }
 
+// With VaeOptions::bf16_tiles every convolution rounds its inputs and weights to bf16: each
+// intermediate moves by a few 1e-3 of its range, accumulating through the decoder. Measured on
+// klein-tiny: see the printed scaled differences; bound kBf16Tolerance.
+constexpr double kBf16Tolerance = 3e-2;
+
+TEST_F(VaeGolden, DecodeWithBf16TilesEveryIntermediate) {
+  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+  vae::Vae model(*store_, pool_, {.bf16_tiles = true});
+  for (const char* name : {"decode_h64_w64", "decode_h64_w96"}) {
+    SCOPED_TRACE(name);
+    const int64_t w = std::string(name) == "decode_h64_w64" ? 4 : 6;
+    Recorder r;
+    const Tensor image = model.decode(packed_tokens(name), 4, w, r.observer());
+    EXPECT_EQ(image.shape(), (Shape{3, 64, 16 * w}));
+    std::vector<std::string> steps = {"image"};
+    if (w == 4)
+      steps = {"post_quant_conv", "decoder_conv_in", "decoder_mid_block", "decoder_up_blocks_0",
+               "decoder_up_blocks_1", "decoder_up_blocks_2", "decoder_up_blocks_3",
+               "decoder_conv_out", "image"};
+    for (const std::string& step : steps) {
+      SCOPED_TRACE(step);
+      const fs::path ref = vectors() / (std::string(name) + "_" + step + ".npy");
+      const std::vector<float> values = read_npy(ref).to_f32();
+      const Tensor& got = r.seen.at(step);
+      ASSERT_EQ(int64_t(values.size()), got.numel());
+      const double diff = testing::scaled_diff(got.data(), values.data(), got.numel());
+      std::cout << "  bf16 " << name << "_" << step << ": scaled diff " << diff << "\n";
+      EXPECT_LE(diff, kBf16Tolerance);
+    }
+  }
+}
+
+TEST_F(VaeGolden, EncodeWithBf16Tiles) {
+  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+  vae::Vae model(*store_, pool_, {.bf16_tiles = true});
+  Tensor pixels = load(vectors() / "encode_ref0" / "ref0_pixels.npy");
+  pixels.reshape({pixels.dim(1), pixels.dim(2), pixels.dim(3)});
+  Recorder r;
+  model.encode(pixels, r.observer());
+  for (const std::string step :
+       {"encoder_down_blocks_3", "encoder_conv_out", "vae_mean", "tokens"}) {
+    SCOPED_TRACE(step);
+    const fs::path ref = vectors() / "encode_ref0" / ("ref0_" + step + ".npy");
+    const std::vector<float> values = read_npy(ref).to_f32();
+    const Tensor& got = r.seen.at(step);
+    ASSERT_EQ(int64_t(values.size()), got.numel());
+    const double diff = testing::scaled_diff(got.data(), values.data(), got.numel());
+    std::cout << "  bf16 ref0_" << step << ": scaled diff " << diff << "\n";
+    EXPECT_LE(diff, kBf16Tolerance);
+  }
+}
+
+// The option is the conv algorithm only: off, results are the float32 ones bit for bit.
+TEST_F(VaeGolden, Bf16TilesOffIsFloat32) {
+  vae::Vae plain(*store_, pool_), off(*store_, pool_, {.bf16_tiles = false});
+  const Tensor tokens = packed_tokens("decode_h64_w64");
+  const Tensor a = plain.decode(tokens, 4, 4), b = off.decode(tokens, 4, 4);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), size_t(a.numel()) * sizeof(float)));
+  EXPECT_FALSE(plain.options().bf16_tiles);
+}
+
 TEST_F(VaeGolden, ResultsDoNotDependOnThreadCount) {
   ThreadPool one(1), three(3);
   vae::Vae a(*store_, one), b(*store_, three);
@@ -157,6 +219,22 @@ TEST(VaeRealShapes, DecodeAndEncodeRun) {
   const Tensor back = model.encode(image);
   ASSERT_EQ(back.shape(), (Shape{6, 128}));
   for (int64_t i = 0; i < back.numel(); ++i) ASSERT_TRUE(std::isfinite(back.data()[i])) << i;
+}
+
+// The BF16-tile decoder against the float32 one at klein's real channel counts.
+TEST(VaeRealShapes, Bf16TilesDecodeCloseToFloat32) {
+  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+  testing::RandomVaeStore store;
+  ThreadPool pool(2);
+  vae::Vae exact(store, pool), fast(store, pool, {.bf16_tiles = true});
+  Tensor tokens({2 * 3, 128});
+  for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data()[i] = float(i % 7) / 7.0f - 0.4f;
+  const Tensor a = exact.decode(tokens, 2, 3), b = fast.decode(tokens, 2, 3);
+  ASSERT_EQ(a.shape(), b.shape());
+  const double diff = testing::scaled_diff(b.data(), a.data(), a.numel());
+  std::cout << "  real shapes, bf16 image: scaled diff " << diff << "\n";
+  EXPECT_LE(diff, kBf16Tolerance);
+  EXPECT_GT(diff, 0.0);
 }
 
 // The latent glue on its own: channel 4·c + 2·dy + dx, row-major tokens, exact inverses.

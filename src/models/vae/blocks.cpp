@@ -135,17 +135,18 @@ ops::ChannelAffine group_norm(const Net& net, const std::string& name, const Ten
 Tensor resnet_block(const Net& net, const std::string& p, Tensor x, int64_t out_channels) {
   const int64_t in_channels = x.dim(0);
   const ops::ChannelAffine norm1 = group_norm(net, p + "norm1", x, /*silu=*/true);
-  Tensor h = ops::conv2d(x, load_conv(net, p + "conv1", out_channels, in_channels, 3), kSame3x3,
-                         net.pool, &norm1);
+  Tensor h = ops::conv2d(x, load_conv(net, p + "conv1", out_channels, in_channels, 3),
+                         net.conv(kSame3x3), net.pool, &norm1);
   const ops::ChannelAffine norm2 = group_norm(net, p + "norm2", h, /*silu=*/true);
   const ops::Conv2dWeights conv2 = load_conv(net, p + "conv2", out_channels, out_channels, 3);
   if (in_channels == out_channels) {
-    ops::conv2d_into(h, &norm2, conv2, kSame3x3, x, ops::ConvWrite::Accumulate, net.pool);
+    ops::conv2d_into(h, &norm2, conv2, net.conv(kSame3x3), x, ops::ConvWrite::Accumulate,
+                     net.pool);
     return x;
   }
-  ops::conv2d_into(h, &norm2, conv2, kSame3x3, h, ops::ConvWrite::Overwrite, net.pool);
+  ops::conv2d_into(h, &norm2, conv2, net.conv(kSame3x3), h, ops::ConvWrite::Overwrite, net.pool);
   ops::conv2d_into(x, nullptr, load_conv(net, p + "conv_shortcut", out_channels, in_channels, 1),
-                   kPointwise, h, ops::ConvWrite::Accumulate, net.pool);
+                   net.conv(kPointwise), h, ops::ConvWrite::Accumulate, net.pool);
   return h;
 }
 

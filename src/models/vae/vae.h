@@ -19,7 +19,12 @@ namespace klein::vae {
 class Vae {
  public:
   // Reads the latent statistics ("vae.latent_stats") now; everything else per call.
-  Vae(WeightStore& store, ThreadPool& pool);
+  Vae(WeightStore& store, ThreadPool& pool, const VaeOptions& options = {});
+
+  // The arithmetic of later calls (blocks.h VaeOptions): e.g. {.bf16_tiles = true} for the
+  // fast, slightly less exact convolutions on AMX.
+  void set_options(const VaeOptions& options) { options_ = options; }
+  const VaeOptions& options() const { return options_; }
 
   const VaeConfig& config() const { return store_.config().vae; }
   const LatentStats& latent_stats() const { return stats_; }
@@ -49,6 +54,7 @@ class Vae {
  private:
   WeightStore& store_;
   ThreadPool& pool_;
+  VaeOptions options_;
   LatentStats stats_;
 };
 
