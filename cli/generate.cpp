@@ -1,6 +1,7 @@
 // klein generate: text-to-image and editing with reference images.
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -131,6 +132,7 @@ nlohmann::ordered_json result_json(const Args& a, const GenerateResult& r, const
   j["steps"] = r.steps;
   j["guidance"] = r.guidance;
   j["context_from_cache"] = r.context_from_cache;
+  j["precision"] = r.fast ? "fast" : "exact";
   j["timings"]["load"] = load.seconds;
   for (const auto& [phase, s] : r.timings) j["timings"][phase] = s;
   j["denoise_setup_seconds"] = r.denoise_setup_seconds;
@@ -214,11 +216,11 @@ void run(Args& a) {
     JsonProgress::emit(result_json(a, r, load, total, pool.size()));
   } else {
     if (a.verbose) print_verbose(r, load);
-    std::fprintf(stderr, "seed %llu, %lldx%lld, %lld steps, %.1f s, peak RSS %.0f MiB%s%s\n",
+    std::fprintf(stderr, "seed %llu, %lldx%lld, %lld steps, %.1f s, peak RSS %.0f MiB, %s%s%s\n",
                  static_cast<unsigned long long>(r.seed), static_cast<long long>(r.width),
                  static_cast<long long>(r.height), static_cast<long long>(r.steps), total,
-                 double(overall_peak_rss(r, load)) / (1 << 20), r.memory ? ", " : "",
-                 r.memory ? residency_name(r.memory->residency) : "");
+                 double(overall_peak_rss(r, load)) / (1 << 20), r.fast ? "fast" : "exact",
+                 r.memory ? ", " : "", r.memory ? residency_name(r.memory->residency) : "");
     std::printf("%s\n", a.output.c_str());
   }
 }
@@ -245,6 +247,13 @@ Registration reg("generate", 10, [](CLI::App& app) {
   cmd->add_option("--dump", a->dump, "Write every stage as .npy files into this directory");
   cmd->add_option("--jpeg-quality", a->jpeg_quality, "JPEG quality 1-100")->check(CLI::Range(1, 100));
   cmd->add_flag("--no-cache", a->no_cache, "Do not read or write the prompt cache");
+  cmd->add_option("--precision", a->gen.precision,
+                  "exact: float32 activations throughout; fast: bf16 tiles for attention and the "
+                  "VAE on CPUs with AMX; auto: fast for Q8/Q4 containers, else exact")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, Precision>{
+              {"auto", Precision::Auto}, {"exact", Precision::Exact}, {"fast", Precision::Fast}},
+          CLI::ignore_case));
   add_memory_options(*cmd, a->memory);
   cmd->add_flag("-q,--quiet", a->quiet, "No progress output");
   cmd->add_flag("-v,--verbose", a->verbose,

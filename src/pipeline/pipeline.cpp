@@ -150,6 +150,8 @@ GenerateResult Pipeline::generate(const GenerateOptions& o, Progress& progress) 
   r.guidance = o.guidance.value_or(config.is_distilled ? 1.0f : 4.0f);
   r.seed = o.seed.value_or(fresh_seed());
   const bool cfg = flux2::uses_guidance(config, r.guidance);
+  r.fast = o.precision == Precision::Fast ||
+           (o.precision == Precision::Auto && store_.has_quantized("transformer."));
 
   // Memory: how much this generation needs, resident or paged, against the budget.
   if (o.plan_memory) {
@@ -235,6 +237,7 @@ GenerateResult Pipeline::generate(const GenerateOptions& o, Progress& progress) 
     in.schedule = flux2::make_schedule(config.scheduler, grid.tokens(), r.steps);
     for (const auto& w : in.schedule.warnings) warn(w);
     in.guidance = r.guidance;
+    in.transformer.bf16_attention = r.fast;
     in.on_step = [&](const flux2::StepInfo& s) {
       if (dump.on()) {
         const std::string p = "step" + std::to_string(s.step) + "_";
@@ -307,6 +310,7 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
   j["seed"] = r.seed;
   j["width"] = r.width;
   j["height"] = r.height;
+  j["precision"] = r.fast ? "fast" : "exact";
   j["model"] = model_name;
   if (!model_checksum.empty()) j["model_checksum"] = model_checksum;
   std::vector<std::string> refs;

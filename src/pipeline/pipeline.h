@@ -28,6 +28,14 @@
 
 namespace klein {
 
+// The arithmetic of the activations.
+//   Exact  float32 everywhere (what the golden tests compare against).
+//   Fast   bf16 tiles for attention (and the VAE's convolutions) on CPUs with AMX; float32
+//          elsewhere and on other CPUs. Q8 / Q4 projections use their own kernels either way.
+//   Auto   Fast when the transformer's weights are quantized (the image is an approximation
+//          already), Exact otherwise.
+enum class Precision { Auto, Exact, Fast };
+
 struct GenerateOptions {
   std::string prompt;
   std::string negative_prompt;                    // CFG only (klein-base); "" by default
@@ -45,6 +53,7 @@ struct GenerateOptions {
   std::optional<uint64_t> max_memory;
   std::optional<Residency> residency;  // force a residency (still checked against max_memory)
   bool plan_only = false;              // stop after the memory plan (result without an image)
+  Precision precision = Precision::Auto;
 };
 
 // Peak RSS during one phase.
@@ -61,6 +70,7 @@ struct GenerateResult {
   int64_t width = 0, height = 0, steps = 0;
   float guidance = 1;
   bool context_from_cache = false;
+  bool fast = false;  // the precision used: true = Fast (see Precision)
   std::vector<std::pair<std::string, double>> timings;  // phase → seconds, in order
   double denoise_setup_seconds = 0;   // embeddings and all steps' modulation, before step 0
   std::vector<double> step_seconds;   // each denoising step

@@ -126,6 +126,13 @@ ContainerStore::~ContainerStore() {
 
 std::vector<std::string> ContainerStore::units() const { return order_; }
 
+bool ContainerStore::has_quantized(const std::string& prefix) const {
+  for (const auto& u : file_.index().units)
+    for (const auto& t : file_.tensors_of(u))
+      if (t.name.rfind(prefix, 0) == 0 && (t.type == DType::Q8 || t.type == DType::Q4)) return true;
+  return false;
+}
+
 std::string ContainerStore::identity() const {
   return "klein-container:" + container::hex64(file_.header().header_xxh3);
 }

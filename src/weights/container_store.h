@@ -59,6 +59,7 @@ class ContainerStore final : public WeightStore {
   // "klein-container:" + the header checksum, which covers the index and through it the
   // checksum of every unit.
   std::string identity() const override;
+  bool has_quantized(const std::string& prefix) const override;
 
   void set_residency(Residency r) override;
   Residency residency() const override;

@@ -106,6 +106,9 @@ class WeightStore {
   // A string that changes whenever the weights could have changed (checksum, or file
   // names + sizes + modification times); used to key caches.
   virtual std::string identity() const = 0;
+  // True when some tensor under `prefix` ("transformer.") is stored as Q8 or Q4, i.e. the
+  // component's output is already an approximation. Answered from the index, without paging.
+  virtual bool has_quantized(const std::string& prefix) const { return false; }
 
   // Residency (see Residency). Stores that do not page keep everything and ignore it.
   virtual void set_residency(Residency r) {}

@@ -141,5 +141,38 @@ TEST(ContainerCli, ConvertVerifyGenerateMatchesTheSource) {
   EXPECT_EQ(load_image(out / "c.png").rgb, load_image(out / "s.png").rgb);
 }
 
+// --precision fast (bf16 attention and VAE convolutions on AMX CPUs) stays close to the
+// official float32 pipeline; auto is exact on safetensors. Without AMX, fast is exact.
+TEST(GenerateCli, FastPrecisionStaysCloseToTheOfficialPipeline) {
+  const fs::path ref_dir = testing::tiny_vectors() / "e2e" / "t2i_h64_w64";
+  const fs::path out = testing::temp_dir("e2e-fast");
+  const std::string args = "generate -m " + testing::tiny_model().string() +
+                           " -p \"A cat holding a sign that says hello world\" -W 64 -H 64" +
+                           " --noise " + (ref_dir / "noise.npy").string() +
+                           " --no-cache --threads 2 --json --dump ";
+  std::string log;
+  ASSERT_EQ(testing::run_klein(args + (out / "fast").string() + " --precision fast -o " +
+                                   (out / "fast.png").string(),
+                               &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("\"precision\":\"fast\""), std::string::npos) << log;
+  ASSERT_EQ(testing::run_klein(args + (out / "auto").string() + " -o " +
+                                   (out / "auto.png").string(),
+                               &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("\"precision\":\"exact\""), std::string::npos) << log;
+  // Measured on an AMX CPU (max|diff| / max|ref|): velocity 1.3e-3 at step 0, 1.6e-3 at step
+  // 3, final latents 9.0e-4, decoded image 1.1e-3. bf16 keeps 8 significant bits; 2e-2 leaves
+  // room for other CPUs without hiding a real bug (a wrong head or row gives errors near 1).
+  for (const char* f : {"step0_velocity", "final_latents", "image_decoded"}) {
+    std::vector<float> g = read_npy(out / "fast" / (std::string(f) + ".npy")).to_f32();
+    EXPECT_TRUE(testing::matches_npy(g.data(), int64_t(g.size()), ref_dir / (std::string(f) + ".npy"),
+                                     2e-2))
+        << f;
+  }
+}
+
 }  // namespace
 }  // namespace klein

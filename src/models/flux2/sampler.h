@@ -47,6 +47,7 @@ struct SamplerInputs {
   Schedule schedule;                         // make_schedule(config.scheduler, N_img, steps)
   float guidance = 1.0f;                     // CFG scale (klein-base only)
   StepCallback on_step;                      // progress, dumps; may be empty
+  TransformerOptions transformer;            // arithmetic choices (bf16 attention)
 };
 
 struct SamplerResult {

@@ -168,7 +168,8 @@ size_t Activations::bytes() const {
 
 // --- the model -------------------------------------------------------------------------------
 
-Transformer::Transformer(WeightStore& store) : store_(store), config_(store.config().transformer) {
+Transformer::Transformer(WeightStore& store, const TransformerOptions& options)
+    : store_(store), config_(store.config().transformer), options_(options) {
   const TransformerConfig& c = config_;
   check(!c.guidance_embeds, "transformer config: guidance_embeds is true; FLUX.2-klein has no "
         "guidance embedding and this engine does not implement one");
@@ -404,6 +405,7 @@ void Transformer::attention(const RopeTable& rope, Activations& a, ThreadPool& p
   p.heads = p.kv_heads = H;
   p.head_dim = config_.head_dim;
   p.scale = float(1.0 / std::sqrt(double(config_.head_dim)));
+  p.bf16 = options_.bf16_attention;
   ops::attention(a.q.data(), D, a.k.data(), D, a.v.data(), D, a.attn.data(), D, p, pool);
 }
 

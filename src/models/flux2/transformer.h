@@ -86,11 +86,18 @@ struct ReferenceTokens {
   LatentGrid grid;
 };
 
+struct TransformerOptions {
+  // Attention on bf16 tiles (ops::AttentionParams::bf16; AMX CPUs only, else exact float32):
+  // several times faster, with bf16 rounding of Q, K, V and the probabilities, as the model
+  // runs on GPUs. Off: float32 attention, what the golden tests compare against.
+  bool bf16_attention = false;
+};
+
 class Transformer {
  public:
   // Checks the configuration against what this implementation supports; weights are
   // acquired from the store block by block during each forward.
-  explicit Transformer(WeightStore& store);
+  explicit Transformer(WeightStore& store, const TransformerOptions& options = {});
 
   const TransformerConfig& config() const { return config_; }
 
@@ -133,6 +140,7 @@ class Transformer {
 
   WeightStore& store_;
   TransformerConfig config_;
+  TransformerOptions options_;
   std::optional<OwnedWeight> x_embedder_, proj_out_;
 };
 
