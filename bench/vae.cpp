@@ -4,12 +4,21 @@
 //   bench_vae [--benchmark_filter=<regex>]   Google Benchmark: decode, encode, single convs
 //   bench_vae --peak decode 1024             one 1024x1024 decode: time per stage, peak RSS
 //   bench_vae --peak encode 1024             the same for an encode
+//   bench_vae --peak decode-bf16 1024        ... with the convolutions on BF16 tiles
+//   bench_vae --compare [sides...]           float32 and BF16-tile decodes (VaeOptions::
+//                                            bf16_tiles) taking turns, default 256 and 512:
+//                                            times, GFLOP/s, speedup and image difference
+//
+// GFLOP/s counts the decoder's convolutions only (2 x multiply-adds; 600 GFLOP at 256x256),
+// not the attention or the norms.
 //
 // Threads: KLEIN_THREADS (default: all cores).
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -53,14 +62,49 @@ double peak_rss_mib() {
   return double(u.ru_maxrss) / 1024.0;  // KiB on Linux
 }
 
+// Multiply-adds x 2 of the decoder's convolutions for an image of height x width, following
+// decoder.cpp.
+double decoder_conv_flops(const VaeConfig& c, int64_t height, int64_t width) {
+  const std::vector<int64_t>& channels = c.decoder_channels();
+  const int64_t levels = int64_t(channels.size()), down = int64_t(1) << (levels - 1);
+  double pixels = double(height / down) * double(width / down);
+  auto conv = [&](int64_t in, int64_t out, int64_t k) {
+    return 2.0 * double(in * out * k * k) * pixels;
+  };
+  auto resnet = [&](int64_t in, int64_t out) {
+    return conv(in, out, 3) + conv(out, out, 3) + (in != out ? conv(in, out, 1) : 0.0);
+  };
+  const int64_t top = channels.back();
+  double flops = c.use_post_quant_conv ? conv(c.latent_channels, c.latent_channels, 1) : 0.0;
+  flops += conv(c.latent_channels, top, 3) + 2 * resnet(top, top);
+  int64_t in = top;
+  for (int64_t i = 0; i < levels; ++i) {
+    const int64_t out = channels[size_t(levels - 1 - i)];
+    for (int64_t j = 0; j <= c.layers_per_block; ++j, in = out) flops += resnet(in, out);
+    if (i + 1 < levels) {
+      pixels *= 4;
+      flops += conv(out, out, 3);
+    }
+  }
+  return flops + conv(channels.front(), c.out_channels, 3);
+}
+
+// args = side, BF16 tiles (0 float32, 1 VaeOptions::bf16_tiles).
 void BM_Decode(benchmark::State& state) {
   const int64_t side = state.range(0);
-  vae::Vae model(store(), pool());
+  if (state.range(1) && !ops::conv2d_bf16_tiles_available()) return state.SkipWithError("no AMX");
+  vae::Vae model(store(), pool(), {.bf16_tiles = state.range(1) != 0});
   const Tensor tokens = random_tensor({(side / 16) * (side / 16), 128});
   for (auto _ : state) benchmark::DoNotOptimize(model.decode(tokens, side / 16, side / 16));
   state.counters["peak_rss_MiB"] = peak_rss_mib();
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(decoder_conv_flops(model.config(), side, side) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Decode)->Arg(256)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Decode)
+    ->ArgsProduct({{256, 512}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_Encode(benchmark::State& state) {
   const int64_t side = state.range(0);
@@ -72,12 +116,17 @@ void BM_Encode(benchmark::State& state) {
 BENCHMARK(BM_Encode)->Arg(256)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // One 3×3 convolution with the fused GroupNorm + SiLU input, as in every ResNet:
-// args = channels in, channels out, side, algorithm (0 im2col + GEMM, 1 direct).
+// args = channels in, channels out, side, algorithm (0 im2col + GEMM, 1 direct, 2 BF16 tiles).
 void BM_Conv3x3(benchmark::State& state) {
   const int64_t in = state.range(0), out = state.range(1), side = state.range(2);
   ops::Conv2dParams p = ops::Conv2dParams::same(3);
-  p.algorithm = state.range(3) ? ops::ConvAlgorithm::Direct : ops::ConvAlgorithm::Gemm;
-  if (state.range(3) && !ops::conv2d_direct_available()) return state.SkipWithError("no direct kernel");
+  constexpr ops::ConvAlgorithm kAlgorithms[] = {
+      ops::ConvAlgorithm::Gemm, ops::ConvAlgorithm::Direct, ops::ConvAlgorithm::Bf16Tiles};
+  p.algorithm = kAlgorithms[state.range(3)];
+  if (state.range(3) == 1 && !ops::conv2d_direct_available())
+    return state.SkipWithError("no direct kernel");
+  if (state.range(3) == 2 && !ops::conv2d_bf16_tiles_available())
+    return state.SkipWithError("no AMX");
   const Tensor x = random_tensor({in, side, side});
   ops::Conv2dWeights w;
   w.out_channels = out;
@@ -96,17 +145,21 @@ void BM_Conv3x3(benchmark::State& state) {
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_Conv3x3)
-    ->ArgsProduct({{128}, {128}, {512}, {0, 1}})
-    ->ArgsProduct({{256}, {128}, {512}, {0, 1}})
-    ->ArgsProduct({{512}, {512}, {128}, {0, 1}})
-    ->ArgsProduct({{128}, {3}, {512}, {0, 1}})
+    ->ArgsProduct({{128}, {128}, {512}, {0, 1, 2}})
+    ->ArgsProduct({{256}, {128}, {512}, {0, 1, 2}})
+    ->ArgsProduct({{512}, {512}, {128}, {0, 1, 2}})
+    ->ArgsProduct({{128}, {3}, {512}, {0, 1, 2}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
 // One full-size run, printing the time spent up to each reported intermediate and the peak
 // resident memory (weights included: 84M BF16 parameters = 160 MiB).
-int peak_run(const std::string& what, int64_t side) {
-  vae::Vae model(store(), pool());
+int peak_run(std::string what, int64_t side) {
+  const std::string suffix = "-bf16";
+  const bool bf16 = what.size() > suffix.size() &&
+                    what.compare(what.size() - suffix.size(), suffix.size(), suffix) == 0;
+  if (bf16) what.resize(what.size() - suffix.size());
+  vae::Vae model(store(), pool(), {.bf16_tiles = bf16});
   const double weights_rss = peak_rss_mib();
   using clock = std::chrono::steady_clock;
   auto last = clock::now();
@@ -118,8 +171,11 @@ int peak_run(const std::string& what, int64_t side) {
                 peak_rss_mib());
     last = clock::now();  // exclude the printing
   };
-  std::printf("%s %lldx%lld, %d threads; RSS with weights resident: %.0f MiB\n", what.c_str(),
-              (long long)side, (long long)side, pool().size(), weights_rss);
+  std::printf("%s %lldx%lld, %d threads, %s convolutions; RSS with weights resident: %.0f MiB\n",
+              what.c_str(), (long long)side, (long long)side, pool().size(),
+              bf16 ? (ops::conv2d_bf16_tiles_available() ? "BF16-tile" : "float32 (no AMX)")
+                   : "float32",
+              weights_rss);
   if (what == "decode") {
     const Tensor tokens = random_tensor({(side / 16) * (side / 16), 128});
     model.decode(tokens, side / 16, side / 16, timer);
@@ -135,10 +191,64 @@ int peak_run(const std::string& what, int64_t side) {
   return 0;
 }
 
+// Float32 and BF16-tile decodes of the same tokens, taking turns so that both see the same
+// machine (it may be busy): `rounds` of each per side, best and median time, GFLOP/s of the
+// convolutions, the speedup of the medians and how far the BF16 image is from the float32 one
+// (max|difference| / max|float32|, and the mean absolute difference).
+int compare_run(const std::vector<int64_t>& sides, int rounds) {
+  if (!ops::conv2d_bf16_tiles_available())
+    std::printf("no AMX BF16 on this CPU: both runs are float32\n");
+  vae::Vae exact(store(), pool()), fast(store(), pool(), {.bf16_tiles = true});
+  std::printf("decode, %d threads, %d rounds each, the two taking turns\n", pool().size(), rounds);
+  std::printf("%6s %-8s %9s %9s %9s %8s %12s %12s\n", "side", "convs", "best s", "median s",
+              "GFLOP/s", "speedup", "max diff", "mean |diff|");
+  using clock = std::chrono::steady_clock;
+  for (const int64_t side : sides) {
+    const Tensor tokens = random_tensor({(side / 16) * (side / 16), 128});
+    const double flops = decoder_conv_flops(exact.config(), side, side);
+    std::vector<double> times[2];
+    Tensor images[2];
+    for (int r = 0; r < rounds; ++r)
+      for (int which = 0; which < 2; ++which) {
+        const auto start = clock::now();
+        images[which] = (which ? fast : exact).decode(tokens, side / 16, side / 16);
+        times[which].push_back(std::chrono::duration<double>(clock::now() - start).count());
+      }
+    double max_diff = 0, max_ref = 0, sum_diff = 0;
+    for (int64_t i = 0; i < images[0].numel(); ++i) {
+      const double d = std::fabs(double(images[1].data()[i]) - images[0].data()[i]);
+      max_diff = std::max(max_diff, d);
+      sum_diff += d;
+      max_ref = std::max(max_ref, std::fabs(double(images[0].data()[i])));
+    }
+    double medians[2];
+    for (int which = 0; which < 2; ++which) {
+      std::vector<double>& t = times[which];
+      std::sort(t.begin(), t.end());
+      const size_t n = t.size();
+      medians[which] = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+    }
+    std::printf("%6lld %-8s %9.2f %9.2f %9.1f\n", (long long)side, "float32", times[0].front(),
+                medians[0], flops * 1e-9 / medians[0]);
+    std::printf("%6lld %-8s %9.2f %9.2f %9.1f %7.2fx %12.2e %12.2e\n", (long long)side, "bf16",
+                times[1].front(), medians[1], flops * 1e-9 / medians[1], medians[0] / medians[1],
+                max_diff / max_ref, sum_diff / double(images[0].numel()));
+    std::printf("%6lld conv work %.0f GFLOP\n", (long long)side, flops * 1e-9);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc >= 4 && std::strcmp(argv[1], "--peak") == 0) return peak_run(argv[2], std::atoll(argv[3]));
+  if (argc >= 2 && std::strcmp(argv[1], "--compare") == 0) {
+    std::vector<int64_t> sides;
+    for (int i = 2; i < argc; ++i) sides.push_back(std::atoll(argv[i]));
+    if (sides.empty()) sides = {256, 512};
+    const char* rounds = std::getenv("KLEIN_ROUNDS");
+    return compare_run(sides, rounds ? std::max(1, std::atoi(rounds)) : 3);
+  }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
