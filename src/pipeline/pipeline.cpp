@@ -200,7 +200,7 @@ GenerateResult Pipeline::generate(const GenerateOptions& o, Progress& progress) 
   layout.target = grid;
   if (!refs.empty()) {
     timed("vae encode", [&](Phase& phase) {
-      vae::Vae vae(store_, pool_);
+      vae::Vae vae(store_, pool_, vae::VaeOptions{.bf16_tiles = r.fast});
       for (size_t i = 0; i < refs.size(); ++i) {
         ref_tokens.push_back(vae.encode(refs[i].pixels));
         layout.references.push_back(refs[i].grid);
@@ -263,7 +263,7 @@ GenerateResult Pipeline::generate(const GenerateOptions& o, Progress& progress) 
   // Latents → pixels.
   Tensor decoded;
   timed("vae decode", [&](Phase&) {
-    vae::Vae vae(store_, pool_);
+    vae::Vae vae(store_, pool_, vae::VaeOptions{.bf16_tiles = r.fast});
     Tensor z = vae.tokens_to_latent(latents, grid.rows, grid.cols);
     dump.f32("vae_input", z, {1, z.dim(0), z.dim(1), z.dim(2)});
     decoded = vae.decode_latent(z);
