@@ -269,7 +269,7 @@ std::unique_ptr<uint16_t[], FreeAligned> pack_bf16_weights(const Conv2dWeights& 
 
 // fill_band for BF16 tiles: the same rows (upsampled, transformed, zero-padded), with the
 // channels interleaved in pairs and rounded to bf16. band [pairs, band_rows(rows), band_width()]
-// dwords. Each input value is transformed once; upsampling repeats the packed dwords.
+// dwords. Each input value is transformed once, then repeated when upsampling.
 void fill_band_bf16(const ConvInput& in, const ConvGeometry& g, int64_t r0, int64_t rows,
                     uint32_t* band, ThreadPool& pool) {
   const int64_t band_rows = g.band_rows(rows), bw = g.band_width();
@@ -287,12 +287,7 @@ void fill_band_bf16(const ConvInput& in, const ConvGeometry& g, int64_t r0, int6
       const float* a = in.data + c * plane + (y / g.upsample) * g.in_width;
       const float* b = c + 1 < g.in_channels ? a + plane : nullptr;
       uint32_t* row = dst + g.pad_left;
-      // Upsampled: pack the input row at the end of the output row, then spread it forwards
-      // (value x / u is read before position x overwrites anything still unread).
-      uint32_t* packed = row + g.width - g.in_width;
-      detail::pack_pairs_amx(a, b, g.in_width, in.transform, c, packed);
-      if (g.upsample > 1)
-        for (int64_t x = 0; x < g.width; ++x) row[x] = packed[x / g.upsample];
+      detail::pack_pairs_amx(a, b, g.in_width, in.transform, c, row, g.upsample);
       std::fill(dst, dst + g.pad_left, 0u);
       std::fill(row + g.width, dst + bw, 0u);
     }

@@ -222,7 +222,7 @@ KLEIN_INLINE __m512 apply(const Affine& a, __m512 x) {
 }  // namespace
 
 void pack_pairs_amx(const float* a, const float* b, int64_t n, const ChannelAffine* t, int64_t c,
-                    uint32_t* out) {
+                    uint32_t* out, int64_t repeat) {
   // cvtne2ps gives [bf16(a[0..15]), bf16(b[0..15])]; interleave them word by word.
   const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10,
                                               25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3,
@@ -241,7 +241,25 @@ void pack_pairs_amx(const float* a, const float* b, int64_t n, const ChannelAffi
       if (b) vb = apply(fb, vb);
     }
     const __m512i words = __m512i(_mm512_cvtne2ps_pbh(vb, va));
-    _mm512_mask_storeu_epi32(out + x, m, _mm512_permutexvar_epi16(interleave, words));
+    const __m512i pairs = _mm512_permutexvar_epi16(interleave, words);
+    if (repeat == 1) {
+      _mm512_mask_storeu_epi32(out + x, m, pairs);
+    } else if (repeat == 2) {
+      // Dwords 0-7 and 8-15 each twice.
+      const __m512i low = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+      const __m512i high = _mm512_add_epi32(low, _mm512_set1_epi32(8));
+      const int64_t left = 2 * std::min<int64_t>(16, n - x);
+      _mm512_mask_storeu_epi32(out + 2 * x, first_lanes(left),
+                               _mm512_permutexvar_epi32(low, pairs));
+      if (left > 16)
+        _mm512_mask_storeu_epi32(out + 2 * x + 16, first_lanes(left - 16),
+                                 _mm512_permutexvar_epi32(high, pairs));
+    } else {
+      alignas(64) uint32_t values[16];
+      _mm512_store_si512(values, pairs);
+      for (int64_t i = 0; i < std::min<int64_t>(16, n - x); ++i)
+        for (int64_t j = 0; j < repeat; ++j) out[(x + i) * repeat + j] = values[i];
+    }
   }
 }
 

@@ -62,12 +62,13 @@ struct Bf16Weights {
   const float* bias = nullptr;  // [out_channels] or null
 };
 
-// out[x] = bf16(f(a[x])) | bf16(g(b[x])) << 16 for x < n, rounded to nearest even, where f
-// and g are the transform of channels c and c + 1 (identity when t is null), computed with the
-// very operations of ChannelAffine::apply, so the values are those of the exact paths rounded
-// once. b may be null: a zero channel.
+// out[x·repeat + i] = bf16(f(a[x])) | bf16(g(b[x])) << 16 for x < n, i < repeat (nearest-
+// neighbour upsampling when repeat > 1), rounded to nearest even, where f and g are the
+// transform of channels c and c + 1 (identity when t is null), computed with the very
+// operations of ChannelAffine::apply, so the values are those of the exact paths rounded once.
+// b may be null: a zero channel.
 void pack_pairs_amx(const float* a, const float* b, int64_t n, const ChannelAffine* t, int64_t c,
-                    uint32_t* out);
+                    uint32_t* out, int64_t repeat = 1);
 
 // Dwords of column-matrix scratch that bf16_tiles_conv_amx needs for `pixels` pixels.
 int64_t bf16_columns_size(const Bf16Band& band, const Bf16Weights& w, int64_t pixels);

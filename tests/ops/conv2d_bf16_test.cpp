@@ -197,6 +197,12 @@ Tensor rounded_reference(const Tensor& x, const ChannelAffine* t, const Conv2dWe
   return y;
 }
 
+Conv2dParams upsample3() {
+  Conv2dParams p = Conv2dParams::same(3);
+  p.upsample = 3;
+  return p;
+}
+
 Conv2dParams odd_params() {  // stride 3, asymmetric padding, with a 5x5 kernel below
   Conv2dParams p;
   p.stride = 3;
@@ -221,6 +227,8 @@ TEST(Conv2dBf16, MatchesDefinitionOnRoundedOperands) {
       {"downsample_even", 4, 6, 12, 10, 3, downsample(), true, true, ConvWrite::Overwrite},
       {"downsample_odd", 3, 5, 11, 9, 3, downsample(), false, true, ConvWrite::Overwrite},
       {"upsample", 5, 3, 7, 5, 3, upsample(), true, true, ConvWrite::Overwrite},
+      {"upsample_wide", 7, 5, 3, 21, 3, upsample(), true, true, ConvWrite::Overwrite},
+      {"upsample3", 5, 4, 4, 6, 3, upsample3(), true, true, ConvWrite::Overwrite},
       {"kernel5_stride3", 4, 3, 14, 17, 5, odd_params(), true, true, ConvWrite::Overwrite},
       {"channels_48", 48, 48, 10, 18, 3, same3x3(), true, true, ConvWrite::Overwrite},
   };
