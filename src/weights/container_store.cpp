@@ -6,6 +6,7 @@
 #include <future>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "quant/blocks.h"
 #include "quant/matmul.h"
 #include "weights/expected.h"
@@ -175,6 +176,11 @@ UnitRef ContainerStore::acquire(const std::string& unit) {
     tracker_.acquired(unit, e.size);
     return held;
   }
+  // A unit is paged in when a layer starts: give back what the allocator holds free from
+  // the layers before. Its heaps fragment around long-lived small objects (the units a
+  // resident store keeps, allocated between layers), and freed scratch inside them would
+  // otherwise stay in the RSS: 0.5 GB over the 27 text-encoder layers at Q4.
+  return_free_memory();
   auto u = std::make_shared<Unit>(*this, unit, s.prefix);
   for (const auto& t : file_.tensors_of(e)) {
     Weight w;

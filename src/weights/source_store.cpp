@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/memory.h"
 
 namespace klein {
 
@@ -96,6 +97,11 @@ UnitRef SourceStore::acquire(const std::string& unit) {
     }
   auto it = units_.find(unit);
   if (it == units_.end()) fail("the model has no weight unit ", unit);
+  // A unit is paged in when a layer starts: give back what the allocator holds free from
+  // the layers before. Its heaps fragment around long-lived small objects (the units a
+  // resident store keeps, allocated between layers), and freed scratch inside them would
+  // otherwise stay in the RSS: 0.5 GB over the 27 text-encoder layers at Q4.
+  return_free_memory();
   auto u = std::make_shared<Unit>(*this, unit, prefixes_[unit]);
   for (const auto& p : it->second) {
     const TensorSource& src = *p.source;
