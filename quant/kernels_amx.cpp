@@ -74,9 +74,14 @@ __m512 row_scales(__m512 d, int j) {
 // and the next: value = scale[r] * byte + offset[r], rounded to bf16.
 void bytes_to_pair_rows(__m512i bytes, const __m512 scale[4], const __m512 offset[4],
                         uint16_t* out) {
+  // The quarter index must be an immediate (unoptimised and sanitizer builds do not fold a
+  // loop counter), hence four spelled-out extractions.
+  const __m128i quarter[4] = {
+      _mm512_extracti32x4_epi32(bytes, 0), _mm512_extracti32x4_epi32(bytes, 1),
+      _mm512_extracti32x4_epi32(bytes, 2), _mm512_extracti32x4_epi32(bytes, 3)};
   __m512 v[4];
   for (int j = 0; j < 4; ++j) {
-    const __m512i q = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(bytes, j));
+    const __m512i q = _mm512_cvtepu8_epi32(quarter[j]);
     v[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), scale[j], offset[j]);
   }
   const __m512i rows0_7 = __m512i(_mm512_cvtne2ps_pbh(v[1], v[0]));
