@@ -248,8 +248,8 @@ Registration reg("generate", 10, [](CLI::App& app) {
   cmd->add_option("--jpeg-quality", a->jpeg_quality, "JPEG quality 1-100")->check(CLI::Range(1, 100));
   cmd->add_flag("--no-cache", a->no_cache, "Do not read or write the prompt cache");
   cmd->add_option("--precision", a->gen.precision,
-                  "exact: float32 activations throughout; fast: bf16 tiles for attention and the "
-                  "VAE on CPUs with AMX; auto: fast for Q8/Q4 containers, else exact")
+                  "exact: float32 activations throughout; fast: bf16 tiles for the transformer and "
+                  "the VAE on CPUs with AMX; auto: fast for Q8/Q4 containers, else exact")
       ->transform(CLI::CheckedTransformer(
           std::map<std::string, Precision>{
               {"auto", Precision::Auto}, {"exact", Precision::Exact}, {"fast", Precision::Fast}},

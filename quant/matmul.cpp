@@ -347,6 +347,40 @@ void matmul_quantized(const Kernels& kern, const float* x, int64_t M, int64_t ld
 #if defined(KLEIN_X86)
 // ---- Quantized weights on AMX tiles ------------------------------------------------------
 
+// Rows [n0, n0 + 16) of a row-major F32 / BF16 / F16 matrix as B tiles (one per 32 columns,
+// pair layout: tile row p holds (w[r][32b + 2p], w[r][32b + 2p + 1]) for r = 0..15), rows past
+// the matrix zero. `rows_bf16` holds 16 x K bf16.
+void float_rows_to_tiles(const Matrix& w, int64_t n0, uint16_t* rows_bf16, uint16_t* out) {
+  const int64_t K = w.cols, nb = K / kBlock;
+  const int rows = int(std::clamp<int64_t>(w.rows - n0, 0, kTileRows));
+  const auto* base = static_cast<const uint8_t*>(w.data) + size_t(n0 * K) * dtype_size(w.type);
+  const uint8_t* pairs;  // row r, pair q: 4 bytes at pairs + 4 (r * K / 2 + q)
+  if (w.type == DType::BF16) {
+    pairs = base;
+  } else {
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int r = 0; r < rows; ++r) {
+      to_f32(w.type, base + size_t(r * K) * dtype_size(w.type), row.data(), size_t(K));
+      f32_to_bf16(row.data(), rows_bf16 + r * K, size_t(K));
+    }
+    pairs = reinterpret_cast<const uint8_t*>(rows_bf16);
+  }
+  // Weights from a file may sit at any even address: copy pairs bytewise-safe.
+  auto* tiles = reinterpret_cast<uint8_t*>(out);
+  for (int64_t b = 0; b < nb; ++b, tiles += detail::kAmxTileElements * sizeof(uint16_t)) {
+    for (int p = 0; p < kBlock / 2; ++p) {
+      for (int r = 0; r < kTileRows; ++r) {
+        uint8_t* dst = tiles + 4 * (p * kTileRows + r);
+        if (r < rows) {
+          std::memcpy(dst, pairs + 4 * (r * (K / 2) + b * (kBlock / 2) + p), 4);
+        } else {
+          std::memset(dst, 0, 4);
+        }
+      }
+    }
+  }
+}
+
 // Weight groups per task: their bf16 tiles (1 KiB per 32 columns per group) are made once
 // and stay in L2 while every 32-row block of X streams past.
 int64_t amx_panel_groups(int64_t nb) {
@@ -375,7 +409,10 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
   const size_t x_elements = size_t(padded_m * K);
   const size_t panel_elements = size_t(panel * nb) * detail::kAmxTileElements;
   const size_t sum_floats = size_t(kRows * panel * kTileRows);
-  const size_t per_worker = panel_elements * sizeof(uint16_t) + sum_floats * sizeof(float);
+  // Float weights: one 16-row group converted to bf16 before it is dealt into tiles.
+  const size_t row_elements = is_float(w.type) ? size_t(kTileRows * K) : 0;
+  const size_t per_worker = panel_elements * sizeof(uint16_t) + sum_floats * sizeof(float) +
+                            row_elements * sizeof(uint16_t);
   MatmulScratch local;
   auto* base = static_cast<uint8_t*>(
       (scratch ? scratch : &local)->get(x_elements * sizeof(uint16_t) + per_worker * pool.size()));
@@ -393,14 +430,20 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
   pool.for_each_task(panels * m_splits, [&](int64_t task, int worker) {
     auto* tiles = reinterpret_cast<uint16_t*>(workers + per_worker * size_t(worker));
     auto* sums = reinterpret_cast<float*>(tiles + panel_elements);
+    auto* row_buffer = reinterpret_cast<uint16_t*>(sums + sum_floats);
     const int64_t g0 = (task / m_splits) * panel, g1 = std::min(groups, g0 + panel);
     const int64_t m0 = (task % m_splits) * m_split, m1 = std::min(padded_m, m0 + m_split);
-    TileSource source(w);
     for (int64_t g = g0; g < g1; ++g) {
+      uint16_t* out = tiles + (g - g0) * nb * int64_t(detail::kAmxTileElements);
+      if (is_float(w.type)) {
+        float_rows_to_tiles(w, g * kTileRows, row_buffer, out);
+        continue;
+      }
+      TileSource source(w);
       for (int64_t b = 0; b < nb; b += kIntKcBlocks) {
         const int64_t count = std::min(kIntKcBlocks, nb - b);
         amx.tiles_to_bf16(w.type, source.tiles(g, b, count), count,
-                          tiles + ((g - g0) * nb + b) * int64_t(detail::kAmxTileElements));
+                          out + b * int64_t(detail::kAmxTileElements));
       }
     }
     amx.configure();
@@ -629,6 +672,11 @@ void matmul(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* y, i
   check(K % kBlock == 0, "matmul: K = ", K, " is not a multiple of ", kBlock);
   const Kernels& kern = kernels_for(options.isa);
   if (M == 0 || N == 0) return;
+#if defined(KLEIN_X86)
+  if (is_float(w.type) && options.float_on_tiles && kern.isa == Isa::Amx &&
+      M >= detail::kAmxMinRows)
+    return matmul_amx(x, M, ldx, w, y, ldy, pool, options.scratch);
+#endif
   if (is_float(w.type) || options.exact_activations)
     return matmul_float(kern, x, M, ldx, w, y, ldy, pool, options.scratch);
 #if defined(KLEIN_X86)

@@ -104,6 +104,10 @@ struct MatmulOptions {
   // float bound above applies); about the speed of BF16 weights for M >= 32, slower below
   // (each weight is dequantized per use, ~1e9 weights/s per core). Ignored for float types.
   bool exact_activations = false;
+  // F32 / BF16 / F16: on AMX CPUs (Isa::Amx) from 32 rows of X on, multiply on bf16 tiles as
+  // the Q8 / Q4 path does (activations and weights rounded to bf16, float32 sums; the bound is
+  // (2^-8 + 2^-17 + (K + 20) 2^-24) sum |x w|). Off (the default): exact float32 kernels.
+  bool float_on_tiles = false;
 };
 
 // y[m * ldy + n] = sum_k x[m * ldx + k] * W[n, k] for m < M, n < N = w.rows, k < K = w.cols.

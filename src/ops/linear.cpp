@@ -40,6 +40,8 @@ void linear_float_rows(const float* x, int64_t M, int64_t ldx, const Weight& w, 
   });
 }
 
+thread_local bool float_weights_on_tiles = false;
+
 quant::Matrix as_matrix(const Weight& w) {
   quant::Matrix m;
   m.type = w.dtype;
@@ -59,12 +61,26 @@ void linear(const float* x, int64_t M, int64_t ldx, const Weight& w, float* y, i
         shape_str(w.shape));
   if (M == 0) return;
   ensure_blas_single_threaded();
-  if (dtype_is_float(w.dtype) && w.layout == 0) return linear_float_rows(x, M, ldx, w, y, ldy, pool);
+  if (dtype_is_float(w.dtype) && w.layout == 0) {
+    if (float_weights_on_tiles && w.cols() % 32 == 0) {
+      quant::MatmulOptions tiles;
+      tiles.float_on_tiles = true;  // quant falls back to float32 without AMX or for small M
+      if (quant::best_isa() == quant::Isa::Amx && M >= 32)
+        return quant::matmul(x, M, ldx, as_matrix(w), y, ldy, pool, tiles);
+    }
+    return linear_float_rows(x, M, ldx, w, y, ldy, pool);
+  }
   // Quantized weights: the kernels multiply block by block (quant/matmul.h).
   check(w.dtype == DType::Q8 || w.dtype == DType::Q4, "tensor ", w.name, ": storage type ",
         dtype_name(w.dtype), " is not supported by linear");
   quant::matmul(x, M, ldx, as_matrix(w), y, ldy, pool);
 }
+
+FloatWeightsOnTiles::FloatWeightsOnTiles(bool on) : previous_(float_weights_on_tiles) {
+  float_weights_on_tiles = on;
+}
+
+FloatWeightsOnTiles::~FloatWeightsOnTiles() { float_weights_on_tiles = previous_; }
 
 void linear(const float* x, int64_t M, const Weight& w, float* y, ThreadPool& pool) {
   linear(x, M, w.cols(), w, y, w.rows(), pool);

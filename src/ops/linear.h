@@ -16,6 +16,22 @@ void linear(const float* x, int64_t M, int64_t ldx, const Weight& w, float* y, i
 // Dense shorthand: ldx = K = w.cols(), ldy = N = w.rows().
 void linear(const float* x, int64_t M, const Weight& w, float* y, ThreadPool& pool);
 
+// While an instance lives, linear() calls made on this thread multiply float weights (F32,
+// BF16, F16) on bf16 tiles where the CPU has AMX (quant::MatmulOptions::float_on_tiles), from
+// 32 rows of x on: activations and weights rounded to bf16, float32 sums, several times
+// faster than float32. An autocast region: the pipeline opens one for --precision fast.
+// Quantized weights are unaffected (they use their own kernels either way).
+class FloatWeightsOnTiles {
+ public:
+  explicit FloatWeightsOnTiles(bool on = true);
+  ~FloatWeightsOnTiles();
+  FloatWeightsOnTiles(const FloatWeightsOnTiles&) = delete;
+  FloatWeightsOnTiles& operator=(const FloatWeightsOnTiles&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // Rows [begin, end) of a weight, as a view (for fused projections such as Q|K|V|gate|up).
 Weight weight_rows(const Weight& w, int64_t begin, int64_t end);
 

@@ -16,6 +16,7 @@
 #include "models/qwen3/prompt_cache.h"
 #include "models/qwen3/text_encoder.h"
 #include "models/vae/vae.h"
+#include "ops/linear.h"
 #include "pipeline/noise.h"
 #include "tokenizer/klein_prompt.h"
 
@@ -249,6 +250,9 @@ GenerateResult Pipeline::generate(const GenerateOptions& o, Progress& progress) 
       }
       phase.step(int(s.step + 1), int(s.steps));
     };
+    // The transformer's float weights on bf16 tiles too (the text encoder stays float32: its
+    // 27 layers amplify rounding, 8e-2 of the context on the tiny model against 1e-5).
+    const ops::FloatWeightsOnTiles tiles(r.fast);
     flux2::SamplerResult out = flux2::sample(store_, in, pool_);
     for (const auto& w : out.warnings) warn(w);
     latents = std::move(out.latents);

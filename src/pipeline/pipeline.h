@@ -30,8 +30,9 @@ namespace klein {
 
 // The arithmetic of the activations.
 //   Exact  float32 everywhere (what the golden tests compare against).
-//   Fast   bf16 tiles for attention (and the VAE's convolutions) on CPUs with AMX; float32
-//          elsewhere and on other CPUs. Q8 / Q4 projections use their own kernels either way.
+//   Fast   bf16 tiles on CPUs with AMX for the transformer (attention and float-weight
+//          projections) and the VAE's convolutions; the text encoder stays float32. Other
+//          CPUs: exact. Q8 / Q4 projections use their own kernels either way.
 //   Auto   Fast when the transformer's weights are quantized (the image is an approximation
 //          already), Exact otherwise.
 enum class Precision { Auto, Exact, Fast };

@@ -48,6 +48,42 @@ TEST(Linear, MatchesNaiveForEveryFloatType) {
   }
 }
 
+// Inside a FloatWeightsOnTiles region float weights run on bf16 tiles (AMX CPUs): within the
+// bf16 bound of the exact result, and exact again once the region ends.
+TEST(Linear, FloatWeightsOnTilesRegion) {
+  const int64_t M = 70, N = 40, K = 160;
+  auto x = random_vector(size_t(M * K), 5);
+  auto wf = random_vector(size_t(N * K), 6);
+  std::vector<uint16_t> wb(wf.size());
+  f32_to_bf16(wf.data(), wb.data(), wf.size());
+  std::vector<float> exact_w(wf.size());
+  to_f32(DType::BF16, wb.data(), exact_w.data(), exact_w.size());
+  const Weight w{"w", DType::BF16, {N, K}, wb.data(), wb.size() * 2};
+  ThreadPool pool(2);
+  std::vector<float> before(size_t(M * N)), inside(size_t(M * N)), after(size_t(M * N));
+  linear(x.data(), M, w, before.data(), pool);
+  {
+    const FloatWeightsOnTiles region;
+    linear(x.data(), M, w, inside.data(), pool);
+  }
+  linear(x.data(), M, w, after.data(), pool);
+  EXPECT_EQ(before, after);
+  bool differs = false;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double magnitude = 0;
+      for (int64_t k = 0; k < K; ++k)
+        magnitude += std::fabs(double(x[size_t(m * K + k)]) * exact_w[size_t(n * K + k)]);
+      const double bound = (1.0 / 256 + 1.0 / (1 << 17) + double(K + 20) / (1 << 24)) * magnitude;
+      const size_t i = size_t(m * N + n);
+      ASSERT_LE(std::fabs(double(inside[i]) - double(before[i])), bound) << m << ", " << n;
+      differs = differs || inside[i] != before[i];
+    }
+  }
+  // On AMX the activations are rounded, so some output must change; elsewhere nothing does.
+  EXPECT_EQ(differs, cpu_features().amx_bf16);
+}
+
 TEST(Linear, RowSliceAndStridesAddressTheRightColumns) {
   const int64_t M = 3, N = 8, K = 4;
   auto x = random_vector(size_t(M * K), 3);

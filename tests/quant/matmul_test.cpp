@@ -145,17 +145,22 @@ void check_case(const Case& c, ThreadPool& pool) {
     std::vector<float> ref(size_t(M * ldy), sentinel);
     matmul_reference(x.data(), M, ldx, p.matrix, ref.data(), ldy);
     const bool quantized = type == DType::Q8 || type == DType::Q4;
-    for (bool exact : {false, true}) {
-      if (exact && !quantized) continue;
+    // Quantized types: int8 / bf16-tile activations, then exact_activations. Float types:
+    // the exact kernels, then float_on_tiles (bf16 tiles on AMX, exact elsewhere).
+    for (bool second : {false, true}) {
+      const bool exact = second && quantized;
+      const bool float_tiles = second && !quantized;
       std::vector<float> scalar;
       for (Isa isa : available_isas()) {
         std::vector<float> y(size_t(M * ldy), sentinel);
         MatmulOptions options;
         options.isa = isa;
         options.exact_activations = exact;
+        options.float_on_tiles = float_tiles;
         matmul(x.data(), M, ldx, p.matrix, y.data(), ldy, pool, options);
-        const std::string what =
-            describe(type, layout, isa, c.shape) + (exact ? " exact_activations" : "");
+        const std::string what = describe(type, layout, isa, c.shape) +
+                                 (exact ? " exact_activations" : "") +
+                                 (float_tiles ? " float_on_tiles" : "");
         int failures = 0;
         for (int64_t m = 0; m < M && failures < 5; ++m) {
           for (int64_t n = 0; n < ldy && failures < 5; ++n) {
@@ -167,7 +172,8 @@ void check_case(const Case& c, ThreadPool& pool) {
             }
             const double err = std::fabs(got - ref[size_t(m * ldy + n)]);
             // AMX rounds to bf16 instead of int8 blocks, from kAmxMinRows rows on.
-            const bool tiles = isa == Isa::Amx && quantized && !exact && M >= detail::kAmxMinRows;
+            const bool tiles = isa == Isa::Amx && (quantized ? !exact : float_tiles) &&
+                               M >= detail::kAmxMinRows;
             const double bound = tiles ? bounds.bf16_tiles(m, n)
                                        : bounds.to_reference(m, n, exact || !quantized);
             if (!(err <= bound)) {
@@ -187,7 +193,7 @@ void check_case(const Case& c, ThreadPool& pool) {
             }
           }
         }
-        if (isa == Isa::Scalar) scalar = y;
+        if (isa == Isa::Scalar && !float_tiles) scalar = y;
       }
     }
   }
