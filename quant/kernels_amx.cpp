@@ -16,33 +16,15 @@
 
 #include <cstring>
 
+#include "quant/amx_tiles.h"
 #include "quant/kernels.h"
 
 namespace klein::quant::detail {
 namespace {
 
 // Tiles 0-1: A (two 16-row halves of a 32-row block of X); 2-3: B (two weight groups);
-// 4-7: C (A half x group).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Every tile is 16 rows of 64 bytes. A constant in memory: GCC 12 does not see that
-// ldtilecfg reads its operand and dropped the stores into a local configuration.
-constexpr TileConfig kTileConfig = [] {
-  TileConfig c;
-  for (int t = 0; t < 8; ++t) {
-    c.rows[t] = 16;
-    c.bytes_per_row[t] = 64;
-  }
-  return c;
-}();
-
-void configure() { _tile_loadconfig(&kTileConfig); }
+// 4-7: C (A half x group), every tile 16 rows of 64 bytes (quant/amx_tiles.h).
+void configure() { _tile_loadconfig(&kAmxTileConfig); }
 
 void release() { _tile_release(); }
 

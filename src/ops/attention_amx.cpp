@@ -13,30 +13,12 @@
 #include <cmath>
 #include <cstring>
 
+#include "quant/amx_tiles.h"
 #include "ops/attention_kernels.h"
 
 namespace klein::ops::detail {
 
 namespace {
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Every tile is 16 rows of 64 bytes. A constant in memory: GCC 12 does not see that
-// ldtilecfg reads its operand and drops stores into a local configuration.
-constexpr TileConfig kTileConfig = [] {
-  TileConfig c;
-  for (int t = 0; t < 8; ++t) {
-    c.rows[t] = 16;
-    c.bytes_per_row[t] = 64;
-  }
-  return c;
-}();
 
 constexpr int64_t kTileBytes = 64;  // bytes per row of a packed B tile
 
@@ -192,7 +174,7 @@ void attend_amx(const AmxTask& t) {
     t.row_max[i] = -INFINITY;
     t.row_sum[i] = 0;
   }
-  _tile_loadconfig(&kTileConfig);
+  _tile_loadconfig(&quant::kAmxTileConfig);
   // With a causal mask no key after the last query of the task is visible.
   const int64_t task_end = t.causal ? min64(t.kv_len, t.q0 + t.rows) : t.kv_len;
   for (int64_t k0 = 0; k0 < task_end; k0 += t.chunk) {

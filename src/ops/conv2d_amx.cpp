@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "quant/amx_tiles.h"
 #include "ops/conv2d_kernels.h"
 
 namespace klein::ops::detail {
@@ -23,25 +24,7 @@ namespace klein::ops::detail {
 namespace {
 
 // Tiles 0-1: A (two blocks of 16 output channels); 2-3: B (two blocks of 16 pixels); 4-7: C
-// (A block x B block), every tile 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// A constant in memory: GCC 12 does not see that ldtilecfg reads its operand and drops the
-// stores into a local configuration.
-constexpr TileConfig kTileConfig = [] {
-  TileConfig c;
-  for (int t = 0; t < 8; ++t) {
-    c.rows[t] = 16;
-    c.bytes_per_row[t] = 64;
-  }
-  return c;
-}();
+// (A block x B block), every tile 16 rows of 64 bytes (quant/amx_tiles.h).
 
 constexpr int64_t kBlock = kBf16TilePixels;  // pixels per B tile
 // The C buffer: 2 x 2 tiles of 16 x 16 floats, row stride 32 floats.
@@ -288,7 +271,7 @@ void bf16_tiles_conv_amx(const Bf16Band& band, const Bf16Weights& w, int64_t out
   const int64_t steps = w.k_padded / kBf16TileK;
   const int64_t lda_bytes = w.k_padded * int64_t(sizeof(uint16_t));
   alignas(64) float c[2 * 16 * kCStride];
-  _tile_loadconfig(&kTileConfig);
+  _tile_loadconfig(&quant::kAmxTileConfig);
   // Output channels outer: the A tiles of 32 channels (K x 64 bytes) stay in L2 while every
   // pixel block of the task passes by; the task's column matrix is sized to stay in L2 as
   // well (conv2d.cpp).
