@@ -42,16 +42,6 @@ void linear_float_rows(const float* x, int64_t M, int64_t ldx, const Weight& w, 
 
 thread_local bool float_weights_on_tiles = false;
 
-quant::Matrix as_matrix(const Weight& w) {
-  quant::Matrix m;
-  m.type = w.dtype;
-  m.layout = static_cast<quant::Layout>(w.layout);
-  m.rows = w.rows();
-  m.cols = w.cols();
-  m.data = w.data;
-  m.nbytes = w.nbytes;
-  return m;
-}
 
 }  // namespace
 
@@ -74,6 +64,17 @@ void linear(const float* x, int64_t M, int64_t ldx, const Weight& w, float* y, i
   check(w.dtype == DType::Q8 || w.dtype == DType::Q4, "tensor ", w.name, ": storage type ",
         dtype_name(w.dtype), " is not supported by linear");
   quant::matmul(x, M, ldx, as_matrix(w), y, ldy, pool);
+}
+
+quant::Matrix as_matrix(const Weight& w) {
+  quant::Matrix m;
+  m.type = w.dtype;
+  m.layout = static_cast<quant::Layout>(w.layout);
+  m.rows = w.rows();
+  m.cols = w.cols();
+  m.data = w.data;
+  m.nbytes = w.nbytes;
+  return m;
 }
 
 FloatWeightsOnTiles::FloatWeightsOnTiles(bool on) : previous_(float_weights_on_tiles) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "core/threadpool.h"
+#include "quant/matmul.h"
 #include "weights/weight_store.h"
 
 namespace klein::ops {
@@ -31,6 +32,9 @@ class FloatWeightsOnTiles {
  private:
   bool previous_;
 };
+
+// The weight as the matmul kernels see it (quant::Matrix: type, layout, rows x cols, bytes).
+quant::Matrix as_matrix(const Weight& w);
 
 // Rows [begin, end) of a weight, as a view (for fused projections such as Q|K|V|gate|up).
 Weight weight_rows(const Weight& w, int64_t begin, int64_t end);

@@ -114,13 +114,7 @@ void TextEncoder::embed_tokens(std::span<const int32_t> ids) {
   const Weight& table = unit->get("embed_tokens.weight");
   check(table.shape.size() == 2 && table.shape[1] == config_.hidden, "tensor ", table.name,
         ": expected [vocab, ", config_.hidden, "], got ", shape_str(table.shape));
-  quant::Matrix rows;
-  rows.type = table.dtype;
-  rows.layout = static_cast<quant::Layout>(table.layout);
-  rows.rows = table.rows();
-  rows.cols = table.cols();
-  rows.data = table.data;
-  rows.nbytes = table.nbytes;
+  const quant::Matrix rows = ops::as_matrix(table);
   for (size_t t = 0; t < ids.size(); ++t) {
     check(ids[t] >= 0 && ids[t] < table.rows(), "token id ", ids[t], " at position ", t,
           " is outside the text encoder vocabulary (", table.rows(), " rows in ", table.name, ")");
