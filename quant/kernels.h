@@ -83,33 +83,41 @@ struct Kernels {
   DotRowsFn dot_rows;
 };
 
-// ---- AMX (Isa::Amx): BF16 tiles for Q8 / Q4 weights at M >= kAmxMinRows -------------------
-// The activations are rounded to bf16 (8 significant bits; no block scales, so no integer
-// fix-ups) and each weight tile is dequantized once per call into a bf16 tile that serves
-// every row of X. Tile shapes: A = 16 rows x 32 bf16 of X (row-major), B = one TileQ8/TileQ4
-// (16 weight rows x 32 columns) as 16 column pairs x 16 rows x 2 bf16 (the pair layout
-// TDPBF16PS reads), C = 16 x 16 float32 of Y.
+// ---- AMX (Isa::Amx): BF16 tiles from M >= kAmxMinRows ---------------------------------------
+// Q8 / Q4 weights: each weight tile is dequantized to bf16 and the activations are rounded to
+// bf16 (8 significant bits; no block scales, so no integer fix-ups). BF16 weights are bf16
+// already; there the activations are split into three bf16 parts x = hi + mid + lo (8 + 8 + 8
+// significant bits hold all 24 of a float32), each multiplied by the same weight tile into the
+// same float32 sums: exact float32 inputs at a third of the tile rate, still several times the
+// float32 FMA rate. Tile shapes: A = 16 rows x 32 bf16 of X (row-major), B = 16 weight rows x
+// 32 columns as 16 column pairs x 16 rows x 2 bf16 (the pair layout TDPBF16PS reads), C = 16 x
+// 16 float32 of Y.
 constexpr int64_t kAmxMinRows = 32;
 constexpr int kAmxBlockRows = 32;         // rows of X per micro-kernel call (two A tiles)
 constexpr size_t kAmxTileElements = 512;  // bf16 values in one A or B tile
+constexpr int kAmxMaxSplits = 3;          // bf16 parts per activation, at most
 
 struct AmxKernels {
   // Loads this thread's tile configuration; call at the start of every task (the tile state
   // is per thread) and release() at its end.
   void (*configure)();
   void (*release)();
-  // Rows [0, rows) of x (K columns, K % 32 == 0) as bf16 at out[r * K + k]; rows [rows,
-  // padded_rows) are zero.
-  void (*rows_to_bf16)(const float* x, int64_t ldx, int rows, int padded_rows, int64_t K,
-                       uint16_t* out);
+  // Rows [0, rows) (rows <= kAmxBlockRows), columns [0, kc) (kc % 32 == 0) of x as `splits`
+  // (1 or 3) bf16 arrays of kAmxBlockRows x kc: part s of x[r, k] at out[(s * kAmxBlockRows +
+  // r) * kc + k]. One part: x rounded to bf16. Three: hi = bf16(x), mid = bf16(x - hi), lo =
+  // bf16(x - hi - mid), whose sum is x (both differences are exact in float32; only parts
+  // below 2^-126, which bf16 conversion flushes, are lost). Rows past `rows` are zero.
+  void (*rows_to_bf16)(const float* x, int64_t ldx, int rows, int kc, int splits, uint16_t* out);
   // `count` consecutive TileQ8 or TileQ4 (of one 16-row group) as B tiles, kAmxTileElements
   // bf16 each.
   void (*tiles_to_bf16)(DType type, const void* tiles, int64_t count, uint16_t* out);
-  // c[32 x 16 * groups] (+)= a[32 rows, 32 nb] * B^T, for 1 or 2 groups of B tiles (b0, b1;
-  // nb consecutive tiles each, b1 unused when groups == 1). a rows lda elements apart, c rows
-  // ldc floats apart; `accumulate` adds to c instead of overwriting it.
-  void (*block)(const uint16_t* a, int64_t lda, const uint16_t* b0, const uint16_t* b1,
-                int groups, int64_t nb, float* c, int64_t ldc, bool accumulate);
+  // c[32 x 16 * groups] (+)= sum over the parts s < splits of a_s[32 rows, 32 nb] * B^T, for 1
+  // or 2 groups of B tiles (b0, b1; nb consecutive tiles each, b1 unused when groups == 1).
+  // a_s = a + s * kAmxBlockRows * lda, rows lda elements apart; c rows ldc floats apart;
+  // `accumulate` adds to c instead of overwriting it.
+  void (*block)(const uint16_t* a, int64_t lda, int splits, const uint16_t* b0,
+                const uint16_t* b1, int groups, int64_t nb, float* c, int64_t ldc,
+                bool accumulate);
 };
 
 const Kernels& scalar_kernels();

@@ -1,5 +1,6 @@
-// AMX kernels (Intel Advanced Matrix Extensions, BF16): Y = X W^T for Q8 / Q4 weights, with
-// the activations rounded to bf16 and each weight tile dequantized to bf16 once per call.
+// AMX kernels (Intel Advanced Matrix Extensions, BF16): Y = X W^T for Q8 / Q4 weights (the
+// activations rounded to bf16, each weight tile dequantized to bf16) and for BF16 weights (the
+// activations split into three bf16 parts, exact); see quant/kernels.h.
 // One TDPBF16PS multiplies a 16 x 32 tile of X by a 32 x 16 tile of W^T into 16 x 16 float32
 // sums: 8192 multiply-adds per instruction, about 16 times the work of an AVX-512 FMA.
 //
@@ -28,19 +29,31 @@ void configure() { _tile_loadconfig(&kAmxTileConfig); }
 
 void release() { _tile_release(); }
 
-void rows_to_bf16(const float* x, int64_t ldx, int rows, int padded_rows, int64_t K,
-                  uint16_t* out) {
+__m512 bf16_to_f32(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+void rows_to_bf16(const float* x, int64_t ldx, int rows, int kc, int splits, uint16_t* out) {
+  const int64_t part = int64_t(kAmxBlockRows) * kc;  // elements per part
   for (int r = 0; r < rows; ++r) {
     const float* src = x + r * ldx;
-    uint16_t* dst = out + r * K;
-    for (int64_t k = 0; k < K; k += 32) {
-      const __m512bh v =
-          _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + k + 16), _mm512_loadu_ps(src + k));
-      _mm512_storeu_si512(dst + k, __m512i(v));
+    uint16_t* dst = out + r * kc;
+    for (int64_t k = 0; k < kc; k += 32) {
+      __m512 lo = _mm512_loadu_ps(src + k), hi = _mm512_loadu_ps(src + k + 16);
+      for (int s = 0; s < splits; ++s) {
+        const __m512i v = __m512i(_mm512_cvtne2ps_pbh(hi, lo));
+        _mm512_storeu_si512(dst + s * part + k, v);
+        if (s + 1 == splits) break;
+        // What this part missed, exactly: x and its bf16 rounding share the leading bits.
+        lo = _mm512_sub_ps(lo, bf16_to_f32(_mm512_castsi512_si256(v)));
+        hi = _mm512_sub_ps(hi, bf16_to_f32(_mm512_extracti64x4_epi64(v, 1)));
+      }
     }
   }
-  if (padded_rows > rows)
-    std::memset(out + rows * K, 0, size_t(padded_rows - rows) * size_t(K) * sizeof(uint16_t));
+  for (int s = 0; s < splits; ++s)
+    if (rows < kAmxBlockRows)
+      std::memset(out + s * part + rows * kc, 0,
+                  size_t(kAmxBlockRows - rows) * size_t(kc) * sizeof(uint16_t));
 }
 
 // Lane l of the result is d[4j + l / 4]: the scale of the row that lane l of the j-th 16-byte
@@ -122,11 +135,12 @@ void tiles_to_bf16(DType type, const void* tiles, int64_t count, uint16_t* out) 
 
 constexpr int64_t kTileStride = 64;  // bytes per row of a B tile
 
-void block(const uint16_t* a, int64_t lda, const uint16_t* b0, const uint16_t* b1, int groups,
-           int64_t nb, float* c, int64_t ldc, bool accumulate) {
+// C tiles 4-7 over groups 1 or 2: c (+)= sum_s A_s B^T.
+void block(const uint16_t* a, int64_t lda, int splits, const uint16_t* b0, const uint16_t* b1,
+           int groups, int64_t nb, float* c, int64_t ldc, bool accumulate) {
   const int64_t a_stride = lda * int64_t(sizeof(uint16_t));
   const int64_t c_stride = ldc * int64_t(sizeof(float));
-  const uint16_t* a1 = a + 16 * lda;
+  const int64_t part = int64_t(kAmxBlockRows) * lda;
   if (accumulate) {
     _tile_loadd(4, c, c_stride);
     _tile_loadd(6, c + 16 * ldc, c_stride);
@@ -143,24 +157,30 @@ void block(const uint16_t* a, int64_t lda, const uint16_t* b0, const uint16_t* b
       _tile_zero(7);
     }
     for (int64_t b = 0; b < nb; ++b) {
-      _tile_loadd(0, a + b * kBlock, a_stride);
-      _tile_loadd(1, a1 + b * kBlock, a_stride);
       _tile_loadd(2, b0 + b * kAmxTileElements, kTileStride);
       _tile_loadd(3, b1 + b * kAmxTileElements, kTileStride);
-      _tile_dpbf16ps(4, 0, 2);
-      _tile_dpbf16ps(5, 0, 3);
-      _tile_dpbf16ps(6, 1, 2);
-      _tile_dpbf16ps(7, 1, 3);
+      for (int s = 0; s < splits; ++s) {
+        const uint16_t* as = a + s * part + b * kBlock;
+        _tile_loadd(0, as, a_stride);
+        _tile_loadd(1, as + 16 * lda, a_stride);
+        _tile_dpbf16ps(4, 0, 2);
+        _tile_dpbf16ps(5, 0, 3);
+        _tile_dpbf16ps(6, 1, 2);
+        _tile_dpbf16ps(7, 1, 3);
+      }
     }
     _tile_stored(5, c + 16, c_stride);
     _tile_stored(7, c + 16 * ldc + 16, c_stride);
   } else {
     for (int64_t b = 0; b < nb; ++b) {
-      _tile_loadd(0, a + b * kBlock, a_stride);
-      _tile_loadd(1, a1 + b * kBlock, a_stride);
       _tile_loadd(2, b0 + b * kAmxTileElements, kTileStride);
-      _tile_dpbf16ps(4, 0, 2);
-      _tile_dpbf16ps(6, 1, 2);
+      for (int s = 0; s < splits; ++s) {
+        const uint16_t* as = a + s * part + b * kBlock;
+        _tile_loadd(0, as, a_stride);
+        _tile_loadd(1, as + 16 * lda, a_stride);
+        _tile_dpbf16ps(4, 0, 2);
+        _tile_dpbf16ps(6, 1, 2);
+      }
     }
   }
   _tile_stored(4, c, c_stride);

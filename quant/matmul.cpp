@@ -30,7 +30,6 @@ constexpr int64_t kFloatMaxRows = 384;   // packed X block: 384 x kFloatKc float
 constexpr int64_t kIntKcBlocks = 64;     // 32-column blocks per chunk of K (2048 columns)
 constexpr int64_t kIntMaxRows = 384;     // int8 activation block: 384 x 2 KiB (L2)
 constexpr int64_t kIntSubGroups = 16;    // weight groups whose Y block stays in L2: 384 x 256
-constexpr int64_t kAmxKcBlocks = 8;      // AMX: 32-column blocks per chunk of K (X chunk in L1)
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -345,34 +344,40 @@ void matmul_quantized(const Kernels& kern, const float* x, int64_t M, int64_t ld
 }
 
 #if defined(KLEIN_X86)
-// ---- Quantized weights on AMX tiles ------------------------------------------------------
+// ---- AMX tiles (Q8 / Q4, BF16, and float weights with float_on_tiles) ----------------------
 
-// Rows [n0, n0 + 16) of a row-major F32 / BF16 / F16 matrix as B tiles (one per 32 columns,
-// pair layout: tile row p holds (w[r][32b + 2p], w[r][32b + 2p + 1]) for r = 0..15), rows past
-// the matrix zero. `rows_bf16` holds 16 x K bf16.
-void float_rows_to_tiles(const Matrix& w, int64_t n0, uint16_t* rows_bf16, uint16_t* out) {
-  const int64_t K = w.cols, nb = K / kBlock;
+// Rows [n0, n0 + 16), blocks [b0, b0 + count) of a row-major F32 / BF16 / F16 matrix as B
+// tiles (one per 32 columns, pair layout: tile row p holds (w[r][32b + 2p], w[r][32b + 2p + 1])
+// for r = 0..15), rows past the matrix zero. `rows_bf16` holds 16 x 32 count bf16 (F32 / F16).
+void float_rows_to_tiles(const Matrix& w, int64_t n0, int64_t b0, int64_t count,
+                         uint16_t* rows_bf16, uint16_t* out) {
+  const int64_t K = w.cols, kc = count * kBlock;
   const int rows = int(std::clamp<int64_t>(w.rows - n0, 0, kTileRows));
-  const auto* base = static_cast<const uint8_t*>(w.data) + size_t(n0 * K) * dtype_size(w.type);
-  const uint8_t* pairs;  // row r, pair q: 4 bytes at pairs + 4 (r * K / 2 + q)
+  const auto* base =
+      static_cast<const uint8_t*>(w.data) + size_t(n0 * K + b0 * kBlock) * dtype_size(w.type);
+  const uint8_t* pairs;  // row r, pair q of the chunk: 4 bytes at pairs + 4 (r * ld / 2 + q)
+  int64_t ld = K;
   if (w.type == DType::BF16) {
     pairs = base;
   } else {
-    std::vector<float> row(static_cast<size_t>(K));
+    float row[kBlock];
     for (int r = 0; r < rows; ++r) {
-      to_f32(w.type, base + size_t(r * K) * dtype_size(w.type), row.data(), size_t(K));
-      f32_to_bf16(row.data(), rows_bf16 + r * K, size_t(K));
+      for (int64_t b = 0; b < count; ++b) {
+        to_f32(w.type, base + size_t(r * K + b * kBlock) * dtype_size(w.type), row, kBlock);
+        f32_to_bf16(row, rows_bf16 + r * kc + b * kBlock, kBlock);
+      }
     }
     pairs = reinterpret_cast<const uint8_t*>(rows_bf16);
+    ld = kc;
   }
-  // Weights from a file may sit at any even address: copy pairs bytewise-safe.
+  // Weights from a file may sit at any even address: copy the pairs bytewise-safe.
   auto* tiles = reinterpret_cast<uint8_t*>(out);
-  for (int64_t b = 0; b < nb; ++b, tiles += detail::kAmxTileElements * sizeof(uint16_t)) {
+  for (int64_t b = 0; b < count; ++b, tiles += detail::kAmxTileElements * sizeof(uint16_t)) {
     for (int p = 0; p < kBlock / 2; ++p) {
       for (int r = 0; r < kTileRows; ++r) {
         uint8_t* dst = tiles + 4 * (p * kTileRows + r);
         if (r < rows) {
-          std::memcpy(dst, pairs + 4 * (r * (K / 2) + b * (kBlock / 2) + p), 4);
+          std::memcpy(dst, pairs + 4 * (r * (ld / 2) + b * (kBlock / 2) + p), 4);
         } else {
           std::memset(dst, 0, 4);
         }
@@ -381,93 +386,112 @@ void float_rows_to_tiles(const Matrix& w, int64_t n0, uint16_t* rows_bf16, uint1
   }
 }
 
-// Weight groups per task: their bf16 tiles (1 KiB per 32 columns per group) are made once
-// and stay in L2 while every 32-row block of X streams past.
-int64_t amx_panel_groups(int64_t nb) {
-  constexpr int64_t kPanelBytes = 512 * 1024;
-  const int64_t fit = kPanelBytes / (nb * int64_t(detail::kAmxTileElements * sizeof(uint16_t)));
-  return std::max<int64_t>(2, fit / 2 * 2);
+// How matmul_amx cuts the work. A task takes a panel of 16-row weight groups and a range of
+// rows of X; K goes in chunks, and per chunk the panel's B tiles (1 KiB per group per 32
+// columns) are made once and stay in L2 while every 32-row block of X streams past, converted
+// to bf16 on the way. Y is the accumulator between chunks, so a panel can be wide however long
+// K is: X is read once per panel, and wide panels keep that traffic low at K = 12288.
+struct AmxPlan {
+  int splits;     // bf16 parts per activation: 1 (rounded) or 3 (exact)
+  int64_t chunk;  // 32-column blocks per chunk of K
+  int64_t sub;    // blocks per micro-kernel call: the X piece it reads again for every group pair
+  int64_t panel;  // weight groups per task (even, except a last odd one)
+};
+
+// Measured at M 768 / 4608 on the model's shapes (BENCHMARKS.md "Matmul kernels"): panels of
+// 1.25 MiB of B tiles (L2 is 2 MiB), K chunks of 512 columns in sub-chunks of 256 (X in L1)
+// for one part; for three parts a chunk of 1024 columns in one piece, since each B tile then
+// serves three A tiles and the fewer loads and stores of C win over keeping X in L1.
+AmxPlan amx_plan(int64_t nb, int64_t groups, int splits) {
+  constexpr int64_t kPanelBytes = 1280 * 1024;
+  static_assert(32 <= kIntKcBlocks, "TileSource re-lays out at most kIntKcBlocks tiles");
+  AmxPlan plan;
+  plan.splits = splits;
+  const int64_t max_chunk = splits == 1 ? 16 : 32;
+  plan.chunk = ceil_div(nb, ceil_div(nb, max_chunk));
+  plan.sub = splits == 1 ? std::min<int64_t>(8, plan.chunk) : plan.chunk;
+  const int64_t tile_bytes = int64_t(detail::kAmxTileElements * sizeof(uint16_t));
+  const int64_t fit = kPanelBytes / (plan.chunk * tile_bytes);
+  plan.panel = std::min(groups, std::max<int64_t>(2, fit / 2 * 2));
+  return plan;
 }
 
 void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* y, int64_t ldy,
-                ThreadPool& pool, MatmulScratch* scratch) {
+                ThreadPool& pool, MatmulScratch* scratch, int splits) {
   const detail::AmxKernels& amx = detail::amx_kernels();
   const int64_t N = w.rows, K = w.cols, nb = K / kBlock;
   constexpr int64_t kRows = detail::kAmxBlockRows;
-  const int64_t padded_m = round_up(M, kRows);
+  constexpr int64_t kTile = int64_t(detail::kAmxTileElements);
   const int64_t groups = ceil_div(N, kTileRows);
-  const int64_t panel = std::min(groups, amx_panel_groups(nb));
-  const int64_t panels = ceil_div(groups, panel);
+  const AmxPlan plan = amx_plan(nb, groups, splits);
+  const int64_t panels = ceil_div(groups, plan.panel);
   // Few panels (small N): split the rows too, so that every thread has work.
   const int64_t wanted = pool.size() > 1 ? 3 * pool.size() : 1;
-  const int64_t row_blocks = padded_m / kRows;
+  const int64_t row_blocks = ceil_div(M, kRows);
   const int64_t m_splits = std::min(row_blocks, std::max<int64_t>(1, ceil_div(wanted, panels)));
   const int64_t m_split = ceil_div(row_blocks, m_splits) * kRows;
 
-  // Scratch: X as bf16 (shared), then per worker the panel's B tiles and the sums of one
-  // 32-row block of the panel.
-  const size_t x_elements = size_t(padded_m * K);
-  const size_t panel_elements = size_t(panel * nb) * detail::kAmxTileElements;
-  const size_t sum_floats = size_t(kRows * panel * kTileRows);
-  // Float weights: one 16-row group converted to bf16 before it is dealt into tiles.
-  const size_t row_elements = is_float(w.type) ? size_t(kTileRows * K) : 0;
-  const size_t per_worker = panel_elements * sizeof(uint16_t) + sum_floats * sizeof(float) +
-                            row_elements * sizeof(uint16_t);
-  MatmulScratch local;
-  auto* base = static_cast<uint8_t*>(
-      (scratch ? scratch : &local)->get(x_elements * sizeof(uint16_t) + per_worker * pool.size()));
-  auto* xb = reinterpret_cast<uint16_t*>(base);
-  uint8_t* workers = base + x_elements * sizeof(uint16_t);
-
-  pool.parallel_for(row_blocks, [&](int64_t b0, int64_t b1, int) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t m = b * kRows;
-      const int rows = int(std::clamp<int64_t>(M - m, 0, kRows));
-      amx.rows_to_bf16(x + m * ldx, ldx, rows, int(kRows), K, xb + m * K);
-    }
-  });
+  // Per worker: the panel's B tiles for one chunk, one 32-row block of X as bf16 parts, (F32 /
+  // F16) one group of weight rows as bf16, and the sums of a block that overhangs Y.
+  const int64_t kc = plan.chunk * kBlock;
+  const bool convert_rows = w.type == DType::F32 || w.type == DType::F16;
+  const size_t panel_elements = size_t(plan.panel * plan.chunk * kTile);
+  const size_t a_elements = size_t(splits * kRows * kc);
+  const size_t row_elements = convert_rows ? size_t(kTileRows * kc) : 0;
+  const size_t edge_floats = size_t(kRows * plan.panel * kTileRows);
+  const size_t per_worker = (panel_elements + a_elements + row_elements) * sizeof(uint16_t) +
+                            edge_floats * sizeof(float);
+  WorkerBuffers<uint8_t> buffers(scratch, pool.size(), per_worker);
 
   pool.for_each_task(panels * m_splits, [&](int64_t task, int worker) {
-    auto* tiles = reinterpret_cast<uint16_t*>(workers + per_worker * size_t(worker));
-    auto* sums = reinterpret_cast<float*>(tiles + panel_elements);
-    auto* row_buffer = reinterpret_cast<uint16_t*>(sums + sum_floats);
-    const int64_t g0 = (task / m_splits) * panel, g1 = std::min(groups, g0 + panel);
-    const int64_t m0 = (task % m_splits) * m_split, m1 = std::min(padded_m, m0 + m_split);
-    for (int64_t g = g0; g < g1; ++g) {
-      uint16_t* out = tiles + (g - g0) * nb * int64_t(detail::kAmxTileElements);
-      if (is_float(w.type)) {
-        float_rows_to_tiles(w, g * kTileRows, row_buffer, out);
-        continue;
-      }
-      TileSource source(w);
-      for (int64_t b = 0; b < nb; b += kIntKcBlocks) {
-        const int64_t count = std::min(kIntKcBlocks, nb - b);
-        amx.tiles_to_bf16(w.type, source.tiles(g, b, count), count,
-                          out + b * int64_t(detail::kAmxTileElements));
-      }
-    }
-    amx.configure();
-    const int64_t panel_cols = (g1 - g0) * kTileRows;
-    for (int64_t m = m0; m < m1; m += kRows) {
-      // K in chunks, the inner loop over the panel's group pairs: the chunk of X (32 rows x
-      // kAmxKcBlocks tiles, 16 KiB) is read from L2 once and then from L1 by every pair.
-      for (int64_t c0 = 0; c0 < nb; c0 += kAmxKcBlocks) {
-        const int64_t count = std::min(kAmxKcBlocks, nb - c0);
-        for (int64_t g = g0; g < g1; g += 2) {
-          const int pair = int(std::min<int64_t>(2, g1 - g));
-          const uint16_t* b0 = tiles + ((g - g0) * nb + c0) * int64_t(detail::kAmxTileElements);
-          const uint16_t* b1 = b0 + nb * int64_t(detail::kAmxTileElements);
-          amx.block(xb + m * K + c0 * kBlock, K, b0, b1, pair, count,
-                    sums + (g - g0) * kTileRows, panel_cols, c0 > 0);
+    auto* tiles = reinterpret_cast<uint16_t*>(buffers[worker]);
+    uint16_t* a = tiles + panel_elements;
+    uint16_t* row_buffer = a + a_elements;
+    auto* edge = reinterpret_cast<float*>(row_buffer + row_elements);
+    const int64_t g0 = (task / m_splits) * plan.panel, g1 = std::min(groups, g0 + plan.panel);
+    const int64_t m0 = (task % m_splits) * m_split, m1 = std::min(M, m0 + m_split);
+    const int64_t n0 = g0 * kTileRows, panel_cols = (g1 - g0) * kTileRows;
+    const int cols = int(std::min<int64_t>(panel_cols, N - n0));
+    TileSource source(w);
+    for (int64_t c0 = 0; c0 < nb; c0 += plan.chunk) {
+      const int64_t count = std::min(plan.chunk, nb - c0);
+      for (int64_t g = g0; g < g1; ++g) {
+        uint16_t* out = tiles + (g - g0) * count * kTile;
+        if (is_float(w.type)) {
+          float_rows_to_tiles(w, g * kTileRows, c0, count, row_buffer, out);
+        } else {
+          amx.tiles_to_bf16(w.type, source.tiles(g, c0, count), count, out);
         }
       }
-      const int rows = int(std::min<int64_t>(kRows, M - m));
-      const int64_t n0 = g0 * kTileRows;
-      const int cols = int(std::min<int64_t>(panel_cols, N - n0));
-      for (int r = 0; r < rows; ++r)
-        std::memcpy(y + (m + r) * ldy + n0, sums + r * panel_cols, size_t(cols) * sizeof(float));
+      amx.configure();
+      for (int64_t m = m0; m < m1; m += kRows) {
+        const int rows = int(std::min<int64_t>(kRows, m1 - m));
+        amx.rows_to_bf16(x + m * ldx + c0 * kBlock, ldx, rows, int(count * kBlock), splits, a);
+        // Full blocks add straight into Y; a block that overhangs M or N goes through `edge`.
+        const bool inside = rows == kRows && cols == panel_cols;
+        float* c = inside ? y + m * ldy + n0 : edge;
+        const int64_t ldc = inside ? ldy : panel_cols;
+        if (!inside && c0 > 0) {
+          for (int r = 0; r < rows; ++r)
+            std::memcpy(edge + r * panel_cols, y + (m + r) * ldy + n0, size_t(cols) * 4);
+        }
+        // The inner loop over the panel's group pairs reads a sub-chunk of X from L1 or L2.
+        for (int64_t s0 = 0; s0 < count; s0 += plan.sub) {
+          const int64_t sub = std::min(plan.sub, count - s0);
+          for (int64_t g = g0; g < g1; g += 2) {
+            const int pair = int(std::min<int64_t>(2, g1 - g));
+            const uint16_t* b0 = tiles + ((g - g0) * count + s0) * kTile;
+            amx.block(a + s0 * kBlock, count * kBlock, splits, b0, b0 + count * kTile, pair, sub,
+                      c + (g - g0) * kTileRows, ldc, c0 > 0 || s0 > 0);
+          }
+        }
+        if (!inside) {
+          for (int r = 0; r < rows; ++r)
+            std::memcpy(y + (m + r) * ldy + n0, edge + r * panel_cols, size_t(cols) * 4);
+        }
+      }
+      amx.release();
     }
-    amx.release();
   });
 }
 #endif
@@ -673,15 +697,20 @@ void matmul(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* y, i
   const Kernels& kern = kernels_for(options.isa);
   if (M == 0 || N == 0) return;
 #if defined(KLEIN_X86)
-  if (is_float(w.type) && options.float_on_tiles && kern.isa == Isa::Amx &&
-      M >= detail::kAmxMinRows)
-    return matmul_amx(x, M, ldx, w, y, ldy, pool, options.scratch);
+  if (kern.isa == Isa::Amx && M >= detail::kAmxMinRows) {
+    // BF16 weights: exact activations in three bf16 parts. Other float weights only when
+    // asked (rounded to bf16, as the quantized types are).
+    if (w.type == DType::BF16 && !options.float_on_tiles)
+      return matmul_amx(x, M, ldx, w, y, ldy, pool, options.scratch, detail::kAmxMaxSplits);
+    if (is_float(w.type) && options.float_on_tiles)
+      return matmul_amx(x, M, ldx, w, y, ldy, pool, options.scratch, 1);
+  }
 #endif
   if (is_float(w.type) || options.exact_activations)
     return matmul_float(kern, x, M, ldx, w, y, ldy, pool, options.scratch);
 #if defined(KLEIN_X86)
   if (kern.isa == Isa::Amx && M >= detail::kAmxMinRows)
-    return matmul_amx(x, M, ldx, w, y, ldy, pool, options.scratch);
+    return matmul_amx(x, M, ldx, w, y, ldy, pool, options.scratch, 1);
 #endif
   matmul_quantized(kern, x, M, ldx, w, y, ldy, pool, options.scratch);
 }

@@ -36,6 +36,7 @@ TEST(Linear, MatchesNaiveForEveryFloatType) {
     if (t == DType::F32) w.data = wf.data();
     if (t == DType::BF16) w.data = wb.data();
     if (t == DType::F16) w.data = wh.data();
+    w.nbytes = size_t(N * K) * dtype_size(t);
     to_f32(t, w.data, exact.data(), exact.size());
     std::vector<float> y(size_t(M * N));
     linear(x.data(), M, w, y.data(), pool);
