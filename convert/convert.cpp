@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -20,6 +19,7 @@
 #include "core/threadpool.h"
 #include "core/version.h"
 #include "formats/container/writer.h"
+#include "formats/xxh3.h"
 #include "weights/container_store.h"
 #include "weights/naming.h"
 #include "weights/source_store.h"
@@ -143,8 +143,7 @@ std::string hash_file(const fs::path& path, uint64_t& bytes, const std::function
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("cannot open ", path.string(), ": ", std::strerror(errno));
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
+  xxh3::Hasher hasher;
   std::vector<char> buf(size_t(8) << 20);
   bytes = 0;
   for (;;) {
@@ -153,18 +152,15 @@ std::string hash_file(const fs::path& path, uint64_t& bytes, const std::function
     if (n < 0) {
       const int e = errno;
       ::close(fd);
-      XXH3_freeState(state);
       fail("cannot read ", path.string(), ": ", std::strerror(e));
     }
     if (n == 0) break;
-    XXH3_64bits_update(state, buf.data(), size_t(n));
+    hasher.update(buf.data(), size_t(n));
     bytes += uint64_t(n);
     if (stop()) break;
   }
   ::close(fd);
-  const uint64_t h = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
-  return stop() ? std::string() : container::hex64(h);
+  return stop() ? std::string() : container::hex64(hasher.digest());
 }
 
 std::string utc_now() {

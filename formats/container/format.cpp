@@ -1,13 +1,12 @@
 #include "formats/container/format.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <set>
 
 #include "core/error.h"
+#include "formats/xxh3.h"
 
 namespace klein::container {
 
@@ -124,7 +123,7 @@ bool dtype_of_code(uint8_t code, DType& out) {
   return false;
 }
 
-uint64_t xxh3(const void* data, size_t n) { return XXH3_64bits(data, n); }
+uint64_t xxh3(const void* data, size_t n) { return xxh3::hash64(data, n); }
 
 std::string hex64(uint64_t v) {
   char buf[17];

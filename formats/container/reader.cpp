@@ -2,13 +2,13 @@
 
 #include <sys/mman.h>
 #include <unistd.h>
-#include <xxhash.h>
 #include <zstd.h>
 
 #include <algorithm>
 #include <fstream>
 
 #include "core/error.h"
+#include "formats/xxh3.h"
 
 namespace klein::container {
 
@@ -70,17 +70,14 @@ uint64_t ContainerFile::unit_checksum(const UnitEntry& u, bool drop_pages) const
   // slices of a power-of-two size >= 64 KiB start on pages too.
   constexpr uint64_t kSlice = uint64_t(4) << 20;
   const size_t page = size_t(::sysconf(_SC_PAGESIZE));
-  XXH3_state_t* state = XXH3_createState();
-  if (!state) throw std::bad_alloc();
-  XXH3_64bits_reset(state);
+  xxh3::Hasher hasher;
   for (uint64_t done = 0; done < u.size; done += kSlice) {
     const size_t n = size_t(std::min(kSlice, u.size - done));
-    XXH3_64bits_update(state, at(u.offset + done), n);
+    hasher.update(at(u.offset + done), n);
     ::madvise(const_cast<std::byte*>(at(u.offset + done)), (n + page - 1) / page * page,
               MADV_DONTNEED);
   }
-  const uint64_t sum = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
+  const uint64_t sum = hasher.digest();
   return sum;
 }
 
@@ -101,40 +98,30 @@ VerifyReport verify_container(const ContainerFile& file,
   // while they are in the cache; then the unit's pages are dropped, so that checking a file
   // larger than memory keeps the process small.
   constexpr uint64_t kSlice = uint64_t(1) << 20;
-  XXH3_state_t* unit_state = XXH3_createState();
-  XXH3_state_t* tensor_state = XXH3_createState();
-  struct Free {
-    XXH3_state_t* a;
-    XXH3_state_t* b;
-    ~Free() {
-      XXH3_freeState(a);
-      XXH3_freeState(b);
-    }
-  } free_states{unit_state, tensor_state};
-  if (!unit_state || !tensor_state) throw std::bad_alloc();
+  xxh3::Hasher unit_hash, tensor_hash;
   for (size_t i = 0; i < index.units.size(); ++i) {
     const UnitEntry& u = index.units[i];
-    XXH3_64bits_reset(unit_state);
+    unit_hash.reset();
     std::vector<VerifyProblem> bad_tensors;  // listed after the unit
     uint64_t cursor = u.offset;
     for (const TensorEntry& t : file.tensors_of(u)) {
-      XXH3_64bits_update(unit_state, file.at(cursor), t.offset - cursor);  // padding
-      XXH3_64bits_reset(tensor_state);
+      unit_hash.update(file.at(cursor), t.offset - cursor);  // padding
+      tensor_hash.reset();
       for (uint64_t at = t.offset; at < t.offset + t.size; at += kSlice) {
         const size_t n = size_t(std::min(kSlice, t.offset + t.size - at));
-        XXH3_64bits_update(tensor_state, file.at(at), n);
-        XXH3_64bits_update(unit_state, file.at(at), n);
+        tensor_hash.update(file.at(at), n);
+        unit_hash.update(file.at(at), n);
       }
       cursor = t.offset + t.size;
-      const uint64_t ts = XXH3_64bits_digest(tensor_state);
+      const uint64_t ts = tensor_hash.digest();
       if (ts != t.xxh3)
         bad_tensors.push_back({"tensor", t.name,
                                "checksum mismatch (stored " + hex64(t.xxh3) + ", computed " +
                                    hex64(ts) + ") in unit " + u.name});
       ++r.tensors_checked;
     }
-    XXH3_64bits_update(unit_state, file.at(cursor), u.offset + u.size - cursor);
-    const uint64_t sum = XXH3_64bits_digest(unit_state);
+    unit_hash.update(file.at(cursor), u.offset + u.size - cursor);
+    const uint64_t sum = unit_hash.digest();
     if (sum != u.xxh3)
       r.problems.push_back(
           {"unit", u.name,

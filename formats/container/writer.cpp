@@ -1,6 +1,5 @@
 #include "formats/container/writer.h"
 
-#include <xxhash.h>
 #include <zstd.h>
 
 #include <cerrno>
@@ -23,24 +22,18 @@ ContainerWriter::ContainerWriter(const std::filesystem::path& path, uint64_t ali
   check(alignment >= kMinAlignment && alignment <= kMaxAlignment && !(alignment & (alignment - 1)),
         "container alignment ", alignment, " must be a power of two between 64 KiB and 1 GiB");
   header_.alignment = alignment;
-  unit_state_ = XXH3_createState();
-  tensor_state_ = XXH3_createState();
-  if (!unit_state_ || !tensor_state_) throw std::bad_alloc();
   // The header is written last, over these zeros.
   out_.write(kZeros, kHeaderSize);
 }
 
-ContainerWriter::~ContainerWriter() {
-  XXH3_freeState(unit_state_);
-  XXH3_freeState(tensor_state_);
-}
+ContainerWriter::~ContainerWriter() = default;
 
 void ContainerWriter::pad_to(uint64_t multiple) {
   uint64_t gap = (multiple - out_.offset() % multiple) % multiple;
   while (gap > 0) {
     const size_t n = size_t(std::min<uint64_t>(gap, sizeof kZeros));
     out_.write(kZeros, n);
-    if (in_unit_) XXH3_64bits_update(unit_state_, kZeros, n);
+    if (in_unit_) unit_hash_.update(kZeros, n);
     gap -= n;
   }
 }
@@ -72,7 +65,7 @@ void ContainerWriter::begin_unit(const std::string& name) {
   u.first_tensor = uint32_t(index_.tensors.size());
   u.offset = out_.offset();
   index_.units.push_back(std::move(u));
-  XXH3_64bits_reset(unit_state_);
+  unit_hash_.reset();
   in_unit_ = true;
 }
 
@@ -83,7 +76,7 @@ void ContainerWriter::begin_tensor(TensorEntry t) {
   t.xxh3 = 0;
   index_.tensors.push_back(std::move(t));
   ++index_.units.back().tensor_count;
-  XXH3_64bits_reset(tensor_state_);
+  tensor_hash_.reset();
   tensor_written_ = 0;
   in_tensor_ = true;
 }
@@ -93,8 +86,8 @@ void ContainerWriter::write(const void* data, size_t n) {
   check(in_tensor_ && tensor_written_ + n <= t.size, "internal: tensor ", t.name, " given ",
         tensor_written_ + n, " bytes, declared ", t.size);
   out_.write(data, n);
-  XXH3_64bits_update(unit_state_, data, n);
-  XXH3_64bits_update(tensor_state_, data, n);
+  unit_hash_.update(data, n);
+  tensor_hash_.update(data, n);
   tensor_written_ += n;
 }
 
@@ -102,7 +95,7 @@ void ContainerWriter::end_tensor() {
   TensorEntry& t = index_.tensors.back();
   check(in_tensor_ && tensor_written_ == t.size, "internal: tensor ", t.name, " got ",
         tensor_written_, " bytes, declared ", t.size);
-  t.xxh3 = XXH3_64bits_digest(tensor_state_);
+  t.xxh3 = tensor_hash_.digest();
   in_tensor_ = false;
 }
 
@@ -111,7 +104,7 @@ void ContainerWriter::end_unit() {
   UnitEntry& u = index_.units.back();
   check(u.tensor_count > 0, "internal: unit ", u.name, " has no tensors");
   u.size = out_.offset() - u.offset;
-  u.xxh3 = XXH3_64bits_digest(unit_state_);
+  u.xxh3 = unit_hash_.digest();
   in_unit_ = false;
 }
 

@@ -20,8 +20,8 @@
 
 #include "core/files.h"
 #include "formats/container/format.h"
+#include "formats/xxh3.h"
 
-struct XXH3_state_s;
 
 namespace klein::container {
 
@@ -62,8 +62,7 @@ class ContainerWriter {
   bool in_unit_ = false;
   bool in_tensor_ = false;
   uint64_t tensor_written_ = 0;
-  XXH3_state_s* unit_state_ = nullptr;
-  XXH3_state_s* tensor_state_ = nullptr;
+  xxh3::Hasher unit_hash_, tensor_hash_;
 };
 
 }  // namespace klein::container
