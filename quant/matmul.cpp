@@ -124,16 +124,19 @@ Split split_work(int64_t M, int64_t units, int threads, int64_t m_align, int64_t
 template <class T>
 class WorkerBuffers {
  public:
-  WorkerBuffers(MatmulScratch* scratch, int workers, size_t per_worker)
-      : per_worker_((per_worker * sizeof(T) + 63) / 64 * 64 / sizeof(T)) {
+  // `shared` more elements after the workers' pieces, for all of them (shared()).
+  WorkerBuffers(MatmulScratch* scratch, int workers, size_t per_worker, size_t shared = 0)
+      : per_worker_((per_worker * sizeof(T) + 63) / 64 * 64 / sizeof(T)), workers_(workers) {
     MatmulScratch& s = scratch ? *scratch : local_;
-    base_ = static_cast<T*>(s.get(per_worker_ * sizeof(T) * size_t(workers)));
+    base_ = static_cast<T*>(s.get((per_worker_ * size_t(workers) + shared) * sizeof(T)));
   }
   T* operator[](int worker) const { return base_ + per_worker_ * size_t(worker); }
+  T* shared() const { return base_ + per_worker_ * size_t(workers_); }
 
  private:
   MatmulScratch local_;
   size_t per_worker_;
+  int workers_;
   T* base_ = nullptr;
 };
 
@@ -387,32 +390,44 @@ void float_rows_to_tiles(const Matrix& w, int64_t n0, int64_t b0, int64_t count,
 }
 
 // How matmul_amx cuts the work. A task takes a panel of 16-row weight groups and a range of
-// rows of X; K goes in chunks, and per chunk the panel's B tiles (1 KiB per group per 32
-// columns) are made once and stay in L2 while every 32-row block of X streams past, converted
-// to bf16 on the way. Y is the accumulator between chunks, so a panel can be wide however long
-// K is: X is read once per panel, and wide panels keep that traffic low at K = 12288.
+// rows of X, and makes the panel's B tiles once per chunk of K; they stay in L2 while every
+// 32-row block of X streams past. Two shapes of plan, measured at M 768 / 4608 on the model's
+// shapes (BENCHMARKS.md "Matmul kernels"):
+// - Short K (one bf16 part, K <= 3072): narrow panels (512 KiB of B tiles, 4-6 groups) over
+//   the whole of K, X converted to bf16 once for all tasks, and each 32-row block's sums kept
+//   in a small buffer that stays in L1 until they go to Y. 10-20% faster than the wide plan
+//   at K = 3072.
+// - Long K, or three parts: K in chunks (512 columns for one part, 1024 for three) with Y as
+//   the accumulator, so that the panels can be wide (1.25 MiB) however long K is; X is read
+//   once per panel, and converted per 32-row block into a per-worker buffer that stays in L1
+//   (a shared converted copy would come from L3 each time, and would be 6 bytes per value for
+//   three parts). At K = 12288 this is 1.3-1.5x the narrow plan.
 struct AmxPlan {
   int splits;     // bf16 parts per activation: 1 (rounded) or 3 (exact)
+  bool narrow;    // the short-K plan above
   int64_t chunk;  // 32-column blocks per chunk of K
   int64_t sub;    // blocks per micro-kernel call: the X piece it reads again for every group pair
   int64_t panel;  // weight groups per task (even, except a last odd one)
 };
 
-// Measured at M 768 / 4608 on the model's shapes (BENCHMARKS.md "Matmul kernels"): panels of
-// 1.25 MiB of B tiles (L2 is 2 MiB), K chunks of 512 columns in sub-chunks of 256 (X in L1)
-// for one part; for three parts a chunk of 1024 columns in one piece, since each B tile then
-// serves three A tiles and the fewer loads and stores of C win over keeping X in L1.
 AmxPlan amx_plan(int64_t nb, int64_t groups, int splits) {
-  constexpr int64_t kPanelBytes = 1280 * 1024;
-  static_assert(32 <= kIntKcBlocks, "TileSource re-lays out at most kIntKcBlocks tiles");
+  const int64_t tile_bytes = int64_t(detail::kAmxTileElements * sizeof(uint16_t));
+  auto groups_in = [&](int64_t bytes, int64_t chunk) {
+    return std::min(groups, std::max<int64_t>(2, bytes / (chunk * tile_bytes) / 2 * 2));
+  };
   AmxPlan plan;
   plan.splits = splits;
+  plan.narrow = splits == 1 && nb <= 96;
+  if (plan.narrow) {
+    plan.chunk = nb;
+    plan.sub = 8;
+    plan.panel = groups_in(512 * 1024, nb);
+    return plan;
+  }
   const int64_t max_chunk = splits == 1 ? 16 : 32;
   plan.chunk = ceil_div(nb, ceil_div(nb, max_chunk));
   plan.sub = splits == 1 ? std::min<int64_t>(8, plan.chunk) : plan.chunk;
-  const int64_t tile_bytes = int64_t(detail::kAmxTileElements * sizeof(uint16_t));
-  const int64_t fit = kPanelBytes / (plan.chunk * tile_bytes);
-  plan.panel = std::min(groups, std::max<int64_t>(2, fit / 2 * 2));
+  plan.panel = groups_in(1280 * 1024, plan.chunk);
   return plan;
 }
 
@@ -431,17 +446,29 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
   const int64_t m_splits = std::min(row_blocks, std::max<int64_t>(1, ceil_div(wanted, panels)));
   const int64_t m_split = ceil_div(row_blocks, m_splits) * kRows;
 
-  // Per worker: the panel's B tiles for one chunk, one 32-row block of X as bf16 parts, (F32 /
-  // F16) one group of weight rows as bf16, and the sums of a block that overhangs Y.
+  // Per worker: the panel's B tiles for one chunk, one 32-row block of X as bf16 parts (wide
+  // plan), (F32 / F16) one group of weight rows as bf16, and the sums of a block that stays in
+  // L1 (narrow plan) or overhangs Y. Shared (narrow plan): all of X as bf16.
   const int64_t kc = plan.chunk * kBlock;
   const bool convert_rows = w.type == DType::F32 || w.type == DType::F16;
   const size_t panel_elements = size_t(plan.panel * plan.chunk * kTile);
-  const size_t a_elements = size_t(splits * kRows * kc);
+  const size_t a_elements = plan.narrow ? 0 : size_t(splits * kRows * kc);
   const size_t row_elements = convert_rows ? size_t(kTileRows * kc) : 0;
   const size_t edge_floats = size_t(kRows * plan.panel * kTileRows);
   const size_t per_worker = (panel_elements + a_elements + row_elements) * sizeof(uint16_t) +
                             edge_floats * sizeof(float);
-  WorkerBuffers<uint8_t> buffers(scratch, pool.size(), per_worker);
+  const size_t x_bytes = plan.narrow ? size_t(row_blocks * kRows * K) * sizeof(uint16_t) : 0;
+  WorkerBuffers<uint8_t> buffers(scratch, pool.size(), per_worker, x_bytes);
+  auto* xb = reinterpret_cast<uint16_t*>(buffers.shared());
+  if (plan.narrow) {
+    pool.parallel_for(row_blocks, [&](int64_t b0, int64_t b1, int) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t m = b * kRows;
+        amx.rows_to_bf16(x + m * ldx, ldx, int(std::min<int64_t>(kRows, M - m)), int(K), 1,
+                         xb + m * K);
+      }
+    });
+  }
 
   pool.for_each_task(panels * m_splits, [&](int64_t task, int worker) {
     auto* tiles = reinterpret_cast<uint16_t*>(buffers[worker]);
@@ -460,15 +487,21 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
         if (is_float(w.type)) {
           float_rows_to_tiles(w, g * kTileRows, c0, count, row_buffer, out);
         } else {
-          amx.tiles_to_bf16(w.type, source.tiles(g, c0, count), count, out);
+          for (int64_t b = 0; b < count; b += kIntKcBlocks) {  // TileSource's buffer size
+            const int64_t n = std::min(kIntKcBlocks, count - b);
+            amx.tiles_to_bf16(w.type, source.tiles(g, c0 + b, n), n, out + b * kTile);
+          }
         }
       }
       amx.configure();
       for (int64_t m = m0; m < m1; m += kRows) {
         const int rows = int(std::min<int64_t>(kRows, m1 - m));
-        amx.rows_to_bf16(x + m * ldx + c0 * kBlock, ldx, rows, int(count * kBlock), splits, a);
-        // Full blocks add straight into Y; a block that overhangs M or N goes through `edge`.
-        const bool inside = rows == kRows && cols == panel_cols;
+        const uint16_t* ax = plan.narrow ? xb + m * K : a;  // narrow: one chunk, all of K
+        if (!plan.narrow)
+          amx.rows_to_bf16(x + m * ldx + c0 * kBlock, ldx, rows, int(count * kBlock), splits, a);
+        // Wide plan: full blocks add straight into Y; a block that overhangs M or N, and every
+        // block of the narrow plan, goes through `edge`.
+        const bool inside = !plan.narrow && rows == kRows && cols == panel_cols;
         float* c = inside ? y + m * ldy + n0 : edge;
         const int64_t ldc = inside ? ldy : panel_cols;
         if (!inside && c0 > 0) {
@@ -481,7 +514,7 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
           for (int64_t g = g0; g < g1; g += 2) {
             const int pair = int(std::min<int64_t>(2, g1 - g));
             const uint16_t* b0 = tiles + ((g - g0) * count + s0) * kTile;
-            amx.block(a + s0 * kBlock, count * kBlock, splits, b0, b0 + count * kTile, pair, sub,
+            amx.block(ax + s0 * kBlock, count * kBlock, splits, b0, b0 + count * kTile, pair, sub,
                       c + (g - g0) * kTileRows, ldc, c0 > 0 || s0 > 0);
           }
         }

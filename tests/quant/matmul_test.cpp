@@ -229,6 +229,9 @@ TEST_F(MatmulTest, LargeShapesCrossTileAndChunkBoundaries) {
   // AMX: row blocks of 32 with a ragged end, an odd number of 16-row groups, K beyond the
   // tile chunk of RowMajor weights.
   check_case({{77, 48, 2112}}, pool);
+  // AMX, K above 3072 (chunked K, Y as the accumulator): several wide panels, the last one
+  // ragged in N, and a ragged last row block. Large, so only where those plans run.
+  if (isa_available(Isa::Amx)) check_case({{40, 1300, 3104}}, pool);
 }
 
 TEST_F(MatmulTest, LargestK) {
