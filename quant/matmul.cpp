@@ -431,6 +431,44 @@ AmxPlan amx_plan(int64_t nb, int64_t groups, int splits) {
   return plan;
 }
 
+// Weight groups [g0, g1), 32-column blocks [c0, c0 + count) as B tiles: group g at tiles + (g -
+// g0) * count tiles. `row_buffer`: 16 x 32 count bf16, for F32 / F16 weights.
+void panel_to_tiles(const detail::AmxKernels& amx, const Matrix& w, TileSource& source,
+                    int64_t g0, int64_t g1, int64_t c0, int64_t count, uint16_t* row_buffer,
+                    uint16_t* tiles) {
+  constexpr int64_t kTile = int64_t(detail::kAmxTileElements);
+  for (int64_t g = g0; g < g1; ++g) {
+    uint16_t* out = tiles + (g - g0) * count * kTile;
+    if (is_float(w.type)) {
+      float_rows_to_tiles(w, g * kTileRows, c0, count, row_buffer, out);
+      continue;
+    }
+    for (int64_t b = 0; b < count; b += kIntKcBlocks) {  // what TileSource re-lays out at once
+      const int64_t n = std::min(kIntKcBlocks, count - b);
+      amx.tiles_to_bf16(w.type, source.tiles(g, c0 + b, n), n, out + b * kTile);
+    }
+  }
+}
+
+// c[32 x 16 groups] (+)= the 32 rows of X at `a` (bf16 parts, rows lda apart) times the panel's
+// B tiles (`groups` groups of `count` tiles), group pair by group pair. The loop over the pairs
+// is innermost, so a sub-chunk of X is read from L1 / L2 once and serves the whole panel.
+void multiply_block_by_panel(const detail::AmxKernels& amx, const AmxPlan& plan,
+                             const uint16_t* a, int64_t lda, const uint16_t* tiles,
+                             int64_t groups, int64_t count, float* c, int64_t ldc,
+                             bool accumulate) {
+  constexpr int64_t kTile = int64_t(detail::kAmxTileElements);
+  for (int64_t s0 = 0; s0 < count; s0 += plan.sub) {
+    const int64_t sub = std::min(plan.sub, count - s0);
+    for (int64_t g = 0; g < groups; g += 2) {
+      const int pair = int(std::min<int64_t>(2, groups - g));
+      const uint16_t* b0 = tiles + (g * count + s0) * kTile;
+      amx.block(a + s0 * kBlock, lda, plan.splits, b0, b0 + count * kTile, pair, sub,
+                c + g * kTileRows, ldc, accumulate || s0 > 0);
+    }
+  }
+}
+
 void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* y, int64_t ldy,
                 ThreadPool& pool, MatmulScratch* scratch, int splits) {
   const detail::AmxKernels& amx = detail::amx_kernels();
@@ -482,17 +520,7 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
     TileSource source(w);
     for (int64_t c0 = 0; c0 < nb; c0 += plan.chunk) {
       const int64_t count = std::min(plan.chunk, nb - c0);
-      for (int64_t g = g0; g < g1; ++g) {
-        uint16_t* out = tiles + (g - g0) * count * kTile;
-        if (is_float(w.type)) {
-          float_rows_to_tiles(w, g * kTileRows, c0, count, row_buffer, out);
-        } else {
-          for (int64_t b = 0; b < count; b += kIntKcBlocks) {  // TileSource's buffer size
-            const int64_t n = std::min(kIntKcBlocks, count - b);
-            amx.tiles_to_bf16(w.type, source.tiles(g, c0 + b, n), n, out + b * kTile);
-          }
-        }
-      }
+      panel_to_tiles(amx, w, source, g0, g1, c0, count, row_buffer, tiles);
       amx.configure();
       for (int64_t m = m0; m < m1; m += kRows) {
         const int rows = int(std::min<int64_t>(kRows, m1 - m));
@@ -508,16 +536,8 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
           for (int r = 0; r < rows; ++r)
             std::memcpy(edge + r * panel_cols, y + (m + r) * ldy + n0, size_t(cols) * 4);
         }
-        // The inner loop over the panel's group pairs reads a sub-chunk of X from L1 or L2.
-        for (int64_t s0 = 0; s0 < count; s0 += plan.sub) {
-          const int64_t sub = std::min(plan.sub, count - s0);
-          for (int64_t g = g0; g < g1; g += 2) {
-            const int pair = int(std::min<int64_t>(2, g1 - g));
-            const uint16_t* b0 = tiles + ((g - g0) * count + s0) * kTile;
-            amx.block(ax + s0 * kBlock, count * kBlock, splits, b0, b0 + count * kTile, pair, sub,
-                      c + (g - g0) * kTileRows, ldc, c0 > 0 || s0 > 0);
-          }
-        }
+        multiply_block_by_panel(amx, plan, ax, count * kBlock, tiles, g1 - g0, count, c, ldc,
+                                c0 > 0);
         if (!inside) {
           for (int r = 0; r < rows; ++r)
             std::memcpy(y + (m + r) * ldy + n0, edge + r * panel_cols, size_t(cols) * 4);
