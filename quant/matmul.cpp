@@ -750,22 +750,25 @@ void matmul(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* y, i
   const Kernels& kern = kernels_for(options.isa);
   if (M == 0 || N == 0) return;
 #if defined(KLEIN_X86)
-  if (kern.isa == Isa::Amx && M >= detail::kAmxMinRows) {
-    // BF16 weights: exact activations in three bf16 parts. Other float weights only when
-    // asked (rounded to bf16, as the quantized types are).
-    if (w.type == DType::BF16 && !options.float_on_tiles)
-      return matmul_amx(x, M, ldx, w, y, ldy, pool, options.scratch, detail::kAmxMaxSplits);
-    if (is_float(w.type) && options.float_on_tiles)
-      return matmul_amx(x, M, ldx, w, y, ldy, pool, options.scratch, 1);
+  if (runs_on_tiles(w, M, options)) {
+    // BF16 weights keep their float32 activations exactly, in three bf16 parts; everything
+    // else on tiles has them rounded to bf16.
+    const bool exact = w.type == DType::BF16 && !options.float_on_tiles;
+    return matmul_amx(x, M, ldx, w, y, ldy, pool, options.scratch,
+                      exact ? detail::kAmxMaxSplits : 1);
   }
 #endif
   if (is_float(w.type) || options.exact_activations)
     return matmul_float(kern, x, M, ldx, w, y, ldy, pool, options.scratch);
-#if defined(KLEIN_X86)
-  if (kern.isa == Isa::Amx && M >= detail::kAmxMinRows)
-    return matmul_amx(x, M, ldx, w, y, ldy, pool, options.scratch, 1);
-#endif
   matmul_quantized(kern, x, M, ldx, w, y, ldy, pool, options.scratch);
+}
+
+bool runs_on_tiles(const Matrix& w, int64_t M, const MatmulOptions& options) {
+  const Isa isa = options.isa == Isa::Auto ? best_isa() : options.isa;
+  if (isa != Isa::Amx || !isa_available(isa)) return false;
+  if (M < detail::kAmxMinRows || w.cols % kBlock != 0) return false;
+  if (is_float(w.type)) return w.type == DType::BF16 || options.float_on_tiles;
+  return !options.exact_activations;
 }
 
 void matmul_reference(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* y,

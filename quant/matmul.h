@@ -9,7 +9,7 @@
 //   over them. Small M: dot products along K, converting W in registers.
 //   BF16 on AMX CPUs from 32 rows on: each activation is split into three bf16 parts (hi + mid
 //   + lo = x, exactly) and all three are multiplied by the bf16 weight on the tile unit into
-//   float32 sums: the same inputs as the FMA kernel, 3x the additions, 3-5x the speed.
+//   float32 sums: the same inputs as the FMA kernel, 3x the additions, 2.5-2.8x its speed.
 // - Q8, Q4: the activations are quantized once per call to int8 in blocks of 32 (scale =
 //   max|x| / 127, shared by all threads), then integer blocks are multiplied (AVX-512 VNNI
 //   vpdpbusd, NEON sdot, AVX2 pmaddubsw) and each block's int32 sum is scaled into a float
@@ -111,9 +111,16 @@ struct MatmulOptions {
   bool exact_activations = false;
   // F32 / BF16 / F16: on AMX CPUs (Isa::Amx) from 32 rows of X on, multiply on bf16 tiles as
   // the Q8 / Q4 path does (activations and weights rounded to bf16, float32 sums; the bound is
-  // (2^-8 + 2^-17 + (K + 20) 2^-24) sum |x w|). Off (the default): exact float32 kernels.
+  // (2^-8 + 2^-17 + (K + 20) 2^-24) sum |x w|). Off (the default): float32 activations (BF16
+  // on AMX as three exact bf16 parts, the others on the float32 kernels).
   bool float_on_tiles = false;
 };
+
+// Whether matmul(x with M rows, w, options) runs on AMX tiles: Isa::Amx (or Auto on an AMX
+// CPU), M >= 32, K a multiple of 32, and weights Q8 / Q4 (without exact_activations), BF16,
+// or any float type with float_on_tiles. Callers that have a faster kernel of their own for
+// the other cases (ops::linear: OpenBLAS for float weights) ask this first.
+bool runs_on_tiles(const Matrix& w, int64_t M, const MatmulOptions& options = {});
 
 // y[m * ldy + n] = sum_k x[m * ldx + k] * W[n, k] for m < M, n < N = w.rows, k < K = w.cols.
 // All paths agree with matmul_reference within the bounds stated at the top of this file.

@@ -55,12 +55,11 @@ void linear(const float* x, int64_t M, int64_t ldx, const Weight& w, float* y, i
     // On AMX CPUs quant multiplies BF16 weights exactly on tiles (activations in three bf16
     // parts), and any float weight rounded to bf16 inside a FloatWeightsOnTiles region.
     // Elsewhere OpenBLAS on converted panels is the faster float32 kernel.
-    const bool tiles = quant::best_isa() == quant::Isa::Amx && M >= 32 && w.cols() % 32 == 0;
-    if (tiles && (float_weights_on_tiles || w.dtype == DType::BF16)) {
-      quant::MatmulOptions options;
-      options.float_on_tiles = float_weights_on_tiles;
-      return quant::matmul(x, M, ldx, as_matrix(w), y, ldy, pool, options);
-    }
+    quant::MatmulOptions options;
+    options.float_on_tiles = float_weights_on_tiles;
+    const quant::Matrix m = as_matrix(w);
+    if (quant::runs_on_tiles(m, M, options))
+      return quant::matmul(x, M, ldx, m, y, ldy, pool, options);
     return linear_float_rows(x, M, ldx, w, y, ldy, pool);
   }
   // Quantized weights: the kernels multiply block by block (quant/matmul.h).

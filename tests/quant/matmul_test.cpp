@@ -361,5 +361,30 @@ TEST(Isa, AvailableListIsOrdered) {
   EXPECT_EQ(isas.back(), best_isa());
 }
 
+// Which calls take the AMX path (what ops::linear asks before choosing OpenBLAS instead).
+TEST(Isa, RunsOnTilesOnlyWhereTheTilePathApplies) {
+  auto matrix = [](DType type, int64_t cols) {
+    Matrix m;
+    m.type = type;
+    m.rows = 64;
+    m.cols = cols;
+    return m;
+  };
+  MatmulOptions rounded, exact, avx512;
+  rounded.float_on_tiles = true;
+  exact.exact_activations = true;
+  avx512.isa = Isa::Avx512;
+  const bool amx = isa_available(Isa::Amx);
+  EXPECT_EQ(runs_on_tiles(matrix(DType::BF16, 64), 32), amx);
+  EXPECT_EQ(runs_on_tiles(matrix(DType::Q8, 64), 32), amx);
+  EXPECT_EQ(runs_on_tiles(matrix(DType::F32, 64), 32, rounded), amx);
+  EXPECT_FALSE(runs_on_tiles(matrix(DType::BF16, 64), 31));        // too few rows
+  EXPECT_FALSE(runs_on_tiles(matrix(DType::BF16, 48), 32));        // K not a multiple of 32
+  EXPECT_FALSE(runs_on_tiles(matrix(DType::F32, 64), 32));         // float32 kernels
+  EXPECT_FALSE(runs_on_tiles(matrix(DType::F16, 64), 32));
+  EXPECT_FALSE(runs_on_tiles(matrix(DType::Q4, 64), 32, exact));   // float activations
+  EXPECT_FALSE(runs_on_tiles(matrix(DType::BF16, 64), 32, avx512));  // another path forced
+}
+
 }  // namespace
 }  // namespace klein::quant
