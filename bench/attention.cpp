@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "core/cpu.h"
-#include "core/threadpool.h"
+#include "ops/compute.h"
 #include "ops/attention.h"
 #include "ops/blas.h"
 
@@ -32,8 +32,8 @@ using namespace klein;
 
 constexpr int64_t kHeads = 24, kHeadDim = 128;
 
-ThreadPool& pool() {
-  static ThreadPool p([] {
+Compute& cx() {
+  static Compute p([] {
     const char* t = std::getenv("KLEIN_THREADS");
     return t ? std::atoi(t) : 2;
   }());
@@ -118,19 +118,19 @@ void BM_attention(benchmark::State& state, Path path) {
   p.heads = p.kv_heads = kHeads;
   p.head_dim = kHeadDim;
   p.scale = float(1.0 / std::sqrt(double(kHeadDim)));
-  p.bf16 = path == Path::Bf16;
+  cx().arithmetic.bf16_attention = path == Path::Bf16;
   for (auto _ : state) {
     if (path == Path::Legacy)
-      legacy_attention(in.q.data(), W, in.k.data(), W, in.v.data(), W, in.out.data(), W, p, pool());
+      legacy_attention(in.q.data(), W, in.k.data(), W, in.v.data(), W, in.out.data(), W, p, cx().pool());
     else
-      ops::attention(in.q.data(), W, in.k.data(), W, in.v.data(), W, in.out.data(), W, p, pool());
+      ops::attention(in.q.data(), W, in.k.data(), W, in.v.data(), W, in.out.data(), W, p, cx());
     benchmark::DoNotOptimize(in.out.data());
   }
   const double flops = 4.0 * double(S) * double(S) * double(kHeads) * double(kHeadDim);
   state.counters["GFLOP/s"] =
       benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["threads"] = pool().size();
-  if (path == Path::Bf16) state.SetLabel(cpu_features().amx_bf16 ? "amx" : "no amx: exact path");
+  state.counters["threads"] = cx().threads();
+  if (path == Path::Bf16) state.SetLabel(cx().amx() ? "amx" : "no amx: exact path");
 }
 
 void sizes(benchmark::internal::Benchmark* b) {

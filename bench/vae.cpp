@@ -5,7 +5,7 @@
 //   bench_vae --peak decode 1024             one 1024x1024 decode: time per stage, peak RSS
 //   bench_vae --peak encode 1024             the same for an encode
 //   bench_vae --peak decode-bf16 1024        ... with the convolutions on BF16 tiles
-//   bench_vae --compare [sides...]           float32 and BF16-tile decodes (VaeOptions::
+//   bench_vae --compare [sides...]           float32 and BF16-tile decodes (arithmetic
 //                                            bf16_tiles) taking turns, default 256 and 512:
 //                                            times, GFLOP/s, speedup and image difference
 //
@@ -38,8 +38,8 @@ int thread_count() {
   return t ? std::atoi(t) : 0;
 }
 
-ThreadPool& pool() {
-  static ThreadPool p(thread_count());
+Compute& cx() {
+  static Compute p(thread_count());
   return p;
 }
 
@@ -89,11 +89,12 @@ double decoder_conv_flops(const VaeConfig& c, int64_t height, int64_t width) {
   return flops + conv(channels.front(), c.out_channels, 3);
 }
 
-// args = side, BF16 tiles (0 float32, 1 VaeOptions::bf16_tiles).
+// args = side, BF16 tiles (0 float32, 1 arithmetic.bf16_convolutions).
 void BM_Decode(benchmark::State& state) {
   const int64_t side = state.range(0);
   if (state.range(1) && !ops::conv2d_bf16_tiles_available()) return state.SkipWithError("no AMX");
-  vae::Vae model(store(), pool(), {.bf16_tiles = state.range(1) != 0});
+  cx().arithmetic.bf16_convolutions = state.range(1) != 0;
+  vae::Vae model(store(), cx());
   const Tensor tokens = random_tensor({(side / 16) * (side / 16), 128});
   for (auto _ : state) benchmark::DoNotOptimize(model.decode(tokens, side / 16, side / 16));
   state.counters["peak_rss_MiB"] = peak_rss_mib();
@@ -108,7 +109,7 @@ BENCHMARK(BM_Decode)
 
 void BM_Encode(benchmark::State& state) {
   const int64_t side = state.range(0);
-  vae::Vae model(store(), pool());
+  vae::Vae model(store(), cx());
   const Tensor pixels = random_tensor({3, side, side}, 0.5f);
   for (auto _ : state) benchmark::DoNotOptimize(model.encode(pixels));
   state.counters["peak_rss_MiB"] = peak_rss_mib();
@@ -140,7 +141,7 @@ void BM_Conv3x3(benchmark::State& state) {
   norm.shift.assign(size_t(in), 0.0f);
   norm.silu = true;
   for (auto _ : state)
-    benchmark::DoNotOptimize(ops::conv2d(x, w, p, pool(), &norm));
+    benchmark::DoNotOptimize(ops::conv2d(x, w, p, cx(), &norm));
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * double(out * in * 9 * side * side),
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -159,7 +160,8 @@ int peak_run(std::string what, int64_t side) {
   const bool bf16 = what.size() > suffix.size() &&
                     what.compare(what.size() - suffix.size(), suffix.size(), suffix) == 0;
   if (bf16) what.resize(what.size() - suffix.size());
-  vae::Vae model(store(), pool(), {.bf16_tiles = bf16});
+  cx().arithmetic.bf16_convolutions = bf16;
+  vae::Vae model(store(), cx());
   const double weights_rss = peak_rss_mib();
   using clock = std::chrono::steady_clock;
   auto last = clock::now();
@@ -172,7 +174,7 @@ int peak_run(std::string what, int64_t side) {
     last = clock::now();  // exclude the printing
   };
   std::printf("%s %lldx%lld, %d threads, %s convolutions; RSS with weights resident: %.0f MiB\n",
-              what.c_str(), (long long)side, (long long)side, pool().size(),
+              what.c_str(), (long long)side, (long long)side, cx().threads(),
               bf16 ? (ops::conv2d_bf16_tiles_available() ? "BF16-tile" : "float32 (no AMX)")
                    : "float32",
               weights_rss);
@@ -198,20 +200,21 @@ int peak_run(std::string what, int64_t side) {
 int compare_run(const std::vector<int64_t>& sides, int rounds) {
   if (!ops::conv2d_bf16_tiles_available())
     std::printf("no AMX BF16 on this CPU: both runs are float32\n");
-  vae::Vae exact(store(), pool()), fast(store(), pool(), {.bf16_tiles = true});
-  std::printf("decode, %d threads, %d rounds each, the two taking turns\n", pool().size(), rounds);
+  vae::Vae model(store(), cx());
+  std::printf("decode, %d threads, %d rounds each, the two taking turns\n", cx().threads(), rounds);
   std::printf("%6s %-8s %9s %9s %9s %8s %12s %12s\n", "side", "convs", "best s", "median s",
               "GFLOP/s", "speedup", "max diff", "mean |diff|");
   using clock = std::chrono::steady_clock;
   for (const int64_t side : sides) {
     const Tensor tokens = random_tensor({(side / 16) * (side / 16), 128});
-    const double flops = decoder_conv_flops(exact.config(), side, side);
+    const double flops = decoder_conv_flops(model.config(), side, side);
     std::vector<double> times[2];
     Tensor images[2];
     for (int r = 0; r < rounds; ++r)
       for (int which = 0; which < 2; ++which) {
         const auto start = clock::now();
-        images[which] = (which ? fast : exact).decode(tokens, side / 16, side / 16);
+        cx().arithmetic.bf16_convolutions = which == 1;
+        images[which] = model.decode(tokens, side / 16, side / 16);
         times[which].push_back(std::chrono::duration<double>(clock::now() - start).count());
       }
     double max_diff = 0, max_ref = 0, sum_diff = 0;

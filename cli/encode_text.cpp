@@ -13,7 +13,7 @@
 #include "cli/model_options.h"
 #include "core/memory.h"
 #include "core/npy.h"
-#include "core/threadpool.h"
+#include "ops/compute.h"
 #include "models/qwen3/prompt_cache.h"
 #include "models/qwen3/text_encoder.h"
 #include "pipeline/memory_plan.h"
@@ -49,8 +49,8 @@ void run_encode_text(const EncodeTextOptions& o) {
   const KleinPromptTokens tokens = tokenize_klein_prompt(tokenizer, o.prompt);
   if (!tokens.warning.empty()) std::fprintf(stderr, "warning: %s\n", tokens.warning.c_str());
 
-  ThreadPool pool(o.threads);
-  qwen3::TextEncoder encoder(*store, pool);
+  Compute cx(o.threads);
+  qwen3::TextEncoder encoder(*store, cx);
   std::optional<qwen3::PromptCache> cache;
   if (!o.no_cache)
     cache.emplace(o.cache_dir.empty() ? qwen3::PromptCache::default_dir() : o.cache_dir);

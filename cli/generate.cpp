@@ -10,10 +10,8 @@
 #include "cli/model_options.h"
 #include "core/error.h"
 #include "core/memory.h"
-#include "core/threadpool.h"
 #include "formats/image/image.h"
 #include "models/qwen3/prompt_cache.h"
-#include "pipeline/model_tokenizer.h"
 #include "pipeline/pipeline.h"
 
 namespace klein::cli {
@@ -191,29 +189,26 @@ void run(Args& a) {
         "-o ", a.output, ": the output must end in .png, .jpg or .jpeg");
 
   const auto start = std::chrono::steady_clock::now();
-  ThreadPool pool(a.threads);
+  Compute cx(a.threads);
   LoadPhase load;
   const bool exact = reset_peak_rss();
-  auto store = open_model(a.model);
-  const Tokenizer tokenizer = load_model_tokenizer(a.model);
+  Model model = Model::open(a.model);
   load.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   load.peak_rss = exact ? peak_rss_since_reset() : peak_rss_bytes();
-  Pipeline pipeline(*store, tokenizer, pool);
+  Session session(model, cx);
   TerminalProgress terminal(a.quiet || a.json, (a.verbose || a.dry_run) && !a.json);
   JsonProgress json_events;
   Progress& progress = a.json ? static_cast<Progress&>(json_events) : terminal;
 
-  GenerateResult r = pipeline.generate(g, progress);
+  GenerateResult r = session.generate(g, progress);
   if (a.dry_run) return;  // the plan is printed (or emitted as JSON); nothing to write
-  const std::string model_name = store->config().name;
-  const std::string checksum = is_regular_file(a.model.model) ? store->identity() : "";
-  ImageMetadata meta = {{"parameters", parameters_text(g, r, model_name)},
-                        {"klein", parameters_json(g, r, model_name, checksum)}};
+  ImageMetadata meta = {{"parameters", parameters_text(g, r, model.name)},
+                        {"klein", parameters_json(g, r, model.name, model.checksum)}};
   save_image(a.output, r.image, meta, a.jpeg_quality);
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   if (a.json) {
-    JsonProgress::emit(result_json(a, r, load, total, pool.size()));
+    JsonProgress::emit(result_json(a, r, load, total, cx.threads()));
   } else {
     if (a.verbose) print_verbose(r, load);
     std::fprintf(stderr, "seed %llu, %lldx%lld, %lld steps, %.1f s, peak RSS %.0f MiB, %s%s%s\n",

@@ -3,10 +3,11 @@
 // so ThreadPool(1) runs everything inline. One pool per engine context, no globals.
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "core/function_ref.h"
 
 namespace klein {
 
@@ -22,12 +23,12 @@ class ThreadPool {
 
   // Calls fn(begin, end, worker) on disjoint ranges covering [0, n), split into about
   // `size()` contiguous chunks (never smaller than min_chunk). Blocks until all are done.
-  // Exceptions thrown by fn are rethrown here (the first one).
-  using RangeFn = std::function<void(int64_t begin, int64_t end, int worker)>;
+  // Exceptions thrown by fn are rethrown here (the first one). Neither call allocates.
+  using RangeFn = FunctionRef<void(int64_t begin, int64_t end, int worker)>;
   void parallel_for(int64_t n, const RangeFn& fn, int64_t min_chunk = 1);
 
   // Calls fn(task, worker) for task in [0, n), handing tasks out dynamically (for uneven work).
-  using TaskFn = std::function<void(int64_t task, int worker)>;
+  using TaskFn = FunctionRef<void(int64_t task, int worker)>;
   void for_each_task(int64_t n, const TaskFn& fn);
 
  private:

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <vector>
 
 #include "core/cpu.h"
 #include "core/error.h"
@@ -69,13 +68,12 @@ int64_t key_chunk(int64_t keys, int64_t align) {
   return round_up(std::max<int64_t>(1, (keys + n - 1) / n), align);
 }
 
-// key_valid as an additive bias: 0 for a visible key, -inf for a hidden one.
-std::vector<float> key_bias(const AttentionParams& p) {
-  std::vector<float> bias;
-  if (!p.key_valid) return bias;
-  bias.resize(size_t(p.kv_len));
+// key_valid as an additive bias: 0 for a visible key, -inf for a hidden one; null without.
+const float* key_bias(const AttentionParams& p, Arena::Scope& arena) {
+  if (!p.key_valid) return nullptr;
+  float* bias = arena.take<float>(size_t(p.kv_len));
   for (int64_t j = 0; j < p.kv_len; ++j)
-    bias[size_t(j)] = p.key_valid[j] ? 0.0f : -std::numeric_limits<float>::infinity();
+    bias[j] = p.key_valid[j] ? 0.0f : -std::numeric_limits<float>::infinity();
   return bias;
 }
 
@@ -90,10 +88,10 @@ struct ExactKernels {
   void (*scale_rows)(float*, int64_t, int64_t, int64_t, const float*) = scale_rows_scalar;
 };
 
-ExactKernels exact_kernels() {
+ExactKernels exact_kernels(bool avx512) {
   ExactKernels k;
 #if defined(KLEIN_X86)
-  if (cpu_features().avx512) {
+  if (avx512) {
     k.softmax = detail::softmax_chunk_f32_avx512;
     k.scale_rows = detail::scale_rows_avx512;
   }
@@ -101,12 +99,19 @@ ExactKernels exact_kernels() {
   return k;
 }
 
+// The buffers of one (head, query tile) task, from the worker's arena.
 struct TileScratch {
-  std::vector<float> scores;      // [kQueryTile, chunk]
-  std::vector<float> acc;         // [kQueryTile, head_dim]
-  std::vector<float> row_max;     // running max per query
-  std::vector<float> row_sum;     // running softmax denominator per query
-  std::vector<float> correction;  // per query, for the current chunk
+  TileScratch(Arena::Scope& arena, int64_t chunk, int64_t head_dim)
+      : scores(arena.take<float>(size_t(kQueryTile * chunk))),
+        acc(arena.take<float>(size_t(kQueryTile * head_dim))),
+        row_max(arena.take<float>(size_t(kQueryTile))),
+        row_sum(arena.take<float>(size_t(kQueryTile))),
+        correction(arena.take<float>(size_t(kQueryTile))) {}
+  float* scores;      // [kQueryTile, chunk]
+  float* acc;         // [kQueryTile, head_dim]
+  float* row_max;     // running max per query
+  float* row_sum;     // running softmax denominator per query
+  float* correction;  // per query, for the current chunk
 };
 
 // One (head, query tile) of the exact path: the key chunks with an online softmax.
@@ -121,14 +126,14 @@ void attend_tile(const float* q, int64_t ldq, const float* k, int64_t ldk, const
   const float* kh = k + kv_head * D;
   const float* vh = v + kv_head * D;
 
-  std::fill(s.row_max.begin(), s.row_max.begin() + rows, -std::numeric_limits<float>::infinity());
-  std::fill(s.row_sum.begin(), s.row_sum.begin() + rows, 0.0f);
+  std::fill(s.row_max, s.row_max + rows, -std::numeric_limits<float>::infinity());
+  std::fill(s.row_sum, s.row_sum + rows, 0.0f);
 
   // With a causal mask no key after the last query of the tile is visible.
   const int64_t kv_end = p.causal ? std::min(p.kv_len, q0 + rows) : p.kv_len;
   for (int64_t k0 = 0; k0 < kv_end; k0 += chunk) {
     const int64_t cols = std::min(chunk, kv_end - k0);
-    float* S = s.scores.data();
+    float* S = s.scores;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(cols), int(D), 1.0f, qh,
                 int(ldq), kh + k0 * ldk, int(ldk), 0.0f, S, int(chunk));
     SoftmaxChunk c;
@@ -139,54 +144,46 @@ void attend_tile(const float* q, int64_t ldq, const float* k, int64_t ldk, const
     c.scale = p.scale;
     c.bias = bias ? bias + k0 : nullptr;
     c.visible0 = p.causal ? q0 - k0 + 1 : cols;
-    c.row_max = s.row_max.data();
-    c.row_sum = s.row_sum.data();
-    c.correction = s.correction.data();
+    c.row_max = s.row_max;
+    c.row_sum = s.row_sum;
+    c.correction = s.correction;
     kern.softmax(c);
-    if (k0 > 0) kern.scale_rows(s.acc.data(), D, rows, D, s.correction.data());
+    if (k0 > 0) kern.scale_rows(s.acc, D, rows, D, s.correction);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(D), int(cols), 1.0f, S,
-                int(chunk), vh + k0 * ldv, int(ldv), k0 > 0 ? 1.0f : 0.0f, s.acc.data(), int(D));
+                int(chunk), vh + k0 * ldv, int(ldv), k0 > 0 ? 1.0f : 0.0f, s.acc, int(D));
   }
   for (int64_t i = 0; i < rows; ++i) {
     float* o = out + (q0 + i) * ldo + head * D;
-    if (kv_end == 0 || s.row_sum[size_t(i)] <= 0) {
+    if (kv_end == 0 || s.row_sum[i] <= 0) {
       std::fill(o, o + D, 0.0f);
       continue;
     }
-    const float* a = s.acc.data() + i * D;
-    const float inv = 1.0f / s.row_sum[size_t(i)];
+    const float* a = s.acc + i * D;
+    const float inv = 1.0f / s.row_sum[i];
     for (int64_t d = 0; d < D; ++d) o[d] = a[d] * inv;
   }
 }
 
 void attention_exact(const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
                      int64_t ldv, float* out, int64_t ldo, const AttentionParams& p,
-                     const float* bias, ThreadPool& pool) {
+                     const float* bias, Compute& cx) {
   ensure_blas_single_threaded();
-  const ExactKernels kern = exact_kernels();
+  const ExactKernels kern = exact_kernels(cx.avx512());
   const int64_t chunk = key_chunk(p.kv_len, 16);
   const int64_t q_tiles = (p.q_len + kQueryTile - 1) / kQueryTile;
-  pool.for_each_task(p.heads * q_tiles, [&](int64_t t, int) {
-    thread_local TileScratch s;
-    s.scores.resize(size_t(kQueryTile * chunk));
-    s.acc.resize(size_t(kQueryTile * p.head_dim));
-    s.row_max.resize(size_t(kQueryTile));
-    s.row_sum.resize(size_t(kQueryTile));
-    s.correction.resize(size_t(kQueryTile));
+  cx.pool().for_each_task(p.heads * q_tiles, [&](int64_t t, int worker) {
+    Arena::Scope arena(cx.arena(worker));
+    TileScratch s(arena, chunk, p.head_dim);
     attend_tile(q, ldq, k, ldk, v, ldv, out, ldo, p, bias, chunk, kern, t / q_tiles,
                 (t % q_tiles) * kQueryTile, s);
   });
 }
 
 #if defined(KLEIN_X86)
-struct AmxScratch {
-  std::vector<uint16_t> p;
-  std::vector<float> scores, acc, row_max, row_sum, correction;
-};
 
 void attention_bf16_amx(const float* q, int64_t ldq, const float* k, int64_t ldk,
                         const float* v, int64_t ldv, float* out, int64_t ldo,
-                        const AttentionParams& p, const float* bias, ThreadPool& pool) {
+                        const AttentionParams& p, const float* bias, Compute& cx) {
   using namespace detail;
   const int64_t D = p.head_dim, group = p.heads / p.kv_heads;
   const int64_t kv_padded = round_up(p.kv_len, kAmxKeyAlign);
@@ -198,11 +195,10 @@ void attention_bf16_amx(const float* q, int64_t ldq, const float* k, int64_t ldk
   const int64_t fit = std::max<int64_t>(1, kPackBudget / (per_head * int64_t(sizeof(uint16_t))));
   const int64_t groups = (p.kv_heads + fit - 1) / fit;
   const int64_t group_heads = (p.kv_heads + groups - 1) / groups;
-  // The caller's buffer, reused from call to call. (The lambdas below must not name it: in a
-  // worker, `packed` would be that worker's own instance.)
-  thread_local std::vector<uint16_t> packed;
-  packed.resize(size_t(group_heads * per_head));
-  uint16_t* const keys = packed.data();
+  // The packed inputs, from the calling thread's arena (worker 0 nests its tasks' scopes
+  // inside this one).
+  Arena::Scope arena(cx.arena(0));
+  uint16_t* const keys = arena.take<uint16_t>(size_t(group_heads * per_head));
   uint16_t* const values = keys + group_heads * kv_stride;
   uint16_t* const queries = values + group_heads * kv_stride;
 
@@ -229,17 +225,11 @@ void attention_bf16_amx(const float* q, int64_t ldq, const float* k, int64_t ldk
     g.kv_stride = kv_stride;
     g.queries = queries;
     g.q_stride = q_stride;
-    pool.for_each_task(pieces, [&](int64_t t, int) {
+    cx.pool().for_each_task(pieces, [&](int64_t t, int) {
       pack_amx(g, t * kPackRows, (t + 1) * kPackRows);
     });
-    pool.for_each_task(g.kv_heads * group * q_tasks, [&](int64_t t, int) {
-      thread_local AmxScratch s;
-      s.p.resize(size_t(kAmxSubRows * chunk));
-      s.scores.resize(size_t(kAmxSubRows * chunk));
-      s.acc.resize(size_t(kAmxTaskRows * D));
-      s.row_max.resize(size_t(kAmxTaskRows));
-      s.row_sum.resize(size_t(kAmxTaskRows));
-      s.correction.resize(size_t(kAmxTaskRows));
+    cx.pool().for_each_task(g.kv_heads * group * q_tasks, [&](int64_t t, int worker) {
+      Arena::Scope scratch(cx.arena(worker));
       const int64_t local_head = t / q_tasks, q0 = (t % q_tasks) * kAmxTaskRows;
       const int64_t kv_head = local_head / group;
       AmxTask task;
@@ -256,12 +246,12 @@ void attention_bf16_amx(const float* q, int64_t ldq, const float* k, int64_t ldk
       task.scale = p.scale;
       task.causal = p.causal;
       task.bias = bias;
-      task.scores = s.scores.data();
-      task.p = s.p.data();
-      task.acc = s.acc.data();
-      task.row_max = s.row_max.data();
-      task.row_sum = s.row_sum.data();
-      task.correction = s.correction.data();
+      task.scores = scratch.take<float>(size_t(kAmxSubRows * chunk));
+      task.p = scratch.take<uint16_t>(size_t(kAmxSubRows * chunk));
+      task.acc = scratch.take<float>(size_t(kAmxTaskRows * D));
+      task.row_max = scratch.take<float>(size_t(kAmxTaskRows));
+      task.row_sum = scratch.take<float>(size_t(kAmxTaskRows));
+      task.correction = scratch.take<float>(size_t(kAmxTaskRows));
       attend_amx(task);
     });
   }
@@ -271,20 +261,20 @@ void attention_bf16_amx(const float* q, int64_t ldq, const float* k, int64_t ldk
 }  // namespace
 
 void attention(const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
-               int64_t ldv, float* out, int64_t ldo, const AttentionParams& p, ThreadPool& pool) {
+               int64_t ldv, float* out, int64_t ldo, const AttentionParams& p, Compute& cx) {
   check(p.heads > 0 && p.kv_heads > 0 && p.heads % p.kv_heads == 0, "attention: ", p.heads,
         " query heads cannot share ", p.kv_heads, " key/value heads");
   check(p.head_dim > 0, "attention: head_dim must be positive");
   if (p.q_len == 0) return;
-  const std::vector<float> bias = key_bias(p);
-  const float* b = bias.empty() ? nullptr : bias.data();
+  Arena::Scope arena(cx.arena(0));
+  const float* b = key_bias(p, arena);
 #if defined(KLEIN_X86)
-  if (p.bf16 && p.head_dim % 32 == 0 && p.kv_len > 0 && cpu_features().amx_bf16) {
-    attention_bf16_amx(q, ldq, k, ldk, v, ldv, out, ldo, p, b, pool);
+  if (cx.arithmetic.bf16_attention && p.head_dim % 32 == 0 && p.kv_len > 0 && cx.amx()) {
+    attention_bf16_amx(q, ldq, k, ldk, v, ldv, out, ldo, p, b, cx);
     return;
   }
 #endif
-  attention_exact(q, ldq, k, ldk, v, ldv, out, ldo, p, b, pool);
+  attention_exact(q, ldq, k, ldk, v, ldv, out, ldo, p, b, cx);
 }
 
 }  // namespace klein::ops

@@ -6,16 +6,16 @@
 //  - exact (default): float32 throughout. A block of 256 query rows of one head meets the
 //    keys in chunks of up to 1024 (all of them up to that length) through sgemm, with the
 //    softmax vectorised (AVX-512 when the CPU has it, else libm).
-//  - bf16 (AttentionParams::bf16, on CPUs with AMX-BF16): Q, K and V rounded to bf16,
-//    Q·Kᵀ and P·V on AMX tiles with float32 sums, the softmax in float32 and P rounded to
-//    bf16, as the reference implementation does on GPUs. The inputs of a group of heads
+//  - bf16 (Compute::arithmetic.bf16_attention, on CPUs with AMX-BF16): Q, K and V rounded
+//    to bf16, Q·Kᵀ and P·V on AMX tiles with float32 sums, the softmax in float32 and P
+//    rounded to bf16, as the reference implementation does on GPUs. The inputs of a group of heads
 //    (up to 16 MB of bf16) are packed into tile layouts once per call; blocks of 128 query
 //    rows meet the keys in chunks of up to 1024. Error against float64 attention: 2e-3 to
 //    4e-3 of max|out| for unit-scale Gaussian q, k, v (tests/ops bounds it by 2e-2). Without
 //    AMX, when head_dim is not a multiple of 32 or when kv_len is 0 the exact path runs.
 #include <cstdint>
 
-#include "core/threadpool.h"
+#include "ops/compute.h"
 
 namespace klein::ops {
 
@@ -29,16 +29,12 @@ struct AttentionParams {
   bool causal = false;    // key j visible to query i only if j <= i
   // Optional [kv_len] flags: keys with key_valid[j] == 0 are hidden from every query.
   const uint8_t* key_valid = nullptr;
-  // Compute Q·Kᵀ and P·V on bf16 tiles with float32 accumulation and a float32 softmax
-  // (AMX only; elsewhere, or if head_dim % 32 != 0, the exact path runs). The official model
-  // runs attention in bf16 on GPUs. GQA, causal and key_valid work as on the exact path.
-  bool bf16 = false;
 };
 
 // q: [q_len, heads * head_dim] with row stride ldq (head h at columns [h*head_dim, ...)),
 // k, v: [kv_len, kv_heads * head_dim] with strides ldk, ldv; out: [q_len, heads * head_dim]
 // with stride ldo. A query that sees no key at all gets zeros.
 void attention(const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
-               int64_t ldv, float* out, int64_t ldo, const AttentionParams& p, ThreadPool& pool);
+               int64_t ldv, float* out, int64_t ldo, const AttentionParams& p, Compute& cx);
 
 }  // namespace klein::ops

@@ -19,7 +19,7 @@ namespace {
 // image size while giving every thread several GEMM tiles.
 constexpr int64_t kBandPixels = 8192;
 // Output pixels per GEMM tile. A constant, not derived from the thread count, so every output
-// value comes from the same BLAS call whatever the pool size. Each call packs the whole
+// value comes from the same BLAS call whatever the thread count. Each call packs the whole
 // weight matrix once, so wider tiles spread that cost; the tile's column matrix is
 // K x kTileColumns floats (9 MiB at K = 4608).
 constexpr int64_t kTileColumns = 512;
@@ -85,9 +85,9 @@ ConvGeometry geometry_of(const ConvInput& in, const Conv2dWeights& w, const Conv
 // transformed, with the zero padding written out. band [C, band_rows(rows), band_width()].
 // Each input value is transformed once here, not k² times in the column matrix.
 void fill_band(const ConvInput& in, const ConvGeometry& g, int64_t r0, int64_t rows, float* band,
-               ThreadPool& pool) {
+               Compute& cx) {
   const int64_t band_rows = g.band_rows(rows), bw = g.band_width();
-  pool.parallel_for(g.in_channels, [&](int64_t c0, int64_t c1, int) {
+  cx.pool().parallel_for(g.in_channels, [&](int64_t c0, int64_t c1, int) {
     for (int64_t c = c0; c < c1; ++c)
       for (int64_t j = 0; j < band_rows; ++j) {
         float* dst = band + (c * band_rows + j) * bw;
@@ -142,9 +142,9 @@ void gemm(const Conv2dWeights& w, const float* b, int64_t n, int64_t ldb, float*
 
 // Rows [r0, r0 + rows) of every output channel from a band result [Cout, rows·OW].
 void write_band(const float* result, const ConvGeometry& g, const Conv2dWeights& w, int64_t r0,
-                int64_t rows, float* out, ConvWrite mode, ThreadPool& pool) {
+                int64_t rows, float* out, ConvWrite mode, Compute& cx) {
   const int64_t n = rows * g.out_width;
-  pool.parallel_for(g.out_channels, [&](int64_t c0, int64_t c1, int) {
+  cx.pool().parallel_for(g.out_channels, [&](int64_t c0, int64_t c1, int) {
     for (int64_t co = c0; co < c1; ++co) {
       const float* r = result + co * n;
       float* o = out + co * g.out_pixels() + r0 * g.out_width;
@@ -162,9 +162,9 @@ using ColumnBuffer = std::unique_ptr<float[], FreeAligned>;
 // Result [Cout, rows·OW] of one band as im2col + GEMM, one task per tile of pixels.
 void gemm_band(const ConvGeometry& g, const Conv2dWeights& w, const float* band_input,
                int64_t rows, int64_t tile_columns, std::vector<ColumnBuffer>& columns,
-               float* result, ThreadPool& pool) {
+               float* result, Compute& cx) {
   const int64_t n = rows * g.out_width;
-  pool.for_each_task((n + tile_columns - 1) / tile_columns, [&](int64_t t, int worker) {
+  cx.pool().for_each_task((n + tile_columns - 1) / tile_columns, [&](int64_t t, int worker) {
     ColumnBuffer& cols = columns[size_t(worker)];
     if (!cols) cols = alloc_aligned<float>(size_t(g.column_rows() * tile_columns));
     const int64_t p0 = t * tile_columns, width = std::min(tile_columns, n - p0);
@@ -177,9 +177,9 @@ void gemm_band(const ConvGeometry& g, const Conv2dWeights& w, const float* band_
 // about 10% faster than OpenBLAS when K = C·k² <= 2304 (the VAE's full-resolution levels,
 // 128 and 256 channels), 2.6x faster for a few output channels (conv_out, where GEMM rows
 // are wasted), and about 25% slower at 512 channels, where OpenBLAS's cache blocking wins.
-bool use_direct(const ConvGeometry& g, const Conv2dParams& p) {
+bool use_direct(const ConvGeometry& g, const Conv2dParams& p, const Compute& cx) {
   if (p.algorithm == ConvAlgorithm::Gemm) return false;
-  const bool available = g.stride == 1 && conv2d_direct_available();
+  const bool available = g.stride == 1 && conv2d_direct_available(cx);
   check(available || p.algorithm != ConvAlgorithm::Direct,
         "conv2d: the direct kernel needs stride 1 and AVX-512");
   if (p.algorithm == ConvAlgorithm::Direct) return true;
@@ -199,12 +199,12 @@ std::vector<float> pack_direct_weights(const Conv2dWeights& w) {
 
 // Result [Cout, rows·OW] of one band with the direct kernel, in tasks of one row segment.
 void direct_band(const ConvGeometry& g, const float* band_input, int64_t rows,
-                 const std::vector<float>& packed, float* result, ThreadPool& pool) {
+                 const std::vector<float>& packed, float* result, Compute& cx) {
   const detail::DirectBand band{band_input, g.in_channels, g.band_rows(rows), g.band_width(),
                                 g.kernel};
   const int64_t segments = (g.out_width + kDirectSegment - 1) / kDirectSegment;
   const int64_t n = rows * g.out_width;
-  pool.for_each_task(rows * segments, [&](int64_t t, int) {
+  cx.pool().for_each_task(rows * segments, [&](int64_t t, int) {
     const int64_t oy = t / segments, x0 = t % segments * kDirectSegment;
     const int64_t x1 = std::min(g.out_width, x0 + kDirectSegment);
 #if defined(KLEIN_X86)
@@ -225,12 +225,13 @@ void direct_band(const ConvGeometry& g, const float* band_input, int64_t rows,
 constexpr int64_t kBf16ColumnBytes = int64_t(1) << 20;
 constexpr int64_t kBf16MaxTilePixels = 512;
 
-bool use_bf16_tiles(const Conv2dParams& p) {
+bool use_bf16_tiles(const Conv2dParams& p, const Compute& cx) {
   if (p.algorithm == ConvAlgorithm::Bf16Tiles) {
-    check(conv2d_bf16_tiles_available(), "conv2d: BF16 tiles need a CPU with AMX BF16");
+    check(conv2d_bf16_tiles_available(cx), "conv2d: BF16 tiles need a CPU with AMX BF16");
     return true;
   }
-  return p.algorithm == ConvAlgorithm::Auto && p.bf16 && conv2d_bf16_tiles_available();
+  return p.algorithm == ConvAlgorithm::Auto && cx.arithmetic.bf16_convolutions &&
+         conv2d_bf16_tiles_available(cx);
 }
 
 #if defined(KLEIN_X86)
@@ -243,14 +244,14 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 // rounded up to 32], K index ((cp·k + ky)·k + kx)·2 + i for input channel 2cp + i.
 std::unique_ptr<uint16_t[], FreeAligned> pack_bf16_weights(const Conv2dWeights& w,
                                                            detail::Bf16Weights& packed,
-                                                           ThreadPool& pool) {
+                                                           Compute& cx) {
   const int64_t taps = w.kernel * w.kernel, pairs = (w.in_channels + 1) / 2;
   packed.out_channels = w.out_channels;
   packed.out_rows = round_up(w.out_channels, detail::kBf16TileRows);
   packed.k_padded = round_up(pairs * taps * 2, detail::kBf16TileK);
   packed.bias = w.bias.empty() ? nullptr : w.bias.data();
   auto data = alloc_aligned<uint16_t>(size_t(packed.out_rows * packed.k_padded));
-  pool.parallel_for(packed.out_rows, [&](int64_t r0, int64_t r1, int) {
+  cx.pool().parallel_for(packed.out_rows, [&](int64_t r0, int64_t r1, int) {
     for (int64_t co = r0; co < r1; ++co) {
       uint16_t* row = data.get() + co * packed.k_padded;
       std::fill(row, row + packed.k_padded, uint16_t(0));
@@ -271,10 +272,10 @@ std::unique_ptr<uint16_t[], FreeAligned> pack_bf16_weights(const Conv2dWeights& 
 // channels interleaved in pairs and rounded to bf16. band [pairs, band_rows(rows), band_width()]
 // dwords. Each input value is transformed once, then repeated when upsampling.
 void fill_band_bf16(const ConvInput& in, const ConvGeometry& g, int64_t r0, int64_t rows,
-                    uint32_t* band, ThreadPool& pool) {
+                    uint32_t* band, Compute& cx) {
   const int64_t band_rows = g.band_rows(rows), bw = g.band_width();
   const int64_t pairs = (g.in_channels + 1) / 2;
-  pool.parallel_for(pairs * band_rows, [&](int64_t i0, int64_t i1, int) {
+  cx.pool().parallel_for(pairs * band_rows, [&](int64_t i0, int64_t i1, int) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t cp = i / band_rows, j = i % band_rows;
       uint32_t* dst = band + i * bw;
@@ -295,9 +296,9 @@ void fill_band_bf16(const ConvInput& in, const ConvGeometry& g, int64_t r0, int6
 }
 
 void bf16_tiles_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWeights& w,
-                     float* out, ConvWrite mode, bool in_place, ThreadPool& pool) {
+                     float* out, ConvWrite mode, bool in_place, Compute& cx) {
   detail::Bf16Weights weights;
-  const auto weight_data = pack_bf16_weights(w, weights, pool);
+  const auto weight_data = pack_bf16_weights(w, weights, cx);
   const int64_t pairs = (g.in_channels + 1) / 2;
 
   int64_t band = std::clamp<int64_t>((kBandPixels + g.out_width - 1) / g.out_width, 1,
@@ -311,14 +312,14 @@ void bf16_tiles_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWei
 
   // Pixels per task: a multiple of 32 that keeps the task's column matrix near
   // kBf16ColumnBytes, then evened out over the band so the last task is not a sliver. Depends
-  // on the geometry only, so results do not depend on the pool size.
+  // on the geometry only, so results do not depend on the thread count.
   const int64_t column_bytes_per_pixel = weights.k_padded * int64_t(sizeof(uint16_t));
   const int64_t widest = std::clamp<int64_t>(kBf16ColumnBytes / column_bytes_per_pixel / 32 * 32,
                                              32, kBf16MaxTilePixels);
-  std::vector<WordBuffer> columns(size_t(pool.size()));  // one per worker, made on first use
+  std::vector<WordBuffer> columns(size_t(cx.threads()));  // one per worker, made on first use
 
   auto fill = [&](int64_t r0, uint32_t* buffer) {
-    fill_band_bf16(in, g, r0, std::min(band, g.out_height - r0), buffer, pool);
+    fill_band_bf16(in, g, r0, std::min(band, g.out_height - r0), buffer, cx);
   };
   int current = 0;
   fill(0, bands[0].get());
@@ -330,7 +331,7 @@ void bf16_tiles_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWei
     const int64_t tasks = (n + widest - 1) / widest;
     const int64_t per_task = round_up((n + tasks - 1) / tasks, 32);
     float* band_out = out + r0 * g.out_width;
-    pool.for_each_task((n + per_task - 1) / per_task, [&](int64_t t, int worker) {
+    cx.pool().for_each_task((n + per_task - 1) / per_task, [&](int64_t t, int worker) {
       WordBuffer& cols = columns[size_t(worker)];
       if (!cols)
         cols = alloc_aligned<uint32_t>(size_t(detail::bf16_columns_size(b, weights, widest)));
@@ -363,15 +364,15 @@ bool is_pointwise(const ConvInput& in, const ConvGeometry& g, const Conv2dParams
 }
 
 void pointwise_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWeights& w,
-                    float* out, ConvWrite mode, ThreadPool& pool) {
+                    float* out, ConvWrite mode, Compute& cx) {
   const int64_t n = g.out_pixels();
   const float beta = mode == ConvWrite::Accumulate ? 1.0f : 0.0f;
-  pool.for_each_task((n + kTileColumns - 1) / kTileColumns, [&](int64_t t, int) {
+  cx.pool().for_each_task((n + kTileColumns - 1) / kTileColumns, [&](int64_t t, int) {
     const int64_t p0 = t * kTileColumns;
     gemm(w, in.data + p0, std::min(kTileColumns, n - p0), n, out + p0, n, beta);
   });
   if (w.bias.empty()) return;
-  pool.parallel_for(g.out_channels, [&](int64_t c0, int64_t c1, int) {
+  cx.pool().parallel_for(g.out_channels, [&](int64_t c0, int64_t c1, int) {
     for (int64_t co = c0; co < c1; ++co) {
       float* o = out + co * n;
       const float b = w.bias[size_t(co)];
@@ -382,20 +383,27 @@ void pointwise_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWeig
 
 }  // namespace
 
-bool conv2d_bf16_tiles_available() {
+bool conv2d_bf16_tiles_available(const Compute& cx) {
 #if defined(KLEIN_X86)
-  return cpu_features().amx_bf16;
+  return cx.amx();
 #else
   return false;
 #endif
 }
 
-bool conv2d_direct_available() {
+bool conv2d_direct_available(const Compute& cx) {
 #if defined(KLEIN_X86)
-  return cpu_features().avx512;
+  return cx.avx512();
 #else
   return false;
 #endif
+}
+
+bool conv2d_bf16_tiles_available() { return quant::best_isa() == quant::Isa::Amx; }
+
+bool conv2d_direct_available() {
+  const quant::Isa isa = quant::best_isa();
+  return isa == quant::Isa::Avx512 || isa == quant::Isa::Amx;
 }
 
 Conv2dParams Conv2dParams::same(int64_t kernel) {
@@ -411,7 +419,7 @@ int64_t conv2d_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t p
 }
 
 void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, float* out,
-            ConvWrite mode, ThreadPool& pool) {
+            ConvWrite mode, Compute& cx) {
   const ConvGeometry g = geometry_of(in, w, p);
   ensure_blas_single_threaded();
   const bool in_place = out == in.data;
@@ -421,22 +429,22 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
           "conv2d: in place needs an output of the input's size with no more channels (",
           g.out_channels, "x", g.out_height, "x", g.out_width, " from ", g.in_channels, "x",
           g.in_height, "x", g.in_width, ")");
-  if (use_bf16_tiles(p)) return bf16_tiles_conv(in, g, w, out, mode, in_place, pool);
-  if (is_pointwise(in, g, p) && !in_place) return pointwise_conv(in, g, w, out, mode, pool);
+  if (use_bf16_tiles(p, cx)) return bf16_tiles_conv(in, g, w, out, mode, in_place, cx);
+  if (is_pointwise(in, g, p) && !in_place) return pointwise_conv(in, g, w, out, mode, cx);
 
   int64_t band = std::clamp<int64_t>((kBandPixels + g.out_width - 1) / g.out_width, 1,
                                      g.out_height);
   // In place, a band must not reach back past the rows of the band before it.
   if (in_place) band = std::max(band, g.pad_top);
   const int64_t tile_columns = std::min(kTileColumns, band * g.out_width);
-  const bool direct = use_direct(g, p);
+  const bool direct = use_direct(g, p, cx);
   const std::vector<float> packed = direct ? pack_direct_weights(w) : std::vector<float>();
 
   auto band_input = alloc_aligned<float>(size_t(g.in_channels * g.band_rows(band) * g.band_width()));
   std::unique_ptr<float[], FreeAligned> results[2] = {
       alloc_aligned<float>(size_t(g.out_channels * band * g.out_width)),
       alloc_aligned<float>(size_t(g.out_channels * band * g.out_width))};
-  std::vector<ColumnBuffer> columns(size_t(pool.size()));  // one per worker, made on first use
+  std::vector<ColumnBuffer> columns(size_t(cx.threads()));  // one per worker, made on first use
 
   // Each band's result is written out only after the next band has read its input: in place,
   // the next band still reads the last rows the previous band overwrites.
@@ -444,34 +452,34 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
   int current = 0;
   for (int64_t r0 = 0; r0 < g.out_height; r0 += band) {
     const int64_t rows = std::min(band, g.out_height - r0);
-    fill_band(in, g, r0, rows, band_input.get(), pool);
+    fill_band(in, g, r0, rows, band_input.get(), cx);
     if (pending_row >= 0)
-      write_band(results[1 - current].get(), g, w, pending_row, pending_rows, out, mode, pool);
+      write_band(results[1 - current].get(), g, w, pending_row, pending_rows, out, mode, cx);
     float* result = results[current].get();
     if (direct)
-      direct_band(g, band_input.get(), rows, packed, result, pool);
+      direct_band(g, band_input.get(), rows, packed, result, cx);
     else
-      gemm_band(g, w, band_input.get(), rows, tile_columns, columns, result, pool);
+      gemm_band(g, w, band_input.get(), rows, tile_columns, columns, result, cx);
     pending_row = r0;
     pending_rows = rows;
     current = 1 - current;
   }
-  write_band(results[1 - current].get(), g, w, pending_row, pending_rows, out, mode, pool);
+  write_band(results[1 - current].get(), g, w, pending_row, pending_rows, out, mode, cx);
 }
 
-Tensor conv2d(const Tensor& x, const Conv2dWeights& w, const Conv2dParams& p, ThreadPool& pool,
+Tensor conv2d(const Tensor& x, const Conv2dWeights& w, const Conv2dParams& p, Compute& cx,
               const ChannelAffine* transform) {
   check(x.shape().size() == 3, "conv2d: expected a [C, H, W] input, got ", shape_str(x.shape()));
   Tensor y({w.out_channels,
             conv2d_output_size(x.dim(1), w.kernel, p.stride, p.pad_top, p.pad_bottom, p.upsample),
             conv2d_output_size(x.dim(2), w.kernel, p.stride, p.pad_left, p.pad_right,
                                p.upsample)});
-  conv2d_into(x, transform, w, p, y, ConvWrite::Overwrite, pool);
+  conv2d_into(x, transform, w, p, y, ConvWrite::Overwrite, cx);
   return y;
 }
 
 void conv2d_into(const Tensor& x, const ChannelAffine* transform, const Conv2dWeights& w,
-                 const Conv2dParams& p, Tensor& y, ConvWrite mode, ThreadPool& pool) {
+                 const Conv2dParams& p, Tensor& y, ConvWrite mode, Compute& cx) {
   check(x.shape().size() == 3, "conv2d: expected a [C, H, W] input, got ", shape_str(x.shape()));
   const Shape expected = {
       w.out_channels,
@@ -479,7 +487,7 @@ void conv2d_into(const Tensor& x, const ChannelAffine* transform, const Conv2dWe
       conv2d_output_size(x.dim(2), w.kernel, p.stride, p.pad_left, p.pad_right, p.upsample)};
   check(y.shape() == expected, "conv2d: output is ", shape_str(y.shape()), ", expected ",
         shape_str(expected));
-  conv2d({x.data(), x.dim(0), x.dim(1), x.dim(2), transform}, w, p, y.data(), mode, pool);
+  conv2d({x.data(), x.dim(0), x.dim(1), x.dim(2), transform}, w, p, y.data(), mode, cx);
 }
 
 }  // namespace klein::ops

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "core/threadpool.h"
+#include "ops/compute.h"
 #include "ops/group_norm.h"
 
 namespace klein::ops {
@@ -27,8 +27,8 @@ struct Conv2dWeights {
 };
 
 // How the products are computed. Auto picks the fastest exact (float32) one for the geometry:
-// the direct SIMD kernel for stride 1 on CPUs that have one, im2col + GEMM otherwise; with
-// Conv2dParams::bf16 it picks Bf16Tiles when the CPU has AMX. The others force a path (tests,
+// the direct SIMD kernel for stride 1 on CPUs that have one, im2col + GEMM otherwise; when
+// the context's arithmetic says bf16_convolutions it picks Bf16Tiles if the CPU has AMX. The others force a path (tests,
 // benchmarks).
 //   Bf16Tiles: im2col + GEMM on AMX tiles, inputs (after the transform) and weights rounded to
 //   bf16 (8 significant bits), products summed in float32: max|y - exact| is 1e-3 to 3e-3 of
@@ -43,9 +43,6 @@ struct Conv2dParams {
   int64_t pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
   int64_t upsample = 1;  // nearest-neighbour factor applied to the input first
   ConvAlgorithm algorithm = ConvAlgorithm::Auto;
-  // Let Auto trade exactness for speed: run on BF16 tiles when conv2d_bf16_tiles_available(),
-  // on the exact paths otherwise. Off by default.
-  bool bf16 = false;
 
   // Stride 1 with kernel/2 zeros on every side: output size = input size.
   static Conv2dParams same(int64_t kernel);
@@ -63,10 +60,12 @@ enum class ConvWrite {
 };
 
 // Whether ConvAlgorithm::Direct can run here (stride 1 on a CPU with AVX-512).
-bool conv2d_direct_available();
+bool conv2d_direct_available(const Compute& cx);
+bool conv2d_direct_available();  // with the best instruction set of this CPU (KLEIN_ISA)
 // Whether ConvAlgorithm::Bf16Tiles can run here (any geometry, on a CPU with AMX BF16 that
 // the OS lets this process use).
-bool conv2d_bf16_tiles_available();
+bool conv2d_bf16_tiles_available(const Compute& cx);
+bool conv2d_bf16_tiles_available();  // with the best instruction set of this CPU (KLEIN_ISA)
 
 // Output extent of one axis.
 int64_t conv2d_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad_before,
@@ -75,15 +74,15 @@ int64_t conv2d_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t p
 // out: [w.out_channels, OH, OW]. `out` may be `in.data` (in place) when the output has the
 // input's size and no more channels (stride 1, no upsampling): bands are written back only
 // after the next band has gathered the rows it shares with them.
-// Results do not depend on the pool size: every output value comes from one GEMM tile of
+// Results do not depend on the thread count: every output value comes from one GEMM tile of
 // fixed shape (with Bf16Tiles too).
 void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, float* out,
-            ConvWrite mode, ThreadPool& pool);
+            ConvWrite mode, Compute& cx);
 
 // Tensor forms, x and y [C, H, W].
-Tensor conv2d(const Tensor& x, const Conv2dWeights& w, const Conv2dParams& p, ThreadPool& pool,
+Tensor conv2d(const Tensor& x, const Conv2dWeights& w, const Conv2dParams& p, Compute& cx,
               const ChannelAffine* transform = nullptr);
 void conv2d_into(const Tensor& x, const ChannelAffine* transform, const Conv2dWeights& w,
-                 const Conv2dParams& p, Tensor& y, ConvWrite mode, ThreadPool& pool);
+                 const Conv2dParams& p, Tensor& y, ConvWrite mode, Compute& cx);
 
 }  // namespace klein::ops

@@ -73,7 +73,7 @@ void ChannelAffine::apply(int64_t c, const float* x, float* y, int64_t n) const 
 
 ChannelAffine group_norm_affine(const float* x, int64_t channels, int64_t pixels, int64_t groups,
                                 const float* gamma, const float* beta, float eps, bool silu,
-                                ThreadPool& pool) {
+                                Compute& cx) {
   check(groups > 0 && channels % groups == 0, "group_norm: ", channels,
         " channels cannot be split into ", groups, " groups");
   const int64_t per_group = channels / groups;
@@ -84,7 +84,7 @@ ChannelAffine group_norm_affine(const float* x, int64_t channels, int64_t pixels
   a.shift.assign(beta, beta + channels);
   a.silu = silu;
   // Two passes (mean, then squared deviations): robust when |mean| >> std.
-  pool.for_each_task(groups, [&](int64_t g, int) {
+  cx.pool().for_each_task(groups, [&](int64_t g, int) {
     const float* xg = x + g * n;
     const double mean = block_sum(xg, n, [](float v) { return v; }) / double(n);
     const float m = float(mean);
@@ -99,10 +99,10 @@ ChannelAffine group_norm_affine(const float* x, int64_t channels, int64_t pixels
 }
 
 void apply_channel_affine(const float* x, float* y, int64_t channels, int64_t pixels,
-                          const ChannelAffine& a, ThreadPool& pool) {
+                          const ChannelAffine& a, Compute& cx) {
   check(a.channels() == channels, "apply_channel_affine: statistics for ", a.channels(),
         " channels applied to ", channels);
-  pool.parallel_for(channels, [&](int64_t c0, int64_t c1, int) {
+  cx.pool().parallel_for(channels, [&](int64_t c0, int64_t c1, int) {
     for (int64_t c = c0; c < c1; ++c) a.apply(c, x + c * pixels, y + c * pixels, pixels);
   });
 }

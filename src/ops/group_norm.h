@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/threadpool.h"
+#include "ops/compute.h"
 
 namespace klein::ops {
 
@@ -24,13 +24,13 @@ struct ChannelAffine {
 
 // Statistics of GroupNorm with `groups` groups of consecutive channels over x [C, pixels]:
 // biased variance, computed in double so a group of millions of values loses nothing.
-// gamma and beta are [C]. The result does not depend on the pool size.
+// gamma and beta are [C]. The result does not depend on the thread count.
 ChannelAffine group_norm_affine(const float* x, int64_t channels, int64_t pixels, int64_t groups,
                                 const float* gamma, const float* beta, float eps, bool silu,
-                                ThreadPool& pool);
+                                Compute& cx);
 
 // y[c, :] = a applied to x[c, :] for every channel; y may equal x.
 void apply_channel_affine(const float* x, float* y, int64_t channels, int64_t pixels,
-                          const ChannelAffine& a, ThreadPool& pool);
+                          const ChannelAffine& a, Compute& cx);
 
 }  // namespace klein::ops

@@ -19,53 +19,49 @@ namespace {
 constexpr int64_t kPanelRows = 64;
 
 void linear_float_rows(const float* x, int64_t M, int64_t ldx, const Weight& w, float* y,
-                       int64_t ldy, ThreadPool& pool) {
+                       int64_t ldy, Compute& cx) {
   const int64_t N = w.rows(), K = w.cols();
   const size_t elem = dtype_size(w.dtype);
   const auto* base = static_cast<const std::byte*>(w.data);
   const int64_t panels = (N + kPanelRows - 1) / kPanelRows;
-  pool.for_each_task(panels, [&](int64_t p, int) {
+  cx.pool().for_each_task(panels, [&](int64_t p, int worker) {
     const int64_t n0 = p * kPanelRows, rows = std::min(kPanelRows, N - n0);
     const float* panel;
-    thread_local std::vector<float> scratch;
+    Arena::Scope scratch(cx.arena(worker));
     if (w.dtype == DType::F32) {
       panel = reinterpret_cast<const float*>(base) + n0 * K;
     } else {
-      scratch.resize(size_t(rows * K));
-      to_f32(w.dtype, base + size_t(n0 * K) * elem, scratch.data(), size_t(rows * K));
-      panel = scratch.data();
+      float* converted = scratch.take<float>(size_t(rows * K));
+      to_f32(w.dtype, base + size_t(n0 * K) * elem, converted, size_t(rows * K));
+      panel = converted;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(rows), int(K), 1.0f, x,
                 int(ldx), panel, int(K), 0.0f, y + n0, int(ldy));
   });
 }
 
-thread_local bool float_weights_on_tiles = false;
-
-
 }  // namespace
 
 void linear(const float* x, int64_t M, int64_t ldx, const Weight& w, float* y, int64_t ldy,
-            ThreadPool& pool) {
+            Compute& cx) {
   check(w.shape.size() == 2, "tensor ", w.name, ": expected a 2-D weight for a linear layer, got ",
         shape_str(w.shape));
   if (M == 0) return;
   ensure_blas_single_threaded();
   if (dtype_is_float(w.dtype) && w.layout == 0) {
     // On AMX CPUs quant multiplies BF16 weights exactly on tiles (activations in three bf16
-    // parts), and any float weight rounded to bf16 inside a FloatWeightsOnTiles region.
-    // Elsewhere OpenBLAS on converted panels is the faster float32 kernel.
-    quant::MatmulOptions options;
-    options.float_on_tiles = float_weights_on_tiles;
+    // parts), and any float weight rounded to bf16 when the context's arithmetic says
+    // float_on_tiles. Elsewhere OpenBLAS on converted panels is the faster float32 kernel.
+    const quant::MatmulOptions options = cx.matmul_options();
     const quant::Matrix m = as_matrix(w);
     if (quant::runs_on_tiles(m, M, options))
-      return quant::matmul(x, M, ldx, m, y, ldy, pool, options);
-    return linear_float_rows(x, M, ldx, w, y, ldy, pool);
+      return quant::matmul(x, M, ldx, m, y, ldy, cx.pool(), options);
+    return linear_float_rows(x, M, ldx, w, y, ldy, cx);
   }
   // Quantized weights: the kernels multiply block by block (quant/matmul.h).
   check(w.dtype == DType::Q8 || w.dtype == DType::Q4, "tensor ", w.name, ": storage type ",
         dtype_name(w.dtype), " is not supported by linear");
-  quant::matmul(x, M, ldx, as_matrix(w), y, ldy, pool);
+  quant::matmul(x, M, ldx, as_matrix(w), y, ldy, cx.pool(), cx.matmul_options());
 }
 
 quant::Matrix as_matrix(const Weight& w) {
@@ -79,14 +75,8 @@ quant::Matrix as_matrix(const Weight& w) {
   return m;
 }
 
-FloatWeightsOnTiles::FloatWeightsOnTiles(bool on) : previous_(float_weights_on_tiles) {
-  float_weights_on_tiles = on;
-}
-
-FloatWeightsOnTiles::~FloatWeightsOnTiles() { float_weights_on_tiles = previous_; }
-
-void linear(const float* x, int64_t M, const Weight& w, float* y, ThreadPool& pool) {
-  linear(x, M, w.cols(), w, y, w.rows(), pool);
+void linear(const float* x, int64_t M, const Weight& w, float* y, Compute& cx) {
+  linear(x, M, w.cols(), w, y, w.rows(), cx);
 }
 
 Weight weight_rows(const Weight& w, int64_t begin, int64_t end) {

@@ -6,8 +6,8 @@ namespace klein::ops {
 
 // Statistics are accumulated in double: the references compute them in float32 with
 // pairwise sums, and double keeps us within a few float32 ulps of that for any width.
-void layer_norm(const float* x, float* y, int64_t rows, int64_t dim, float eps, ThreadPool& pool) {
-  pool.parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
+void layer_norm(const float* x, float* y, int64_t rows, int64_t dim, float eps, Compute& cx) {
+  cx.pool().parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* in = x + r * dim;
       float* out = y + r * dim;
@@ -26,8 +26,8 @@ void layer_norm(const float* x, float* y, int64_t rows, int64_t dim, float eps, 
 }
 
 void rms_norm(const float* x, float* y, int64_t rows, int64_t dim, const float* weight, float eps,
-              ThreadPool& pool) {
-  pool.parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
+              Compute& cx) {
+  cx.pool().parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* in = x + r * dim;
       float* out = y + r * dim;

@@ -2,16 +2,16 @@
 // Normalisations and activations over rows of float32 activations.
 #include <cstdint>
 
-#include "core/threadpool.h"
+#include "ops/compute.h"
 
 namespace klein::ops {
 
 // LayerNorm without affine parameters, biased variance: (x - mean) / sqrt(var + eps).
-void layer_norm(const float* x, float* y, int64_t rows, int64_t dim, float eps, ThreadPool& pool);
+void layer_norm(const float* x, float* y, int64_t rows, int64_t dim, float eps, Compute& cx);
 // RMSNorm: w ⊙ x / sqrt(mean(x²) + eps), statistics in double-free float32 like the reference.
 // `dim` is the normalised width; rows are contiguous (row r at x + r * dim).
 void rms_norm(const float* x, float* y, int64_t rows, int64_t dim, const float* weight,
-              float eps, ThreadPool& pool);
+              float eps, Compute& cx);
 // x ← x · sigmoid(x)
 void silu_inplace(float* x, int64_t n);
 // out[i] = silu(gate[i]) · up[i]

@@ -16,7 +16,7 @@
 #include "models/qwen3/prompt_cache.h"
 #include "models/qwen3/text_encoder.h"
 #include "models/vae/vae.h"
-#include "ops/linear.h"
+#include "pipeline/model_tokenizer.h"
 #include "pipeline/noise.h"
 #include "tokenizer/klein_prompt.h"
 
@@ -61,22 +61,6 @@ uint64_t fresh_seed() {
   return (uint64_t(rd()) << 32) ^ rd();
 }
 
-struct Reference {
-  Tensor pixels;  // [3, H, W] in [-1, 1], after the official checks, resize and crop
-  flux2::LatentGrid grid;
-};
-
-std::vector<Reference> load_references(const std::vector<fs::path>& paths) {
-  std::vector<Reference> refs;
-  for (const auto& p : paths) {
-    Reference r;
-    r.pixels = load_reference(p);
-    r.grid = {r.pixels.dim(1) / kPixelsPerToken, r.pixels.dim(2) / kPixelsPerToken};
-    refs.push_back(std::move(r));
-  }
-  return refs;
-}
-
 // The initial packed noise [N, 128]: from the file if given (checked against the size),
 // else drawn from the seed.
 Tensor initial_noise(const GenerateOptions& o, uint64_t seed, flux2::LatentGrid grid,
@@ -100,38 +84,57 @@ Tensor initial_noise(const GenerateOptions& o, uint64_t seed, flux2::LatentGrid 
 
 int64_t floor_to_multiple(int64_t value, int64_t multiple) { return value / multiple * multiple; }
 
-Pipeline::Pipeline(WeightStore& store, const Tokenizer& tokenizer, ThreadPool& pool)
-    : store_(store), tokenizer_(tokenizer), pool_(pool) {}
+Model Model::open(const ModelPaths& paths) {
+  std::unique_ptr<WeightStore> weights = open_model(paths);
+  Model m{std::move(weights), load_model_tokenizer(paths), "", ""};
+  m.name = m.weights->config().name;
+  if (fs::is_regular_file(paths.model)) m.checksum = m.weights->identity();
+  return m;
+}
 
-GenerateResult Pipeline::generate(const GenerateOptions& o, Progress& progress) {
-  const ModelConfig& config = store_.config();
-  GenerateResult r;
-  auto warn = [&](const std::string& message) {
-    r.warnings.push_back(message);
-    progress.warn(message);
-  };
-  auto timed = [&](const std::string& name, auto&& fn, int total = 0) {
-    return_free_memory();  // what the previous phase freed
-    const bool exact = reset_peak_rss();
-    const uint64_t start_rss = current_rss_bytes();
-    {
-      Phase phase(progress, name, total);
-      fn(phase);
-      r.timings.emplace_back(name, phase.seconds());
-    }
-    r.phase_memory.push_back(
-        {name, start_rss, exact ? peak_rss_since_reset() : peak_rss_bytes(), exact});
-  };
-  store_.reset_peak();
-  const Dumper dump(o.dump_dir);
+Session::Session(WeightStore& weights, const Tokenizer& tokenizer, Compute& cx)
+    : weights_(weights), tokenizer_(tokenizer), cx_(cx) {}
 
-  // Sizes, as the official pipeline picks them.
-  std::vector<Reference> refs;
+void Session::warn(Generation& g, Progress& progress, const std::string& message) {
+  g.result.warnings.push_back(message);
+  progress.warn(message);
+}
+
+// Runs one phase: its time, and the peak RSS while it ran, into the result.
+template <class Fn>
+void Session::timed(Generation& g, Progress& progress, const std::string& name, int total,
+                    Fn&& fn) {
+  cx_.stop_if_cancelled();
+  return_free_memory();  // what the previous phase freed
+  const bool exact = reset_peak_rss();
+  const uint64_t start_rss = current_rss_bytes();
+  {
+    Phase phase(progress, name, total);
+    fn(phase);
+    g.result.timings.emplace_back(name, phase.seconds());
+  }
+  g.result.phase_memory.push_back(
+      {name, start_rss, exact ? peak_rss_since_reset() : peak_rss_bytes(), exact});
+}
+
+// Sizes, steps, guidance, seed and precision as the official pipeline picks them, the
+// references loaded and checked, and the memory plan: all before any network runs.
+Generation Session::start(const GenerateOptions& o, Progress& progress) {
+  const ModelConfig& config = weights_.config();
+  Generation g;
+  g.options = o;
+  GenerateResult& r = g.result;
+  weights_.reset_peak();
+  cx_.clear_cancel();
+
   if (!o.references.empty())
-    timed("load references", [&](Phase&) { refs = load_references(o.references); });
+    timed(g, progress, "load references", 0, [&](Phase&) {
+      for (const auto& path : o.references) g.reference_pixels.push_back(load_reference(path));
+    });
   int64_t width = o.width, height = o.height;
-  if (width <= 0) width = refs.empty() ? kDefaultSide : refs[0].pixels.dim(2);
-  if (height <= 0) height = refs.empty() ? kDefaultSide : refs[0].pixels.dim(1);
+  const Tensor* first = g.reference_pixels.empty() ? nullptr : &g.reference_pixels[0];
+  if (width <= 0) width = first ? first->dim(2) : kDefaultSide;
+  if (height <= 0) height = first ? first->dim(1) : kDefaultSide;
   check(width >= kPixelsPerToken && height >= kPixelsPerToken, "image size ", width, "x", height,
         " is too small (at least 16x16)");
   check(width <= 8192 && height <= 8192, "image size ", width, "x", height,
@@ -139,106 +142,125 @@ GenerateResult Pipeline::generate(const GenerateOptions& o, Progress& progress) 
   if (width % kPixelsPerToken || height % kPixelsPerToken) {
     const int64_t w16 = floor_to_multiple(width, kPixelsPerToken);
     const int64_t h16 = floor_to_multiple(height, kPixelsPerToken);
-    warn("width and height must be multiples of 16: producing " + std::to_string(w16) + "x" +
-         std::to_string(h16) + " instead of " + std::to_string(width) + "x" + std::to_string(height));
+    warn(g, progress, "width and height must be multiples of 16: producing " +
+                          std::to_string(w16) + "x" + std::to_string(h16) + " instead of " +
+                          std::to_string(width) + "x" + std::to_string(height));
     width = w16;
     height = h16;
   }
   r.width = width;
   r.height = height;
-  const flux2::LatentGrid grid{height / kPixelsPerToken, width / kPixelsPerToken};
+  g.grid = {height / kPixelsPerToken, width / kPixelsPerToken};
   r.steps = o.steps > 0 ? o.steps : flux2::default_steps(config);
   r.guidance = o.guidance.value_or(config.is_distilled ? 1.0f : 4.0f);
   r.seed = o.seed.value_or(fresh_seed());
-  const bool cfg = flux2::uses_guidance(config, r.guidance);
+  g.guided = flux2::uses_guidance(config, r.guidance);
   r.fast = o.precision == Precision::Fast ||
-           (o.precision == Precision::Auto && store_.has_quantized("transformer."));
+           (o.precision == Precision::Auto && weights_.has_quantized("transformer."));
 
   // Memory: how much this generation needs, resident or paged, against the budget.
   if (o.plan_memory) {
     MemoryPlanInputs need;
     need.width = width;
     need.height = height;
-    for (const auto& ref : refs) need.references.emplace_back(ref.pixels.dim(2), ref.pixels.dim(1));
+    for (const auto& ref : g.reference_pixels) need.references.emplace_back(ref.dim(2), ref.dim(1));
     need.steps = r.steps;
-    need.guided = cfg;
-    r.memory = plan_memory(estimate_memory(store_, need), o.max_memory, available_memory_bytes(),
-                           o.residency);
-    store_.set_residency(r.memory->residency);
+    need.guided = g.guided;
+    r.memory = plan_memory(estimate_memory(weights_, need), o.max_memory,
+                           available_memory_bytes(), o.residency);
+    weights_.set_residency(r.memory->residency);
     progress.memory_plan(*r.memory);
   }
-  if (o.plan_only) return r;
+  return g;
+}
 
-  // Text: prompt (and the negative prompt for CFG) → contexts. The encoder's weights are
-  // acquired layer by layer inside encode() and released before denoising starts.
-  Tensor context, negative;
-  timed("text encoder", [&](Phase&) {
-    qwen3::TextEncoder encoder(store_, pool_);
+// Text: prompt (and the negative prompt for CFG) → contexts. The encoder's weights are
+// acquired layer by layer and released before denoising starts. The text encoder always
+// runs in float32: its 27 layers amplify rounding (8e-2 of the context on the tiny model in
+// bf16, against 1e-5).
+void Session::encode_prompt(Generation& g, Progress& progress) {
+  const GenerateOptions& o = g.options;
+  timed(g, progress, "text encoder", 0, [&](Phase&) {
+    const Compute::Use exact(cx_, Arithmetic::exact());
+    qwen3::TextEncoder encoder(weights_, cx_);
     std::optional<qwen3::PromptCache> cache;
     if (o.prompt_cache_dir) cache.emplace(*o.prompt_cache_dir);
     auto encode = [&](const std::string& text, bool& from_cache) {
       KleinPromptTokens tokens = tokenize_klein_prompt(tokenizer_, text);
-      if (!tokens.warning.empty()) warn(tokens.warning);
+      if (!tokens.warning.empty()) warn(g, progress, tokens.warning);
       auto c = qwen3::encode_with_cache(encoder, cache ? &*cache : nullptr, tokens.ids, tokens.mask);
-      if (!c.store_error.empty()) warn("prompt cache: " + c.store_error);
+      if (!c.store_error.empty()) warn(g, progress, "prompt cache: " + c.store_error);
       from_cache = c.from_cache;
       return std::move(c.context);
     };
-    context = encode(o.prompt, r.context_from_cache);
+    g.context = encode(o.prompt, g.result.context_from_cache);
     bool unused;
-    if (cfg) negative = encode(o.negative_prompt, unused);
+    if (g.guided) g.negative = encode(o.negative_prompt, unused);
   });
-  store_.release("text_encoder.");
-  dump.f32("prompt_embeds", context, {1, context.dim(0), context.dim(1)});
+  weights_.release("text_encoder.");
+  const Dumper dump(o.dump_dir);
+  dump.f32("prompt_embeds", g.context, {1, g.context.dim(0), g.context.dim(1)});
+}
 
-  Tensor noise = initial_noise(o, r.seed, grid, config.transformer.in_channels);
-  dump.f32("noise", flux2::unpack_latents(noise, grid), {1, noise.dim(1), grid.rows, grid.cols});
+// The initial latents (seeded noise or --noise) and the references' clean latent tokens,
+// fixed for the whole loop.
+void Session::prepare_latents(Generation& g, Progress& progress) {
+  const GenerateOptions& o = g.options;
+  const Dumper dump(o.dump_dir);
+  g.noise = initial_noise(o, g.result.seed, g.grid, weights_.config().transformer.in_channels);
+  dump.f32("noise", flux2::unpack_latents(g.noise, g.grid),
+           {1, g.noise.dim(1), g.grid.rows, g.grid.cols});
 
-  // References → clean latent tokens, fixed for the whole loop.
-  std::vector<Tensor> ref_tokens;
-  flux2::TokenLayout layout;
-  layout.text_tokens = context.dim(0);
-  layout.target = grid;
-  if (!refs.empty()) {
-    timed("vae encode", [&](Phase& phase) {
-      vae::Vae vae(store_, pool_, vae::VaeOptions{.bf16_tiles = r.fast});
-      for (size_t i = 0; i < refs.size(); ++i) {
-        ref_tokens.push_back(vae.encode(refs[i].pixels));
-        layout.references.push_back(refs[i].grid);
-        phase.step(int(i + 1), int(refs.size()));
+  g.layout = flux2::TokenLayout{};
+  g.layout.text_tokens = g.context.dim(0);
+  g.layout.target = g.grid;
+  if (!g.reference_pixels.empty()) {
+    const int n = int(g.reference_pixels.size());
+    timed(g, progress, "vae encode", n, [&](Phase& phase) {
+      const Compute::Use arithmetic(cx_, g.result.fast ? Arithmetic::fast() : Arithmetic::exact());
+      vae::Vae vae(weights_, cx_);
+      for (int i = 0; i < n; ++i) {
+        const Tensor& pixels = g.reference_pixels[size_t(i)];
+        g.reference_tokens.push_back(vae.encode(pixels));
+        g.layout.references.push_back(
+            {pixels.dim(1) / kPixelsPerToken, pixels.dim(2) / kPixelsPerToken});
+        phase.step(i + 1, n);
       }
-    }, int(refs.size()));
-    store_.release("vae.encoder");
-    refs.clear();
+    });
+    weights_.release("vae.encoder");
+    g.reference_pixels.clear();
   }
   if (dump.on()) {
-    dump.ids("txt_ids", flux2::text_position_ids(layout.text_tokens));
-    dump.ids("img_ids", flux2::image_position_ids(layout));
-    if (!ref_tokens.empty()) {
-      Tensor all({layout.reference_tokens(), noise.dim(1)});
+    dump.ids("txt_ids", flux2::text_position_ids(g.layout.text_tokens));
+    dump.ids("img_ids", flux2::image_position_ids(g.layout));
+    if (!g.reference_tokens.empty()) {
+      Tensor all({g.layout.reference_tokens(), g.noise.dim(1)});
       float* p = all.data();
-      for (const auto& t : ref_tokens) {
+      for (const auto& t : g.reference_tokens) {
         std::memcpy(p, t.data(), size_t(t.numel()) * sizeof(float));
         p += t.numel();
       }
       dump.f32("ref_tokens", all, {1, all.dim(0), all.dim(1)});
     }
   }
+}
 
-  // Denoising.
-  Tensor latents;
-  timed("denoise", [&](Phase& phase) {
+// The sampler loop, with the transformer (attention and float-weight projections) in the
+// generation's arithmetic.
+void Session::denoise(Generation& g, Progress& progress, const StepHook& on_step) {
+  GenerateResult& r = g.result;
+  const Dumper dump(g.options.dump_dir);
+  timed(g, progress, "denoise", int(r.steps), [&](Phase& phase) {
     flux2::SamplerInputs in;
-    in.context = &context;
-    in.negative_context = cfg ? &negative : nullptr;
-    in.noise = &noise;
-    in.target = grid;
-    for (size_t i = 0; i < ref_tokens.size(); ++i)
-      in.references.push_back({&ref_tokens[i], layout.references[i]});
-    in.schedule = flux2::make_schedule(config.scheduler, grid.tokens(), r.steps);
-    for (const auto& w : in.schedule.warnings) warn(w);
+    in.context = &g.context;
+    in.negative_context = g.guided ? &g.negative : nullptr;
+    in.noise = &g.noise;
+    in.target = g.grid;
+    for (size_t i = 0; i < g.reference_tokens.size(); ++i)
+      in.references.push_back({&g.reference_tokens[i], g.layout.references[i]});
+    in.schedule = flux2::make_schedule(weights_.config().scheduler, g.grid.tokens(), r.steps);
+    for (const auto& w : in.schedule.warnings) warn(g, progress, w);
     in.guidance = r.guidance;
-    in.transformer.bf16_attention = r.fast;
     in.on_step = [&](const flux2::StepInfo& s) {
       if (dump.on()) {
         const std::string p = "step" + std::to_string(s.step) + "_";
@@ -249,33 +271,39 @@ GenerateResult Pipeline::generate(const GenerateOptions& o, Progress& progress) 
         dump.f32(p + "latents_out", s.latents_out, tokens);
       }
       phase.step(int(s.step + 1), int(s.steps));
+      if (on_step) on_step(StepView{s.step, s.steps, s.latents_out, g.grid});
     };
-    // The transformer's float weights on bf16 tiles too (the text encoder stays float32: its
-    // 27 layers amplify rounding, 8e-2 of the context on the tiny model against 1e-5).
-    const ops::FloatWeightsOnTiles tiles(r.fast);
-    flux2::SamplerResult out = flux2::sample(store_, in, pool_);
-    for (const auto& w : out.warnings) warn(w);
-    latents = std::move(out.latents);
+    const Compute::Use arithmetic(cx_, r.fast ? Arithmetic::fast() : Arithmetic::exact());
+    flux2::SamplerResult out = flux2::sample(weights_, in, cx_);
+    for (const auto& w : out.warnings) warn(g, progress, w);
+    g.latents = std::move(out.latents);
     r.denoise_setup_seconds = out.setup_seconds;
     r.step_seconds = out.step_seconds;
-  }, int(r.steps));
-  store_.release("transformer.");
-  dump.f32("final_latents", latents, {1, latents.dim(0), latents.dim(1)});
-  context = Tensor();
-  negative = Tensor();
+  });
+  weights_.release("transformer.");
+  dump.f32("final_latents", g.latents, {1, g.latents.dim(0), g.latents.dim(1)});
+  g.context = Tensor();
+  g.negative = Tensor();
+  g.noise = Tensor();
+  g.reference_tokens.clear();
+}
 
-  // Latents → pixels.
+// Latents → pixels.
+void Session::decode(Generation& g, Progress& progress) {
+  const Dumper dump(g.options.dump_dir);
   Tensor decoded;
-  timed("vae decode", [&](Phase&) {
-    vae::Vae vae(store_, pool_, vae::VaeOptions{.bf16_tiles = r.fast});
-    Tensor z = vae.tokens_to_latent(latents, grid.rows, grid.cols);
+  timed(g, progress, "vae decode", 0, [&](Phase&) {
+    const Compute::Use arithmetic(cx_, g.result.fast ? Arithmetic::fast() : Arithmetic::exact());
+    vae::Vae vae(weights_, cx_);
+    Tensor z = vae.tokens_to_latent(g.latents, g.grid.rows, g.grid.cols);
     dump.f32("vae_input", z, {1, z.dim(0), z.dim(1), z.dim(2)});
     decoded = vae.decode_latent(z);
   });
-  store_.release("vae.");
-  r.weights = store_.residency_stats();
+  weights_.release("vae.");
+  g.latents = Tensor();
+  g.result.weights = weights_.residency_stats();
   dump.f32("image_decoded", decoded, {1, decoded.dim(0), decoded.dim(1), decoded.dim(2)});
-  r.image = tensor_to_image(decoded);
+  g.result.image = tensor_to_image(decoded);
   if (dump.on()) {
     // image.npy: the pipeline's output_type="np", [H, W, 3] in [0, 1].
     const int64_t H = decoded.dim(1), W = decoded.dim(2), plane = H * W;
@@ -287,7 +315,17 @@ GenerateResult Pipeline::generate(const GenerateOptions& o, Progress& progress) 
       }
     dump.f32("image", hwc.data(), {H, W, 3});
   }
-  return r;
+}
+
+GenerateResult Session::generate(const GenerateOptions& options, Progress& progress,
+                                 const StepHook& on_step) {
+  Generation g = start(options, progress);
+  if (options.plan_only) return std::move(g.result);
+  encode_prompt(g, progress);
+  prepare_latents(g, progress);
+  denoise(g, progress, on_step);
+  decode(g, progress);
+  return std::move(g.result);
 }
 
 std::string parameters_text(const GenerateOptions& o, const GenerateResult& r,

@@ -13,17 +13,23 @@
 // residency: resident when the budget allows, paged otherwise; after each network it
 // releases that network's units (a resident store drops them then).
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "core/threadpool.h"
+#include "ops/compute.h"
+#include "core/tensor.h"
 #include "formats/image/image.h"
+#include "models/flux2/positions.h"
+#include "ops/compute.h"
 #include "pipeline/memory_plan.h"
 #include "pipeline/progress.h"
 #include "tokenizer/tokenizer.h"
+#include "weights/model_source.h"
 #include "weights/weight_store.h"
 
 namespace klein {
@@ -84,16 +90,86 @@ struct GenerateResult {
 // The size the pipeline produces for a requested size: floored to multiples of 16.
 int64_t floor_to_multiple(int64_t value, int64_t multiple);
 
-class Pipeline {
+// An opened model: the weights (mapped, paged in on demand) and the tokenizer. Opened once
+// and used for any number of generations, one at a time.
+struct Model {
+  std::unique_ptr<WeightStore> weights;
+  Tokenizer tokenizer;
+  std::string name;      // the configuration's name, for image metadata
+  std::string checksum;  // the container's identity; empty for a source checkpoint
+
+  static Model open(const ModelPaths& paths);
+};
+
+// One generation between the stages: what was decided before the long work started, and
+// what each stage has produced so far. A caller runs the stages in order; each leaves its
+// outputs here and releases what the next ones do not need.
+struct Generation {
+  GenerateOptions options;
+  GenerateResult result;  // sizes, steps, seed, precision, memory plan; timings as they run
+  flux2::LatentGrid grid;
+  bool guided = false;    // classifier-free guidance runs (klein-base with guidance > 1)
+
+  // encode_prompt
+  Tensor context, negative;  // [T, 3·hidden]; negative only when guided
+  // prepare_latents
+  Tensor noise;                          // [N, 128] packed initial latents
+  std::vector<Tensor> reference_tokens;  // [n_i, 128] clean latents of each reference
+  flux2::TokenLayout layout;
+  // denoise
+  Tensor latents;  // [N, 128]
+
+  std::vector<Tensor> reference_pixels;  // loaded and checked by start, encoded by prepare
+};
+
+// What the denoising loop shows a caller after each step (the Euler update done), besides
+// Progress::step: the latents, for previews. Called on the session's thread.
+struct StepView {
+  int64_t step = 0, steps = 0;
+  const Tensor& latents;  // [N, 128] packed, after the step
+  flux2::LatentGrid grid;
+};
+using StepHook = std::function<void(const StepView&)>;
+
+// The stages of the FLUX.2-klein pipeline over one model and one compute context:
+//
+//   start            options → sizes, steps, guidance, seed, precision, memory plan; references
+//                    loaded and checked. Everything that can be checked is, before any
+//                    network runs.
+//   encode_prompt    prompt (and negative prompt) → context, with the prompt cache
+//   prepare_latents  seed or --noise → initial latents; references → VAE encode → tokens
+//   denoise          the sampler loop; Progress per step, the StepHook for previews, the
+//                    context's cancel flag checked between blocks
+//   decode           latents → VAE decode → the image
+//
+// generate() runs them all. Cancelling (Compute::cancel, from any thread) makes the running
+// stage throw Cancelled; nothing is written.
+class Session {
  public:
-  // All three must outlive the pipeline.
-  Pipeline(WeightStore& store, const Tokenizer& tokenizer, ThreadPool& pool);
-  GenerateResult generate(const GenerateOptions& options, Progress& progress);
+  // All three must outlive the session.
+  Session(WeightStore& weights, const Tokenizer& tokenizer, Compute& cx);
+  Session(Model& model, Compute& cx) : Session(*model.weights, model.tokenizer, cx) {}
+
+  Compute& compute() { return cx_; }
+  WeightStore& weights() { return weights_; }
+
+  Generation start(const GenerateOptions& options, Progress& progress);
+  void encode_prompt(Generation& g, Progress& progress);
+  void prepare_latents(Generation& g, Progress& progress);
+  void denoise(Generation& g, Progress& progress, const StepHook& on_step = {});
+  void decode(Generation& g, Progress& progress);
+
+  GenerateResult generate(const GenerateOptions& options, Progress& progress,
+                          const StepHook& on_step = {});
 
  private:
-  WeightStore& store_;
+  template <class Fn>
+  void timed(Generation& g, Progress& progress, const std::string& name, int total, Fn&& fn);
+  void warn(Generation& g, Progress& progress, const std::string& message);
+
+  WeightStore& weights_;
   const Tokenizer& tokenizer_;
-  ThreadPool& pool_;
+  Compute& cx_;
 };
 
 // The A1111-style "parameters" text and a JSON description of a generation, for the

@@ -51,18 +51,18 @@ std::string case_label(size_t i, size_t n) {
 
 // The reference run keeps the stream after every layer; the candidate run compares its own
 // against them as it goes, so only one run's layers are ever held.
-Tensor encode_recording(WeightStore& store, ThreadPool& pool, const KleinPromptTokens& tokens,
+Tensor encode_recording(WeightStore& store, Compute& cx, const KleinPromptTokens& tokens,
                         std::vector<Tensor>* layers) {
-  qwen3::TextEncoder encoder(store, pool);
+  qwen3::TextEncoder encoder(store, cx);
   return encoder.encode(tokens.ids, tokens.mask, [&](int64_t layer, const Tensor& hidden) {
     if (layer > 0) layers->push_back(copy_of(hidden));
   });
 }
 
-Tensor encode_comparing(WeightStore& store, ThreadPool& pool, const KleinPromptTokens& tokens,
+Tensor encode_comparing(WeightStore& store, Compute& cx, const KleinPromptTokens& tokens,
                         const std::vector<Tensor>& reference_layers,
                         std::vector<ErrorSummary>* errors) {
-  qwen3::TextEncoder encoder(store, pool);
+  qwen3::TextEncoder encoder(store, cx);
   return encoder.encode(tokens.ids, tokens.mask, [&](int64_t layer, const Tensor& hidden) {
     if (layer == 0 || size_t(layer) > reference_layers.size()) return;
     const Tensor& ref = reference_layers[size_t(layer - 1)];
@@ -70,8 +70,8 @@ Tensor encode_comparing(WeightStore& store, ThreadPool& pool, const KleinPromptT
   });
 }
 
-Tensor encode_plain(WeightStore& store, ThreadPool& pool, const KleinPromptTokens& tokens) {
-  qwen3::TextEncoder encoder(store, pool);
+Tensor encode_plain(WeightStore& store, Compute& cx, const KleinPromptTokens& tokens) {
+  qwen3::TextEncoder encoder(store, cx);
   return encoder.encode(tokens.ids, tokens.mask);
 }
 
@@ -86,7 +86,7 @@ struct Denoising {
   float guidance = 1;
 };
 
-Tensor denoise(WeightStore& store, const Denoising& d, ThreadPool& pool, Phase& phase,
+Tensor denoise(WeightStore& store, const Denoising& d, Compute& cx, Phase& phase,
                const std::function<void(const flux2::StepInfo&)>& on_step) {
   flux2::SamplerInputs in;
   in.context = d.context;
@@ -99,7 +99,7 @@ Tensor denoise(WeightStore& store, const Denoising& d, ThreadPool& pool, Phase& 
     on_step(s);
     phase.step(int(s.step + 1), int(s.steps));
   };
-  return flux2::sample(store, in, pool).latents;
+  return flux2::sample(store, in, cx).latents;
 }
 
 Tensor initial_noise(uint64_t seed, flux2::LatentGrid grid, int64_t channels) {
@@ -119,9 +119,9 @@ std::vector<float> unit_pixels(const Tensor& decoded) {
   return u;
 }
 
-Tensor decode(WeightStore& store, ThreadPool& pool, const Tensor& latents,
+Tensor decode(WeightStore& store, Compute& cx, const Tensor& latents,
               flux2::LatentGrid grid) {
-  vae::Vae vae(store, pool);
+  vae::Vae vae(store, cx);
   return vae.decode(latents, grid.rows, grid.cols);
 }
 
@@ -156,7 +156,7 @@ struct ProbeInputs {
 };
 
 // One conditional transformer forward at the probe step.
-Tensor forward_once(WeightStore& store, const ProbeInputs& in, ThreadPool& pool,
+Tensor forward_once(WeightStore& store, const ProbeInputs& in, Compute& cx,
                     const flux2::Observer& observe) {
   flux2::Transformer model(store);
   flux2::TokenLayout layout;
@@ -164,12 +164,12 @@ Tensor forward_once(WeightStore& store, const ProbeInputs& in, ThreadPool& pool,
   layout.target = in.grid;
   const flux2::RopeTable rope(flux2::joint_position_ids(layout), model.config().rope_axes,
                               model.config().rope_theta);
-  const Tensor text = model.embed_text(*in.context, pool);
+  const Tensor text = model.embed_text(*in.context, cx);
   flux2::Activations act(model.config(), layout);
   flux2::Modulation mod(model.config());
-  model.modulate(in.timestep, mod, pool);
+  model.modulate(in.timestep, mod, cx);
   Tensor velocity({in.grid.tokens(), model.config().out_channels});
-  model.forward(in.latents->data(), text, nullptr, mod, rope, act, velocity.data(), pool,
+  model.forward(in.latents->data(), text, nullptr, mod, rope, act, velocity.data(), cx,
                 observe);
   return velocity;
 }
@@ -279,9 +279,9 @@ struct E2eSession::ReferenceProbe {
   Tensor velocity;
 };
 
-E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, ThreadPool& pool,
+E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, Compute& cx,
                        E2eOptions options, Progress& progress)
-    : reference_(reference), tokenizer_(tokenizer), pool_(pool), options_(std::move(options)) {
+    : reference_(reference), tokenizer_(tokenizer), cx_(cx), options_(std::move(options)) {
   check(!options_.cases.empty(), "end-to-end comparison: no cases");
   check(options_.probe_step >= 0, "probe step ", options_.probe_step, ": expected >= 0");
   const ModelConfig& config = reference_.config();
@@ -299,8 +299,8 @@ E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, Threa
     c.empty = tokenize_klein_prompt(tokenizer_, "");
     {
       Phase phase(progress, label + "text encoder");
-      c.context = encode_recording(reference_, pool_, c.tokens, &c.layers);
-      if (c.cfg) c.negative = encode_plain(reference_, pool_, c.empty);
+      c.context = encode_recording(reference_, cx_, c.tokens, &c.layers);
+      if (c.cfg) c.negative = encode_plain(reference_, cx_, c.empty);
     }
     c.noise = initial_noise(c.spec.seed, c.grid, config.transformer.in_channels);
     c.schedule = flux2::make_schedule(config.scheduler, c.grid.tokens(), c.spec.steps);
@@ -313,7 +313,7 @@ E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, Threa
       Phase phase(progress, label + "denoise", int(c.spec.steps));
       const Denoising d{&c.context, c.cfg ? &c.negative : nullptr, &c.noise, c.grid,
                         &c.schedule, c.guidance};
-      c.final_latents = denoise(reference_, d, pool_, phase, [&](const flux2::StepInfo& s) {
+      c.final_latents = denoise(reference_, d, cx_, phase, [&](const flux2::StepInfo& s) {
         c.step_latents.push_back(copy_of(s.latents_out));
         if (s.step == probe_step) {
           c.latents_at_probe = copy_of(s.latents_in);
@@ -323,7 +323,7 @@ E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, Threa
     }
     {
       Phase phase(progress, label + "vae decode");
-      const Tensor decoded = decode(reference_, pool_, c.final_latents, c.grid);
+      const Tensor decoded = decode(reference_, cx_, c.final_latents, c.grid);
       c.pixels = unit_pixels(decoded);
       c.height = int(decoded.dim(1));
       c.width = int(decoded.dim(2));
@@ -339,7 +339,7 @@ E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, Threa
     probe_ = std::make_unique<ReferenceProbe>();
     probe_->blocks = std::make_unique<BlockOutputs>(T, T + c.grid.tokens(), tc.inner_dim());
     const ProbeInputs in{&c.latents_at_probe, &c.context, c.grid, c.probe_timestep};
-    probe_->velocity = forward_once(reference_, in, pool_, probe_->blocks->recorder());
+    probe_->velocity = forward_once(reference_, in, cx_, probe_->blocks->recorder());
   }
 }
 
@@ -357,8 +357,8 @@ E2eResult E2eSession::compare(WeightStore& candidate, Progress& progress) {
     Tensor context, negative;
     {
       Phase phase(progress, label + "text encoder");
-      context = encode_comparing(candidate, pool_, ref.tokens, ref.layers, &r.text_layers);
-      if (ref.cfg) negative = encode_plain(candidate, pool_, ref.empty);
+      context = encode_comparing(candidate, cx_, ref.tokens, ref.layers, &r.text_layers);
+      if (ref.cfg) negative = encode_plain(candidate, cx_, ref.empty);
     }
     r.context = report::compare(ref.context.data(), context.data(), context.numel());
     Tensor latents;
@@ -366,7 +366,7 @@ E2eResult E2eSession::compare(WeightStore& candidate, Progress& progress) {
       Phase phase(progress, label + "denoise", int(ref.spec.steps));
       const Denoising d{&context, ref.cfg ? &negative : nullptr, &ref.noise, ref.grid,
                         &ref.schedule, ref.guidance};
-      latents = denoise(candidate, d, pool_, phase, [&](const flux2::StepInfo& s) {
+      latents = denoise(candidate, d, cx_, phase, [&](const flux2::StepInfo& s) {
         const Tensor& x = ref.step_latents[size_t(s.step)];
         r.step_latents.push_back(report::compare(x.data(), s.latents_out.data(), x.numel()));
       });
@@ -376,7 +376,7 @@ E2eResult E2eSession::compare(WeightStore& candidate, Progress& progress) {
     Tensor decoded;
     {
       Phase phase(progress, label + "vae decode");
-      decoded = decode(candidate, pool_, latents, ref.grid);
+      decoded = decode(candidate, cx_, latents, ref.grid);
     }
     const std::vector<float> pixels = unit_pixels(decoded);
     const int64_t count = int64_t(pixels.size());
@@ -415,7 +415,7 @@ BlockProbe E2eSession::run_probes(WeightStore& candidate, const Tensor& candidat
 
   if (wants_accumulated(mode)) {
     std::map<std::string, ErrorStats> stats;
-    const Tensor v = forward_once(candidate, in, pool_, ref_blocks.comparer(stats, ""));
+    const Tensor v = forward_once(candidate, in, cx_, ref_blocks.comparer(stats, ""));
     probe.velocity = report::compare(probe_->velocity.data(), v.data(), v.numel());
     for (auto& b : probe.blocks) b.accumulated = summarize(stats[b.name]);
     stepped();
@@ -427,7 +427,7 @@ BlockProbe E2eSession::run_probes(WeightStore& candidate, const Tensor& candidat
                                       [&](const BlockError& b) { return b.unit == unit; });
       std::map<std::string, ErrorStats> stats;
       const std::string only = block != probe.blocks.end() ? block->name : "-";
-      const Tensor v = forward_once(mixed, in, pool_, ref_blocks.comparer(stats, only));
+      const Tensor v = forward_once(mixed, in, cx_, ref_blocks.comparer(stats, only));
       if (block != probe.blocks.end()) block->isolated = summarize(stats[block->name]);
       const double nmse = velocity_nmse(probe_->velocity, v);
       probe.sensitivities.push_back({unit, nmse});
@@ -437,7 +437,7 @@ BlockProbe E2eSession::run_probes(WeightStore& candidate, const Tensor& candidat
     // The text encoder acts through the context alone: the reference transformer on the
     // candidate's context.
     const ProbeInputs text_in{&c.latents_at_probe, &candidate_context, c.grid, c.probe_timestep};
-    const Tensor v = forward_once(reference_, text_in, pool_, {});
+    const Tensor v = forward_once(reference_, text_in, cx_, {});
     probe.sensitivities.push_back({"text_encoder", velocity_nmse(probe_->velocity, v)});
     stepped();
   }
@@ -445,7 +445,7 @@ BlockProbe E2eSession::run_probes(WeightStore& candidate, const Tensor& candidat
   // The VAE acts on the image alone: the candidate's decoder on the reference latents.
   const std::vector<std::string> vae = units_starting(candidate, "vae.");
   MixedStore mixed(reference_, candidate, {vae.begin(), vae.end()});
-  const std::vector<float> pixels = unit_pixels(decode(mixed, pool_, c.final_latents, c.grid));
+  const std::vector<float> pixels = unit_pixels(decode(mixed, cx_, c.final_latents, c.grid));
   const ErrorSummary e = report::compare(c.pixels.data(), pixels.data(), int64_t(pixels.size()));
   probe.vae_image_mse = e.rmse * e.rmse;
   stepped();
@@ -498,8 +498,8 @@ std::string block_probes_name(BlockProbes p) {
 }
 
 E2eResult run_e2e(WeightStore& reference, WeightStore& candidate, const Tokenizer& tokenizer,
-                  ThreadPool& pool, const E2eOptions& options, Progress& progress) {
-  E2eSession session(reference, tokenizer, pool, options, progress);
+                  Compute& cx, const E2eOptions& options, Progress& progress) {
+  E2eSession session(reference, tokenizer, cx, options, progress);
   return session.compare(candidate, progress);
 }
 

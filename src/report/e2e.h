@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "core/threadpool.h"
+#include "ops/compute.h"
 #include "formats/image/image.h"
 #include "pipeline/progress.h"
 #include "report/metrics.h"
@@ -106,8 +106,8 @@ struct E2eResult {
 class E2eSession {
  public:
   // Runs the reference generations and the reference forward of the block probes. The store,
-  // tokenizer and pool must outlive the session.
-  E2eSession(WeightStore& reference, const Tokenizer& tokenizer, ThreadPool& pool,
+  // tokenizer and compute context must outlive the session.
+  E2eSession(WeightStore& reference, const Tokenizer& tokenizer, Compute& cx,
              E2eOptions options, Progress& progress);
   ~E2eSession();
   E2eSession(const E2eSession&) = delete;
@@ -123,7 +123,7 @@ class E2eSession {
                         Progress& progress);
   WeightStore& reference_;
   const Tokenizer& tokenizer_;
-  ThreadPool& pool_;
+  Compute& cx_;
   E2eOptions options_;
   std::vector<ReferenceCase> cases_;
   std::unique_ptr<ReferenceProbe> probe_;
@@ -131,6 +131,6 @@ class E2eSession {
 
 // Both stores must be the same model; `tokenizer` tokenizes the prompts for both runs.
 E2eResult run_e2e(WeightStore& reference, WeightStore& candidate, const Tokenizer& tokenizer,
-                  ThreadPool& pool, const E2eOptions& options, Progress& progress);
+                  Compute& cx, const E2eOptions& options, Progress& progress);
 
 }  // namespace klein::report

@@ -105,7 +105,7 @@ Report build_report(const ReportOptions& o, Progress& progress) {
   ModelPaths candidate_paths;
   candidate_paths.model = o.candidate;
   std::unique_ptr<WeightStore> candidate = open_model(candidate_paths);
-  ThreadPool pool(o.threads);
+  Compute cx(o.threads);
 
   Report r;
   r.reference = info(*reference, reference_path(o.reference));
@@ -117,7 +117,7 @@ Report build_report(const ReportOptions& o, Progress& progress) {
     c.progress = [&](size_t done, size_t total, const std::string&) {
       phase.step(int(done), int(total));
     };
-    r.weights = compare_weights(*reference, *candidate, pool, c);
+    r.weights = compare_weights(*reference, *candidate, cx, c);
   }
   if (o.e2e) {
     const Tokenizer tokenizer = load_model_tokenizer(o.reference);
@@ -126,7 +126,7 @@ Report build_report(const ReportOptions& o, Progress& progress) {
     e.blocks = o.blocks;
     e.probe_step = o.probe_step;
     r.blocks = o.blocks;
-    E2eSession session(*reference, tokenizer, pool, e, progress);
+    E2eSession session(*reference, tokenizer, cx, e, progress);
     r.e2e = session.compare(*candidate, progress);
     if (o.goal) {
       const SizeModel size = size_model(o.candidate);

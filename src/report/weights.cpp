@@ -71,7 +71,7 @@ struct Compared {
 };
 
 Compared compare_tensor(const Weight& ref, const Weight& cand, const std::string& unit,
-                        const CompareOptions& options, ThreadPool& pool,
+                        const CompareOptions& options, Compute& cx,
                         ErrorHistogram& histogram) {
   const quant::Matrix r = matrix_of(ref), c = matrix_of(cand);
   const int64_t rows_per_slice =
@@ -81,9 +81,9 @@ Compared compare_tensor(const Weight& ref, const Weight& cand, const std::string
   const std::vector<DType> alt_types =
       options.alternatives ? alternative_types(ref.shape) : std::vector<DType>{};
 
-  std::vector<SliceWork> work(size_t(pool.size()));
+  std::vector<SliceWork> work(size_t(cx.threads()));
   for (auto& w : work) w.alternatives.resize(alt_types.size());
-  pool.parallel_for(slices, [&](int64_t begin, int64_t end, int worker) {
+  cx.pool().parallel_for(slices, [&](int64_t begin, int64_t end, int worker) {
     SliceWork& w = work[size_t(worker)];
     for (int64_t s = begin; s < end; ++s) {
       const int64_t r0 = s * rows_per_slice, r1 = std::min(r.rows, r0 + rows_per_slice);
@@ -170,7 +170,7 @@ double GroupTotals::bits_per_weight() const {
 std::string component_of(const std::string& unit) { return unit.substr(0, unit.find('.')); }
 
 WeightComparison compare_weights(WeightStore& reference, WeightStore& candidate,
-                                 ThreadPool& pool, const CompareOptions& options) {
+                                 Compute& cx, const CompareOptions& options) {
   WeightComparison out;
   out.total.name = "total";
   const std::vector<std::string> units = candidate.units();
@@ -192,7 +192,7 @@ WeightComparison compare_weights(WeightStore& reference, WeightStore& candidate,
       check(it != by_name.end(), "the candidate's tensor ", w.name,
             " is not in the reference (not the same model?)");
       check_pair(*it->second, w);
-      Compared c = compare_tensor(*it->second, w, u, options, pool, out.histogram);
+      Compared c = compare_tensor(*it->second, w, u, options, cx, out.histogram);
       by_name.erase(it);
       unit_totals.add(c.tensor, c.stats);
       group(out.components, c.tensor.component).add(c.tensor, c.stats);

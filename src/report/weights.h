@@ -9,7 +9,7 @@
 
 #include "core/dtype.h"
 #include "core/tensor.h"
-#include "core/threadpool.h"
+#include "ops/compute.h"
 #include "report/metrics.h"
 #include "weights/weight_store.h"
 
@@ -73,7 +73,7 @@ struct CompareOptions {
 // Throws naming the tensor when the two models do not match (a candidate tensor or unit the
 // reference lacks, a different shape) or when the reference holds a quantized tensor.
 WeightComparison compare_weights(WeightStore& reference, WeightStore& candidate,
-                                 ThreadPool& pool, const CompareOptions& options = {});
+                                 Compute& cx, const CompareOptions& options = {});
 
 // "transformer.double.3" -> "transformer".
 std::string component_of(const std::string& unit);

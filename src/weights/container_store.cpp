@@ -47,16 +47,11 @@ TokenizerBytes container_tokenizer(const container::ContainerFile& file) {
 
 }  // namespace
 
-// A unit's views; tells the store when its last reference goes.
+// A unit's views into the mapping.
 class ContainerStore::Unit final : public WeightUnit {
  public:
-  Unit(ContainerStore& store, std::string name, std::string prefix)
-      : WeightUnit(std::move(name), std::move(prefix)), store_(store) {}
-  ~Unit() override { store_.unit_gone(name()); }
+  Unit(std::string name, std::string prefix) : WeightUnit(std::move(name), std::move(prefix)) {}
   using WeightUnit::add;
-
- private:
-  ContainerStore& store_;
 };
 
 uint64_t stored_tensor_bytes(const std::string& name, DType type, uint8_t layout,
@@ -181,21 +176,29 @@ UnitRef ContainerStore::acquire(const std::string& unit) {
   // resident store keeps, allocated between layers), and freed scratch inside them would
   // otherwise stay in the RSS: 0.5 GB over the 27 text-encoder layers at Q4.
   return_free_memory();
-  auto u = std::make_shared<Unit>(*this, unit, s.prefix);
-  for (const auto& t : file_.tensors_of(e)) {
-    Weight w;
-    w.name = t.name;
-    w.dtype = t.type;
-    w.shape = t.shape;
-    w.data = file_.at(t.offset);
-    w.nbytes = size_t(t.size);
-    w.layout = t.layout;
-    u->add(std::move(w));
+  if (!s.views) {
+    auto u = std::make_unique<Unit>(unit, s.prefix);
+    for (const auto& t : file_.tensors_of(e)) {
+      Weight w;
+      w.name = t.name;
+      w.dtype = t.type;
+      w.shape = t.shape;
+      w.data = file_.at(t.offset);
+      w.nbytes = size_t(t.size);
+      w.layout = t.layout;
+      u->add(std::move(w));
+    }
+    s.views = std::move(u);
   }
-  s.live = u;
-  if (options_.residency == Residency::Resident) s.kept = u;
+  // The unit's views are built once; each paging in makes a new lease in the unit's slot
+  // (no allocation), whose end drops the pages again.
+  s.live.reset();
+  const std::string* name = &it->first;
+  UnitRef ref = lease_unit(s.views.get(), &s.slot, [this, name] { unit_gone(*name); });
+  s.live = ref;
+  if (options_.residency == Residency::Resident) s.kept = ref;
   tracker_.acquired(unit, e.size);
-  return u;
+  return ref;
 }
 
 void ContainerStore::prefetch(const std::string& unit) {

@@ -23,6 +23,7 @@
 #include "formats/container/reader.h"
 #include "weights/model_source.h"
 #include "weights/residency_tracker.h"
+#include "weights/unit_lease.h"
 #include "weights/weight_store.h"
 
 namespace klein {
@@ -78,8 +79,10 @@ class ContainerStore final : public WeightStore {
     std::string prefix;
     bool checked = false;
     std::shared_future<void> checking;  // a prefetch's background check
+    std::unique_ptr<WeightUnit> views;  // built at the first acquire, kept (views only)
+    LeaseSlot slot;                     // where the live reference's lease is made
     std::weak_ptr<const WeightUnit> live;
-    UnitRef kept;  // resident: the unit stays built and mapped until release()
+    UnitRef kept;  // resident: the unit stays mapped until release()
   };
   class Unit;
   void check_unit_locked(UnitState& s, std::unique_lock<std::mutex>& lock);

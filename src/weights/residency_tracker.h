@@ -1,7 +1,8 @@
 #pragma once
 // Book-keeping shared by the stores that page: which units are resident (held, read ahead,
 // or kept), how many bytes that is, the peak, and the observer. Not thread-safe: the store
-// calls it under its own lock.
+// calls it under its own lock. A unit's entry is made the first time it is seen and kept, so
+// paging a unit in and out again allocates nothing.
 #include <algorithm>
 #include <map>
 #include <string>
@@ -22,14 +23,17 @@ class ResidencyTracker {
     if (observer_) observer_(unit, UnitEvent::Acquire);
   }
   void dropped(const std::string& unit) {
-    auto it = resident_.find(unit);
-    if (it == resident_.end()) return;
-    stats_.bytes -= it->second;
-    resident_.erase(it);
-    stats_.units = resident_.size();
+    auto it = units_.find(unit);
+    if (it == units_.end() || !it->second.resident) return;
+    it->second.resident = false;
+    stats_.bytes -= it->second.bytes;
+    --stats_.units;
     if (observer_) observer_(unit, UnitEvent::Drop);
   }
-  bool resident(const std::string& unit) const { return resident_.count(unit) > 0; }
+  bool resident(const std::string& unit) const {
+    auto it = units_.find(unit);
+    return it != units_.end() && it->second.resident;
+  }
   ResidencyStats stats() const { return stats_; }
   void reset_peak() {
     stats_.peak_units = stats_.units;
@@ -38,14 +42,21 @@ class ResidencyTracker {
 
  private:
   void add(const std::string& unit, uint64_t bytes) {
-    if (!resident_.emplace(unit, bytes).second) return;
+    auto it = units_.find(unit);
+    if (it == units_.end()) it = units_.emplace(unit, Entry{}).first;
+    if (it->second.resident) return;
+    it->second = {bytes, true};
     stats_.bytes += bytes;
-    stats_.units = resident_.size();
+    ++stats_.units;
     stats_.peak_units = std::max(stats_.peak_units, stats_.units);
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.bytes);
   }
 
-  std::map<std::string, uint64_t> resident_;
+  struct Entry {
+    uint64_t bytes = 0;
+    bool resident = false;
+  };
+  std::map<std::string, Entry> units_;
   ResidencyStats stats_;
   UnitObserver observer_;
 };

@@ -4,16 +4,20 @@
 
 namespace klein {
 
-const Weight* WeightUnit::find(const std::string& relative) const {
-  const std::string full = prefix_ + relative;
-  for (const auto& w : weights_)
-    if (w.name == full) return &w;
+const Weight* WeightUnit::find(std::string_view relative) const {
+  // Compared in two pieces, prefix and rest, so that a lookup never builds a string.
+  for (const auto& w : weights_) {
+    const std::string_view name = w.name;
+    if (name.size() == prefix_.size() + relative.size() && name.starts_with(prefix_) &&
+        name.substr(prefix_.size()) == relative)
+      return &w;
+  }
   return nullptr;
 }
 
-const Weight& WeightUnit::get(const std::string& relative) const {
+const Weight& WeightUnit::get(std::string_view relative) const {
   const Weight* w = find(relative);
-  if (!w) fail("weight unit ", name_, " has no tensor ", prefix_ + relative);
+  if (!w) fail("weight unit ", name_, " has no tensor ", prefix_, relative);
   return *w;
 }
 

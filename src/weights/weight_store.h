@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -50,8 +51,8 @@ class WeightUnit {
   const std::string& prefix() const { return prefix_; }
   // The tensor `relative` (prefix() + relative is its canonical name). Throws klein::Error
   // naming the unit and tensor when it is missing.
-  const Weight& get(const std::string& relative) const;
-  const Weight* find(const std::string& relative) const;
+  const Weight& get(std::string_view relative) const;
+  const Weight* find(std::string_view relative) const;
   const std::vector<Weight>& weights() const { return weights_; }
 
  protected:

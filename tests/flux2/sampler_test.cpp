@@ -75,7 +75,7 @@ class SamplerTest : public ::testing::Test {
   // Runs the case's loop and checks every recorded step and the result.
   static void run_case(const std::string& name, LatentGrid target,
                        const std::vector<LatentGrid>& ref_grids) {
-    ThreadPool pool(2);
+    Compute cx(2);
     const Tensor context = load_rows(e2e(name, "prompt_embeds"));
     const Tensor noise = pack_latents(load_chw(e2e(name, "noise")));
     Tensor ref_tokens;
@@ -98,7 +98,7 @@ class SamplerTest : public ::testing::Test {
       EXPECT_TRUE(close_to(s.latents_out, e2e(name, step + "_latents_out")));
       ++steps_seen;
     };
-    const SamplerResult r = sample(*store_, in, pool);
+    const SamplerResult r = sample(*store_, in, cx);
     EXPECT_EQ(steps_seen, 4);
     EXPECT_TRUE(r.warnings.empty());
     EXPECT_GT(r.activation_bytes, 0u);
@@ -130,7 +130,7 @@ TEST_F(SamplerTest, EditWithOneReference64x64FourSteps) {
 }
 
 TEST_F(SamplerTest, DistilledModelIgnoresGuidanceWithAWarning) {
-  ThreadPool pool(2);
+  Compute cx(2);
   const Tensor context = load_rows(e2e("t2i_h64_w64", "prompt_embeds"));
   const Tensor noise = pack_latents(load_chw(e2e("t2i_h64_w64", "noise")));
   SamplerInputs in;
@@ -139,7 +139,7 @@ TEST_F(SamplerTest, DistilledModelIgnoresGuidanceWithAWarning) {
   in.target = {4, 4};
   in.schedule = make_schedule(store_->config().scheduler, 16, 1);
   in.guidance = 4.0f;  // no negative context: would fail if guidance were applied
-  const SamplerResult r = sample(*store_, in, pool);
+  const SamplerResult r = sample(*store_, in, cx);
   ASSERT_EQ(r.warnings.size(), 1u);
   EXPECT_NE(r.warnings[0].find("guidance"), std::string::npos);
 }
@@ -148,7 +148,7 @@ TEST_F(SamplerTest, BaseModelAppliesClassifierFreeGuidance) {
   ModelConfig base = store_->config();
   base.is_distilled = false;
   ConfigOverride store(*store_, base);
-  ThreadPool pool(2);
+  Compute cx(2);
   const Tensor context = load_rows(e2e("t2i_h64_w64", "prompt_embeds"));
   const Tensor negative = load_rows(e2e("t2i_h96_w128", "prompt_embeds"));  // any other prompt
   const Tensor noise = pack_latents(load_chw(e2e("t2i_h64_w64", "noise")));
@@ -165,7 +165,7 @@ TEST_F(SamplerTest, BaseModelAppliesClassifierFreeGuidance) {
   in.on_step = [&](const StepInfo& s) {
     if (s.step == 0) guided.assign(s.velocity.data(), s.velocity.data() + s.velocity.numel());
   };
-  const SamplerResult r = sample(store, in, pool);
+  const SamplerResult r = sample(store, in, cx);
   EXPECT_TRUE(r.warnings.empty());
 
   // The same first step by hand: two forwards and v_u + g (v_c - v_u).
@@ -175,11 +175,11 @@ TEST_F(SamplerTest, BaseModelAppliesClassifierFreeGuidance) {
                        model.config().rope_theta);
   Activations act(model.config(), layout);
   Modulation mod(model.config());
-  model.modulate(in.schedule.model_timestep(0), mod, pool);
+  model.modulate(in.schedule.model_timestep(0), mod, cx);
   std::vector<float> v_c(16 * 128), v_u(16 * 128);
-  const Tensor text_c = model.embed_text(context, pool), text_u = model.embed_text(negative, pool);
-  model.forward(noise.data(), text_c, nullptr, mod, rope, act, v_c.data(), pool);
-  model.forward(noise.data(), text_u, nullptr, mod, rope, act, v_u.data(), pool);
+  const Tensor text_c = model.embed_text(context, cx), text_u = model.embed_text(negative, cx);
+  model.forward(noise.data(), text_c, nullptr, mod, rope, act, v_c.data(), cx);
+  model.forward(noise.data(), text_u, nullptr, mod, rope, act, v_u.data(), cx);
   ASSERT_EQ(guided.size(), v_c.size());
   double max_gap = 0;
   for (size_t i = 0; i < v_c.size(); ++i) {
@@ -189,11 +189,11 @@ TEST_F(SamplerTest, BaseModelAppliesClassifierFreeGuidance) {
   EXPECT_GT(max_gap, 1e-3);  // the two prompts really differ
 
   in.negative_context = nullptr;
-  EXPECT_THROW(sample(store, in, pool), Error);
+  EXPECT_THROW(sample(store, in, cx), Error);
 }
 
 TEST_F(SamplerTest, RejectsNoiseOfTheWrongSize) {
-  ThreadPool pool(1);
+  Compute cx(1);
   const Tensor context = load_rows(e2e("t2i_h64_w64", "prompt_embeds"));
   const Tensor noise = Tensor::zeros({15, 128});
   SamplerInputs in;
@@ -202,7 +202,7 @@ TEST_F(SamplerTest, RejectsNoiseOfTheWrongSize) {
   in.target = {4, 4};
   in.schedule = make_schedule(store_->config().scheduler, 16, 4);
   try {
-    sample(*store_, in, pool);
+    sample(*store_, in, cx);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("noise"), std::string::npos) << e.what();

@@ -75,7 +75,7 @@ class TransformerTest : public ::testing::Test {
   }
 
   // Runs the case's forward pass; the target velocity goes to `velocity`.
-  static std::vector<float> run(const Case& c, ThreadPool& pool, const Observer& observe = {}) {
+  static std::vector<float> run(const Case& c, Compute& cx, const Observer& observe = {}) {
     Transformer model(*store_);
     const int64_t T = c.layout.text_tokens, N_img = c.layout.target_tokens();
     const Tensor context = load_rows(vector_path(c.name, "encoder_hidden_states"));
@@ -97,14 +97,14 @@ class TransformerTest : public ::testing::Test {
 
     const RopeTable rope(joint_position_ids(c.layout), model.config().rope_axes,
                          model.config().rope_theta);
-    const Tensor text = model.embed_text(context, pool);
+    const Tensor text = model.embed_text(context, cx);
     EXPECT_EQ(text.dim(0), T);
-    const Tensor embedded_refs = model.embed_references(refs, pool);
+    const Tensor embedded_refs = model.embed_references(refs, cx);
     Activations act(model.config(), c.layout);
     Modulation mod(model.config());
-    model.modulate(timestep, mod, pool);
+    model.modulate(timestep, mod, cx);
     std::vector<float> velocity(size_t(N_img * model.config().out_channels));
-    model.forward(hidden.data(), text, &embedded_refs, mod, rope, act, velocity.data(), pool,
+    model.forward(hidden.data(), text, &embedded_refs, mod, rope, act, velocity.data(), cx,
                   observe);
     return velocity;
   }
@@ -154,10 +154,10 @@ TEST_F(TransformerTest, RopeTablesMatch) {
 
 TEST_F(TransformerTest, TimestepEmbeddingAndModulationMatch) {
   const Case c = t2i_64x64();
-  ThreadPool pool(2);
+  Compute cx(2);
   Transformer model(*store_);
   Modulation mod(model.config());
-  model.modulate(read_npy(vector_path(c.name, "timestep")).to_f32()[0], mod, pool);
+  model.modulate(read_npy(vector_path(c.name, "timestep")).to_f32()[0], mod, cx);
   EXPECT_TRUE(close_to(mod.temb.data(), mod.temb.numel(),
                        vector_path(c.name, "time_guidance_embed")));
   EXPECT_TRUE(close_to(mod.img.data(), mod.img.numel(),
@@ -170,21 +170,21 @@ TEST_F(TransformerTest, TimestepEmbeddingAndModulationMatch) {
 
 TEST_F(TransformerTest, ContextEmbedderMatches) {
   const Case c = t2i_64x64();
-  ThreadPool pool(2);
+  Compute cx(2);
   Transformer model(*store_);
   const Tensor context = load_rows(vector_path(c.name, "encoder_hidden_states"));
-  const Tensor text = model.embed_text(context, pool);
+  const Tensor text = model.embed_text(context, cx);
   EXPECT_TRUE(close_to(text.data(), text.numel(), vector_path(c.name, "context_embedder")));
 }
 
 TEST_F(TransformerTest, TextToImage64x64MatchesEveryIntermediate) {
   const Case c = t2i_64x64();
-  ThreadPool pool(2);
+  Compute cx(2);
   std::map<std::string, std::vector<float>> seen;
   auto record = [&](std::string_view name, const float* data, const Shape& s) {
     seen[std::string(name)].assign(data, data + numel(s));
   };
-  const std::vector<float> v = run(c, pool, record);
+  const std::vector<float> v = run(c, cx, record);
   const std::vector<std::string> expected = {
       "x_embedder",
       "transformer_blocks.0.txt", "transformer_blocks.0.img",
@@ -203,20 +203,20 @@ TEST_F(TransformerTest, TextToImage64x64MatchesEveryIntermediate) {
 }
 
 TEST_F(TransformerTest, TextToImage64x96Matches) {
-  ThreadPool pool(2);
-  const std::vector<float> v = run(t2i_64x96(), pool);
+  Compute cx(2);
+  const std::vector<float> v = run(t2i_64x96(), cx);
   EXPECT_TRUE(close_to(v.data(), int64_t(v.size()), vector_path("t2i_h64_w96", "out")));
 }
 
 TEST_F(TransformerTest, OneReferenceMatchesOnTheTargetRows) {
-  ThreadPool pool(2);
-  const std::vector<float> v = run(i2i_ref0(), pool);
+  Compute cx(2);
+  const std::vector<float> v = run(i2i_ref0(), cx);
   // The reference output has N_img + N_ref rows; the pipeline keeps the first N_img.
   EXPECT_TRUE(prefix_close_to(v.data(), int64_t(v.size()), vector_path("i2i_h64_w64_ref0", "out")));
 }
 
 TEST_F(TransformerTest, ResultDoesNotDependOnTheThreadCount) {
-  ThreadPool one(1), three(3);
+  Compute one(1), three(3);
   const std::vector<float> a = run(i2i_ref0(), one);
   const std::vector<float> b = run(i2i_ref0(), three);
   ASSERT_EQ(a.size(), b.size());
@@ -227,7 +227,7 @@ TEST_F(TransformerTest, SmallChunksGiveTheSameResult) {
   // The MLP chunking is a memory choice only: rows are independent after attention. (Not
   // bit-identical: the matrix kernels may sum in another order for another row count.)
   const Case c = i2i_ref0();
-  ThreadPool pool(2);
+  Compute cx(2);
   Transformer model(*store_);
   const Tensor context = load_rows(vector_path(c.name, "encoder_hidden_states"));
   const Tensor hidden = load_rows(vector_path(c.name, "hidden_states"));
@@ -236,39 +236,39 @@ TEST_F(TransformerTest, SmallChunksGiveTheSameResult) {
   const ReferenceTokens refs[] = {{&ref, {4, 5}}};
   const RopeTable rope(joint_position_ids(c.layout), model.config().rope_axes,
                        model.config().rope_theta);
-  const Tensor text = model.embed_text(context, pool);
-  const Tensor embedded = model.embed_references(refs, pool);
+  const Tensor text = model.embed_text(context, cx);
+  const Tensor embedded = model.embed_references(refs, cx);
   Modulation mod(model.config());
-  model.modulate(0.5f, mod, pool);
+  model.modulate(0.5f, mod, cx);
   Activations big(model.config(), c.layout), small(model.config(), c.layout, 7);
   EXPECT_LT(small.bytes(), big.bytes());
   std::vector<float> a(16 * 128), b(16 * 128);
-  model.forward(hidden.data(), text, &embedded, mod, rope, big, a.data(), pool);
-  model.forward(hidden.data(), text, &embedded, mod, rope, small, b.data(), pool);
+  model.forward(hidden.data(), text, &embedded, mod, rope, big, a.data(), cx);
+  model.forward(hidden.data(), text, &embedded, mod, rope, small, b.data(), cx);
   EXPECT_LE(testing::scaled_diff(b.data(), a.data(), int64_t(a.size())), 1e-6);
 }
 
 TEST_F(TransformerTest, ManyReferencesShareTheOneForward) {
   // Two references of different sizes: each changes the target's velocity.
-  ThreadPool pool(2);
+  Compute cx(2);
   Transformer model(*store_);
   const Tensor context = load_rows(vector_path("i2i_h64_w64_ref0", "encoder_hidden_states"));
   const Tensor hidden = load_rows(vector_path("i2i_h64_w64_ref0", "hidden_states"));
   Tensor ref0({20, 128}), ref1({6, 128});
   std::memcpy(ref0.data(), hidden.row(16), size_t(ref0.numel()) * sizeof(float));
   std::memcpy(ref1.data(), hidden.row(0), size_t(ref1.numel()) * sizeof(float));
-  const Tensor text = model.embed_text(context, pool);
+  const Tensor text = model.embed_text(context, cx);
   Modulation mod(model.config());
-  model.modulate(0.8f, mod, pool);
+  model.modulate(0.8f, mod, cx);
   auto velocity = [&](std::vector<ReferenceTokens> refs) {
     TokenLayout layout{512, {4, 4}, {}};
     for (const auto& r : refs) layout.references.push_back(r.grid);
     const RopeTable rope(joint_position_ids(layout), model.config().rope_axes,
                          model.config().rope_theta);
-    const Tensor embedded = model.embed_references(refs, pool);
+    const Tensor embedded = model.embed_references(refs, cx);
     Activations act(model.config(), layout);
     std::vector<float> v(16 * 128);
-    model.forward(hidden.data(), text, &embedded, mod, rope, act, v.data(), pool);
+    model.forward(hidden.data(), text, &embedded, mod, rope, act, v.data(), cx);
     return v;
   };
   const std::vector<float> none = velocity({});
@@ -296,10 +296,10 @@ TEST_F(TransformerTest, ActivationPlanMatchesWhatIsAllocated) {
 }
 
 TEST_F(TransformerTest, RejectsAContextOfTheWrongWidth) {
-  ThreadPool pool(1);
+  Compute cx(1);
   Transformer model(*store_);
   try {
-    model.embed_text(Tensor::zeros({512, 100}), pool);
+    model.embed_text(Tensor::zeros({512, 100}), cx);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("192"), std::string::npos) << e.what();
@@ -307,11 +307,11 @@ TEST_F(TransformerTest, RejectsAContextOfTheWrongWidth) {
 }
 
 TEST_F(TransformerTest, RejectsReferenceTokensThatDoNotFitTheirGrid) {
-  ThreadPool pool(1);
+  Compute cx(1);
   Transformer model(*store_);
   const Tensor tokens = Tensor::zeros({12, 128});
   const ReferenceTokens refs[] = {{&tokens, {4, 4}}};
-  EXPECT_THROW(model.embed_references(refs, pool), Error);
+  EXPECT_THROW(model.embed_references(refs, cx), Error);
 }
 
 }  // namespace

@@ -128,7 +128,7 @@ const Case kVaeCases[] = {
 
 // Runs `algorithm` on the case's input; in Accumulate mode onto a fixed random output.
 Tensor run(const Case& c, const Tensor& x, const Conv2dWeights& w, const ChannelAffine* t,
-           ConvAlgorithm algorithm, ThreadPool& pool) {
+           ConvAlgorithm algorithm, Compute& cx) {
   const Conv2dParams p = with(c.params, algorithm);
   const Shape shape = {c.out,
                        ops::conv2d_output_size(c.height, c.kernel, p.stride, p.pad_top,
@@ -136,13 +136,13 @@ Tensor run(const Case& c, const Tensor& x, const Conv2dWeights& w, const Channel
                        ops::conv2d_output_size(c.width, c.kernel, p.stride, p.pad_left,
                                                p.pad_right, p.upsample)};
   Tensor y = c.mode == ConvWrite::Accumulate ? random_tensor(shape, 99) : Tensor(shape);
-  ops::conv2d_into(x, t, w, p, y, c.mode, pool);
+  ops::conv2d_into(x, t, w, p, y, c.mode, cx);
   return y;
 }
 
 TEST(Conv2dBf16, MatchesExactPathAtVaeGeometries) {
   if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
-  ThreadPool pool(2);
+  Compute cx(2);
   double worst = 0;
   for (const Case& c : kVaeCases) {
     SCOPED_TRACE(c.name);
@@ -150,8 +150,8 @@ TEST(Conv2dBf16, MatchesExactPathAtVaeGeometries) {
     const Conv2dWeights w = random_conv(c.out, c.in, c.kernel, uint32_t(c.out), c.bias);
     const ChannelAffine t = random_affine(c.in, 5);
     const ChannelAffine* transform = c.transform ? &t : nullptr;
-    const Tensor exact = run(c, x, w, transform, ConvAlgorithm::Gemm, pool);
-    const Tensor tiles = run(c, x, w, transform, ConvAlgorithm::Bf16Tiles, pool);
+    const Tensor exact = run(c, x, w, transform, ConvAlgorithm::Gemm, cx);
+    const Tensor tiles = run(c, x, w, transform, ConvAlgorithm::Bf16Tiles, cx);
     ASSERT_EQ(exact.shape(), tiles.shape());
     const double diff = testing::scaled_diff(tiles.data(), exact.data(), exact.numel());
     std::cout << "  " << c.name << ": scaled diff " << diff << "\n";
@@ -216,7 +216,7 @@ Conv2dParams odd_params() {  // stride 3, asymmetric padding, with a 5x5 kernel 
 // multiple of 32, output channels not a multiple of 16, and images narrower than a tile.
 TEST(Conv2dBf16, MatchesDefinitionOnRoundedOperands) {
   if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
-  ThreadPool pool(3);
+  Compute cx(3);
   const Case cases[] = {
       {"same3x3_odd", 5, 7, 13, 11, 3, same3x3(), true, true, ConvWrite::Overwrite},
       {"same3x3_wide", 19, 9, 6, 37, 3, same3x3(), false, true, ConvWrite::Overwrite},
@@ -240,7 +240,7 @@ TEST(Conv2dBf16, MatchesDefinitionOnRoundedOperands) {
     const ChannelAffine t = random_affine(c.in, 21);
     const ChannelAffine* transform = c.transform ? &t : nullptr;
     const Tensor got =
-        ops::conv2d(x, w, with(c.params, ConvAlgorithm::Bf16Tiles), pool, transform);
+        ops::conv2d(x, w, with(c.params, ConvAlgorithm::Bf16Tiles), cx, transform);
     const Tensor ref = rounded_reference(x, transform, w, c.params);
     ASSERT_EQ(got.shape(), ref.shape());
     const double diff = testing::scaled_diff(got.data(), ref.data(), ref.numel());
@@ -255,7 +255,7 @@ TEST(Conv2dBf16, MatchesDefinitionOnRoundedOperands) {
 // exactly. Inputs span +-200 so the exponential's clamping at 87 is reached.
 TEST(Conv2dBf16, TransformedInputsAreRoundedExactly) {
   if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
-  ThreadPool pool(2);
+  Compute cx(2);
   const int64_t C = 34, H = 5, W = 37;
   Tensor x({C, H, W});
   const std::vector<float> v = random_values(x.numel(), 41, 60.0f);
@@ -269,7 +269,7 @@ TEST(Conv2dBf16, TransformedInputsAreRoundedExactly) {
     SCOPED_TRACE("upsample " + std::to_string(up));
     Conv2dParams p = with(pointwise(), ConvAlgorithm::Bf16Tiles);
     p.upsample = up;
-    const Tensor y = ops::conv2d(x, w, p, pool, &t);
+    const Tensor y = ops::conv2d(x, w, p, cx, &t);
     ASSERT_EQ(y.shape(), (Shape{C, H * up, W * up}));
     int64_t mismatches = 0;
     for (int64_t c = 0; c < C; ++c)
@@ -290,7 +290,7 @@ TEST(Conv2dBf16, TransformedInputsAreRoundedExactly) {
 // blocks, on images of one and a few rows.
 TEST(Conv2dBf16, BlockEdges) {
   if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
-  ThreadPool pool(2);
+  Compute cx(2);
   for (int64_t width : {1, 2, 15, 16, 17, 31, 32, 33, 47, 65, 100})
     for (int64_t out : {1, 3, 15, 16, 17, 31, 32, 33, 48, 50})
       for (int64_t height : {1, 3}) {
@@ -299,7 +299,7 @@ TEST(Conv2dBf16, BlockEdges) {
         const Tensor x = random_tensor({3, height, width}, uint32_t(width));
         const Conv2dWeights w = random_conv(out, 3, 3, uint32_t(out));
         const Conv2dParams p = same3x3();
-        const Tensor got = ops::conv2d(x, w, with(p, ConvAlgorithm::Bf16Tiles), pool);
+        const Tensor got = ops::conv2d(x, w, with(p, ConvAlgorithm::Bf16Tiles), cx);
         const Tensor ref = rounded_reference(x, nullptr, w, p);
         ASSERT_LE(testing::scaled_diff(got.data(), ref.data(), ref.numel()), kRoundedBound);
       }
@@ -308,7 +308,7 @@ TEST(Conv2dBf16, BlockEdges) {
 // Accumulate adds onto what the output holds, bias included once.
 TEST(Conv2dBf16, Accumulates) {
   if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
-  ThreadPool pool(2);
+  Compute cx(2);
   const Tensor x = random_tensor({6, 9, 10}, 1);
   for (int64_t kernel : {1, 3}) {
     SCOPED_TRACE("kernel " + std::to_string(kernel));
@@ -317,7 +317,7 @@ TEST(Conv2dBf16, Accumulates) {
     Tensor y = random_tensor({20, 9, 10}, 3);
     Tensor ref = rounded_reference(x, nullptr, w, Conv2dParams::same(kernel));
     for (int64_t i = 0; i < ref.numel(); ++i) ref.data()[i] += y.data()[i];
-    ops::conv2d_into(x, nullptr, w, p, y, ConvWrite::Accumulate, pool);
+    ops::conv2d_into(x, nullptr, w, p, y, ConvWrite::Accumulate, cx);
     EXPECT_LE(testing::scaled_diff(y.data(), ref.data(), ref.numel()), kRoundedBound);
   }
 }
@@ -326,24 +326,24 @@ TEST(Conv2dBf16, Accumulates) {
 // run conv2 when the channel count changes: same values as into a separate output.
 TEST(Conv2dBf16, InPlaceOverManyBands) {
   if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
-  ThreadPool pool(2);
+  Compute cx(2);
   const int64_t C = 40, H = 200, W = 100;
   const Tensor x = random_tensor({C, H, W}, 4);
   const Conv2dWeights w = random_conv(24, C, 3, 5);
   const ChannelAffine t = random_affine(C, 6);
   const Conv2dParams p = with(same3x3(), ConvAlgorithm::Bf16Tiles);
-  const Tensor ref = ops::conv2d(x, w, p, pool, &t);
+  const Tensor ref = ops::conv2d(x, w, p, cx, &t);
   for (ConvWrite mode : {ConvWrite::Overwrite, ConvWrite::Accumulate}) {
     SCOPED_TRACE(mode == ConvWrite::Overwrite ? "overwrite" : "accumulate");
     Tensor work = copy_of(x);
-    ops::conv2d({work.data(), C, H, W, &t}, w, p, work.data(), mode, pool);
+    ops::conv2d({work.data(), C, H, W, &t}, w, p, work.data(), mode, cx);
     // The first 24 planes now hold the result (plus the input, accumulating).
     Tensor expected = copy_of(ref);
     if (mode == ConvWrite::Accumulate)
       for (int64_t i = 0; i < expected.numel(); ++i) expected.data()[i] += x.data()[i];
     EXPECT_EQ(testing::scaled_diff(work.data(), expected.data(), expected.numel()), 0.0);
   }
-  const Tensor exact = ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Gemm), pool, &t);
+  const Tensor exact = ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Gemm), cx, &t);
   EXPECT_LE(testing::scaled_diff(ref.data(), exact.data(), ref.numel()), kBf16Bound);
 }
 
@@ -353,7 +353,7 @@ TEST(Conv2dBf16, ResultsDoNotDependOnThreadCount) {
   const Tensor x = random_tensor({C, H, W}, 13);
   const Conv2dWeights w = random_conv(24, C, 3, 14);
   const ChannelAffine t = random_affine(C, 15);
-  ThreadPool one(1), three(3);
+  Compute one(1), three(3);
   for (Conv2dParams p : {same3x3(), downsample(), upsample(), pointwise()}) {
     p.algorithm = ConvAlgorithm::Bf16Tiles;
     const Tensor a = ops::conv2d(x, w, p, one, &t);
@@ -363,24 +363,25 @@ TEST(Conv2dBf16, ResultsDoNotDependOnThreadCount) {
   }
 }
 
-// Conv2dParams::bf16 makes Auto use the tiles where they exist and the exact path elsewhere.
+// The context's arithmetic.bf16_convolutions makes Auto use the tiles where they exist and the
+// exact path elsewhere.
 TEST(Conv2dBf16, AutoUsesTilesOnlyWhenAsked) {
-  ThreadPool pool(2);
+  Compute cx(2);
   const Tensor x = random_tensor({20, 9, 30}, 16);
   const Conv2dWeights w = random_conv(18, 20, 3, 17);
   Conv2dParams p = same3x3();
-  const Tensor exact = ops::conv2d(x, w, p, pool);
-  p.bf16 = true;
-  const Tensor fast = ops::conv2d(x, w, p, pool);
+  const Tensor exact = ops::conv2d(x, w, p, cx);
+  cx.arithmetic.bf16_convolutions = true;
+  const Tensor fast = ops::conv2d(x, w, p, cx);
   const Tensor expected = ops::conv2d_bf16_tiles_available()
-                             ? ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Bf16Tiles), pool)
+                             ? ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Bf16Tiles), cx)
                              : copy_of(exact);
   EXPECT_EQ(0, std::memcmp(fast.data(), expected.data(), size_t(fast.numel()) * sizeof(float)));
   // An explicit algorithm wins over the flag.
   p.algorithm = ConvAlgorithm::Gemm;
-  const Tensor gemm = ops::conv2d(x, w, p, pool);
+  const Tensor gemm = ops::conv2d(x, w, p, cx);
   EXPECT_EQ(0, std::memcmp(gemm.data(), ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Gemm),
-                                                    pool).data(),
+                                                    cx).data(),
                            size_t(gemm.numel()) * sizeof(float)));
 }
 

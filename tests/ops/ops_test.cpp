@@ -29,7 +29,7 @@ TEST(Linear, MatchesNaiveForEveryFloatType) {
   std::vector<uint16_t> wb(wf.size()), wh(wf.size());
   f32_to_bf16(wf.data(), wb.data(), wf.size());
   f32_to_f16(wf.data(), wh.data(), wf.size());
-  ThreadPool pool(2);
+  Compute cx(2);
   for (DType t : {DType::F32, DType::BF16, DType::F16}) {
     Weight w{"w", t, {N, K}, nullptr, 0};
     std::vector<float> exact(wf.size());
@@ -39,7 +39,7 @@ TEST(Linear, MatchesNaiveForEveryFloatType) {
     w.nbytes = size_t(N * K) * dtype_size(t);
     to_f32(t, w.data, exact.data(), exact.size());
     std::vector<float> y(size_t(M * N));
-    linear(x.data(), M, w, y.data(), pool);
+    linear(x.data(), M, w, y.data(), cx);
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) {
         double ref = 0;
@@ -49,9 +49,9 @@ TEST(Linear, MatchesNaiveForEveryFloatType) {
   }
 }
 
-// Inside a FloatWeightsOnTiles region float weights run on bf16 tiles (AMX CPUs): within the
-// bf16 bound of the exact result, and exact again once the region ends.
-TEST(Linear, FloatWeightsOnTilesRegion) {
+// With the context's arithmetic.float_on_tiles, float weights run on bf16 tiles (AMX CPUs):
+// within the bf16 bound of the exact result, and exact again once it is switched off.
+TEST(Linear, FloatWeightsOnTiles) {
   const int64_t M = 70, N = 40, K = 160;
   auto x = random_vector(size_t(M * K), 5);
   auto wf = random_vector(size_t(N * K), 6);
@@ -60,14 +60,14 @@ TEST(Linear, FloatWeightsOnTilesRegion) {
   std::vector<float> exact_w(wf.size());
   to_f32(DType::BF16, wb.data(), exact_w.data(), exact_w.size());
   const Weight w{"w", DType::BF16, {N, K}, wb.data(), wb.size() * 2};
-  ThreadPool pool(2);
+  Compute cx(2);
   std::vector<float> before(size_t(M * N)), inside(size_t(M * N)), after(size_t(M * N));
-  linear(x.data(), M, w, before.data(), pool);
+  linear(x.data(), M, w, before.data(), cx);
   {
-    const FloatWeightsOnTiles region;
-    linear(x.data(), M, w, inside.data(), pool);
+    const Compute::Use tiles(cx, {.float_on_tiles = true});
+    linear(x.data(), M, w, inside.data(), cx);
   }
-  linear(x.data(), M, w, after.data(), pool);
+  linear(x.data(), M, w, after.data(), cx);
   EXPECT_EQ(before, after);
   bool differs = false;
   for (int64_t m = 0; m < M; ++m) {
@@ -82,7 +82,7 @@ TEST(Linear, FloatWeightsOnTilesRegion) {
     }
   }
   // On AMX the activations are rounded, so some output must change; elsewhere nothing does.
-  EXPECT_EQ(differs, cpu_features().amx_bf16);
+  EXPECT_EQ(differs, cx.amx());
 }
 
 TEST(Linear, RowSliceAndStridesAddressTheRightColumns) {
@@ -90,11 +90,11 @@ TEST(Linear, RowSliceAndStridesAddressTheRightColumns) {
   auto x = random_vector(size_t(M * K), 3);
   auto wf = random_vector(size_t(N * K), 4);
   Weight w{"w", DType::F32, {N, K}, wf.data(), wf.size() * 4};
-  ThreadPool pool(1);
+  Compute cx(1);
   std::vector<float> full(size_t(M * N)), wide(size_t(M * 10), -1.f);
-  linear(x.data(), M, w, full.data(), pool);
+  linear(x.data(), M, w, full.data(), cx);
   // Rows 2..5 of W written into columns 1..4 of a 10-wide buffer.
-  linear(x.data(), M, K, weight_rows(w, 2, 6), wide.data() + 1, 10, pool);
+  linear(x.data(), M, K, weight_rows(w, 2, 6), wide.data() + 1, 10, cx);
   for (int64_t m = 0; m < M; ++m) {
     EXPECT_EQ(wide[size_t(m * 10)], -1.f);
     for (int64_t j = 0; j < 4; ++j) EXPECT_FLOAT_EQ(wide[size_t(m * 10 + 1 + j)], full[size_t(m * N + 2 + j)]);
@@ -134,15 +134,17 @@ std::vector<float> naive_attention(const std::vector<float>& q, const std::vecto
   return out;
 }
 
-void expect_attention_matches(AttentionParams p, int threads, const uint8_t* mask = nullptr) {
+void expect_attention_matches(AttentionParams p, int threads, const uint8_t* mask = nullptr,
+                              bool bf16 = false) {
   p.key_valid = mask;
   auto q = random_vector(size_t(p.q_len * p.heads * p.head_dim), 5, 2.f);
   auto k = random_vector(size_t(p.kv_len * p.kv_heads * p.head_dim), 6, 2.f);
   auto v = random_vector(size_t(p.kv_len * p.kv_heads * p.head_dim), 7);
   std::vector<float> out(q.size(), 123.f);
-  ThreadPool pool(threads);
+  Compute cx(threads);
+  cx.arithmetic.bf16_attention = bf16;
   const int64_t wq = p.heads * p.head_dim, wk = p.kv_heads * p.head_dim;
-  attention(q.data(), wq, k.data(), wk, v.data(), wk, out.data(), wq, p, pool);
+  attention(q.data(), wq, k.data(), wk, v.data(), wk, out.data(), wq, p, cx);
   auto ref = naive_attention(q, k, v, p);
   for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-5) << "at " << i;
 }
@@ -194,14 +196,14 @@ TEST(Attention, ExactPathAcrossKeyChunks) {
 // the q/k norms. Without AMX the call takes the exact path and the bound holds trivially.
 double bf16_attention_error(AttentionParams p, int threads, const uint8_t* mask = nullptr) {
   p.key_valid = mask;
-  p.bf16 = true;
   auto q = random_vector(size_t(p.q_len * p.heads * p.head_dim), 11);
   auto k = random_vector(size_t(p.kv_len * p.kv_heads * p.head_dim), 12);
   auto v = random_vector(size_t(p.kv_len * p.kv_heads * p.head_dim), 13);
   std::vector<float> out(q.size(), 123.f);
-  ThreadPool pool(threads);
+  Compute cx(threads);
+  cx.arithmetic.bf16_attention = true;
   const int64_t wq = p.heads * p.head_dim, wk = p.kv_heads * p.head_dim;
-  attention(q.data(), wq, k.data(), wk, v.data(), wk, out.data(), wq, p, pool);
+  attention(q.data(), wq, k.data(), wk, v.data(), wk, out.data(), wq, p, cx);
   auto ref = naive_attention(q, k, v, p);
   double max_ref = 0, max_err = 0;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -214,7 +216,7 @@ double bf16_attention_error(AttentionParams p, int threads, const uint8_t* mask 
               "max error %.2e of max|ref| %.3f (%s)\n",
               (long long)p.q_len, (long long)p.kv_len, (long long)p.heads, (long long)p.kv_heads,
               (long long)p.head_dim, p.causal ? " causal" : "", mask ? " masked" : "", rel,
-              max_ref, cpu_features().amx_bf16 ? "amx" : "exact path");
+              max_ref, cx.amx() ? "amx" : "exact path");
   return rel;
 }
 
@@ -264,11 +266,9 @@ TEST(AttentionBf16, CausalMaskedGroupedHeads) {
 TEST(AttentionBf16, StridedRowsAndUnsupportedHeadDim) {
   // head_dim 48 is not a multiple of 32: the exact path runs, to its own tolerance.
   AttentionParams p = bf16_params(40, 45, 2, 1, 48);
-  p.bf16 = true;
-  expect_attention_matches(p, 2);
+  expect_attention_matches(p, 2, nullptr, /*bf16=*/true);
   // Inputs inside wider rows, as when q, k and v come out of one fused projection.
   p = bf16_params(50, 60, 2, 2, 64);
-  p.bf16 = true;
   const int64_t W = 3 * 2 * 64, D = 2 * 64;
   auto qkv = random_vector(size_t(60 * W), 21);
   std::vector<float> out(size_t(50 * (D + 8)), 7.f), q, k, v;
@@ -278,8 +278,9 @@ TEST(AttentionBf16, StridedRowsAndUnsupportedHeadDim) {
       k.push_back(qkv[size_t(i * W + D + d)]);
       v.push_back(qkv[size_t(i * W + 2 * D + d)]);
     }
-  ThreadPool pool(2);
-  attention(qkv.data(), W, qkv.data() + D, W, qkv.data() + 2 * D, W, out.data(), D + 8, p, pool);
+  Compute cx(2);
+  cx.arithmetic.bf16_attention = true;
+  attention(qkv.data(), W, qkv.data() + D, W, qkv.data() + 2 * D, W, out.data(), D + 8, p, cx);
   auto ref = naive_attention(q, k, v, p);
   for (int64_t i = 0; i < 50; ++i) {
     for (int64_t d = 0; d < D; ++d)
@@ -289,13 +290,13 @@ TEST(AttentionBf16, StridedRowsAndUnsupportedHeadDim) {
 }
 
 TEST(Norm, LayerNormAndRmsNorm) {
-  ThreadPool pool(1);
+  Compute cx(1);
   std::vector<float> x = {1, 2, 3, 4}, y(4), w = {1, 2, 1, 1};
-  layer_norm(x.data(), y.data(), 1, 4, 0.0f, pool);
+  layer_norm(x.data(), y.data(), 1, 4, 0.0f, cx);
   const float sd = std::sqrt(1.25f);
   EXPECT_NEAR(y[0], -1.5f / sd, 1e-6);
   EXPECT_NEAR(y[3], 1.5f / sd, 1e-6);
-  rms_norm(x.data(), y.data(), 1, 4, w.data(), 0.0f, pool);
+  rms_norm(x.data(), y.data(), 1, 4, w.data(), 0.0f, cx);
   const float rms = std::sqrt(30.0f / 4);
   EXPECT_NEAR(y[1], 2 * 2 / rms, 1e-6);
 }

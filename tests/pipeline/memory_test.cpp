@@ -259,8 +259,8 @@ TEST(Paging, PagedGenerationHoldsAboutTwoUnitsAndReleasesEachNetwork) {
   ModelPaths paths;
   paths.model = tiny_container();
   const Tokenizer tokenizer = load_model_tokenizer(paths);
-  ThreadPool pool(2);
-  Pipeline pipeline(store, tokenizer, pool);
+  Compute cx(2);
+  Session pipeline(store, tokenizer, cx);
   PhaseWatch progress(log);
   GenerateOptions o = tiny_options(Residency::Paged);
   o.steps = 3;
@@ -294,8 +294,8 @@ TEST(Paging, ResidentGenerationLoadsEachUnitOnceAndReleasesAtTheEnd) {
   ModelPaths paths;
   paths.model = tiny_container();
   const Tokenizer tokenizer = load_model_tokenizer(paths);
-  ThreadPool pool(2);
-  Pipeline pipeline(store, tokenizer, pool);
+  Compute cx(2);
+  Session pipeline(store, tokenizer, cx);
   PhaseWatch progress(log);
   GenerateOptions o = tiny_options(Residency::Resident);
   o.steps = 3;
@@ -313,12 +313,12 @@ TEST(Paging, PagedAndResidentGiveTheSameImage) {
   ModelPaths paths;
   paths.model = tiny_container();
   const Tokenizer tokenizer = load_model_tokenizer(paths);
-  ThreadPool pool(2);
+  Compute cx(2);
   Progress quiet;
   std::vector<uint8_t> images[2];
   for (int i = 0; i < 2; ++i) {
     ContainerStore store(tiny_container());
-    Pipeline pipeline(store, tokenizer, pool);
+    Session pipeline(store, tokenizer, cx);
     images[i] = pipeline.generate(tiny_options(i ? Residency::Resident : Residency::Paged), quiet)
                     .image.rgb;
   }
@@ -327,7 +327,7 @@ TEST(Paging, PagedAndResidentGiveTheSameImage) {
   std::vector<uint8_t> source[2];
   for (int i = 0; i < 2; ++i) {
     auto store = open_model(testing::tiny_model());
-    Pipeline pipeline(*store, tokenizer, pool);
+    Session pipeline(*store, tokenizer, cx);
     source[i] = pipeline.generate(tiny_options(i ? Residency::Resident : Residency::Paged), quiet)
                     .image.rgb;
   }
@@ -342,8 +342,8 @@ TEST(Paging, SafetensorsStorePagesToo) {
   ModelPaths paths;
   paths.model = testing::tiny_model();
   const Tokenizer tokenizer = load_model_tokenizer(paths);
-  ThreadPool pool(2);
-  Pipeline pipeline(*store, tokenizer, pool);
+  Compute cx(2);
+  Session pipeline(*store, tokenizer, cx);
   PhaseWatch progress(log);
   pipeline.generate(tiny_options(Residency::Paged), progress);
   store->set_observer({});

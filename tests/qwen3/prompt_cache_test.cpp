@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "core/npy.h"
-#include "core/threadpool.h"
+#include "ops/compute.h"
 #include "models/qwen3/prompt_cache.h"
 #include "support/testing.h"
 #include "weights/model_source.h"
@@ -210,8 +210,8 @@ TEST(PromptCache, DefaultDirectoryFollowsXdgThenHome) {
 
 TEST(PromptCache, EncodeWithCacheComputesOnceThenReads) {
   auto store = open_model(klein::testing::tiny_model());
-  ThreadPool pool(2);
-  TextEncoder encoder(*store, pool);
+  Compute cx(2);
+  TextEncoder encoder(*store, cx);
   const auto dir = klein::testing::tiny_vectors() / "tokenizer";
   const auto ids64 = read_npy(dir / "prompt1_input_ids.npy").to_i64();
   const auto mask64 = read_npy(dir / "prompt1_attention_mask.npy").to_i64();

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "core/npy.h"
-#include "core/threadpool.h"
+#include "ops/compute.h"
 #include "models/qwen3/text_encoder.h"
 #include "quant/matmul.h"
 #include "support/testing.h"
@@ -65,8 +65,8 @@ TEST_F(TextEncoderGolden, EveryLayerOfPrompt0MatchesTheReference) {
   const int64_t rows = all.shape[1] * all.shape[2];
   const std::vector<float> ref = all.to_f32();
 
-  ThreadPool pool(2);
-  TextEncoder encoder(*store_, pool);
+  Compute cx(2);
+  TextEncoder encoder(*store_, cx);
   std::set<int64_t> seen;
   encoder.encode(t.ids, t.mask, [&](int64_t layer, const Tensor& x) {
     seen.insert(layer);
@@ -80,8 +80,8 @@ TEST_F(TextEncoderGolden, EveryLayerOfPrompt0MatchesTheReference) {
 }
 
 TEST_F(TextEncoderGolden, ContextAndSelectedLayersMatchForEveryPrompt) {
-  ThreadPool pool(2);
-  TextEncoder encoder(*store_, pool);
+  Compute cx(2);
+  TextEncoder encoder(*store_, cx);
   for (int n = 0; n < 3; ++n) {
     SCOPED_TRACE("prompt " + std::to_string(n));
     const Tokens t = prompt_tokens(n);
@@ -107,7 +107,7 @@ TEST_F(TextEncoderGolden, ContextAndSelectedLayersMatchForEveryPrompt) {
 
 TEST_F(TextEncoderGolden, ResultDoesNotDependOnTheThreadCount) {
   const Tokens t = prompt_tokens(1);
-  ThreadPool one(1), three(3);
+  Compute one(1), three(3);
   const Tensor a = TextEncoder(*store_, one).encode(t.ids, t.mask);
   const Tensor b = TextEncoder(*store_, three).encode(t.ids, t.mask);
   ASSERT_EQ(a.numel(), b.numel());
@@ -115,8 +115,8 @@ TEST_F(TextEncoderGolden, ResultDoesNotDependOnTheThreadCount) {
 }
 
 TEST_F(TextEncoderGolden, RejectsMalformedInput) {
-  ThreadPool pool(1);
-  TextEncoder encoder(*store_, pool);
+  Compute cx(1);
+  TextEncoder encoder(*store_, cx);
   Tokens t = prompt_tokens(0);
   std::vector<int32_t> short_mask(t.mask.begin(), t.mask.end() - 1);
   EXPECT_THROW(encoder.encode(t.ids, short_mask), Error);
@@ -174,8 +174,8 @@ class Q8EmbeddingStore : public WeightStore {
 
 TEST_F(TextEncoderGolden, LooksUpRowsOfAQuantizedEmbeddingTable) {
   Q8EmbeddingStore store(*store_);
-  ThreadPool pool(2);
-  TextEncoder encoder(store, pool);
+  Compute cx(2);
+  TextEncoder encoder(store, cx);
   const Tokens t = prompt_tokens(0);
   const std::vector<float> ref = read_npy(te_vector("prompt0_hidden_all.npy")).to_f32();
   double embedding_diff = -1;
@@ -227,8 +227,8 @@ class RecordingStore : public WeightStore {
 
 TEST_F(TextEncoderGolden, PagesOneLayerAtATimeAndNeverLoadsUnusedLayers) {
   RecordingStore store(*store_);
-  ThreadPool pool(1);
-  TextEncoder encoder(store, pool);
+  Compute cx(1);
+  TextEncoder encoder(store, cx);
   const Tokens t = prompt_tokens(0);
   encoder.encode(t.ids, t.mask);
 

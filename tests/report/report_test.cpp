@@ -230,11 +230,11 @@ TEST_F(TinyReport, DefaultCasesAreSmallForTheTinyModel) {
 
 TEST_F(TinyReport, EveryTensorIsComparedAndQ4CostsMoreThanQ8) {
   auto reference = open_model(testing::tiny_model());
-  ThreadPool pool(2);
+  Compute cx(2);
   std::map<std::string, WeightComparison> by_type;
   for (const std::string type : {"q8", "q4"}) {
     auto candidate = open_model(container(type));
-    const WeightComparison w = compare_weights(*reference, *candidate, pool);
+    const WeightComparison w = compare_weights(*reference, *candidate, cx);
     std::set<std::string> compared;
     for (const auto& t : w.tensors) compared.insert(t.name);
     EXPECT_EQ(compared, tensor_names(container(type))) << type;
@@ -269,8 +269,8 @@ TEST_F(TinyReport, EveryTensorIsComparedAndQ4CostsMoreThanQ8) {
 TEST_F(TinyReport, ATensorsRmseMatchesADirectComputation) {
   auto reference = open_model(testing::tiny_model());
   auto candidate = open_model(container("q4"));
-  ThreadPool pool(2);
-  const WeightComparison w = compare_weights(*reference, *candidate, pool);
+  Compute cx(2);
+  const WeightComparison w = compare_weights(*reference, *candidate, cx);
   const std::string name = "transformer.single_transformer_blocks.1.attn.to_out.weight";
   const auto it = std::find_if(w.tensors.begin(), w.tensors.end(),
                                [&](const TensorError& t) { return t.name == name; });
@@ -300,10 +300,10 @@ TEST_F(TinyReport, ATensorsRmseMatchesADirectComputation) {
 TEST_F(TinyReport, AlternativesReproduceTheConvertersQuantization) {
   auto reference = open_model(testing::tiny_model());
   auto candidate = open_model(container("q8"));
-  ThreadPool pool(2);
+  Compute cx(2);
   CompareOptions o;
   o.alternatives = true;
-  const WeightComparison w = compare_weights(*reference, *candidate, pool, o);
+  const WeightComparison w = compare_weights(*reference, *candidate, cx, o);
   for (const auto& t : w.tensors) {
     for (const auto& a : t.alternatives)
       if (a.type == t.type) {
@@ -316,9 +316,9 @@ TEST_F(TinyReport, AlternativesReproduceTheConvertersQuantization) {
 TEST_F(TinyReport, ReferenceMustNotBeQuantizedAndModelsMustMatch) {
   auto q4 = open_model(container("q4"));
   auto q8 = open_model(container("q8"));
-  ThreadPool pool(1);
+  Compute cx(1);
   try {
-    compare_weights(*q4, *q8, pool);
+    compare_weights(*q4, *q8, cx);
     FAIL() << "a quantized reference was accepted";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("reference tensor"));
@@ -338,9 +338,9 @@ TEST_F(TinyReport, MixedStoreTakesOnlyTheChosenUnitsFromTheCandidate) {
 TEST_F(TinyReport, AModelAgainstItselfHasNoError) {
   auto reference = open_model(testing::tiny_model());
   const Tokenizer tokenizer = tiny_tokenizer();
-  ThreadPool pool(2);
+  Compute cx(2);
   Progress quiet;
-  const E2eResult e = run_e2e(*reference, *reference, tokenizer, pool, one_case(), quiet);
+  const E2eResult e = run_e2e(*reference, *reference, tokenizer, cx, one_case(), quiet);
   ASSERT_EQ(e.cases.size(), 1u);
   const CaseResult& c = e.cases[0];
   EXPECT_EQ(c.context.nmse, 0.0);
@@ -359,9 +359,9 @@ TEST_F(TinyReport, AModelAgainstItselfHasNoError) {
 TEST_F(TinyReport, EndToEndQ8IsCloserThanQ4) {
   auto reference = open_model(testing::tiny_model());
   const Tokenizer tokenizer = tiny_tokenizer();
-  ThreadPool pool(2);
+  Compute cx(2);
   Progress quiet;
-  E2eSession session(*reference, tokenizer, pool, one_case(), quiet);
+  E2eSession session(*reference, tokenizer, cx, one_case(), quiet);
   std::map<std::string, E2eResult> by_type;
   for (const std::string type : {"q8", "q4"}) {
     auto candidate = open_model(container(type));
@@ -403,15 +403,15 @@ Measured measure_q4(const fs::path& candidate_file) {
   auto reference = open_model(testing::tiny_model());
   auto candidate = open_model(candidate_file);
   const Tokenizer tokenizer = tiny_tokenizer();
-  ThreadPool pool(2);
+  Compute cx(2);
   Progress quiet;
   Measured m;
   CompareOptions o;
   o.alternatives = true;
-  m.weights = compare_weights(*reference, *candidate, pool, o);
+  m.weights = compare_weights(*reference, *candidate, cx, o);
   E2eOptions e;
   e.cases = make_cases(reference->config(), {"a red fox in fresh snow"}, {42}, 0, 0, 0);
-  m.e2e = run_e2e(*reference, *candidate, tokenizer, pool, e, quiet);
+  m.e2e = run_e2e(*reference, *candidate, tokenizer, cx, e, quiet);
   const container::ContainerFile f(candidate_file);
   m.size.file_bytes = fs::file_size(candidate_file);
   m.size.alignment = f.header().alignment;

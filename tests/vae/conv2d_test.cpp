@@ -129,7 +129,7 @@ const char* name_of(ops::ConvAlgorithm a) {
 }
 
 TEST(Conv2d, MatchesDefinition) {
-  ThreadPool pool(3);
+  Compute cx(3);
   for (const ConvCase& c : kCases)
     for (ops::ConvAlgorithm a : algorithms_for(c.params)) {
       SCOPED_TRACE(std::string(c.name) + " " + name_of(a));
@@ -137,7 +137,7 @@ TEST(Conv2d, MatchesDefinition) {
       Conv2dWeights w = random_conv(c.out, c.in, c.kernel, 11);
       Conv2dParams p = c.params;
       p.algorithm = a;
-      Tensor got = ops::conv2d(x, w, p, pool);
+      Tensor got = ops::conv2d(x, w, p, cx);
       EXPECT_LE(max_scaled_diff(got, reference_conv(x, nullptr, w, c.params)), 1e-6);
     }
 }
@@ -152,7 +152,7 @@ ChannelAffine random_affine(int64_t channels, bool silu) {
 }
 
 TEST(Conv2d, FusedTransformMatchesDefinition) {
-  ThreadPool pool(2);
+  Compute cx(2);
   for (const ConvCase& c : kCases)
     for (ops::ConvAlgorithm a : algorithms_for(c.params)) {
       SCOPED_TRACE(std::string(c.name) + " " + name_of(a));
@@ -161,7 +161,7 @@ TEST(Conv2d, FusedTransformMatchesDefinition) {
       ChannelAffine t = random_affine(c.in, true);
       Conv2dParams p = c.params;
       p.algorithm = a;
-      Tensor got = ops::conv2d(x, w, p, pool, &t);
+      Tensor got = ops::conv2d(x, w, p, cx, &t);
       EXPECT_LE(max_scaled_diff(got, reference_conv(x, &t, w, c.params)), 1e-6);
     }
 }
@@ -170,7 +170,7 @@ TEST(Conv2d, FusedTransformMatchesDefinition) {
 // multiples of its channel groups, one-row images.
 TEST(Conv2d, DirectKernelEdges) {
   if (!ops::conv2d_direct_available()) GTEST_SKIP() << "no direct kernel on this CPU";
-  ThreadPool pool(2);
+  Compute cx(2);
   for (int64_t width : {1, 15, 16, 17, 95, 96, 97, 193, 250})
     for (int64_t out : {1, 3, 4, 5, 9}) {
       SCOPED_TRACE("width " + std::to_string(width) + ", out " + std::to_string(out));
@@ -178,12 +178,12 @@ TEST(Conv2d, DirectKernelEdges) {
       Conv2dWeights w = random_conv(out, 3, 3, uint32_t(out));
       Conv2dParams p = Conv2dParams::same(3);
       p.algorithm = ops::ConvAlgorithm::Direct;
-      EXPECT_LE(max_scaled_diff(ops::conv2d(x, w, p, pool), reference_conv(x, nullptr, w, p)), 1e-6);
+      EXPECT_LE(max_scaled_diff(ops::conv2d(x, w, p, cx), reference_conv(x, nullptr, w, p)), 1e-6);
     }
 }
 
 TEST(Conv2d, AccumulatesIntoOutput) {
-  ThreadPool pool(2);
+  Compute cx(2);
   Tensor x = random_tensor({6, 9, 10}, 1);
   for (int64_t kernel : {1, 3}) {
     Conv2dWeights w = random_conv(4, 6, kernel, 2);
@@ -191,7 +191,7 @@ TEST(Conv2d, AccumulatesIntoOutput) {
     Tensor y = random_tensor({4, 9, 10}, 3);
     Tensor ref = reference_conv(x, nullptr, w, p);
     for (int64_t i = 0; i < ref.numel(); ++i) ref.data()[i] += y.data()[i];
-    ops::conv2d_into(x, nullptr, w, p, y, ConvWrite::Accumulate, pool);
+    ops::conv2d_into(x, nullptr, w, p, y, ConvWrite::Accumulate, cx);
     EXPECT_LE(max_scaled_diff(y, ref), 1e-6) << "kernel " << kernel;
   }
 }
@@ -199,7 +199,7 @@ TEST(Conv2d, AccumulatesIntoOutput) {
 // Bands hold 8192 output pixels (82 rows of 100 here) and GEMM tiles 512, so this covers
 // several bands and tiles that straddle rows.
 TEST(Conv2d, InPlaceOverManyBands) {
-  ThreadPool pool(2);
+  Compute cx(2);
   const int64_t C = 16, H = 200, W = 100;
   Tensor x = random_tensor({C, H, W}, 4);
   Conv2dWeights w = random_conv(8, C, 3, 5);
@@ -210,15 +210,15 @@ TEST(Conv2d, InPlaceOverManyBands) {
     p.algorithm = a;
     Tensor work({C, H, W});  // a copy of x to convolve in place
     std::memcpy(work.data(), x.data(), size_t(x.numel()) * sizeof(float));
-    Tensor ref = ops::conv2d(x, w, p, pool, &t);
-    ops::conv2d({work.data(), C, H, W, &t}, w, p, work.data(), ConvWrite::Overwrite, pool);
+    Tensor ref = ops::conv2d(x, w, p, cx, &t);
+    ops::conv2d({work.data(), C, H, W, &t}, w, p, work.data(), ConvWrite::Overwrite, cx);
     // The first 8 planes now hold the result.
     EXPECT_EQ(testing::scaled_diff(work.data(), ref.data(), ref.numel()), 0.0);
   }
 }
 
 TEST(Conv2d, ManyBandsMatchDefinition) {
-  ThreadPool pool(2);
+  Compute cx(2);
   const int64_t C = 8, H = 100, W = 50;  // upsampled to 200 x 100: three bands
   Tensor x = random_tensor({C, H, W}, 9);
   Conv2dWeights w = random_conv(3, C, 3, 10);
@@ -227,7 +227,7 @@ TEST(Conv2d, ManyBandsMatchDefinition) {
     SCOPED_TRACE(name_of(a));
     Conv2dParams p = upsample_params();
     p.algorithm = a;
-    EXPECT_LE(max_scaled_diff(ops::conv2d(x, w, p, pool), ref), 1e-6);
+    EXPECT_LE(max_scaled_diff(ops::conv2d(x, w, p, cx), ref), 1e-6);
   }
 }
 
@@ -236,7 +236,7 @@ TEST(Conv2d, ResultsDoNotDependOnThreadCount) {
   Tensor x = random_tensor({C, H, W}, 13);
   Conv2dWeights w = random_conv(24, C, 3, 14);
   ChannelAffine t = random_affine(C, true);
-  ThreadPool one(1), three(3);
+  Compute one(1), three(3);
   for (Conv2dParams p : {Conv2dParams::same(3), downsample_params(), upsample_params()})
     for (ops::ConvAlgorithm algorithm : algorithms_for(p)) {
       p.algorithm = algorithm;
@@ -250,7 +250,7 @@ TEST(Conv2d, ResultsDoNotDependOnThreadCount) {
 // The two algorithms at the channel counts of the real VAE (512 channels: K = 4608).
 TEST(Conv2d, AlgorithmsAgreeAtVaeShapes) {
   if (!ops::conv2d_direct_available()) GTEST_SKIP() << "no direct kernel on this CPU";
-  ThreadPool pool(2);
+  Compute cx(2);
   const int64_t shapes[][2] = {{512, 512}, {256, 128}, {128, 3}};
   for (const auto& [in, out] : shapes) {
     SCOPED_TRACE(std::to_string(in) + " -> " + std::to_string(out));
@@ -261,22 +261,22 @@ TEST(Conv2d, AlgorithmsAgreeAtVaeShapes) {
     gemm.algorithm = ops::ConvAlgorithm::Gemm;
     direct.algorithm = ops::ConvAlgorithm::Direct;
     // Sums of up to 4608 products in different orders: a few float32 ulps apart.
-    EXPECT_LE(max_scaled_diff(ops::conv2d(x, w, direct, pool, &t), ops::conv2d(x, w, gemm, pool, &t)),
+    EXPECT_LE(max_scaled_diff(ops::conv2d(x, w, direct, cx, &t), ops::conv2d(x, w, gemm, cx, &t)),
               2e-5);
   }
 }
 
 TEST(Conv2d, RejectsMismatchedInput) {
-  ThreadPool pool(1);
+  Compute cx(1);
   Tensor x = random_tensor({3, 8, 8}, 1);
-  EXPECT_THROW(ops::conv2d(x, random_conv(4, 5, 3, 1), Conv2dParams::same(3), pool), Error);
+  EXPECT_THROW(ops::conv2d(x, random_conv(4, 5, 3, 1), Conv2dParams::same(3), cx), Error);
   Tensor tiny = random_tensor({3, 2, 2}, 1);
-  EXPECT_THROW(ops::conv2d(tiny, random_conv(4, 3, 5, 1), Conv2dParams{}, pool), Error);
+  EXPECT_THROW(ops::conv2d(tiny, random_conv(4, 3, 5, 1), Conv2dParams{}, cx), Error);
 }
 
 // The SiLU's own exponential against the exact value over the whole float range that matters.
 TEST(GroupNorm, SiluIsAccurate) {
-  ThreadPool pool(1);
+  Compute cx(1);
   ChannelAffine identity;
   identity.mean = {0.0f};
   identity.scale = {1.0f};
@@ -305,15 +305,15 @@ TEST(GroupNorm, SiluIsAccurate) {
 
 // GroupNorm by its definition, in double.
 TEST(GroupNorm, MatchesDefinition) {
-  ThreadPool pool(3);
+  Compute cx(3);
   const int64_t C = 12, P = 257, G = 4;
   std::vector<float> x = random_values(C * P, 31, 3.0f);
   for (float& v : x) v += 5.0f;  // a mean far from zero
   std::vector<float> gamma = random_values(C, 32), beta = random_values(C, 33);
   ChannelAffine a = ops::group_norm_affine(x.data(), C, P, G, gamma.data(), beta.data(), 1e-6f,
-                                           true, pool);
+                                           true, cx);
   std::vector<float> y(x.size());
-  ops::apply_channel_affine(x.data(), y.data(), C, P, a, pool);
+  ops::apply_channel_affine(x.data(), y.data(), C, P, a, cx);
   const int64_t n = C / G * P;
   double worst = 0;
   for (int64_t g = 0; g < G; ++g) {

@@ -64,7 +64,7 @@ class VaeGolden : public ::testing::Test {
   }
 
   static std::unique_ptr<WeightStore> store_;
-  ThreadPool pool_{2};
+  Compute cx_{2};
 };
 
 std::unique_ptr<WeightStore> VaeGolden::store_;
@@ -72,7 +72,7 @@ std::unique_ptr<WeightStore> VaeGolden::store_;
 const std::vector<std::string> kDecodeSteps = {"unpacked", "denormalized", "unpatchified"};
 
 TEST_F(VaeGolden, DecodeH64W64EveryIntermediate) {
-  vae::Vae model(*store_, pool_);
+  vae::Vae model(*store_, cx_);
   Recorder r;
   const Tensor image = model.decode(packed_tokens("decode_h64_w64"), 4, 4, r.observer());
   EXPECT_EQ(image.shape(), (Shape{3, 64, 64}));
@@ -83,7 +83,7 @@ TEST_F(VaeGolden, DecodeH64W64EveryIntermediate) {
 }
 
 TEST_F(VaeGolden, DecodeH64W96) {
-  vae::Vae model(*store_, pool_);
+  vae::Vae model(*store_, cx_);
   Recorder r;
   const Tensor image = model.decode(packed_tokens("decode_h64_w96"), 4, 6, r.observer());
   EXPECT_EQ(image.shape(), (Shape{3, 64, 96}));
@@ -92,7 +92,7 @@ TEST_F(VaeGolden, DecodeH64W96) {
 }
 
 TEST_F(VaeGolden, EncodeRef0EveryIntermediate) {
-  vae::Vae model(*store_, pool_);
+  vae::Vae model(*store_, cx_);
   Tensor pixels = load(vectors() / "encode_ref0" / "ref0_pixels.npy");
   pixels.reshape({pixels.dim(1), pixels.dim(2), pixels.dim(3)});
   Recorder r;
@@ -106,7 +106,7 @@ TEST_F(VaeGolden, EncodeRef0EveryIntermediate) {
 
 // The end-to-end runs hand the decoder the same tensor the pipeline logged as vae_input.
 TEST_F(VaeGolden, PipelineVaeInputAndImage) {
-  vae::Vae model(*store_, pool_);
+  vae::Vae model(*store_, cx_);
   const fs::path dir = testing::tiny_vectors() / "e2e" / "t2i_h96_w128";
   Tensor tokens = load(dir / "final_latents.npy");
   tokens.reshape({tokens.dim(1), tokens.dim(2)});
@@ -116,14 +116,15 @@ TEST_F(VaeGolden, PipelineVaeInputAndImage) {
   EXPECT_TRUE(testing::matches_npy(image, dir / "image_decoded.npy", kTolerance));
 }
 
-// With VaeOptions::bf16_tiles every convolution rounds its inputs and weights to bf16: each
+// With the arithmetic bf16_convolutions every convolution rounds its inputs and weights to bf16: each
 // intermediate moves by a few 1e-3 of its range, accumulating through the decoder. Measured on
 // klein-tiny: see the printed scaled differences; bound kBf16Tolerance.
 constexpr double kBf16Tolerance = 3e-2;
 
 TEST_F(VaeGolden, DecodeWithBf16TilesEveryIntermediate) {
   if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
-  vae::Vae model(*store_, pool_, {.bf16_tiles = true});
+  const Compute::Use tiles(cx_, {.bf16_convolutions = true});
+  vae::Vae model(*store_, cx_);
   for (const char* name : {"decode_h64_w64", "decode_h64_w96"}) {
     SCOPED_TRACE(name);
     const int64_t w = std::string(name) == "decode_h64_w64" ? 4 : 6;
@@ -150,7 +151,8 @@ TEST_F(VaeGolden, DecodeWithBf16TilesEveryIntermediate) {
 
 TEST_F(VaeGolden, EncodeWithBf16Tiles) {
   if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
-  vae::Vae model(*store_, pool_, {.bf16_tiles = true});
+  const Compute::Use tiles(cx_, {.bf16_convolutions = true});
+  vae::Vae model(*store_, cx_);
   Tensor pixels = load(vectors() / "encode_ref0" / "ref0_pixels.npy");
   pixels.reshape({pixels.dim(1), pixels.dim(2), pixels.dim(3)});
   Recorder r;
@@ -168,17 +170,19 @@ TEST_F(VaeGolden, EncodeWithBf16Tiles) {
   }
 }
 
-// The option is the conv algorithm only: off, results are the float32 ones bit for bit.
+// The other switches of the arithmetic do not touch the VAE: with attention and projections
+// on tiles but not the convolutions, results are the float32 ones bit for bit.
 TEST_F(VaeGolden, Bf16TilesOffIsFloat32) {
-  vae::Vae plain(*store_, pool_), off(*store_, pool_, {.bf16_tiles = false});
+  vae::Vae model(*store_, cx_);
   const Tensor tokens = packed_tokens("decode_h64_w64");
-  const Tensor a = plain.decode(tokens, 4, 4), b = off.decode(tokens, 4, 4);
+  const Tensor a = model.decode(tokens, 4, 4);
+  const Compute::Use other(cx_, {.bf16_attention = true, .float_on_tiles = true});
+  const Tensor b = model.decode(tokens, 4, 4);
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), size_t(a.numel()) * sizeof(float)));
-  EXPECT_FALSE(plain.options().bf16_tiles);
 }
 
 TEST_F(VaeGolden, ResultsDoNotDependOnThreadCount) {
-  ThreadPool one(1), three(3);
+  Compute one(1), three(3);
   vae::Vae a(*store_, one), b(*store_, three);
   const Tensor tokens = packed_tokens("decode_h64_w96");
   const Tensor x = a.decode(tokens, 4, 6), y = b.decode(tokens, 4, 6);
@@ -191,7 +195,7 @@ TEST_F(VaeGolden, ResultsDoNotDependOnThreadCount) {
 }
 
 TEST_F(VaeGolden, RejectsBadSizes) {
-  vae::Vae model(*store_, pool_);
+  vae::Vae model(*store_, cx_);
   Tensor pixels = Tensor::zeros({3, 64, 72});
   try {
     model.encode(pixels);
@@ -208,8 +212,8 @@ TEST_F(VaeGolden, RejectsBadSizes) {
 // 512-dimensional attention) with random weights: runs end to end, sizes right, finite.
 TEST(VaeRealShapes, DecodeAndEncodeRun) {
   testing::RandomVaeStore store;
-  ThreadPool pool(2);
-  vae::Vae model(store, pool);
+  Compute cx(2);
+  vae::Vae model(store, cx);
   EXPECT_EQ(model.pixels_per_token(), 16);
   Tensor tokens({2 * 3, 128});
   for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data()[i] = float(i % 7) / 7.0f - 0.4f;
@@ -225,11 +229,13 @@ TEST(VaeRealShapes, DecodeAndEncodeRun) {
 TEST(VaeRealShapes, Bf16TilesDecodeCloseToFloat32) {
   if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
   testing::RandomVaeStore store;
-  ThreadPool pool(2);
-  vae::Vae exact(store, pool), fast(store, pool, {.bf16_tiles = true});
+  Compute cx(2);
+  vae::Vae model(store, cx);
   Tensor tokens({2 * 3, 128});
   for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data()[i] = float(i % 7) / 7.0f - 0.4f;
-  const Tensor a = exact.decode(tokens, 2, 3), b = fast.decode(tokens, 2, 3);
+  const Tensor a = model.decode(tokens, 2, 3);
+  cx.arithmetic.bf16_convolutions = true;
+  const Tensor b = model.decode(tokens, 2, 3);
   ASSERT_EQ(a.shape(), b.shape());
   const double diff = testing::scaled_diff(b.data(), a.data(), a.numel());
   std::cout << "  real shapes, bf16 image: scaled diff " << diff << "\n";

@@ -80,11 +80,11 @@ RopeTable::RopeTable(std::span<const PositionId> ids, const std::array<int64_t, 
 }
 
 void RopeTable::apply(float* x, int64_t ld, int64_t first_row, int64_t rows, int64_t heads,
-                      ThreadPool& pool) const {
+                      Compute& cx) const {
   const int64_t D = head_dim();
   check(first_row >= 0 && first_row + rows <= tokens(), "internal: RoPE rows [", first_row, ", ",
         first_row + rows, ") outside a table of ", tokens(), " tokens");
-  pool.parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
+  cx.pool().parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* c = cos_.row(first_row + r);
       const float* s = sin_.row(first_row + r);

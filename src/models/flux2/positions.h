@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "core/threadpool.h"
+#include "ops/compute.h"
 
 namespace klein::flux2 {
 
@@ -72,7 +72,7 @@ class RopeTable {
   //   y[2m]   = x[2m]·cos − x[2m+1]·sin
   //   y[2m+1] = x[2m+1]·cos + x[2m]·sin
   void apply(float* x, int64_t ld, int64_t first_row, int64_t rows, int64_t heads,
-             ThreadPool& pool) const;
+             Compute& cx) const;
 
  private:
   Tensor cos_;

@@ -75,10 +75,10 @@ bool uses_guidance(const ModelConfig& config, float guidance) {
   return !config.is_distilled && guidance > 1.0f;
 }
 
-SamplerResult sample(WeightStore& store, const SamplerInputs& in, ThreadPool& pool) {
+SamplerResult sample(WeightStore& store, const SamplerInputs& in, Compute& cx) {
   const ModelConfig& config = store.config();
   const bool guided = uses_guidance(config, in.guidance);
-  Transformer model(store, in.transformer);
+  Transformer model(store);
   check_inputs(in, model.config(), guided);
 
   SamplerResult result;
@@ -106,13 +106,13 @@ SamplerResult sample(WeightStore& store, const SamplerInputs& in, ThreadPool& po
     const UnitRef shared = store.acquire("transformer.shared");
     store.prefetch(model.config().num_double_blocks > 0 ? double_block_unit(0)
                                                         : single_block_unit(0));
-    text = model.embed_text(*in.context, pool);
-    if (guided) negative_text = model.embed_text(*in.negative_context, pool);
-    references = model.embed_references(in.references, pool);
+    text = model.embed_text(*in.context, cx);
+    if (guided) negative_text = model.embed_text(*in.negative_context, cx);
+    references = model.embed_references(in.references, cx);
     mods.reserve(size_t(s.steps()));
     for (int64_t i = 0; i < s.steps(); ++i) {
       mods.emplace_back(model.config());
-      model.modulate(s.model_timestep(i), mods.back(), pool);
+      model.modulate(s.model_timestep(i), mods.back(), cx);
     }
     model.keep_io_weights();
   }
@@ -123,6 +123,7 @@ SamplerResult sample(WeightStore& store, const SamplerInputs& in, ThreadPool& po
   const int64_t n = numel(tokens);
   Tensor x(tokens), velocity(tokens), velocity_uncond(guided ? tokens : Shape{0});
   Tensor x_in(in.on_step ? tokens : Shape{0});
+  result.step_seconds.reserve(size_t(s.steps()));
   std::memcpy(x.data(), in.noise->data(), size_t(n) * sizeof(float));
   result.setup_seconds = seconds_since(setup_start);
 
@@ -131,10 +132,10 @@ SamplerResult sample(WeightStore& store, const SamplerInputs& in, ThreadPool& po
     const float sigma = s.sigmas[size_t(i)], sigma_next = s.sigmas[size_t(i + 1)];
     const float timestep = s.model_timestep(i);
     const Modulation& mod = mods[size_t(i)];
-    model.forward(x.data(), text, &references, mod, rope, act, velocity.data(), pool);
+    model.forward(x.data(), text, &references, mod, rope, act, velocity.data(), cx);
     if (guided) {
       model.forward(x.data(), negative_text, &references, mod, rope, act, velocity_uncond.data(),
-                    pool);
+                    cx);
       apply_guidance(velocity.data(), velocity_uncond.data(), n, in.guidance);
     }
     if (in.on_step) std::memcpy(x_in.data(), x.data(), size_t(n) * sizeof(float));

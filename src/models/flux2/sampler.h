@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "core/threadpool.h"
+#include "ops/compute.h"
 #include "models/flux2/positions.h"
 #include "models/flux2/schedule.h"
 #include "models/flux2/transformer.h"
@@ -47,7 +47,6 @@ struct SamplerInputs {
   Schedule schedule;                         // make_schedule(config.scheduler, N_img, steps)
   float guidance = 1.0f;                     // CFG scale (klein-base only)
   StepCallback on_step;                      // progress, dumps; may be empty
-  TransformerOptions transformer;            // arithmetic choices (bf16 attention)
 };
 
 struct SamplerResult {
@@ -67,6 +66,6 @@ bool uses_guidance(const ModelConfig& config, float guidance);
 
 // Runs the whole loop and returns the final packed latents. The schedule's own warnings are
 // not repeated in the result.
-SamplerResult sample(WeightStore& store, const SamplerInputs& in, ThreadPool& pool);
+SamplerResult sample(WeightStore& store, const SamplerInputs& in, Compute& cx);
 
 }  // namespace klein::flux2

@@ -37,7 +37,7 @@ namespace {
 
 // --- checked weights -------------------------------------------------------------------------
 
-const Weight& linear_weight(const WeightUnit& unit, const std::string& name, int64_t out,
+const Weight& linear_weight(const WeightUnit& unit, std::string_view name, int64_t out,
                             int64_t in) {
   const Weight& w = unit.get(name);
   check(w.shape == Shape{out, in}, "tensor ", w.name, ": expected shape ", shape_str({out, in}),
@@ -45,7 +45,7 @@ const Weight& linear_weight(const WeightUnit& unit, const std::string& name, int
   return w;
 }
 
-const Weight& vector_weight(const WeightUnit& unit, const std::string& name, int64_t n) {
+const Weight& vector_weight(const WeightUnit& unit, std::string_view name, int64_t n) {
   const Weight& w = unit.get(name);
   check(w.shape == Shape{n}, "tensor ", w.name, ": expected shape ", shape_str({n}), ", got ",
         shape_str(w.shape));
@@ -73,9 +73,9 @@ void timestep_sinusoid(float tau, float* out, int64_t channels) {
 
 // y = (1 + scale) ⊙ LN(x) + shift for `rows` rows of width D (both contiguous).
 void modulated_norm(const float* x, float* y, int64_t rows, int64_t D, const float* shift,
-                    const float* scale, float eps, ThreadPool& pool) {
-  ops::layer_norm(x, y, rows, D, eps, pool);
-  pool.parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
+                    const float* scale, float eps, Compute& cx) {
+  ops::layer_norm(x, y, rows, D, eps, cx);
+  cx.pool().parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) {
       float* row = y + r * D;
       for (int64_t i = 0; i < D; ++i) row[i] = (1.0f + scale[i]) * row[i] + shift[i];
@@ -85,8 +85,8 @@ void modulated_norm(const float* x, float* y, int64_t rows, int64_t D, const flo
 
 // x += gate ⊙ y for `rows` rows of width D (both contiguous).
 void add_gated(float* x, const float* y, int64_t rows, int64_t D, const float* gate,
-               ThreadPool& pool) {
-  pool.parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
+               Compute& cx) {
+  cx.pool().parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) {
       float* xr = x + r * D;
       const float* yr = y + r * D;
@@ -97,8 +97,8 @@ void add_gated(float* x, const float* y, int64_t rows, int64_t D, const float* g
 
 // out[r, :F] = silu(in[r, :F]) ⊙ in[r, F:2F], rows of `in` 2F apart, rows of `out` ldo apart.
 void swiglu_rows(const float* in, int64_t F, float* out, int64_t ldo, int64_t rows,
-                 ThreadPool& pool) {
-  pool.parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
+                 Compute& cx) {
+  cx.pool().parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* gate = in + r * 2 * F;
       ops::swiglu(gate, gate + F, out + r * ldo, F);
@@ -115,10 +115,10 @@ void copy_rows(const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int
 // Per-head RMSNorm of Q or K, in place: x is [rows, heads·head_dim], every head normalised
 // on its own with the same [head_dim] weight.
 void head_rms_norm(const Weight& w, float* x, int64_t rows, int64_t heads, float eps,
-                   Tensor& weight, ThreadPool& pool) {
+                   Tensor& weight, Compute& cx) {
   const int64_t head_dim = weight.numel();
   to_f32(w.dtype, w.data, weight.data(), size_t(head_dim));
-  ops::rms_norm(x, x, rows * heads, head_dim, weight.data(), eps, pool);
+  ops::rms_norm(x, x, rows * heads, head_dim, weight.data(), eps, cx);
 }
 
 }  // namespace
@@ -168,8 +168,8 @@ size_t Activations::bytes() const {
 
 // --- the model -------------------------------------------------------------------------------
 
-Transformer::Transformer(WeightStore& store, const TransformerOptions& options)
-    : store_(store), config_(store.config().transformer), options_(options) {
+Transformer::Transformer(WeightStore& store)
+    : store_(store), config_(store.config().transformer) {
   const TransformerConfig& c = config_;
   check(!c.guidance_embeds, "transformer config: guidance_embeds is true; FLUX.2-klein has no "
         "guidance embedding and this engine does not implement one");
@@ -182,9 +182,11 @@ Transformer::Transformer(WeightStore& store, const TransformerOptions& options)
         ", expected the head dim ", c.head_dim);
   check(c.timestep_channels > 0 && c.timestep_channels % 2 == 0,
         "transformer config: timestep_guidance_channels must be even, got ", c.timestep_channels);
+  for (int64_t i = 0; i < c.num_double_blocks; ++i) block_units_.push_back(double_block_unit(i));
+  for (int64_t i = 0; i < c.num_single_blocks; ++i) block_units_.push_back(single_block_unit(i));
 }
 
-Tensor Transformer::embed_text(const Tensor& context, ThreadPool& pool) {
+Tensor Transformer::embed_text(const Tensor& context, Compute& cx) {
   const int64_t D = config_.inner_dim();
   check(context.shape().size() == 2 && context.dim(1) == config_.context_dim,
         "text context: expected [tokens, ", config_.context_dim, "] (3 x the text encoder's hidden"
@@ -192,11 +194,11 @@ Tensor Transformer::embed_text(const Tensor& context, ThreadPool& pool) {
   UnitRef shared = store_.acquire("transformer.shared");
   const Weight& w = linear_weight(*shared, "context_embedder.weight", D, config_.context_dim);
   Tensor out({context.dim(0), D});
-  ops::linear(context.data(), context.dim(0), w, out.data(), pool);  // C = context_embedder · ctx
+  ops::linear(context.data(), context.dim(0), w, out.data(), cx);  // C = context_embedder · ctx
   return out;
 }
 
-Tensor Transformer::embed_references(std::span<const ReferenceTokens> refs, ThreadPool& pool) {
+Tensor Transformer::embed_references(std::span<const ReferenceTokens> refs, Compute& cx) {
   const int64_t D = config_.inner_dim(), in = config_.in_channels;
   int64_t total = 0;
   for (size_t i = 0; i < refs.size(); ++i) {
@@ -212,13 +214,13 @@ Tensor Transformer::embed_references(std::span<const ReferenceTokens> refs, Thre
   const Weight& w = linear_weight(*shared, "x_embedder.weight", D, in);
   int64_t row = 0;
   for (const ReferenceTokens& r : refs) {
-    ops::linear(r.tokens->data(), r.grid.tokens(), w, out.row(row), pool);
+    ops::linear(r.tokens->data(), r.grid.tokens(), w, out.row(row), cx);
     row += r.grid.tokens();
   }
   return out;
 }
 
-void Transformer::modulate(float timestep, Modulation& m, ThreadPool& pool) {
+void Transformer::modulate(float timestep, Modulation& m, Compute& cx) {
   const int64_t D = config_.inner_dim(), channels = config_.timestep_channels;
   UnitRef shared = store_.acquire("transformer.shared");
   const WeightUnit& w = *shared;
@@ -228,23 +230,23 @@ void Transformer::modulate(float timestep, Modulation& m, ThreadPool& pool) {
   timestep_sinusoid(tau, m.sinusoid.data(), channels);
   const std::string embedder = "time_guidance_embed.timestep_embedder.";
   ops::linear(m.sinusoid.data(), 1, linear_weight(w, embedder + "linear_1.weight", D, channels),
-              m.hidden.data(), pool);
+              m.hidden.data(), cx);
   ops::silu_inplace(m.hidden.data(), D);
   ops::linear(m.hidden.data(), 1, linear_weight(w, embedder + "linear_2.weight", D, D),
-              m.temb.data(), pool);
+              m.temb.data(), cx);
 
   // Every modulation linear reads silu(temb).                                     [D]
   std::memcpy(m.hidden.data(), m.temb.data(), size_t(D) * sizeof(float));
   ops::silu_inplace(m.hidden.data(), D);
   const float* s = m.hidden.data();
   ops::linear(s, 1, linear_weight(w, "double_stream_modulation_img.linear.weight", 6 * D, D),
-              m.img.data(), pool);                                                // [6D]
+              m.img.data(), cx);                                                // [6D]
   ops::linear(s, 1, linear_weight(w, "double_stream_modulation_txt.linear.weight", 6 * D, D),
-              m.txt.data(), pool);                                                // [6D]
+              m.txt.data(), cx);                                                // [6D]
   ops::linear(s, 1, linear_weight(w, "single_stream_modulation.linear.weight", 3 * D, D),
-              m.single.data(), pool);                                             // [3D]
+              m.single.data(), cx);                                             // [3D]
   ops::linear(s, 1, linear_weight(w, "norm_out.linear.weight", 2 * D, D), m.out.data(),
-              pool);                                                              // [2D]
+              cx);                                                              // [2D]
 }
 
 Transformer::OwnedWeight Transformer::copy_weight(const Weight& w) {
@@ -287,7 +289,7 @@ std::array<const float*, 6> six_chunks(const Tensor& m, int64_t D) {
 // The double-stream block: text and image are normalised, projected and finished with their
 // own weights; attention runs once over the joint rows [text | image].
 void Transformer::double_block(const WeightUnit& w, const Modulation& mod, const RopeTable& rope,
-                               Activations& a, ThreadPool& pool) {
+                               Activations& a, Compute& cx) {
   const int64_t D = config_.inner_dim(), F = config_.mlp_hidden(), H = config_.num_heads,
                 hd = config_.head_dim;
   const float eps = float(config_.eps);
@@ -317,25 +319,25 @@ void Transformer::double_block(const WeightUnit& w, const Modulation& mod, const
   for (const Stream* s : {&text, &image}) {
     const int64_t r = s->row0, n = s->rows;
     // A = (1 + scale1) ⊙ LN(x) + shift1                                         [n, D]
-    modulated_norm(a.stream.row(r), a.normed.row(r), n, D, s->shift1, s->scale1, eps, pool);
+    modulated_norm(a.stream.row(r), a.normed.row(r), n, D, s->shift1, s->scale1, eps, cx);
     // Q, K, V = projections of A, at this stream's rows of the joint buffers    [n, D] each
-    ops::linear(a.normed.row(r), n, s->to_q, a.q.row(r), pool);
-    ops::linear(a.normed.row(r), n, s->to_k, a.k.row(r), pool);
-    ops::linear(a.normed.row(r), n, s->to_v, a.v.row(r), pool);
+    ops::linear(a.normed.row(r), n, s->to_q, a.q.row(r), cx);
+    ops::linear(a.normed.row(r), n, s->to_k, a.k.row(r), cx);
+    ops::linear(a.normed.row(r), n, s->to_v, a.v.row(r), cx);
     // Q, K ← RMSNorm per head (this stream's weights)                           [n, H, 128]
-    head_rms_norm(s->norm_q, a.q.row(r), n, H, eps, a.head_norm, pool);
-    head_rms_norm(s->norm_k, a.k.row(r), n, H, eps, a.head_norm, pool);
+    head_rms_norm(s->norm_q, a.q.row(r), n, H, eps, a.head_norm, cx);
+    head_rms_norm(s->norm_k, a.k.row(r), n, H, eps, a.head_norm, cx);
   }
   // O = softmax(RoPE(Q) RoPE(K)ᵀ / √128) V over all T + N rows                   [T+N, D]
-  attention(rope, a, pool);
+  attention(rope, a, cx);
   // x += gate1 ⊙ out·O;  x += gate2 ⊙ FF(mod(x; shift2, scale2)), per stream
-  finish_stream_rows(text, a, pool);
-  finish_stream_rows(image, a, pool);
+  finish_stream_rows(text, a, cx);
+  finish_stream_rows(image, a, cx);
 }
 
 // The rest of a double block for one stream; every row is independent after attention, so
 // this runs chunk by chunk to bound the MLP buffers.
-void Transformer::finish_stream_rows(const Stream& s, Activations& a, ThreadPool& pool) {
+void Transformer::finish_stream_rows(const Stream& s, Activations& a, Compute& cx) {
   const int64_t D = config_.inner_dim(), F = config_.mlp_hidden();
   const float eps = float(config_.eps);
   float* hidden = a.mlp_cat.data() + D;  // [c, F] in columns [D, D+F) of mlp_cat
@@ -344,21 +346,21 @@ void Transformer::finish_stream_rows(const Stream& s, Activations& a, ThreadPool
     const int64_t n = std::min(a.chunk_rows, s.row0 + s.rows - r);
     float* x = a.stream.row(r);
     // x += gate1 ⊙ (to_out · O)                                                  [n, D]
-    ops::linear(a.attn.row(r), n, s.to_out, a.proj.data(), pool);
-    add_gated(x, a.proj.data(), n, D, s.gate1, pool);
+    ops::linear(a.attn.row(r), n, s.to_out, a.proj.data(), cx);
+    add_gated(x, a.proj.data(), n, D, s.gate1, cx);
     // x += gate2 ⊙ linear_out · (silu(g) ⊙ p),  [g | p] = linear_in · mod(x; shift2, scale2)
-    modulated_norm(x, a.normed.row(r), n, D, s.shift2, s.scale2, eps, pool);    // [n, D]
-    ops::linear(a.normed.row(r), n, s.ff_in, a.mlp_in.data(), pool);              // [n, 2F]
-    swiglu_rows(a.mlp_in.data(), F, hidden, ld_hidden, n, pool);                  // [n, F]
-    ops::linear(hidden, n, ld_hidden, s.ff_out, a.proj.data(), D, pool);          // [n, D]
-    add_gated(x, a.proj.data(), n, D, s.gate2, pool);
+    modulated_norm(x, a.normed.row(r), n, D, s.shift2, s.scale2, eps, cx);    // [n, D]
+    ops::linear(a.normed.row(r), n, s.ff_in, a.mlp_in.data(), cx);              // [n, 2F]
+    swiglu_rows(a.mlp_in.data(), F, hidden, ld_hidden, n, cx);                  // [n, F]
+    ops::linear(hidden, n, ld_hidden, s.ff_out, a.proj.data(), D, cx);          // [n, D]
+    add_gated(x, a.proj.data(), n, D, s.gate2, cx);
   }
 }
 
 // The single-stream block over all rows S = [text | image]: one modulated norm, one fused
 // projection to Q, K, V, gate, up; attention and MLP in parallel; one gated residual.
 void Transformer::single_block(const WeightUnit& w, const Modulation& mod, const RopeTable& rope,
-                               Activations& a, ThreadPool& pool) {
+                               Activations& a, Compute& cx) {
   const int64_t D = config_.inner_dim(), F = config_.mlp_hidden(), H = config_.num_heads,
                 hd = config_.head_dim;
   const float eps = float(config_.eps);
@@ -369,49 +371,48 @@ void Transformer::single_block(const WeightUnit& w, const Modulation& mod, const
   const Weight& to_out = linear_weight(w, "attn.to_out.weight", D, D + F);
 
   // A = (1 + scale) ⊙ LN(S) + shift                                              [S, D]
-  modulated_norm(a.stream.data(), a.normed.data(), S, D, shift, scale, eps, pool);
+  modulated_norm(a.stream.data(), a.normed.data(), S, D, shift, scale, eps, cx);
   // Q, K, V = the first 3D rows of the fused projection                          [S, D] each
-  ops::linear(a.normed.data(), S, ops::weight_rows(fused, 0, D), a.q.data(), pool);
-  ops::linear(a.normed.data(), S, ops::weight_rows(fused, D, 2 * D), a.k.data(), pool);
-  ops::linear(a.normed.data(), S, ops::weight_rows(fused, 2 * D, 3 * D), a.v.data(), pool);
+  ops::linear(a.normed.data(), S, ops::weight_rows(fused, 0, D), a.q.data(), cx);
+  ops::linear(a.normed.data(), S, ops::weight_rows(fused, D, 2 * D), a.k.data(), cx);
+  ops::linear(a.normed.data(), S, ops::weight_rows(fused, 2 * D, 3 * D), a.v.data(), cx);
   // Q, K ← RMSNorm per head                                                      [S, H, 128]
   const Weight& norm_q = vector_weight(w, "attn.norm_q.weight", hd);
   const Weight& norm_k = vector_weight(w, "attn.norm_k.weight", hd);
-  head_rms_norm(norm_q, a.q.data(), S, H, eps, a.head_norm, pool);
-  head_rms_norm(norm_k, a.k.data(), S, H, eps, a.head_norm, pool);
+  head_rms_norm(norm_q, a.q.data(), S, H, eps, a.head_norm, cx);
+  head_rms_norm(norm_k, a.k.data(), S, H, eps, a.head_norm, cx);
   // O = softmax(RoPE(Q) RoPE(K)ᵀ / √128) V                                       [S, D]
-  attention(rope, a, pool);
+  attention(rope, a, cx);
 
   // Per row chunk: S += gate ⊙ to_out · [O | silu(g) ⊙ p],  [g | p] = (gate, up rows) · A
   const Weight gate_up = ops::weight_rows(fused, 3 * D, 3 * D + 2 * F);
   const int64_t ld_cat = D + F;
   for (int64_t r = 0; r < S; r += a.chunk_rows) {
     const int64_t n = std::min(a.chunk_rows, S - r);
-    ops::linear(a.normed.row(r), n, gate_up, a.mlp_in.data(), pool);              // [n, 2F]
+    ops::linear(a.normed.row(r), n, gate_up, a.mlp_in.data(), cx);              // [n, 2F]
     copy_rows(a.attn.row(r), D, a.mlp_cat.data(), ld_cat, n, D);                  // [n, D]
-    swiglu_rows(a.mlp_in.data(), F, a.mlp_cat.data() + D, ld_cat, n, pool);       // [n, F]
-    ops::linear(a.mlp_cat.data(), n, to_out, a.proj.data(), pool);                // [n, D]
-    add_gated(a.stream.row(r), a.proj.data(), n, D, gate, pool);
+    swiglu_rows(a.mlp_in.data(), F, a.mlp_cat.data() + D, ld_cat, n, cx);       // [n, F]
+    ops::linear(a.mlp_cat.data(), n, to_out, a.proj.data(), cx);                // [n, D]
+    add_gated(a.stream.row(r), a.proj.data(), n, D, gate, cx);
   }
 }
 
 // RoPE on Q and K of every row, then the tiled joint attention into a.attn.
-void Transformer::attention(const RopeTable& rope, Activations& a, ThreadPool& pool) {
+void Transformer::attention(const RopeTable& rope, Activations& a, Compute& cx) {
   const int64_t D = config_.inner_dim(), H = config_.num_heads, S = a.layout.total_tokens();
-  rope.apply(a.q.data(), D, 0, S, H, pool);
-  rope.apply(a.k.data(), D, 0, S, H, pool);
+  rope.apply(a.q.data(), D, 0, S, H, cx);
+  rope.apply(a.k.data(), D, 0, S, H, cx);
   ops::AttentionParams p;
   p.q_len = p.kv_len = S;
   p.heads = p.kv_heads = H;
   p.head_dim = config_.head_dim;
   p.scale = float(1.0 / std::sqrt(double(config_.head_dim)));
-  p.bf16 = options_.bf16_attention;
-  ops::attention(a.q.data(), D, a.k.data(), D, a.v.data(), D, a.attn.data(), D, p, pool);
+  ops::attention(a.q.data(), D, a.k.data(), D, a.v.data(), D, a.attn.data(), D, p, cx);
 }
 
 void Transformer::forward(const float* latents, const Tensor& text, const Tensor* references,
                           const Modulation& mod, const RopeTable& rope, Activations& a,
-                          float* velocity, ThreadPool& pool, const Observer& observe) {
+                          float* velocity, Compute& cx, const Observer& observe) {
   const TokenLayout& L = a.layout;
   const int64_t D = config_.inner_dim(), T = L.text_tokens, N_img = L.target_tokens(),
                 N_ref = L.reference_tokens(), N = N_img + N_ref, S = T + N;
@@ -431,27 +432,25 @@ void Transformer::forward(const float* latents, const Tensor& text, const Tensor
   // Stream rows [text | target | references]: the σ-independent embeddings are copies.
   if (!x_embedder_ || !proj_out_) keep_io_weights();
   copy_rows(text.data(), D, a.stream.row(0), D, T, D);                            // C  [T, D]
-  ops::linear(latents, N_img, x_embedder_->weight, a.stream.row(T), pool);        // X  [N_img, D]
+  ops::linear(latents, N_img, x_embedder_->weight, a.stream.row(T), cx);        // X  [N_img, D]
   if (N_ref > 0) copy_rows(references->data(), D, a.stream.row(T + N_img), D, N_ref, D);
   report("x_embedder", a.stream.row(T), {N, D});
 
   // The blocks, one weight unit resident at a time while the next one is brought in.
   const int64_t n_double = config_.num_double_blocks, n_single = config_.num_single_blocks;
-  auto unit_name = [&](int64_t i) {
-    return i < n_double ? double_block_unit(i) : single_block_unit(i - n_double);
-  };
   for (int64_t i = 0; i < n_double + n_single; ++i) {
-    UnitRef unit = store_.acquire(unit_name(i));
-    if (i + 1 < n_double + n_single) store_.prefetch(unit_name(i + 1));
+    cx.stop_if_cancelled();
+    UnitRef unit = store_.acquire(block_units_[size_t(i)]);
+    if (i + 1 < n_double + n_single) store_.prefetch(block_units_[size_t(i + 1)]);
     if (i < n_double) {
-      double_block(*unit, mod, rope, a, pool);
+      double_block(*unit, mod, rope, a, cx);
       if (observe) {
         const std::string name = "transformer_blocks." + std::to_string(i);
         report(name + ".txt", a.stream.row(0), {T, D});
         report(name + ".img", a.stream.row(T), {N, D});
       }
     } else {
-      single_block(*unit, mod, rope, a, pool);
+      single_block(*unit, mod, rope, a, cx);
       if (observe) {
         const std::string name = "single_transformer_blocks." + std::to_string(i - n_double);
         report(name, a.stream.data(), {S, D});
@@ -464,9 +463,9 @@ void Transformer::forward(const float* latents, const Tensor& text, const Tensor
   const Weight& proj_out = proj_out_->weight;
   const float *scale_o = mod.out.data(), *shift_o = scale_o + D;
   modulated_norm(a.stream.row(T), a.normed.row(T), N_img, D, shift_o, scale_o, float(config_.eps),
-                 pool);
+                 cx);
   report("norm_out", a.normed.row(T), {N_img, D});
-  ops::linear(a.normed.row(T), N_img, proj_out, velocity, pool);
+  ops::linear(a.normed.row(T), N_img, proj_out, velocity, cx);
 }
 
 }  // namespace klein::flux2

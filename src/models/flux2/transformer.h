@@ -17,10 +17,12 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/tensor.h"
-#include "core/threadpool.h"
+#include "ops/compute.h"
 #include "models/flux2/positions.h"
 #include "weights/weight_store.h"
 
@@ -86,28 +88,22 @@ struct ReferenceTokens {
   LatentGrid grid;
 };
 
-struct TransformerOptions {
-  // Attention on bf16 tiles (ops::AttentionParams::bf16; AMX CPUs only, else exact float32):
-  // several times faster, with bf16 rounding of Q, K, V and the probabilities, as the model
-  // runs on GPUs. Off: float32 attention, what the golden tests compare against.
-  bool bf16_attention = false;
-};
-
 class Transformer {
  public:
   // Checks the configuration against what this implementation supports; weights are
-  // acquired from the store block by block during each forward.
-  explicit Transformer(WeightStore& store, const TransformerOptions& options = {});
+  // acquired from the store block by block during each forward. Attention runs on bf16
+  // tiles when the context's arithmetic says so (Compute::arithmetic.bf16_attention).
+  explicit Transformer(WeightStore& store);
 
   const TransformerConfig& config() const { return config_; }
 
   // context_embedder · context: [T, context_dim] → [T, D]. Once per prompt.
-  Tensor embed_text(const Tensor& context, ThreadPool& pool);
+  Tensor embed_text(const Tensor& context, Compute& cx);
   // x_embedder · tokens of every reference, in order: → [Σ tokens, D]. Once per generation.
-  Tensor embed_references(std::span<const ReferenceTokens> references, ThreadPool& pool);
+  Tensor embed_references(std::span<const ReferenceTokens> references, Compute& cx);
   // Timestep embedding and all modulation vectors for the timestep the pipeline passes
   // (σ-like: schedule timestep / 1000; the model multiplies by 1000 itself).
-  void modulate(float timestep, Modulation& out, ThreadPool& pool);
+  void modulate(float timestep, Modulation& out, Compute& cx);
   // Copies x_embedder and proj_out (3072 x 128 each for klein-4B, bytes as stored) out of
   // "transformer.shared", so that forward() does not acquire it. forward() calls it the first
   // time if nobody did.
@@ -120,16 +116,16 @@ class Transformer {
   // The layout is that of `act`; `rope` must have been built from the same layout's ids.
   void forward(const float* latents, const Tensor& text, const Tensor* references,
                const Modulation& mod, const RopeTable& rope, Activations& act, float* velocity,
-               ThreadPool& pool, const Observer& observe = {});
+               Compute& cx, const Observer& observe = {});
 
  private:
   struct Stream;
   void double_block(const WeightUnit& w, const Modulation& mod, const RopeTable& rope,
-                    Activations& a, ThreadPool& pool);
+                    Activations& a, Compute& cx);
   void single_block(const WeightUnit& w, const Modulation& mod, const RopeTable& rope,
-                    Activations& a, ThreadPool& pool);
-  void attention(const RopeTable& rope, Activations& a, ThreadPool& pool);
-  void finish_stream_rows(const Stream& s, Activations& a, ThreadPool& pool);
+                    Activations& a, Compute& cx);
+  void attention(const RopeTable& rope, Activations& a, Compute& cx);
+  void finish_stream_rows(const Stream& s, Activations& a, Compute& cx);
 
   // A weight whose bytes this object owns (page-aligned, as stored).
   struct OwnedWeight {
@@ -140,7 +136,7 @@ class Transformer {
 
   WeightStore& store_;
   TransformerConfig config_;
-  TransformerOptions options_;
+  std::vector<std::string> block_units_;  // the blocks' unit names, double blocks first
   std::optional<OwnedWeight> x_embedder_, proj_out_;
 };
 

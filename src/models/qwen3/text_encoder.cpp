@@ -70,8 +70,8 @@ void check_config(const TextEncoderConfig& c) {
 
 }  // namespace
 
-TextEncoder::TextEncoder(WeightStore& store, ThreadPool& pool)
-    : store_(store), pool_(pool), config_(store.config().text_encoder) {
+TextEncoder::TextEncoder(WeightStore& store, Compute& cx)
+    : store_(store), cx_(cx), config_(store.config().text_encoder) {
   check_config(config_);
 }
 
@@ -126,7 +126,7 @@ void TextEncoder::embed_tokens(std::span<const int32_t> ids) {
 // (not interleaved pairs as in the FLUX transformer).
 void TextEncoder::apply_rope(float* rows, int64_t heads) {
   const int64_t dim = config_.head_dim, half = dim / 2;
-  pool_.parallel_for(a_.seq, [&](int64_t p0, int64_t p1, int) {
+  cx_.pool().parallel_for(a_.seq, [&](int64_t p0, int64_t p1, int) {
     for (int64_t p = p0; p < p1; ++p) {
       const float* cos = a_.cos.data() + p * half;
       const float* sin = a_.sin.data() + p * half;
@@ -153,16 +153,16 @@ void TextEncoder::decoder_layer(const WeightUnit& layer) {
 
   // Self-attention block.
   const auto input_norm = norm_weight(layer, "input_layernorm.weight", D);
-  ops::rms_norm(x, h, S, D, input_norm.data(), eps, pool_);
-  ops::linear(h, S, projection(layer, "self_attn.q_proj.weight", H * HD, D), q, pool_);
-  ops::linear(h, S, projection(layer, "self_attn.k_proj.weight", KV * HD, D), k, pool_);
-  ops::linear(h, S, projection(layer, "self_attn.v_proj.weight", KV * HD, D), v, pool_);
+  ops::rms_norm(x, h, S, D, input_norm.data(), eps, cx_);
+  ops::linear(h, S, projection(layer, "self_attn.q_proj.weight", H * HD, D), q, cx_);
+  ops::linear(h, S, projection(layer, "self_attn.k_proj.weight", KV * HD, D), k, cx_);
+  ops::linear(h, S, projection(layer, "self_attn.v_proj.weight", KV * HD, D), v, cx_);
 
   // Qwen3's per-head RMSNorm of q and k, before RoPE.
   const auto q_norm = norm_weight(layer, "self_attn.q_norm.weight", HD);
   const auto k_norm = norm_weight(layer, "self_attn.k_norm.weight", HD);
-  ops::rms_norm(q, q, S * H, HD, q_norm.data(), eps, pool_);
-  ops::rms_norm(k, k, S * KV, HD, k_norm.data(), eps, pool_);
+  ops::rms_norm(q, q, S * H, HD, q_norm.data(), eps, cx_);
+  ops::rms_norm(k, k, S * KV, HD, k_norm.data(), eps, cx_);
   apply_rope(q, H);
   apply_rope(k, KV);
 
@@ -176,20 +176,20 @@ void TextEncoder::decoder_layer(const WeightUnit& layer) {
   p.scale = 1.0f / std::sqrt(float(HD));
   p.causal = true;
   p.key_valid = a_.key_valid.data();
-  ops::attention(q, H * HD, k, KV * HD, v, KV * HD, attn, H * HD, p, pool_);
+  ops::attention(q, H * HD, k, KV * HD, v, KV * HD, attn, H * HD, p, cx_);
 
-  ops::linear(attn, S, projection(layer, "self_attn.o_proj.weight", D, H * HD), h, pool_);
+  ops::linear(attn, S, projection(layer, "self_attn.o_proj.weight", D, H * HD), h, cx_);
   add_inplace(x, h, S * D);
 
   // SwiGLU MLP block.
   const auto post_norm = norm_weight(layer, "post_attention_layernorm.weight", D);
-  ops::rms_norm(x, h, S, D, post_norm.data(), eps, pool_);
-  ops::linear(h, S, projection(layer, "mlp.gate_proj.weight", F, D), gate, pool_);
-  ops::linear(h, S, projection(layer, "mlp.up_proj.weight", F, D), up, pool_);
-  pool_.parallel_for(S * F, [&](int64_t i0, int64_t i1, int) {
+  ops::rms_norm(x, h, S, D, post_norm.data(), eps, cx_);
+  ops::linear(h, S, projection(layer, "mlp.gate_proj.weight", F, D), gate, cx_);
+  ops::linear(h, S, projection(layer, "mlp.up_proj.weight", F, D), up, cx_);
+  cx_.pool().parallel_for(S * F, [&](int64_t i0, int64_t i1, int) {
     ops::swiglu(gate + i0, up + i0, gate + i0, i1 - i0);
   }, 4096);
-  ops::linear(gate, S, projection(layer, "mlp.down_proj.weight", D, F), h, pool_);
+  ops::linear(gate, S, projection(layer, "mlp.down_proj.weight", D, F), h, cx_);
   add_inplace(x, h, S * D);
 }
 
@@ -213,6 +213,7 @@ Tensor TextEncoder::encode(std::span<const int32_t> ids, std::span<const int32_t
 
   Tensor context({seq, config_.context_dim()});
   for (int64_t layer = 0; layer < layers; ++layer) {
+    cx_.stop_if_cancelled();
     {
       UnitRef unit = store_.acquire(text_layer_unit(layer));
       if (layer + 1 < layers) store_.prefetch(text_layer_unit(layer + 1));

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "core/threadpool.h"
+#include "ops/compute.h"
 #include "weights/weight_store.h"
 
 namespace klein::qwen3 {
@@ -24,7 +24,7 @@ using LayerObserver = std::function<void(int64_t layer, const Tensor& hidden)>;
 class TextEncoder {
  public:
   // The store must outlive the encoder; weights are acquired one layer at a time per call.
-  TextEncoder(WeightStore& store, ThreadPool& pool);
+  TextEncoder(WeightStore& store, Compute& cx);
 
   // ids and mask: [seq] (mask 1 = token, 0 = padding; the pipeline pads on the right to
   // 512). Returns the context [seq, config().context_dim()], padding rows included.
@@ -55,7 +55,7 @@ class TextEncoder {
   void apply_rope(float* rows, int64_t heads);
 
   WeightStore& store_;
-  ThreadPool& pool_;
+  Compute& cx_;
   TextEncoderConfig config_;
   Activations a_;
 };

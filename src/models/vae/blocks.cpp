@@ -25,9 +25,9 @@ constexpr int64_t kTransposeTile = 32;
 
 // tokens [P, C] ← x [C, P]
 void channels_to_tokens(const float* x, int64_t channels, int64_t pixels, float* tokens,
-                        ThreadPool& pool) {
+                        Compute& cx) {
   const int64_t tiles = (pixels + kTransposeTile - 1) / kTransposeTile;
-  pool.parallel_for(tiles, [&](int64_t t0, int64_t t1, int) {
+  cx.pool().parallel_for(tiles, [&](int64_t t0, int64_t t1, int) {
     for (int64_t p0 = t0 * kTransposeTile; p0 < std::min(pixels, t1 * kTransposeTile);
          p0 += kTransposeTile)
       for (int64_t c0 = 0; c0 < channels; c0 += kTransposeTile)
@@ -39,9 +39,9 @@ void channels_to_tokens(const float* x, int64_t channels, int64_t pixels, float*
 
 // x [C, P] += tokens [P, C]ᵀ
 void add_tokens_to_channels(const float* tokens, int64_t channels, int64_t pixels, float* x,
-                            ThreadPool& pool) {
+                            Compute& cx) {
   const int64_t tiles = (channels + kTransposeTile - 1) / kTransposeTile;
-  pool.parallel_for(tiles, [&](int64_t t0, int64_t t1, int) {
+  cx.pool().parallel_for(tiles, [&](int64_t t0, int64_t t1, int) {
     for (int64_t c0 = t0 * kTransposeTile; c0 < std::min(channels, t1 * kTransposeTile);
          c0 += kTransposeTile)
       for (int64_t p0 = 0; p0 < pixels; p0 += kTransposeTile)
@@ -59,9 +59,9 @@ Tensor project(const Net& net, const std::string& name, const Tensor& tokens) {
   check_shape(w, {C, C});
   check_shape(b, {C});
   Tensor out({P, C});
-  ops::linear(tokens.data(), P, w, out.data(), net.pool);
+  ops::linear(tokens.data(), P, w, out.data(), net.cx);
   const std::vector<float> bias = weight_to_floats(b);
-  net.pool.parallel_for(P, [&](int64_t p0, int64_t p1, int) {
+  net.cx.pool().parallel_for(P, [&](int64_t p0, int64_t p1, int) {
     ops::add_bias(out.row(p0), p1 - p0, C, C, bias.data());
   });
   return out;
@@ -79,9 +79,9 @@ void attention_block(const Net& net, const std::string& p, Tensor& x) {
   {
     const ops::ChannelAffine norm = group_norm(net, p + "group_norm", x, /*silu=*/false);
     Tensor normalized({C, P});
-    ops::apply_channel_affine(x.data(), normalized.data(), C, P, norm, net.pool);
+    ops::apply_channel_affine(x.data(), normalized.data(), C, P, norm, net.cx);
     Tensor tokens({P, C});
-    channels_to_tokens(normalized.data(), C, P, tokens.data(), net.pool);
+    channels_to_tokens(normalized.data(), C, P, tokens.data(), net.cx);
     q = project(net, p + "to_q", tokens);
     k = project(net, p + "to_k", tokens);
     v = project(net, p + "to_v", tokens);
@@ -92,12 +92,12 @@ void attention_block(const Net& net, const std::string& p, Tensor& x) {
   a.heads = a.kv_heads = 1;
   a.head_dim = C;
   a.scale = 1.0f / std::sqrt(float(C));
-  ops::attention(q.data(), C, k.data(), C, v.data(), C, attended.data(), C, a, net.pool);
+  ops::attention(q.data(), C, k.data(), C, v.data(), C, attended.data(), C, a, net.cx);
   q = Tensor();
   k = Tensor();
   v = Tensor();
   const Tensor out = project(net, p + "to_out.0", attended);
-  add_tokens_to_channels(out.data(), C, P, x.data(), net.pool);
+  add_tokens_to_channels(out.data(), C, P, x.data(), net.cx);
 }
 
 }  // namespace
@@ -125,7 +125,7 @@ ops::ChannelAffine group_norm(const Net& net, const std::string& name, const Ten
   check_shape(beta, {C});
   const std::vector<float> g = weight_to_floats(gamma), b = weight_to_floats(beta);
   return ops::group_norm_affine(x.data(), C, x.dim(1) * x.dim(2), net.config.norm_groups,
-                                g.data(), b.data(), float(net.config.norm_eps), silu, net.pool);
+                                g.data(), b.data(), float(net.config.norm_eps), silu, net.cx);
 }
 
 // h = conv1(silu(norm1(x)));  h = conv2(silu(norm2(h)));  out = shortcut(x) + h,
@@ -133,20 +133,21 @@ ops::ChannelAffine group_norm(const Net& net, const std::string& name, const Ten
 // Memory: x and h only. The normalised tensors never exist (each conv normalises the rows it
 // gathers), and conv2 either accumulates into x or overwrites its own input.
 Tensor resnet_block(const Net& net, const std::string& p, Tensor x, int64_t out_channels) {
+  net.cx.stop_if_cancelled();
   const int64_t in_channels = x.dim(0);
   const ops::ChannelAffine norm1 = group_norm(net, p + "norm1", x, /*silu=*/true);
   Tensor h = ops::conv2d(x, load_conv(net, p + "conv1", out_channels, in_channels, 3),
-                         net.conv(kSame3x3), net.pool, &norm1);
+                         kSame3x3, net.cx, &norm1);
   const ops::ChannelAffine norm2 = group_norm(net, p + "norm2", h, /*silu=*/true);
   const ops::Conv2dWeights conv2 = load_conv(net, p + "conv2", out_channels, out_channels, 3);
   if (in_channels == out_channels) {
-    ops::conv2d_into(h, &norm2, conv2, net.conv(kSame3x3), x, ops::ConvWrite::Accumulate,
-                     net.pool);
+    ops::conv2d_into(h, &norm2, conv2, kSame3x3, x, ops::ConvWrite::Accumulate,
+                     net.cx);
     return x;
   }
-  ops::conv2d_into(h, &norm2, conv2, net.conv(kSame3x3), h, ops::ConvWrite::Overwrite, net.pool);
+  ops::conv2d_into(h, &norm2, conv2, kSame3x3, h, ops::ConvWrite::Overwrite, net.cx);
   ops::conv2d_into(x, nullptr, load_conv(net, p + "conv_shortcut", out_channels, in_channels, 1),
-                   net.conv(kPointwise), h, ops::ConvWrite::Accumulate, net.pool);
+                   kPointwise, h, ops::ConvWrite::Accumulate, net.cx);
   return h;
 }
 

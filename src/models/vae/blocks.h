@@ -6,7 +6,7 @@
 #include <string>
 
 #include "core/tensor.h"
-#include "core/threadpool.h"
+#include "ops/compute.h"
 #include "ops/conv2d.h"
 #include "ops/group_norm.h"
 #include "weights/weight_store.h"
@@ -17,32 +17,17 @@ namespace klein::vae {
 // "decoder_up_blocks_2", "vae_mean", "tokens". Empty: nothing is reported.
 using Observer = std::function<void(const std::string& name, const Tensor& value)>;
 
-// How the VAE runs, beyond its weights.
-struct VaeOptions {
-  // Every convolution on AMX BF16 tiles (ops::Conv2dParams::bf16) when the CPU has them, the
-  // float32 paths otherwise. Convolutions are nearly all of the decoder's work; with the tiles
-  // a decode runs several times faster, inputs and weights of each convolution rounded to bf16
-  // (sums in float32): the image moves by about 1e-2 of its range (tests/vae). Off: float32
-  // throughout, as the reference computes. GroupNorm, attention and the latent glue stay
-  // float32 either way.
-  bool bf16_tiles = false;
-};
-
-// What every block needs: the weights of the half being run, its hyper-parameters, threads.
+// What every block needs: the weights of the half being run, its hyper-parameters, the
+// compute context (whose arithmetic.bf16_convolutions puts every convolution on AMX BF16
+// tiles: the decoder several times faster, the image moved by about 1e-2 of its range).
 struct Net {
   const WeightUnit& weights;
   const VaeConfig& config;
-  ThreadPool& pool;
+  Compute& cx;
   const Observer& observe;
-  VaeOptions options = {};
 
   void report(const std::string& name, const Tensor& value) const {
     if (observe) observe(name, value);
-  }
-  // p with the options' choice of arithmetic.
-  ops::Conv2dParams conv(ops::Conv2dParams p) const {
-    p.bf16 = options.bf16_tiles;
-    return p;
   }
 };
 

@@ -29,27 +29,27 @@ Tensor upsample(const Net& net, const std::string& name, const Tensor& x) {
   const int64_t C = x.dim(0);
   ops::Conv2dParams p = ops::Conv2dParams::same(3);
   p.upsample = 2;
-  return ops::conv2d(x, load_conv(net, name, C, C, 3), net.conv(p), net.pool);
+  return ops::conv2d(x, load_conv(net, name, C, C, 3), p, net.cx);
 }
 
 }  // namespace
 
 Tensor run_decoder(const WeightUnit& weights, const VaeConfig& config, const Tensor& z,
-                   ThreadPool& pool, const Observer& observe, const VaeOptions& options) {
-  const Net net{weights, config, pool, observe, options};
+                   Compute& cx, const Observer& observe) {
+  const Net net{weights, config, cx, observe};
   const std::vector<int64_t>& channels = config.decoder_channels();
   const int64_t levels = int64_t(channels.size());
   const int64_t latent = config.latent_channels;
   check(z.shape().size() == 3 && z.dim(0) == latent, "VAE decoder: expected a latent [", latent,
         ", h, w], got ", shape_str(z.shape()));
-  const ops::Conv2dParams same3x3 = net.conv(ops::Conv2dParams::same(3));
+  const ops::Conv2dParams same3x3 = ops::Conv2dParams::same(3);
 
   Tensor x = config.use_post_quant_conv
                  ? ops::conv2d(z, load_conv(net, "post_quant_conv", latent, latent, 1),
-                               net.conv(ops::Conv2dParams::same(1)), pool)
+                               ops::Conv2dParams::same(1), cx)
                  : clone(z);
   if (config.use_post_quant_conv) net.report("post_quant_conv", x);
-  x = ops::conv2d(x, load_conv(net, "decoder.conv_in", channels.back(), latent, 3), same3x3, pool);
+  x = ops::conv2d(x, load_conv(net, "decoder.conv_in", channels.back(), latent, 3), same3x3, cx);
   net.report("decoder_conv_in", x);
 
   x = mid_block(net, "decoder.mid_block.", std::move(x));
@@ -68,7 +68,7 @@ Tensor run_decoder(const WeightUnit& weights, const VaeConfig& config, const Ten
   const ops::ChannelAffine norm_out = group_norm(net, "decoder.conv_norm_out", x, /*silu=*/true);
   Tensor image = ops::conv2d(
       x, load_conv(net, "decoder.conv_out", config.out_channels, channels.front(), 3), same3x3,
-      pool, &norm_out);
+      cx, &norm_out);
   net.report("decoder_conv_out", image);
   return image;
 }

@@ -8,7 +8,6 @@ namespace klein::vae {
 // unit. Reports post_quant_conv, decoder_conv_in, decoder_mid_block, decoder_up_blocks_{i},
 // decoder_conv_out.
 Tensor run_decoder(const WeightUnit& weights, const VaeConfig& config, const Tensor& z,
-                   ThreadPool& pool, const Observer& observe = {},
-                   const VaeOptions& options = {});
+                   Compute& cx, const Observer& observe = {});
 
 }  // namespace klein::vae

@@ -25,24 +25,24 @@ Tensor downsample(const Net& net, const std::string& name, const Tensor& x) {
   ops::Conv2dParams p;
   p.stride = 2;
   p.pad_bottom = p.pad_right = 1;
-  return ops::conv2d(x, load_conv(net, name, C, C, 3), net.conv(p), net.pool);
+  return ops::conv2d(x, load_conv(net, name, C, C, 3), p, net.cx);
 }
 
 }  // namespace
 
 Tensor run_encoder(const WeightUnit& weights, const VaeConfig& config, const Tensor& pixels,
-                   ThreadPool& pool, const Observer& observe, const VaeOptions& options) {
-  const Net net{weights, config, pool, observe, options};
+                   Compute& cx, const Observer& observe) {
+  const Net net{weights, config, cx, observe};
   const std::vector<int64_t>& channels = config.block_out_channels;
   const int64_t levels = int64_t(channels.size());
   const int64_t moments = 2 * config.latent_channels;
   check(pixels.shape().size() == 3 && pixels.dim(0) == config.in_channels,
         "VAE encoder: expected an image [", config.in_channels, ", H, W], got ",
         shape_str(pixels.shape()));
-  const ops::Conv2dParams same3x3 = net.conv(ops::Conv2dParams::same(3));
+  const ops::Conv2dParams same3x3 = ops::Conv2dParams::same(3);
 
   Tensor x = ops::conv2d(pixels, load_conv(net, "encoder.conv_in", channels[0], config.in_channels, 3),
-                         same3x3, pool);
+                         same3x3, cx);
 
   for (int64_t i = 0; i < levels; ++i) {
     const std::string p = "encoder.down_blocks." + std::to_string(i) + ".";
@@ -58,12 +58,12 @@ Tensor run_encoder(const WeightUnit& weights, const VaeConfig& config, const Ten
 
   const ops::ChannelAffine norm_out = group_norm(net, "encoder.conv_norm_out", x, /*silu=*/true);
   x = ops::conv2d(x, load_conv(net, "encoder.conv_out", moments, channels.back(), 3), same3x3,
-                  pool, &norm_out);
+                  cx, &norm_out);
   net.report("encoder_conv_out", x);
 
   if (config.use_quant_conv) {
     x = ops::conv2d(x, load_conv(net, "quant_conv", moments, moments, 1),
-                    net.conv(ops::Conv2dParams::same(1)), pool);
+                    ops::Conv2dParams::same(1), cx);
     net.report("quant_conv", x);
   }
   return x;

@@ -9,7 +9,6 @@ namespace klein::vae {
 // caller checks the pipeline's multiple of 16). Reports encoder_down_blocks_{i},
 // encoder_mid_block, encoder_conv_out, quant_conv.
 Tensor run_encoder(const WeightUnit& weights, const VaeConfig& config, const Tensor& pixels,
-                   ThreadPool& pool, const Observer& observe = {},
-                   const VaeOptions& options = {});
+                   Compute& cx, const Observer& observe = {});
 
 }  // namespace klein::vae

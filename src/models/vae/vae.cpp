@@ -16,8 +16,7 @@ void report(const Observer& observe, const std::string& name, const Tensor& valu
 
 }  // namespace
 
-Vae::Vae(WeightStore& store, ThreadPool& pool, const VaeOptions& options)
-    : store_(store), pool_(pool), options_(options) {
+Vae::Vae(WeightStore& store, Compute& cx) : store_(store), cx_(cx) {
   const UnitRef unit = store_.acquire("vae.latent_stats");
   stats_ = load_latent_stats(*unit, config());
 }
@@ -44,7 +43,7 @@ Tensor Vae::tokens_to_latent(const Tensor& tokens, int64_t h, int64_t w,
 
 Tensor Vae::decode_latent(const Tensor& z, const Observer& observe) const {
   const UnitRef unit = store_.acquire("vae.decoder");
-  Tensor image = run_decoder(*unit, config(), z, pool_, observe, options_);
+  Tensor image = run_decoder(*unit, config(), z, cx_, observe);
   report(observe, "image", image);
   return image;
 }
@@ -65,7 +64,7 @@ Tensor Vae::encode_mean(const Tensor& pixels, const Observer& observe) const {
   Tensor moments;
   {
     const UnitRef unit = store_.acquire("vae.encoder");
-    moments = run_encoder(*unit, config(), pixels, pool_, observe, options_);
+    moments = run_encoder(*unit, config(), pixels, cx_, observe);
   }
   // The pipeline takes the distribution's mode, the mean: the first latent_channels channels.
   const int64_t latent = config().latent_channels;

@@ -19,12 +19,8 @@ namespace klein::vae {
 class Vae {
  public:
   // Reads the latent statistics ("vae.latent_stats") now; everything else per call.
-  Vae(WeightStore& store, ThreadPool& pool, const VaeOptions& options = {});
-
-  // The arithmetic of later calls (blocks.h VaeOptions): e.g. {.bf16_tiles = true} for the
-  // fast, slightly less exact convolutions on AMX.
-  void set_options(const VaeOptions& options) { options_ = options; }
-  const VaeOptions& options() const { return options_; }
+  // The convolutions' arithmetic is the context's (Compute::arithmetic) when a call runs.
+  Vae(WeightStore& store, Compute& cx);
 
   const VaeConfig& config() const { return store_.config().vae; }
   const LatentStats& latent_stats() const { return stats_; }
@@ -53,8 +49,7 @@ class Vae {
 
  private:
   WeightStore& store_;
-  ThreadPool& pool_;
-  VaeOptions options_;
+  Compute& cx_;
   LatentStats stats_;
 };
 
