@@ -18,21 +18,21 @@ namespace {
 // stay in L2 (64 rows x 3072 x 4 B = 768 KiB at the widest common K).
 constexpr int64_t kPanelRows = 64;
 
-void linear_float_rows(const float* x, int64_t M, int64_t ldx, const Weight& w, float* y,
+void linear_float_rows(const float* x, int64_t M, int64_t ldx, const quant::Matrix& w, float* y,
                        int64_t ldy, Compute& cx) {
-  const int64_t N = w.rows(), K = w.cols();
-  const size_t elem = dtype_size(w.dtype);
+  const int64_t N = w.rows, K = w.cols;
+  const size_t elem = dtype_size(w.type);
   const auto* base = static_cast<const std::byte*>(w.data);
   const int64_t panels = (N + kPanelRows - 1) / kPanelRows;
   cx.pool().for_each_task(panels, [&](int64_t p, int worker) {
     const int64_t n0 = p * kPanelRows, rows = std::min(kPanelRows, N - n0);
     const float* panel;
     Arena::Scope scratch(cx.arena(worker));
-    if (w.dtype == DType::F32) {
+    if (w.type == DType::F32) {
       panel = reinterpret_cast<const float*>(base) + n0 * K;
     } else {
       float* converted = scratch.take<float>(size_t(rows * K));
-      to_f32(w.dtype, base + size_t(n0 * K) * elem, converted, size_t(rows * K));
+      to_f32(w.type, base + size_t(n0 * K) * elem, converted, size_t(rows * K));
       panel = converted;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(rows), int(K), 1.0f, x,
@@ -42,26 +42,30 @@ void linear_float_rows(const float* x, int64_t M, int64_t ldx, const Weight& w, 
 
 }  // namespace
 
-void linear(const float* x, int64_t M, int64_t ldx, const Weight& w, float* y, int64_t ldy,
-            Compute& cx) {
-  check(w.shape.size() == 2, "tensor ", w.name, ": expected a 2-D weight for a linear layer, got ",
-        shape_str(w.shape));
+void linear(const float* x, int64_t M, int64_t ldx, const quant::Matrix& w, float* y,
+            int64_t ldy, Compute& cx) {
   if (M == 0) return;
   ensure_blas_single_threaded();
-  if (dtype_is_float(w.dtype) && w.layout == 0) {
+  const quant::MatmulOptions options = cx.matmul_options();
+  if (dtype_is_float(w.type) && w.layout == quant::Layout::RowMajor) {
     // On AMX CPUs quant multiplies BF16 weights exactly on tiles (activations in three bf16
     // parts), and any float weight rounded to bf16 when the context's arithmetic says
     // float_on_tiles. Elsewhere OpenBLAS on converted panels is the faster float32 kernel.
-    const quant::MatmulOptions options = cx.matmul_options();
-    const quant::Matrix m = as_matrix(w);
-    if (quant::runs_on_tiles(m, M, options))
-      return quant::matmul(x, M, ldx, m, y, ldy, cx.pool(), options);
+    if (quant::runs_on_tiles(w, M, options))
+      return quant::matmul(x, M, ldx, w, y, ldy, cx.pool(), options);
     return linear_float_rows(x, M, ldx, w, y, ldy, cx);
   }
   // Quantized weights: the kernels multiply block by block (quant/matmul.h).
-  check(w.dtype == DType::Q8 || w.dtype == DType::Q4, "tensor ", w.name, ": storage type ",
-        dtype_name(w.dtype), " is not supported by linear");
-  quant::matmul(x, M, ldx, as_matrix(w), y, ldy, cx.pool(), cx.matmul_options());
+  quant::matmul(x, M, ldx, w, y, ldy, cx.pool(), options);
+}
+
+void linear(const float* x, int64_t M, int64_t ldx, const Weight& w, float* y, int64_t ldy,
+            Compute& cx) {
+  if (w.shape.size() != 2)
+    fail("tensor ", w.name, ": expected a 2-D weight for a linear layer, got ", shape_str(w.shape));
+  if (!dtype_is_float(w.dtype) && w.dtype != DType::Q8 && w.dtype != DType::Q4)
+    fail("tensor ", w.name, ": storage type ", dtype_name(w.dtype), " is not supported by linear");
+  linear(x, M, ldx, as_matrix(w), y, ldy, cx);
 }
 
 quant::Matrix as_matrix(const Weight& w) {
@@ -79,28 +83,20 @@ void linear(const float* x, int64_t M, const Weight& w, float* y, Compute& cx) {
   linear(x, M, w.cols(), w, y, w.rows(), cx);
 }
 
-Weight weight_rows(const Weight& w, int64_t begin, int64_t end) {
-  check(begin >= 0 && begin <= end && end <= w.rows(), "tensor ", w.name, ": row range [", begin,
-        ", ", end, ") outside ", w.rows(), " rows");
-  Weight out = w;
-  if (!(dtype_is_float(w.dtype) && w.layout == 0)) {
-    // Packed layouts slice at their row granularity (quant::row_granularity).
-    const quant::Matrix m = as_matrix(w);
-    const int64_t g = quant::row_granularity(m.layout);
-    check(begin % g == 0 && (end % g == 0 || end == w.rows()), "tensor ", w.name, ": rows [",
-          begin, ", ", end, ") do not fall on the ", g, "-row groups of its ",
-          quant::layout_name(m.layout), " layout");
-    const quant::Matrix part = m.slice_rows(begin, end);
-    out.shape[0] = end - begin;
-    out.data = part.data;
-    out.nbytes = part.nbytes;
-    return out;
-  }
-  const size_t row_bytes = size_t(w.cols()) * dtype_size(w.dtype);
-  out.shape[0] = end - begin;
-  out.data = static_cast<const std::byte*>(w.data) + size_t(begin) * row_bytes;
-  out.nbytes = size_t(end - begin) * row_bytes;
-  return out;
+void linear(const float* x, int64_t M, const quant::Matrix& w, float* y, Compute& cx) {
+  linear(x, M, w.cols, w, y, w.rows, cx);
+}
+
+quant::Matrix weight_rows(const Weight& w, int64_t begin, int64_t end) {
+  if (!(begin >= 0 && begin <= end && end <= w.rows()))
+    fail("tensor ", w.name, ": row range [", begin, ", ", end, ") outside ", w.rows(), " rows");
+  const quant::Matrix m = as_matrix(w);
+  // Packed layouts slice at their row granularity (quant::row_granularity).
+  const int64_t g = quant::row_granularity(m.layout);
+  if (begin % g != 0 || (end % g != 0 && end != w.rows()))
+    fail("tensor ", w.name, ": rows [", begin, ", ", end, ") do not fall on the ", g,
+         "-row groups of its ", quant::layout_name(m.layout), " layout");
+  return m.slice_rows(begin, end);
 }
 
 void add_bias(float* y, int64_t M, int64_t N, int64_t ldy, const float* bias) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "ops/compute.h"
+#include "quant/matmul.h"
 #include "weights/weight_store.h"
 
 namespace klein::ops {
@@ -15,12 +16,17 @@ void linear(const float* x, int64_t M, int64_t ldx, const Weight& w, float* y, i
             Compute& cx);
 // Dense shorthand: ldx = K = w.cols(), ldy = N = w.rows().
 void linear(const float* x, int64_t M, const Weight& w, float* y, Compute& cx);
+// The same on a matrix view (e.g. weight_rows of a fused projection).
+void linear(const float* x, int64_t M, int64_t ldx, const quant::Matrix& w, float* y,
+            int64_t ldy, Compute& cx);
+void linear(const float* x, int64_t M, const quant::Matrix& w, float* y, Compute& cx);
 
 // The weight as the matmul kernels see it (quant::Matrix: type, layout, rows x cols, bytes).
 quant::Matrix as_matrix(const Weight& w);
 
-// Rows [begin, end) of a weight, as a view (for fused projections such as Q|K|V|gate|up).
-Weight weight_rows(const Weight& w, int64_t begin, int64_t end);
+// Rows [begin, end) of a weight, as a matrix view (for fused projections such as
+// Q|K|V|gate|up); packed layouts slice at their row groups.
+quant::Matrix weight_rows(const Weight& w, int64_t begin, int64_t end);
 
 // y[m, :] += bias for every row.
 void add_bias(float* y, int64_t M, int64_t N, int64_t ldy, const float* bias);

@@ -40,17 +40,18 @@ namespace {
 const Weight& linear_weight(const WeightUnit& unit, std::string_view name, int64_t out,
                             int64_t in) {
   const Weight& w = unit.get(name);
-  check(w.shape == Shape{out, in}, "tensor ", w.name, ": expected shape ", shape_str({out, in}),
-        ", got ", shape_str(w.shape));
+  if (w.shape.size() != 2 || w.shape[0] != out || w.shape[1] != in)
+    fail("tensor ", w.name, ": expected shape ", shape_str({out, in}), ", got ", shape_str(w.shape));
   return w;
 }
 
 const Weight& vector_weight(const WeightUnit& unit, std::string_view name, int64_t n) {
   const Weight& w = unit.get(name);
-  check(w.shape == Shape{n}, "tensor ", w.name, ": expected shape ", shape_str({n}), ", got ",
-        shape_str(w.shape));
-  check(dtype_is_float(w.dtype) && w.layout == 0, "tensor ", w.name, ": expected a plain float "
-        "type for a norm weight, got ", dtype_name(w.dtype));
+  if (w.shape.size() != 1 || w.shape[0] != n)
+    fail("tensor ", w.name, ": expected shape ", shape_str({n}), ", got ", shape_str(w.shape));
+  if (!dtype_is_float(w.dtype) || w.layout != 0)
+    fail("tensor ", w.name, ": expected a plain float type for a norm weight, got ",
+         dtype_name(w.dtype));
   return w;
 }
 
@@ -385,7 +386,7 @@ void Transformer::single_block(const WeightUnit& w, const Modulation& mod, const
   attention(rope, a, cx);
 
   // Per row chunk: S += gate ⊙ to_out · [O | silu(g) ⊙ p],  [g | p] = (gate, up rows) · A
-  const Weight gate_up = ops::weight_rows(fused, 3 * D, 3 * D + 2 * F);
+  const quant::Matrix gate_up = ops::weight_rows(fused, 3 * D, 3 * D + 2 * F);
   const int64_t ld_cat = D + F;
   for (int64_t r = 0; r < S; r += a.chunk_rows) {
     const int64_t n = std::min(a.chunk_rows, S - r);
@@ -416,17 +417,22 @@ void Transformer::forward(const float* latents, const Tensor& text, const Tensor
   const TokenLayout& L = a.layout;
   const int64_t D = config_.inner_dim(), T = L.text_tokens, N_img = L.target_tokens(),
                 N_ref = L.reference_tokens(), N = N_img + N_ref, S = T + N;
-  check(text.shape() == Shape{T, D}, "transformer: embedded text is ", shape_str(text.shape()),
-        ", expected ", shape_str({T, D}), " (embed_text of a ", T, "-token context)");
-  check(N_ref == 0 || (references && references->shape() == Shape{N_ref, D}),
-        "transformer: embedded references are ",
-        references ? shape_str(references->shape()) : std::string("missing"), ", expected ",
-        shape_str({N_ref, D}));
+  // Checked without building strings unless they fail (this runs every step).
+  const auto is_rows = [D](const Tensor& t, int64_t rows) {
+    return t.shape().size() == 2 && t.dim(0) == rows && t.dim(1) == D;
+  };
+  if (!is_rows(text, T))
+    fail("transformer: embedded text is ", shape_str(text.shape()), ", expected ",
+         shape_str({T, D}), " (embed_text of a ", T, "-token context)");
+  if (N_ref != 0 && !(references && is_rows(*references, N_ref)))
+    fail("transformer: embedded references are ",
+         references ? shape_str(references->shape()) : std::string("missing"), ", expected ",
+         shape_str({N_ref, D}));
   check(rope.tokens() == S && rope.head_dim() == config_.head_dim, "transformer: RoPE table for ",
         rope.tokens(), " tokens, the layout has ", S);
   check(mod.temb.numel() == D, "transformer: modulation built for another configuration");
-  auto report = [&](std::string_view name, const float* data, Shape shape) {
-    if (observe) observe(name, data, shape);
+  auto report = [&](std::string_view name, const float* data, std::initializer_list<int64_t> shape) {
+    if (observe) observe(name, data, Shape(shape));
   };
 
   // Stream rows [text | target | references]: the σ-independent embeddings are copies.
