@@ -1,14 +1,19 @@
 // klein generate: text-to-image and editing with reference images.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/memory_options.h"
 #include "cli/model_options.h"
+#include "core/cpu.h"
 #include "core/error.h"
+#include "core/files.h"
+#include "core/parse.h"
 #include "core/memory.h"
 #include "formats/image/image.h"
 #include "models/qwen3/prompt_cache.h"
@@ -31,10 +36,12 @@ struct Args {
   bool no_cache = false, quiet = false, json = false, verbose = false, dry_run = false;
 };
 
-// Progress on stderr: one line per phase, rewritten in place while it runs.
+// Progress on stderr: on a terminal, one line per phase rewritten in place while it runs;
+// into a file or a pipe, one plain line per event (no carriage returns in logs).
 class TerminalProgress final : public Progress {
  public:
-  TerminalProgress(bool quiet, bool verbose) : quiet_(quiet), verbose_(verbose) {}
+  TerminalProgress(bool quiet, bool verbose)
+      : quiet_(quiet), verbose_(verbose), terminal_(::isatty(::fileno(stderr)) == 1) {}
   void memory_plan(const MemoryPlan& plan) override {
     if (!verbose_) return;
     std::fprintf(stderr, "memory: %s\n", plan.reason.c_str());
@@ -50,27 +57,31 @@ class TerminalProgress final : public Progress {
   }
   void begin(const std::string& phase, int total) override {
     start_ = std::chrono::steady_clock::now();
-    if (!quiet_) std::fprintf(stderr, "%s...", phase.c_str());
+    if (!quiet_ && terminal_) std::fprintf(stderr, "%s...", phase.c_str());
   }
   void step(const std::string& phase, int done, int total) override {
     if (quiet_) return;
     const double elapsed = seconds_since(start_);
     const double per = elapsed / done;
-    std::fprintf(stderr, "\r%s: step %d/%d  %.2f s/step  ETA %.0f s   ", phase.c_str(), done, total,
-                 per, per * (total - done));
+    std::fprintf(stderr, "%s%s: step %d/%d  %.2f s/step  ETA %.0f s%s", terminal_ ? "\r" : "",
+                 phase.c_str(), done, total, per, per * (total - done), terminal_ ? "   " : "\n");
   }
   void end(const std::string& phase, double seconds) override {
-    if (!quiet_) std::fprintf(stderr, "\r%s: %.2f s%30s\n", phase.c_str(), seconds, "");
+    if (quiet_) return;
+    if (terminal_)
+      std::fprintf(stderr, "\r%s: %.2f s%30s\n", phase.c_str(), seconds, "");
+    else
+      std::fprintf(stderr, "%s: %.2f s\n", phase.c_str(), seconds);
   }
   void warn(const std::string& message) override {
-    std::fprintf(stderr, "\nwarning: %s\n", message.c_str());
+    std::fprintf(stderr, "%swarning: %s\n", terminal_ ? "\n" : "", message.c_str());
   }
 
  private:
   static double seconds_since(std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   }
-  bool quiet_, verbose_;
+  bool quiet_, verbose_, terminal_;
   std::chrono::steady_clock::time_point start_;
 };
 
@@ -124,7 +135,10 @@ nlohmann::ordered_json result_json(const Args& a, const GenerateResult& r, const
   nlohmann::ordered_json j;
   j["event"] = "result";
   j["output"] = a.output;
-  j["seed"] = r.seed;
+  if (r.seed)
+    j["seed"] = *r.seed;
+  else
+    j["seed"] = nullptr;
   j["width"] = r.width;
   j["height"] = r.height;
   j["steps"] = r.steps;
@@ -187,6 +201,7 @@ void run(Args& a) {
   check(a.dry_run || is_jpeg_name(a.output) || a.output.ends_with(".png") ||
             a.output.ends_with(".PNG"),
         "-o ", a.output, ": the output must end in .png, .jpg or .jpeg");
+  if (!a.dry_run) check_writable_output(a.output, "-o");  // before any long work
 
   const auto start = std::chrono::steady_clock::now();
   Compute cx(a.threads);
@@ -211,8 +226,9 @@ void run(Args& a) {
     JsonProgress::emit(result_json(a, r, load, total, cx.threads()));
   } else {
     if (a.verbose) print_verbose(r, load);
-    std::fprintf(stderr, "seed %llu, %lldx%lld, %lld steps, %.1f s, peak RSS %.0f MiB, %s%s%s\n",
-                 static_cast<unsigned long long>(r.seed), static_cast<long long>(r.width),
+    const std::string seed = r.seed ? "seed " + std::to_string(*r.seed) : "noise from a file";
+    std::fprintf(stderr, "%s, %lldx%lld, %lld steps, %.1f s, peak RSS %.0f MiB, %s%s%s\n",
+                 seed.c_str(), static_cast<long long>(r.width),
                  static_cast<long long>(r.height), static_cast<long long>(r.steps), total,
                  double(overall_peak_rss(r, load)) / (1 << 20), r.fast ? "fast" : "exact",
                  r.memory ? ", " : "", r.memory ? residency_name(r.memory->residency) : "");
@@ -226,17 +242,28 @@ Registration reg("generate", 10, [](CLI::App& app) {
   add_model_options(*cmd, a->model);
   cmd->add_option("-p,--prompt", a->gen.prompt, "What to draw")->required();
   cmd->add_option("-o,--output", a->output, "Output image (.png, or .jpg/.jpeg)");
-  cmd->add_option("-W,--width", a->gen.width, "Width in pixels (default: the first reference's, else 1024)");
-  cmd->add_option("-H,--height", a->gen.height, "Height in pixels (default: the first reference's, else 1024)");
-  cmd->add_option("-s,--steps", a->gen.steps, "Denoising steps (default: 4 for klein, 50 for klein-base)");
-  cmd->add_option_function<uint64_t>("--seed", [a](uint64_t s) { a->gen.seed = s; },
-                                     "Seed of the initial noise (default: random, always printed)");
+  cmd->add_option("-W,--width", a->gen.width, "Width in pixels (default: the first reference's, else 1024)")
+      ->check(CLI::Range(int64_t(16), int64_t(8192)));
+  cmd->add_option("-H,--height", a->gen.height, "Height in pixels (default: the first reference's, else 1024)")
+      ->check(CLI::Range(int64_t(16), int64_t(8192)));
+  cmd->add_option("-s,--steps", a->gen.steps, "Denoising steps (default: 4 for klein, 50 for klein-base)")
+      ->check(CLI::Range(int64_t(1), kMaxSteps));
+  cmd->add_option_function<std::string>(
+      "--seed", [a](const std::string& s) { a->gen.seed = parse_seed(s, "--seed"); },
+      "Seed of the initial noise, 0 to 2^64-1 (default: random, always printed)");
   cmd->add_option("-r,--reference", a->references, "Reference image(s) for editing, in order")
       ->check(CLI::ExistingFile);
-  cmd->add_option_function<float>("-g,--guidance", [a](float g) { a->gen.guidance = g; },
-                                  "Guidance scale (klein-base only; default 4)");
+  cmd->add_option_function<float>(
+         "-g,--guidance",
+         [a](float g) {
+           check(std::isfinite(g) && g >= 0 && g <= 100, "-g/--guidance: expected a number from 0 "
+                 "to 100, got ", g);
+           a->gen.guidance = g;
+         },
+         "Guidance scale (klein-base only; default 4)");
   cmd->add_option("-n,--negative", a->gen.negative_prompt, "Negative prompt (klein-base only)");
-  cmd->add_option("--threads", a->threads, "Worker threads (default: all cores)");
+  cmd->add_option("--threads", a->threads, "Worker threads (default: the usable CPUs)")
+      ->check(CLI::Range(0, kMaxThreads));
   cmd->add_option("--noise", a->noise, "Initial noise as float32 .npy [1, 128, H/16, W/16]")
       ->check(CLI::ExistingFile);
   cmd->add_option("--dump", a->dump, "Write every stage as .npy files into this directory");

@@ -1,6 +1,12 @@
 #include "core/cpu.h"
 
+#include <sched.h>
+
+#include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
 #include <string_view>
 
 #if defined(KLEIN_X86)
@@ -101,6 +107,25 @@ std::string describe(const CpuFeatures& f) {
   add(f.neon, "neon");
   add(f.neon_dotprod, "neon-dotprod");
   return s.empty() ? "scalar" : s;
+}
+
+int usable_cpus() {
+  int n = 0;
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
+#endif
+  if (n <= 0) n = int(std::thread::hardware_concurrency());
+  // cgroup v2: "max 100000" (no limit) or "<quota> <period>" in microseconds.
+  std::ifstream max_file("/sys/fs/cgroup/cpu.max");
+  std::string quota;
+  long long period = 0;
+  if (max_file >> quota >> period && quota != "max" && period > 0) {
+    const long long q = std::atoll(quota.c_str());
+    if (q > 0) n = std::min<int>(n, int(std::max<long long>(1, (q + period - 1) / period)));
+  }
+  return std::max(1, n);
 }
 
 }  // namespace klein

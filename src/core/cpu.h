@@ -21,4 +21,11 @@ struct CpuFeatures {
 const CpuFeatures& cpu_features();
 std::string describe(const CpuFeatures& f);
 
+// The CPUs this process may use: those of its affinity mask, limited by the cgroup's CPU
+// quota (cpu.max, rounded up) when there is one. At least 1. The default thread count.
+int usable_cpus();
+// The most worker threads a context accepts: far more is a mistake (each thread costs
+// memory and scheduling, and the kernels split work by the thread count).
+constexpr int kMaxThreads = 256;
+
 }  // namespace klein

@@ -105,4 +105,15 @@ std::string read_text_file(const fs::path& path) {
   return s.str();
 }
 
+void check_writable_output(const std::filesystem::path& path, std::string_view option) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  check(!fs::is_directory(path, ec), option, " ", path.string(), ": is a directory; expected a file name");
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  check(fs::is_directory(dir, ec), option, " ", path.string(), ": the directory ", dir.string(),
+        " does not exist");
+  check(::access(dir.c_str(), W_OK) == 0, option, " ", path.string(), ": the directory ",
+        dir.string(), " is not writable");
+}
+
 }  // namespace klein

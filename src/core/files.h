@@ -57,4 +57,8 @@ class MappedFile {
 
 std::string read_text_file(const std::filesystem::path& path);
 
+// Fails (naming `option` and the path) unless a file can be written at `path`: its directory
+// exists and is writable, and the path is not a directory. For checks before long work.
+void check_writable_output(const std::filesystem::path& path, std::string_view option);
+
 }  // namespace klein

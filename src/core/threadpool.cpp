@@ -1,12 +1,17 @@
 #include "core/threadpool.h"
 
+#include "core/cpu.h"
+#include "core/error.h"
+
 #include <algorithm>
 #include <atomic>
 
 namespace klein {
 
 ThreadPool::ThreadPool(int threads) {
-  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 0) threads = usable_cpus();
+  check(threads <= kMaxThreads, "threads: ", threads, " is more than this program runs (at most ",
+        kMaxThreads, "; this machine has ", usable_cpus(), " usable CPUs)");
   for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 

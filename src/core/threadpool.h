@@ -13,7 +13,7 @@ namespace klein {
 
 class ThreadPool {
  public:
-  // threads <= 0: one per hardware thread.
+  // threads <= 0: one per usable CPU (usable_cpus()); more than kMaxThreads is refused.
   explicit ThreadPool(int threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

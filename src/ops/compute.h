@@ -98,7 +98,7 @@ class Cancelled : public Error {
 
 class Compute {
  public:
-  // threads <= 0: one per hardware thread. isa Auto: the best the CPU has within KLEIN_ISA;
+  // threads <= 0: one per usable CPU (core/cpu.h). isa Auto: the best the CPU has within KLEIN_ISA;
   // another value forces that path and fails if the CPU or build lacks it.
   explicit Compute(int threads = 0, quant::Isa isa = quant::Isa::Auto);
   Compute(const Compute&) = delete;

@@ -1,5 +1,6 @@
 #include "pipeline/pipeline.h"
 
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -73,6 +74,9 @@ Tensor initial_noise(const GenerateOptions& o, uint64_t seed, flux2::LatentGrid 
           ": expected float32 ", shape_str(expected), " for this size, got ", dtype_name(a.dtype),
           " ", shape_str(a.shape));
     std::memcpy(chw.data(), a.bytes.data(), a.bytes.size());
+    for (int64_t i = 0; i < chw.numel(); ++i)
+      check(std::isfinite(chw.data()[i]), "--noise ", o.noise_file.string(), ": value ", i,
+            " is ", chw.data()[i], "; the initial noise must be finite");
   } else {
     auto values = gaussian_noise(seed, chw.numel());
     std::memcpy(chw.data(), values.data(), values.size() * sizeof(float));
@@ -151,9 +155,15 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
   r.width = width;
   r.height = height;
   g.grid = {height / kPixelsPerToken, width / kPixelsPerToken};
+  check(o.steps >= 0 && o.steps <= kMaxSteps, "steps: expected 1 to ", kMaxSteps, ", got ",
+        o.steps);
   r.steps = o.steps > 0 ? o.steps : flux2::default_steps(config);
   r.guidance = o.guidance.value_or(config.is_distilled ? 1.0f : 4.0f);
-  r.seed = o.seed.value_or(fresh_seed());
+  check(std::isfinite(r.guidance), "guidance: expected a finite number, got ", r.guidance);
+  // The noise file replaces the seed: a seed would describe noise that was not used.
+  check(o.noise_file.empty() || !o.seed, "--noise and --seed exclude each other: the noise file "
+        "is the initial noise");
+  if (o.noise_file.empty()) r.seed = o.seed.value_or(fresh_seed());
   g.guided = flux2::uses_guidance(config, r.guidance);
   r.fast = o.precision == Precision::Fast ||
            (o.precision == Precision::Auto && weights_.has_quantized("transformer."));
@@ -207,7 +217,8 @@ void Session::encode_prompt(Generation& g, Progress& progress) {
 void Session::prepare_latents(Generation& g, Progress& progress) {
   const GenerateOptions& o = g.options;
   const Dumper dump(o.dump_dir);
-  g.noise = initial_noise(o, g.result.seed, g.grid, weights_.config().transformer.in_channels);
+  g.noise = initial_noise(o, g.result.seed.value_or(0), g.grid,
+                         weights_.config().transformer.in_channels);
   dump.f32("noise", flux2::unpack_latents(g.noise, g.grid),
            {1, g.noise.dim(1), g.grid.rows, g.grid.cols});
 
@@ -334,7 +345,8 @@ std::string parameters_text(const GenerateOptions& o, const GenerateResult& r,
   s << o.prompt << "\n";
   if (!o.negative_prompt.empty()) s << "Negative prompt: " << o.negative_prompt << "\n";
   s << "Steps: " << r.steps << ", Sampler: Euler (flow matching), CFG scale: " << r.guidance
-    << ", Seed: " << r.seed << ", Size: " << r.width << "x" << r.height
+    << (r.seed ? ", Seed: " + std::to_string(*r.seed) : std::string(", Noise: from a file"))
+    << ", Size: " << r.width << "x" << r.height
     << ", Model: " << model_name;
   if (!o.references.empty()) s << ", References: " << o.references.size();
   s << ", Version: klein " << KLEIN_VERSION;
@@ -349,7 +361,10 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
   j["steps"] = r.steps;
   j["sampler"] = "euler_flow_matching";
   j["guidance"] = r.guidance;
-  j["seed"] = r.seed;
+  if (r.seed)
+    j["seed"] = *r.seed;
+  else
+    j["seed"] = nullptr;
   j["width"] = r.width;
   j["height"] = r.height;
   j["precision"] = r.fast ? "fast" : "exact";

@@ -48,7 +48,7 @@ struct GenerateOptions {
   std::string negative_prompt;                    // CFG only (klein-base); "" by default
   int64_t width = 0, height = 0;                  // 0: the first reference's size, else 1024
   int64_t steps = 0;                              // 0: 4 for distilled klein, 50 for base
-  std::optional<uint64_t> seed;                   // none: drawn from the OS
+  std::optional<uint64_t> seed;                   // none: drawn from the OS (unless noise_file)
   std::optional<float> guidance;                  // none: 4.0 for base, 1.0 for distilled
   std::vector<std::filesystem::path> references;  // reference images for editing, in order
   std::filesystem::path noise_file;               // optional [1, 128, H/16, W/16] float32 .npy
@@ -73,7 +73,7 @@ struct PhaseMemory {
 
 struct GenerateResult {
   Image image;
-  uint64_t seed = 0;
+  std::optional<uint64_t> seed;  // none when the noise came from a file
   int64_t width = 0, height = 0, steps = 0;
   float guidance = 1;
   bool context_from_cache = false;
@@ -86,6 +86,9 @@ struct GenerateResult {
   ResidencyStats weights;                 // units resident at once: the peak over the run
   std::vector<std::string> warnings;
 };
+
+// The most denoising steps a generation takes (the official pipelines use 4 and 50).
+constexpr int64_t kMaxSteps = 1000;
 
 // The size the pipeline produces for a requested size: floored to multiples of 16.
 int64_t floor_to_multiple(int64_t value, int64_t multiple);

@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 #include "core/npy.h"
 #include "formats/image/image.h"
+#include "formats/safetensors.h"
 #include "support/testing.h"
 
 namespace klein {
@@ -99,6 +101,101 @@ TEST(GenerateCli, BadInputFailsClearlyAndLeavesNoFile) {
   EXPECT_NE(testing::run_klein(base + "-o " + (out / "a.gif").string(), &log), 0);
   EXPECT_NE(testing::run_klein("generate -m /nonexistent -p x -o " + (out / "a.png").string(), &log), 0);
   EXPECT_NE(log.find("/nonexistent"), std::string::npos) << log;
+  EXPECT_TRUE(fs::is_empty(out));
+}
+
+// Numbers out of range and unusable outputs are refused before the model is even opened:
+// each with a message naming the option, a non-zero exit and no file.
+TEST(GenerateCli, RefusesBadNumbersAndOutputsBeforeAnyWork) {
+  const fs::path out = testing::temp_dir("bad-numbers");
+  const fs::path taken = testing::temp_dir("bad-numbers-dir") / "image.png";
+  fs::create_directories(taken);  // a directory where the image should go
+  const std::string base = "generate -m " + testing::tiny_model().string() + " -p x --no-cache ";
+  const std::string png = " -o " + (out / "a.png").string();
+  const std::pair<std::string, std::string> cases[] = {
+      {"--seed -1" + png, "--seed"},
+      {"--seed 18446744073709551616" + png, "--seed"},
+      {"--seed 12abc" + png, "--seed"},
+      {"-W 0" + png, "--width"},
+      {"-W -64" + png, "--width"},
+      {"-H 100000" + png, "--height"},
+      {"-s 0" + png, "--steps"},
+      {"-s 2147483647" + png, "--steps"},
+      {"-g inf" + png, "--guidance"},
+      {"-g nan" + png, "--guidance"},
+      {"--threads 100000" + png, "--threads"},
+      {"-o " + (out / "missing" / "a.png").string(), "does not exist"},
+      {"-o " + taken.string(), "is a directory"},
+  };
+  for (const auto& [args, expected] : cases) {
+    std::string log;
+    EXPECT_NE(testing::run_klein(base + args, &log), 0) << args;
+    EXPECT_NE(log.find(expected), std::string::npos) << args << ": " << log;
+    EXPECT_EQ(log.find("text encoder"), std::string::npos) << args << ": work started";
+  }
+  EXPECT_TRUE(fs::is_empty(out));
+}
+
+// With --noise there is no seed: the metadata and the result say so instead of naming a seed
+// that did not make the image; --seed with --noise is refused.
+TEST(GenerateCli, NoiseFromAFileRecordsNoSeed) {
+  const fs::path out = testing::temp_dir("noise-seed");
+  const std::string noise = (testing::tiny_vectors() / "e2e" / "t2i_h64_w64" / "noise.npy").string();
+  const std::string base = "generate -m " + testing::tiny_model().string() +
+                           " -p x -W 64 -H 64 --no-cache --noise " + noise;
+  std::string log;
+  ASSERT_EQ(testing::run_klein(base + " --json -o " + (out / "a.png").string(), &log), 0) << log;
+  EXPECT_NE(log.find("\"seed\":null"), std::string::npos) << log;
+  std::string text;
+  for (const auto& [key, value] : read_image_metadata(out / "a.png"))
+    if (key == "parameters") text = value;
+  EXPECT_EQ(text.find("Seed:"), std::string::npos) << text;
+  EXPECT_NE(text.find("Noise: from a file"), std::string::npos) << text;
+  EXPECT_NE(testing::run_klein(base + " --seed 3 -o " + (out / "b.png").string(), &log), 0);
+  EXPECT_NE(log.find("--seed"), std::string::npos) << log;
+}
+
+// Into a file, progress is one plain line per event: no carriage returns in logs.
+TEST(GenerateCli, ProgressIntoAFileHasNoCarriageReturns) {
+  const fs::path out = testing::temp_dir("progress-lines");
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate -m " + testing::tiny_model().string() +
+                                   " -p x -W 32 -H 32 -s 2 --seed 1 --no-cache -o " +
+                                   (out / "a.png").string(),
+                               &log),
+            0)
+      << log;
+  EXPECT_EQ(log.find('\r'), std::string::npos) << log;
+  EXPECT_NE(log.find("denoise: step 2/2"), std::string::npos) << log;
+}
+
+// A NaN in one weight of one transformer block stops the run at that block, naming the
+// block and the step, with no image, instead of a flat picture and exit 0.
+TEST(GenerateCli, NonFiniteWeightIsNamedWithItsBlockAndStep) {
+  const fs::path dir = testing::temp_dir("nan-weight") / "model";
+  fs::copy(testing::tiny_model(), dir, fs::copy_options::recursive);
+  const fs::path file = dir / "transformer" / "diffusion_pytorch_model.safetensors";
+  uint64_t offset = 0;
+  {
+    const SafetensorsFile st(file);
+    const SafetensorsEntry* e = st.find("single_transformer_blocks.1.attn.to_out.weight");
+    ASSERT_NE(e, nullptr);
+    ASSERT_EQ(e->dtype, DType::BF16);
+    offset = e->begin + 2 * 5;  // the sixth value
+  }
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(std::streamoff(offset));
+    const unsigned char nan_bf16[2] = {0xC0, 0x7F};  // 0x7FC0, little-endian
+    f.write(reinterpret_cast<const char*>(nan_bf16), 2);
+  }
+  const fs::path out = testing::temp_dir("nan-weight-out");
+  std::string log;
+  EXPECT_NE(testing::run_klein("generate -m " + dir.string() + " -p x -W 64 -H 64 --seed 1 "
+                               "--no-cache -q -o " + (out / "a.png").string(), &log), 0);
+  EXPECT_NE(log.find("transformer.single.1"), std::string::npos) << log;
+  EXPECT_NE(log.find("step 1 of 4"), std::string::npos) << log;
+  EXPECT_NE(log.find("non-finite"), std::string::npos) << log;
   EXPECT_TRUE(fs::is_empty(out));
 }
 

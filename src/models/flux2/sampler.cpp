@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "ops/finite.h"
 
 namespace klein::flux2 {
 
@@ -132,11 +133,17 @@ SamplerResult sample(WeightStore& store, const SamplerInputs& in, Compute& cx) {
     const float sigma = s.sigmas[size_t(i)], sigma_next = s.sigmas[size_t(i + 1)];
     const float timestep = s.model_timestep(i);
     const Modulation& mod = mods[size_t(i)];
-    model.forward(x.data(), text, &references, mod, rope, act, velocity.data(), cx);
-    if (guided) {
-      model.forward(x.data(), negative_text, &references, mod, rope, act, velocity_uncond.data(),
-                    cx);
-      apply_guidance(velocity.data(), velocity_uncond.data(), n, in.guidance);
+    try {
+      model.forward(x.data(), text, &references, mod, rope, act, velocity.data(), cx);
+      if (guided) {
+        model.forward(x.data(), negative_text, &references, mod, rope, act,
+                      velocity_uncond.data(), cx);
+        apply_guidance(velocity.data(), velocity_uncond.data(), n, in.guidance);
+      }
+      ops::require_finite(velocity.data(), n, "the velocity", cx);
+    } catch (const ops::NonFinite& e) {
+      throw ops::NonFinite("denoising step " + std::to_string(i + 1) + " of " +
+                           std::to_string(s.steps()) + ": " + e.what());
     }
     if (in.on_step) std::memcpy(x_in.data(), x.data(), size_t(n) * sizeof(float));
     euler_step(x.data(), velocity.data(), n, sigma, sigma_next);

@@ -28,6 +28,7 @@
 
 #include "core/error.h"
 #include "ops/attention.h"
+#include "ops/finite.h"
 #include "ops/linear.h"
 #include "ops/norm.h"
 
@@ -411,6 +412,12 @@ void Transformer::attention(const RopeTable& rope, Activations& a, Compute& cx) 
   ops::attention(a.q.data(), D, a.k.data(), D, a.v.data(), D, a.attn.data(), D, p, cx);
 }
 
+// A block that produced NaN or Inf is named (the unit), instead of a flat image at the end.
+void Transformer::check_stream(const Activations& a, int64_t n, int64_t block, Compute& cx) const {
+  if (!ops::all_finite(a.stream.data(), n, cx))
+    ops::require_finite(a.stream.data(), n, "the output of " + block_units_[size_t(block)], cx);
+}
+
 void Transformer::forward(const float* latents, const Tensor& text, const Tensor* references,
                           const Modulation& mod, const RopeTable& rope, Activations& a,
                           float* velocity, Compute& cx, const Observer& observe) {
@@ -450,6 +457,7 @@ void Transformer::forward(const float* latents, const Tensor& text, const Tensor
     if (i + 1 < n_double + n_single) store_.prefetch(block_units_[size_t(i + 1)]);
     if (i < n_double) {
       double_block(*unit, mod, rope, a, cx);
+      check_stream(a, S * D, i, cx);
       if (observe) {
         const std::string name = "transformer_blocks." + std::to_string(i);
         report(name + ".txt", a.stream.row(0), {T, D});
@@ -457,6 +465,7 @@ void Transformer::forward(const float* latents, const Tensor& text, const Tensor
       }
     } else {
       single_block(*unit, mod, rope, a, cx);
+      check_stream(a, S * D, i, cx);
       if (observe) {
         const std::string name = "single_transformer_blocks." + std::to_string(i - n_double);
         report(name, a.stream.data(), {S, D});

@@ -126,6 +126,7 @@ class Transformer {
                     Activations& a, Compute& cx);
   void attention(const RopeTable& rope, Activations& a, Compute& cx);
   void finish_stream_rows(const Stream& s, Activations& a, Compute& cx);
+  void check_stream(const Activations& a, int64_t n, int64_t block, Compute& cx) const;
 
   // A weight whose bytes this object owns (page-aligned, as stored).
   struct OwnedWeight {

@@ -23,6 +23,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "ops/finite.h"
 #include "ops/attention.h"
 #include "ops/linear.h"
 #include "ops/norm.h"
@@ -228,6 +229,7 @@ Tensor TextEncoder::encode(std::span<const int32_t> ids, std::span<const int32_t
                     size_t(config_.hidden) * sizeof(float));
     }
   }
+  ops::require_finite(context.data(), context.numel(), "the text encoder's output", cx_);
   return context;
 }
 

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "models/vae/decoder.h"
 #include "models/vae/encoder.h"
+#include "ops/finite.h"
 
 namespace klein::vae {
 
@@ -44,6 +45,7 @@ Tensor Vae::tokens_to_latent(const Tensor& tokens, int64_t h, int64_t w,
 Tensor Vae::decode_latent(const Tensor& z, const Observer& observe) const {
   const UnitRef unit = store_.acquire("vae.decoder");
   Tensor image = run_decoder(*unit, config(), z, cx_, observe);
+  ops::require_finite(image.data(), image.numel(), "the VAE decoder's output", cx_);
   report(observe, "image", image);
   return image;
 }
