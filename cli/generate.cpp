@@ -144,7 +144,7 @@ nlohmann::ordered_json result_json(const Args& a, const GenerateResult& r, const
   j["steps"] = r.steps;
   j["guidance"] = r.guidance;
   j["context_from_cache"] = r.context_from_cache;
-  j["precision"] = r.fast ? "fast" : "exact";
+  j["precision"] = precision_name(r.fast);
   j["timings"]["load"] = load.seconds;
   for (const auto& [phase, s] : r.timings) j["timings"][phase] = s;
   j["denoise_setup_seconds"] = r.denoise_setup_seconds;
@@ -230,7 +230,7 @@ void run(Args& a) {
     std::fprintf(stderr, "%s, %lldx%lld, %lld steps, %.1f s, peak RSS %.0f MiB, %s%s%s\n",
                  seed.c_str(), static_cast<long long>(r.width),
                  static_cast<long long>(r.height), static_cast<long long>(r.steps), total,
-                 double(overall_peak_rss(r, load)) / (1 << 20), r.fast ? "fast" : "exact",
+                 double(overall_peak_rss(r, load)) / (1 << 20), precision_name(r.fast),
                  r.memory ? ", " : "", r.memory ? residency_name(r.memory->residency) : "");
     std::printf("%s\n", a.output.c_str());
   }
@@ -269,13 +269,7 @@ Registration reg("generate", 10, [](CLI::App& app) {
   cmd->add_option("--dump", a->dump, "Write every stage as .npy files into this directory");
   cmd->add_option("--jpeg-quality", a->jpeg_quality, "JPEG quality 1-100")->check(CLI::Range(1, 100));
   cmd->add_flag("--no-cache", a->no_cache, "Do not read or write the prompt cache");
-  cmd->add_option("--precision", a->gen.precision,
-                  "exact: float32 activations throughout; fast: bf16 tiles for the transformer and "
-                  "the VAE on CPUs with AMX; auto: fast for Q8/Q4 containers, else exact")
-      ->transform(CLI::CheckedTransformer(
-          std::map<std::string, Precision>{
-              {"auto", Precision::Auto}, {"exact", Precision::Exact}, {"fast", Precision::Fast}},
-          CLI::ignore_case));
+  add_precision_option(*cmd, a->gen.precision);
   add_memory_options(*cmd, a->memory);
   cmd->add_flag("-q,--quiet", a->quiet, "No progress output");
   cmd->add_flag("-v,--verbose", a->verbose,

@@ -1,5 +1,7 @@
 #include "cli/model_options.h"
 
+#include <map>
+
 namespace klein::cli {
 
 void add_model_options(CLI::App& cmd, ModelPaths& paths) {
@@ -22,6 +24,16 @@ void add_model_options(CLI::App& cmd, ModelPaths& paths) {
                  "tokenizer directory (vocab.json, merges.txt, tokenizer_config.json); "
                  "overrides the one in -m")
       ->group(group);
+}
+
+void add_precision_option(CLI::App& cmd, Precision& precision) {
+  cmd.add_option("--precision", precision,
+                 "exact: float32 activations throughout; fast: bf16 tiles for the transformer and "
+                 "the VAE on CPUs with AMX; auto: fast for Q8/Q4 containers, else exact")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, Precision>{
+              {"auto", Precision::Auto}, {"exact", Precision::Exact}, {"fast", Precision::Fast}},
+          CLI::ignore_case));
 }
 
 }  // namespace klein::cli

@@ -10,6 +10,7 @@
 // Single files override the matching part of -m, or stand alone without it.
 #include <CLI/CLI.hpp>
 
+#include "pipeline/pipeline.h"
 #include "weights/model_source.h"
 
 namespace klein::cli {
@@ -17,5 +18,8 @@ namespace klein::cli {
 // Adds the options to `cmd`; parsed values land in `paths`, which must outlive the parse
 // (keep it in the subcommand's options struct, captured by its callback).
 void add_model_options(CLI::App& cmd, ModelPaths& paths);
+
+// --precision auto|exact|fast (pipeline.h Precision), the same for generate and report.
+void add_precision_option(CLI::App& cmd, Precision& precision);
 
 }  // namespace klein::cli

@@ -112,6 +112,7 @@ Registration reg("report", 15, [](CLI::App& app) {
                   "per unit, each block on the reference's activations), both or none")
       ->capture_default_str()
       ->group(e2e);
+  add_precision_option(*cmd, a->options.precision);
   cmd->add_option("--probe-step", a->options.probe_step,
                   "step of the first case whose inputs the block probes use")
       ->capture_default_str()

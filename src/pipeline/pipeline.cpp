@@ -88,6 +88,13 @@ Tensor initial_noise(const GenerateOptions& o, uint64_t seed, flux2::LatentGrid 
 
 int64_t floor_to_multiple(int64_t value, int64_t multiple) { return value / multiple * multiple; }
 
+const char* precision_name(bool fast) { return fast ? "fast" : "exact"; }
+
+bool runs_fast(Precision requested, const WeightStore& weights) {
+  return requested == Precision::Fast ||
+         (requested == Precision::Auto && weights.has_quantized("transformer."));
+}
+
 Model Model::open(const ModelPaths& paths) {
   std::unique_ptr<WeightStore> weights = open_model(paths);
   Model m{std::move(weights), load_model_tokenizer(paths), "", ""};
@@ -165,8 +172,7 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
         "is the initial noise");
   if (o.noise_file.empty()) r.seed = o.seed.value_or(fresh_seed());
   g.guided = flux2::uses_guidance(config, r.guidance);
-  r.fast = o.precision == Precision::Fast ||
-           (o.precision == Precision::Auto && weights_.has_quantized("transformer."));
+  r.fast = runs_fast(o.precision, weights_);
 
   // Memory: how much this generation needs, resident or paged, against the budget.
   if (o.plan_memory) {
@@ -228,7 +234,7 @@ void Session::prepare_latents(Generation& g, Progress& progress) {
   if (!g.reference_pixels.empty()) {
     const int n = int(g.reference_pixels.size());
     timed(g, progress, "vae encode", n, [&](Phase& phase) {
-      const Compute::Use arithmetic(cx_, g.result.fast ? Arithmetic::fast() : Arithmetic::exact());
+      const Compute::Use arithmetic(cx_, arithmetic_for(g.result.fast));
       vae::Vae vae(weights_, cx_);
       for (int i = 0; i < n; ++i) {
         const Tensor& pixels = g.reference_pixels[size_t(i)];
@@ -284,7 +290,7 @@ void Session::denoise(Generation& g, Progress& progress, const StepHook& on_step
       phase.step(int(s.step + 1), int(s.steps));
       if (on_step) on_step(StepView{s.step, s.steps, s.latents_out, g.grid});
     };
-    const Compute::Use arithmetic(cx_, r.fast ? Arithmetic::fast() : Arithmetic::exact());
+    const Compute::Use arithmetic(cx_, arithmetic_for(r.fast));
     flux2::SamplerResult out = flux2::sample(weights_, in, cx_);
     for (const auto& w : out.warnings) warn(g, progress, w);
     g.latents = std::move(out.latents);
@@ -304,7 +310,7 @@ void Session::decode(Generation& g, Progress& progress) {
   const Dumper dump(g.options.dump_dir);
   Tensor decoded;
   timed(g, progress, "vae decode", 0, [&](Phase&) {
-    const Compute::Use arithmetic(cx_, g.result.fast ? Arithmetic::fast() : Arithmetic::exact());
+    const Compute::Use arithmetic(cx_, arithmetic_for(g.result.fast));
     vae::Vae vae(weights_, cx_);
     Tensor z = vae.tokens_to_latent(g.latents, g.grid.rows, g.grid.cols);
     dump.f32("vae_input", z, {1, z.dim(0), z.dim(1), z.dim(2)});
@@ -367,7 +373,7 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
     j["seed"] = nullptr;
   j["width"] = r.width;
   j["height"] = r.height;
-  j["precision"] = r.fast ? "fast" : "exact";
+  j["precision"] = precision_name(r.fast);
   j["model"] = model_name;
   if (!model_checksum.empty()) j["model_checksum"] = model_checksum;
   std::vector<std::string> refs;

@@ -42,6 +42,16 @@ namespace klein {
 //   Auto   Fast when the transformer's weights are quantized (the image is an approximation
 //          already), Exact otherwise.
 enum class Precision { Auto, Exact, Fast };
+const char* precision_name(bool fast);  // "fast" or "exact"
+
+// Whether a generation with these weights runs at the fast precision: the one decision that
+// `klein generate`, `klein report` and the library share.
+bool runs_fast(Precision requested, const WeightStore& weights);
+// The arithmetic of the transformer and the VAE for that decision (the text encoder always
+// runs exact).
+inline Arithmetic arithmetic_for(bool fast) {
+  return fast ? Arithmetic::fast() : Arithmetic::exact();
+}
 
 struct GenerateOptions {
   std::string prompt;

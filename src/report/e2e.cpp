@@ -285,6 +285,9 @@ E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, Compu
   check(!options_.cases.empty(), "end-to-end comparison: no cases");
   check(options_.probe_step >= 0, "probe step ", options_.probe_step, ": expected >= 0");
   const ModelConfig& config = reference_.config();
+  // The transformer and the VAE run as `klein generate` would run them for this model.
+  reference_fast_ = runs_fast(options_.precision, reference_);
+  const Arithmetic reference_arithmetic = arithmetic_for(reference_fast_);
   const size_t n = options_.cases.size();
   for (size_t i = 0; i < n; ++i) {
     const std::string label = case_label(i, n) + "reference ";
@@ -311,6 +314,7 @@ E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, Compu
           ": the first case has only ", c.schedule.steps(), " steps (counted from 0)");
     {
       Phase phase(progress, label + "denoise", int(c.spec.steps));
+      const Compute::Use arithmetic(cx_, reference_arithmetic);
       const Denoising d{&c.context, c.cfg ? &c.negative : nullptr, &c.noise, c.grid,
                         &c.schedule, c.guidance};
       c.final_latents = denoise(reference_, d, cx_, phase, [&](const flux2::StepInfo& s) {
@@ -323,6 +327,7 @@ E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, Compu
     }
     {
       Phase phase(progress, label + "vae decode");
+      const Compute::Use arithmetic(cx_, reference_arithmetic);
       const Tensor decoded = decode(reference_, cx_, c.final_latents, c.grid);
       c.pixels = unit_pixels(decoded);
       c.height = int(decoded.dim(1));
@@ -339,6 +344,7 @@ E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, Compu
     probe_ = std::make_unique<ReferenceProbe>();
     probe_->blocks = std::make_unique<BlockOutputs>(T, T + c.grid.tokens(), tc.inner_dim());
     const ProbeInputs in{&c.latents_at_probe, &c.context, c.grid, c.probe_timestep};
+    const Compute::Use arithmetic(cx_, reference_arithmetic);
     probe_->velocity = forward_once(reference_, in, cx_, probe_->blocks->recorder());
   }
 }
@@ -348,6 +354,9 @@ E2eSession::~E2eSession() = default;
 E2eResult E2eSession::compare(WeightStore& candidate, Progress& progress) {
   E2eResult out;
   const size_t n = cases_.size();
+  out.reference_fast = reference_fast_;
+  out.candidate_fast = runs_fast(options_.precision, candidate);
+  const Arithmetic candidate_arithmetic = arithmetic_for(out.candidate_fast);
   Tensor first_context;  // the candidate's, for the text-encoder probe
   for (size_t i = 0; i < n; ++i) {
     const ReferenceCase& ref = cases_[i];
@@ -364,6 +373,7 @@ E2eResult E2eSession::compare(WeightStore& candidate, Progress& progress) {
     Tensor latents;
     {
       Phase phase(progress, label + "denoise", int(ref.spec.steps));
+      const Compute::Use arithmetic(cx_, candidate_arithmetic);
       const Denoising d{&context, ref.cfg ? &negative : nullptr, &ref.noise, ref.grid,
                         &ref.schedule, ref.guidance};
       latents = denoise(candidate, d, cx_, phase, [&](const flux2::StepInfo& s) {
@@ -376,6 +386,7 @@ E2eResult E2eSession::compare(WeightStore& candidate, Progress& progress) {
     Tensor decoded;
     {
       Phase phase(progress, label + "vae decode");
+      const Compute::Use arithmetic(cx_, candidate_arithmetic);
       decoded = decode(candidate, cx_, latents, ref.grid);
     }
     const std::vector<float> pixels = unit_pixels(decoded);
@@ -392,7 +403,10 @@ E2eResult E2eSession::compare(WeightStore& candidate, Progress& progress) {
     out.cases.push_back(std::move(r));
     if (i == 0) first_context = std::move(context);
   }
-  if (probe_) out.probe = run_probes(candidate, first_context, progress);
+  if (probe_) {
+    const Compute::Use arithmetic(cx_, candidate_arithmetic);
+    out.probe = run_probes(candidate, first_context, progress);
+  }
   return out;
 }
 
@@ -437,6 +451,7 @@ BlockProbe E2eSession::run_probes(WeightStore& candidate, const Tensor& candidat
     // The text encoder acts through the context alone: the reference transformer on the
     // candidate's context.
     const ProbeInputs text_in{&c.latents_at_probe, &candidate_context, c.grid, c.probe_timestep};
+    const Compute::Use arithmetic(cx_, arithmetic_for(reference_fast_));
     const Tensor v = forward_once(reference_, text_in, cx_, {});
     probe.sensitivities.push_back({"text_encoder", velocity_nmse(probe_->velocity, v)});
     stepped();

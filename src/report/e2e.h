@@ -27,6 +27,7 @@
 #include "core/tensor.h"
 #include "ops/compute.h"
 #include "formats/image/image.h"
+#include "pipeline/pipeline.h"
 #include "pipeline/progress.h"
 #include "report/metrics.h"
 #include "tokenizer/tokenizer.h"
@@ -55,6 +56,9 @@ std::string block_probes_name(BlockProbes p);
 
 struct E2eOptions {
   std::vector<E2eCase> cases;
+  // The arithmetic of each model's generations: what `klein generate` would use for it
+  // (runs_fast: Auto is fast for quantized transformers, on AMX CPUs bf16 tiles).
+  Precision precision = Precision::Auto;
   BlockProbes blocks = BlockProbes::Both;
   int64_t probe_step = 0;  // the step of the first case whose inputs the probes use
 };
@@ -95,6 +99,7 @@ struct BlockProbe {
 };
 
 struct E2eResult {
+  bool reference_fast = false, candidate_fast = false;  // the precision each model ran at
   std::vector<CaseResult> cases;
   std::optional<BlockProbe> probe;
   double mean_image_mse = 0;  // over the cases, pixel values in [0, 1]
@@ -124,6 +129,7 @@ class E2eSession {
   WeightStore& reference_;
   const Tokenizer& tokenizer_;
   Compute& cx_;
+  bool reference_fast_ = false;
   E2eOptions options_;
   std::vector<ReferenceCase> cases_;
   std::unique_ptr<ReferenceProbe> probe_;

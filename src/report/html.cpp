@@ -341,7 +341,10 @@ std::string report_html(const Report& r) {
   worst_section(r, s, 30);
   if (r.e2e) {
     s << "<h2>End to end</h2>\n<p>The same generation (prompt, seed, size, steps) with each "
-      << "model; the candidate runs entirely on its own weights. Pixel values in [0, 1].</p>\n";
+      << "model; the candidate runs entirely on its own weights. Pixel values in [0, 1]. "
+      << "Precision, as <code>klein generate</code> runs each model: reference <b>"
+      << precision_name(r.e2e->reference_fast) << "</b>, candidate <b>"
+      << precision_name(r.e2e->candidate_fast) << "</b>.</p>\n";
     for (size_t i = 0; i < r.e2e->cases.size(); ++i) case_section(r.e2e->cases[i], i, s);
     if (r.e2e->probe) probe_section(*r.e2e->probe, s);
   }

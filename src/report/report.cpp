@@ -125,6 +125,7 @@ Report build_report(const ReportOptions& o, Progress& progress) {
     e.cases = make_cases(reference->config(), o.prompts, o.seeds, o.width, o.height, o.steps);
     e.blocks = o.blocks;
     e.probe_step = o.probe_step;
+    e.precision = o.precision;
     r.blocks = o.blocks;
     E2eSession session(*reference, tokenizer, cx, e, progress);
     r.e2e = session.compare(*candidate, progress);

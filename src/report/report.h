@@ -31,6 +31,7 @@ struct ReportOptions {
   std::optional<PolicyGoal> goal;  // search for a policy
   int verify_rounds = 3;           // proposals converted and measured (0: predict only)
   int threads = 0;
+  Precision precision = Precision::Auto;  // of each model's generations, as generate picks it
 };
 
 struct ModelInfo {

@@ -301,7 +301,9 @@ void weights_table(const Report& r, size_t worst, std::ostringstream& s) {
 }
 
 void e2e_table(const E2eResult& e, BlockProbes mode, std::ostringstream& s) {
-  s << "\nEnd to end (the same generation with each model; pixel values in [0, 1])\n";
+  s << "\nEnd to end (the same generation with each model; pixel values in [0, 1]; precision: "
+    << "reference " << precision_name(e.reference_fast) << ", candidate "
+    << precision_name(e.candidate_fast) << ", as klein generate runs them)\n";
   Table cases({"case", "seed", "size", "steps", "context cos", "context NMSE", "latents cos",
                "latents NMSE", "PSNR dB", "SSIM"});
   for (size_t i = 0; i < e.cases.size(); ++i) {
@@ -406,7 +408,10 @@ ojson report_json(const Report& r) {
   if (r.e2e) {
     ojson cases = ojson::array();
     for (size_t i = 0; i < r.e2e->cases.size(); ++i) cases.push_back(case_json(r.e2e->cases[i], i));
-    j["e2e"] = {{"cases", cases}, {"mean_image_mse", number(r.e2e->mean_image_mse)}};
+    j["e2e"] = {{"precision", {{"reference", precision_name(r.e2e->reference_fast)},
+                               {"candidate", precision_name(r.e2e->candidate_fast)}}},
+                {"cases", cases},
+                {"mean_image_mse", number(r.e2e->mean_image_mse)}};
     j["e2e"]["blocks"] = r.e2e->probe ? probe_json(*r.e2e->probe, r.blocks) : ojson(nullptr);
   }
   if (r.policy) j["policy"] = policy_json(*r.policy);

@@ -356,6 +356,53 @@ TEST_F(TinyReport, AModelAgainstItselfHasNoError) {
   for (const auto& s : e.probe->sensitivities) EXPECT_EQ(s.velocity_nmse, 0.0) << s.group;
 }
 
+// The report measures what `klein generate` makes: its image PSNR for a Q4 container equals
+// the PSNR between two default generations (the safetensors and the container, same prompt,
+// seed and size, each at the precision generate picks for it) within 0.5 dB, and it names
+// the precision of each model.
+TEST_F(TinyReport, EndToEndPsnrIsThatOfTwoDefaultGenerations) {
+  auto reference = open_model(testing::tiny_model());
+  auto candidate = open_model(container("q4"));
+  const Tokenizer tokenizer = tiny_tokenizer();
+  Compute cx(2);
+  Progress quiet;
+  const E2eOptions options = one_case(BlockProbes::None);
+  const E2eResult e = run_e2e(*reference, *candidate, tokenizer, cx, options, quiet);
+  ASSERT_EQ(e.cases.size(), 1u);
+  EXPECT_EQ(e.reference_fast, runs_fast(Precision::Auto, *reference));
+  EXPECT_EQ(e.candidate_fast, runs_fast(Precision::Auto, *candidate));
+  EXPECT_TRUE(e.candidate_fast || !cx.amx());  // Q4: fast where the CPU has AMX
+
+  const E2eCase& c = e.cases[0].spec;
+  GenerateOptions g;
+  g.prompt = c.prompt;
+  g.seed = c.seed;
+  g.width = c.width;
+  g.height = c.height;
+  g.steps = c.steps;
+  Image images[2];
+  for (int i = 0; i < 2; ++i) {
+    Session session(i == 0 ? *reference : *candidate, tokenizer, cx);
+    images[i] = session.generate(g, quiet).image;
+  }
+  ASSERT_EQ(images[0].rgb.size(), images[1].rgb.size());
+  double squared = 0;
+  for (size_t k = 0; k < images[0].rgb.size(); ++k) {
+    const double d = (double(images[0].rgb[k]) - images[1].rgb[k]) / 255.0;
+    squared += d * d;
+  }
+  const double generate_psnr = 10 * std::log10(double(images[0].rgb.size()) / squared);
+  std::printf("    report PSNR %.2f dB, two generations %.2f dB\n", e.cases[0].psnr_db,
+              generate_psnr);
+  EXPECT_NEAR(e.cases[0].psnr_db, generate_psnr, 0.5);
+
+  Report r;
+  r.e2e = e;
+  const nlohmann::ordered_json j = report_json(r);
+  EXPECT_EQ(j["e2e"]["precision"]["candidate"], precision_name(e.candidate_fast));
+  EXPECT_EQ(j["e2e"]["precision"]["reference"], precision_name(e.reference_fast));
+}
+
 TEST_F(TinyReport, EndToEndQ8IsCloserThanQ4) {
   auto reference = open_model(testing::tiny_model());
   const Tokenizer tokenizer = tiny_tokenizer();
