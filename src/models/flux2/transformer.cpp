@@ -42,7 +42,8 @@ const Weight& linear_weight(const WeightUnit& unit, std::string_view name, int64
                             int64_t in) {
   const Weight& w = unit.get(name);
   if (w.shape.size() != 2 || w.shape[0] != out || w.shape[1] != in)
-    fail("tensor ", w.name, ": expected shape ", shape_str({out, in}), ", got ", shape_str(w.shape));
+    fail("tensor ", w.name, ": expected shape ", shape_str({out, in}), ", got ",
+         shape_str(w.shape));
   return w;
 }
 
