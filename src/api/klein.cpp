@@ -1,0 +1,289 @@
+// The C library (include/klein/klein.h) over the pipeline stages: it checks the arguments,
+// turns the C structs into GenerateOptions, runs a Session and turns the result and every
+// exception into C values. No logic of its own.
+#include "klein/klein.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "core/cpu.h"
+#include "core/error.h"
+#include "core/version.h"
+#include "formats/image/image.h"
+#include "ops/compute.h"
+#include "pipeline/pipeline.h"
+
+struct klein_model {
+  klein::Model model;
+  std::mutex generating;  // one generation at a time per model (its residency and paging)
+};
+
+struct klein_session {
+  klein_model* model = nullptr;
+  klein_session_options options{};
+  std::unique_ptr<klein::Compute> cx;
+  std::string prompt_cache_dir;
+  std::string error;
+};
+
+namespace {
+
+char* copy_string(const std::string& s) {
+  char* out = static_cast<char*>(std::malloc(s.size() + 1));
+  if (out) std::memcpy(out, s.c_str(), s.size() + 1);
+  return out;
+}
+
+void set_error(char** error, const std::string& message) {
+  if (error) *error = copy_string(message);
+}
+
+// Runs fn, turning exceptions into a status and a message.
+template <class Fn>
+klein_status guarded(std::string& message, Fn&& fn) {
+  try {
+    fn();
+    message.clear();
+    return KLEIN_OK;
+  } catch (const klein::Cancelled&) {
+    message = "cancelled";
+    return KLEIN_ERROR_CANCELLED;
+  } catch (const std::bad_alloc&) {
+    message = "out of memory";
+  } catch (const std::exception& e) {
+    message = e.what();
+  } catch (...) {
+    message = "unknown error";
+  }
+  return KLEIN_ERROR;
+}
+
+// The C progress callback as the pipeline's Progress; a non-zero return cancels.
+class CallbackProgress final : public klein::Progress {
+ public:
+  CallbackProgress(const klein_generate_params& p, klein::Compute& cx) : p_(p), cx_(cx) {}
+  void begin(const std::string& phase, int total) override {
+    started_ = std::chrono::steady_clock::now();
+    call(phase, 0, total);
+  }
+  void step(const std::string& phase, int done, int total) override { call(phase, done, total); }
+  void end(const std::string& phase, double) override { call(phase, -1, 0); }
+
+ private:
+  void call(const std::string& phase, int done, int total) {
+    if (!p_.progress) return;
+    klein_progress info;
+    info.phase = phase.c_str();
+    info.done = done < 0 ? total : done;
+    info.total = total;
+    info.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    if (p_.progress(&info, p_.user_data) != 0) cx_.cancel();
+  }
+  const klein_generate_params& p_;
+  klein::Compute& cx_;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+};
+
+klein::GenerateOptions to_options(const klein_session& s, const klein_generate_params& p) {
+  using klein::check;
+  check(p.prompt != nullptr, "params.prompt: a prompt is required");
+  check(p.width == 0 || (p.width >= 16 && p.width <= 8192), "params.width: expected 0 or 16 to ",
+        "8192, got ", p.width);
+  check(p.height == 0 || (p.height >= 16 && p.height <= 8192), "params.height: expected 0 or ",
+        "16 to 8192, got ", p.height);
+  check(p.steps >= 0 && p.steps <= klein::kMaxSteps, "params.steps: expected 0 to ",
+        klein::kMaxSteps, ", got ", p.steps);
+  check(std::isfinite(p.guidance) && p.guidance <= 100, "params.guidance: expected a number ",
+        "up to 100 (negative: the model's default), got ", p.guidance);
+  check(p.reference_count >= 0 && (p.reference_count == 0 || p.references != nullptr),
+        "params.references: ", p.reference_count, " references but no array");
+  klein::GenerateOptions o;
+  o.prompt = p.prompt;
+  if (p.negative_prompt) o.negative_prompt = p.negative_prompt;
+  o.width = p.width;
+  o.height = p.height;
+  o.steps = p.steps;
+  if (p.guidance >= 0) o.guidance = p.guidance;
+  if (p.has_seed) o.seed = p.seed;
+  for (int i = 0; i < p.reference_count; ++i) {
+    check(p.references[i] != nullptr, "params.references[", i, "] is NULL");
+    o.references.emplace_back(p.references[i]);
+  }
+  if (!s.prompt_cache_dir.empty()) o.prompt_cache_dir = s.prompt_cache_dir;
+  if (s.options.max_memory) o.max_memory = s.options.max_memory;
+  if (s.options.residency == KLEIN_RESIDENCY_PAGED) o.residency = klein::Residency::Paged;
+  if (s.options.residency == KLEIN_RESIDENCY_RESIDENT) o.residency = klein::Residency::Resident;
+  o.precision = s.options.precision == KLEIN_PRECISION_EXACT  ? klein::Precision::Exact
+                : s.options.precision == KLEIN_PRECISION_FAST ? klein::Precision::Fast
+                                                               : klein::Precision::Auto;
+  return o;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* klein_version(void) { return KLEIN_VERSION; }
+
+void klein_string_free(char* s) { std::free(s); }
+
+void klein_model_options_init(klein_model_options* options) {
+  if (options) *options = klein_model_options{};
+}
+
+klein_status klein_model_open(const char* path, const klein_model_options* options,
+                              klein_model** model, char** error) {
+  if (error) *error = nullptr;
+  if (!model) {
+    set_error(error, "klein_model_open: model is NULL");
+    return KLEIN_ERROR_ARGUMENT;
+  }
+  *model = nullptr;
+  std::string message;
+  const klein_status status = guarded(message, [&] {
+    klein::ModelPaths paths;
+    if (path) paths.model = path;
+    if (options) {
+      if (options->diffusion_model) paths.diffusion_model = options->diffusion_model;
+      if (options->text_encoder) paths.text_encoder = options->text_encoder;
+      if (options->vae) paths.vae = options->vae;
+      if (options->tokenizer) paths.tokenizer = options->tokenizer;
+    }
+    klein::check(!paths.model.empty() || !paths.diffusion_model.empty(),
+                 "klein_model_open: no model path and no single files");
+    *model = new klein_model{klein::Model::open(paths), {}};
+  });
+  if (status != KLEIN_OK) set_error(error, message);
+  return status;
+}
+
+void klein_model_free(klein_model* model) { delete model; }
+
+const char* klein_model_name(const klein_model* model) {
+  return model ? model->model.name.c_str() : "";
+}
+
+void klein_session_options_init(klein_session_options* options) {
+  if (options) *options = klein_session_options{};
+}
+
+klein_status klein_session_new(klein_model* model, const klein_session_options* options,
+                               klein_session** session, char** error) {
+  if (error) *error = nullptr;
+  if (!model || !session) {
+    set_error(error, "klein_session_new: model and session must not be NULL");
+    return KLEIN_ERROR_ARGUMENT;
+  }
+  *session = nullptr;
+  std::string message;
+  const klein_status status = guarded(message, [&] {
+    auto s = std::make_unique<klein_session>();
+    s->model = model;
+    klein_session_options_init(&s->options);
+    if (options) s->options = *options;
+    klein::check(s->options.threads >= 0 && s->options.threads <= klein::kMaxThreads,
+                 "options.threads: expected 0 to ", klein::kMaxThreads, ", got ",
+                 s->options.threads);
+    if (s->options.prompt_cache_dir) s->prompt_cache_dir = s->options.prompt_cache_dir;
+    s->options.prompt_cache_dir = nullptr;  // the copy above is what is used
+    s->cx = std::make_unique<klein::Compute>(s->options.threads);
+    *session = s.release();
+  });
+  if (status != KLEIN_OK) set_error(error, message);
+  return status;
+}
+
+void klein_session_free(klein_session* session) { delete session; }
+
+const char* klein_session_error(const klein_session* session) {
+  return session ? session->error.c_str() : "klein_session_error: session is NULL";
+}
+
+void klein_session_cancel(klein_session* session) {
+  if (session && session->cx) session->cx->cancel();
+}
+
+void klein_generate_params_init(klein_generate_params* params) {
+  if (!params) return;
+  *params = klein_generate_params{};
+  params->guidance = -1;
+}
+
+klein_status klein_generate(klein_session* session, const klein_generate_params* params,
+                            klein_image** image) {
+  if (!session) return KLEIN_ERROR_ARGUMENT;
+  if (!params || !image) {
+    session->error = "klein_generate: params and image must not be NULL";
+    return KLEIN_ERROR_ARGUMENT;
+  }
+  *image = nullptr;
+  return guarded(session->error, [&] {
+    const klein::GenerateOptions o = to_options(*session, *params);
+    klein_model& m = *session->model;
+    klein::GenerateResult r;
+    {
+      const std::lock_guard lock(m.generating);
+      CallbackProgress progress(*params, *session->cx);
+      klein::Session stages(m.model, *session->cx);
+      r = stages.generate(o, progress);
+    }
+    const std::string parameters = klein::parameters_text(o, r, m.model.name);
+    const std::string metadata = klein::parameters_json(o, r, m.model.name, m.model.checksum);
+    auto* out = static_cast<klein_image*>(std::calloc(1, sizeof(klein_image)));
+    if (!out) throw std::bad_alloc();
+    out->width = r.image.width;
+    out->height = r.image.height;
+    out->channels = 3;
+    out->seed = r.seed.value_or(0);
+    out->steps = int(r.steps);
+    out->guidance = r.guidance;
+    out->pixels = static_cast<uint8_t*>(std::malloc(r.image.rgb.size()));
+    out->parameters = copy_string(parameters);
+    out->metadata = copy_string(metadata);
+    if (!out->pixels || !out->parameters || !out->metadata) {
+      klein_image_free(out);
+      throw std::bad_alloc();
+    }
+    std::memcpy(out->pixels, r.image.rgb.data(), r.image.rgb.size());
+    *image = out;
+  });
+}
+
+void klein_image_free(klein_image* image) {
+  if (!image) return;
+  std::free(image->pixels);
+  std::free(const_cast<char*>(image->parameters));
+  std::free(const_cast<char*>(image->metadata));
+  std::free(image);
+}
+
+klein_status klein_image_save(const klein_image* image, const char* path, char** error) {
+  if (error) *error = nullptr;
+  if (!image || !path || !image->pixels || image->channels != 3) {
+    set_error(error, "klein_image_save: image (RGB) and path must not be NULL");
+    return KLEIN_ERROR_ARGUMENT;
+  }
+  std::string message;
+  const klein_status status = guarded(message, [&] {
+    klein::Image img;
+    img.width = image->width;
+    img.height = image->height;
+    img.rgb.assign(image->pixels, image->pixels + size_t(image->width) * image->height * 3);
+    klein::ImageMetadata meta;
+    if (image->parameters) meta.emplace_back("parameters", image->parameters);
+    if (image->metadata) meta.emplace_back("klein", image->metadata);
+    klein::save_image(path, img, meta);
+  });
+  if (status != KLEIN_OK) set_error(error, message);
+  return status;
+}
+
+}  // extern "C"

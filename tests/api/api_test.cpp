@@ -1,0 +1,188 @@
+// The C library: errors, cancellation, and the same pixels and metadata as `klein generate`;
+// then an installed tree: examples/c/generate.c built with pkg-config (shared and static) and
+// with find_package(klein), each making the CLI's pixels.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "formats/image/image.h"
+#include "klein/klein.h"
+#include "support/testing.h"
+
+namespace klein {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kPrompt = "a small red cube";
+
+// `klein generate` with the parameters the library is given below.
+Image cli_image(const fs::path& out, uint64_t seed, int width, int height, int steps) {
+  std::string log;
+  const std::string args = "generate -m " + testing::tiny_model().string() + " -p \"" + kPrompt +
+                           "\" --seed " + std::to_string(seed) + " -W " + std::to_string(width) +
+                           " -H " + std::to_string(height) + " -s " + std::to_string(steps) +
+                           " --no-cache -q -o " + out.string();
+  EXPECT_EQ(testing::run_klein(args, &log), 0) << log;
+  return load_image(out);
+}
+
+struct Opened {
+  klein_model* model = nullptr;
+  klein_session* session = nullptr;
+  Opened() {
+    char* error = nullptr;
+    EXPECT_EQ(klein_model_open(testing::tiny_model().c_str(), nullptr, &model, &error), KLEIN_OK)
+        << (error ? error : "");
+    klein_string_free(error);
+    klein_session_options o;
+    klein_session_options_init(&o);
+    o.threads = 2;
+    EXPECT_EQ(klein_session_new(model, &o, &session, &error), KLEIN_OK) << (error ? error : "");
+    klein_string_free(error);
+  }
+  ~Opened() {
+    klein_session_free(session);
+    klein_model_free(model);
+  }
+};
+
+klein_generate_params params(uint64_t seed, int width, int height, int steps) {
+  klein_generate_params p;
+  klein_generate_params_init(&p);
+  p.prompt = kPrompt;
+  p.seed = seed;
+  p.has_seed = 1;
+  p.width = width;
+  p.height = height;
+  p.steps = steps;
+  return p;
+}
+
+TEST(CApi, ErrorsNameWhatWasWrong) {
+  EXPECT_STRNE(klein_version(), "");
+  klein_model* model = reinterpret_cast<klein_model*>(1);
+  char* error = nullptr;
+  EXPECT_EQ(klein_model_open("/nonexistent/model", nullptr, &model, &error), KLEIN_ERROR);
+  EXPECT_EQ(model, nullptr);
+  ASSERT_NE(error, nullptr);
+  EXPECT_NE(std::string(error).find("/nonexistent/model"), std::string::npos) << error;
+  klein_string_free(error);
+  EXPECT_EQ(klein_model_open("x", nullptr, nullptr, nullptr), KLEIN_ERROR_ARGUMENT);
+
+  Opened m;
+  klein_image* image = nullptr;
+  klein_generate_params p = params(1, 8, 64, 2);
+  EXPECT_EQ(klein_generate(m.session, &p, &image), KLEIN_ERROR);
+  EXPECT_NE(std::string(klein_session_error(m.session)).find("params.width"), std::string::npos)
+      << klein_session_error(m.session);
+  p = params(1, 64, 64, 2);
+  p.prompt = nullptr;
+  EXPECT_EQ(klein_generate(m.session, &p, &image), KLEIN_ERROR);
+  EXPECT_NE(std::string(klein_session_error(m.session)).find("prompt"), std::string::npos);
+  EXPECT_EQ(image, nullptr);
+  EXPECT_EQ(klein_generate(m.session, nullptr, &image), KLEIN_ERROR_ARGUMENT);
+}
+
+TEST(CApi, SamePixelsAndMetadataAsTheCli) {
+  const fs::path out = testing::temp_dir("capi-pixels");
+  Opened m;
+  const klein_generate_params p = params(5, 64, 48, 3);
+  klein_image* image = nullptr;
+  ASSERT_EQ(klein_generate(m.session, &p, &image), KLEIN_OK) << klein_session_error(m.session);
+  ASSERT_EQ(image->width, 64);
+  ASSERT_EQ(image->height, 48);
+  EXPECT_EQ(image->seed, 5u);
+  EXPECT_EQ(image->steps, 3);
+  const Image cli = cli_image(out / "cli.png", 5, 64, 48, 3);
+  ASSERT_EQ(cli.rgb.size(), size_t(64 * 48 * 3));
+  EXPECT_EQ(0, std::memcmp(cli.rgb.data(), image->pixels, cli.rgb.size()));
+  char* error = nullptr;
+  ASSERT_EQ(klein_image_save(image, (out / "api.png").c_str(), &error), KLEIN_OK) << error;
+  EXPECT_EQ(read_image_metadata(out / "api.png"), read_image_metadata(out / "cli.png"));
+  klein_image_free(image);
+}
+
+// A progress callback that returns non-zero stops the generation; the session is usable after.
+TEST(CApi, ProgressCallbackCancels) {
+  Opened m;
+  klein_generate_params p = params(2, 64, 64, 4);
+  int calls = 0;
+  p.user_data = &calls;
+  p.progress = [](const klein_progress* progress, void* user) -> int {
+    ++*static_cast<int*>(user);
+    return std::string(progress->phase) == "denoise" && progress->done == 1;
+  };
+  klein_image* image = nullptr;
+  EXPECT_EQ(klein_generate(m.session, &p, &image), KLEIN_ERROR_CANCELLED);
+  EXPECT_EQ(image, nullptr);
+  EXPECT_STREQ(klein_session_error(m.session), "cancelled");
+  EXPECT_GT(calls, 2);
+  p.progress = nullptr;
+  ASSERT_EQ(klein_generate(m.session, &p, &image), KLEIN_OK) << klein_session_error(m.session);
+  klein_image_free(image);
+}
+
+// --- an installed tree ---------------------------------------------------------------------
+
+int run(const std::string& command, std::string* output = nullptr) {
+  const std::string full = command + " 2>&1";
+  FILE* pipe = ::popen(full.c_str(), "r");
+  if (!pipe) return -1;
+  std::string text;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) text.append(buf, n);
+  const int status = ::pclose(pipe);
+  if (output) *output = text;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+TEST(Install, ExampleBuildsAgainstTheInstalledLibraryAndMakesTheCliPixels) {
+#if defined(KLEIN_SANITIZED)
+  // A program built without the sanitizer cannot load an instrumented library; the normal
+  // build runs this test.
+  GTEST_SKIP() << "sanitizer build";
+#endif
+  const fs::path dir = testing::temp_dir("install");
+  const fs::path prefix = dir / "prefix";
+  const fs::path build = fs::path(KLEIN_BINARY).parent_path();
+  const fs::path example = fs::path(KLEIN_SOURCE_DIR) / "examples" / "c" / "generate.c";
+  std::string log;
+  ASSERT_EQ(run("cmake --install " + build.string() + " --prefix " + prefix.string(), &log), 0)
+      << log;
+  for (const char* file : {"lib/libklein.so", "lib/libklein.a", "include/klein/klein.h",
+                           "lib/pkgconfig/klein.pc", "lib/cmake/klein/kleinConfig.cmake",
+                           "bin/klein"})
+    EXPECT_TRUE(fs::exists(prefix / file)) << file;
+
+  const std::string pc = "PKG_CONFIG_PATH=" + (prefix / "lib" / "pkgconfig").string() + " ";
+  const fs::path shared = dir / "generate-shared", stat = dir / "generate-static";
+  ASSERT_EQ(run("cc " + example.string() + " $(" + pc + "pkg-config --cflags --libs klein) -o " +
+                shared.string(), &log), 0) << log;
+  ASSERT_EQ(run("cc " + example.string() + " $(" + pc + "pkg-config --cflags klein) " +
+                (prefix / "lib" / "libklein.a").string() + " $(" + pc +
+                "pkg-config --static --libs-only-l klein | sed 's/-lklein //') -o " + stat.string(),
+                &log), 0) << log;
+  ASSERT_EQ(run("cmake -S " + (fs::path(KLEIN_SOURCE_DIR) / "tests" / "api" / "consumer").string() +
+                " -B " + (dir / "consumer").string() + " -DCMAKE_PREFIX_PATH=" + prefix.string() +
+                " -DKLEIN_EXAMPLE=" + example.string() + " && cmake --build " +
+                (dir / "consumer").string(), &log), 0) << log;
+
+  const Image cli = cli_image(dir / "cli.png", 9, 48, 64, 2);
+  const std::string args = " " + testing::tiny_model().string() + " \"" + kPrompt + "\" 9 48 64 2 ";
+  const std::string env = "LD_LIBRARY_PATH=" + (prefix / "lib").string() + " ";
+  for (const fs::path& program : {shared, stat, dir / "consumer" / "generate"}) {
+    const fs::path png = dir / (program.filename().string() + ".png");
+    ASSERT_EQ(run(env + program.string() + args + png.string(), &log), 0) << program << log;
+    const Image img = load_image(png);
+    EXPECT_EQ(img.rgb, cli.rgb) << program;
+  }
+  // The static program does not need the shared library.
+  EXPECT_EQ(run("ldd " + stat.string() + " | grep -c libklein", &log), 1) << log;
+}
+
+}  // namespace
+}  // namespace klein
