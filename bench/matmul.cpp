@@ -5,7 +5,8 @@
 //   build-quant/bench/bench_matmul [--full] [--benchmark_filter=<regex>] [--benchmark_repetitions=3]
 //
 // Names: matmul/<type>/<isa>/M<M>/N<N>/K<K> and sgemm/M<M>/N<N>/K<K>. Without --full, a
-// representative subset (quant/bench_matmul.h). Threads: KLEIN_THREADS (default: all cores).
+// representative subset (bench/support/matmul_bench.h). Every type goes through ops::linear,
+// the engine's path. Threads: KLEIN_THREADS (default: the usable CPUs).
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
@@ -17,24 +18,32 @@
 #include <string>
 #include <tuple>
 
-#include "core/threadpool.h"
-#include "quant/bench_matmul.h"
+#include "bench/support/matmul_bench.h"
+#include "ops/compute.h"
 #include "quant/matmul.h"
 
 namespace {
 
 using namespace klein;
+using namespace klein::bench;
 using namespace klein::quant;
 
 constexpr size_t kMatVecBytes = size_t(1) << 30;
 
-ThreadPool& pool() {
-  static ThreadPool p([] {
-    const char* t = std::getenv("KLEIN_THREADS");
-    return t ? std::atoi(t) : 0;
-  }());
-  return p;
+int thread_count() {
+  const char* t = std::getenv("KLEIN_THREADS");
+  return t ? std::atoi(t) : 0;
 }
+
+// A compute context per instruction set, made on first use.
+Compute& context(Isa isa) {
+  static std::map<Isa, std::unique_ptr<Compute>> contexts;
+  auto& cx = contexts[isa];
+  if (!cx) cx = std::make_unique<Compute>(thread_count(), isa);
+  return *cx;
+}
+
+ThreadPool& pool() { return context(best_isa()).pool(); }
 
 // The benchmarks run grouped by shape and type, so one cached entry of each kind is enough
 // (and the whole grid would not fit in memory at once).
@@ -62,8 +71,8 @@ BenchWeights& weights(DType type, int64_t N, int64_t K, bool rotate) {
 }
 
 void sgemm(const float* x, int64_t M, const float* w, int64_t N, int64_t K, float* y) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(N), int(K), 1.0f, x, int(K), w,
-              int(K), 0.0f, y, int(N));
+  static const SgemmFn blas = openblas_sgemm(thread_count());
+  blas(x, M, w, N, K, y);
 }
 
 double sgemm_gops(MatmulShape s) {
@@ -103,10 +112,8 @@ void bm_matmul(benchmark::State& state, DType type, Isa isa, MatmulShape s) {
   BenchWeights& w = weights(type, s.N, s.K, s.M == 1);
   const std::vector<float> x = bench_float_weights(s.M, s.K, 7);
   std::vector<float> y(size_t(s.M * s.N));
-  MatmulScratch scratch;
-  const double t = run_timed(state, [&] {
-    matmul(x.data(), s.M, s.K, w.next(), y.data(), s.N, pool(), {isa, &scratch});
-  });
+  Compute& cx = context(isa);
+  const double t = run_timed(state, [&] { bench_linear(x.data(), s.M, w.next(), y.data(), cx); });
   const double gops = 2.0 * double(s.M * s.N) * double(s.K) / t / 1e9;
   state.counters["GOPS"] = gops;
   state.counters["sgemm_GOPS"] = sgemm_gops(s);
@@ -140,7 +147,6 @@ int main(int argc, char** argv) {
     }
   }
   argc = kept;
-  openblas_set_num_threads(pool().size());
   for (const MatmulShape& s : matmul_bench_shapes(full)) {
     const std::string dims = "/M" + std::to_string(s.M) + "/N" + std::to_string(s.N) + "/K" +
                              std::to_string(s.K);

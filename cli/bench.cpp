@@ -1,8 +1,6 @@
 // klein bench matmul: throughput of the matmul kernels on the model's shapes, for every weight
 // type and the instruction sets asked for, with OpenBLAS sgemm on float32 weights measured in
 // the same run (the machine may be shared: only same-run ratios are meaningful).
-#include <cblas.h>
-
 #include <algorithm>
 #include <cctype>
 
@@ -12,11 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "bench/support/matmul_bench.h"
 #include "cli/commands.h"
 #include "core/cpu.h"
 #include "core/error.h"
-#include "core/threadpool.h"
-#include "quant/bench_matmul.h"
 
 namespace klein::cli {
 namespace {
@@ -42,12 +39,7 @@ DType parse_type(const std::string& name) {
   fail("--type: unknown weight type '", name, "' (expected one of ", lower, ")");
 }
 
-void sgemm(const float* x, int64_t M, const float* w, int64_t N, int64_t K, float* y) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(N), int(K), 1.0f, x, int(K), w,
-              int(K), 0.0f, y, int(N));
-}
-
-void print_table(const std::vector<quant::MatmulBenchRow>& rows) {
+void print_table(const std::vector<bench::MatmulBenchRow>& rows) {
   std::printf("%-5s %-7s %5s %6s %6s %10s %9s %9s %7s %10s\n", "type", "isa", "M", "N", "K",
               "ms/call", "GOP/s", "sgemm", "x sgemm", "GB/s (W)");
   for (const auto& r : rows) {
@@ -62,7 +54,7 @@ void print_table(const std::vector<quant::MatmulBenchRow>& rows) {
   }
 }
 
-void print_json(const std::vector<quant::MatmulBenchRow>& rows, int threads) {
+void print_json(const std::vector<bench::MatmulBenchRow>& rows, int threads) {
   nlohmann::json out;
   out["cpu"] = describe(cpu_features());
   out["threads"] = threads;
@@ -84,27 +76,27 @@ void print_json(const std::vector<quant::MatmulBenchRow>& rows, int threads) {
 
 void run_bench_matmul(const BenchMatmulArgs& a) {
   check(a.min_seconds > 0, "--min-seconds must be positive, got ", a.min_seconds);
-  ThreadPool pool(a.threads);
-  quant::MatmulBenchOptions o;
+  const int threads = a.threads > 0 ? a.threads : usable_cpus();
+  bench::MatmulBenchOptions o;
   if (!a.types.empty()) {
     o.types.clear();
     for (const auto& t : a.types) o.types.push_back(parse_type(t));
   }
   o.isas = a.all_isas ? quant::available_isas() : std::vector<quant::Isa>{quant::best_isa()};
-  for (const auto& s : quant::matmul_bench_shapes(a.full))
+  for (const auto& s : bench::matmul_bench_shapes(a.full))
     if (a.rows.empty() || std::find(a.rows.begin(), a.rows.end(), s.M) != a.rows.end())
       o.shapes.push_back(s);
   check(!o.shapes.empty(), "--rows: no benchmark shape has that M (the shapes use M = 1, 768, ",
         "1536, 4608)");
   o.min_seconds = a.min_seconds;
-  o.sgemm = sgemm;
+  o.sgemm = bench::openblas_sgemm(threads);
   if (!a.json)
     std::fprintf(stderr, "matmul on %s, %d threads, %zu shapes x %zu types x %zu instruction sets\n",
-                 describe(cpu_features()).c_str(), pool.size(), o.shapes.size(), o.types.size(),
+                 describe(cpu_features()).c_str(), threads, o.shapes.size(), o.types.size(),
                  o.isas.size());
-  const auto rows = quant::run_matmul_bench(o, pool);
+  const auto rows = bench::run_matmul_bench(o, threads);
   if (a.json) {
-    print_json(rows, pool.size());
+    print_json(rows, threads);
   } else {
     print_table(rows);
   }

@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/model_options.h"
+#include "core/memory.h"
 #include "convert/inspect.h"
 #include "formats/container/reader.h"
 #include "weights/summary.h"
@@ -30,18 +31,7 @@ std::string with_separators(uint64_t n) {
 }
 
 // Decimal units, as checkpoint sizes are usually quoted ("7.75 GB").
-std::string human_bytes(uint64_t n) {
-  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
-  double v = double(n);
-  int u = 0;
-  while (v >= 1000 && u < 4) {
-    v /= 1000;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
+std::string human_bytes(uint64_t n) { return format_decimal_bytes(n, 1); }
 
 // "1 tensor", "49 tensors"
 std::string tensors(int64_t n) {

@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
-#include "weights/synthetic.h"
+#include "bench/support/synthetic.h"
 
 namespace klein::cli {
 namespace {

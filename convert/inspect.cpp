@@ -5,6 +5,7 @@
 
 #include "convert/policy.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "quant/matmul.h"
 #include "weights/container_store.h"
 
@@ -40,18 +41,7 @@ struct Totals {
   }
 };
 
-std::string human_bytes(uint64_t n) {
-  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
-  double v = double(n);
-  int u = 0;
-  while (v >= 1000 && u < 4) {
-    v /= 1000;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
-  return buf;
-}
+std::string human_bytes(uint64_t n) { return format_decimal_bytes(n, 2); }
 
 std::string fmt(const char* f, double v) {
   char buf[64];

@@ -46,41 +46,15 @@ using TilesQ4Fn = void (*)(const ActBlocks& act, int64_t m0, int64_t b0, int row
                            const TileQ4* tiles, int64_t nblocks, float* y, int64_t ldy, int cols,
                            bool accumulate);
 
-// Copies rows [0, rows) (rows <= gemm_rows), columns [0, kc) of x into out[kc][gemm_rows],
-// interleaved so that the kernel finds x[r, k] at out[k * gemm_rows + r]; missing rows are 0.
-using PackRowsFn = void (*)(const float* x, int64_t ldx, int rows, int kc, float* out);
-
-// Converts W rows [0, rows) (rows <= panel_cols), columns [0, kc) of a row-major F32/BF16/F16
-// matrix (w points at the first element, ldw in elements) into panel[kc][panel_cols]
-// float32, transposed; rows past `rows` are zero. kc is a multiple of 32.
-using PackPanelFn = void (*)(DType type, const void* w, int64_t ldw, int rows, int kc,
-                             float* panel);
-
-// y[r, c] (+)= sum_k x[r, k] * panel[k][c] for r < rows <= gemm_rows, c < cols <= panel_cols,
-// with x packed by pack_rows.
-using GemmPanelFn = void (*)(const float* xp, int rows, const float* panel, int kc, float* y,
-                             int64_t ldy, int cols, bool accumulate);
-
-// Small M: y[r, c] (+)= sum_k x[r, k] * W[c, k] for r < rows <= kDotRows, c < wrows <= kDotCols,
-// k < K, reading W rows (row-major F32/BF16/F16, ldw in elements) directly.
-constexpr int kDotRows = 4;
-constexpr int kDotCols = 4;
-using DotRowsFn = void (*)(DType type, const float* x, int64_t ldx, int rows, const void* w,
-                           int64_t ldw, int wrows, int64_t K, float* y, int64_t ldy,
-                           bool accumulate);
-
+// The integer kernels of one instruction set (Q8 / Q4 weights, int8 activations). Float
+// weights are not multiplied here: ops::linear sends them to OpenBLAS, or on AMX CPUs to the
+// tile kernels below.
 struct Kernels {
   Isa isa;
-  int int_rows;    // most activation rows per tiles_q8 / tiles_q4 call
-  int gemm_rows;   // most rows per gemm_panel call
-  int panel_cols;  // columns of a packed float panel
+  int int_rows;  // most activation rows per tiles_q8 / tiles_q4 call
   QuantizeRowsFn quantize_rows;
   TilesQ8Fn tiles_q8;
   TilesQ4Fn tiles_q4;
-  PackRowsFn pack_rows;
-  PackPanelFn pack_panel;
-  GemmPanelFn gemm_panel;
-  DotRowsFn dot_rows;
 };
 
 // ---- AMX (Isa::Amx): BF16 tiles from M >= kAmxMinRows ---------------------------------------

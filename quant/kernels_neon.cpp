@@ -17,8 +17,6 @@ namespace klein::quant::detail {
 namespace {
 
 constexpr int kIntRows = 8;
-constexpr int kGemmRows = 8;
-constexpr int kPanelCols = 12;
 
 // Calls f(std::integral_constant<int, i>) for i = 0..N-1: lane numbers must be constants.
 template <class F, int... I>
@@ -219,162 +217,13 @@ void tiles_q4(const ActBlocks& act, int64_t m0, int64_t b0, int rows, const Tile
   fns[rows - 1](ActStream(act, m0, b0), tiles, nblocks, y, ldy, cols, accumulate);
 }
 
-// ---- Float panels --------------------------------------------------------------------------
-
-template <DType T>
-inline float32x4_t load4(const void* w, int64_t i) {
-  if constexpr (T == DType::BF16) {
-    return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(static_cast<const uint16_t*>(w) + i), 16));
-  } else if constexpr (T == DType::F16) {
-    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(static_cast<const uint16_t*>(w) + i)));
-  } else {
-    return vld1q_f32(static_cast<const float*>(w) + i);
-  }
-}
-
-constexpr size_t element_size(DType t) { return t == DType::F32 ? 4 : 2; }
-
-// In-register transpose of a 4 x 4 block: r[i] (row i) becomes column i.
-inline void transpose4(float32x4_t r[4]) {
-  const float32x4_t t0 = vtrn1q_f32(r[0], r[1]), t1 = vtrn2q_f32(r[0], r[1]);
-  const float32x4_t t2 = vtrn1q_f32(r[2], r[3]), t3 = vtrn2q_f32(r[2], r[3]);
-  auto f64 = [](float32x4_t v) { return vreinterpretq_f64_f32(v); };
-  r[0] = vreinterpretq_f32_f64(vtrn1q_f64(f64(t0), f64(t2)));
-  r[1] = vreinterpretq_f32_f64(vtrn1q_f64(f64(t1), f64(t3)));
-  r[2] = vreinterpretq_f32_f64(vtrn2q_f64(f64(t0), f64(t2)));
-  r[3] = vreinterpretq_f32_f64(vtrn2q_f64(f64(t1), f64(t3)));
-}
-
-constexpr int kPrefetchAhead = 64;  // elements
-
-template <DType T>
-void pack_panel_t(const void* w, int64_t ldw, int rows, int kc, float* panel) {
-  const auto* base = static_cast<const uint8_t*>(w);
-  for (int quad = 0; quad < kPanelCols / 4; ++quad) {
-    for (int k = 0; k < kc; k += 4) {
-      float32x4_t r[4];
-      for (int i = 0; i < 4; ++i) {
-        const int row = 4 * quad + i;
-        if (row >= rows) {
-          r[i] = vdupq_n_f32(0);
-          continue;
-        }
-        const uint8_t* src = base + size_t(row * ldw) * element_size(T);
-        // 12 rows are too many streams for the hardware prefetcher: ask for each row's data a
-        // few blocks ahead.
-        __builtin_prefetch(src + (k + kPrefetchAhead) * element_size(T));
-        r[i] = load4<T>(src, k);
-      }
-      transpose4(r);
-      for (int i = 0; i < 4; ++i) vst1q_f32(panel + (k + i) * kPanelCols + 4 * quad, r[i]);
-    }
-  }
-}
-
-void pack_panel(DType type, const void* w, int64_t ldw, int rows, int kc, float* panel) {
-  switch (type) {
-    case DType::BF16: return pack_panel_t<DType::BF16>(w, ldw, rows, kc, panel);
-    case DType::F16: return pack_panel_t<DType::F16>(w, ldw, rows, kc, panel);
-    default: return pack_panel_t<DType::F32>(w, ldw, rows, kc, panel);
-  }
-}
-
-void pack_rows(const float* x, int64_t ldx, int rows, int kc, float* out) {
-  for (int quad = 0; quad < kGemmRows / 4; ++quad) {
-    for (int k = 0; k < kc; k += 4) {
-      float32x4_t r[4];
-      for (int i = 0; i < 4; ++i) {
-        const int row = 4 * quad + i;
-        r[i] = row < rows ? vld1q_f32(x + row * ldx + k) : vdupq_n_f32(0);
-      }
-      transpose4(r);
-      for (int i = 0; i < 4; ++i) vst1q_f32(out + (k + i) * kGemmRows + 4 * quad, r[i]);
-    }
-  }
-}
-
-// 8 x 12 outputs in 24 registers; per k: three panel loads, two loads of 4 rows of x, and 24
-// FMAs by element.
-template <int R>
-void gemm_rows(const float* xp, const float* panel, int kc, float* y, int64_t ldy, int cols,
-               bool accumulate) {
-  float32x4_t acc[R][3];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = vdupq_n_f32(0);
-  for (int k = 0; k < kc; ++k) {
-    const float32x4_t w0 = vld1q_f32(panel + k * kPanelCols);
-    const float32x4_t w1 = vld1q_f32(panel + k * kPanelCols + 4);
-    const float32x4_t w2 = vld1q_f32(panel + k * kPanelCols + 8);
-    const float32x4_t x[2] = {vld1q_f32(xp + k * kGemmRows), vld1q_f32(xp + k * kGemmRows + 4)};
-    unroll<R>([&](auto r) {
-      constexpr int i = decltype(r)::value;
-      acc[i][0] = vfmaq_laneq_f32(acc[i][0], w0, x[i / 4], i % 4);
-      acc[i][1] = vfmaq_laneq_f32(acc[i][1], w1, x[i / 4], i % 4);
-      acc[i][2] = vfmaq_laneq_f32(acc[i][2], w2, x[i / 4], i % 4);
-    });
-  }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 3; ++j) store4(y + r * ldy + 4 * j, acc[r][j], cols - 4 * j, accumulate);
-}
-
-void gemm_panel(const float* xp, int rows, const float* panel, int kc, float* y, int64_t ldy,
-                int cols, bool accumulate) {
-  using Fn = void (*)(const float*, const float*, int, float*, int64_t, int, bool);
-  static constexpr Fn fns[kGemmRows] = {gemm_rows<1>, gemm_rows<2>, gemm_rows<3>, gemm_rows<4>,
-                                        gemm_rows<5>, gemm_rows<6>, gemm_rows<7>, gemm_rows<8>};
-  fns[rows - 1](xp, panel, kc, y, ldy, cols, accumulate);
-}
-
-// ---- Small M: dot products along K ---------------------------------------------------------
-
-template <DType T, int R, int C>
-void dot_tile(const float* x, int64_t ldx, const void* w, int64_t ldw, int64_t K, float* y,
-              int64_t ldy, bool accumulate) {
-  const auto* base = static_cast<const uint8_t*>(w);
-  float32x4_t acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = vdupq_n_f32(0);
-  for (int64_t k = 0; k < K; k += 4) {
-    float32x4_t wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = load4<T>(base + size_t(c * ldw) * element_size(T), k);
-    for (int r = 0; r < R; ++r) {
-      const float32x4_t xv = vld1q_f32(x + r * ldx + k);
-      for (int c = 0; c < C; ++c) acc[r][c] = vfmaq_f32(acc[r][c], xv, wv[c]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[r * ldy + c] = (accumulate ? y[r * ldy + c] : 0.0f) + vaddvq_f32(acc[r][c]);
-}
-
-template <DType T>
-void dot_rows_t(const float* x, int64_t ldx, int rows, const void* w, int64_t ldw, int wrows,
-                int64_t K, float* y, int64_t ldy, bool accumulate) {
-  using Fn = void (*)(const float*, int64_t, const void*, int64_t, int64_t, float*, int64_t, bool);
-  static constexpr Fn fns[kDotRows][kDotCols] = {
-      {dot_tile<T, 1, 1>, dot_tile<T, 1, 2>, dot_tile<T, 1, 3>, dot_tile<T, 1, 4>},
-      {dot_tile<T, 2, 1>, dot_tile<T, 2, 2>, dot_tile<T, 2, 3>, dot_tile<T, 2, 4>},
-      {dot_tile<T, 3, 1>, dot_tile<T, 3, 2>, dot_tile<T, 3, 3>, dot_tile<T, 3, 4>},
-      {dot_tile<T, 4, 1>, dot_tile<T, 4, 2>, dot_tile<T, 4, 3>, dot_tile<T, 4, 4>}};
-  fns[rows - 1][wrows - 1](x, ldx, w, ldw, K, y, ldy, accumulate);
-}
-
-void dot_rows(DType type, const float* x, int64_t ldx, int rows, const void* w, int64_t ldw,
-              int wrows, int64_t K, float* y, int64_t ldy, bool accumulate) {
-  switch (type) {
-    case DType::BF16: return dot_rows_t<DType::BF16>(x, ldx, rows, w, ldw, wrows, K, y, ldy, accumulate);
-    case DType::F16: return dot_rows_t<DType::F16>(x, ldx, rows, w, ldw, wrows, K, y, ldy, accumulate);
-    default: return dot_rows_t<DType::F32>(x, ldx, rows, w, ldw, wrows, K, y, ldy, accumulate);
-  }
-}
-
 }  // namespace
 
 const Kernels& neon_kernels() {
-  static const Kernels with_dotprod{Isa::Neon,     kIntRows,       kGemmRows,      kPanelCols,
-                                    quantize_rows, tiles_q8<true>, tiles_q4<true>, pack_rows,
-                                    pack_panel,    gemm_panel,     dot_rows};
-  static const Kernels without_dotprod{Isa::Neon,     kIntRows,        kGemmRows,       kPanelCols,
-                                       quantize_rows, tiles_q8<false>, tiles_q4<false>, pack_rows,
-                                       pack_panel,    gemm_panel,      dot_rows};
+  static const Kernels with_dotprod{Isa::Neon, kIntRows, quantize_rows, tiles_q8<true>,
+                                    tiles_q4<true>};
+  static const Kernels without_dotprod{Isa::Neon, kIntRows, quantize_rows, tiles_q8<false>,
+                                       tiles_q4<false>};
   return cpu_features().neon_dotprod ? with_dotprod : without_dotprod;
 }
 

@@ -10,8 +10,6 @@
 namespace klein::quant::detail {
 namespace {
 
-constexpr int kPanelCols = 16;
-constexpr int kGemmRows = 4;
 constexpr int kIntRows = 4;
 
 void quantize_rows(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K,
@@ -85,66 +83,10 @@ void tiles_q4(const ActBlocks& act, int64_t m0, int64_t b0, int rows, const Tile
   }
 }
 
-float load_as_f32(DType type, const void* w, int64_t i) {
-  switch (type) {
-    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
-    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(w)[i]);
-    default: return static_cast<const float*>(w)[i];
-  }
-}
-
-void pack_panel(DType type, const void* w, int64_t ldw, int rows, int kc, float* panel) {
-  for (int k = 0; k < kc; ++k)
-    for (int c = 0; c < kPanelCols; ++c)
-      panel[k * kPanelCols + c] = c < rows ? load_as_f32(type, w, c * ldw + k) : 0.0f;
-}
-
-void pack_rows(const float* x, int64_t ldx, int rows, int kc, float* out) {
-  for (int k = 0; k < kc; ++k)
-    for (int r = 0; r < kGemmRows; ++r) out[k * kGemmRows + r] = r < rows ? x[r * ldx + k] : 0.0f;
-}
-
-void gemm_panel(const float* xp, int rows, const float* panel, int kc, float* y, int64_t ldy,
-                int cols, bool accumulate) {
-  for (int r = 0; r < rows; ++r) {
-    float acc[kPanelCols] = {};
-    for (int k = 0; k < kc; ++k) {
-      const float xv = xp[k * kGemmRows + r];
-      for (int c = 0; c < kPanelCols; ++c) acc[c] += xv * panel[k * kPanelCols + c];
-    }
-    for (int c = 0; c < cols; ++c) y[r * ldy + c] = (accumulate ? y[r * ldy + c] : 0.0f) + acc[c];
-  }
-}
-
-// Eight partial sums: a shape the compiler vectorises without reassociating anything.
-float dot8(const float* a, const float* b, int n) {
-  float s[8] = {};
-  for (int k = 0; k < n; k += 8)
-    for (int j = 0; j < 8; ++j) s[j] += a[k + j] * b[k + j];
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
-
-void dot_rows(DType type, const float* x, int64_t ldx, int rows, const void* w, int64_t ldw,
-              int wrows, int64_t K, float* y, int64_t ldy, bool accumulate) {
-  constexpr int kChunk = 256;  // converted W values per row held at once
-  float wf[kChunk];
-  float acc[kDotRows][kDotCols] = {};
-  for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
-    const int n = int(std::min<int64_t>(kChunk, K - k0));
-    for (int c = 0; c < wrows; ++c) {
-      for (int k = 0; k < n; ++k) wf[k] = load_as_f32(type, w, c * ldw + k0 + k);
-      for (int r = 0; r < rows; ++r) acc[r][c] += dot8(x + r * ldx + k0, wf, n);
-    }
-  }
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < wrows; ++c) y[r * ldy + c] = (accumulate ? y[r * ldy + c] : 0.0f) + acc[r][c];
-}
-
 }  // namespace
 
 const Kernels& scalar_kernels() {
-  static const Kernels k{Isa::Scalar, kIntRows,  kGemmRows,  kPanelCols, quantize_rows, tiles_q8,
-                         tiles_q4,    pack_rows, pack_panel, gemm_panel, dot_rows};
+  static const Kernels k{Isa::Scalar, kIntRows, quantize_rows, tiles_q8, tiles_q4};
   return k;
 }
 

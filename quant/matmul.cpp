@@ -23,10 +23,6 @@ using detail::Kernels;
 // ---- Tuning (measured on a 2-core AVX-512 machine; see BENCHMARKS.md) ----------------------
 // Below this M the float types use dot products along K on the row-major weights; from it
 // on, converting 32-row panels pays for itself.
-constexpr int64_t kFloatSmallM = 32;
-constexpr int64_t kDotKc = 2048;         // columns per pass of the small-M path (X in L2)
-constexpr int kFloatKc = 512;            // columns per float panel: kFloatKc x 32 floats = 64 KiB
-constexpr int64_t kFloatMaxRows = 384;   // packed X block: 384 x kFloatKc floats = 768 KiB (L2)
 constexpr int64_t kIntKcBlocks = 64;     // 32-column blocks per chunk of K (2048 columns)
 constexpr int64_t kIntMaxRows = 384;     // int8 activation block: 384 x 2 KiB (L2)
 constexpr int64_t kIntSubGroups = 16;    // weight groups whose Y block stays in L2: 384 x 256
@@ -139,121 +135,6 @@ class WorkerBuffers {
   int workers_;
   T* base_ = nullptr;
 };
-
-// ---- Float weights (F32 / BF16 / F16, row-major) -------------------------------------------
-
-// Rows [n0, n0 + rows) x columns [k0, k0 + kc) of W in a form the float kernels read: the
-// float types in place, Q8 / Q4 (exact_activations) dequantized into `buffer`, kc per row.
-struct WeightRows {
-  DType type;
-  const void* data;
-  int64_t ld;  // elements
-};
-
-WeightRows weight_rows(const Matrix& w, int64_t n0, int rows, int64_t k0, int64_t kc,
-                       float* buffer) {
-  const int64_t K = w.cols, nb = K / kBlock;
-  const auto* base = static_cast<const uint8_t*>(w.data);
-  if (is_float(w.type)) return {w.type, base + size_t(n0 * K + k0) * dtype_size(w.type), K};
-  for (int r = 0; r < rows; ++r) {
-    const int64_t n = n0 + r;
-    float* out = buffer + r * kc;
-    if (w.layout == Layout::RowMajor) {
-      const uint8_t* row = base + size_t(n * nb + k0 / kBlock) * block_bytes(w.type);
-      if (w.type == DType::Q8) dequantize_q8(reinterpret_cast<const BlockQ8*>(row), out, kc);
-      if (w.type == DType::Q4) dequantize_q4(reinterpret_cast<const BlockQ4*>(row), out, kc);
-      continue;
-    }
-    // Straight from the tiles, with the same arithmetic as dequantize_q8 / dequantize_q4.
-    const int64_t g = n / kTileRows;
-    const int rr = int(n % kTileRows);
-    for (int64_t b = k0 / kBlock; b < (k0 + kc) / kBlock; ++b, out += kBlock) {
-      const uint8_t* tile = base + size_t(g * nb + b) * tile_bytes(w.type);
-      if (w.type == DType::Q8) {
-        const auto& t = *reinterpret_cast<const TileQ8*>(tile);
-        const float d = f16_to_f32(t.scale[rr]);
-        for (int i = 0; i < kBlock; ++i) out[i] = d * (float(t.q[i / 4][rr][i % 4]) - 128.0f);
-      } else {
-        const auto& t = *reinterpret_cast<const TileQ4*>(tile);
-        const float d = q4_scale(t.scale[rr]), z = t.zero[rr] / 16.0f;
-        for (int i = 0; i < kBlock / 2; ++i) {
-          const uint8_t v = t.q[i / 4][rr][i % 4];
-          out[i] = d * (float(v & 15) - z);
-          out[i + 16] = d * (float(v >> 4) - z);
-        }
-      }
-    }
-  }
-  return {DType::F32, buffer, kc};
-}
-
-void matmul_float_small_m(const Kernels& kern, const float* x, int64_t M, int64_t ldx,
-                          const Matrix& w, float* y, int64_t ldy, ThreadPool& pool,
-                          MatmulScratch* scratch) {
-  const int64_t N = w.rows, K = w.cols;
-  const int64_t quads = ceil_div(N, detail::kDotCols);
-  const Split s = split_work(1, quads, pool.size(), 1, 1);
-  WorkerBuffers<float> buffers(scratch, pool.size(),
-                               is_float(w.type) ? 1 : size_t(kDotKc) * detail::kDotCols);
-  pool.for_each_task(s.tasks(), [&](int64_t task, int worker) {
-    const int64_t q0 = task * s.n_chunk, q1 = std::min(quads, q0 + s.n_chunk);
-    // K in chunks, so that the rows of X stay in L2 while every W row streams past once.
-    for (int64_t k0 = 0; k0 < K; k0 += kDotKc) {
-      const int64_t kc = std::min(kDotKc, K - k0);
-      for (int64_t q = q0; q < q1; ++q) {
-        const int64_t n0 = q * detail::kDotCols;
-        const int wrows = int(std::min<int64_t>(detail::kDotCols, N - n0));
-        const WeightRows wr = weight_rows(w, n0, wrows, k0, kc, buffers[worker]);
-        for (int64_t m = 0; m < M; m += detail::kDotRows) {
-          const int rows = int(std::min<int64_t>(detail::kDotRows, M - m));
-          kern.dot_rows(wr.type, x + m * ldx + k0, ldx, rows, wr.data, wr.ld, wrows, kc,
-                        y + m * ldy + n0, ldy, k0 > 0);
-        }
-      }
-    }
-  });
-}
-
-void matmul_float(const Kernels& kern, const float* x, int64_t M, int64_t ldx, const Matrix& w,
-                  float* y, int64_t ldy, ThreadPool& pool, MatmulScratch* scratch) {
-  if (M < kFloatSmallM) return matmul_float_small_m(kern, x, M, ldx, w, y, ldy, pool, scratch);
-  const int64_t N = w.rows, K = w.cols;
-  const int pc = kern.panel_cols, mr = kern.gemm_rows;
-  const int64_t tiles = ceil_div(N, pc);
-  const Split s = split_work(M, tiles, pool.size(), mr, kFloatMaxRows);
-  // Per worker: one packed block of X rows, one W panel, and (Q8 / Q4) dequantized W rows.
-  const size_t xp_floats = size_t(s.m_block) * kFloatKc;
-  const size_t panel_floats = size_t(kFloatKc) * pc;
-  const size_t rows_floats = is_float(w.type) ? 0 : panel_floats;
-  WorkerBuffers<float> buffers(scratch, pool.size(), xp_floats + panel_floats + rows_floats);
-  pool.for_each_task(s.tasks(), [&](int64_t task, int worker) {
-    float* xp = buffers[worker];
-    float* panel = xp + xp_floats;
-    float* rows_buffer = panel + panel_floats;
-    const int64_t m0 = (task / s.n_chunks) * s.m_block, m1 = std::min(M, m0 + s.m_block);
-    const int64_t t0 = (task % s.n_chunks) * s.n_chunk, t1 = std::min(tiles, t0 + s.n_chunk);
-    // K chunks outermost: the packed X block [m0, m1) x kc stays in L2 while each W panel,
-    // converted once, serves all the row tiles. Y goes to memory and back once per chunk,
-    // which costs less than streaming X from memory once per panel would.
-    for (int64_t k0 = 0; k0 < K; k0 += kFloatKc) {
-      const int kc = int(std::min<int64_t>(kFloatKc, K - k0));
-      for (int64_t m = m0; m < m1; m += mr)
-        kern.pack_rows(x + m * ldx + k0, ldx, int(std::min<int64_t>(mr, m1 - m)), kc,
-                       xp + (m - m0) * kFloatKc);
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t n0 = t * pc;
-        const int cols = int(std::min<int64_t>(pc, N - n0));
-        const WeightRows wr = weight_rows(w, n0, cols, k0, kc, rows_buffer);
-        kern.pack_panel(wr.type, wr.data, wr.ld, cols, kc, panel);
-        for (int64_t m = m0; m < m1; m += mr) {
-          const int rows = int(std::min<int64_t>(mr, m1 - m));
-          kern.gemm_panel(xp + (m - m0) * kFloatKc, rows, panel, kc, y + m * ldy + n0, ldy, cols,
-                          k0 > 0);
-        }
-      }
-    }
-  });
-}
 
 // ---- Quantized weights (Q8 / Q4) -----------------------------------------------------------
 
@@ -758,8 +639,9 @@ void matmul(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* y, i
                       exact ? detail::kAmxMaxSplits : 1);
   }
 #endif
-  if (is_float(w.type) || options.exact_activations)
-    return matmul_float(kern, x, M, ldx, w, y, ldy, pool, options.scratch);
+  check(!is_float(w.type), "matmul: ", dtype_name(w.type), " weights are multiplied here only on "
+        "AMX tiles (M >= ", detail::kAmxMinRows, "); elsewhere ops::linear runs them through "
+        "OpenBLAS");
   matmul_quantized(kern, x, M, ldx, w, y, ldy, pool, options.scratch);
 }
 
@@ -768,7 +650,7 @@ bool runs_on_tiles(const Matrix& w, int64_t M, const MatmulOptions& options) {
   if (isa != Isa::Amx || !isa_available(isa)) return false;
   if (M < detail::kAmxMinRows || w.cols % kBlock != 0) return false;
   if (is_float(w.type)) return w.type == DType::BF16 || options.float_on_tiles;
-  return !options.exact_activations;
+  return true;
 }
 
 void matmul_reference(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* y,

@@ -1,15 +1,15 @@
 #pragma once
 // The hot loop of the engine: Y[M, N] = X[M, K] * W[N, K]^T with float32 activations X and a
 // weight matrix W in any storage type (F32, BF16, F16, Q8, Q4; formats in quant/blocks.h).
+// ops::linear is the one entry point of the engine's projections and decides the path:
 //
-// How each type is multiplied (chosen by measurement, see BENCHMARKS.md "Matmul kernels"):
-// - F32, BF16, F16 (row-major, straight from safetensors): exact float32 activations.
-//   Large M: 32-row panels of W are converted to float32 and transposed into a small
-//   per-thread buffer (never the whole matrix) and a register-tiled FMA kernel streams X
-//   over them. Small M: dot products along K, converting W in registers.
-//   BF16 on AMX CPUs from 32 rows on: each activation is split into three bf16 parts (hi + mid
-//   + lo = x, exactly) and all three are multiplied by the bf16 weight on the tile unit into
-//   float32 sums: the same inputs as the FMA kernel, 3x the additions, 2.5-2.8x its speed.
+// How each type is multiplied (chosen by measurement, see docs/SPEED.md):
+// - F32, BF16, F16 (row-major, straight from safetensors): exact float32 activations, through
+//   OpenBLAS sgemm on converted panels (in ops::linear; our own float32 FMA panels reached
+//   only 0.85-1.03x sgemm and were removed). Here only on AMX CPUs from 32 rows on: BF16 with
+//   each activation split into three bf16 parts (hi + mid + lo = x, exactly), all three
+//   multiplied by the bf16 weight on the tile unit into float32 sums (2.2-2.5x sgemm), and
+//   any float type rounded to bf16 under float_on_tiles.
 // - Q8, Q4: the activations are quantized once per call to int8 in blocks of 32 (scale =
 //   max|x| / 127, shared by all threads), then integer blocks are multiplied (AVX-512 VNNI
 //   vpdpbusd, NEON sdot, AVX2 pmaddubsw) and each block's int32 sum is scaled into a float
@@ -18,9 +18,7 @@
 //
 // Accuracy against y_exact = sum_k x[m, k] * w[n, k] in exact arithmetic, w the dequantized
 // weights, P = sum_k |x[m, k] * w[n, k]|; checked for every output by tests/quant:
-// - F32 / BF16 / F16 (and Q8 / Q4 with exact_activations): |y - y_exact| <= (K + 18) 2^-24 P,
-//   the worst case of float32 summation. Measured RMS error / RMS y: 3e-7 at K = 3072.
-//   BF16 on AMX tiles (three parts): (3 K + 20) 2^-24 * 1.01 P (three additions per product;
+// - BF16 on AMX tiles (three parts): (3 K + 20) 2^-24 * 1.01 P (three additions per product;
 //   parts below 2^-126 are flushed, which adds 2^-126 sum |w| at most).
 // - Q8 / Q4: |y - y_exact| <= sum_b (max_b |x| / 254) sum_{k in b} |w[n, k]|   (int8 rounding)
 //                           + (K/32 + 4) 2^-23 sum_b 1.01 max_b |x| S_b + 2^-23 P (float32)
@@ -104,25 +102,20 @@ class MatmulScratch {
 struct MatmulOptions {
   Isa isa = Isa::Auto;
   MatmulScratch* scratch = nullptr;
-  // Q8 / Q4: keep the activations in float32 and dequantize the weights block by block into
-  // the float kernels instead of multiplying int8 blocks. No activation rounding error (the
-  // float bound above applies); about the speed of BF16 weights for M >= 32, slower below
-  // (each weight is dequantized per use, ~1e9 weights/s per core). Ignored for float types.
-  bool exact_activations = false;
   // F32 / BF16 / F16: on AMX CPUs (Isa::Amx) from 32 rows of X on, multiply on bf16 tiles as
   // the Q8 / Q4 path does (activations and weights rounded to bf16, float32 sums; the bound is
-  // (2^-8 + 2^-17 + (K + 20) 2^-24) sum |x w|). Off (the default): float32 activations (BF16
-  // on AMX as three exact bf16 parts, the others on the float32 kernels).
+  // (2^-8 + 2^-17 + (K + 20) 2^-24) sum |x w|). Off (the default): BF16 on AMX as three exact
+  // bf16 parts; F32 and F16 are not taken (ops::linear multiplies them with OpenBLAS).
   bool float_on_tiles = false;
 };
 
 // Whether matmul(x with M rows, w, options) runs on AMX tiles: Isa::Amx (or Auto on an AMX
-// CPU), M >= 32, K a multiple of 32, and weights Q8 / Q4 (without exact_activations), BF16,
-// or any float type with float_on_tiles. Callers that have a faster kernel of their own for
-// the other cases (ops::linear: OpenBLAS for float weights) ask this first.
+// CPU), M >= 32, K a multiple of 32, and weights Q8 / Q4, BF16, or any float type with
+// float_on_tiles. ops::linear asks this first for float weights (OpenBLAS otherwise).
 bool runs_on_tiles(const Matrix& w, int64_t M, const MatmulOptions& options = {});
 
 // y[m * ldy + n] = sum_k x[m * ldx + k] * W[n, k] for m < M, n < N = w.rows, k < K = w.cols.
+// Q8 / Q4 weights on any CPU; float weights only where runs_on_tiles says so (else it throws).
 // All paths agree with matmul_reference within the bounds stated at the top of this file.
 void matmul(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* y, int64_t ldy,
             ThreadPool& pool, const MatmulOptions& options = {});

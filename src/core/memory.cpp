@@ -140,4 +140,17 @@ std::string format_bytes(uint64_t bytes) {
   return buf;
 }
 
+std::string format_decimal_bytes(uint64_t bytes, int decimals) {
+  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
+  double v = double(bytes);
+  int u = 0;
+  while (v >= 1000 && u < 4) {
+    v /= 1000;
+    ++u;
+  }
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.*f %s", u == 0 ? 0 : decimals, v, units[u]);
+  return buf;
+}
+
 }  // namespace klein

@@ -34,5 +34,7 @@ void return_free_memory();
 uint64_t parse_memory_size(std::string_view text, const std::string& what);
 // Bytes for people: "812 MiB", "1.50 GiB", "640 KiB", "12 B".
 std::string format_bytes(uint64_t bytes);
+// In decimal units, as file and checkpoint sizes are usually quoted: "7.75 GB", "512 B".
+std::string format_decimal_bytes(uint64_t bytes, int decimals = 2);
 
 }  // namespace klein

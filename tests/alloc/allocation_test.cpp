@@ -9,10 +9,10 @@
 #include <new>
 #include <vector>
 
-#include "convert/convert.h"
 #include "pipeline/model_tokenizer.h"
 #include "pipeline/pipeline.h"
 #include "support/testing.h"
+#include "support/tiny_container.h"
 #include "weights/container_store.h"
 
 namespace {
@@ -56,17 +56,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path& tiny_container() {
-  static const fs::path path = [] {
-    convert::ConvertOptions o;
-    o.source.model = testing::tiny_model();
-    o.output = testing::temp_dir("allocation-container") / "tiny-q8.klein";
-    o.target = DType::Q8;
-    convert::convert_model(o);
-    return o.output;
-  }();
-  return path;
-}
+const fs::path& tiny_container() { return testing::tiny_q8_container("allocation-container"); }
 
 // Allocations counted between the end of one step and the end of the next, for steps 2..n.
 // `extra` runs inside the counted window (to show that the count can move).

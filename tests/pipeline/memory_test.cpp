@@ -8,7 +8,6 @@
 #include <set>
 #include <sstream>
 
-#include "convert/convert.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "formats/image/image.h"
@@ -16,6 +15,7 @@
 #include "pipeline/model_tokenizer.h"
 #include "pipeline/pipeline.h"
 #include "support/testing.h"
+#include "support/tiny_container.h"
 #include "weights/container_store.h"
 #include "weights/model_source.h"
 
@@ -140,17 +140,7 @@ TEST(MemoryPlan, ForcedResidencyIsCheckedAgainstAGivenBudget) {
 
 // --- the tiny model as a container -----------------------------------------------------------
 
-const fs::path& tiny_container() {
-  static const fs::path path = [] {
-    convert::ConvertOptions o;
-    o.source.model = testing::tiny_model();
-    o.output = testing::temp_dir("memory-container") / "tiny-q8.klein";
-    o.target = DType::Q8;
-    convert::convert_model(o);
-    return o.output;
-  }();
-  return path;
-}
+const fs::path& tiny_container() { return testing::tiny_q8_container("memory-container"); }
 
 TEST(MemoryEstimate, FollowsTheUnitsAndTheImageSize) {
   ContainerStore store(tiny_container());

@@ -87,8 +87,7 @@ class Bounds {
     }
   }
 
-  // Against the float32-activation reference; `exact`: float32 activations throughout (the
-  // float types, and Q8 / Q4 with exact_activations).
+  // Against the float32-activation reference; `exact`: float32 activations throughout.
   double to_reference(int64_t m, int64_t n, bool exact) const {
     const size_t i = size_t(m * N_ + n);
     if (!exact) return activation_[i] + rounding_[i] + 2 * kU * magnitude_[i] + 1e-30;
@@ -151,21 +150,23 @@ void check_case(const Case& c, ThreadPool& pool) {
     std::vector<float> ref(size_t(M * ldy), sentinel);
     matmul_reference(x.data(), M, ldx, p.matrix, ref.data(), ldy);
     const bool quantized = type == DType::Q8 || type == DType::Q4;
-    // Quantized types: int8 / bf16-tile activations, then exact_activations. Float types:
-    // the exact kernels, then float_on_tiles (bf16 tiles on AMX, exact elsewhere).
-    for (bool second : {false, true}) {
-      const bool exact = second && quantized;
-      const bool float_tiles = second && !quantized;
+    // Quantized types: int8 / bf16-tile activations on every instruction set. Float types
+    // only where they run on AMX tiles (BF16 in three exact parts, then any type under
+    // float_on_tiles); elsewhere ops::linear multiplies them with OpenBLAS (tests/ops).
+    for (bool float_tiles : {false, true}) {
+      if (quantized && float_tiles) continue;
       std::vector<float> scalar;
       for (Isa isa : available_isas()) {
         std::vector<float> y(size_t(M * ldy), sentinel);
         MatmulOptions options;
         options.isa = isa;
-        options.exact_activations = exact;
         options.float_on_tiles = float_tiles;
+        if (!quantized && !runs_on_tiles(p.matrix, M, options)) {
+          EXPECT_THROW(matmul(x.data(), M, ldx, p.matrix, y.data(), ldy, pool, options), Error);
+          continue;
+        }
         matmul(x.data(), M, ldx, p.matrix, y.data(), ldy, pool, options);
         const std::string what = describe(type, layout, isa, c.shape) +
-                                 (exact ? " exact_activations" : "") +
                                  (float_tiles ? " float_on_tiles" : "");
         int failures = 0;
         for (int64_t m = 0; m < M && failures < 5; ++m) {
@@ -178,21 +179,21 @@ void check_case(const Case& c, ThreadPool& pool) {
             }
             const double err = std::fabs(got - ref[size_t(m * ldy + n)]);
             // AMX rounds to bf16 instead of int8 blocks, from kAmxMinRows rows on.
-            const bool tiles = isa == Isa::Amx && (quantized ? !exact : float_tiles) &&
+            const bool tiles = isa == Isa::Amx && (quantized || float_tiles) &&
                                M >= detail::kAmxMinRows;
             // BF16 weights on AMX without float_on_tiles: exact activations in three parts.
             const bool split = isa == Isa::Amx && type == DType::BF16 && !float_tiles &&
                                M >= detail::kAmxMinRows;
             const double bound = tiles   ? bounds.bf16_tiles(m, n)
                                  : split ? bounds.split_tiles(m, n)
-                                         : bounds.to_reference(m, n, exact || !quantized);
+                                         : bounds.to_reference(m, n, !quantized);
             if (!(err <= bound)) {
               ++failures;
               ADD_FAILURE() << what << " y[" << m << ", " << n << "] = " << got << ", reference "
                             << ref[size_t(m * ldy + n)] << ", error " << err << " > bound "
                             << bound;
             }
-            if (!scalar.empty() && quantized && !exact && !tiles) {
+            if (!scalar.empty() && quantized && !tiles) {
               const double d = std::fabs(got - scalar[size_t(m * ldy + n)]);
               if (!(d <= bounds.between_paths(m, n))) {
                 ++failures;
@@ -258,6 +259,7 @@ TEST_F(MatmulTest, ThreadCountDoesNotChangeResults) {
   ThreadPool one(1), three(3);
   for (auto [type, layout] : testing::all_formats()) {
     const Packed p(w.data(), N, K, type, layout);
+    if (!(type == DType::Q8 || type == DType::Q4) && !runs_on_tiles(p.matrix, M)) continue;  // OpenBLAS's
     std::vector<float> a(size_t(M * N)), b(size_t(M * N));
     matmul(x.data(), M, K, p.matrix, a.data(), N, one);
     matmul(x.data(), M, K, p.matrix, b.data(), N, three);
@@ -275,10 +277,10 @@ TEST_F(MatmulTest, TypicalRelativeError) {
     std::vector<float> ref(size_t(M * N)), y(size_t(M * N));
     matmul_reference(x.data(), M, K, p.matrix, ref.data(), N);
     for (Isa isa : available_isas()) {
-      for (bool exact : {false, true}) {
+      {
         MatmulOptions options;
         options.isa = isa;
-        options.exact_activations = exact;
+        if (!(type == DType::Q8 || type == DType::Q4) && !runs_on_tiles(p.matrix, M, options)) continue;
         matmul(x.data(), M, K, p.matrix, y.data(), N, pool, options);
         double err = 0, norm = 0;
         for (size_t i = 0; i < y.size(); ++i) {
@@ -286,12 +288,11 @@ TEST_F(MatmulTest, TypicalRelativeError) {
           norm += double(ref[i]) * ref[i];
         }
         const double rel = std::sqrt(err / norm);
-        // Float32 rounding only (measured ~3e-7), int8 activations (measured 5.4e-3), or bf16
-        // activations and weights on AMX tiles (measured 1.8e-3).
-        const bool rounded = (type == DType::Q8 || type == DType::Q4) && !exact;
+        // Float32 rounding only (BF16 in three parts on AMX, measured ~3e-7), int8 activations
+        // (measured 5.4e-3), or bf16 activations and weights on AMX tiles (measured 1.8e-3).
+        const bool rounded = type == DType::Q8 || type == DType::Q4;
         const double limit = !rounded ? 2e-6 : isa == Isa::Amx ? 3e-3 : 8e-3;
-        EXPECT_LT(rel, limit)
-            << describe(type, layout, isa, {M, N, K}) << (exact ? " exact_activations" : "");
+        EXPECT_LT(rel, limit) << describe(type, layout, isa, {M, N, K});
       }
     }
   }
@@ -370,9 +371,8 @@ TEST(Isa, RunsOnTilesOnlyWhereTheTilePathApplies) {
     m.cols = cols;
     return m;
   };
-  MatmulOptions rounded, exact, avx512;
+  MatmulOptions rounded, avx512;
   rounded.float_on_tiles = true;
-  exact.exact_activations = true;
   avx512.isa = Isa::Avx512;
   const bool amx = isa_available(Isa::Amx);
   EXPECT_EQ(runs_on_tiles(matrix(DType::BF16, 64), 32), amx);
@@ -380,9 +380,8 @@ TEST(Isa, RunsOnTilesOnlyWhereTheTilePathApplies) {
   EXPECT_EQ(runs_on_tiles(matrix(DType::F32, 64), 32, rounded), amx);
   EXPECT_FALSE(runs_on_tiles(matrix(DType::BF16, 64), 31));        // too few rows
   EXPECT_FALSE(runs_on_tiles(matrix(DType::BF16, 48), 32));        // K not a multiple of 32
-  EXPECT_FALSE(runs_on_tiles(matrix(DType::F32, 64), 32));         // float32 kernels
+  EXPECT_FALSE(runs_on_tiles(matrix(DType::F32, 64), 32));         // OpenBLAS (ops::linear)
   EXPECT_FALSE(runs_on_tiles(matrix(DType::F16, 64), 32));
-  EXPECT_FALSE(runs_on_tiles(matrix(DType::Q4, 64), 32, exact));   // float activations
   EXPECT_FALSE(runs_on_tiles(matrix(DType::BF16, 64), 32, avx512));  // another path forced
 }
 

@@ -1,4 +1,4 @@
-#include "weights/synthetic.h"
+#include "bench/support/synthetic.h"
 
 #include <cmath>
 #include <map>

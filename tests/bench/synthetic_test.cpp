@@ -2,7 +2,7 @@
 
 #include "support/testing.h"
 #include "weights/model_source.h"
-#include "weights/synthetic.h"
+#include "bench/support/synthetic.h"
 
 namespace klein {
 namespace {

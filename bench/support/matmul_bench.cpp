@@ -1,4 +1,6 @@
-#include "quant/bench_matmul.h"
+#include "bench/support/matmul_bench.h"
+
+#include <cblas.h>
 
 #include <algorithm>
 #include <chrono>
@@ -6,9 +8,14 @@
 #include <map>
 #include <utility>
 
+#include "core/cpu.h"
 #include "core/tensor.h"
+#include "ops/linear.h"
 
-namespace klein::quant {
+namespace klein::bench {
+
+using namespace klein::quant;
+
 namespace {
 
 const std::vector<std::pair<int64_t, int64_t>>& model_nk() {
@@ -107,10 +114,31 @@ double measure_copy_bandwidth(ThreadPool& pool, size_t bytes) {
   return double(bytes) / seconds / 1e9;
 }
 
-std::vector<MatmulBenchRow> run_matmul_bench(const MatmulBenchOptions& options, ThreadPool& pool) {
+SgemmFn openblas_sgemm(int threads) {
+  const int n = threads > 0 ? threads : usable_cpus();
+  return [n](const float* x, int64_t M, const float* w, int64_t N, int64_t K, float* y) {
+    openblas_set_num_threads(n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(N), int(K), 1.0f, x, int(K),
+                w, int(K), 0.0f, y, int(N));
+    openblas_set_num_threads(1);
+  };
+}
+
+void bench_linear(const float* x, int64_t M, const Matrix& w, float* y, Compute& cx) {
+  ops::linear(x, M, w, y, cx);
+}
+
+std::vector<MatmulBenchRow> run_matmul_bench(const MatmulBenchOptions& options, int threads) {
+  std::vector<std::unique_ptr<Compute>> contexts;  // one per instruction set
+  std::map<Isa, Compute*> by_isa;
   const std::vector<MatmulShape> shapes =
       options.shapes.empty() ? matmul_bench_shapes(false) : options.shapes;
   const std::vector<Isa> isas = options.isas.empty() ? std::vector<Isa>{best_isa()} : options.isas;
+  for (Isa isa : isas) {
+    contexts.push_back(std::make_unique<Compute>(threads, isa));
+    by_isa[isa] = contexts.back().get();
+  }
+  ThreadPool& pool = contexts.front()->pool();
   const bool any_matvec = std::any_of(shapes.begin(), shapes.end(),
                                       [](const MatmulShape& s) { return s.M == 1; });
   const double copy_gbps = any_matvec ? measure_copy_bandwidth(pool, options.matvec_bytes) : 0;
@@ -119,7 +147,6 @@ std::vector<MatmulBenchRow> run_matmul_bench(const MatmulBenchOptions& options, 
   std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> by_nk;
   for (const MatmulShape& s : shapes) by_nk[{s.N, s.K}].push_back(s.M);
   std::vector<MatmulBenchRow> rows;
-  MatmulScratch scratch;
   for (const auto& [nk, ms] : by_nk) {
     const auto [N, K] = nk;
     const std::vector<float> wf = bench_float_weights(N, K, uint32_t(N * 31 + K));
@@ -141,9 +168,7 @@ std::vector<MatmulBenchRow> run_matmul_bench(const MatmulBenchOptions& options, 
         }
         for (Isa isa : isas) {
           const double t = time_per_call(
-              [&] {
-                matmul(x.data(), M, K, weights->next(), y.data(), N, pool, {isa, &scratch});
-              },
+              [&] { bench_linear(x.data(), M, weights->next(), y.data(), *by_isa[isa]); },
               options.min_seconds);
           MatmulBenchRow row;
           row.type = type;
@@ -162,4 +187,4 @@ std::vector<MatmulBenchRow> run_matmul_bench(const MatmulBenchOptions& options, 
   return rows;
 }
 
-}  // namespace klein::quant
+}  // namespace klein::bench

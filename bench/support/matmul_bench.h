@@ -1,7 +1,8 @@
 #pragma once
 // The matmul benchmark, for `klein bench matmul` and bench/matmul.cpp: the shapes of the
-// model's linear layers, weights in every type, throughput against float32 sgemm and, for
-// M = 1, weight bandwidth against memcpy bandwidth.
+// model's linear layers, weights in every type through ops::linear (the path the engine
+// takes: OpenBLAS or AMX tiles for float weights, the quant kernels for Q8 / Q4), throughput
+// against float32 sgemm and, for M = 1, weight bandwidth against memcpy bandwidth.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -9,9 +10,13 @@
 
 #include "core/dtype.h"
 #include "core/threadpool.h"
+#include "ops/compute.h"
 #include "quant/matmul.h"
 
-namespace klein::quant {
+namespace klein::bench {
+
+using quant::Isa;
+using quant::Matrix;
 
 struct MatmulShape {
   int64_t M, N, K;
@@ -24,7 +29,7 @@ struct MatmulShape {
 std::vector<MatmulShape> matmul_bench_shapes(bool full);
 
 // An external float32 GEMM to compare against: y[M, N] = x[M, K] * w[N, K]^T (row-major, no
-// strides). The CLI passes OpenBLAS cblas_sgemm; klein_quant itself does not link a BLAS.
+// strides), e.g. OpenBLAS cblas_sgemm.
 using SgemmFn = std::function<void(const float* x, int64_t M, const float* w, int64_t N,
                                    int64_t K, float* y)>;
 
@@ -49,7 +54,17 @@ struct MatmulBenchRow {
   double copy_gbps;    // memcpy bandwidth measured in the same run (M = 1 rows only)
 };
 
-std::vector<MatmulBenchRow> run_matmul_bench(const MatmulBenchOptions& options, ThreadPool& pool);
+// Runs every shape and type on `threads` worker threads (0: the usable CPUs), one compute
+// context per instruction set.
+std::vector<MatmulBenchRow> run_matmul_bench(const MatmulBenchOptions& options, int threads);
+
+// OpenBLAS cblas_sgemm on `threads` threads (0: the usable CPUs). The engine's linear layers
+// keep OpenBLAS single-threaded (they call it from their own workers), so this sets the
+// thread count around each call and puts it back to one.
+SgemmFn openblas_sgemm(int threads);
+
+// One product through the engine's linear layer, as the models call it.
+void bench_linear(const float* x, int64_t M, const Matrix& w, float* y, Compute& cx);
 
 // Building blocks shared with bench/matmul.cpp.
 
@@ -79,4 +94,4 @@ double measure_copy_bandwidth(ThreadPool& pool, size_t bytes);
 // Seconds per call of fn: runs it until min_seconds have passed, three times; the best run.
 double time_per_call(const std::function<void()>& fn, double min_seconds);
 
-}  // namespace klein::quant
+}  // namespace klein::bench
