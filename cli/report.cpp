@@ -1,5 +1,5 @@
 // klein report: what quantization costs, per tensor and in the final image. Parses the
-// options, shows progress and prints; the measurements and writers are src/report.
+// options, shows progress and prints; the measurements and writers are convert/report.
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -10,8 +10,8 @@
 #include "cli/model_options.h"
 #include "core/error.h"
 #include "core/files.h"
-#include "report/report.h"
-#include "report/writers.h"
+#include "convert/report/report.h"
+#include "convert/report/writers.h"
 
 namespace klein::cli {
 namespace {

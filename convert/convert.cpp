@@ -129,12 +129,7 @@ std::vector<SourceFile> source_files(const ConvertOptions& o, const WeightStore&
     std::sort(configs.begin(), configs.end());
     for (const auto& p : configs) add(p);
   }
-  if (const auto* source = dynamic_cast<const SourceStore*>(&store)) {
-    for (const auto& c : source->components())
-      for (const auto& f : c.files->files()) add(f->path());
-  } else if (const auto* container = dynamic_cast<const ContainerStore*>(&store)) {
-    add(container->file().path());
-  }
+  for (const auto& f : store.origin().files) add(f);
   return out;
 }
 
@@ -180,13 +175,7 @@ std::string utc_now() {
 // (they stay in the page cache): only ranges inside these mappings are ever dropped.
 class SourcePages {
  public:
-  explicit SourcePages(const WeightStore& store) {
-    if (const auto* source = dynamic_cast<const SourceStore*>(&store)) {
-      for (const auto& c : source->components())
-        for (const auto& f : c.files->files())
-          maps_.push_back({f->mapping().data(), f->mapping().size()});
-    }
-  }
+  explicit SourcePages(const WeightStore& store) : maps_(store.origin().mappings) {}
   void drop(const void* data, size_t n) const {
     const auto* p = static_cast<const std::byte*>(data);
     for (const auto& [base, size] : maps_) {
@@ -332,16 +321,12 @@ ConvertSummary convert_model(const ConvertOptions& o) {
     const UnitRef ref = store->acquire(u);  // views only: nothing is read
     for (const auto& w : ref->weights()) dropped.push_back({{"tensor", w.name}, {"reason", why}});
   }
-  if (const auto* source = dynamic_cast<const SourceStore*>(store.get()))
-    for (const auto& c : source->components())
-      for (const auto& t : c.tensors)
-        if (!unit_of(t.canonical))
-          dropped.push_back({{"tensor", t.canonical}, {"reason", tensor_drop_reason(t.canonical)}});
-  if (const auto* source = dynamic_cast<const ContainerStore*>(store.get())) {
-    const auto& meta = source->file().metadata();
-    if (meta.contains("conversion") && meta["conversion"].contains("dropped"))
-      for (const auto& d : meta["conversion"]["dropped"]) dropped.push_back(d);
-  }
+  const StoreOrigin origin = store->origin();
+  for (const auto& t : origin.unused_tensors)
+    dropped.push_back({{"tensor", t}, {"reason", tensor_drop_reason(t)}});
+  if (const nlohmann::json* meta = origin.container_metadata)
+    if (meta->contains("conversion") && (*meta)["conversion"].contains("dropped"))
+      for (const auto& d : (*meta)["conversion"]["dropped"]) dropped.push_back(d);
   std::stable_sort(units.begin(), units.end(), [](const std::string& a, const std::string& b) {
     return unit_rank(a) < unit_rank(b);
   });

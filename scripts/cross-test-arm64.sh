@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
 # Cross-builds klein_quant and its test program for aarch64 and runs the tests under qemu,
 # once with the CPU's features (sdot) and once with KLEIN_ISA=neon (NEON without sdot).
-# Needs: apt-get install -y g++-aarch64-linux-gnu qemu-user (and libgtest-dev, whose sources
-# in /usr/src/googletest are built here for aarch64).
+# Installs what it needs when missing: g++-aarch64-linux-gnu, qemu-user, libgtest-dev (whose
+# sources in /usr/src/googletest are built here for aarch64).
 # Usage: scripts/cross-test-arm64.sh [build dir, default build-arm64]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 build=${1:-build-arm64}
+
+# The cross compiler and qemu, from Debian's packages, if this machine lacks them.
+missing=()
+for p in g++-aarch64-linux-gnu qemu-user libgtest-dev; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo_cmd=""
+  [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
+  echo "installing: ${missing[*]}"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
 sysroot=/usr/aarch64-linux-gnu
 toolchain=(
   -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64

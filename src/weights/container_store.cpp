@@ -279,22 +279,14 @@ void ContainerStore::release(const std::string& prefix) {
   kept.clear();
 }
 
-void ContainerStore::set_observer(UnitObserver observer) {
-  std::lock_guard lock(mutex_);
-  tracker_.set_observer(std::move(observer));
-}
-
-ResidencyStats ContainerStore::residency_stats() const {
-  std::lock_guard lock(mutex_);
-  return tracker_.stats();
-}
-
-void ContainerStore::reset_peak() {
-  std::lock_guard lock(mutex_);
-  tracker_.reset_peak();
-}
-
 TokenizerBytes ContainerStore::tokenizer_files() const { return container_tokenizer(file_); }
+
+StoreOrigin ContainerStore::origin() const {
+  StoreOrigin o;
+  o.files.push_back(file_.path());
+  o.container_metadata = &file_.metadata();
+  return o;
+}
 
 TokenizerBytes read_tokenizer_files(const ModelPaths& paths) {
   if (paths.tokenizer.empty() && !paths.model.empty() && container::is_container(paths.model))

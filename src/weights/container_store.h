@@ -66,9 +66,7 @@ class ContainerStore final : public WeightStore {
   Residency residency() const override;
   uint64_t unit_bytes(const std::string& unit) const override;
   void release(const std::string& prefix) override;
-  void set_observer(UnitObserver observer) override;
-  ResidencyStats residency_stats() const override;
-  void reset_peak() override;
+  StoreOrigin origin() const override;
 
   const container::ContainerFile& file() const { return file_; }
   TokenizerBytes tokenizer_files() const;
@@ -98,8 +96,6 @@ class ContainerStore final : public WeightStore {
   ModelConfig config_;
   std::map<std::string, UnitState> units_;
   std::vector<std::string> order_;
-  ResidencyTracker tracker_;
-  mutable std::mutex mutex_;
 };
 
 // The bytes a tensor of this type, layout and shape takes in a container; throws naming the

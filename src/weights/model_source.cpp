@@ -158,6 +158,12 @@ std::unique_ptr<WeightStore> open_model(const ModelPaths& paths) {
           "--diffusion-model, --text-encoder and --vae cannot be combined with it");
     return std::make_unique<ContainerStore>(paths.model);
   }
+  return open_source_model(paths);
+}
+
+std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths) {
+  check(paths.model.empty() || !container::is_container(paths.model), paths.model.string(),
+        ": a klein container, not an original checkpoint");
   const Discovered d = discover(paths);
   std::vector<SourceComponent> comps;
   comps.push_back(open_component(Component::Transformer, d.transformer));

@@ -22,9 +22,14 @@ struct ModelPaths {
   std::filesystem::path tokenizer;        // directory
 };
 
-// Opens the model (validating every file and the pairing of the components) as a store
-// that reads straight from the original safetensors (BF16/F16/F32, exact).
+class SourceStore;
+
+// Opens the model (validating every file and the pairing of the components): a klein
+// container, or a store that reads straight from the original safetensors (exact).
 std::unique_ptr<WeightStore> open_model(const ModelPaths& paths);
+// The original checkpoint only (not a container), with its components' files and names, for
+// the tools that describe a checkpoint.
+std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths);
 inline std::unique_ptr<WeightStore> open_model(const std::filesystem::path& model) {
   ModelPaths p;
   p.model = model;

@@ -4,12 +4,39 @@
 // calls it under its own lock. A unit's entry is made the first time it is seen and kept, so
 // paging a unit in and out again allocates nothing.
 #include <algorithm>
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
-#include "weights/weight_store.h"
-
 namespace klein {
+
+// What a store does with a unit's pages once nobody holds the unit.
+//   Paged     drops them from the process (madvise DONTNEED; they stay in the page cache
+//             while memory allows) and reads the next unit ahead while one computes: memory
+//             follows the units in use, about two at a time.
+//   Resident  keeps every unit it has paged in until release() says a network is done:
+//             fastest when the machine has the memory.
+enum class Residency { Paged, Resident };
+const char* residency_name(Residency r);  // "paged", "resident"
+
+// What the store did with a unit, for tests and memory reports.
+enum class UnitEvent {
+  Prefetch,  // reading ahead started; the unit counts as resident from here
+  Acquire,   // a reference was handed out (also when it was resident already)
+  Drop,      // its pages were dropped; no longer resident
+};
+using UnitObserver = std::function<void(const std::string& unit, UnitEvent event)>;
+
+// Units a store has made resident and not dropped (held, read ahead, or kept by a resident
+// store), now and at their peak since the store opened or reset_peak() was called.
+struct ResidencyStats {
+  size_t units = 0;
+  uint64_t bytes = 0;
+  size_t peak_units = 0;
+  uint64_t peak_bytes = 0;
+};
+
 
 class ResidencyTracker {
  public:

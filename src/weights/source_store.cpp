@@ -204,19 +204,17 @@ void SourceStore::release(const std::string& prefix) {
   kept.clear();
 }
 
-void SourceStore::set_observer(UnitObserver observer) {
-  std::lock_guard lock(mutex_);
-  tracker_.set_observer(std::move(observer));
-}
-
-ResidencyStats SourceStore::residency_stats() const {
-  std::lock_guard lock(mutex_);
-  return tracker_.stats();
-}
-
-void SourceStore::reset_peak() {
-  std::lock_guard lock(mutex_);
-  tracker_.reset_peak();
+StoreOrigin SourceStore::origin() const {
+  StoreOrigin o;
+  for (const auto& c : components_) {
+    for (const auto& f : c.files->files()) {
+      o.files.push_back(f->path());
+      o.mappings.emplace_back(f->mapping().data(), f->mapping().size());
+    }
+    for (const auto& t : c.tensors)
+      if (!unit_of(t.canonical)) o.unused_tensors.push_back(t.canonical);
+  }
+  return o;
 }
 
 }  // namespace klein

@@ -45,9 +45,7 @@ class SourceStore final : public WeightStore {
   Residency residency() const override;
   uint64_t unit_bytes(const std::string& unit) const override;
   void release(const std::string& prefix) override;
-  void set_observer(UnitObserver observer) override;
-  ResidencyStats residency_stats() const override;
-  void reset_peak() override;
+  StoreOrigin origin() const override;
 
  private:
   struct Pending {
@@ -66,11 +64,9 @@ class SourceStore final : public WeightStore {
   std::map<std::string, std::vector<Pending>> units_;  // unit -> its tensors
   std::map<std::string, std::string> prefixes_;        // unit -> name prefix
   std::map<std::string, uint64_t> bytes_;              // unit -> bytes of its tensors
-  mutable std::mutex mutex_;
   std::map<std::string, std::weak_ptr<const WeightUnit>> live_;
   std::map<std::string, UnitRef> kept_;  // resident: units stay until release()
   Residency residency_ = Residency::Paged;
-  ResidencyTracker tracker_;
 };
 
 }  // namespace klein

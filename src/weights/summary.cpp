@@ -1,10 +1,12 @@
 #include "weights/summary.h"
 
+#include "formats/container/reader.h"
 #include <algorithm>
 #include <cctype>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "formats/container/reader.h"
 #include "weights/source_store.h"
 
 namespace klein {
@@ -122,11 +124,10 @@ ModelSummary summarize(const SourceStore& store) {
 }
 
 ModelSummary describe_model(const ModelPaths& paths) {
-  std::unique_ptr<WeightStore> store = open_model(paths);
-  const auto* source = dynamic_cast<const SourceStore*>(store.get());
   // A klein container describes itself from its own index; that has its own summary.
-  check(source != nullptr, paths.model.string(),
+  check(paths.model.empty() || !container::is_container(paths.model), paths.model.string(),
         ": describing a klein container is not supported here (only original checkpoints)");
+  const std::unique_ptr<SourceStore> source = open_source_model(paths);
   ModelSummary s = summarize(*source);
   s.model = paths.model;
   try {

@@ -37,4 +37,19 @@ std::string double_block_unit(int64_t i) { return "transformer.double." + std::t
 std::string single_block_unit(int64_t i) { return "transformer.single." + std::to_string(i); }
 std::string text_layer_unit(int64_t layer) { return "text_encoder.layer." + std::to_string(layer); }
 
+void WeightStore::set_observer(UnitObserver observer) {
+  std::lock_guard lock(mutex_);
+  tracker_.set_observer(std::move(observer));
+}
+
+ResidencyStats WeightStore::residency_stats() const {
+  std::lock_guard lock(mutex_);
+  return tracker_.stats();
+}
+
+void WeightStore::reset_peak() {
+  std::lock_guard lock(mutex_);
+  tracker_.reset_peak();
+}
+
 }  // namespace klein

@@ -17,7 +17,12 @@
 //   vae.latent_stats          prefix "vae."   bn.running_mean, bn.running_var
 // Canonical (global) names are prefix + relative name, with diffusers / transformers
 // spelling: "transformer.transformer_blocks.3.attn.to_q.weight".
+#include <cstddef>
 #include <cstdint>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json_fwd.hpp>
+#include <utility>
 #include <functional>
 #include <memory>
 #include <string>
@@ -26,6 +31,7 @@
 
 #include "core/tensor.h"
 #include "weights/config.h"
+#include "weights/residency_tracker.h"
 
 namespace klein {
 
@@ -67,30 +73,15 @@ class WeightUnit {
 
 using UnitRef = std::shared_ptr<const WeightUnit>;
 
-// What a store does with a unit's pages once nobody holds the unit.
-//   Paged     drops them from the process (madvise DONTNEED; they stay in the page cache
-//             while memory allows) and reads the next unit ahead while one computes: memory
-//             follows the units in use, about two at a time.
-//   Resident  keeps every unit it has paged in until release() says a network is done:
-//             fastest when the machine has the memory.
-enum class Residency { Paged, Resident };
-const char* residency_name(Residency r);  // "paged", "resident"
-
-// What the store did with a unit, for tests and memory reports.
-enum class UnitEvent {
-  Prefetch,  // reading ahead started; the unit counts as resident from here
-  Acquire,   // a reference was handed out (also when it was resident already)
-  Drop,      // its pages were dropped; no longer resident
-};
-using UnitObserver = std::function<void(const std::string& unit, UnitEvent event)>;
-
-// Units a store has made resident and not dropped (held, read ahead, or kept by a resident
-// store), now and at their peak since the store opened or reset_peak() was called.
-struct ResidencyStats {
-  size_t units = 0;
-  uint64_t bytes = 0;
-  size_t peak_units = 0;
-  uint64_t peak_bytes = 0;
+// What a store was made from, for the tools that convert or describe it (so that no caller
+// needs to know the store's class).
+struct StoreOrigin {
+  std::vector<std::filesystem::path> files;  // every file the weights are read from
+  // The mapped bytes of those files (a source checkpoint), so converters can drop pages.
+  std::vector<std::pair<const std::byte*, size_t>> mappings;
+  // Tensors of the checkpoint that no unit uses (e.g. the text encoder's unused head).
+  std::vector<std::string> unused_tensors;
+  const nlohmann::json* container_metadata = nullptr;  // a klein container's metadata
 };
 
 class WeightStore {
@@ -119,11 +110,20 @@ class WeightStore {
   // This generation will not use the units whose names start with `prefix` again (a network
   // is done): a resident store drops them now; a paged store dropped them already.
   virtual void release(const std::string& prefix) {}
+  // What the store was made from (files, mappings, unused tensors, container metadata).
+  virtual StoreOrigin origin() const { return {}; }
+
   // Sees every prefetch, acquire and drop, in order (called under the store's lock, possibly
   // from another thread: it must not call the store); empty to stop.
-  virtual void set_observer(UnitObserver observer) {}
-  virtual ResidencyStats residency_stats() const { return {}; }
-  virtual void reset_peak() {}
+  void set_observer(UnitObserver observer);
+  // Units resident now and at their peak (a store that does not page reports none).
+  ResidencyStats residency_stats() const;
+  void reset_peak();
+
+ protected:
+  // The book-keeping of the stores that page, under their lock.
+  mutable std::mutex mutex_;
+  ResidencyTracker tracker_;
 };
 
 // The values of a small float tensor (norm weights, biases, statistics) as float32.

@@ -142,7 +142,9 @@ WeightStore* Containers::source_ = nullptr;
 TEST_F(Containers, OpenModelRecognisesTheContainerAndKeepsTheConfig) {
   for (const auto& type : all_types()) {
     auto store = open_model(file(type));
-    ASSERT_NE(dynamic_cast<ContainerStore*>(store.get()), nullptr) << type;
+    const StoreOrigin origin = store->origin();
+    ASSERT_NE(origin.container_metadata, nullptr) << type;
+    EXPECT_EQ(origin.files, std::vector<fs::path>{file(type)}) << type;
     EXPECT_EQ(to_json(store->config()), to_json(source_->config())) << type;
     EXPECT_EQ(store->identity().rfind("klein-container:", 0), 0u);
   }
@@ -166,7 +168,9 @@ TEST_F(Containers, UnitsAreInFileOrderAndUnusedPartsAreDropped) {
   EXPECT_FALSE(store->has_unit("text_encoder.layer.27"));
   EXPECT_FALSE(store->has_unit("text_encoder.norm"));
 
-  const auto& meta = dynamic_cast<ContainerStore&>(*store).file().metadata();
+  const StoreOrigin origin = store->origin();
+  ASSERT_NE(origin.container_metadata, nullptr);
+  const auto& meta = *origin.container_metadata;
   std::set<std::string> dropped;
   for (const auto& d : meta["conversion"]["dropped"])
     dropped.insert(d["tensor"].get<std::string>());

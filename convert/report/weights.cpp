@@ -1,4 +1,4 @@
-#include "report/weights.h"
+#include "convert/report/weights.h"
 
 #include <algorithm>
 #include <map>

@@ -1,4 +1,4 @@
-#include "report/metrics.h"
+#include "convert/report/metrics.h"
 
 #include <algorithm>
 #include <cmath>

@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "report/e2e.h"
-#include "report/weights.h"
+#include "convert/report/e2e.h"
+#include "convert/report/weights.h"
 
 namespace klein::report {
 

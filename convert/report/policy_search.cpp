@@ -1,4 +1,4 @@
-#include "report/policy_search.h"
+#include "convert/report/policy_search.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,4 +1,4 @@
-#include "report/mixed_store.h"
+#include "convert/report/mixed_store.h"
 
 #include "core/error.h"
 

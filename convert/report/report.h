@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "pipeline/progress.h"
-#include "report/e2e.h"
-#include "report/policy_search.h"
-#include "report/weights.h"
+#include "convert/report/e2e.h"
+#include "convert/report/policy_search.h"
+#include "convert/report/weights.h"
 #include "weights/model_source.h"
 
 namespace klein::report {

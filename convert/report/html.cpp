@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "convert/policy.h"
-#include "report/writers.h"
+#include "convert/report/writers.h"
 
 namespace klein::report {
 

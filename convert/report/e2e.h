@@ -29,7 +29,7 @@
 #include "formats/image/image.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/progress.h"
-#include "report/metrics.h"
+#include "convert/report/metrics.h"
 #include "tokenizer/tokenizer.h"
 #include "weights/weight_store.h"
 

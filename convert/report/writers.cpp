@@ -1,4 +1,4 @@
-#include "report/writers.h"
+#include "convert/report/writers.h"
 
 #include <cmath>
 #include <cstdio>

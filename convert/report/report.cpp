@@ -1,4 +1,4 @@
-#include "report/report.h"
+#include "convert/report/report.h"
 
 #include <unistd.h>
 

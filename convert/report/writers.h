@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "formats/image/image.h"
-#include "report/report.h"
+#include "convert/report/report.h"
 
 namespace klein::report {
 

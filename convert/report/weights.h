@@ -10,7 +10,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "ops/compute.h"
-#include "report/metrics.h"
+#include "convert/report/metrics.h"
 #include "weights/weight_store.h"
 
 namespace klein::report {

@@ -1,4 +1,4 @@
-#include "report/e2e.h"
+#include "convert/report/e2e.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +15,7 @@
 #include "models/qwen3/text_encoder.h"
 #include "models/vae/vae.h"
 #include "pipeline/noise.h"
-#include "report/mixed_store.h"
+#include "convert/report/mixed_store.h"
 #include "tokenizer/klein_prompt.h"
 
 namespace klein::report {
