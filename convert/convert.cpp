@@ -20,6 +20,7 @@
 #include "core/version.h"
 #include "formats/container/writer.h"
 #include "formats/xxh3.h"
+#include "quant/types.h"
 #include "weights/container_store.h"
 #include "weights/naming.h"
 #include "weights/source_store.h"
@@ -383,8 +384,8 @@ ConvertSummary convert_model(const ConvertOptions& o) {
               [](const Weight* a, const Weight* b) { return a->name < b->name; });
     auto& plan = plans[u];
     for (const Weight* w : ws) {
-      check(dtype_is_float(w->dtype) || w->dtype == DType::Q8 || w->dtype == DType::Q4, "tensor ",
-            w->name, " is of type ", dtype_name(w->dtype), "; expected a float tensor");
+      check(quant::is_storage_type(w->dtype), "tensor ", w->name, " is of type ",
+            dtype_name(w->dtype), "; expected a weight storage type");
       const auto choice = policy.choose(w->name, w->shape, o.target);
       DType type = choice.type;
       std::string why;

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "quant/types.h"
 
 namespace klein::convert {
 
@@ -34,14 +35,8 @@ vae.*                                      >=bf16
 )";
 
 int precision_rank(DType t) {
-  switch (t) {
-    case DType::Q4: return 0;
-    case DType::Q8: return 1;
-    case DType::F16:
-    case DType::BF16: return 2;
-    case DType::F32: return 3;
-    default: return -1;
-  }
+  const quant::StorageType* s = quant::find_storage_type(t);
+  return s ? s->precision_rank : -1;
 }
 
 std::string lower(std::string_view s) {
@@ -62,16 +57,17 @@ bool matches(const PolicyRule& r, const std::string& name, const Shape& shape) {
 }  // namespace
 
 DType parse_storage_type(std::string_view s, const std::string& where) {
-  const std::string t = lower(s);
-  if (t == "f32") return DType::F32;
-  if (t == "bf16") return DType::BF16;
-  if (t == "f16") return DType::F16;
-  if (t == "q8") return DType::Q8;
-  if (t == "q4") return DType::Q4;
-  fail(where, ": unknown storage type \"", s, "\" (expected f32, bf16, f16, q8 or q4)");
+  if (const quant::StorageType* t = quant::find_storage_type(s)) return t->type;
+  std::string names;
+  for (const quant::StorageType& t : quant::storage_types())
+    names += (names.empty() ? "" : ", ") + std::string(t.name);
+  fail(where, ": unknown storage type \"", s, "\" (expected one of ", names, ")");
 }
 
-std::string storage_type_name(DType t) { return lower(dtype_name(t)); }
+std::string storage_type_name(DType t) {
+  const quant::StorageType* s = quant::find_storage_type(t);
+  return s ? std::string(s->name) : lower(dtype_name(t));
+}
 
 std::vector<PolicyRule> parse_policy(std::string_view text, const std::string& origin) {
   std::vector<PolicyRule> rules;

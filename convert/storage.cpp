@@ -3,12 +3,13 @@
 #include "core/error.h"
 #include "quant/blocks.h"
 #include "quant/matmul.h"
+#include "quant/types.h"
 
 namespace klein::convert {
 
 namespace {
 
-bool storable(DType t) { return dtype_is_float(t) || t == DType::Q8 || t == DType::Q4; }
+bool storable(DType t) { return quant::is_storage_type(t); }
 
 quant::Matrix matrix(const void* data, size_t nbytes, const StorageFormat& f, int64_t rows,
                      int64_t cols) {

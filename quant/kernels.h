@@ -82,9 +82,10 @@ struct AmxKernels {
   // bf16(x - hi - mid), whose sum is x (both differences are exact in float32; only parts
   // below 2^-126, which bf16 conversion flushes, are lost). Rows past `rows` are zero.
   void (*rows_to_bf16)(const float* x, int64_t ldx, int rows, int kc, int splits, uint16_t* out);
-  // `count` consecutive TileQ8 or TileQ4 (of one 16-row group) as B tiles, kAmxTileElements
-  // bf16 each.
-  void (*tiles_to_bf16)(DType type, const void* tiles, int64_t count, uint16_t* out);
+  // `count` consecutive TileQ8 / TileQ4 (of one 16-row group) as B tiles, kAmxTileElements
+  // bf16 each (reached through the storage type's table, quant/types.h).
+  void (*q8_tiles_to_bf16)(const TileQ8* tiles, int64_t count, uint16_t* out);
+  void (*q4_tiles_to_bf16)(const TileQ4* tiles, int64_t count, uint16_t* out);
   // c[32 x 16 * groups] (+)= sum over the parts s < splits of a_s[32 rows, 32 nb] * B^T, for 1
   // or 2 groups of B tiles (b0, b1; nb consecutive tiles each, b1 unused when groups == 1).
   // a_s = a + s * kAmxBlockRows * lda, rows lda elements apart; c rows ldc floats apart;

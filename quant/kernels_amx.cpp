@@ -123,14 +123,12 @@ void tile_q4_to_bf16(const TileQ4& t, uint16_t* out) {
   }
 }
 
-void tiles_to_bf16(DType type, const void* tiles, int64_t count, uint16_t* out) {
-  for (int64_t i = 0; i < count; ++i, out += kAmxTileElements) {
-    if (type == DType::Q8) {
-      tile_q8_to_bf16(static_cast<const TileQ8*>(tiles)[i], out);
-    } else {
-      tile_q4_to_bf16(static_cast<const TileQ4*>(tiles)[i], out);
-    }
-  }
+void q8_tiles_to_bf16(const TileQ8* tiles, int64_t count, uint16_t* out) {
+  for (int64_t i = 0; i < count; ++i, out += kAmxTileElements) tile_q8_to_bf16(tiles[i], out);
+}
+
+void q4_tiles_to_bf16(const TileQ4* tiles, int64_t count, uint16_t* out) {
+  for (int64_t i = 0; i < count; ++i, out += kAmxTileElements) tile_q4_to_bf16(tiles[i], out);
 }
 
 constexpr int64_t kTileStride = 64;  // bytes per row of a B tile
@@ -190,7 +188,8 @@ void block(const uint16_t* a, int64_t lda, int splits, const uint16_t* b0, const
 }  // namespace
 
 const AmxKernels& amx_kernels() {
-  static const AmxKernels k{configure, release, rows_to_bf16, tiles_to_bf16, block};
+  static const AmxKernels k{configure, release, rows_to_bf16, q8_tiles_to_bf16, q4_tiles_to_bf16,
+                            block};
   return k;
 }
 

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "quant/blocks.h"
 #include "quant/kernels.h"
+#include "quant/types.h"
 
 namespace klein::quant {
 namespace {
@@ -29,11 +30,14 @@ constexpr int64_t kIntSubGroups = 16;    // weight groups whose Y block stays in
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
-bool is_quantized(DType t) { return t == DType::Q8 || t == DType::Q4; }
+// What differs between the storage types comes from their table (quant/types.h).
+bool is_float(DType t) {
+  const StorageType* s = find_storage_type(t);
+  return s && !s->quantized;
+}
 
-size_t block_bytes(DType t) { return t == DType::Q8 ? sizeof(BlockQ8) : sizeof(BlockQ4); }
-size_t tile_bytes(DType t) { return t == DType::Q8 ? sizeof(TileQ8) : sizeof(TileQ4); }
+size_t block_bytes(DType t) { return storage_type(t).block_bytes; }
+size_t tile_bytes(DType t) { return storage_type(t).tile_bytes; }
 
 void check_shape(DType type, Layout layout, int64_t rows, int64_t cols) {
   check(rows >= 0 && cols >= 0, "matrix: negative shape [", rows, ", ", cols, "]");
@@ -41,7 +45,7 @@ void check_shape(DType type, Layout layout, int64_t rows, int64_t cols) {
     check(layout == Layout::RowMajor, "matrix: ", dtype_name(type), " supports only the RowMajor",
           " layout, not ", layout_name(layout));
   } else {
-    check(is_quantized(type), "matrix: ", dtype_name(type), " is not a weight type");
+    check(is_storage_type(type), "matrix: ", dtype_name(type), " is not a weight type");
     check(cols % kBlock == 0, "matrix: ", dtype_name(type), " needs a column count that is a",
           " multiple of ", kBlock, ", got ", cols);
   }
@@ -157,12 +161,7 @@ class TileSource {
         rows[r] = n < w_.rows ? base + size_t(n) * row_bytes + size_t(b0 + b) * block_bytes(w_.type)
                               : nullptr;
       }
-      void* out = buffer_.data() + size_t(b) * tile_;
-      if (w_.type == DType::Q8) {
-        make_tile_q8(reinterpret_cast<const BlockQ8* const*>(rows), static_cast<TileQ8*>(out));
-      } else {
-        make_tile_q4(reinterpret_cast<const BlockQ4* const*>(rows), static_cast<TileQ4*>(out));
-      }
+      storage_type(w_.type).make_tile(rows, buffer_.data() + size_t(b) * tile_);
     }
     return buffer_.data();
   }
@@ -178,6 +177,7 @@ void matmul_quantized(const Kernels& kern, const float* x, int64_t M, int64_t ld
                       float* y, int64_t ldy, ThreadPool& pool, MatmulScratch* scratch) {
   const int64_t N = w.rows, K = w.cols, nb = K / kBlock;
   const int mr = kern.int_rows;
+  const StorageType& st = storage_type(w.type);
 
   // 1. Activations to int8 blocks, once, shared by all threads.
   const size_t entries = size_t(round_up(M, mr) * nb);
@@ -213,13 +213,7 @@ void matmul_quantized(const Kernels& kern, const float* x, int64_t M, int64_t ld
           for (int64_t m = m0; m < m1; m += mr) {
             const int rows = int(std::min<int64_t>(mr, m1 - m));
             float* yt = y + m * ldy + g * kTileRows;
-            if (w.type == DType::Q8) {
-              kern.tiles_q8(act, m, b0, rows, static_cast<const TileQ8*>(tiles), count, yt, ldy,
-                            cols, b0 > 0);
-            } else {
-              kern.tiles_q4(act, m, b0, rows, static_cast<const TileQ4*>(tiles), count, yt, ldy,
-                            cols, b0 > 0);
-            }
+            st.tiles(kern, act, m, b0, rows, tiles, count, yt, ldy, cols, b0 > 0);
           }
         }
       }
@@ -326,7 +320,7 @@ void panel_to_tiles(const detail::AmxKernels& amx, const Matrix& w, TileSource& 
     }
     for (int64_t b = 0; b < count; b += kIntKcBlocks) {  // what TileSource re-lays out at once
       const int64_t n = std::min(kIntKcBlocks, count - b);
-      amx.tiles_to_bf16(w.type, source.tiles(g, c0 + b, n), n, out + b * kTile);
+      storage_type(w.type).tiles_to_bf16(amx, source.tiles(g, c0 + b, n), n, out + b * kTile);
     }
   }
 }
@@ -470,22 +464,11 @@ Matrix Matrix::slice_rows(int64_t begin, int64_t end) const {
 void pack(const float* w, int64_t rows, int64_t cols, DType type, Layout layout, void* out) {
   check_shape(type, layout, rows, cols);
   auto* dst = static_cast<uint8_t*>(out);
-  if (is_float(type)) {
-    const size_t n = size_t(rows * cols);
-    if (type == DType::F32) std::memcpy(dst, w, n * 4);
-    if (type == DType::BF16) f32_to_bf16(w, reinterpret_cast<uint16_t*>(dst), n);
-    if (type == DType::F16) f32_to_f16(w, reinterpret_cast<uint16_t*>(dst), n);
-    return;
-  }
+  const StorageType& st = storage_type(type);
+  if (!st.quantized) return st.quantize(w, dst, rows * cols);
   const int64_t nb = cols / kBlock;
-  const size_t row_bytes = size_t(nb) * block_bytes(type);
-  auto quantize_row = [&](const float* src, void* blocks) {
-    if (type == DType::Q8) {
-      quantize_q8(src, static_cast<BlockQ8*>(blocks), cols);
-    } else {
-      quantize_q4(src, static_cast<BlockQ4*>(blocks), cols);
-    }
-  };
+  const size_t row_bytes = size_t(nb) * st.block_bytes;
+  auto quantize_row = [&](const float* src, void* blocks) { st.quantize(src, blocks, cols); };
   if (layout == Layout::RowMajor) {
     for (int64_t r = 0; r < rows; ++r) quantize_row(w + r * cols, dst + size_t(r) * row_bytes);
     return;
@@ -506,12 +489,7 @@ void pack(const float* w, int64_t rows, int64_t cols, DType type, Layout layout,
       for (int r = 0; r < kTileRows; ++r)
         rb[r] = row_blocks[r] ? static_cast<const uint8_t*>(row_blocks[r]) + b * block_bytes(type)
                               : nullptr;
-      void* tile = dst + size_t(g * nb + b) * tile_bytes(type);
-      if (type == DType::Q8) {
-        make_tile_q8(reinterpret_cast<const BlockQ8* const*>(rb), static_cast<TileQ8*>(tile));
-      } else {
-        make_tile_q4(reinterpret_cast<const BlockQ4* const*>(rb), static_cast<TileQ4*>(tile));
-      }
+      st.make_tile(rb, dst + size_t(g * nb + b) * st.tile_bytes);
     }
   }
 }
@@ -522,36 +500,27 @@ void unpack_rows(const Matrix& w, int64_t r0, int64_t r1, float* out) {
         ") outside [0, ", w.rows, ")");
   const int64_t K = w.cols;
   const auto* base = static_cast<const uint8_t*>(w.data);
-  if (is_float(w.type)) {
-    to_f32(w.type, base + size_t(r0 * K) * dtype_size(w.type), out, size_t((r1 - r0) * K));
-    return;
-  }
+  const StorageType& st = storage_type(w.type);
+  if (!st.quantized) return st.dequantize(base + size_t(r0 * K) * st.block_bytes, out, (r1 - r0) * K);
   const int64_t nb = K / kBlock;
   for (int64_t r = r0; r < r1; ++r) {
     float* dst = out + (r - r0) * K;
     if (w.layout == Layout::RowMajor) {
-      const uint8_t* row = base + size_t(r * nb) * block_bytes(w.type);
-      if (w.type == DType::Q8) dequantize_q8(reinterpret_cast<const BlockQ8*>(row), dst, K);
-      if (w.type == DType::Q4) dequantize_q4(reinterpret_cast<const BlockQ4*>(row), dst, K);
+      st.dequantize(base + size_t(r * nb) * st.block_bytes, dst, K);
       continue;
     }
     const int64_t g = r / kTileRows;
     const int rr = int(r % kTileRows);
+    alignas(16) std::byte block[64];  // one block of any quantized type
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* tile = base + size_t(g * nb + b) * tile_bytes(w.type);
-      if (w.type == DType::Q8) {
-        const BlockQ8 block = tile_row_q8(*reinterpret_cast<const TileQ8*>(tile), rr);
-        dequantize_q8(&block, dst + b * kBlock, kBlock);
-      } else {
-        const BlockQ4 block = tile_row_q4(*reinterpret_cast<const TileQ4*>(tile), rr);
-        dequantize_q4(&block, dst + b * kBlock, kBlock);
-      }
+      st.tile_row(base + size_t(g * nb + b) * st.tile_bytes, rr, block);
+      st.dequantize(block, dst + b * kBlock, kBlock);
     }
   }
 }
 
 Layout preferred_layout(DType type) {
-  return is_quantized(type) ? Layout::Interleaved16 : Layout::RowMajor;
+  return storage_type(type).quantized ? Layout::Interleaved16 : Layout::RowMajor;
 }
 
 // ---- Instruction sets ----------------------------------------------------------------------

@@ -11,6 +11,7 @@
 #include "convert/policy.h"
 #include "convert/storage.h"
 #include "core/error.h"
+#include "quant/types.h"
 
 namespace klein::report {
 
@@ -72,7 +73,7 @@ class Search {
       e.tensor = &t;
       e.group = group_of(t);
       const DType minimum = default_minimum(t);
-      e.chosen = minimum == DType::Q4 || minimum == DType::Q8;
+      e.chosen = quant::is_quantized(minimum);
       check(!e.chosen || alternative(t, minimum),
             "policy search: tensor ", t.name, " was measured without alternatives");
       // A fixed tensor whose default type was not measured keeps the candidate's type.

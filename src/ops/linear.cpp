@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "ops/blas.h"
+#include "quant/types.h"
 #include "quant/matmul.h"
 
 namespace klein::ops {
@@ -63,7 +64,7 @@ void linear(const float* x, int64_t M, int64_t ldx, const Weight& w, float* y, i
             Compute& cx) {
   if (w.shape.size() != 2)
     fail("tensor ", w.name, ": expected a 2-D weight for a linear layer, got ", shape_str(w.shape));
-  if (!dtype_is_float(w.dtype) && w.dtype != DType::Q8 && w.dtype != DType::Q4)
+  if (!quant::is_storage_type(w.dtype))
     fail("tensor ", w.name, ": storage type ", dtype_name(w.dtype), " is not supported by linear");
   linear(x, M, ldx, as_matrix(w), y, ldy, cx);
 }

@@ -9,6 +9,7 @@
 #include "core/memory.h"
 #include "quant/blocks.h"
 #include "quant/matmul.h"
+#include "quant/types.h"
 #include "weights/expected.h"
 #include "weights/naming.h"
 
@@ -57,13 +58,14 @@ class ContainerStore::Unit final : public WeightUnit {
 uint64_t stored_tensor_bytes(const std::string& name, DType type, uint8_t layout,
                              uint32_t block_size, const Shape& shape) {
   const uint64_t n = uint64_t(numel(shape));
-  if (dtype_is_float(type)) {
+  const quant::StorageType* st = quant::find_storage_type(type);
+  check(st != nullptr, "tensor ", name, " is stored as ", dtype_name(type),
+        ", which a container cannot hold");
+  if (!st->quantized) {
     check(layout == 0, "tensor ", name, ": ", dtype_name(type), " with layout ", int(layout),
           " is not readable (plain float types are row-major, layout 0)");
     return n * dtype_size(type);
   }
-  check(type == DType::Q8 || type == DType::Q4, "tensor ", name, " is stored as ", dtype_name(type),
-        ", which a container cannot hold");
   check(layout <= uint8_t(quant::Layout::Interleaved16), "tensor ", name, ": ", dtype_name(type),
         " layout ", int(layout), " is unknown to this program (written by a newer klein?)");
   check(block_size == uint32_t(quant::kBlock), "tensor ", name, ": ", dtype_name(type),
@@ -125,7 +127,7 @@ std::vector<std::string> ContainerStore::units() const { return order_; }
 bool ContainerStore::has_quantized(const std::string& prefix) const {
   for (const auto& u : file_.index().units)
     for (const auto& t : file_.tensors_of(u))
-      if (t.name.rfind(prefix, 0) == 0 && (t.type == DType::Q8 || t.type == DType::Q4)) return true;
+      if (t.name.rfind(prefix, 0) == 0 && quant::is_quantized(t.type)) return true;
   return false;
 }
 
