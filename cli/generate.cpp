@@ -30,6 +30,7 @@ struct Args {
   float guidance = 0;
   std::vector<std::string> references;
   std::string noise, dump;
+  std::string cache_dir;
   int threads = 0;
   int jpeg_quality = 95;
   MemoryOptions memory;
@@ -195,7 +196,18 @@ void run(Args& a) {
   for (const auto& r : a.references) g.references.push_back(r);
   g.noise_file = a.noise;
   g.dump_dir = a.dump;
-  if (!a.no_cache) g.prompt_cache_dir = qwen3::PromptCache::default_dir();
+  std::string cache_off;  // why the prompt cache is off although it was not turned off
+  if (!a.no_cache) {
+    if (!a.cache_dir.empty()) {
+      g.prompt_cache_dir = a.cache_dir;
+    } else {
+      try {
+        g.prompt_cache_dir = qwen3::PromptCache::default_dir();
+      } catch (const Error& e) {
+        cache_off = e.what();
+      }
+    }
+  }
   g.plan_only = a.dry_run;
   check(a.dry_run || !a.output.empty(), "-o/--output is required (the image to write)");
   check(a.dry_run || is_jpeg_name(a.output) || a.output.ends_with(".png") ||
@@ -215,6 +227,7 @@ void run(Args& a) {
   JsonProgress json_events;
   Progress& progress = a.json ? static_cast<Progress&>(json_events) : terminal;
 
+  if (!cache_off.empty()) progress.warn("prompt cache off: " + cache_off);
   GenerateResult r = session.generate(g, progress);
   if (a.dry_run) return;  // the plan is printed (or emitted as JSON); nothing to write
   ImageMetadata meta = {{"parameters", parameters_text(g, r, model.name)},
@@ -269,6 +282,9 @@ Registration reg("generate", 10, [](CLI::App& app) {
   cmd->add_option("--dump", a->dump, "Write every stage as .npy files into this directory");
   cmd->add_option("--jpeg-quality", a->jpeg_quality, "JPEG quality 1-100")->check(CLI::Range(1, 100));
   cmd->add_flag("--no-cache", a->no_cache, "Do not read or write the prompt cache");
+  cmd->add_option("--cache-dir", a->cache_dir,
+                  "Prompt cache directory (default: $XDG_CACHE_HOME/klein/prompts or "
+                  "~/.cache/klein/prompts; without either the cache is off)");
   add_precision_option(*cmd, a->gen.precision);
   add_memory_options(*cmd, a->memory);
   cmd->add_flag("-q,--quiet", a->quiet, "No progress output");

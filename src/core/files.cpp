@@ -49,19 +49,31 @@ void AtomicFile::commit() {
   committed_ = true;
 }
 
-MappedFile::MappedFile(const fs::path& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+namespace {
+
+// Opens an input that must be a regular file. O_NONBLOCK: opening a FIFO for reading would
+// otherwise wait for a writer, forever; it is refused below like any other special file.
+int open_regular_file(const fs::path& path, struct stat& st) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail("cannot open ", path.string(), ": ", std::strerror(errno));
-  struct stat st {};
   if (::fstat(fd, &st) != 0) {
-    int e = errno;
+    const int e = errno;
     ::close(fd);
     fail("cannot stat ", path.string(), ": ", std::strerror(e));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    fail(path.string(), " is not a regular file");
+    fail(path.string(), " is not a regular file (a directory, pipe or device cannot be read as ",
+         "an input)");
   }
+  return fd;
+}
+
+}  // namespace
+
+MappedFile::MappedFile(const fs::path& path) : path_(path) {
+  struct stat st {};
+  const int fd = open_regular_file(path, st);
   size_ = size_t(st.st_size);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
@@ -98,11 +110,23 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
 }
 
 std::string read_text_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open ", path.string(), ": ", std::strerror(errno));
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  struct stat st {};
+  const int fd = open_regular_file(path, st);
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      fail("cannot read ", path.string(), ": ", std::strerror(e));
+    }
+    if (n == 0) break;
+    out.append(buf, size_t(n));
+  }
+  ::close(fd);
+  return out;
 }
 
 void check_writable_output(const std::filesystem::path& path, std::string_view option) {

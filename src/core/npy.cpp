@@ -59,16 +59,32 @@ NpyArray read_npy(const std::filesystem::path& path) {
   check(m[1] == "False", where, ": Fortran-order .npy files are not supported");
   check(std::regex_search(header, m, std::regex("'shape':\\s*\\(([^)]*)\\)")), where,
         ": .npy header has no shape");
+  // The shape: comma-separated non-negative integers (a trailing comma for one dimension);
+  // anything else, or a size past what the file could hold, is refused before any arithmetic
+  // can overflow.
   const std::string dims = m[1];
-  std::regex num("\\d+");
-  for (auto it = std::sregex_iterator(dims.begin(), dims.end(), num); it != std::sregex_iterator();
-       ++it)
-    a.shape.push_back(std::stoll(it->str()));
-
-  const size_t bytes = size_t(a.numel()) * dtype_size(a.dtype);
   const size_t data_start = header_start + header_len;
-  check(file.size() - data_start == bytes, where, ": data size ", file.size() - data_start,
-        " bytes does not match shape ", shape_str(a.shape), " (", bytes, " bytes)");
+  const size_t available = file.size() - data_start;
+  size_t elements = 1;
+  size_t at = 0;
+  while (at < dims.size()) {
+    while (at < dims.size() && (dims[at] == ' ' || dims[at] == ',')) ++at;
+    if (at == dims.size()) break;
+    size_t end = at;
+    while (end < dims.size() && dims[end] >= '0' && dims[end] <= '9') ++end;
+    check(end > at && end - at <= 18, where, ": .npy shape (", dims, ") is not a list of ",
+          "non-negative whole numbers");
+    const int64_t d = std::stoll(dims.substr(at, end - at));
+    check(a.shape.size() < 32, where, ": .npy shape (", dims, ") has too many dimensions");
+    check(d == 0 || elements <= available / size_t(d), where, ": .npy shape (", dims,
+          ") needs more data than the file holds (", available, " bytes)");
+    elements *= size_t(d);
+    a.shape.push_back(d);
+    at = end;
+  }
+  const size_t bytes = elements * dtype_size(a.dtype);
+  check(available == bytes, where, ": data size ", available, " bytes does not match shape ",
+        shape_str(a.shape), " (", bytes, " bytes)");
   a.bytes.resize(bytes);
   std::memcpy(a.bytes.data(), file.data() + data_start, bytes);
   return a;

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <cmath>
@@ -110,6 +111,58 @@ TEST(Npy, RejectsMalformedFiles) {
   }
   EXPECT_THROW(read_npy(dir / "junk.npy"), Error);
   EXPECT_THROW(read_npy(dir / "missing.npy"), Error);
+}
+
+// The shape must be non-negative whole numbers that the data can hold: a minus sign, a huge
+// dimension or a product past the file's size is refused (no overflow, no huge allocation).
+TEST(Npy, RejectsBadShapes) {
+  const auto dir = testing::temp_dir("npy-shapes");
+  auto write = [&](const std::string& name, const std::string& shape, size_t data_bytes) {
+    std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + shape + "), }";
+    while ((10 + header.size() + 1) % 64) header += ' ';
+    header += '\n';
+    std::string file = std::string("\x93NUMPY\x01\x00", 8);
+    file += char(header.size() & 255);
+    file += char(header.size() >> 8);
+    file += header;
+    file += std::string(data_bytes, '\0');
+    AtomicFile f(dir / name);
+    f.write(file);
+    f.commit();
+    return dir / name;
+  };
+  EXPECT_EQ(read_npy(write("good.npy", "2, 3", 24)).shape, (Shape{2, 3}));
+  EXPECT_EQ(read_npy(write("one.npy", "4,", 16)).shape, (Shape{4}));
+  for (const auto& [name, shape] : std::vector<std::pair<std::string, std::string>>{
+           {"negative.npy", "-2, 3"},
+           {"huge.npy", "4611686018427387904, 4"},
+           {"product.npy", "4294967296, 4294967296"},
+           {"words.npy", "two, 3"},
+           {"long.npy", "99999999999999999999999"}}) {
+    try {
+      read_npy(write(name, shape, 24));
+      ADD_FAILURE() << name << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A FIFO (or any special file) given as an input is refused at once instead of waiting for a
+// writer forever.
+TEST(Files, SpecialFilesAreRefusedWithoutWaiting) {
+  const auto dir = testing::temp_dir("fifo");
+  const auto fifo = dir / "pipe.npy";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THROW(read_text_file(fifo), Error);
+  EXPECT_THROW(MappedFile{fifo}, Error);
+  try {
+    read_npy(fifo);
+    ADD_FAILURE() << "a FIFO was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(read_text_file(dir), Error);  // a directory
 }
 
 TEST(AtomicFile, LeavesNothingWithoutCommit) {

@@ -1,6 +1,7 @@
 // End-to-end: `klein generate` on the tiny model with the reference noise reproduces every
 // stage the official pipeline recorded (vectors/e2e/<case>/) and its PNG.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
@@ -153,6 +154,33 @@ TEST(GenerateCli, NoiseFromAFileRecordsNoSeed) {
   EXPECT_NE(text.find("Noise: from a file"), std::string::npos) << text;
   EXPECT_NE(testing::run_klein(base + " --seed 3 -o " + (out / "b.png").string(), &log), 0);
   EXPECT_NE(log.find("--seed"), std::string::npos) << log;
+}
+
+// Without HOME and XDG_CACHE_HOME the prompt cache is off with one warning and the image is
+// made; --cache-dir puts the cache where it says.
+TEST(GenerateCli, PromptCacheWithoutHomeOrInADirectory) {
+  const fs::path out = testing::temp_dir("cache-home");
+  const std::string base = "generate -m " + testing::tiny_model().string() +
+                           " -p x -W 32 -H 32 -s 1 --seed 1 -q ";
+  std::string log;
+  ASSERT_EQ(testing::run_klein("--version", &log), 0);
+  const std::string cmd = "env -u HOME -u XDG_CACHE_HOME " + std::string(KLEIN_BINARY) + " " +
+                          base + "-o " + (out / "a.png").string() + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[4096];
+  std::string text;
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
+  const int status = ::pclose(p);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
+  EXPECT_NE(text.find("prompt cache off"), std::string::npos) << text;
+  EXPECT_TRUE(fs::exists(out / "a.png"));
+
+  const fs::path cache = out / "cache";
+  ASSERT_EQ(testing::run_klein(base + "--cache-dir " + cache.string() + " -o " +
+                                   (out / "b.png").string(), &log), 0) << log;
+  EXPECT_TRUE(fs::exists(cache) && !fs::is_empty(cache)) << log;
 }
 
 // Into a file, progress is one plain line per event: no carriage returns in logs.

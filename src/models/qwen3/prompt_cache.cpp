@@ -85,7 +85,7 @@ fs::path PromptCache::default_dir() {
   if (xdg && *xdg && fs::path(xdg).is_absolute()) return fs::path(xdg) / "klein" / "prompts";
   const char* home = std::getenv("HOME");
   check(home && *home, "no cache directory: neither XDG_CACHE_HOME nor HOME is set ",
-        "(give a cache directory explicitly, or disable the prompt cache)");
+        "(give one with --cache-dir)");
   return fs::path(home) / ".cache" / "klein" / "prompts";
 }
 
