@@ -10,17 +10,7 @@ cd "$(dirname "$0")/.."
 build=${1:-build-arm64}
 
 # The cross compiler and qemu, from Debian's packages, if this machine lacks them.
-missing=()
-for p in g++-aarch64-linux-gnu qemu-user libgtest-dev; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  sudo_cmd=""
-  [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
-  echo "installing: ${missing[*]}"
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+bash scripts/install-packages.sh g++-aarch64-linux-gnu qemu-user libgtest-dev
 sysroot=/usr/aarch64-linux-gnu
 toolchain=(
   -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64

@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+bash scripts/install-packages.sh clang  # libFuzzer comes with Debian's clang
+
 seconds="${1:-60}"
 shift || true
 build="${BUILD_DIR:-build-fuzz}"
