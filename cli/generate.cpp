@@ -136,10 +136,7 @@ nlohmann::ordered_json result_json(const Args& a, const GenerateResult& r, const
   nlohmann::ordered_json j;
   j["event"] = "result";
   j["output"] = a.output;
-  if (r.seed)
-    j["seed"] = *r.seed;
-  else
-    j["seed"] = nullptr;
+  j["seed"] = r.seed ? nlohmann::json(*r.seed) : nlohmann::json(nullptr);  // none: --noise
   j["width"] = r.width;
   j["height"] = r.height;
   j["steps"] = r.steps;

@@ -4,8 +4,12 @@
 
 #include <algorithm>
 #include <cctype>
-#include <regex>
+#include <mutex>
 #include <sstream>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <utf8proc.h>
 
 #include "core/error.h"
 #include "quant/types.h"
@@ -45,13 +49,87 @@ std::string lower(std::string_view s) {
   return out;
 }
 
+}  // namespace
+
+// PCRE2 anchored at both ends (the whole name), UTF-8; matching is bounded by a match limit
+// and a depth limit, so a pathological pattern fails with its rule named instead of running
+// for minutes or exhausting the stack.
+class PolicyRegex {
+ public:
+  PolicyRegex(const std::string& pattern, const std::string& where) : where_(where) {
+    int error = 0;
+    PCRE2_SIZE offset = 0;
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                          PCRE2_UTF | PCRE2_ANCHORED | PCRE2_ENDANCHORED, &error, &offset,
+                          nullptr);
+    if (!code_) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(error, message, sizeof message);
+      fail(where, ": invalid regular expression \"", pattern, "\" at offset ", offset, ": ",
+           reinterpret_cast<const char*>(message));
+    }
+    context_ = pcre2_match_context_create(nullptr);
+    pcre2_set_match_limit(context_, kMatchLimit);
+    pcre2_set_depth_limit(context_, kDepthLimit);
+    data_ = pcre2_match_data_create_from_pattern(code_, nullptr);
+    if (!context_ || !data_) {
+      release();
+      fail(where, ": out of memory compiling a regular expression");
+    }
+  }
+  ~PolicyRegex() { release(); }
+  PolicyRegex(const PolicyRegex&) = delete;
+  PolicyRegex& operator=(const PolicyRegex&) = delete;
+
+  bool matches(const std::string& name) const {
+    const std::lock_guard lock(mutex_);  // the match data is shared
+    const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(name.data()), name.size(), 0,
+                               0, data_, context_);
+    if (rc >= 0) return true;
+    if (rc == PCRE2_ERROR_NOMATCH) return false;
+    if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT)
+      fail(where_, ": the regular expression backtracks too much on ", name,
+           " (simplify the pattern)");
+    fail(where_, ": matching ", name, " failed (PCRE2 error ", rc, ")");
+  }
+
+ private:
+  static constexpr uint32_t kMatchLimit = 1000000;
+  static constexpr uint32_t kDepthLimit = 5000;
+  void release() {
+    pcre2_match_data_free(data_);
+    pcre2_match_context_free(context_);
+    pcre2_code_free(code_);
+  }
+  std::string where_;
+  pcre2_code* code_ = nullptr;
+  pcre2_match_context* context_ = nullptr;
+  pcre2_match_data* data_ = nullptr;
+  mutable std::mutex mutex_;
+};
+
+namespace {
+
 bool matches(const PolicyRule& r, const std::string& name, const Shape& shape) {
   switch (r.selector) {
     case PolicyRule::Selector::Vector: return shape.size() < 2;
     case PolicyRule::Selector::Glob: return ::fnmatch(r.pattern.c_str(), name.c_str(), 0) == 0;
-    case PolicyRule::Selector::Regex: return std::regex_match(name, *r.regex);
+    case PolicyRule::Selector::Regex: return r.regex->matches(name);
   }
   return false;
+}
+
+// Policies are UTF-8 text (they are kept in the container's metadata, which is JSON).
+void check_utf8(std::string_view line, const std::string& where) {
+  const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(line.data());
+  utf8proc_ssize_t at = 0;
+  const auto size = utf8proc_ssize_t(line.size());
+  while (at < size) {
+    utf8proc_int32_t c = 0;
+    const utf8proc_ssize_t n = utf8proc_iterate(p + at, size - at, &c);
+    check(n > 0, where, ": not valid UTF-8 text (byte ", at + 1, " of the line)");
+    at += n;
+  }
 }
 
 }  // namespace
@@ -77,6 +155,7 @@ std::vector<PolicyRule> parse_policy(std::string_view text, const std::string& o
   while (std::getline(in, line)) {
     ++number;
     const std::string where = origin + ":" + std::to_string(number);
+    check_utf8(line, where);
     if (const size_t hash = line.find('#'); hash != std::string::npos) line.resize(hash);
     std::istringstream words(line);
     std::string selector, type, extra;
@@ -92,11 +171,7 @@ std::vector<PolicyRule> parse_policy(std::string_view text, const std::string& o
       r.selector = PolicyRule::Selector::Vector;
     } else if (selector.rfind("re:", 0) == 0) {
       r.selector = PolicyRule::Selector::Regex;
-      try {
-        r.regex = std::make_shared<const std::regex>(selector.substr(3), std::regex::ECMAScript);
-      } catch (const std::regex_error& e) {
-        fail(where, ": invalid regular expression \"", selector.substr(3), "\": ", e.what());
-      }
+      r.regex = std::make_shared<const PolicyRegex>(selector.substr(3), where);
     } else {
       check(selector[0] != '@', where, ": unknown selector ", selector, " (the only one is @1d)");
       r.selector = PolicyRule::Selector::Glob;

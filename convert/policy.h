@@ -6,7 +6,8 @@
 //   <selector>  <type>
 //
 //   selector  a glob over the canonical tensor name (* ? [...], '*' also matches '.'),
-//             re:<regex> (ECMAScript, must match the whole name),
+//             re:<regex> (PCRE2, must match the whole name; bounded: a pattern that
+//             backtracks too much is an error naming its rule, never a hang),
 //             or @1d (any tensor with fewer than two dimensions: biases, norms, statistics)
 //   type      f32 | bf16 | f16 | q8 | q4: exactly this type
 //             >=q8, >=bf16, ...: at least this precise: the target type (-t) if it is at
@@ -18,7 +19,6 @@
 // 1-D tensors, the embedders, the shared modulation, the output layer, the VAE; and the token
 // embedding table at least at q8.
 #include <memory>
-#include <regex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,11 +28,14 @@
 
 namespace klein::convert {
 
+// A compiled re: selector (PCRE2 with match and depth limits).
+class PolicyRegex;
+
 struct PolicyRule {
   enum class Selector { Glob, Regex, Vector };
   Selector selector = Selector::Glob;
   std::string pattern;                      // as written
-  std::shared_ptr<const std::regex> regex;  // Selector::Regex, compiled
+  std::shared_ptr<const PolicyRegex> regex;  // Selector::Regex, compiled
   DType type = DType::BF16;
   bool at_least = false;  // ">=type"
   std::string origin;     // "policy.txt:3", "default:2"

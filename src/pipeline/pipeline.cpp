@@ -367,10 +367,7 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
   j["steps"] = r.steps;
   j["sampler"] = "euler_flow_matching";
   j["guidance"] = r.guidance;
-  if (r.seed)
-    j["seed"] = *r.seed;
-  else
-    j["seed"] = nullptr;
+  j["seed"] = r.seed ? nlohmann::json(*r.seed) : nlohmann::json(nullptr);  // none: --noise
   j["width"] = r.width;
   j["height"] = r.height;
   j["precision"] = precision_name(r.fast);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -722,6 +723,28 @@ TEST(Policy, MalformedLinesNameTheLine) {
   EXPECT_ERROR_HAS(convert::parse_policy("@2d q8\n", "p"), "p:1: unknown selector");
   EXPECT_ERROR_HAS(convert::parse_policy("x q8 extra\n", "p"), "p:1: unexpected \"extra\"");
   EXPECT_ERROR_HAS(convert::parse_policy("x >=q3\n", "p"), "p:1: unknown storage type");
+}
+
+// Regular expressions are bounded: deep nesting compiles or fails with the rule named (no
+// stack overflow), catastrophic backtracking stops with the rule named (no minutes-long
+// match), and a policy that is not UTF-8 is refused when it is read (not after converting).
+TEST(Policy, HostileRegexesAndBytesFailWithTheirLine) {
+  const std::string deep = "re:" + std::string(20000, '(') + "a" + std::string(20000, ')') + " q8\n";
+  try {  // compiled without recursion, or refused with the rule named: never a crash
+    const auto nested = convert::PrecisionPolicy::with_user_rules(deep, "p");
+    EXPECT_EQ(nested.choose("a", {4, 4}, DType::BF16).type, DType::Q8);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("p:1:"), std::string::npos) << e.what();
+  }
+  const auto slow = convert::PrecisionPolicy::with_user_rules("re:(a|a?)+ q8\n", "p");
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_ERROR_HAS(slow.choose(std::string(40, 'a') + "!", {4, 4}, DType::Q4), "p:1:");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+  EXPECT_ERROR_HAS(convert::parse_policy("vae.* q8\ntext_\xff\xfe.* q4\n", "p"), "p:2: not valid UTF-8");
+  // Ordinary patterns still match whole names only.
+  const auto p = convert::PrecisionPolicy::with_user_rules("re:vae\\..*conv.* q8\n", "p");
+  EXPECT_EQ(p.choose("vae.decoder.conv_in.weight", {8, 8}, DType::BF16).type, DType::Q8);
+  EXPECT_EQ(p.choose("xvae.decoder.conv_in.weight", {8, 8}, DType::BF16).rule, nullptr);
 }
 
 }  // namespace
