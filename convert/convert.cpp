@@ -16,6 +16,7 @@
 #include "convert/policy.h"
 #include "convert/storage.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/threadpool.h"
 #include "core/version.h"
 #include "formats/container/writer.h"
@@ -142,20 +143,11 @@ std::string hash_file(const fs::path& path, uint64_t& bytes, const std::function
   xxh3::Hasher hasher;
   std::vector<char> buf(size_t(8) << 20);
   bytes = 0;
-  for (;;) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      ::close(fd);
-      fail("cannot read ", path.string(), ": ", std::strerror(e));
-    }
-    if (n == 0) break;
-    hasher.update(buf.data(), size_t(n));
-    bytes += uint64_t(n);
-    if (stop()) break;
-  }
-  ::close(fd);
+  read_pieces(fd, path, buf, [&](std::span<const char> piece) {
+    hasher.update(piece.data(), piece.size());
+    bytes += piece.size();
+    return !stop();
+  });
   return stop() ? std::string() : container::hex64(hasher.digest());
 }
 

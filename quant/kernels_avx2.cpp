@@ -9,6 +9,7 @@
 
 #include <cstring>
 
+#include "quant/kernel_common.h"
 #include "quant/kernels.h"
 
 namespace klein::quant::detail {
@@ -103,30 +104,12 @@ void quantize_rows(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t 
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(act.q + e * kBlock),
                           _mm256_permutevar8x32_epi32(q16, unshuffle));
       const int32_t s = hsum_epi32(sum);
-      act.scale[e] = d;
-      act.scaled_sum[e] = d * float(s);
-      act.neg128_sum[e] = -128 * s;
+      store_block_sums(act, e, d, s);
     }
   }
 }
 
-struct ActStream {
-  const int8_t* q;
-  const float* scale;
-  const float* scaled_sum;
-
-  ActStream(const ActBlocks& act, int64_t m0, int64_t b0) {
-    const int64_t e = act.entry(m0, b0);
-    q = act.q + e * kBlock;
-    scale = act.scale + e;
-    scaled_sum = act.scaled_sum + e;
-  }
-  void next_block() {
-    q += kIntRows * kBlock;
-    scale += kIntRows;
-    scaled_sum += kIntRows;
-  }
-};
+using ActStream = ActStreamOf<kIntRows>;
 
 // ---- Q8 tiles ------------------------------------------------------------------------------
 
@@ -206,46 +189,26 @@ void q4_half(ActStream x, const TileQ4* tiles, int64_t nblocks, int half, float*
   store8_rows<R>(y + 8 * half, ldy, acc, cols - 8 * half, accumulate);
 }
 
-template <template <int> class F, class... Args>
-void dispatch_rows(int rows, Args&&... args) {
-  switch (rows) {
-    case 1: return F<1>::run(args...);
-    case 2: return F<2>::run(args...);
-    case 3: return F<3>::run(args...);
-    default: return F<4>::run(args...);
-  }
-}
-
 template <int R>
-struct TilesQ8 {
+struct Rows {
   static void run(const ActStream& x, const TileQ8* tiles, int64_t nblocks, float* y, int64_t ldy,
                   int cols, bool accumulate) {
     q8_half<R>(x, tiles, nblocks, 0, y, ldy, cols, accumulate);
     if (cols > 8) q8_half<R>(x, tiles, nblocks, 1, y, ldy, cols, accumulate);
   }
-};
-template <int R>
-struct TilesQ4 {
   static void run(const ActStream& x, const TileQ4* tiles, int64_t nblocks, float* y, int64_t ldy,
                   int cols, bool accumulate) {
     q4_half<R>(x, tiles, nblocks, 0, y, ldy, cols, accumulate);
     if (cols > 8) q4_half<R>(x, tiles, nblocks, 1, y, ldy, cols, accumulate);
   }
 };
-
-void tiles_q8(const ActBlocks& act, int64_t m0, int64_t b0, int rows, const TileQ8* tiles,
-              int64_t nblocks, float* y, int64_t ldy, int cols, bool accumulate) {
-  dispatch_rows<TilesQ8>(rows, ActStream(act, m0, b0), tiles, nblocks, y, ldy, cols, accumulate);
-}
-void tiles_q4(const ActBlocks& act, int64_t m0, int64_t b0, int rows, const TileQ4* tiles,
-              int64_t nblocks, float* y, int64_t ldy, int cols, bool accumulate) {
-  dispatch_rows<TilesQ4>(rows, ActStream(act, m0, b0), tiles, nblocks, y, ldy, cols, accumulate);
-}
+using Tiles = RowKernels<kIntRows, Rows>;
 
 }  // namespace
 
 const Kernels& avx2_kernels() {
-  static const Kernels k{Isa::Avx2, kIntRows, quantize_rows, tiles_q8, tiles_q4};
+  static const Kernels k{Isa::Avx2, kIntRows, quantize_rows, Tiles::tiles<TileQ8>,
+                         Tiles::tiles<TileQ4>};
   return k;
 }
 

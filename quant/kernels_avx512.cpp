@@ -13,6 +13,7 @@
 
 #include <cstring>
 
+#include "quant/kernel_common.h"
 #include "quant/kernels.h"
 
 namespace klein::quant::detail {
@@ -67,35 +68,12 @@ void quantize_rows(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t 
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(q0));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(q1));
       const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-      act.scale[e] = d;
-      act.scaled_sum[e] = d * float(sum);
-      act.neg128_sum[e] = -128 * sum;
+      store_block_sums(act, e, d, sum);
     }
   }
 }
 
-// The activations of rows m0..m0+R-1 at block b0 onwards: one stream, kIntRows entries per
-// block (see ActBlocks), so every address below is a base plus a constant.
-struct ActStream {
-  const int8_t* q;
-  const float* scale;
-  const float* scaled_sum;
-  const int32_t* neg128_sum;
-
-  ActStream(const ActBlocks& act, int64_t m0, int64_t b0) {
-    const int64_t e = act.entry(m0, b0);
-    q = act.q + e * kBlock;
-    scale = act.scale + e;
-    scaled_sum = act.scaled_sum + e;
-    neg128_sum = act.neg128_sum + e;
-  }
-  void next_block() {
-    q += kIntRows * kBlock;
-    scale += kIntRows;
-    scaled_sum += kIntRows;
-    neg128_sum += kIntRows;
-  }
-};
+using ActStream = ActStreamOf<kIntRows>;
 
 // ---- Q8 tiles ------------------------------------------------------------------------------
 
@@ -169,52 +147,24 @@ void tiles_q4_rows(ActStream x, const TileQ4* tiles, int64_t nblocks, float* y, 
 }
 
 // Row counts 1..12 as compile-time constants, so accumulators live in registers.
-template <template <int> class F, class... Args>
-void dispatch_rows(int rows, Args&&... args) {
-  switch (rows) {
-    case 1: return F<1>::run(args...);
-    case 2: return F<2>::run(args...);
-    case 3: return F<3>::run(args...);
-    case 4: return F<4>::run(args...);
-    case 5: return F<5>::run(args...);
-    case 6: return F<6>::run(args...);
-    case 7: return F<7>::run(args...);
-    case 8: return F<8>::run(args...);
-    case 9: return F<9>::run(args...);
-    case 10: return F<10>::run(args...);
-    case 11: return F<11>::run(args...);
-    default: return F<12>::run(args...);
-  }
-}
-
 template <int R>
-struct TilesQ8 {
+struct Rows {
   static void run(const ActStream& x, const TileQ8* tiles, int64_t nblocks, float* y, int64_t ldy,
                   int cols, bool accumulate) {
     tiles_q8_rows<R>(x, tiles, nblocks, y, ldy, cols, accumulate);
   }
-};
-template <int R>
-struct TilesQ4 {
   static void run(const ActStream& x, const TileQ4* tiles, int64_t nblocks, float* y, int64_t ldy,
                   int cols, bool accumulate) {
     tiles_q4_rows<R>(x, tiles, nblocks, y, ldy, cols, accumulate);
   }
 };
-
-void tiles_q8(const ActBlocks& act, int64_t m0, int64_t b0, int rows, const TileQ8* tiles,
-              int64_t nblocks, float* y, int64_t ldy, int cols, bool accumulate) {
-  dispatch_rows<TilesQ8>(rows, ActStream(act, m0, b0), tiles, nblocks, y, ldy, cols, accumulate);
-}
-void tiles_q4(const ActBlocks& act, int64_t m0, int64_t b0, int rows, const TileQ4* tiles,
-              int64_t nblocks, float* y, int64_t ldy, int cols, bool accumulate) {
-  dispatch_rows<TilesQ4>(rows, ActStream(act, m0, b0), tiles, nblocks, y, ldy, cols, accumulate);
-}
+using Tiles = RowKernels<kIntRows, Rows>;
 
 }  // namespace
 
 const Kernels& avx512_kernels() {
-  static const Kernels k{Isa::Avx512, kIntRows, quantize_rows, tiles_q8, tiles_q4};
+  static const Kernels k{Isa::Avx512, kIntRows, quantize_rows, Tiles::tiles<TileQ8>,
+                         Tiles::tiles<TileQ4>};
   return k;
 }
 

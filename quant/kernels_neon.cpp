@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/cpu.h"
+#include "quant/kernel_common.h"
 #include "quant/kernels.h"
 
 namespace klein::quant::detail {
@@ -83,30 +84,12 @@ void quantize_rows(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t 
         vst1q_s8(act.q + e * kBlock + 16 * h, vcombine_s8(vqmovn_s16(lo), vqmovn_s16(hi)));
       }
       const int32_t s = vaddvq_s32(sum);
-      act.scale[e] = d;
-      act.scaled_sum[e] = d * float(s);
-      act.neg128_sum[e] = -128 * s;
+      store_block_sums(act, e, d, s);
     }
   }
 }
 
-struct ActStream {
-  const int8_t* q;
-  const float* scale;
-  const float* scaled_sum;
-
-  ActStream(const ActBlocks& act, int64_t m0, int64_t b0) {
-    const int64_t e = act.entry(m0, b0);
-    q = act.q + e * kBlock;
-    scale = act.scale + e;
-    scaled_sum = act.scaled_sum + e;
-  }
-  void next_block() {
-    q += kIntRows * kBlock;
-    scale += kIntRows;
-    scaled_sum += kIntRows;
-  }
-};
+using ActStream = ActStreamOf<kIntRows>;
 
 // ---- Q8 tiles ------------------------------------------------------------------------------
 
@@ -183,47 +166,33 @@ void q4_quad(ActStream x, const TileQ4* tiles, int64_t nblocks, int quad, float*
   for (int r = 0; r < R; ++r) store4(y + r * ldy + 4 * quad, acc[r], cols - 4 * quad, accumulate);
 }
 
-template <bool kDotProd, int R>
-struct Tiles {
-  static void q8(const ActStream& x, const TileQ8* tiles, int64_t nblocks, float* y, int64_t ldy,
-                 int cols, bool accumulate) {
-    for (int quad = 0; 4 * quad < cols; ++quad)
-      q8_quad<kDotProd, R>(x, tiles, nblocks, quad, y, ldy, cols, accumulate);
-  }
-  static void q4(const ActStream& x, const TileQ4* tiles, int64_t nblocks, float* y, int64_t ldy,
-                 int cols, bool accumulate) {
-    for (int quad = 0; 4 * quad < cols; ++quad)
-      q4_quad<kDotProd, R>(x, tiles, nblocks, quad, y, ldy, cols, accumulate);
-  }
+template <bool kDotProd>
+struct WithDotProd {
+  template <int R>
+  struct Rows {
+    static void run(const ActStream& x, const TileQ8* tiles, int64_t nblocks, float* y,
+                    int64_t ldy, int cols, bool accumulate) {
+      for (int quad = 0; 4 * quad < cols; ++quad)
+        q8_quad<kDotProd, R>(x, tiles, nblocks, quad, y, ldy, cols, accumulate);
+    }
+    static void run(const ActStream& x, const TileQ4* tiles, int64_t nblocks, float* y,
+                    int64_t ldy, int cols, bool accumulate) {
+      for (int quad = 0; 4 * quad < cols; ++quad)
+        q4_quad<kDotProd, R>(x, tiles, nblocks, quad, y, ldy, cols, accumulate);
+    }
+  };
+  using Tiles = RowKernels<kIntRows, Rows>;
 };
-
-template <bool kDotProd>
-void tiles_q8(const ActBlocks& act, int64_t m0, int64_t b0, int rows, const TileQ8* tiles,
-              int64_t nblocks, float* y, int64_t ldy, int cols, bool accumulate) {
-  using Fn = void (*)(const ActStream&, const TileQ8*, int64_t, float*, int64_t, int, bool);
-  static constexpr Fn fns[kIntRows] = {
-      Tiles<kDotProd, 1>::q8, Tiles<kDotProd, 2>::q8, Tiles<kDotProd, 3>::q8, Tiles<kDotProd, 4>::q8,
-      Tiles<kDotProd, 5>::q8, Tiles<kDotProd, 6>::q8, Tiles<kDotProd, 7>::q8, Tiles<kDotProd, 8>::q8};
-  fns[rows - 1](ActStream(act, m0, b0), tiles, nblocks, y, ldy, cols, accumulate);
-}
-
-template <bool kDotProd>
-void tiles_q4(const ActBlocks& act, int64_t m0, int64_t b0, int rows, const TileQ4* tiles,
-              int64_t nblocks, float* y, int64_t ldy, int cols, bool accumulate) {
-  using Fn = void (*)(const ActStream&, const TileQ4*, int64_t, float*, int64_t, int, bool);
-  static constexpr Fn fns[kIntRows] = {
-      Tiles<kDotProd, 1>::q4, Tiles<kDotProd, 2>::q4, Tiles<kDotProd, 3>::q4, Tiles<kDotProd, 4>::q4,
-      Tiles<kDotProd, 5>::q4, Tiles<kDotProd, 6>::q4, Tiles<kDotProd, 7>::q4, Tiles<kDotProd, 8>::q4};
-  fns[rows - 1](ActStream(act, m0, b0), tiles, nblocks, y, ldy, cols, accumulate);
-}
+using Dot = WithDotProd<true>::Tiles;
+using NoDot = WithDotProd<false>::Tiles;
 
 }  // namespace
 
 const Kernels& neon_kernels() {
-  static const Kernels with_dotprod{Isa::Neon, kIntRows, quantize_rows, tiles_q8<true>,
-                                    tiles_q4<true>};
-  static const Kernels without_dotprod{Isa::Neon, kIntRows, quantize_rows, tiles_q8<false>,
-                                       tiles_q4<false>};
+  static const Kernels with_dotprod{Isa::Neon, kIntRows, quantize_rows, Dot::tiles<TileQ8>,
+                                    Dot::tiles<TileQ4>};
+  static const Kernels without_dotprod{Isa::Neon, kIntRows, quantize_rows, NoDot::tiles<TileQ8>,
+                                       NoDot::tiles<TileQ4>};
   return cpu_features().neon_dotprod ? with_dotprod : without_dotprod;
 }
 

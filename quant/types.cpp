@@ -25,64 +25,39 @@ void from_floats(const float* x, void* out, int64_t n) {
   if constexpr (T == DType::F16) f32_to_f16(x, static_cast<uint16_t*>(out), size_t(n));
 }
 
-// The quantized types: their block functions behind untyped pointers.
-template <class Block, class Tile>
-struct Blocks;
-
-template <>
-struct Blocks<BlockQ8, TileQ8> {
+// The quantized types: their block functions behind untyped pointers. The kernel entry
+// points are members of an ISA's kernel table, named by member pointer.
+template <class Block, class Tile, auto quantize_fn, auto dequantize_fn, auto make_tile_fn,
+          auto tile_row_fn, auto tiles_fn, auto to_bf16_fn>
+struct Blocks {
   static void quantize(const float* x, void* b, int64_t n) {
-    quantize_q8(x, static_cast<BlockQ8*>(b), n);
+    quantize_fn(x, static_cast<Block*>(b), n);
   }
   static void dequantize(const void* b, float* out, int64_t n) {
-    dequantize_q8(static_cast<const BlockQ8*>(b), out, n);
+    dequantize_fn(static_cast<const Block*>(b), out, n);
   }
   static void make_tile(const void* const* rows, void* tile) {
-    make_tile_q8(reinterpret_cast<const BlockQ8* const*>(rows), static_cast<TileQ8*>(tile));
+    make_tile_fn(reinterpret_cast<const Block* const*>(rows), static_cast<Tile*>(tile));
   }
   static void tile_row(const void* tile, int r, void* block) {
-    *static_cast<BlockQ8*>(block) = tile_row_q8(*static_cast<const TileQ8*>(tile), r);
+    *static_cast<Block*>(block) = tile_row_fn(*static_cast<const Tile*>(tile), r);
   }
   static void tiles(const detail::Kernels& k, const detail::ActBlocks& act, int64_t m0,
                     int64_t b0, int rows, const void* t, int64_t nblocks, float* y, int64_t ldy,
                     int cols, bool accumulate) {
-    k.tiles_q8(act, m0, b0, rows, static_cast<const TileQ8*>(t), nblocks, y, ldy, cols,
-               accumulate);
+    (k.*tiles_fn)(act, m0, b0, rows, static_cast<const Tile*>(t), nblocks, y, ldy, cols,
+                  accumulate);
   }
   static void tiles_to_bf16(const detail::AmxKernels& amx, const void* t, int64_t count,
                             uint16_t* out) {
-    amx.q8_tiles_to_bf16(static_cast<const TileQ8*>(t), count, out);
+    (amx.*to_bf16_fn)(static_cast<const Tile*>(t), count, out);
   }
 };
 
-template <>
-struct Blocks<BlockQ4, TileQ4> {
-  static void quantize(const float* x, void* b, int64_t n) {
-    quantize_q4(x, static_cast<BlockQ4*>(b), n);
-  }
-  static void dequantize(const void* b, float* out, int64_t n) {
-    dequantize_q4(static_cast<const BlockQ4*>(b), out, n);
-  }
-  static void make_tile(const void* const* rows, void* tile) {
-    make_tile_q4(reinterpret_cast<const BlockQ4* const*>(rows), static_cast<TileQ4*>(tile));
-  }
-  static void tile_row(const void* tile, int r, void* block) {
-    *static_cast<BlockQ4*>(block) = tile_row_q4(*static_cast<const TileQ4*>(tile), r);
-  }
-  static void tiles(const detail::Kernels& k, const detail::ActBlocks& act, int64_t m0,
-                    int64_t b0, int rows, const void* t, int64_t nblocks, float* y, int64_t ldy,
-                    int cols, bool accumulate) {
-    k.tiles_q4(act, m0, b0, rows, static_cast<const TileQ4*>(t), nblocks, y, ldy, cols,
-               accumulate);
-  }
-  static void tiles_to_bf16(const detail::AmxKernels& amx, const void* t, int64_t count,
-                            uint16_t* out) {
-    amx.q4_tiles_to_bf16(static_cast<const TileQ4*>(t), count, out);
-  }
-};
-
-using Q8 = Blocks<BlockQ8, TileQ8>;
-using Q4 = Blocks<BlockQ4, TileQ4>;
+using Q8 = Blocks<BlockQ8, TileQ8, quantize_q8, dequantize_q8, make_tile_q8, tile_row_q8,
+                  &detail::Kernels::tiles_q8, &detail::AmxKernels::q8_tiles_to_bf16>;
+using Q4 = Blocks<BlockQ4, TileQ4, quantize_q4, dequantize_q4, make_tile_q4, tile_row_q4,
+                  &detail::Kernels::tiles_q4, &detail::AmxKernels::q4_tiles_to_bf16>;
 
 // unpack_rows keeps one block of any quantized type in 64 bytes.
 static_assert(sizeof(BlockQ8) <= 64 && sizeof(BlockQ4) <= 64);
@@ -92,12 +67,12 @@ constexpr std::array<StorageType, 5> kTypes = {{
      Q4::dequantize, Q4::make_tile, Q4::tile_row, Q4::tiles, Q4::tiles_to_bf16},
     {DType::Q8, "q8", true, 1, kBlock, sizeof(BlockQ8), sizeof(TileQ8), Q8::quantize,
      Q8::dequantize, Q8::make_tile, Q8::tile_row, Q8::tiles, Q8::tiles_to_bf16},
-    {DType::F16, "f16", false, 2, 1, 2, 0, from_floats<DType::F16>, to_floats<DType::F16>,
-     nullptr, nullptr, nullptr, nullptr},
+    {DType::F16, "f16", false, 2, 1, 2, 0, from_floats<DType::F16>, to_floats<DType::F16>, nullptr,
+     nullptr, nullptr, nullptr},
     {DType::BF16, "bf16", false, 2, 1, 2, 0, from_floats<DType::BF16>, to_floats<DType::BF16>,
      nullptr, nullptr, nullptr, nullptr},
-    {DType::F32, "f32", false, 3, 1, 4, 0, from_floats<DType::F32>, to_floats<DType::F32>,
-     nullptr, nullptr, nullptr, nullptr},
+    {DType::F32, "f32", false, 3, 1, 4, 0, from_floats<DType::F32>, to_floats<DType::F32>, nullptr,
+     nullptr, nullptr, nullptr},
 }};
 
 }  // namespace

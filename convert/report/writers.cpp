@@ -23,30 +23,22 @@ namespace {
 
 ojson number(double v) { return std::isfinite(v) ? ojson(v) : ojson(nullptr); }
 
-std::string fixed(double v, int digits) {
+// v printed with a printf conversion taking a precision ("%.*f", "%.*e", "%.*g"); nan and
+// infinities spelled out the same way for every format.
+std::string formatted(double v, const char* format, int digits) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  std::snprintf(buf, sizeof buf, format, digits, v);
   return buf;
 }
 
-std::string sci(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.3e", v);
-  return buf;
-}
+std::string fixed(double v, int digits) { return formatted(v, "%.*f", digits); }
+
+std::string sci(double v) { return formatted(v, "%.*e", 3); }
 
 // Full precision for CSV (scripts read it back).
-std::string exact(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.9g", v);
-  return buf;
-}
+std::string exact(double v) { return formatted(v, "%.*g", 9); }
 
 std::string type_name(DType t) { return convert::storage_type_name(t); }
 

@@ -131,6 +131,14 @@ std::string hex64(uint64_t v) {
   return buf;
 }
 
+// The header's 64-bit fields in file order, from byte 16 on (after magic, version and size).
+constexpr uint64_t Header::*kHeaderWords[] = {
+    &Header::flags,           &Header::file_size,     &Header::alignment,
+    &Header::metadata_offset, &Header::metadata_size, &Header::metadata_raw_size,
+    &Header::metadata_xxh3,   &Header::index_offset,  &Header::index_size,
+    &Header::index_xxh3,      &Header::data_offset,   &Header::data_size};
+constexpr size_t kHeaderWordsEnd = 16 + 8 * std::size(kHeaderWords);  // then the two counts
+
 std::array<std::byte, kHeaderSize> encode_header(const Header& h) {
   std::vector<std::byte> buf;
   buf.reserve(kHeaderSize);
@@ -139,18 +147,7 @@ std::array<std::byte, kHeaderSize> encode_header(const Header& h) {
   o.u16(h.major);
   o.u16(h.minor);
   o.u32(uint32_t(kHeaderSize));
-  o.u64(h.flags);
-  o.u64(h.file_size);
-  o.u64(h.alignment);
-  o.u64(h.metadata_offset);
-  o.u64(h.metadata_size);
-  o.u64(h.metadata_raw_size);
-  o.u64(h.metadata_xxh3);
-  o.u64(h.index_offset);
-  o.u64(h.index_size);
-  o.u64(h.index_xxh3);
-  o.u64(h.data_offset);
-  o.u64(h.data_size);
+  for (uint64_t Header::*field : kHeaderWords) o.u64(h.*field);
   o.u32(h.unit_count);
   o.u32(h.tensor_count);
   o.u64(xxh3(buf.data(), buf.size()));
@@ -228,20 +225,10 @@ Header decode_header(std::span<const std::byte> bytes, uint64_t actual_size,
   check(stored == computed, where, ": corrupt header: header checksum mismatch (stored ",
         hex64(stored), ", computed ", hex64(computed), ")");
   h.header_xxh3 = stored;
-  h.flags = read_le(p + 16, 8);
-  h.file_size = read_le(p + 24, 8);
-  h.alignment = read_le(p + 32, 8);
-  h.metadata_offset = read_le(p + 40, 8);
-  h.metadata_size = read_le(p + 48, 8);
-  h.metadata_raw_size = read_le(p + 56, 8);
-  h.metadata_xxh3 = read_le(p + 64, 8);
-  h.index_offset = read_le(p + 72, 8);
-  h.index_size = read_le(p + 80, 8);
-  h.index_xxh3 = read_le(p + 88, 8);
-  h.data_offset = read_le(p + 96, 8);
-  h.data_size = read_le(p + 104, 8);
-  h.unit_count = uint32_t(read_le(p + 112, 4));
-  h.tensor_count = uint32_t(read_le(p + 116, 4));
+  for (size_t i = 0; i < std::size(kHeaderWords); ++i)
+    h.*kHeaderWords[i] = read_le(p + 16 + 8 * i, 8);
+  h.unit_count = uint32_t(read_le(p + kHeaderWordsEnd, 4));
+  h.tensor_count = uint32_t(read_le(p + kHeaderWordsEnd + 4, 4));
 
   const uint64_t unknown = h.flags & kRequiredFlagsMask;
   check(unknown == 0, where, ": the container uses features this program does not know",

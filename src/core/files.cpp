@@ -109,23 +109,30 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   return *this;
 }
 
-std::string read_text_file(const fs::path& path) {
-  struct stat st {};
-  const int fd = open_regular_file(path, st);
-  std::string out;
-  char buf[65536];
+void read_pieces(int fd, const fs::path& path, std::span<char> buffer,
+                 const std::function<bool(std::span<const char>)>& piece) {
   for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
+    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       const int e = errno;
       ::close(fd);
       fail("cannot read ", path.string(), ": ", std::strerror(e));
     }
-    if (n == 0) break;
-    out.append(buf, size_t(n));
+    if (n == 0 || !piece(buffer.first(size_t(n)))) break;
   }
   ::close(fd);
+}
+
+std::string read_text_file(const fs::path& path) {
+  struct stat st {};
+  const int fd = open_regular_file(path, st);
+  std::string out;
+  char buf[65536];
+  read_pieces(fd, path, buf, [&](std::span<const char> p) {
+    out.append(p.data(), p.size());
+    return true;
+  });
   return out;
 }
 

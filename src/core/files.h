@@ -3,6 +3,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -56,6 +58,12 @@ class MappedFile {
 };
 
 std::string read_text_file(const std::filesystem::path& path);
+
+// Reads the open file `fd` (named `path` in errors) from where it stands to its end through
+// `buffer`, handing each piece to `piece`, which returns false to stop early. Closes fd when
+// done, on an error (which fails naming the path) or when stopped.
+void read_pieces(int fd, const std::filesystem::path& path, std::span<char> buffer,
+                 const std::function<bool(std::span<const char>)>& piece);
 
 // Fails (naming `option` and the path) unless a file can be written at `path`: its directory
 // exists and is writable, and the path is not a directory. For checks before long work.

@@ -46,16 +46,22 @@ uint64_t current_rss_bytes() {
   return n == 2 ? uint64_t(resident) * uint64_t(sysconf(_SC_PAGESIZE)) : 0;
 }
 
-uint64_t available_memory_bytes() {
-  FILE* f = std::fopen("/proc/meminfo", "r");
+// The value of the line "<key>: N kB" of a /proc file, in bytes (0 when absent).
+static uint64_t proc_kib_line(const char* path, const char* key) {
+  FILE* f = std::fopen(path, "r");
   if (!f) return 0;
   char line[256];
-  uint64_t kib = 0;
+  const size_t key_length = std::strlen(key);
+  unsigned long kib = 0;
   while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "MemAvailable: %lu kB", &kib) == 1) break;
+    if (std::strncmp(line, key, key_length) == 0 && line[key_length] == ':' &&
+        std::sscanf(line + key_length + 1, " %lu kB", &kib) == 1)
+      break;
   std::fclose(f);
-  return kib * 1024;
+  return uint64_t(kib) * 1024;
 }
+
+uint64_t available_memory_bytes() { return proc_kib_line("/proc/meminfo", "MemAvailable"); }
 
 bool reset_peak_rss() {
   fold_peak(peak_rss_since_reset());
@@ -65,16 +71,7 @@ bool reset_peak_rss() {
   return std::fclose(f) == 0 && ok;
 }
 
-uint64_t peak_rss_since_reset() {
-  FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  uint64_t kib = 0;
-  while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "VmHWM: %lu kB", &kib) == 1) break;
-  std::fclose(f);
-  return kib * 1024;
-}
+uint64_t peak_rss_since_reset() { return proc_kib_line("/proc/self/status", "VmHWM"); }
 
 void return_free_memory() {
 #if defined(__GLIBC__)

@@ -90,46 +90,43 @@ NpyArray read_npy(const std::filesystem::path& path) {
   return a;
 }
 
-std::vector<float> NpyArray::to_f32() const {
-  std::vector<float> out(static_cast<size_t>(numel()));
-  for (size_t i = 0; i < out.size(); ++i) {
-    switch (dtype) {
-      case DType::F32: std::memcpy(&out[i], bytes.data() + 4 * i, 4); break;
-      case DType::I64: {
-        int64_t v;
-        std::memcpy(&v, bytes.data() + 8 * i, 8);
-        out[i] = float(v);
-        break;
-      }
-      default: {
-        int32_t v;
-        std::memcpy(&v, bytes.data() + 4 * i, 4);
-        out[i] = float(v);
-      }
+namespace {
+
+// Element i of an array of `dtype` (F32, I32 or I64, the types read_npy accepts) as T.
+template <class T>
+T element_as(DType dtype, const std::vector<std::byte>& bytes, size_t i) {
+  switch (dtype) {
+    case DType::I64: {
+      int64_t v;
+      std::memcpy(&v, bytes.data() + 8 * i, 8);
+      return T(v);
+    }
+    case DType::I32: {
+      int32_t v;
+      std::memcpy(&v, bytes.data() + 4 * i, 4);
+      return T(v);
+    }
+    default: {
+      float v;
+      std::memcpy(&v, bytes.data() + 4 * i, 4);
+      return T(v);
     }
   }
+}
+
+template <class T>
+std::vector<T> elements_as(DType dtype, const std::vector<std::byte>& bytes, int64_t n) {
+  std::vector<T> out(static_cast<size_t>(n));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = element_as<T>(dtype, bytes, i);
   return out;
 }
 
+}  // namespace
+
+std::vector<float> NpyArray::to_f32() const { return elements_as<float>(dtype, bytes, numel()); }
+
 std::vector<int64_t> NpyArray::to_i64() const {
-  std::vector<int64_t> out(static_cast<size_t>(numel()));
-  for (size_t i = 0; i < out.size(); ++i) {
-    switch (dtype) {
-      case DType::I64: std::memcpy(&out[i], bytes.data() + 8 * i, 8); break;
-      case DType::I32: {
-        int32_t v;
-        std::memcpy(&v, bytes.data() + 4 * i, 4);
-        out[i] = v;
-        break;
-      }
-      default: {
-        float v;
-        std::memcpy(&v, bytes.data() + 4 * i, 4);
-        out[i] = int64_t(v);
-      }
-    }
-  }
-  return out;
+  return elements_as<int64_t>(dtype, bytes, numel());
 }
 
 Tensor NpyArray::to_tensor() const {

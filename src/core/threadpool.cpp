@@ -43,6 +43,24 @@ void ThreadPool::for_each_task(int64_t n, const TaskFn& fn) {
   run(n, fn);
 }
 
+// Runs tasks of the current job as `worker` until none is left; called and returning with
+// the lock held. The first exception is kept for the caller and ends the handing out.
+void ThreadPool::take_tasks(const TaskFn& fn, int worker, std::unique_lock<std::mutex>& lock) {
+  while (next_task_ < job_tasks_) {
+    const int64_t task = next_task_++;
+    lock.unlock();
+    try {
+      fn(task, worker);
+    } catch (...) {
+      lock.lock();
+      if (!error_) error_ = std::current_exception();
+      next_task_ = job_tasks_;
+      continue;
+    }
+    lock.lock();
+  }
+}
+
 // Hands out task indices under the lock; tasks are coarse (a chunk of rows or a tile),
 // so the lock is not contended.
 void ThreadPool::run(int64_t n, const TaskFn& fn) {
@@ -55,19 +73,7 @@ void ThreadPool::run(int64_t n, const TaskFn& fn) {
   ++generation_;
   wake_.notify_all();
   // The caller works as worker 0.
-  while (next_task_ < job_tasks_) {
-    int64_t task = next_task_++;
-    lock.unlock();
-    try {
-      fn(task, 0);
-    } catch (...) {
-      lock.lock();
-      if (!error_) error_ = std::current_exception();
-      next_task_ = job_tasks_;
-      continue;
-    }
-    lock.lock();
-  }
+  take_tasks(fn, 0, lock);
   done_.wait(lock, [&] { return active_ == 0; });
   job_ = nullptr;
   if (error_) {
@@ -84,20 +90,7 @@ void ThreadPool::worker_loop(int index) {
     wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
     if (stop_) return;
     seen = generation_;
-    const TaskFn* fn = job_;
-    while (next_task_ < job_tasks_) {
-      int64_t task = next_task_++;
-      lock.unlock();
-      try {
-        (*fn)(task, index);
-      } catch (...) {
-        lock.lock();
-        if (!error_) error_ = std::current_exception();
-        next_task_ = job_tasks_;
-        continue;
-      }
-      lock.lock();
-    }
+    take_tasks(*job_, index, lock);
     if (--active_ == 0) done_.notify_all();
   }
 }

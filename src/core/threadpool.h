@@ -34,6 +34,7 @@ class ThreadPool {
  private:
   void worker_loop(int index);
   void run(int64_t n, const TaskFn& fn);
+  void take_tasks(const TaskFn& fn, int worker, std::unique_lock<std::mutex>& lock);
 
   std::vector<std::thread> workers_;
   std::mutex mutex_;

@@ -383,21 +383,10 @@ void pointwise_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWeig
 
 }  // namespace
 
-bool conv2d_bf16_tiles_available(const Compute& cx) {
-#if defined(KLEIN_X86)
-  return cx.amx();
-#else
-  return false;
-#endif
-}
+// Neither ISA is available on other architectures (quant::isa_available).
+bool conv2d_bf16_tiles_available(const Compute& cx) { return cx.amx(); }
 
-bool conv2d_direct_available(const Compute& cx) {
-#if defined(KLEIN_X86)
-  return cx.avx512();
-#else
-  return false;
-#endif
-}
+bool conv2d_direct_available(const Compute& cx) { return cx.avx512(); }
 
 bool conv2d_bf16_tiles_available() { return quant::best_isa() == quant::Isa::Amx; }
 

@@ -27,6 +27,8 @@
 namespace klein {
 namespace {
 
+using testing::error_of;
+
 namespace fs = std::filesystem;
 using convert::ConvertOptions;
 
@@ -37,17 +39,6 @@ std::string read_bytes(const fs::path& p) { return read_text_file(p); }
 void write_bytes(const fs::path& p, const std::string& bytes) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), std::streamsize(bytes.size()));
-}
-
-// The message of the klein::Error `f` throws ("" if none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 #define EXPECT_ERROR_HAS(expr, text)                                        \

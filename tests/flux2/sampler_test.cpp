@@ -12,6 +12,7 @@
 #include "core/npy.h"
 #include "models/flux2/sampler.h"
 #include "support/testing.h"
+#include "support/tiny_model_suite.h"
 #include "weights/model_source.h"
 
 namespace klein::flux2 {
@@ -64,14 +65,8 @@ class ConfigOverride final : public WeightStore {
   ModelConfig config_;
 };
 
-class SamplerTest : public ::testing::Test {
+class SamplerTest : public testing::TinyModelSuite {
  protected:
-  static void SetUpTestSuite() { store_ = open_model(testing::tiny_model()).release(); }
-  static void TearDownTestSuite() {
-    delete store_;
-    store_ = nullptr;
-  }
-
   // Runs the case's loop and checks every recorded step and the result.
   static void run_case(const std::string& name, LatentGrid target,
                        const std::vector<LatentGrid>& ref_grids) {
@@ -105,10 +100,8 @@ class SamplerTest : public ::testing::Test {
     EXPECT_TRUE(close_to(r.latents, e2e(name, "final_latents")));
   }
 
-  static WeightStore* store_;
 };
 
-WeightStore* SamplerTest::store_ = nullptr;
 
 TEST(PackLatents, RoundTripsAndPacksRowMajor) {
   Tensor chw({3, 2, 2});

@@ -14,6 +14,7 @@
 #include "models/flux2/positions.h"
 #include "models/flux2/transformer.h"
 #include "support/testing.h"
+#include "support/tiny_model_suite.h"
 #include "weights/model_source.h"
 
 namespace klein::flux2 {
@@ -66,14 +67,8 @@ Case t2i_64x64() { return {"t2i_h64_w64", {512, {4, 4}, {}}}; }
 Case t2i_64x96() { return {"t2i_h64_w96", {512, {4, 6}, {}}}; }
 Case i2i_ref0() { return {"i2i_h64_w64_ref0", {512, {4, 4}, {{4, 5}}}}; }  // ref0 is 80x64 px
 
-class TransformerTest : public ::testing::Test {
+class TransformerTest : public testing::TinyModelSuite {
  protected:
-  static void SetUpTestSuite() { store_ = open_model(testing::tiny_model()).release(); }
-  static void TearDownTestSuite() {
-    delete store_;
-    store_ = nullptr;
-  }
-
   // Runs the case's forward pass; the target velocity goes to `velocity`.
   static std::vector<float> run(const Case& c, Compute& cx, const Observer& observe = {}) {
     Transformer model(*store_);
@@ -109,10 +104,8 @@ class TransformerTest : public ::testing::Test {
     return velocity;
   }
 
-  static WeightStore* store_;
 };
 
-WeightStore* TransformerTest::store_ = nullptr;
 
 TEST(PositionIds, MatchThePipelineIds) {
   for (const Case& c : {t2i_64x64(), t2i_64x96(), i2i_ref0()}) {

@@ -33,6 +33,14 @@ std::string open_error(const fs::path& model) {
 
 json read_config(const fs::path& path) { return json::parse(read_text_file(path)); }
 
+// Rewrites one value of a copy's JSON configuration file.
+void set_config_value(TinyModelCopy& copy, const std::string& file, const std::string& key,
+                      const json& value) {
+  json config = read_config(copy / file);
+  config[key] = value;
+  copy.write(file, config.dump(2));
+}
+
 // The tensors of one of the tiny model's files, to be altered and written back.
 std::vector<StTensor> tiny_tensors(const char* relative) {
   return testing::read_all(testing::tiny_model() / relative);
@@ -89,9 +97,7 @@ TEST(ModelErrors, MissingWeightsFile) {
 
 TEST(ModelErrors, ConfigThatDisagreesWithTheWeights) {
   TinyModelCopy copy(test_name());
-  json config = read_config(copy / "transformer/config.json");
-  config["num_layers"] = 3;
-  copy.write("transformer/config.json", config.dump(2));
+  set_config_value(copy, "transformer/config.json", "num_layers", 3);
   EXPECT_THAT(open_error(copy.dir()),
               AllOf(HasSubstr((copy / "transformer/config.json").string()),
                     HasSubstr("\"num_layers\" does not match the weights (config says 3, tensor "
@@ -100,9 +106,7 @@ TEST(ModelErrors, ConfigThatDisagreesWithTheWeights) {
 
 TEST(ModelErrors, ConfigValueOfTheWrongType) {
   TinyModelCopy copy(test_name());
-  json config = read_config(copy / "vae/config.json");
-  config["latent_channels"] = "thirty-two";
-  copy.write("vae/config.json", config.dump(2));
+  set_config_value(copy, "vae/config.json", "latent_channels", "thirty-two");
   EXPECT_THAT(open_error(copy.dir()),
               AllOf(HasSubstr((copy / "vae/config.json").string()),
                     HasSubstr("key \"latent_channels\" has the wrong type (string)")));
@@ -169,9 +173,7 @@ TEST(ModelErrors, TransformerThatExpectsAnotherTextEncoder) {
   // A transformer built for a 256-wide text context, consistent with its own config, next to
   // the tiny text encoder whose three stacked hidden states give 3 x 64 = 192.
   TinyModelCopy copy(test_name());
-  json config = read_config(copy / "transformer/config.json");
-  config["joint_attention_dim"] = 256;
-  copy.write("transformer/config.json", config.dump(2));
+  set_config_value(copy, "transformer/config.json", "joint_attention_dim", 256);
   auto tensors = tiny_tensors(kTransformer);
   reshape(tensors, "context_embedder.weight", {256, 256});
   copy.write_safetensors(kTransformer, tensors);
@@ -187,9 +189,7 @@ TEST(ModelErrors, VaeWithAnotherLatentWidth) {
   // A self-consistent VAE with 16 latent channels (64 once patchified) where the transformer
   // works on 128.
   TinyModelCopy copy(test_name());
-  json config = read_config(copy / "vae/config.json");
-  config["latent_channels"] = 16;
-  copy.write("vae/config.json", config.dump(2));
+  set_config_value(copy, "vae/config.json", "latent_channels", 16);
   auto tensors = tiny_tensors(kVae);
   reshape(tensors, "encoder.conv_out.weight", {32, 64, 3, 3});
   reshape(tensors, "encoder.conv_out.bias", {32});

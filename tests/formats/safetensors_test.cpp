@@ -32,6 +32,16 @@ class Safetensors : public ::testing::Test {
   std::string open_error(const fs::path& path) const {
     return error_of([&] { SafetensorsFile f(path); });
   }
+  // The message of opening a file with this header and `data_bytes` of data, which must fail
+  // and name the file.
+  std::string refused(const std::string& header, size_t data_bytes,
+                      std::optional<uint64_t> declared_length = {}) const {
+    const fs::path path = file("refused.safetensors");
+    testing::write_raw_safetensors(path, header, data_bytes, declared_length);
+    const std::string message = open_error(path);
+    EXPECT_THAT(message, HasSubstr(path.string()));
+    return message;
+  }
   // A header naming one tensor with the given fields (raw JSON text for each).
   static std::string one_tensor(const std::string& name, const std::string& dtype,
                                 const std::string& shape, const std::string& offsets) {
@@ -82,10 +92,8 @@ TEST_F(Safetensors, FileShorterThanTheLengthField) {
 }
 
 TEST_F(Safetensors, HeaderLengthBeyondTheEndOfTheFile) {
-  testing::write_raw_safetensors(file("h.safetensors"), "{}", 0, 1000);
-  EXPECT_THAT(open_error(file("h.safetensors")),
-              AllOf(HasSubstr(file("h.safetensors").string()),
-                    HasSubstr("header length 1000 does not fit in a file of 10 bytes")));
+  EXPECT_THAT(refused("{}", 0, 1000),
+              HasSubstr("header length 1000 does not fit in a file of 10 bytes"));
   // A length whose sum with 8 overflows 64 bits.
   testing::write_raw_safetensors(file("h.safetensors"), "{}", 0, ~uint64_t(0));
   EXPECT_THAT(open_error(file("h.safetensors")), HasSubstr("does not fit in a file of 10 bytes"));
@@ -110,10 +118,7 @@ TEST_F(Safetensors, OffsetsThatRunBackwards) {
 TEST_F(Safetensors, OverlappingTensors) {
   const std::string header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                              R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
-  testing::write_raw_safetensors(file("o.safetensors"), header, 12);
-  EXPECT_THAT(open_error(file("o.safetensors")),
-              AllOf(HasSubstr(file("o.safetensors").string()),
-                    HasSubstr("tensors a and b overlap in the data area")));
+  EXPECT_THAT(refused(header, 12), HasSubstr("tensors a and b overlap in the data area"));
 }
 
 TEST_F(Safetensors, OverlapHiddenBehindAnEmptyTensor) {
@@ -127,9 +132,7 @@ TEST_F(Safetensors, OverlapHiddenBehindAnEmptyTensor) {
 }
 
 TEST_F(Safetensors, HeaderThatIsNotJson) {
-  testing::write_raw_safetensors(file("j.safetensors"), R"({"a":{"dtype":"F32",)", 0);
-  EXPECT_THAT(open_error(file("j.safetensors")), AllOf(HasSubstr(file("j.safetensors").string()),
-                                                       HasSubstr("header is not valid JSON")));
+  EXPECT_THAT(refused(R"({"a":{"dtype":"F32",)", 0), HasSubstr("header is not valid JSON"));
   // Bytes that are not UTF-8 at all.
   testing::write_raw_safetensors(file("j.safetensors"), std::string("\xff\xfe\0\x01", 4), 0);
   EXPECT_THAT(open_error(file("j.safetensors")), HasSubstr("header is not valid JSON"));
@@ -151,11 +154,8 @@ TEST_F(Safetensors, TensorEntryThatIsNotAnObject) {
 }
 
 TEST_F(Safetensors, UnsupportedDtype) {
-  testing::write_raw_safetensors(file("d.safetensors"),
-                                 one_tensor("blocks.0.w", R"("F8_E4M3")", "[4]", "[0,4]"), 4);
-  EXPECT_THAT(open_error(file("d.safetensors")),
-              AllOf(HasSubstr(file("d.safetensors").string()),
-                    HasSubstr("unsupported dtype F8_E4M3 in tensor blocks.0.w")));
+  EXPECT_THAT(refused(one_tensor("blocks.0.w", R"("F8_E4M3")", "[4]", "[0,4]"), 4),
+              HasSubstr("unsupported dtype F8_E4M3 in tensor blocks.0.w"));
   testing::write_raw_safetensors(file("d.safetensors"), one_tensor("w", "7", "[4]", "[0,4]"), 4);
   EXPECT_THAT(open_error(file("d.safetensors")), HasSubstr("tensor w: dtype is not a string"));
 }
@@ -202,10 +202,7 @@ TEST_F(Safetensors, OffsetsThatAreNotTwoIntegers) {
 TEST_F(Safetensors, DuplicateTensorName) {
   const std::string header = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
                              R"("w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
-  testing::write_raw_safetensors(file("dup.safetensors"), header, 8);
-  EXPECT_THAT(open_error(file("dup.safetensors")),
-              AllOf(HasSubstr(file("dup.safetensors").string()),
-                    HasSubstr("tensor name w appears twice in the header")));
+  EXPECT_THAT(refused(header, 8), HasSubstr("tensor name w appears twice in the header"));
 }
 
 TEST_F(Safetensors, RepeatedKeysInsideATensorEntryAreNotNames) {

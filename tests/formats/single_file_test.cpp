@@ -204,20 +204,34 @@ class BflLayout : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = testing::temp_dir("bfl-" + test_name()); }
   void TearDown() override { fs::remove_all(dir_); }
+
+  // Opens `paths` and the tiny diffusers model and checks that every weight is bit-identical.
+  struct Opened {
+    std::unique_ptr<WeightStore> single, diffusers;
+  };
+  static Opened open_and_compare(const ModelPaths& paths) {
+    Opened o{open_model(paths), open_model(testing::tiny_model())};
+    expect_same_weights(*o.diffusers, *o.single);
+    return o;
+  }
+  // The same, with `file` in place of the tiny model's `part`.
+  static Opened open_and_compare(fs::path ModelPaths::*part, const fs::path& file) {
+    ModelPaths paths;
+    paths.model = testing::tiny_model();
+    paths.*part = file;
+    return open_and_compare(paths);
+  }
+
   fs::path dir_;
 };
 
 TEST_F(BflLayout, TransformerLoadsBitIdentical) {
   testing::write_safetensors(dir_ / "flux-2-klein-tiny.safetensors", bfl_transformer({}));
-  ModelPaths paths;
-  paths.model = testing::tiny_model();
-  paths.diffusion_model = dir_ / "flux-2-klein-tiny.safetensors";
-  auto bfl = open_model(paths);
-  auto diffusers = open_model(testing::tiny_model());
-  expect_same_weights(*diffusers, *bfl);
+  const Opened o =
+      open_and_compare(&ModelPaths::diffusion_model, dir_ / "flux-2-klein-tiny.safetensors");
   // No config.json came with the file: the shapes must give the same configuration.
-  const TransformerConfig& a = diffusers->config().transformer;
-  const TransformerConfig& b = bfl->config().transformer;
+  const TransformerConfig& a = o.diffusers->config().transformer;
+  const TransformerConfig& b = o.single->config().transformer;
   EXPECT_EQ(b.num_double_blocks, a.num_double_blocks);
   EXPECT_EQ(b.num_single_blocks, a.num_single_blocks);
   EXPECT_EQ(b.num_heads, a.num_heads);
@@ -230,26 +244,16 @@ TEST_F(BflLayout, TransformerLoadsBitIdentical) {
 TEST_F(BflLayout, ComfyPrefixAndWeightSpelledNormsLoadBitIdentical) {
   testing::write_safetensors(dir_ / "comfy.safetensors",
                              bfl_transformer({"model.diffusion_model.", "weight"}));
-  ModelPaths paths;
-  paths.model = testing::tiny_model();
-  paths.diffusion_model = dir_ / "comfy.safetensors";
-  auto bfl = open_model(paths);
-  auto diffusers = open_model(testing::tiny_model());
-  expect_same_weights(*diffusers, *bfl);
+  open_and_compare(&ModelPaths::diffusion_model, dir_ / "comfy.safetensors");
 }
 
 TEST_F(BflLayout, VaeLoadsBitIdentical) {
   for (const std::string prefix : {"", "first_stage_model."}) {
     SCOPED_TRACE("prefix '" + prefix + "'");
     testing::write_safetensors(dir_ / "ae.safetensors", bfl_vae(prefix));
-    ModelPaths paths;
-    paths.model = testing::tiny_model();
-    paths.vae = dir_ / "ae.safetensors";
-    auto bfl = open_model(paths);
-    auto diffusers = open_model(testing::tiny_model());
-    expect_same_weights(*diffusers, *bfl);
-    const VaeConfig& a = diffusers->config().vae;
-    const VaeConfig& b = bfl->config().vae;
+    const Opened o = open_and_compare(&ModelPaths::vae, dir_ / "ae.safetensors");
+    const VaeConfig& a = o.diffusers->config().vae;
+    const VaeConfig& b = o.single->config().vae;
     EXPECT_EQ(b.block_out_channels, a.block_out_channels);
     EXPECT_EQ(b.decoder_channels(), a.decoder_channels());
     EXPECT_EQ(b.layers_per_block, a.layers_per_block);
@@ -265,9 +269,7 @@ TEST_F(BflLayout, EverythingFromSingleFiles) {
   paths.diffusion_model = dir_ / "t.safetensors";
   paths.text_encoder = testing::tiny_model() / "text_encoder/model.safetensors.index.json";
   paths.vae = dir_ / "ae.safetensors";
-  auto bfl = open_model(paths);
-  auto diffusers = open_model(testing::tiny_model());
-  expect_same_weights(*diffusers, *bfl);
+  open_and_compare(paths);
 }
 
 TEST_F(BflLayout, SummaryReportsTheLayoutAndTheFileTensors) {

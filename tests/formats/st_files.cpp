@@ -84,19 +84,6 @@ std::vector<std::byte> pattern_bytes(size_t bytes, uint32_t seed) {
   return out;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected klein::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected klein::Error, nothing was thrown";
-  return "";
-}
-
 TinyModelCopy::TinyModelCopy(const std::string& name) : dir_(temp_dir(name)) {
   const fs::path from = tiny_model();
   for (const auto& e : fs::recursive_directory_iterator(from)) {

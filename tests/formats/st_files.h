@@ -38,10 +38,6 @@ std::vector<StTensor> read_all(const std::filesystem::path& path);
 // against something other than zeros.
 std::vector<std::byte> pattern_bytes(size_t bytes, uint32_t seed);
 
-// The message of the klein::Error that `f` throws; records a test failure (and returns "")
-// when it returns normally or throws anything else.
-std::string error_of(const std::function<void()>& f);
-
 // A copy of the tiny model in a fresh temporary directory: every file is a symbolic link to
 // the read-only original until replaced through write()/write_safetensors()/remove(), which
 // first unlink it, so nothing ever writes through to the shared test data.

@@ -40,7 +40,8 @@ Image solid_image(int width, int height, uint8_t r, uint8_t g, uint8_t b) {
 namespace {
 
 // libpng's default error handler longjmps to png_jmpbuf; these functions keep only plain
-// locals so that the jump skips nothing that needs destroying.
+// locals so that the jump skips nothing that needs destroying. Without rows, only the header
+// is written, followed by an empty IDAT and the IEND chunk.
 bool png_write_all(std::FILE* file, const PngSpec& spec, png_bytepp rows, png_colorp palette,
                    int num_palette) {
   png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
@@ -57,27 +58,15 @@ bool png_write_all(std::FILE* file, const PngSpec& spec, png_bytepp rows, png_co
   if (!spec.palette_alpha.empty())
     png_set_tRNS(png, info, spec.palette_alpha.data(), int(spec.palette_alpha.size()), nullptr);
   png_write_info(png, info);
-  png_write_image(png, rows);
-  png_write_end(png, info);
-  png_destroy_write_struct(&png, &info);
-  return true;
-}
-
-bool png_write_header(std::FILE* file, uint32_t width, uint32_t height) {
-  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
-  png_infop info = png_create_info_struct(png);
-  if (setjmp(png_jmpbuf(png))) {
-    png_destroy_write_struct(&png, &info);
-    return false;
+  if (rows) {
+    png_write_image(png, rows);
+    png_write_end(png, info);
+  } else {
+    const png_byte idat[] = {'I', 'D', 'A', 'T', 0};
+    const png_byte iend[] = {'I', 'E', 'N', 'D', 0};
+    png_write_chunk(png, idat, nullptr, 0);
+    png_write_chunk(png, iend, nullptr, 0);
   }
-  png_init_io(png, file);
-  png_set_IHDR(png, info, width, height, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
-               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-  png_write_info(png, info);
-  const png_byte idat[] = {'I', 'D', 'A', 'T', 0};
-  const png_byte iend[] = {'I', 'E', 'N', 'D', 0};
-  png_write_chunk(png, idat, nullptr, 0);
-  png_write_chunk(png, iend, nullptr, 0);
   png_destroy_write_struct(&png, &info);
   return true;
 }
@@ -150,7 +139,8 @@ void write_png_with_libpng(const fs::path& path, const PngSpec& spec) {
 void write_png_header_only(const fs::path& path, uint32_t width, uint32_t height) {
   std::FILE* file = std::fopen(path.c_str(), "wb");
   ASSERT_NE(file, nullptr) << path;
-  const bool ok = png_write_header(file, width, height);
+  const PngSpec spec = png_spec(int(width), int(height), PNG_COLOR_TYPE_RGB, 8, false);
+  const bool ok = png_write_all(file, spec, nullptr, nullptr, 0);
   std::fclose(file);
   ASSERT_TRUE(ok) << "libpng could not write " << path;
 }

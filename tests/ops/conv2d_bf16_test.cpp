@@ -18,6 +18,7 @@
 #include "core/dtype.h"
 #include "ops/conv2d.h"
 #include "ops/group_norm.h"
+#include "support/conv_reference.h"
 #include "support/testing.h"
 
 namespace klein {
@@ -32,37 +33,17 @@ using ops::ConvWrite;
 constexpr double kBf16Bound = 1e-2;       // against the float32 result, scaled by max|ref|
 constexpr double kRoundedBound = 1e-5;    // against the definition on bf16-rounded operands
 
-std::vector<float> random_values(int64_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
-
-Tensor random_tensor(Shape shape, uint32_t seed) {
-  Tensor t(shape);
-  std::vector<float> v = random_values(t.numel(), seed);
-  std::copy(v.begin(), v.end(), t.data());
-  return t;
-}
+using testing::odd_params;
+using testing::random_conv;
+using testing::random_tensor;
+using testing::random_values;
+using testing::reference_conv;
+using testing::round_bf16;
 
 Tensor copy_of(const Tensor& x) {
   Tensor y(x.shape());
   std::memcpy(y.data(), x.data(), size_t(x.numel()) * sizeof(float));
   return y;
-}
-
-Conv2dWeights random_conv(int64_t out, int64_t in, int64_t kernel, uint32_t seed,
-                          bool bias = true) {
-  Conv2dWeights w;
-  w.out_channels = out;
-  w.in_channels = in;
-  w.kernel = kernel;
-  w.weight = random_values(out * in * kernel * kernel, seed,
-                           1.0f / std::sqrt(float(in * kernel * kernel)));
-  if (bias) w.bias = random_values(out, seed + 1, 0.1f);
-  return w;
 }
 
 // A GroupNorm + SiLU map as the VAE's ResNets apply it (mean, scale, shift per channel).
@@ -162,53 +143,9 @@ TEST(Conv2dBf16, MatchesExactPathAtVaeGeometries) {
   std::cout << "  worst " << worst << "\n";
 }
 
-float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
-
-// The definition on bf16-rounded operands: upsample, transform (float32, as the convolution
-// does), round to bf16, pad, slide the kernel over bf16-rounded weights, sum in double, add
-// the float32 bias.
-Tensor rounded_reference(const Tensor& x, const ChannelAffine* t, const Conv2dWeights& w,
-                         const Conv2dParams& p) {
-  const int64_t C = x.dim(0), H = x.dim(1) * p.upsample, W = x.dim(2) * p.upsample;
-  const int64_t k = w.kernel;
-  const int64_t OH = (H + p.pad_top + p.pad_bottom - k) / p.stride + 1;
-  const int64_t OW = (W + p.pad_left + p.pad_right - k) / p.stride + 1;
-  auto input = [&](int64_t c, int64_t y, int64_t xx) -> double {
-    y -= p.pad_top;
-    xx -= p.pad_left;
-    if (y < 0 || y >= H || xx < 0 || xx >= W) return 0.0;
-    float v = x.data()[(c * x.dim(1) + y / p.upsample) * x.dim(2) + xx / p.upsample];
-    if (t) t->apply(c, &v, &v, 1);
-    return round_bf16(v);
-  };
-  Tensor y({w.out_channels, OH, OW});
-  for (int64_t co = 0; co < w.out_channels; ++co)
-    for (int64_t oy = 0; oy < OH; ++oy)
-      for (int64_t ox = 0; ox < OW; ++ox) {
-        double s = 0;
-        for (int64_t ci = 0; ci < C; ++ci)
-          for (int64_t ky = 0; ky < k; ++ky)
-            for (int64_t kx = 0; kx < k; ++kx)
-              s += double(round_bf16(w.weight[size_t(((co * C + ci) * k + ky) * k + kx)])) *
-                   input(ci, oy * p.stride + ky, ox * p.stride + kx);
-        if (!w.bias.empty()) s += w.bias[size_t(co)];
-        y.data()[(co * OH + oy) * OW + ox] = float(s);
-      }
-  return y;
-}
-
 Conv2dParams upsample3() {
   Conv2dParams p = Conv2dParams::same(3);
   p.upsample = 3;
-  return p;
-}
-
-Conv2dParams odd_params() {  // stride 3, asymmetric padding, with a 5x5 kernel below
-  Conv2dParams p;
-  p.stride = 3;
-  p.pad_top = 2;
-  p.pad_left = 1;
-  p.pad_right = 3;
   return p;
 }
 
@@ -241,7 +178,7 @@ TEST(Conv2dBf16, MatchesDefinitionOnRoundedOperands) {
     const ChannelAffine* transform = c.transform ? &t : nullptr;
     const Tensor got =
         ops::conv2d(x, w, with(c.params, ConvAlgorithm::Bf16Tiles), cx, transform);
-    const Tensor ref = rounded_reference(x, transform, w, c.params);
+    const Tensor ref = reference_conv(x, transform, w, c.params, true);
     ASSERT_EQ(got.shape(), ref.shape());
     const double diff = testing::scaled_diff(got.data(), ref.data(), ref.numel());
     EXPECT_LE(diff, kRoundedBound);
@@ -300,7 +237,7 @@ TEST(Conv2dBf16, BlockEdges) {
         const Conv2dWeights w = random_conv(out, 3, 3, uint32_t(out));
         const Conv2dParams p = same3x3();
         const Tensor got = ops::conv2d(x, w, with(p, ConvAlgorithm::Bf16Tiles), cx);
-        const Tensor ref = rounded_reference(x, nullptr, w, p);
+        const Tensor ref = reference_conv(x, nullptr, w, p, true);
         ASSERT_LE(testing::scaled_diff(got.data(), ref.data(), ref.numel()), kRoundedBound);
       }
 }
@@ -315,7 +252,7 @@ TEST(Conv2dBf16, Accumulates) {
     const Conv2dWeights w = random_conv(20, 6, kernel, 2);
     const Conv2dParams p = with(Conv2dParams::same(kernel), ConvAlgorithm::Bf16Tiles);
     Tensor y = random_tensor({20, 9, 10}, 3);
-    Tensor ref = rounded_reference(x, nullptr, w, Conv2dParams::same(kernel));
+    Tensor ref = reference_conv(x, nullptr, w, Conv2dParams::same(kernel), true);
     for (int64_t i = 0; i < ref.numel(); ++i) ref.data()[i] += y.data()[i];
     ops::conv2d_into(x, nullptr, w, p, y, ConvWrite::Accumulate, cx);
     EXPECT_LE(testing::scaled_diff(y.data(), ref.data(), ref.numel()), kRoundedBound);

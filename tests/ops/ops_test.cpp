@@ -134,19 +134,30 @@ std::vector<float> naive_attention(const std::vector<float>& q, const std::vecto
   return out;
 }
 
+// attention() and the float64 definition on random q, k, v (seeds seed..seed+2; q and k with
+// standard deviation qk_sd, v with 1).
+struct AttentionRun {
+  std::vector<float> out, ref;
+};
+AttentionRun run_attention(AttentionParams p, Compute& cx, const uint8_t* mask, uint32_t seed,
+                           float qk_sd) {
+  p.key_valid = mask;
+  auto q = random_vector(size_t(p.q_len * p.heads * p.head_dim), seed, qk_sd);
+  auto k = random_vector(size_t(p.kv_len * p.kv_heads * p.head_dim), seed + 1, qk_sd);
+  auto v = random_vector(size_t(p.kv_len * p.kv_heads * p.head_dim), seed + 2);
+  AttentionRun r{std::vector<float>(q.size(), 123.f), {}};
+  const int64_t wq = p.heads * p.head_dim, wk = p.kv_heads * p.head_dim;
+  attention(q.data(), wq, k.data(), wk, v.data(), wk, r.out.data(), wq, p, cx);
+  r.ref = naive_attention(q, k, v, p);
+  return r;
+}
+
 void expect_attention_matches(AttentionParams p, int threads, const uint8_t* mask = nullptr,
                               bool bf16 = false) {
-  p.key_valid = mask;
-  auto q = random_vector(size_t(p.q_len * p.heads * p.head_dim), 5, 2.f);
-  auto k = random_vector(size_t(p.kv_len * p.kv_heads * p.head_dim), 6, 2.f);
-  auto v = random_vector(size_t(p.kv_len * p.kv_heads * p.head_dim), 7);
-  std::vector<float> out(q.size(), 123.f);
   Compute cx(threads);
   cx.arithmetic.bf16_attention = bf16;
-  const int64_t wq = p.heads * p.head_dim, wk = p.kv_heads * p.head_dim;
-  attention(q.data(), wq, k.data(), wk, v.data(), wk, out.data(), wq, p, cx);
-  auto ref = naive_attention(q, k, v, p);
-  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-5) << "at " << i;
+  const AttentionRun r = run_attention(p, cx, mask, 5, 2.f);
+  for (size_t i = 0; i < r.out.size(); ++i) ASSERT_NEAR(r.out[i], r.ref[i], 2e-5) << "at " << i;
 }
 
 TEST(Attention, MatchesNaiveAcrossTileBoundaries) {
@@ -195,16 +206,9 @@ TEST(Attention, ExactPathAcrossKeyChunks) {
 // from N(0, 1) with scale 1/sqrt(head_dim), the shape of the model's attention inputs after
 // the q/k norms. Without AMX the call takes the exact path and the bound holds trivially.
 double bf16_attention_error(AttentionParams p, int threads, const uint8_t* mask = nullptr) {
-  p.key_valid = mask;
-  auto q = random_vector(size_t(p.q_len * p.heads * p.head_dim), 11);
-  auto k = random_vector(size_t(p.kv_len * p.kv_heads * p.head_dim), 12);
-  auto v = random_vector(size_t(p.kv_len * p.kv_heads * p.head_dim), 13);
-  std::vector<float> out(q.size(), 123.f);
   Compute cx(threads);
   cx.arithmetic.bf16_attention = true;
-  const int64_t wq = p.heads * p.head_dim, wk = p.kv_heads * p.head_dim;
-  attention(q.data(), wq, k.data(), wk, v.data(), wk, out.data(), wq, p, cx);
-  auto ref = naive_attention(q, k, v, p);
+  const auto [out, ref] = run_attention(p, cx, mask, 11, 1.f);
   double max_ref = 0, max_err = 0;
   for (size_t i = 0; i < out.size(); ++i) {
     EXPECT_TRUE(std::isfinite(out[i])) << "at " << i;

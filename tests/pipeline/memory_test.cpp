@@ -22,20 +22,12 @@
 namespace klein {
 namespace {
 
+using testing::error_of;
+
 namespace fs = std::filesystem;
 
 constexpr uint64_t MiB = uint64_t(1) << 20;
 constexpr uint64_t GiB = uint64_t(1) << 30;
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // --- the size parser -----------------------------------------------------------------------
 
@@ -242,9 +234,8 @@ GenerateOptions tiny_options(Residency residency) {
   return o;
 }
 
-TEST(Paging, PagedGenerationHoldsAboutTwoUnitsAndReleasesEachNetwork) {
-  ContainerStore store(tiny_container());
-  ResidencyLog log;
+// A 3-step generation on the tiny container at the given residency, logging every unit event.
+GenerateResult logged_generation(ContainerStore& store, ResidencyLog& log, Residency residency) {
   store.set_observer([&](const std::string& u, UnitEvent e) { log.on_event(u, e); });
   ModelPaths paths;
   paths.model = tiny_container();
@@ -252,10 +243,17 @@ TEST(Paging, PagedGenerationHoldsAboutTwoUnitsAndReleasesEachNetwork) {
   Compute cx(2);
   Session pipeline(store, tokenizer, cx);
   PhaseWatch progress(log);
-  GenerateOptions o = tiny_options(Residency::Paged);
+  GenerateOptions o = tiny_options(residency);
   o.steps = 3;
-  const GenerateResult r = pipeline.generate(o, progress);
+  GenerateResult r = pipeline.generate(o, progress);
   store.set_observer({});
+  return r;
+}
+
+TEST(Paging, PagedGenerationHoldsAboutTwoUnitsAndReleasesEachNetwork) {
+  ContainerStore store(tiny_container());
+  ResidencyLog log;
+  const GenerateResult r = logged_generation(store, log, Residency::Paged);
 
   ASSERT_TRUE(r.memory);
   EXPECT_EQ(r.memory->residency, Residency::Paged);
@@ -280,17 +278,7 @@ TEST(Paging, PagedGenerationHoldsAboutTwoUnitsAndReleasesEachNetwork) {
 TEST(Paging, ResidentGenerationLoadsEachUnitOnceAndReleasesAtTheEnd) {
   ContainerStore store(tiny_container());
   ResidencyLog log;
-  store.set_observer([&](const std::string& u, UnitEvent e) { log.on_event(u, e); });
-  ModelPaths paths;
-  paths.model = tiny_container();
-  const Tokenizer tokenizer = load_model_tokenizer(paths);
-  Compute cx(2);
-  Session pipeline(store, tokenizer, cx);
-  PhaseWatch progress(log);
-  GenerateOptions o = tiny_options(Residency::Resident);
-  o.steps = 3;
-  const GenerateResult r = pipeline.generate(o, progress);
-  store.set_observer({});
+  const GenerateResult r = logged_generation(store, log, Residency::Resident);
   EXPECT_EQ(r.memory->residency, Residency::Resident);
   EXPECT_EQ(log.loads["transformer.double.1"], 1);
   EXPECT_EQ(log.loads["transformer.single.1"], 1);

@@ -14,6 +14,7 @@
 #include "models/qwen3/text_encoder.h"
 #include "quant/matmul.h"
 #include "support/testing.h"
+#include "support/tiny_model_suite.h"
 #include "weights/model_source.h"
 
 namespace klein::qwen3 {
@@ -47,16 +48,8 @@ std::filesystem::path te_vector(const std::string& name) {
   return tiny_vectors() / "text_encoder" / name;
 }
 
-class TextEncoderGolden : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() { store_ = open_model(tiny_model()).release(); }
-  static void TearDownTestSuite() {
-    delete store_;
-    store_ = nullptr;
-  }
-  static WeightStore* store_;
+class TextEncoderGolden : public testing::TinyModelSuite {
 };
-WeightStore* TextEncoderGolden::store_ = nullptr;
 
 TEST_F(TextEncoderGolden, EveryLayerOfPrompt0MatchesTheReference) {
   const Tokens t = prompt_tokens(0);

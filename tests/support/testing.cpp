@@ -1,9 +1,12 @@
 #include "support/testing.h"
 
+#include "core/error.h"
+
 #include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <sstream>
 
 namespace klein::testing {
@@ -73,6 +76,34 @@ int run_klein(const std::string& args, std::string* output) {
   int status = ::pclose(p);
   if (output) *output = out;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected klein::Error, got another exception: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected klein::Error, nothing was thrown";
+  return "";
+}
+
+std::vector<float> random_values(int64_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+Tensor random_tensor(Shape shape, uint32_t seed) {
+  Tensor t(shape);
+  const std::vector<float> v = random_values(t.numel(), seed);
+  std::copy(v.begin(), v.end(), t.data());
+  return t;
 }
 
 }  // namespace klein::testing

@@ -2,8 +2,11 @@
 // Helpers shared by the test programs: paths to the golden data and tensor comparison.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "core/npy.h"
 #include "core/tensor.h"
@@ -26,6 +29,15 @@ double scaled_diff(const float* got, const float* ref, int64_t n);
                                        double tol);
 ::testing::AssertionResult matches_npy(const Tensor& got, const std::filesystem::path& ref,
                                        double tol);
+
+// The message of the klein::Error that f throws; a test failure (and "") when it throws
+// nothing or another exception.
+std::string error_of(const std::function<void()>& f);
+
+// n normally distributed values (mean 0, standard deviation `scale`) from a fixed seed, and a
+// tensor of them (scale 1).
+std::vector<float> random_values(int64_t n, uint32_t seed, float scale = 1.0f);
+Tensor random_tensor(Shape shape, uint32_t seed);
 
 // Runs the klein CLI with arguments; returns the exit code and captures stdout+stderr.
 int run_klein(const std::string& args, std::string* output = nullptr);

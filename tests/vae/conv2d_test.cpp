@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "ops/conv2d.h"
 #include "ops/group_norm.h"
+#include "support/conv_reference.h"
 #include "support/testing.h"
 
 namespace klein {
@@ -18,60 +19,11 @@ using ops::Conv2dParams;
 using ops::Conv2dWeights;
 using ops::ConvWrite;
 
-std::vector<float> random_values(int64_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
-
-Tensor random_tensor(Shape shape, uint32_t seed) {
-  Tensor t(shape);
-  std::vector<float> v = random_values(t.numel(), seed);
-  std::copy(v.begin(), v.end(), t.data());
-  return t;
-}
-
-Conv2dWeights random_conv(int64_t out, int64_t in, int64_t kernel, uint32_t seed) {
-  Conv2dWeights w;
-  w.out_channels = out;
-  w.in_channels = in;
-  w.kernel = kernel;
-  w.weight = random_values(out * in * kernel * kernel, seed, 1.0f / std::sqrt(float(in * kernel * kernel)));
-  w.bias = random_values(out, seed + 1, 0.1f);
-  return w;
-}
-
-// The definition: upsample, transform, pad with zeros, slide the kernel; sums in double.
-Tensor reference_conv(const Tensor& x, const ChannelAffine* t, const Conv2dWeights& w,
-                      const Conv2dParams& p) {
-  const int64_t C = x.dim(0), H = x.dim(1) * p.upsample, W = x.dim(2) * p.upsample;
-  const int64_t k = w.kernel;
-  const int64_t OH = (H + p.pad_top + p.pad_bottom - k) / p.stride + 1;
-  const int64_t OW = (W + p.pad_left + p.pad_right - k) / p.stride + 1;
-  auto input = [&](int64_t c, int64_t y, int64_t xx) -> double {
-    y -= p.pad_top;
-    xx -= p.pad_left;
-    if (y < 0 || y >= H || xx < 0 || xx >= W) return 0.0;
-    float v = x.data()[(c * x.dim(1) + y / p.upsample) * x.dim(2) + xx / p.upsample];
-    if (t) t->apply(c, &v, &v, 1);
-    return v;
-  };
-  Tensor y({w.out_channels, OH, OW});
-  for (int64_t co = 0; co < w.out_channels; ++co)
-    for (int64_t oy = 0; oy < OH; ++oy)
-      for (int64_t ox = 0; ox < OW; ++ox) {
-        double s = w.bias.empty() ? 0.0 : w.bias[size_t(co)];
-        for (int64_t ci = 0; ci < C; ++ci)
-          for (int64_t ky = 0; ky < k; ++ky)
-            for (int64_t kx = 0; kx < k; ++kx)
-              s += double(w.weight[size_t(((co * C + ci) * k + ky) * k + kx)]) *
-                   input(ci, oy * p.stride + ky, ox * p.stride + kx);
-        y.data()[(co * OH + oy) * OW + ox] = float(s);
-      }
-  return y;
-}
+using testing::odd_params;
+using testing::random_conv;
+using testing::random_tensor;
+using testing::random_values;
+using testing::reference_conv;
 
 double max_scaled_diff(const Tensor& got, const Tensor& ref) {
   EXPECT_EQ(got.shape(), ref.shape());
@@ -97,15 +49,6 @@ Conv2dParams upsample_params() {
   return p;
 }
 
-Conv2dParams odd_params() {
-  Conv2dParams p;
-  p.stride = 3;
-  p.pad_top = 2;
-  p.pad_left = 1;
-  p.pad_right = 3;
-  return p;
-}
-
 const ConvCase kCases[] = {
     {"same3x3_odd_sizes", 5, 7, 13, 11, 3, Conv2dParams::same(3)},
     {"same3x3_wide", 19, 9, 6, 37, 3, Conv2dParams::same(3)},
@@ -128,20 +71,6 @@ const char* name_of(ops::ConvAlgorithm a) {
   return a == ops::ConvAlgorithm::Gemm ? "gemm" : a == ops::ConvAlgorithm::Direct ? "direct" : "auto";
 }
 
-TEST(Conv2d, MatchesDefinition) {
-  Compute cx(3);
-  for (const ConvCase& c : kCases)
-    for (ops::ConvAlgorithm a : algorithms_for(c.params)) {
-      SCOPED_TRACE(std::string(c.name) + " " + name_of(a));
-      Tensor x = random_tensor({c.in, c.height, c.width}, 7);
-      Conv2dWeights w = random_conv(c.out, c.in, c.kernel, 11);
-      Conv2dParams p = c.params;
-      p.algorithm = a;
-      Tensor got = ops::conv2d(x, w, p, cx);
-      EXPECT_LE(max_scaled_diff(got, reference_conv(x, nullptr, w, c.params)), 1e-6);
-    }
-}
-
 ChannelAffine random_affine(int64_t channels, bool silu) {
   ChannelAffine a;
   a.mean = random_values(channels, 21);
@@ -151,20 +80,27 @@ ChannelAffine random_affine(int64_t channels, bool silu) {
   return a;
 }
 
-TEST(Conv2d, FusedTransformMatchesDefinition) {
-  Compute cx(2);
+// Every case with every algorithm that takes it against the definition, with or without a
+// fused GroupNorm + SiLU transform of the input.
+void expect_cases_match_definition(bool transform, uint32_t seed) {
+  Compute cx(transform ? 2 : 3);
   for (const ConvCase& c : kCases)
     for (ops::ConvAlgorithm a : algorithms_for(c.params)) {
       SCOPED_TRACE(std::string(c.name) + " " + name_of(a));
-      Tensor x = random_tensor({c.in, c.height, c.width}, 8);
-      Conv2dWeights w = random_conv(c.out, c.in, c.kernel, 12);
-      ChannelAffine t = random_affine(c.in, true);
+      Tensor x = random_tensor({c.in, c.height, c.width}, seed);
+      Conv2dWeights w = random_conv(c.out, c.in, c.kernel, seed + 4);
+      const ChannelAffine t = random_affine(c.in, true);
+      const ChannelAffine* tp = transform ? &t : nullptr;
       Conv2dParams p = c.params;
       p.algorithm = a;
-      Tensor got = ops::conv2d(x, w, p, cx, &t);
-      EXPECT_LE(max_scaled_diff(got, reference_conv(x, &t, w, c.params)), 1e-6);
+      Tensor got = ops::conv2d(x, w, p, cx, tp);
+      EXPECT_LE(max_scaled_diff(got, reference_conv(x, tp, w, c.params)), 1e-6);
     }
 }
+
+TEST(Conv2d, MatchesDefinition) { expect_cases_match_definition(false, 7); }
+
+TEST(Conv2d, FusedTransformMatchesDefinition) { expect_cases_match_definition(true, 8); }
 
 // Widths that are not multiples of the kernel's vector blocks, channel counts that are not
 // multiples of its channel groups, one-row images.

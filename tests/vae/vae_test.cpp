@@ -12,6 +12,7 @@
 #include "models/vae/vae.h"
 #include "ops/conv2d.h"
 #include "support/testing.h"
+#include "support/tiny_model_suite.h"
 #include "vae/random_store.h"
 #include "weights/model_source.h"
 
@@ -49,11 +50,8 @@ void expect_matches(const Recorder& r, const fs::path& dir, const std::string& p
   }
 }
 
-class VaeGolden : public ::testing::Test {
+class VaeGolden : public testing::TinyModelSuite {
  protected:
-  static void SetUpTestSuite() { store_ = open_model(testing::tiny_model()); }
-  static void TearDownTestSuite() { store_.reset(); }
-
   static fs::path vectors() { return testing::tiny_vectors() / "vae"; }
 
   // packed_in [1, N, 128] as tokens [N, 128].
@@ -63,32 +61,32 @@ class VaeGolden : public ::testing::Test {
     return t;
   }
 
-  static std::unique_ptr<WeightStore> store_;
+  // Decodes the golden case `name` (latent grid rows x cols) and compares the listed
+  // intermediates with the official ones.
+  void expect_decode(const std::string& name, int64_t rows, int64_t cols,
+                     const std::vector<std::string>& stages) {
+    vae::Vae model(*store_, cx_);
+    Recorder r;
+    const Tensor image = model.decode(packed_tokens(name), rows, cols, r.observer());
+    EXPECT_EQ(image.shape(), (Shape{3, rows * 16, cols * 16}));
+    expect_matches(r, vectors(), name + "_", stages);
+  }
+
   Compute cx_{2};
 };
 
-std::unique_ptr<WeightStore> VaeGolden::store_;
 
 const std::vector<std::string> kDecodeSteps = {"unpacked", "denormalized", "unpatchified"};
 
 TEST_F(VaeGolden, DecodeH64W64EveryIntermediate) {
-  vae::Vae model(*store_, cx_);
-  Recorder r;
-  const Tensor image = model.decode(packed_tokens("decode_h64_w64"), 4, 4, r.observer());
-  EXPECT_EQ(image.shape(), (Shape{3, 64, 64}));
-  expect_matches(r, vectors(), "decode_h64_w64_",
+  expect_decode("decode_h64_w64", 4, 4,
                  {"unpacked", "denormalized", "unpatchified", "post_quant_conv", "decoder_conv_in",
                   "decoder_mid_block", "decoder_up_blocks_0", "decoder_up_blocks_1",
                   "decoder_up_blocks_2", "decoder_up_blocks_3", "decoder_conv_out", "image"});
 }
 
 TEST_F(VaeGolden, DecodeH64W96) {
-  vae::Vae model(*store_, cx_);
-  Recorder r;
-  const Tensor image = model.decode(packed_tokens("decode_h64_w96"), 4, 6, r.observer());
-  EXPECT_EQ(image.shape(), (Shape{3, 64, 96}));
-  expect_matches(r, vectors(), "decode_h64_w96_",
-                 {"unpacked", "denormalized", "unpatchified", "image"});
+  expect_decode("decode_h64_w96", 4, 6, {"unpacked", "denormalized", "unpatchified", "image"});
 }
 
 TEST_F(VaeGolden, EncodeRef0EveryIntermediate) {
