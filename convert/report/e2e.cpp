@@ -8,15 +8,9 @@
 #include <set>
 
 #include "core/error.h"
-#include "formats/image/preprocess.h"
-#include "models/flux2/sampler.h"
-#include "models/flux2/schedule.h"
 #include "models/flux2/transformer.h"
-#include "models/qwen3/text_encoder.h"
 #include "models/vae/vae.h"
-#include "pipeline/noise.h"
 #include "convert/report/mixed_store.h"
-#include "tokenizer/klein_prompt.h"
 
 namespace klein::report {
 
@@ -47,66 +41,39 @@ std::string case_label(size_t i, size_t n) {
   return n > 1 ? "case " + std::to_string(i + 1) + "/" + std::to_string(n) + ": " : "";
 }
 
-// --- text encoder ---------------------------------------------------------------------------
+// --- generations ----------------------------------------------------------------------------
 
-// The reference run keeps the stream after every layer; the candidate run compares its own
-// against them as it goes, so only one run's layers are ever held.
-Tensor encode_recording(WeightStore& store, Compute& cx, const KleinPromptTokens& tokens,
-                        std::vector<Tensor>* layers) {
-  qwen3::TextEncoder encoder(store, cx);
-  return encoder.encode(tokens.ids, tokens.mask, [&](int64_t layer, const Tensor& hidden) {
-    if (layer > 0) layers->push_back(copy_of(hidden));
-  });
-}
+// Progress of a generation's stages under a label ("case 1/2: reference "), so that the
+// reference and candidate runs read apart.
+class LabelledProgress : public Progress {
+ public:
+  LabelledProgress(Progress& inner, std::string label)
+      : inner_(inner), label_(std::move(label)) {}
+  void begin(const std::string& phase, int total) override { inner_.begin(label_ + phase, total); }
+  void step(const std::string& phase, int done, int total) override {
+    inner_.step(label_ + phase, done, total);
+  }
+  void end(const std::string& phase, double seconds) override {
+    inner_.end(label_ + phase, seconds);
+  }
+  void warn(const std::string& message) override { inner_.warn(message); }
 
-Tensor encode_comparing(WeightStore& store, Compute& cx, const KleinPromptTokens& tokens,
-                        const std::vector<Tensor>& reference_layers,
-                        std::vector<ErrorSummary>* errors) {
-  qwen3::TextEncoder encoder(store, cx);
-  return encoder.encode(tokens.ids, tokens.mask, [&](int64_t layer, const Tensor& hidden) {
-    if (layer == 0 || size_t(layer) > reference_layers.size()) return;
-    const Tensor& ref = reference_layers[size_t(layer - 1)];
-    errors->push_back(compare(ref.data(), hidden.data(), hidden.numel()));
-  });
-}
-
-Tensor encode_plain(WeightStore& store, Compute& cx, const KleinPromptTokens& tokens) {
-  qwen3::TextEncoder encoder(store, cx);
-  return encoder.encode(tokens.ids, tokens.mask);
-}
-
-// --- denoising ------------------------------------------------------------------------------
-
-struct Denoising {
-  const Tensor* context = nullptr;
-  const Tensor* negative = nullptr;  // CFG only
-  const Tensor* noise = nullptr;
-  flux2::LatentGrid grid;
-  const flux2::Schedule* schedule = nullptr;
-  float guidance = 1;
+ private:
+  Progress& inner_;
+  std::string label_;
 };
 
-Tensor denoise(WeightStore& store, const Denoising& d, Compute& cx, Phase& phase,
-               const std::function<void(const flux2::StepInfo&)>& on_step) {
-  flux2::SamplerInputs in;
-  in.context = d.context;
-  in.negative_context = d.negative;
-  in.noise = d.noise;
-  in.target = d.grid;
-  in.schedule = *d.schedule;
-  in.guidance = d.guidance;
-  in.on_step = [&](const flux2::StepInfo& s) {
-    on_step(s);
-    phase.step(int(s.step + 1), int(s.steps));
-  };
-  return flux2::sample(store, in, cx).latents;
-}
-
-Tensor initial_noise(uint64_t seed, flux2::LatentGrid grid, int64_t channels) {
-  Tensor chw({channels, grid.rows, grid.cols});
-  const std::vector<float> values = gaussian_noise(seed, chw.numel());
-  std::memcpy(chw.data(), values.data(), values.size() * sizeof(float));
-  return flux2::pack_latents(chw);
+// A case as `klein generate` runs it, without the prompt cache, the memory plan or output.
+GenerateOptions generation_of(const E2eCase& c, Precision precision) {
+  GenerateOptions o;
+  o.prompt = c.prompt;
+  o.seed = c.seed;
+  o.width = c.width;
+  o.height = c.height;
+  o.steps = c.steps;
+  o.precision = precision;
+  o.plan_memory = false;
+  return o;
 }
 
 // --- images ---------------------------------------------------------------------------------
@@ -119,8 +86,9 @@ std::vector<float> unit_pixels(const Tensor& decoded) {
   return u;
 }
 
-Tensor decode(WeightStore& store, Compute& cx, const Tensor& latents,
-              flux2::LatentGrid grid) {
+// The VAE decoder alone, for the probe that puts the candidate's decoder on the reference's
+// latents (in the context's current arithmetic).
+Tensor decode(WeightStore& store, Compute& cx, const Tensor& latents, flux2::LatentGrid grid) {
   vae::Vae vae(store, cx);
   return vae.decode(latents, grid.rows, grid.cols);
 }
@@ -257,13 +225,8 @@ bool wants_isolated(BlockProbes p) { return p == BlockProbes::Isolated || p == B
 
 struct E2eSession::ReferenceCase {
   E2eCase spec;  // steps resolved
-  KleinPromptTokens tokens, empty;
   flux2::LatentGrid grid;
-  flux2::Schedule schedule;
-  float guidance = 1;
-  bool cfg = false;
-  Tensor noise;
-  Tensor context, negative;
+  Tensor context;
   std::vector<Tensor> layers;        // the stream after every text-encoder layer
   std::vector<Tensor> step_latents;  // after every Euler step
   Tensor latents_at_probe;           // entering the probe step (first case only)
@@ -285,55 +248,40 @@ E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, Compu
   check(!options_.cases.empty(), "end-to-end comparison: no cases");
   check(options_.probe_step >= 0, "probe step ", options_.probe_step, ": expected >= 0");
   const ModelConfig& config = reference_.config();
-  // The transformer and the VAE run as `klein generate` would run them for this model.
-  reference_fast_ = runs_fast(options_.precision, reference_);
-  const Arithmetic reference_arithmetic = arithmetic_for(reference_fast_);
+  // Every run goes through the pipeline's stages, as `klein generate` runs them: the same
+  // defaults, precision and arithmetic.
+  Session session(reference_, tokenizer_, cx_);
   const size_t n = options_.cases.size();
   for (size_t i = 0; i < n; ++i) {
-    const std::string label = case_label(i, n) + "reference ";
+    LabelledProgress labelled(progress, case_label(i, n) + "reference ");
     ReferenceCase c;
+    Generation g = session.start(generation_of(options_.cases[i], options_.precision), labelled);
     c.spec = options_.cases[i];
-    c.spec.steps = c.spec.steps > 0 ? c.spec.steps : flux2::default_steps(config);
-    c.grid = {c.spec.height / kPixelsPerToken, c.spec.width / kPixelsPerToken};
-    c.guidance = config.is_distilled ? 1.0f : 4.0f;
-    c.cfg = flux2::uses_guidance(config, c.guidance);
-    c.tokens = tokenize_klein_prompt(tokenizer_, c.spec.prompt);
-    if (!c.tokens.warning.empty()) progress.warn(c.tokens.warning);
-    c.empty = tokenize_klein_prompt(tokenizer_, "");
-    {
-      Phase phase(progress, label + "text encoder");
-      c.context = encode_recording(reference_, cx_, c.tokens, &c.layers);
-      if (c.cfg) c.negative = encode_plain(reference_, cx_, c.empty);
-    }
-    c.noise = initial_noise(c.spec.seed, c.grid, config.transformer.in_channels);
-    c.schedule = flux2::make_schedule(config.scheduler, c.grid.tokens(), c.spec.steps);
-    for (const auto& w : c.schedule.warnings) progress.warn(w);
+    c.spec.steps = g.result.steps;
+    c.grid = g.grid;
+    reference_fast_ = g.result.fast;
     const int64_t probe_step = i == 0 && options_.blocks != BlockProbes::None
                                    ? options_.probe_step : -1;
-    check(probe_step < c.schedule.steps(), "probe step ", probe_step,
-          ": the first case has only ", c.schedule.steps(), " steps (counted from 0)");
-    {
-      Phase phase(progress, label + "denoise", int(c.spec.steps));
-      const Compute::Use arithmetic(cx_, reference_arithmetic);
-      const Denoising d{&c.context, c.cfg ? &c.negative : nullptr, &c.noise, c.grid,
-                        &c.schedule, c.guidance};
-      c.final_latents = denoise(reference_, d, cx_, phase, [&](const flux2::StepInfo& s) {
-        c.step_latents.push_back(copy_of(s.latents_out));
-        if (s.step == probe_step) {
-          c.latents_at_probe = copy_of(s.latents_in);
-          c.probe_timestep = s.timestep;
-        }
-      });
-    }
-    {
-      Phase phase(progress, label + "vae decode");
-      const Compute::Use arithmetic(cx_, reference_arithmetic);
-      const Tensor decoded = decode(reference_, cx_, c.final_latents, c.grid);
-      c.pixels = unit_pixels(decoded);
-      c.height = int(decoded.dim(1));
-      c.width = int(decoded.dim(2));
-      c.image = tensor_to_image(decoded);
-    }
+    check(probe_step < c.spec.steps, "probe step ", probe_step, ": the first case has only ",
+          c.spec.steps, " steps (counted from 0)");
+    session.encode_prompt(g, labelled, [&](int64_t layer, const Tensor& hidden) {
+      if (layer > 0) c.layers.push_back(copy_of(hidden));
+    });
+    c.context = copy_of(g.context);
+    session.prepare_latents(g, labelled);
+    session.denoise(g, labelled, [&](const StepView& s) {
+      c.step_latents.push_back(copy_of(s.latents));
+      if (s.step == probe_step) {
+        c.latents_at_probe = copy_of(s.latents_in);
+        c.probe_timestep = s.timestep;
+      }
+    });
+    c.final_latents = copy_of(g.latents);
+    session.decode(g, labelled);
+    c.pixels = unit_pixels(g.decoded);
+    c.height = int(g.decoded.dim(1));
+    c.width = int(g.decoded.dim(2));
+    c.image = std::move(g.result.image);
     cases_.push_back(std::move(c));
   }
   if (options_.blocks != BlockProbes::None) {
@@ -344,7 +292,7 @@ E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, Compu
     probe_ = std::make_unique<ReferenceProbe>();
     probe_->blocks = std::make_unique<BlockOutputs>(T, T + c.grid.tokens(), tc.inner_dim());
     const ProbeInputs in{&c.latents_at_probe, &c.context, c.grid, c.probe_timestep};
-    const Compute::Use arithmetic(cx_, reference_arithmetic);
+    const Compute::Use arithmetic(cx_, arithmetic_for(reference_fast_));
     probe_->velocity = forward_once(reference_, in, cx_, probe_->blocks->recorder());
   }
 }
@@ -355,54 +303,44 @@ E2eResult E2eSession::compare(WeightStore& candidate, Progress& progress) {
   E2eResult out;
   const size_t n = cases_.size();
   out.reference_fast = reference_fast_;
-  out.candidate_fast = runs_fast(options_.precision, candidate);
-  const Arithmetic candidate_arithmetic = arithmetic_for(out.candidate_fast);
   Tensor first_context;  // the candidate's, for the text-encoder probe
+  Session session(candidate, tokenizer_, cx_);
   for (size_t i = 0; i < n; ++i) {
     const ReferenceCase& ref = cases_[i];
-    const std::string label = case_label(i, n) + "candidate ";
+    LabelledProgress labelled(progress, case_label(i, n) + "candidate ");
     CaseResult r;
     r.spec = ref.spec;
-    Tensor context, negative;
-    {
-      Phase phase(progress, label + "text encoder");
-      context = encode_comparing(candidate, cx_, ref.tokens, ref.layers, &r.text_layers);
-      if (ref.cfg) negative = encode_plain(candidate, cx_, ref.empty);
-    }
-    r.context = report::compare(ref.context.data(), context.data(), context.numel());
-    Tensor latents;
-    {
-      Phase phase(progress, label + "denoise", int(ref.spec.steps));
-      const Compute::Use arithmetic(cx_, candidate_arithmetic);
-      const Denoising d{&context, ref.cfg ? &negative : nullptr, &ref.noise, ref.grid,
-                        &ref.schedule, ref.guidance};
-      latents = denoise(candidate, d, cx_, phase, [&](const flux2::StepInfo& s) {
-        const Tensor& x = ref.step_latents[size_t(s.step)];
-        r.step_latents.push_back(report::compare(x.data(), s.latents_out.data(), x.numel()));
-      });
-    }
+    Generation g = session.start(generation_of(ref.spec, options_.precision), labelled);
+    out.candidate_fast = g.result.fast;
+    session.encode_prompt(g, labelled, [&](int64_t layer, const Tensor& hidden) {
+      if (layer == 0 || size_t(layer) > ref.layers.size()) return;
+      const Tensor& x = ref.layers[size_t(layer - 1)];
+      r.text_layers.push_back(report::compare(x.data(), hidden.data(), hidden.numel()));
+    });
+    r.context = report::compare(ref.context.data(), g.context.data(), g.context.numel());
+    if (i == 0) first_context = copy_of(g.context);
+    session.prepare_latents(g, labelled);
+    session.denoise(g, labelled, [&](const StepView& s) {
+      const Tensor& x = ref.step_latents[size_t(s.step)];
+      r.step_latents.push_back(report::compare(x.data(), s.latents.data(), x.numel()));
+    });
     r.final_latents =
-        report::compare(ref.final_latents.data(), latents.data(), latents.numel());
-    Tensor decoded;
-    {
-      Phase phase(progress, label + "vae decode");
-      const Compute::Use arithmetic(cx_, candidate_arithmetic);
-      decoded = decode(candidate, cx_, latents, ref.grid);
-    }
-    const std::vector<float> pixels = unit_pixels(decoded);
+        report::compare(ref.final_latents.data(), g.latents.data(), g.latents.numel());
+    session.decode(g, labelled);
+    const std::vector<float> pixels = unit_pixels(g.decoded);
     const int64_t count = int64_t(pixels.size());
     r.image = report::compare(ref.pixels.data(), pixels.data(), count);
     r.psnr_db = psnr_db(ref.pixels.data(), pixels.data(), count);
     r.ssim = ssim(ref.pixels.data(), pixels.data(), 3, ref.height, ref.width);
     r.reference_image = ref.image;
-    r.candidate_image = tensor_to_image(decoded);
+    r.candidate_image = std::move(g.result.image);
     r.difference_gain = difference_gain(r.image.max_abs);
     r.difference_image =
         difference_image(ref.pixels, pixels, ref.height, ref.width, r.difference_gain);
     out.mean_image_mse += r.image.rmse * r.image.rmse / double(n);
     out.cases.push_back(std::move(r));
-    if (i == 0) first_context = std::move(context);
   }
+  const Arithmetic candidate_arithmetic = arithmetic_for(out.candidate_fast);
   if (probe_) {
     const Compute::Use arithmetic(cx_, candidate_arithmetic);
     out.probe = run_probes(candidate, first_context, progress);

@@ -194,24 +194,29 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
 // acquired layer by layer and released before denoising starts. The text encoder always
 // runs in float32: its 27 layers amplify rounding (8e-2 of the context on the tiny model in
 // bf16, against 1e-5).
-void Session::encode_prompt(Generation& g, Progress& progress) {
+void Session::encode_prompt(Generation& g, Progress& progress, const TextLayerHook& on_layer) {
   const GenerateOptions& o = g.options;
   timed(g, progress, "text encoder", 0, [&](Phase&) {
     const Compute::Use exact(cx_, Arithmetic::exact());
     qwen3::TextEncoder encoder(weights_, cx_);
     std::optional<qwen3::PromptCache> cache;
     if (o.prompt_cache_dir) cache.emplace(*o.prompt_cache_dir);
-    auto encode = [&](const std::string& text, bool& from_cache) {
+    auto encode = [&](const std::string& text, bool& from_cache,
+                      const TextLayerHook& observe) {
       KleinPromptTokens tokens = tokenize_klein_prompt(tokenizer_, text);
       if (!tokens.warning.empty()) warn(g, progress, tokens.warning);
+      if (observe) {
+        from_cache = false;
+        return encoder.encode(tokens.ids, tokens.mask, observe);
+      }
       auto c = qwen3::encode_with_cache(encoder, cache ? &*cache : nullptr, tokens.ids, tokens.mask);
       if (!c.store_error.empty()) warn(g, progress, "prompt cache: " + c.store_error);
       from_cache = c.from_cache;
       return std::move(c.context);
     };
-    g.context = encode(o.prompt, g.result.context_from_cache);
+    g.context = encode(o.prompt, g.result.context_from_cache, on_layer);
     bool unused;
-    if (g.guided) g.negative = encode(o.negative_prompt, unused);
+    if (g.guided) g.negative = encode(o.negative_prompt, unused, {});
   });
   weights_.release("text_encoder.");
   const Dumper dump(o.dump_dir);
@@ -288,7 +293,8 @@ void Session::denoise(Generation& g, Progress& progress, const StepHook& on_step
         dump.f32(p + "latents_out", s.latents_out, tokens);
       }
       phase.step(int(s.step + 1), int(s.steps));
-      if (on_step) on_step(StepView{s.step, s.steps, s.latents_out, g.grid});
+      if (on_step)
+        on_step(StepView{s.step, s.steps, s.latents_out, s.latents_in, s.timestep, g.grid});
     };
     const Compute::Use arithmetic(cx_, arithmetic_for(r.fast));
     flux2::SamplerResult out = flux2::sample(weights_, in, cx_);
@@ -332,6 +338,7 @@ void Session::decode(Generation& g, Progress& progress) {
       }
     dump.f32("image", hwc.data(), {H, W, 3});
   }
+  g.decoded = std::move(decoded);
 }
 
 GenerateResult Session::generate(const GenerateOptions& options, Progress& progress,

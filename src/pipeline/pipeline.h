@@ -131,6 +131,8 @@ struct Generation {
   flux2::TokenLayout layout;
   // denoise
   Tensor latents;  // [N, 128]
+  // decode
+  Tensor decoded;  // [3, H, W], the VAE's output in [-1, 1] before it became result.image
 
   std::vector<Tensor> reference_pixels;  // loaded and checked by start, encoded by prepare
 };
@@ -139,17 +141,24 @@ struct Generation {
 // Progress::step: the latents, for previews. Called on the session's thread.
 struct StepView {
   int64_t step = 0, steps = 0;
-  const Tensor& latents;  // [N, 128] packed, after the step
+  const Tensor& latents;     // [N, 128] packed, after the step
+  const Tensor& latents_in;  // the same before the step
+  float timestep = 0;        // the transformer's timestep input at this step (σ · 1000)
   flux2::LatentGrid grid;
 };
 using StepHook = std::function<void(const StepView&)>;
+
+// What the text encoder shows a caller of encode_prompt: the hidden state after each layer
+// (0: the embeddings) while it encodes the prompt (not the negative prompt).
+using TextLayerHook = std::function<void(int64_t layer, const Tensor& hidden)>;
 
 // The stages of the FLUX.2-klein pipeline over one model and one compute context:
 //
 //   start            options → sizes, steps, guidance, seed, precision, memory plan; references
 //                    loaded and checked. Everything that can be checked is, before any
 //                    network runs.
-//   encode_prompt    prompt (and negative prompt) → context, with the prompt cache
+//   encode_prompt    prompt (and negative prompt) → context, with the prompt cache (a
+//                    TextLayerHook sees every layer; with one, the cache is not read)
 //   prepare_latents  seed or --noise → initial latents; references → VAE encode → tokens
 //   denoise          the sampler loop; Progress per step, the StepHook for previews, the
 //                    context's cancel flag checked between blocks
@@ -167,7 +176,7 @@ class Session {
   WeightStore& weights() { return weights_; }
 
   Generation start(const GenerateOptions& options, Progress& progress);
-  void encode_prompt(Generation& g, Progress& progress);
+  void encode_prompt(Generation& g, Progress& progress, const TextLayerHook& on_layer = {});
   void prepare_latents(Generation& g, Progress& progress);
   void denoise(Generation& g, Progress& progress, const StepHook& on_step = {});
   void decode(Generation& g, Progress& progress);
