@@ -252,9 +252,9 @@ Registration reg("generate", 10, [](CLI::App& app) {
   add_model_options(*cmd, a->model);
   cmd->add_option("-p,--prompt", a->gen.prompt, "What to draw")->required();
   cmd->add_option("-o,--output", a->output, "Output image (.png, or .jpg/.jpeg)");
-  cmd->add_option("-W,--width", a->gen.width, "Width in pixels (default: the first reference's, else 1024)")
+  cmd->add_option("-W,--width", a->gen.width, "Width in pixels (default: the init image's or the first reference's, else 1024)")
       ->check(CLI::Range(int64_t(16), int64_t(8192)));
-  cmd->add_option("-H,--height", a->gen.height, "Height in pixels (default: the first reference's, else 1024)")
+  cmd->add_option("-H,--height", a->gen.height, "Height in pixels (default: the init image's or the first reference's, else 1024)")
       ->check(CLI::Range(int64_t(16), int64_t(8192)));
   cmd->add_option("-s,--steps", a->gen.steps, "Denoising steps (default: 4 for klein, 50 for klein-base)")
       ->check(CLI::Range(int64_t(1), kMaxSteps));
@@ -263,6 +263,19 @@ Registration reg("generate", 10, [](CLI::App& app) {
       "Seed of the initial noise, 0 to 2^64-1 (default: random, always printed)");
   cmd->add_option("-r,--reference", a->references, "Reference image(s) for editing, in order")
       ->check(CLI::ExistingFile);
+  cmd->add_option("-i,--init-image", a->gen.init_image,
+                  "Image-to-image: start from this picture (the output takes its size, floored "
+                  "to multiples of 16, unless -W/-H are given)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option_function<double>(
+         "--strength",
+         [a](double s) {
+           check(std::isfinite(s) && s > 0 && s <= 1, "--strength: expected a number in (0, 1], "
+                 "got ", s);
+           a->gen.strength = s;
+         },
+         "With --init-image: how much to change it, (0, 1]; the last int(steps x strength) "
+         "steps run (default 0.8)");
   cmd->add_option_function<float>(
          "-g,--guidance",
          [a](float g) {

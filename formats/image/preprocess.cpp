@@ -87,6 +87,29 @@ Image prepare_reference(const Image& image, const std::string& name) {
                                  kReferenceMultiple);
 }
 
+Image crop_centered(const Image& image, int width, int height) {
+  check(width > 0 && height > 0, "crop: target ", width, "x", height, " is empty");
+  auto floor_half = [](int v) { return v >= 0 ? v / 2 : -((1 - v) / 2); };
+  const int left = floor_half(image.width - width), top = floor_half(image.height - height);
+  Image out(width, height);
+  std::fill(out.rgb.begin(), out.rgb.end(), uint8_t(0));
+  for (int y = 0; y < height; ++y) {
+    const int sy = y + top;
+    if (sy < 0 || sy >= image.height) continue;
+    for (int x = 0; x < width; ++x) {
+      const int sx = x + left;
+      if (sx >= 0 && sx < image.width) std::memcpy(out.pixel(x, y), image.pixel(sx, sy), 3);
+    }
+  }
+  return out;
+}
+
+ImageSize init_image_size(const Image& image) {
+  const ImageSize s = reference_resize_target(image.width, image.height);
+  return {s.width / kReferenceMultiple * kReferenceMultiple,
+          s.height / kReferenceMultiple * kReferenceMultiple};
+}
+
 Tensor image_to_tensor(const Image& image) {
   static const std::array<float, 256> table = byte_to_signed_unit();
   const int64_t plane = int64_t(image.width) * image.height;

@@ -38,6 +38,16 @@ Image center_crop_to_multiple(const Image& image, int multiple);
 // the VAE encodes. `name` is used in error messages.
 Image prepare_reference(const Image& image, const std::string& name);
 
+// The width x height window around the image's centre (left = floor((w - width) / 2), top
+// likewise, Python's floor division); what lies outside the image is black. The official
+// Flux2 image processor's "crop" mode, which the image-to-image pipeline applies to its init
+// image (it does not scale).
+Image crop_centered(const Image& image, int width, int height);
+
+// An init image for image-to-image: scaled down to one megapixel when larger (as a reference
+// is), its size floored to multiples of 16. The size the output takes unless told otherwise.
+ImageSize init_image_size(const Image& image);
+
 // [3, H, W] float32 in [-1, 1]: 2 * (p / 255) - 1, in float32 as the pipeline computes it.
 Tensor image_to_tensor(const Image& image);
 

@@ -11,6 +11,7 @@
 #include "core/npy.h"
 #include "core/version.h"
 #include "formats/image/preprocess.h"
+#include "formats/image/resize.h"
 #include "models/flux2/positions.h"
 #include "models/flux2/sampler.h"
 #include "models/flux2/schedule.h"
@@ -30,6 +31,7 @@ namespace {
 // Output size when neither a size nor a reference is given (the pipeline's
 // default_sample_size 128 × VAE scale 8).
 constexpr int64_t kDefaultSide = 1024;
+constexpr double kDefaultStrength = 0.8;  // Flux2KleinImg2ImgPipeline's default
 constexpr int64_t kPixelsPerToken = 16;
 
 // Writes pipeline stages as .npy files with the names and layouts of the golden vectors
@@ -142,10 +144,34 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
     timed(g, progress, "load references", 0, [&](Phase&) {
       for (const auto& path : o.references) g.reference_pixels.push_back(load_reference(path));
     });
+  // Image-to-image: the init image, scaled down to a megapixel when larger; its size floored
+  // to multiples of 16 is the output's unless the caller gives one.
+  check(!o.strength || !o.init_image.empty(),
+        "--strength needs --init-image (the picture whose content it keeps)");
+  Image init;
+  std::optional<ImageSize> init_size;
+  if (!o.init_image.empty()) {
+    check(o.references.empty(), "--init-image and --reference exclude each other: "
+          "image-to-image passes no reference images to the transformer");
+    const double s = o.strength.value_or(kDefaultStrength);
+    check(std::isfinite(s) && s > 0 && s <= 1, "strength: expected a number in (0, 1], got ", s);
+    r.strength = s;
+    timed(g, progress, "load init image", 0, [&](Phase&) {
+      init = load_image(o.init_image);
+      check_reference_size(o.init_image.string(), init.width, init.height);
+      const ImageSize t = reference_resize_target(init.width, init.height);
+      if (t.width != init.width || t.height != init.height)
+        init = resize_lanczos(init, t.width, t.height);
+    });
+    init_size = init_image_size(init);
+    check(init_size->width >= kPixelsPerToken && init_size->height >= kPixelsPerToken,
+          o.init_image.string(), ": ", init.width, "x", init.height,
+          " is too small for an init image (at least 16x16 pixels)");
+  }
   int64_t width = o.width, height = o.height;
   const Tensor* first = g.reference_pixels.empty() ? nullptr : &g.reference_pixels[0];
-  if (width <= 0) width = first ? first->dim(2) : kDefaultSide;
-  if (height <= 0) height = first ? first->dim(1) : kDefaultSide;
+  if (width <= 0) width = init_size ? init_size->width : first ? first->dim(2) : kDefaultSide;
+  if (height <= 0) height = init_size ? init_size->height : first ? first->dim(1) : kDefaultSide;
   check(width >= kPixelsPerToken && height >= kPixelsPerToken, "image size ", width, "x", height,
         " is too small (at least 16x16)");
   check(width <= 8192 && height <= 8192, "image size ", width, "x", height,
@@ -162,9 +188,18 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
   r.width = width;
   r.height = height;
   g.grid = {height / kPixelsPerToken, width / kPixelsPerToken};
+  if (init_size) g.init_pixels = image_to_tensor(crop_centered(init, int(width), int(height)));
   check(o.steps >= 0 && o.steps <= kMaxSteps, "steps: expected 1 to ", kMaxSteps, ", got ",
         o.steps);
   r.steps = o.steps > 0 ? o.steps : flux2::default_steps(config);
+  if (r.strength) {
+    // The last int(steps · strength) steps of the schedule run, as the official pipeline
+    // counts them (in double precision, like Python).
+    const int64_t run = std::min(int64_t(double(r.steps) * *r.strength), r.steps);
+    check(run >= 1, "strength ", *r.strength, " with ", r.steps,
+          " steps runs no step (int(steps x strength) = 0): raise --strength or --steps");
+    g.first_step = r.steps - run;
+  }
   r.guidance = o.guidance.value_or(config.is_distilled ? 1.0f : 4.0f);
   check(std::isfinite(r.guidance), "guidance: expected a finite number, got ", r.guidance);
   // The noise file replaces the seed: a seed would describe noise that was not used.
@@ -180,6 +215,7 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
     need.width = width;
     need.height = height;
     for (const auto& ref : g.reference_pixels) need.references.emplace_back(ref.dim(2), ref.dim(1));
+    if (init_size) need.references.emplace_back(width, height);  // encoded like a reference
     need.steps = r.steps;
     need.guided = g.guided;
     r.memory = plan_memory(estimate_memory(weights_, need), o.max_memory,
@@ -232,6 +268,28 @@ void Session::prepare_latents(Generation& g, Progress& progress) {
                          weights_.config().transformer.in_channels);
   dump.f32("noise", flux2::unpack_latents(g.noise, g.grid),
            {1, g.noise.dim(1), g.grid.rows, g.grid.cols});
+  if (g.init_pixels.numel() > 0) {
+    // Image-to-image: the init image's latents, noised to the σ where the kept steps start.
+    Tensor image;
+    timed(g, progress, "vae encode", 0, [&](Phase&) {
+      const Compute::Use arithmetic(cx_, arithmetic_for(g.result.fast));
+      vae::Vae vae(weights_, cx_);
+      image = vae.encode(g.init_pixels);
+    });
+    weights_.release("vae.encoder");
+    g.init_pixels = Tensor();
+    check(image.shape() == g.noise.shape(), "internal: init image latents ",
+          shape_str(image.shape()), " against noise ", shape_str(g.noise.shape()));
+    dump.f32("image_latents", flux2::unpack_latents(image, g.grid),
+             {1, image.dim(1), g.grid.rows, g.grid.cols});
+    const flux2::Schedule schedule =
+        flux2::make_schedule(weights_.config().scheduler, g.grid.tokens(), g.result.steps);
+    const float sigma = schedule.sigmas[size_t(g.first_step)];
+    float* x = g.noise.data();
+    const float* x0 = image.data();
+    for (int64_t i = 0; i < g.noise.numel(); ++i) x[i] = sigma * x[i] + (1.0f - sigma) * x0[i];
+    dump.f32("initial_latents", g.noise, {1, g.noise.dim(0), g.noise.dim(1)});
+  }
 
   g.layout = flux2::TokenLayout{};
   g.layout.text_tokens = g.context.dim(0);
@@ -272,7 +330,7 @@ void Session::prepare_latents(Generation& g, Progress& progress) {
 void Session::denoise(Generation& g, Progress& progress, const StepHook& on_step) {
   GenerateResult& r = g.result;
   const Dumper dump(g.options.dump_dir);
-  timed(g, progress, "denoise", int(r.steps), [&](Phase& phase) {
+  timed(g, progress, "denoise", int(r.steps - g.first_step), [&](Phase& phase) {
     flux2::SamplerInputs in;
     in.context = &g.context;
     in.negative_context = g.guided ? &g.negative : nullptr;
@@ -281,6 +339,15 @@ void Session::denoise(Generation& g, Progress& progress, const StepHook& on_step
     for (size_t i = 0; i < g.reference_tokens.size(); ++i)
       in.references.push_back({&g.reference_tokens[i], g.layout.references[i]});
     in.schedule = flux2::make_schedule(weights_.config().scheduler, g.grid.tokens(), r.steps);
+    if (g.first_step > 0) {
+      // Image-to-image: the transformer sees the last timesteps, but the official pipeline
+      // resets the scheduler's step index to 0 before its loop, so each Euler update takes
+      // σ from the start of the schedule (steps 0..run), not from where the timesteps are.
+      // Followed as it is: that is the image Flux2KleinImg2ImgPipeline makes.
+      auto& timesteps = in.schedule.timesteps;
+      timesteps.erase(timesteps.begin(), timesteps.begin() + g.first_step);
+      in.schedule.sigmas.resize(timesteps.size() + 1);
+    }
     for (const auto& w : in.schedule.warnings) warn(g, progress, w);
     in.guidance = r.guidance;
     in.on_step = [&](const flux2::StepInfo& s) {
@@ -362,6 +429,7 @@ std::string parameters_text(const GenerateOptions& o, const GenerateResult& r,
     << ", Size: " << r.width << "x" << r.height
     << ", Model: " << model_name;
   if (!o.references.empty()) s << ", References: " << o.references.size();
+  if (r.strength) s << ", Denoising strength: " << *r.strength;
   s << ", Version: klein " << KLEIN_VERSION;
   return s.str();
 }
@@ -383,6 +451,10 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
   std::vector<std::string> refs;
   for (const auto& p : o.references) refs.push_back(p.filename().string());
   j["references"] = refs;
+  if (r.strength) {
+    j["init_image"] = o.init_image.filename().string();
+    j["strength"] = *r.strength;
+  }
   j["program"] = std::string("klein ") + KLEIN_VERSION;
   return j.dump();
 }

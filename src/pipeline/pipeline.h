@@ -61,6 +61,12 @@ struct GenerateOptions {
   std::optional<uint64_t> seed;                   // none: drawn from the OS (unless noise_file)
   std::optional<float> guidance;                  // none: 4.0 for base, 1.0 for distilled
   std::vector<std::filesystem::path> references;  // reference images for editing, in order
+  // Image-to-image (Flux2KleinImg2ImgPipeline): start from this picture instead of pure noise.
+  // The output takes its size (floored to multiples of 16) unless width/height are given.
+  std::filesystem::path init_image;
+  // With init_image: how much of the schedule runs, 0 < s <= 1; int(steps * s) steps run,
+  // the last ones, from s0 · noise + (1 - s0) · image (s0: the σ where they start).
+  std::optional<double> strength;  // none: 0.8, the official default
   std::filesystem::path noise_file;               // optional [1, 128, H/16, W/16] float32 .npy
   std::filesystem::path dump_dir;                 // optional: write every stage as .npy here
   std::optional<std::filesystem::path> prompt_cache_dir;  // none: no prompt cache
@@ -83,6 +89,7 @@ struct PhaseMemory {
 
 struct GenerateResult {
   Image image;
+  std::optional<double> strength;  // image-to-image only
   std::optional<uint64_t> seed;  // none when the noise came from a file
   int64_t width = 0, height = 0, steps = 0;
   float guidance = 1;
@@ -135,6 +142,8 @@ struct Generation {
   Tensor decoded;  // [3, H, W], the VAE's output in [-1, 1] before it became result.image
 
   std::vector<Tensor> reference_pixels;  // loaded and checked by start, encoded by prepare
+  Tensor init_pixels;                    // image-to-image: [3, H, W], encoded by prepare
+  int64_t first_step = 0;                // image-to-image: schedule steps skipped
 };
 
 // What the denoising loop shows a caller after each step (the Euler update done), besides

@@ -40,6 +40,23 @@ TEST(ReferencePreprocessing, CropsEvenlyWithTheOddPixelRightAndBelow) {
   EXPECT_EQ(center_crop_to_multiple(cropped, 16).rgb, cropped.rgb);
 }
 
+// Python's floor division places the window: a larger target reaches one pixel further left
+// and up on an odd difference, and what lies outside the image is black (PIL's crop).
+TEST(InitImagePreprocessing, CropCentredPadsBlackOutsideTheImage) {
+  const Image image = testing::solid_image(5, 6, 200, 100, 50);
+  const Image out = crop_centered(image, 8, 9);  // left = floor(-3 / 2) = -2, top = -2
+  ASSERT_EQ(out.width, 8);
+  ASSERT_EQ(out.height, 9);
+  EXPECT_EQ(out.pixel(1, 1)[0], 0);
+  EXPECT_EQ(out.pixel(2, 2)[0], 200);
+  EXPECT_EQ(out.pixel(6, 7)[1], 100);
+  EXPECT_EQ(out.pixel(7, 8)[2], 0);
+  const Image pattern = testing::pattern_image(100, 90);
+  const Image inner = crop_centered(pattern, 96, 80);  // the golden case: left 2, top 5
+  EXPECT_EQ(inner.pixel(0, 0)[0], pattern.pixel(2, 5)[0]);
+  EXPECT_EQ(inner.pixel(95, 79)[2], pattern.pixel(97, 84)[2]);
+}
+
 TEST(ReferencePreprocessing, ValidatesSideAndAspect) {
   EXPECT_NO_THROW(check_reference_size("a.png", 64, 64));
   EXPECT_NO_THROW(check_reference_size("a.png", 512, 64));  // exactly 8:1
