@@ -267,6 +267,10 @@ Registration reg("generate", 10, [](CLI::App& app) {
                   "Image-to-image: start from this picture (the output takes its size, floored "
                   "to multiples of 16, unless -W/-H are given)")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--mask", a->gen.mask,
+                  "Inpainting, with --init-image: white repaints, black keeps (the output keeps "
+                  "the init image's size; -r references still apply)")
+      ->check(CLI::ExistingFile);
   cmd->add_option_function<double>(
          "--strength",
          [a](double s) {

@@ -65,15 +65,13 @@ class LabelledProgress : public Progress {
 
 // A case as `klein generate` runs it, without the prompt cache, the memory plan or output.
 GenerateOptions generation_of(const E2eCase& c, Precision precision) {
-  GenerateOptions o;
-  o.prompt = c.prompt;
-  o.seed = c.seed;
-  o.width = c.width;
-  o.height = c.height;
-  o.steps = c.steps;
-  o.precision = precision;
-  o.plan_memory = false;
-  return o;
+  return {.prompt = c.prompt,
+          .width = c.width,
+          .height = c.height,
+          .steps = c.steps,
+          .seed = c.seed,
+          .plan_memory = false,
+          .precision = precision};
 }
 
 // --- images ---------------------------------------------------------------------------------

@@ -110,6 +110,52 @@ ImageSize init_image_size(const Image& image) {
           s.height / kReferenceMultiple * kReferenceMultiple};
 }
 
+std::vector<float> binary_mask(const Image& image, int width, int height) {
+  // PIL's RGB -> L: (299 R + 587 G + 114 B) / 1000, in 16-bit fixed point with rounding.
+  Image grey(image.width, image.height);
+  for (size_t i = 0; i < image.rgb.size(); i += 3) {
+    const uint32_t l = (uint32_t(image.rgb[i]) * 19595 + uint32_t(image.rgb[i + 1]) * 38470 +
+                        uint32_t(image.rgb[i + 2]) * 7471 + 0x8000) >> 16;
+    grey.rgb[i] = grey.rgb[i + 1] = grey.rgb[i + 2] = uint8_t(l);
+  }
+  if (grey.width != width || grey.height != height) grey = resize_lanczos(grey, width, height);
+  std::vector<float> mask(size_t(width) * size_t(height));
+  for (size_t i = 0; i < mask.size(); ++i)
+    mask[i] = float(grey.rgb[i * 3]) / 255.0f < 0.5f ? 0.0f : 1.0f;
+  return mask;
+}
+
+std::vector<float> resample_bilinear(const std::vector<float>& map, int height, int width,
+                                     int rows, int cols) {
+  // Source coordinate of output index d: (d + 0.5) * in / out - 0.5, clamped at 0.
+  struct Tap {
+    int lo, hi;
+    float w;  // weight of hi
+  };
+  auto taps = [](int in, int out) {
+    std::vector<Tap> t(static_cast<size_t>(out), Tap{0, 0, 0.0f});
+    const float scale = float(in) / float(out);
+    for (int d = 0; d < out; ++d) {
+      const float src = std::max(0.0f, (float(d) + 0.5f) * scale - 0.5f);
+      const int lo = std::min(int(src), in - 1);
+      t[size_t(d)] = {lo, std::min(lo + 1, in - 1), src - float(lo)};
+    }
+    return t;
+  };
+  const std::vector<Tap> ty = taps(height, rows), tx = taps(width, cols);
+  std::vector<float> out(size_t(rows) * size_t(cols));
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      const Tap& y = ty[size_t(r)];
+      const Tap& x = tx[size_t(c)];
+      auto at = [&](int yy, int xx) { return map[size_t(yy) * size_t(width) + size_t(xx)]; };
+      const float top = (1 - x.w) * at(y.lo, x.lo) + x.w * at(y.lo, x.hi);
+      const float bottom = (1 - x.w) * at(y.hi, x.lo) + x.w * at(y.hi, x.hi);
+      out[size_t(r) * size_t(cols) + size_t(c)] = (1 - y.w) * top + y.w * bottom;
+    }
+  return out;
+}
+
 Tensor image_to_tensor(const Image& image) {
   static const std::array<float, 256> table = byte_to_signed_unit();
   const int64_t plane = int64_t(image.width) * image.height;

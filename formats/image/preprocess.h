@@ -3,6 +3,7 @@
 // Flux2KleinPipeline prepares them (spec h.1, g.5), and decoder output turned into 8-bit RGB.
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "formats/image/image.h"
@@ -47,6 +48,16 @@ Image crop_centered(const Image& image, int width, int height);
 // An init image for image-to-image: scaled down to one megapixel when larger (as a reference
 // is), its size floored to multiples of 16. The size the output takes unless told otherwise.
 ImageSize init_image_size(const Image& image);
+
+// An inpainting mask as the official mask processor reads it: grey (ITU-R 601 luma, as PIL's
+// "L"), scaled (Lanczos) to width x height when its size differs, 1 where the grey value is
+// at least half of 255 (white: repaint), 0 elsewhere. [height * width], row-major.
+std::vector<float> binary_mask(const Image& image, int width, int height);
+
+// A [height, width] map bilinearly resampled to rows x cols (half-pixel centres, no
+// antialiasing: torch's interpolate(mode="bilinear")). Row-major.
+std::vector<float> resample_bilinear(const std::vector<float>& map, int height, int width,
+                                     int rows, int cols);
 
 // [3, H, W] float32 in [-1, 1]: 2 * (p / 255) - 1, in float32 as the pipeline computes it.
 Tensor image_to_tensor(const Image& image);

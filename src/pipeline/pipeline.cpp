@@ -150,15 +150,19 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
         "--strength needs --init-image (the picture whose content it keeps)");
   Image init;
   std::optional<ImageSize> init_size;
+  check(o.mask.empty() || !o.init_image.empty(),
+        "--mask needs --init-image (the picture the mask applies to)");
+  g.inpaint = !o.mask.empty();
   if (!o.init_image.empty()) {
-    check(o.references.empty(), "--init-image and --reference exclude each other: "
-          "image-to-image passes no reference images to the transformer");
+    check(g.inpaint || o.references.empty(), "--init-image and --reference exclude each other "
+          "without --mask: image-to-image passes no reference images to the transformer");
     const double s = o.strength.value_or(kDefaultStrength);
     check(std::isfinite(s) && s > 0 && s <= 1, "strength: expected a number in (0, 1], got ", s);
     r.strength = s;
     timed(g, progress, "load init image", 0, [&](Phase&) {
       init = load_image(o.init_image);
-      check_reference_size(o.init_image.string(), init.width, init.height);
+      // The image-to-image pipeline checks the init image like a reference; inpainting not.
+      if (!g.inpaint) check_reference_size(o.init_image.string(), init.width, init.height);
       const ImageSize t = reference_resize_target(init.width, init.height);
       if (t.width != init.width || t.height != init.height)
         init = resize_lanczos(init, t.width, t.height);
@@ -168,6 +172,11 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
           o.init_image.string(), ": ", init.width, "x", init.height,
           " is too small for an init image (at least 16x16 pixels)");
   }
+  if (g.inpaint)  // the inpainting pipeline always takes the init image's size
+    check((o.width <= 0 || o.width == init_size->width) &&
+              (o.height <= 0 || o.height == init_size->height),
+          "inpainting keeps the init image's size, ", init_size->width, "x", init_size->height,
+          "; -W/-H ask for ", o.width, "x", o.height);
   int64_t width = o.width, height = o.height;
   const Tensor* first = g.reference_pixels.empty() ? nullptr : &g.reference_pixels[0];
   if (width <= 0) width = init_size ? init_size->width : first ? first->dim(2) : kDefaultSide;
@@ -188,14 +197,30 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
   r.width = width;
   r.height = height;
   g.grid = {height / kPixelsPerToken, width / kPixelsPerToken};
-  if (init_size) g.init_pixels = image_to_tensor(crop_centered(init, int(width), int(height)));
+  if (init_size && g.inpaint) {
+    // Scaled to the size (the processor's "default" mode; unchanged when it already fits).
+    if (init.width != width || init.height != height)
+      init = resize_lanczos(init, int(width), int(height));
+    g.init_pixels = image_to_tensor(init);
+    Image mask_image;
+    timed(g, progress, "load mask", 0, [&](Phase&) { mask_image = load_image(o.mask); });
+    g.mask_latents = resample_bilinear(binary_mask(mask_image, int(width), int(height)),
+                                       int(height), int(width), int(g.grid.rows),
+                                       int(g.grid.cols));
+  } else if (init_size) {
+    g.init_pixels = image_to_tensor(crop_centered(init, int(width), int(height)));
+  }
   check(o.steps >= 0 && o.steps <= kMaxSteps, "steps: expected 1 to ", kMaxSteps, ", got ",
         o.steps);
   r.steps = o.steps > 0 ? o.steps : flux2::default_steps(config);
   if (r.strength) {
-    // The last int(steps · strength) steps of the schedule run, as the official pipeline
-    // counts them (in double precision, like Python).
-    const int64_t run = std::min(int64_t(double(r.steps) * *r.strength), r.steps);
+    // How many of the last steps run, as each official pipeline counts them (in double
+    // precision, like Python): image-to-image int(steps · s); inpainting
+    // steps - int(steps - min(steps · s, steps)), which rounds the other way.
+    const double scaled = double(r.steps) * *r.strength;
+    const int64_t run =
+        g.inpaint ? r.steps - int64_t(std::max(double(r.steps) - std::min(scaled, double(r.steps)), 0.0))
+                  : std::min(int64_t(scaled), r.steps);
     check(run >= 1, "strength ", *r.strength, " with ", r.steps,
           " steps runs no step (int(steps x strength) = 0): raise --strength or --steps");
     g.first_step = r.steps - run;
@@ -280,8 +305,16 @@ void Session::prepare_latents(Generation& g, Progress& progress) {
     g.init_pixels = Tensor();
     check(image.shape() == g.noise.shape(), "internal: init image latents ",
           shape_str(image.shape()), " against noise ", shape_str(g.noise.shape()));
-    dump.f32("image_latents", flux2::unpack_latents(image, g.grid),
-             {1, image.dim(1), g.grid.rows, g.grid.cols});
+    if (g.inpaint)  // the two pipelines record these latents in different layouts
+      dump.f32("image_latents", image, {1, image.dim(0), image.dim(1)});
+    else
+      dump.f32("image_latents", flux2::unpack_latents(image, g.grid),
+               {1, image.dim(1), g.grid.rows, g.grid.cols});
+    if (g.inpaint) {
+      g.init_noise = Tensor(g.noise.shape());
+      std::memcpy(g.init_noise.data(), g.noise.data(), size_t(g.noise.numel()) * sizeof(float));
+      dump.f32("mask_latents", g.mask_latents.data(), {1, int64_t(g.mask_latents.size()), 1});
+    }
     const flux2::Schedule schedule =
         flux2::make_schedule(weights_.config().scheduler, g.grid.tokens(), g.result.steps);
     const float sigma = schedule.sigmas[size_t(g.first_step)];
@@ -289,11 +322,19 @@ void Session::prepare_latents(Generation& g, Progress& progress) {
     const float* x0 = image.data();
     for (int64_t i = 0; i < g.noise.numel(); ++i) x[i] = sigma * x[i] + (1.0f - sigma) * x0[i];
     dump.f32("initial_latents", g.noise, {1, g.noise.dim(0), g.noise.dim(1)});
+    if (g.inpaint) g.init_latents = std::move(image);
   }
 
   g.layout = flux2::TokenLayout{};
   g.layout.text_tokens = g.context.dim(0);
   g.layout.target = g.grid;
+  if (g.inpaint) {  // the init image is the first condition, before any reference
+    Tensor condition(g.init_latents.shape());
+    std::memcpy(condition.data(), g.init_latents.data(),
+                size_t(condition.numel()) * sizeof(float));
+    g.reference_tokens.push_back(std::move(condition));
+    g.layout.references.push_back(g.grid);
+  }
   if (!g.reference_pixels.empty()) {
     const int n = int(g.reference_pixels.size());
     timed(g, progress, "vae encode", n, [&](Phase& phase) {
@@ -320,7 +361,7 @@ void Session::prepare_latents(Generation& g, Progress& progress) {
         std::memcpy(p, t.data(), size_t(t.numel()) * sizeof(float));
         p += t.numel();
       }
-      dump.f32("ref_tokens", all, {1, all.dim(0), all.dim(1)});
+      dump.f32(g.inpaint ? "condition_tokens" : "ref_tokens", all, {1, all.dim(0), all.dim(1)});
     }
   }
 }
@@ -339,7 +380,32 @@ void Session::denoise(Generation& g, Progress& progress, const StepHook& on_step
     for (size_t i = 0; i < g.reference_tokens.size(); ++i)
       in.references.push_back({&g.reference_tokens[i], g.layout.references[i]});
     in.schedule = flux2::make_schedule(weights_.config().scheduler, g.grid.tokens(), r.steps);
-    if (g.first_step > 0) {
+    if (g.inpaint) {
+      // Inpainting: the schedule from where the kept steps start; after each Euler update
+      // the unmasked part goes back to the init image, noised to the next step's σ (clean
+      // after the last step).
+      auto& timesteps = in.schedule.timesteps;
+      auto& sigmas = in.schedule.sigmas;
+      timesteps.erase(timesteps.begin(), timesteps.begin() + g.first_step);
+      sigmas.erase(sigmas.begin(), sigmas.begin() + g.first_step);
+      const int64_t run = int64_t(timesteps.size());
+      in.after_update = [&g, &sigmas, run](int64_t step, Tensor& latents) {
+        const int64_t channels = latents.dim(1);
+        const bool last = step == run - 1;
+        const float sigma = last ? 0.0f : sigmas[size_t(step + 1)];
+        const float* x0 = g.init_latents.data();
+        const float* noise = g.init_noise.data();
+        float* x = latents.data();
+        for (int64_t t = 0; t < latents.dim(0); ++t) {
+          const float m = g.mask_latents[size_t(t)];
+          for (int64_t c = 0; c < channels; ++c) {
+            const int64_t i = t * channels + c;
+            const float proper = last ? x0[i] : sigma * noise[i] + (1.0f - sigma) * x0[i];
+            x[i] = (1.0f - m) * proper + m * x[i];
+          }
+        }
+      };
+    } else if (g.first_step > 0) {
       // Image-to-image: the transformer sees the last timesteps, but the official pipeline
       // resets the scheduler's step index to 0 before its loop, so each Euler update takes
       // σ from the start of the schedule (steps 0..run), not from where the timesteps are.
@@ -376,6 +442,8 @@ void Session::denoise(Generation& g, Progress& progress, const StepHook& on_step
   g.negative = Tensor();
   g.noise = Tensor();
   g.reference_tokens.clear();
+  g.init_latents = Tensor();
+  g.init_noise = Tensor();
 }
 
 // Latents → pixels.
@@ -430,6 +498,7 @@ std::string parameters_text(const GenerateOptions& o, const GenerateResult& r,
     << ", Model: " << model_name;
   if (!o.references.empty()) s << ", References: " << o.references.size();
   if (r.strength) s << ", Denoising strength: " << *r.strength;
+  if (!o.mask.empty()) s << ", Mask: " << o.mask.filename().string();
   s << ", Version: klein " << KLEIN_VERSION;
   return s.str();
 }
@@ -454,6 +523,7 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
   if (r.strength) {
     j["init_image"] = o.init_image.filename().string();
     j["strength"] = *r.strength;
+    if (!o.mask.empty()) j["mask"] = o.mask.filename().string();
   }
   j["program"] = std::string("klein ") + KLEIN_VERSION;
   return j.dump();

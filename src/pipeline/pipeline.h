@@ -67,6 +67,9 @@ struct GenerateOptions {
   // With init_image: how much of the schedule runs, 0 < s <= 1; int(steps * s) steps run,
   // the last ones, from s0 · noise + (1 - s0) · image (s0: the σ where they start).
   std::optional<double> strength;  // none: 0.8, the official default
+  // With init_image: inpainting (Flux2KleinInpaintPipeline): white repaints, black keeps. The
+  // init image is also a condition (before any reference), and the output keeps its size.
+  std::filesystem::path mask;
   std::filesystem::path noise_file;               // optional [1, 128, H/16, W/16] float32 .npy
   std::filesystem::path dump_dir;                 // optional: write every stage as .npy here
   std::optional<std::filesystem::path> prompt_cache_dir;  // none: no prompt cache
@@ -144,6 +147,11 @@ struct Generation {
   std::vector<Tensor> reference_pixels;  // loaded and checked by start, encoded by prepare
   Tensor init_pixels;                    // image-to-image: [3, H, W], encoded by prepare
   int64_t first_step = 0;                // image-to-image: schedule steps skipped
+  // inpainting: the latent mask [N] (1: repaint), and from prepare the init image's clean
+  // latents and the noise, to put the unmasked part back after every step
+  bool inpaint = false;
+  std::vector<float> mask_latents;
+  Tensor init_latents, init_noise;
 };
 
 // What the denoising loop shows a caller after each step (the Euler update done), besides

@@ -57,6 +57,26 @@ TEST(InitImagePreprocessing, CropCentredPadsBlackOutsideTheImage) {
   EXPECT_EQ(inner.pixel(95, 79)[2], pattern.pixel(97, 84)[2]);
 }
 
+// The mask processor's reading: grey >= 128 is white (1); bilinear to the latent grid samples
+// between pixels 7 and 8 of each 16-pixel cell, so a boundary inside a cell gives a fraction.
+TEST(InpaintingMask, BinarizedThenBilinearOnTheLatentGrid) {
+  Image image = testing::solid_image(32, 16, 0, 0, 0);
+  for (int y = 0; y < 16; ++y)
+    for (int x = 8; x < 32; ++x) {
+      uint8_t* p = image.pixel(x, y);
+      p[0] = p[1] = p[2] = x < 24 ? 128 : 255;  // 128 is already white
+    }
+  image.pixel(0, 0)[0] = 255;  // grey 76 (red alone): still black
+  const std::vector<float> mask = binary_mask(image, 32, 16);
+  EXPECT_EQ(mask[0], 0.0f);
+  EXPECT_EQ(mask[7], 0.0f);
+  EXPECT_EQ(mask[8], 1.0f);
+  const std::vector<float> cells = resample_bilinear(mask, 16, 32, 1, 2);
+  ASSERT_EQ(cells.size(), 2u);
+  EXPECT_FLOAT_EQ(cells[0], 0.5f);  // pixels 7 (black) and 8 (white)
+  EXPECT_FLOAT_EQ(cells[1], 1.0f);
+}
+
 TEST(ReferencePreprocessing, ValidatesSideAndAspect) {
   EXPECT_NO_THROW(check_reference_size("a.png", 64, 64));
   EXPECT_NO_THROW(check_reference_size("a.png", 512, 64));  // exactly 8:1

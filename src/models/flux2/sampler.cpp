@@ -147,6 +147,7 @@ SamplerResult sample(WeightStore& store, const SamplerInputs& in, Compute& cx) {
     }
     if (in.on_step) std::memcpy(x_in.data(), x.data(), size_t(n) * sizeof(float));
     euler_step(x.data(), velocity.data(), n, sigma, sigma_next);
+    if (in.after_update) in.after_update(i, x);
     result.step_seconds.push_back(seconds_since(step_start));
     if (in.on_step)
       in.on_step(StepInfo{i, s.steps(), sigma, sigma_next, timestep, x_in, velocity, x});

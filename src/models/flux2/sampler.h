@@ -47,6 +47,9 @@ struct SamplerInputs {
   Schedule schedule;                         // make_schedule(config.scheduler, N_img, steps)
   float guidance = 1.0f;                     // CFG scale (klein-base only)
   StepCallback on_step;                      // progress, dumps; may be empty
+  // Called after each Euler update, before on_step, to change the latents (inpainting puts
+  // the init image back outside the mask); may be empty.
+  std::function<void(int64_t step, Tensor& latents)> after_update;
 };
 
 struct SamplerResult {

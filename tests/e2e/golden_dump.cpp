@@ -1,0 +1,46 @@
+#include "e2e/golden_dump.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "core/npy.h"
+#include "formats/image/image.h"
+#include "support/testing.h"
+
+namespace klein::testing {
+
+namespace fs = std::filesystem;
+
+fs::path golden_vectors(const std::string& set, const std::string& kind) {
+  return tiny_dir().parent_path() / set / "vectors" / kind;
+}
+
+void expect_dump_matches(const fs::path& dump, const fs::path& ref, std::vector<std::string> files,
+                         int steps) {
+  for (int i = 0; i < steps; ++i)
+    for (const char* part : {"timestep", "latents_in", "velocity", "latents_out"})
+      files.push_back("step" + std::to_string(i) + "_" + part);
+  for (const auto& f : files) {
+    const std::vector<float> g = read_npy(dump / (f + ".npy")).to_f32();
+    EXPECT_TRUE(matches_npy(g.data(), int64_t(g.size()), ref / (f + ".npy"), 1e-4)) << f;
+  }
+  EXPECT_FALSE(fs::exists(dump / ("step" + std::to_string(steps) + "_velocity.npy")));
+  EXPECT_EQ(read_npy(dump / "img_ids.npy").to_i64(), read_npy(ref / "img_ids.npy").to_i64());
+}
+
+void expect_png_matches(const fs::path& got_path, const fs::path& want_path, int width,
+                        int height) {
+  const Image got = load_image(got_path);
+  const Image want = load_image(want_path);
+  ASSERT_EQ(got.width, width);
+  ASSERT_EQ(got.height, height);
+  ASSERT_EQ(want.width, width);
+  ASSERT_EQ(want.height, height);
+  int worst = 0;
+  for (size_t i = 0; i < got.rgb.size(); ++i)
+    worst = std::max(worst, std::abs(got.rgb[i] - want.rgb[i]));
+  EXPECT_LE(worst, 1);
+}
+
+}  // namespace klein::testing

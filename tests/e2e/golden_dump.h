@@ -1,0 +1,23 @@
+#pragma once
+// Comparing what `klein generate --dump` wrote with an official pipeline's golden files.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace klein::testing {
+
+// <testdata>/<set>/vectors/<kind>: a golden set next to klein-tiny (say klein-tiny-edit,
+// inpaint).
+std::filesystem::path golden_vectors(const std::string& set, const std::string& kind);
+
+// Every named .npy under dump/ against ref/ within 1e-4 scaled difference, the per-step files
+// of `steps` steps (timestep, latents in, velocity, latents out) included, and no step file
+// beyond them; img_ids exactly.
+void expect_dump_matches(const std::filesystem::path& dump, const std::filesystem::path& ref,
+                         std::vector<std::string> files, int steps);
+
+// The PNG at `got` within one grey level of `want` on every channel, both width x height.
+void expect_png_matches(const std::filesystem::path& got, const std::filesystem::path& want,
+                        int width, int height);
+
+}  // namespace klein::testing
