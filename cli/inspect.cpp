@@ -92,6 +92,9 @@ void print_text(const ModelSummary& s) {
   if (!s.model.empty()) std::printf(" (%s)", s.model.c_str());
   std::printf("\n  %s\n", s.config.is_distilled ? "distilled: no classifier-free guidance"
                                                 : "base model: classifier-free guidance");
+  if (s.config.reference_cache)
+    std::printf("  reference K/V cache: references computed once, their keys and values reused "
+                "at every step (Flux2KleinKVPipeline)\n");
   std::printf("  scheduler:\n");
   print_config(config.at("scheduler"), "    ");
   for (const auto& c : s.components) print_component(c, config.at(component_key(c.component)));

@@ -14,6 +14,7 @@ Registration reg("synth", 90, [](CLI::App& app) {
   struct Args {
     std::string out, tokenizer;
     uint64_t seed = 0;
+    std::string variant = "4b";
     bool quiet = false;
   };
   auto args = std::make_shared<Args>();
@@ -23,12 +24,19 @@ Registration reg("synth", 90, [](CLI::App& app) {
                   "tokenizer_config.json)")
       ->required();
   cmd->add_option("--seed", args->seed, "Seed of the random weights");
+  cmd->add_option("--variant", args->variant,
+                  "4b: FLUX.2-klein-4B (distilled); 4b-base: its base model (50 steps, CFG); "
+                  "4b-kv: the 4B declared for the reference K/V cache pipeline")
+      ->check(CLI::IsMember({"4b", "4b-base", "4b-kv"}))
+      ->capture_default_str();
   cmd->add_flag("-q,--quiet", args->quiet, "No progress output");
   cmd->callback([args] {
     SyntheticModelOptions o;
     o.out_dir = args->out;
     o.tokenizer_dir = args->tokenizer;
     o.seed = args->seed;
+    o.config.is_distilled = args->variant != "4b-base";
+    o.config.reference_cache = args->variant == "4b-kv";
     int last_percent = -1;
     write_synthetic_model(o, [&](const std::string& file, uint64_t done, uint64_t total) {
       const int percent = int(100 * done / std::max<uint64_t>(total, 1));

@@ -131,7 +131,8 @@ std::string describe_container_text(const json& d) {
     const json& t = c["transformer"];
     const json& e = c["text_encoder"];
     line("model: " + c.value("name", std::string("?")) +
-         (c.value("is_distilled", true) ? " (distilled)" : " (base)"));
+         (c.value("is_distilled", true) ? " (distilled)" : " (base)") +
+         (c.value("reference_cache", false) ? ", reference K/V cache" : ""));
     line("  transformer: " + std::to_string(t["num_layers"].get<int64_t>()) + " double + " +
          std::to_string(t["num_single_layers"].get<int64_t>()) + " single blocks, inner dim " +
          std::to_string(t["num_attention_heads"].get<int64_t>() *

@@ -178,7 +178,8 @@ void write_synthetic_model(const SyntheticModelOptions& o, const SyntheticProgre
     for (const auto& d : *list) total += d.nbytes();
 
   write_json(dir / "model_index.json",
-             json{{"_class_name", "Flux2KleinPipeline"}, {"_diffusers_version", "0.36.0"},
+             json{{"_class_name", c.reference_cache ? "Flux2KleinKVPipeline" : "Flux2KleinPipeline"},
+                  {"_diffusers_version", "0.36.0"},
                   {"is_distilled", c.is_distilled},
                   {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
                   {"text_encoder", {"transformers", "Qwen3ForCausalLM"}},

@@ -73,8 +73,24 @@ PhaseNeed denoise_need(const WeightStore& store, const MemoryPlanInputs& in) {
   for (const auto& [w, h] : in.references) layout.references.push_back({h / 16, w / 16});
   const int64_t D = c.inner_dim(), S = layout.total_tokens(), N = layout.target_tokens();
   const int64_t contexts = in.guided ? 2 : 1;
+  // The K/V pipeline: a pass over the references alone fills the cache, then the steps run on
+  // text and target with the cached rows appended to their keys and values.
+  uint64_t block_activations = flux2::Activations::plan_bytes(c, layout);
+  if (store.config().reference_cache && !layout.references.empty()) {
+    flux2::TokenLayout references_only;
+    references_only.text_tokens = 0;
+    references_only.references = layout.references;
+    flux2::TokenLayout steps = layout;
+    steps.references.clear();
+    const int64_t R = layout.reference_tokens();
+    block_activations =
+        std::max(flux2::Activations::plan_bytes(c, references_only),
+                 flux2::Activations::plan_bytes(c, steps, flux2::Activations::kDefaultChunkRows,
+                                                R)) +
+        flux2::ReferenceKV::plan_bytes(size_t(c.num_double_blocks + c.num_single_blocks), R, D);
+  }
   p.activations =
-      flux2::Activations::plan_bytes(c, layout) +
+      block_activations +
       f32_bytes(contexts * layout.text_tokens * (c.context_dim + D)) +  // contexts, embedded
       f32_bytes(layout.reference_tokens() * (D + c.in_channels)) +      // references
       f32_bytes(5 * N * c.in_channels) +                                // noise, x, velocities

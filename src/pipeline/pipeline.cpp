@@ -353,7 +353,20 @@ void Session::prepare_latents(Generation& g, Progress& progress) {
   }
   if (dump.on()) {
     dump.ids("txt_ids", flux2::text_position_ids(g.layout.text_tokens));
-    dump.ids("img_ids", flux2::image_position_ids(g.layout));
+    if (weights_.config().reference_cache && !g.layout.references.empty()) {
+      // The K/V pipeline: references first at step 0 (as its reference pass sees them), the
+      // target alone at every step.
+      flux2::TokenLayout target = g.layout, references = g.layout;
+      target.references.clear();
+      references.target = {};
+      std::vector<flux2::PositionId> step0 = flux2::image_position_ids(references);
+      const std::vector<flux2::PositionId> image = flux2::image_position_ids(target);
+      step0.insert(step0.end(), image.begin(), image.end());
+      dump.ids("step0_img_ids", step0);
+      dump.ids("img_ids", image);
+    } else {
+      dump.ids("img_ids", flux2::image_position_ids(g.layout));
+    }
     if (!g.reference_tokens.empty()) {
       Tensor all({g.layout.reference_tokens(), g.noise.dim(1)});
       float* p = all.data();

@@ -135,6 +135,7 @@ json to_json(const ModelConfig& c) {
   return json{
       {"name", c.name},
       {"is_distilled", c.is_distilled},
+      {"reference_cache", c.reference_cache},
       {"transformer",
        {{"in_channels", t.in_channels}, {"out_channels", t.out_channels},
         {"num_layers", t.num_double_blocks}, {"num_single_layers", t.num_single_blocks},
@@ -171,6 +172,7 @@ ModelConfig model_config_from_json(const json& j, const std::string& where) {
   ModelConfig c;
   read(j, "name", c.name, where);
   read(j, "is_distilled", c.is_distilled, where);
+  read(j, "reference_cache", c.reference_cache, where);  // absent in older containers
   check(j.contains("transformer") && j.contains("text_encoder") && j.contains("vae") &&
             j.contains("scheduler"),
         where, ": model configuration lacks one of transformer, text_encoder, vae, scheduler");

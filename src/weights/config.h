@@ -83,6 +83,9 @@ struct ModelConfig {
   VaeConfig vae;
   SchedulerConfig scheduler;
   bool is_distilled = true;            // model_index.json; false means klein-base (CFG on)
+  // Trained for the reference K/V cache (FLUX.2-klein-9b-kv; model_index.json's _class_name
+  // Flux2KleinKVPipeline): references are cached keys and values, not tokens of every step.
+  bool reference_cache = false;
   std::string name;                    // for metadata: directory or file name
 };
 

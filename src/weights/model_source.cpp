@@ -231,6 +231,8 @@ std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths) {
     json index = read_json(d.model_index);
     if (index.contains("is_distilled") && index["is_distilled"].is_boolean())
       config.is_distilled = index["is_distilled"];
+    if (index.contains("_class_name") && index["_class_name"].is_string())
+      config.reference_cache = index["_class_name"] == "Flux2KleinKVPipeline";
   }
 
   check_tensors(expected_transformer(config.transformer), t_shapes, Component::Transformer,

@@ -1,4 +1,4 @@
-// Editing from an init image: `klein generate --init-image [--mask] --strength` on the tiny
+// Editing from an init image (and with the reference K/V cache, at the end): `klein generate --init-image [--mask] --strength` on the tiny
 // model with the official noise reproduces every stage that diffusers'
 // Flux2KleinImg2ImgPipeline (../shared/testdata/klein-tiny-img2img) and
 // Flux2KleinInpaintPipeline (../shared/testdata/klein-tiny-edit) recorded, and their PNGs.
@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "e2e/golden_dump.h"
+#include "core/files.h"
 #include "formats/image/image.h"
 #include "support/testing.h"
 
@@ -74,6 +75,74 @@ INSTANTIATE_TEST_SUITE_P(
         EditCase{true, "inpaint_ref_s08_h64_w80",
                  "put the object from the second image on the table", "0.8", 4, 80, 64, true}),
     [](const ::testing::TestParamInfo<EditCase>& info) { return std::string(info.param.name); });
+
+// The tiny model declared as a K/V checkpoint: the official pipeline's class name in
+// model_index.json, the components linked from the tiny model.
+fs::path kv_model() {
+  const fs::path dir = testing::temp_dir("kv-model");
+  for (const auto& entry : fs::directory_iterator(testing::tiny_model())) {
+    const fs::path link = dir / entry.path().filename();
+    if (entry.path().filename() != "model_index.json" && !fs::exists(fs::symlink_status(link)))
+      fs::create_directory_symlink(entry.path(), link);
+  }
+  std::string index = read_text_file(testing::tiny_model() / "model_index.json");
+  const std::string from = "\"Flux2KleinPipeline\"";
+  const size_t at = index.find(from);
+  EXPECT_NE(at, std::string::npos);
+  if (at != std::string::npos) index.replace(at, from.size(), "\"Flux2KleinKVPipeline\"");
+  testing::write_text(dir / "model_index.json", index);
+  return dir;
+}
+
+struct KvCase {
+  const char* name;
+  const char* prompt;
+  int width, height, references;
+};
+
+class ReferenceKvCache : public ::testing::TestWithParam<KvCase> {};
+
+// Flux2KleinKVPipeline (../shared/testdata/klein-tiny-kv): references in the first step only,
+// their keys and values cached; every step and the image as the official pipeline made them.
+TEST_P(ReferenceKvCache, MatchesTheOfficialPipelineAtEveryStep) {
+  const KvCase& c = GetParam();
+  const fs::path ref_dir = testing::golden_vectors("klein-tiny-kv", "kv") / c.name;
+  const fs::path out = testing::temp_dir(std::string("kv-") + c.name);
+  const fs::path model = kv_model();
+  std::string args = "generate -m " + model.string() + " -p \"" + c.prompt + "\" -s 4 -W " +
+                     std::to_string(c.width) + " -H " + std::to_string(c.height) + " --noise " +
+                     (ref_dir / "noise.npy").string() + " --dump " + (out / "dump").string() +
+                     " -o " + (out / "image.png").string() + " --no-cache --threads 2 -q";
+  for (int i = 0; i < c.references; ++i)
+    args += " -r " + (ref_dir / ("ref" + std::to_string(i) + ".png")).string();
+  std::string log;
+  ASSERT_EQ(testing::run_klein(args, &log), 0) << log;
+  testing::expect_dump_matches(out / "dump", ref_dir,
+                               {"prompt_embeds", "ref_tokens", "step0_img_ids", "img_ids",
+                                "final_latents", "image"},
+                               4);
+  testing::expect_png_matches(out / "image.png", ref_dir / "image.png", c.width, c.height);
+
+  // The same references through an ordinary checkpoint give another image: the cache is a
+  // property of the checkpoint, not applied to the others.
+  const fs::path plain = out / "plain.png";
+  std::string plain_args = args;
+  plain_args.replace(plain_args.find(model.string()), model.string().size(),
+                     testing::tiny_model().string());
+  plain_args.replace(plain_args.find((out / "image.png").string()),
+                     (out / "image.png").string().size(), plain.string());
+  plain_args.replace(plain_args.find(" --dump " + (out / "dump").string()),
+                     (" --dump " + (out / "dump").string()).size(), "");
+  ASSERT_EQ(testing::run_klein(plain_args, &log), 0) << log;
+  EXPECT_NE(read_text_file(plain), read_text_file(out / "image.png"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    TinyModel, ReferenceKvCache,
+    ::testing::Values(KvCase{"kv_1ref_h64_w64", "turn the object into gold", 64, 64, 1},
+                      KvCase{"kv_2ref_h64_w96", "combine both pictures into one scene", 96, 64,
+                             2}),
+    [](const ::testing::TestParamInfo<KvCase>& info) { return std::string(info.param.name); });
 
 TEST(EditingErrors, RefusedBeforeAnyWork) {
   const fs::path img2img = testing::golden_vectors("klein-tiny-img2img", "img2img");

@@ -54,12 +54,6 @@ void write_raw_safetensors(const fs::path& path, const std::string& header, size
               std::vector<std::byte>(data_bytes, std::byte{0x5a}));
 }
 
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  ASSERT_TRUE(out) << "cannot write " << path;
-  out << text;
-}
-
 std::vector<StTensor> read_all(const fs::path& path) {
   SafetensorsSet set(path);
   std::vector<StTensor> out;

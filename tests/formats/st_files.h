@@ -29,8 +29,6 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<StTe
 void write_raw_safetensors(const std::filesystem::path& path, const std::string& header,
                            size_t data_bytes, std::optional<uint64_t> declared_length = {});
 
-void write_text(const std::filesystem::path& path, const std::string& text);
-
 // Every tensor of a safetensors file (or sharded set), with its bytes, in file order.
 std::vector<StTensor> read_all(const std::filesystem::path& path);
 

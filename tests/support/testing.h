@@ -20,6 +20,9 @@ std::filesystem::path tiny_vectors();  // tiny_dir()/vectors
 // A fresh empty directory under the build's temp area, removed by nobody (ctest is short-lived).
 std::filesystem::path temp_dir(const std::string& name);
 
+// A file written with exactly these bytes (a test failure when it cannot be).
+void write_text(const std::filesystem::path& path, const std::string& text);
+
 // max|a - b| / max|ref|, the scaled difference the golden tolerances are stated in.
 double scaled_diff(const float* got, const float* ref, int64_t n);
 

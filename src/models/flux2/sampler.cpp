@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -95,14 +96,20 @@ SamplerResult sample(WeightStore& store, const SamplerInputs& in, Compute& cx) {
   // under one reference, while the first block is read ahead; then the unit is released.
   const auto setup_start = std::chrono::steady_clock::now();
   const Schedule& s = in.schedule;
+  // The K/V pipeline (a checkpoint trained for it): the references leave the sequence and
+  // enter every block as cached keys and values.
+  const bool kv_cache = config.reference_cache && !in.references.empty();
   TokenLayout layout;
   layout.text_tokens = in.context->dim(0);
   layout.target = in.target;
-  for (const ReferenceTokens& r : in.references) layout.references.push_back(r.grid);
+  std::vector<LatentGrid> grids;
+  for (const ReferenceTokens& r : in.references) grids.push_back(r.grid);
+  if (!kv_cache) layout.references = grids;
   const RopeTable rope(joint_position_ids(layout), model.config().rope_axes,
                        model.config().rope_theta);
   Tensor text, negative_text, references;
   std::vector<Modulation> mods;  // shared by both passes of CFG
+  std::optional<Modulation> at_zero;  // the references' modulation in the K/V pipeline
   {
     const UnitRef shared = store.acquire("transformer.shared");
     store.prefetch(model.config().num_double_blocks > 0 ? double_block_unit(0)
@@ -115,10 +122,19 @@ SamplerResult sample(WeightStore& store, const SamplerInputs& in, Compute& cx) {
       mods.emplace_back(model.config());
       model.modulate(s.model_timestep(i), mods.back(), cx);
     }
+    if (kv_cache) {
+      at_zero.emplace(model.config());
+      model.modulate(0.0f, *at_zero, cx);
+    }
     model.keep_io_weights();
   }
-  Activations act(model.config(), layout);
-  result.activation_bytes = act.bytes();
+  ReferenceKV cache;
+  if (kv_cache) {
+    cache = model.cache_references(references, grids, *at_zero, cx);
+    references = Tensor();
+  }
+  Activations act(model.config(), layout, Activations::kDefaultChunkRows, cache.tokens);
+  result.activation_bytes = act.bytes() + cache.bytes();
 
   const Shape tokens = in.noise->shape();
   const int64_t n = numel(tokens);
@@ -134,10 +150,11 @@ SamplerResult sample(WeightStore& store, const SamplerInputs& in, Compute& cx) {
     const float timestep = s.model_timestep(i);
     const Modulation& mod = mods[size_t(i)];
     try {
-      model.forward(x.data(), text, &references, mod, rope, act, velocity.data(), cx);
+      const ReferenceKV* kv = kv_cache ? &cache : nullptr;
+      model.forward(x.data(), text, &references, mod, rope, act, velocity.data(), cx, {}, kv);
       if (guided) {
         model.forward(x.data(), negative_text, &references, mod, rope, act,
-                      velocity_uncond.data(), cx);
+                      velocity_uncond.data(), cx, {}, kv);
         apply_guidance(velocity.data(), velocity_uncond.data(), n, in.guidance);
       }
       ops::require_finite(velocity.data(), n, "the velocity", cx);

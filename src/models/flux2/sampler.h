@@ -7,6 +7,11 @@
 //                released), activation memory
 //   every step   v = model(x, σ_i) [+ unconditional pass for CFG]; x ← x + (σ_{i+1} − σ_i)·v
 //
+// The K/V pipeline (a checkpoint whose configuration says reference_cache, i.e. FLUX.2-klein-
+// 9b-kv): the references run once through every block, alone and at timestep 0, and every
+// step attends to their cached keys and values instead of carrying their tokens
+// (Transformer::cache_references).
+//
 // Classifier-free guidance (klein-base only, i.e. is_distilled false, and guidance > 1):
 // a second forward with the negative context, v = v_u + g·(v_c − v_u). The distilled klein
 // ignores guidance, as the official pipeline does.

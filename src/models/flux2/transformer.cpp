@@ -137,27 +137,35 @@ Modulation::Modulation(const TransformerConfig& c)
       sinusoid({c.timestep_channels}),
       hidden({c.inner_dim()}) {}
 
-Activations::Activations(const TransformerConfig& c, const TokenLayout& l, int64_t chunk)
-    : layout(l) {
-  check(l.text_tokens > 0, "transformer: the text needs at least one token");
-  check(l.target.rows > 0 && l.target.cols > 0, "transformer: empty target grid ",
-        l.target.rows, "x", l.target.cols);
+Activations::Activations(const TransformerConfig& c, const TokenLayout& l, int64_t chunk,
+                         int64_t cached)
+    : layout(l), cached_rows(cached) {
+  const bool references_only = l.text_tokens == 0 && l.target.tokens() == 0 &&
+                               !l.references.empty();
+  if (!references_only) {
+    check(l.text_tokens > 0, "transformer: the text needs at least one token");
+    check(l.target.rows > 0 && l.target.cols > 0, "transformer: empty target grid ",
+          l.target.rows, "x", l.target.cols);
+  }
   for (const LatentGrid& g : l.references)
     check(g.rows > 0 && g.cols > 0, "transformer: empty reference grid ", g.rows, "x", g.cols);
   check(chunk > 0, "transformer: chunk_rows must be positive, got ", chunk);
+  check(cached >= 0, "transformer: negative cached rows ", cached);
   const int64_t S = l.total_tokens(), D = c.inner_dim(), F = c.mlp_hidden();
   chunk_rows = std::min(chunk, S);
-  for (Tensor* t : {&stream, &normed, &q, &k, &v, &attn}) *t = Tensor({S, D});
+  for (Tensor* t : {&stream, &normed, &q, &attn}) *t = Tensor({S, D});
+  for (Tensor* t : {&k, &v}) *t = Tensor({S + cached, D});
   mlp_in = Tensor({chunk_rows, 2 * F});
   mlp_cat = Tensor({chunk_rows, D + F});
   proj = Tensor({chunk_rows, D});
   head_norm = Tensor({c.head_dim});
 }
 
-size_t Activations::plan_bytes(const TransformerConfig& c, const TokenLayout& l, int64_t chunk) {
+size_t Activations::plan_bytes(const TransformerConfig& c, const TokenLayout& l, int64_t chunk,
+                               int64_t cached) {
   const int64_t S = l.total_tokens(), D = c.inner_dim(), F = c.mlp_hidden();
   const int64_t rows = std::min(chunk, S);
-  const int64_t floats = 6 * S * D + rows * (2 * F + (D + F) + D) + c.head_dim;
+  const int64_t floats = 6 * S * D + 2 * cached * D + rows * (2 * F + (D + F) + D) + c.head_dim;
   return size_t(floats) * sizeof(float);
 }
 
@@ -292,7 +300,7 @@ std::array<const float*, 6> six_chunks(const Tensor& m, int64_t D) {
 // The double-stream block: text and image are normalised, projected and finished with their
 // own weights; attention runs once over the joint rows [text | image].
 void Transformer::double_block(const WeightUnit& w, const Modulation& mod, const RopeTable& rope,
-                               Activations& a, Compute& cx) {
+                               Activations& a, const BlockKV& kv, Compute& cx) {
   const int64_t D = config_.inner_dim(), F = config_.mlp_hidden(), H = config_.num_heads,
                 hd = config_.head_dim;
   const float eps = float(config_.eps);
@@ -321,6 +329,7 @@ void Transformer::double_block(const WeightUnit& w, const Modulation& mod, const
 
   for (const Stream* s : {&text, &image}) {
     const int64_t r = s->row0, n = s->rows;
+    if (n == 0) continue;  // the reference pass of the K/V cache has no text
     // A = (1 + scale1) ⊙ LN(x) + shift1                                         [n, D]
     modulated_norm(a.stream.row(r), a.normed.row(r), n, D, s->shift1, s->scale1, eps, cx);
     // Q, K, V = projections of A, at this stream's rows of the joint buffers    [n, D] each
@@ -332,7 +341,7 @@ void Transformer::double_block(const WeightUnit& w, const Modulation& mod, const
     head_rms_norm(s->norm_k, a.k.row(r), n, H, eps, a.head_norm, cx);
   }
   // O = softmax(RoPE(Q) RoPE(K)ᵀ / √128) V over all T + N rows                   [T+N, D]
-  attention(rope, a, cx);
+  attention(rope, a, kv, cx);
   // x += gate1 ⊙ out·O;  x += gate2 ⊙ FF(mod(x; shift2, scale2)), per stream
   finish_stream_rows(text, a, cx);
   finish_stream_rows(image, a, cx);
@@ -363,7 +372,7 @@ void Transformer::finish_stream_rows(const Stream& s, Activations& a, Compute& c
 // The single-stream block over all rows S = [text | image]: one modulated norm, one fused
 // projection to Q, K, V, gate, up; attention and MLP in parallel; one gated residual.
 void Transformer::single_block(const WeightUnit& w, const Modulation& mod, const RopeTable& rope,
-                               Activations& a, Compute& cx) {
+                               Activations& a, const BlockKV& kv, Compute& cx) {
   const int64_t D = config_.inner_dim(), F = config_.mlp_hidden(), H = config_.num_heads,
                 hd = config_.head_dim;
   const float eps = float(config_.eps);
@@ -385,7 +394,7 @@ void Transformer::single_block(const WeightUnit& w, const Modulation& mod, const
   head_rms_norm(norm_q, a.q.data(), S, H, eps, a.head_norm, cx);
   head_rms_norm(norm_k, a.k.data(), S, H, eps, a.head_norm, cx);
   // O = softmax(RoPE(Q) RoPE(K)ᵀ / √128) V                                       [S, D]
-  attention(rope, a, cx);
+  attention(rope, a, kv, cx);
 
   // Per row chunk: S += gate ⊙ to_out · [O | silu(g) ⊙ p],  [g | p] = (gate, up rows) · A
   const quant::Matrix gate_up = ops::weight_rows(fused, 3 * D, 3 * D + 2 * F);
@@ -400,13 +409,32 @@ void Transformer::single_block(const WeightUnit& w, const Modulation& mod, const
   }
 }
 
-// RoPE on Q and K of every row, then the tiled joint attention into a.attn.
-void Transformer::attention(const RopeTable& rope, Activations& a, Compute& cx) {
+// RoPE on Q and K of every row, then the tiled joint attention into a.attn. With a K/V cache
+// the reference pass keeps this block's rotated K and V; the steps append the cached ones
+// after their own rows (the order of keys does not change softmax attention).
+void Transformer::attention(const RopeTable& rope, Activations& a, const BlockKV& kv,
+                            Compute& cx) {
   const int64_t D = config_.inner_dim(), H = config_.num_heads, S = a.layout.total_tokens();
   rope.apply(a.q.data(), D, 0, S, H, cx);
   rope.apply(a.k.data(), D, 0, S, H, cx);
+  int64_t kv_len = S;
+  if (kv.keep_keys) {
+    *kv.keep_keys = Tensor({S, D});
+    *kv.keep_values = Tensor({S, D});
+    std::memcpy(kv.keep_keys->data(), a.k.data(), size_t(S * D) * sizeof(float));
+    std::memcpy(kv.keep_values->data(), a.v.data(), size_t(S * D) * sizeof(float));
+  }
+  if (kv.keys) {
+    const int64_t R = kv.keys->dim(0);
+    check(R == a.cached_rows, "transformer: ", R, " cached reference rows, the activations "
+          "hold ", a.cached_rows);
+    std::memcpy(a.k.row(S), kv.keys->data(), size_t(R * D) * sizeof(float));
+    std::memcpy(a.v.row(S), kv.values->data(), size_t(R * D) * sizeof(float));
+    kv_len += R;
+  }
   ops::AttentionParams p;
-  p.q_len = p.kv_len = S;
+  p.q_len = S;
+  p.kv_len = kv_len;
   p.heads = p.kv_heads = H;
   p.head_dim = config_.head_dim;
   p.scale = float(1.0 / std::sqrt(double(config_.head_dim)));
@@ -419,9 +447,52 @@ void Transformer::check_stream(const Activations& a, int64_t n, int64_t block, C
     ops::require_finite(a.stream.data(), n, "the output of " + block_units_[size_t(block)], cx);
 }
 
+// Block `index` (double blocks first) on the activations, its unit acquired while the next
+// one is read ahead; a block that produced NaN or Inf is named.
+void Transformer::run_block(int64_t index, const Modulation& mod, const RopeTable& rope,
+                            Activations& a, const BlockKV& kv, Compute& cx) {
+  cx.stop_if_cancelled();
+  const int64_t blocks = int64_t(block_units_.size());
+  UnitRef unit = store_.acquire(block_units_[size_t(index)]);
+  if (index + 1 < blocks) store_.prefetch(block_units_[size_t(index + 1)]);
+  if (index < config_.num_double_blocks)
+    double_block(*unit, mod, rope, a, kv, cx);
+  else
+    single_block(*unit, mod, rope, a, kv, cx);
+  check_stream(a, a.layout.total_tokens() * config_.inner_dim(), index, cx);
+}
+
+ReferenceKV Transformer::cache_references(const Tensor& references,
+                                          std::span<const LatentGrid> grids,
+                                          const Modulation& at_zero, Compute& cx) {
+  const int64_t D = config_.inner_dim();
+  TokenLayout layout;
+  layout.text_tokens = 0;
+  layout.references.assign(grids.begin(), grids.end());
+  const int64_t R = layout.reference_tokens();
+  check(R > 0 && references.shape() == Shape{R, D}, "reference K/V cache: embedded references "
+        "are ", shape_str(references.shape()), ", expected ", shape_str({R, D}));
+  check(at_zero.temb.numel() == D, "transformer: modulation built for another configuration");
+  const RopeTable rope(joint_position_ids(layout), config_.rope_axes, config_.rope_theta);
+  Activations a(config_, layout);
+  copy_rows(references.data(), D, a.stream.data(), D, R, D);
+  ReferenceKV cache;
+  cache.tokens = R;
+  cache.keys.resize(block_units_.size());
+  cache.values.resize(block_units_.size());
+  for (int64_t i = 0; i < int64_t(block_units_.size()); ++i) {
+    BlockKV kv;
+    kv.keep_keys = &cache.keys[size_t(i)];
+    kv.keep_values = &cache.values[size_t(i)];
+    run_block(i, at_zero, rope, a, kv, cx);
+  }
+  return cache;
+}
+
 void Transformer::forward(const float* latents, const Tensor& text, const Tensor* references,
                           const Modulation& mod, const RopeTable& rope, Activations& a,
-                          float* velocity, Compute& cx, const Observer& observe) {
+                          float* velocity, Compute& cx, const Observer& observe,
+                          const ReferenceKV* cached) {
   const TokenLayout& L = a.layout;
   const int64_t D = config_.inner_dim(), T = L.text_tokens, N_img = L.target_tokens(),
                 N_ref = L.reference_tokens(), N = N_img + N_ref, S = T + N;
@@ -439,6 +510,9 @@ void Transformer::forward(const float* latents, const Tensor& text, const Tensor
   check(rope.tokens() == S && rope.head_dim() == config_.head_dim, "transformer: RoPE table for ",
         rope.tokens(), " tokens, the layout has ", S);
   check(mod.temb.numel() == D, "transformer: modulation built for another configuration");
+  check(!cached || (N_ref == 0 && cached->keys.size() == block_units_.size() &&
+                    cached->tokens == a.cached_rows),
+        "transformer: the reference K/V cache does not fit this layout and these activations");
   auto report = [&](std::string_view name, const float* data, std::initializer_list<int64_t> shape) {
     if (observe) observe(name, data, Shape(shape));
   };
@@ -453,24 +527,18 @@ void Transformer::forward(const float* latents, const Tensor& text, const Tensor
   // The blocks, one weight unit resident at a time while the next one is brought in.
   const int64_t n_double = config_.num_double_blocks, n_single = config_.num_single_blocks;
   for (int64_t i = 0; i < n_double + n_single; ++i) {
-    cx.stop_if_cancelled();
-    UnitRef unit = store_.acquire(block_units_[size_t(i)]);
-    if (i + 1 < n_double + n_single) store_.prefetch(block_units_[size_t(i + 1)]);
-    if (i < n_double) {
-      double_block(*unit, mod, rope, a, cx);
-      check_stream(a, S * D, i, cx);
-      if (observe) {
-        const std::string name = "transformer_blocks." + std::to_string(i);
-        report(name + ".txt", a.stream.row(0), {T, D});
-        report(name + ".img", a.stream.row(T), {N, D});
-      }
-    } else {
-      single_block(*unit, mod, rope, a, cx);
-      check_stream(a, S * D, i, cx);
-      if (observe) {
-        const std::string name = "single_transformer_blocks." + std::to_string(i - n_double);
-        report(name, a.stream.data(), {S, D});
-      }
+    BlockKV kv;
+    if (cached) {
+      kv.keys = &cached->keys[size_t(i)];
+      kv.values = &cached->values[size_t(i)];
+    }
+    run_block(i, mod, rope, a, kv, cx);
+    if (observe && i < n_double) {
+      const std::string name = "transformer_blocks." + std::to_string(i);
+      report(name + ".txt", a.stream.row(0), {T, D});
+      report(name + ".img", a.stream.row(T), {N, D});
+    } else if (observe) {
+      report("single_transformer_blocks." + std::to_string(i - n_double), a.stream.data(), {S, D});
     }
   }
 

@@ -61,16 +61,20 @@ struct Activations {
   // weights), small enough that the MLP buffers stay a fraction of the [S, D] buffers.
   static constexpr int64_t kDefaultChunkRows = 512;
 
+  // cached_rows: rows of reference keys/values (ReferenceKV) that attention appends to K and V,
+  // so k and v are [S + cached_rows, D]. A layout of references alone (no text, an empty
+  // target) is the reference pass of the K/V cache.
   Activations(const TransformerConfig& config, const TokenLayout& layout,
-              int64_t chunk_rows = kDefaultChunkRows);
+              int64_t chunk_rows = kDefaultChunkRows, int64_t cached_rows = 0);
   // Bytes the plan needs, without allocating (for memory budgets before a generation).
   static size_t plan_bytes(const TransformerConfig& config, const TokenLayout& layout,
-                           int64_t chunk_rows = kDefaultChunkRows);
+                           int64_t chunk_rows = kDefaultChunkRows, int64_t cached_rows = 0);
   // Bytes held.
   size_t bytes() const;
 
   TokenLayout layout;
   int64_t chunk_rows;
+  int64_t cached_rows = 0;
   Tensor stream, normed, q, k, v, attn;
   Tensor mlp_in, mlp_cat, proj;
   Tensor head_norm;  // [head_dim] the Q/K RMSNorm weight being applied, as float32
@@ -86,6 +90,21 @@ using Observer = std::function<void(std::string_view name, const float* data, co
 struct ReferenceTokens {
   const Tensor* tokens = nullptr;
   LatentGrid grid;
+};
+
+// The reference K/V cache of FLUX.2-klein-9b-kv (diffusers' Flux2KleinKVPipeline): the keys
+// and values of the reference tokens at every block, after RoPE, blocks in unit order (double
+// blocks first), each [R, D]. The reference tokens attend only to each other and are modulated
+// at timestep 0, so these depend on the references alone: computed once per generation, and
+// the text and target rows of every step attend to them as extra keys and values.
+struct ReferenceKV {
+  int64_t tokens = 0;  // R
+  std::vector<Tensor> keys, values;
+
+  size_t bytes() const { return plan_bytes(keys.size(), tokens, tokens ? keys[0].dim(1) : 0); }
+  static size_t plan_bytes(size_t blocks, int64_t tokens, int64_t inner_dim) {
+    return 2 * blocks * size_t(tokens) * size_t(inner_dim) * sizeof(float);
+  }
 };
 
 class Transformer {
@@ -114,17 +133,37 @@ class Transformer {
   //   text        embed_text output [T, D]
   //   references  embed_references output [N_ref, D] (ignored when the layout has none)
   // The layout is that of `act`; `rope` must have been built from the same layout's ids.
+  //   cached      reference keys and values every block also attends to (the K/V pipeline;
+  //               then the layout has no references and act was planned with
+  //               cached_rows = cached->tokens)
   void forward(const float* latents, const Tensor& text, const Tensor* references,
                const Modulation& mod, const RopeTable& rope, Activations& act, float* velocity,
-               Compute& cx, const Observer& observe = {});
+               Compute& cx, const Observer& observe = {}, const ReferenceKV* cached = nullptr);
+
+  // The K/V cache of the references: their embedded tokens (embed_references, [R, D]) run
+  // alone through every block, with the image-stream weights in the double blocks, modulated
+  // by `at_zero` (modulate(0)), attending only to themselves; each block's keys and values
+  // after RoPE are kept. Reads the block units only.
+  ReferenceKV cache_references(const Tensor& references, std::span<const LatentGrid> grids,
+                               const Modulation& at_zero, Compute& cx);
 
  private:
   struct Stream;
+  // What attention does with the K/V cache in one block: keep this block's keys and values
+  // (the reference pass), or attend to the cached ones too (the steps).
+  struct BlockKV {
+    Tensor* keep_keys = nullptr;
+    Tensor* keep_values = nullptr;
+    const Tensor* keys = nullptr;
+    const Tensor* values = nullptr;
+  };
+  void run_block(int64_t index, const Modulation& mod, const RopeTable& rope, Activations& a,
+                 const BlockKV& kv, Compute& cx);
   void double_block(const WeightUnit& w, const Modulation& mod, const RopeTable& rope,
-                    Activations& a, Compute& cx);
+                    Activations& a, const BlockKV& kv, Compute& cx);
   void single_block(const WeightUnit& w, const Modulation& mod, const RopeTable& rope,
-                    Activations& a, Compute& cx);
-  void attention(const RopeTable& rope, Activations& a, Compute& cx);
+                    Activations& a, const BlockKV& kv, Compute& cx);
+  void attention(const RopeTable& rope, Activations& a, const BlockKV& kv, Compute& cx);
   void finish_stream_rows(const Stream& s, Activations& a, Compute& cx);
   void check_stream(const Activations& a, int64_t n, int64_t block, Compute& cx) const;
 
