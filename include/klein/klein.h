@@ -160,6 +160,10 @@ typedef struct klein_generate_params {
   int reference_count;
   klein_progress_fn progress;    /* may be NULL */
   void* user_data;               /* passed to progress */
+  /* Editing from an image (as `klein generate --init-image --mask --strength`): */
+  const char* init_image; /* image file: image-to-image, or inpainting with mask; NULL: none */
+  const char* mask;       /* image file, white repaints, black keeps; needs init_image */
+  float strength;         /* (0, 1] of the schedule to run; 0: the default 0.8 */
 } klein_generate_params;
 
 KLEIN_API void klein_generate_params_init(klein_generate_params* params);

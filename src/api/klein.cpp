@@ -3,6 +3,7 @@
 // exception into C values. No logic of its own.
 #include "klein/klein.h"
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -116,6 +117,17 @@ klein::GenerateOptions to_options(const klein_session& s, const klein_generate_p
   for (int i = 0; i < p.reference_count; ++i) {
     check(p.references[i] != nullptr, "params.references[", i, "] is NULL");
     o.references.emplace_back(p.references[i]);
+  }
+  if (p.init_image) o.init_image = p.init_image;
+  if (p.mask) o.mask = p.mask;
+  check(std::isfinite(p.strength) && p.strength >= 0 && p.strength <= 1, "params.strength: "
+        "expected 0 (the default) or a number in (0, 1], got ", p.strength);
+  if (p.strength > 0) {
+    // The float's shortest decimal (0.6f is 0.6, as the CLI reads "0.6"), so that the steps
+    // strength picks and the metadata are the CLI's.
+    char text[32];
+    const auto end = std::to_chars(text, text + sizeof text, p.strength).ptr;
+    o.strength = std::strtod(std::string(text, end).c_str(), nullptr);
   }
   if (!s.prompt_cache_dir.empty()) o.prompt_cache_dir = s.prompt_cache_dir;
   if (s.options.max_memory) o.max_memory = s.options.max_memory;

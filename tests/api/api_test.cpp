@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 
@@ -103,6 +104,49 @@ TEST(CApi, SamePixelsAndMetadataAsTheCli) {
   ASSERT_EQ(klein_image_save(image, (out / "api.png").c_str(), &error), KLEIN_OK) << error;
   EXPECT_EQ(read_image_metadata(out / "api.png"), read_image_metadata(out / "cli.png"));
   klein_image_free(image);
+}
+
+// Inpainting through the library: the init image, mask and strength make the CLI's pixels
+// (the CLI's are checked against the official pipeline in tests/e2e/editing_test.cpp).
+TEST(CApi, InpaintingMakesTheCliPixels) {
+  const fs::path out = testing::temp_dir("capi-inpaint");
+  const fs::path dir = testing::tiny_dir().parent_path() / "klein-tiny-edit" / "vectors" /
+                       "inpaint" / "inpaint_s06_h80_w64";
+  const fs::path init = dir / "init.png", mask = dir / "mask.png";
+  Opened m;
+  klein_generate_params p = params(9, 0, 0, 4);
+  p.init_image = init.c_str();
+  p.mask = mask.c_str();
+  p.strength = 0.6f;
+  klein_image* image = nullptr;
+  ASSERT_EQ(klein_generate(m.session, &p, &image), KLEIN_OK) << klein_session_error(m.session);
+  EXPECT_EQ(image->width, 64);
+  EXPECT_EQ(image->height, 80);
+  EXPECT_NE(std::string(image->parameters).find("Denoising strength: 0.6,"), std::string::npos)
+      << image->parameters;
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate -m " + testing::tiny_model().string() + " -p \"" +
+                                   kPrompt + "\" --seed 9 -s 4 --init-image " + init.string() +
+                                   " --mask " + mask.string() + " --strength 0.6 --no-cache -q -o " +
+                                   (out / "cli.png").string(),
+                               &log),
+            0)
+      << log;
+  const Image cli = load_image(out / "cli.png");
+  ASSERT_EQ(cli.rgb.size(), size_t(image->width * image->height * 3));
+  EXPECT_EQ(0, std::memcmp(cli.rgb.data(), image->pixels, cli.rgb.size()));
+  klein_image_free(image);
+
+  p.strength = 1.5f;
+  EXPECT_EQ(klein_generate(m.session, &p, &image), KLEIN_ERROR);
+  EXPECT_NE(std::string(klein_session_error(m.session)).find("params.strength"),
+            std::string::npos);
+  p.strength = 0;
+  p.init_image = nullptr;
+  EXPECT_EQ(klein_generate(m.session, &p, &image), KLEIN_ERROR);
+  EXPECT_NE(std::string(klein_session_error(m.session)).find("--mask needs --init-image"),
+            std::string::npos)
+      << klein_session_error(m.session);
 }
 
 // A progress callback that returns non-zero stops the generation; the session is usable after.
