@@ -18,6 +18,7 @@
 #include "formats/image/image.h"
 #include "models/qwen3/prompt_cache.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/preview.h"
 
 namespace klein::cli {
 namespace {
@@ -29,7 +30,7 @@ struct Args {
   uint64_t seed = 0;
   float guidance = 0;
   std::vector<std::string> references;
-  std::string noise, dump;
+  std::string noise, dump, preview;
   std::string cache_dir;
   int threads = 0;
   int jpeg_quality = 95;
@@ -211,6 +212,11 @@ void run(Args& a) {
             a.output.ends_with(".PNG"),
         "-o ", a.output, ": the output must end in .png, .jpg or .jpeg");
   if (!a.dry_run) check_writable_output(a.output, "-o");  // before any long work
+  if (!a.preview.empty()) {
+    check(is_jpeg_name(a.preview) || a.preview.ends_with(".png") || a.preview.ends_with(".PNG"),
+          "--preview ", a.preview, ": the preview must end in .png, .jpg or .jpeg");
+    check_writable_output(a.preview, "--preview");
+  }
 
   const auto start = std::chrono::steady_clock::now();
   Compute cx(a.threads);
@@ -225,7 +231,12 @@ void run(Args& a) {
   Progress& progress = a.json ? static_cast<Progress&>(json_events) : terminal;
 
   if (!cache_off.empty()) progress.warn("prompt cache off: " + cache_off);
-  GenerateResult r = session.generate(g, progress);
+  StepHook preview;
+  if (!a.preview.empty())
+    preview = [&a](const StepView& s) {
+      save_image(a.preview, step_preview(s.latents_in, s.velocity, s.sigma, s.grid));
+    };
+  GenerateResult r = session.generate(g, progress, preview);
   if (a.dry_run) return;  // the plan is printed (or emitted as JSON); nothing to write
   ImageMetadata meta = {{"parameters", parameters_text(g, r, model.name)},
                         {"klein", parameters_json(g, r, model.name, model.checksum)}};
@@ -263,6 +274,9 @@ Registration reg("generate", 10, [](CLI::App& app) {
       "Seed of the initial noise, 0 to 2^64-1 (default: random, always printed)");
   cmd->add_option("-r,--reference", a->references, "Reference image(s) for editing, in order")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--preview", a->preview,
+                  "After every step, write a small preview of the image forming (.png or .jpg; "
+                  "one pixel per 8x8, from the latents without the VAE), replaced atomically");
   cmd->add_option("-i,--init-image", a->gen.init_image,
                   "Image-to-image: start from this picture (the output takes its size, floored "
                   "to multiples of 16, unless -W/-H are given)")

@@ -148,6 +148,16 @@ typedef struct klein_progress {
  * Return non-zero to cancel the generation. */
 typedef int (*klein_progress_fn)(const klein_progress* progress, void* user_data);
 
+/* A preview of the image forming, after each denoising step: RGB, 8 bits a channel, one pixel
+ * per 8x8 of the image (width/8 x height/8), from the latents without the VAE (a quick look,
+ * not the final colours). Valid only during the call. Return non-zero to cancel. */
+typedef struct klein_preview {
+  int step, steps; /* 1-based step just done, of steps */
+  int width, height;
+  const uint8_t* pixels; /* width * height * 3 bytes, row-major */
+} klein_preview;
+typedef int (*klein_preview_fn)(const klein_preview* preview, void* user_data);
+
 typedef struct klein_generate_params {
   const char* prompt;          /* required */
   const char* negative_prompt; /* klein-base with guidance > 1 only; NULL: "" */
@@ -164,6 +174,7 @@ typedef struct klein_generate_params {
   const char* init_image; /* image file: image-to-image, or inpainting with mask; NULL: none */
   const char* mask;       /* image file, white repaints, black keeps; needs init_image */
   float strength;         /* (0, 1] of the schedule to run; 0: the default 0.8 */
+  klein_preview_fn preview; /* may be NULL; called on the generating thread, gets user_data */
 } klein_generate_params;
 
 KLEIN_API void klein_generate_params_init(klein_generate_params* params);

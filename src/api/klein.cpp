@@ -20,6 +20,7 @@
 #include "formats/image/image.h"
 #include "ops/compute.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/preview.h"
 
 struct klein_model {
   klein::Model model;
@@ -245,7 +246,15 @@ klein_status klein_generate(klein_session* session, const klein_generate_params*
       const std::lock_guard lock(m.generating);
       CallbackProgress progress(*params, *session->cx);
       klein::Session stages(m.model, *session->cx);
-      r = stages.generate(o, progress);
+      klein::StepHook preview;
+      if (params->preview)
+        preview = [params, session](const klein::StepView& s) {
+          const klein::Image image = klein::step_preview(s.latents_in, s.velocity, s.sigma, s.grid);
+          const klein_preview info{int(s.step + 1), int(s.steps), image.width, image.height,
+                                   image.rgb.data()};
+          if (params->preview(&info, params->user_data) != 0) session->cx->cancel();
+        };
+      r = stages.generate(o, progress, preview);
     }
     const std::string parameters = klein::parameters_text(o, r, m.model.name);
     const std::string metadata = klein::parameters_json(o, r, m.model.name, m.model.checksum);

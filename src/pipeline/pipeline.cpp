@@ -440,7 +440,8 @@ void Session::denoise(Generation& g, Progress& progress, const StepHook& on_step
       }
       phase.step(int(s.step + 1), int(s.steps));
       if (on_step)
-        on_step(StepView{s.step, s.steps, s.latents_out, s.latents_in, s.timestep, g.grid});
+        on_step(StepView{s.step, s.steps, s.latents_out, s.latents_in, s.timestep, g.grid,
+                         s.velocity, s.sigma});
     };
     const Compute::Use arithmetic(cx_, arithmetic_for(r.fast));
     flux2::SamplerResult out = flux2::sample(weights_, in, cx_);

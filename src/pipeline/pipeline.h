@@ -162,6 +162,8 @@ struct StepView {
   const Tensor& latents_in;  // the same before the step
   float timestep = 0;        // the transformer's timestep input at this step (σ · 1000)
   flux2::LatentGrid grid;
+  const Tensor& velocity;    // what the Euler update used (after guidance)
+  float sigma = 0;           // σ of the update: x0 is estimated as latents_in − σ·velocity
 };
 using StepHook = std::function<void(const StepView&)>;
 

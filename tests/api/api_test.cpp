@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "formats/image/image.h"
 #include "klein/klein.h"
@@ -167,6 +168,48 @@ TEST(CApi, ProgressCallbackCancels) {
   p.progress = nullptr;
   ASSERT_EQ(klein_generate(m.session, &p, &image), KLEIN_OK) << klein_session_error(m.session);
   klein_image_free(image);
+}
+
+// The preview callback sees every step at an eighth of the size, the same pictures the CLI's
+// --preview writes, and cancels by returning non-zero.
+TEST(CApi, PreviewCallbackSeesEveryStepAndCancels) {
+  const fs::path out = testing::temp_dir("capi-preview");
+  Opened m;
+  klein_generate_params p = params(3, 64, 48, 3);
+  struct Seen {
+    std::vector<int> steps;
+    std::vector<uint8_t> last;
+    int cancel_at = 0;
+  } seen;
+  p.user_data = &seen;
+  p.preview = [](const klein_preview* preview, void* user) -> int {
+    auto& s = *static_cast<Seen*>(user);
+    EXPECT_EQ(preview->width, 8);
+    EXPECT_EQ(preview->height, 6);
+    EXPECT_EQ(preview->steps, 3);
+    s.steps.push_back(preview->step);
+    s.last.assign(preview->pixels, preview->pixels + preview->width * preview->height * 3);
+    return preview->step == s.cancel_at;
+  };
+  klein_image* image = nullptr;
+  ASSERT_EQ(klein_generate(m.session, &p, &image), KLEIN_OK) << klein_session_error(m.session);
+  klein_image_free(image);
+  EXPECT_EQ(seen.steps, (std::vector<int>{1, 2, 3}));
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate -m " + testing::tiny_model().string() + " -p \"" +
+                                   kPrompt + "\" --seed 3 -W 64 -H 48 -s 3 --no-cache -q " +
+                                   "--preview " + (out / "preview.png").string() + " -o " +
+                                   (out / "image.png").string(),
+                               &log),
+            0)
+      << log;
+  EXPECT_EQ(load_image(out / "preview.png").rgb, seen.last);
+
+  seen.steps.clear();
+  seen.cancel_at = 2;
+  EXPECT_EQ(klein_generate(m.session, &p, &image), KLEIN_ERROR_CANCELLED);
+  EXPECT_EQ(image, nullptr);
+  EXPECT_EQ(seen.steps, (std::vector<int>{1, 2}));
 }
 
 // --- an installed tree ---------------------------------------------------------------------

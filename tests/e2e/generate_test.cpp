@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "core/npy.h"
 #include "formats/image/image.h"
 #include "formats/safetensors.h"
+#include "pipeline/preview.h"
 #include "support/testing.h"
 
 namespace klein {
@@ -154,6 +156,44 @@ TEST(GenerateCli, NoiseFromAFileRecordsNoSeed) {
   EXPECT_NE(text.find("Noise: from a file"), std::string::npos) << text;
   EXPECT_NE(testing::run_klein(base + " --seed 3 -o " + (out / "b.png").string(), &log), 0);
   EXPECT_NE(log.find("--seed"), std::string::npos) << log;
+}
+
+// --preview: after the run the file holds the last step's preview, one pixel per 8x8, made
+// from the clean estimate of that step's dumped latents and velocity.
+TEST(GenerateCli, PreviewShowsTheLastStepsCleanEstimate) {
+  const fs::path out = testing::temp_dir("preview");
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate -m " + testing::tiny_model().string() +
+                                   " -p x -W 64 -H 48 -s 3 --seed 4 --no-cache -q --dump " +
+                                   (out / "dump").string() + " --preview " +
+                                   (out / "preview.png").string() + " -o " +
+                                   (out / "image.png").string(),
+                               &log),
+            0)
+      << log;
+  const Image preview = load_image(out / "preview.png");
+  ASSERT_EQ(preview.width, 8);
+  ASSERT_EQ(preview.height, 6);
+  const Tensor x = read_npy(out / "dump" / "step2_latents_in.npy").to_tensor();
+  const Tensor v = read_npy(out / "dump" / "step2_velocity.npy").to_tensor();
+  const float sigma = read_npy(out / "dump" / "step2_timestep.npy").to_f32().at(0);
+  const int64_t n = x.numel() / 128;
+  Tensor x2({n, 128}), v2({n, 128});
+  std::copy(x.data(), x.data() + x.numel(), x2.data());
+  std::copy(v.data(), v.data() + v.numel(), v2.data());
+  const Image expected = step_preview(x2, v2, sigma, {3, 4});
+  int worst = 0;
+  for (size_t i = 0; i < preview.rgb.size(); ++i)
+    worst = std::max(worst, std::abs(int(preview.rgb[i]) - int(expected.rgb[i])));
+  EXPECT_LE(worst, 1);
+
+  EXPECT_NE(testing::run_klein("generate -m " + testing::tiny_model().string() +
+                                   " -p x -W 64 -H 48 -s 1 --preview " + (out / "p.gif").string() +
+                                   " -o " + (out / "b.png").string(),
+                               &log),
+            0);
+  EXPECT_NE(log.find("--preview"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(out / "b.png"));
 }
 
 // Without HOME and XDG_CACHE_HOME the prompt cache is off with one warning and the image is

@@ -1,0 +1,22 @@
+#pragma once
+// A quick look at a generation while it denoises: the model's current estimate of the clean
+// latents, x0 = x − σ·v, mapped to colour by a fixed linear map per latent channel, without
+// the VAE. One pixel per 8x8 pixels of the image (each latent token covers 16x16 and holds
+// 2x2 sub-positions of 32 channels), so a 1024x1024 generation previews at 128x128.
+// The map is the published latent-to-RGB fit of the FLUX.2 VAE's latent space; on other
+// weights (the random-weight test models) it shows structure, not the picture.
+#include "formats/image/image.h"
+#include "models/flux2/positions.h"
+#include "core/tensor.h"
+
+namespace klein {
+
+// tokens: [rows·cols, 128] packed latents in the transformer's (normalised) space.
+// RGB = clamp((F·z + b + 1) / 2) for each 32-channel sub-position z.
+Image latent_preview(const Tensor& tokens, flux2::LatentGrid grid);
+
+// The clean estimate x0 = x_in − σ·v of one step, as latent_preview shows it.
+Image step_preview(const Tensor& latents_in, const Tensor& velocity, float sigma,
+                   flux2::LatentGrid grid);
+
+}  // namespace klein
