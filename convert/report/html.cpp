@@ -10,6 +10,8 @@
 
 #include "convert/policy.h"
 #include "convert/report/writers.h"
+#include "core/base64.h"
+#include "formats/image/image.h"
 
 namespace klein::report {
 
@@ -227,7 +229,7 @@ void worst_section(const Report& r, std::ostringstream& s, size_t worst) {
 std::string image_figure(const Image& image, const std::string& caption) {
   return "<figure><img alt=\"" + escape(caption) + "\" width=\"" +
          std::to_string(std::max(image.width, 256)) + "\" src=\"data:image/png;base64," +
-         base64(png_bytes(image)) + "\"/><figcaption>" + escape(caption) +
+         base64_encode(png_bytes(image)) + "\"/><figcaption>" + escape(caption) +
          "</figcaption></figure>\n";
 }
 

@@ -488,39 +488,6 @@ std::string e2e_csv(const Report& r) {
   return out;
 }
 
-std::string png_bytes(const Image& image) {
-  char* buffer = nullptr;
-  size_t size = 0;
-  std::FILE* f = ::open_memstream(&buffer, &size);
-  check(f != nullptr, "report: cannot open a memory stream for a PNG image");
-  try {
-    codecs::encode_png(f, "report image", image, {});
-  } catch (...) {
-    std::fclose(f);
-    std::free(buffer);
-    throw;
-  }
-  std::fclose(f);
-  std::string out(buffer, size);
-  std::free(buffer);
-  return out;
-}
-
-std::string base64(const std::string& bytes) {
-  static const char* const kDigits =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  out.reserve((bytes.size() + 2) / 3 * 4);
-  for (size_t i = 0; i < bytes.size(); i += 3) {
-    const size_t n = std::min<size_t>(3, bytes.size() - i);
-    uint32_t v = 0;
-    for (size_t k = 0; k < 3; ++k)
-      v = v << 8 | (k < n ? static_cast<unsigned char>(bytes[i + k]) : 0u);
-    for (size_t k = 0; k < 4; ++k) out += k <= n ? kDigits[(v >> (18 - 6 * k)) & 63] : '=';
-  }
-  return out;
-}
-
 std::vector<fs::path> write_report(const Report& r, const fs::path& dir) {
   check(!fs::exists(dir) || fs::is_directory(dir), "-o ", dir.string(),
         ": exists and is not a directory");

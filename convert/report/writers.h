@@ -33,8 +33,4 @@ std::string report_html(const Report& report);
 std::vector<std::filesystem::path> write_report(const Report& report,
                                                 const std::filesystem::path& dir);
 
-// An image as PNG bytes, and bytes as base64 (for data: URIs).
-std::string png_bytes(const Image& image);
-std::string base64(const std::string& bytes);
-
 }  // namespace klein::report

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -178,6 +180,28 @@ void save_png(const fs::path& path, const Image& image, const ImageMetadata& met
   AtomicFile file(path);
   codecs::encode_png(file.stream(), where, image, metadata);
   file.commit();
+}
+
+std::string png_bytes(const Image& image, const ImageMetadata& metadata,
+                      const std::string& name) {
+  check_writable(name, image);
+  check_metadata(name, metadata);
+  char* buffer = nullptr;
+  size_t size = 0;
+  std::FILE* out = ::open_memstream(&buffer, &size);
+  check(out != nullptr, "cannot encode ", name, ": out of memory");
+  try {
+    codecs::encode_png(out, name, image, metadata);
+  } catch (...) {
+    std::fclose(out);
+    std::free(buffer);
+    throw;
+  }
+  const bool closed = std::fclose(out) == 0;  // sets buffer and size
+  std::string bytes = closed && buffer ? std::string(buffer, size) : std::string();
+  std::free(buffer);
+  check(closed, "cannot encode ", name, ": out of memory");
+  return bytes;
 }
 
 void save_jpeg(const fs::path& path, const Image& image, int quality,

@@ -65,6 +65,9 @@ void save_png(const std::filesystem::path& path, const Image& image,
 // Baseline JPEG of the given quality (1-100); each pair becomes a "key=value" COM marker.
 void save_jpeg(const std::filesystem::path& path, const Image& image, int quality = 95,
                const ImageMetadata& metadata = {});
+// The bytes of that PNG file, in memory (for a network reply); `name` is for messages.
+std::string png_bytes(const Image& image, const ImageMetadata& metadata = {},
+                      const std::string& name = "image");
 // PNG or JPEG chosen by the extension of `path` (.png, .jpg, .jpeg; any case).
 void save_image(const std::filesystem::path& path, const Image& image,
                 const ImageMetadata& metadata = {}, int jpeg_quality = 95);

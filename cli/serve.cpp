@@ -1,0 +1,97 @@
+// klein serve: the model opened once behind the HTTP API of src/server/server.h, until
+// SIGINT or SIGTERM.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/memory_options.h"
+#include "cli/model_options.h"
+#include "core/cpu.h"
+#include "core/error.h"
+#include "ops/compute.h"
+#include "server/server.h"
+
+namespace klein::cli {
+namespace {
+
+struct ServeArgs {
+  ModelPaths model;
+  ServerOptions server;
+  MemoryOptions memory;
+  int threads = 0;
+};
+
+// SIGINT and SIGTERM write their number into this pipe (write() is async-signal-safe), so
+// that whichever thread the kernel picks (OpenBLAS starts threads of its own at load time),
+// a normal thread does the stopping.
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void on_stop_signal(int signal) {
+  const unsigned char byte = static_cast<unsigned char>(signal);
+  [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe[1], &byte, 1);
+}
+
+void serve(const ServeArgs& a) {
+  ServerOptions options = a.server;
+  options.max_memory = a.memory.budget();  // a bad size fails before the model is opened
+  options.residency = a.memory.forced();
+  check(::pipe(g_signal_pipe) == 0, "serve: cannot create the signal pipe");
+  struct sigaction action = {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGINT, &action, nullptr);
+  ::sigaction(SIGTERM, &action, nullptr);
+
+  Compute cx(a.threads);
+  Model model = Model::open(a.model);
+  Server server(model, cx, options);
+  const int port = server.bind();
+  std::printf("klein serve: %s on http://%s:%d (%d threads)\n", model.name.c_str(),
+              options.host.c_str(), port, cx.threads());
+  std::fflush(stdout);
+  std::thread waiter([&] {
+    unsigned char signal = 0;
+    while (::read(g_signal_pipe[0], &signal, 1) < 0 && errno == EINTR) {
+    }
+    std::fprintf(stderr, "klein serve: %s, stopping\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
+    server.stop();
+  });
+  server.run();
+  // run() returns after stop(), which only the waiter calls.
+  waiter.join();
+}
+
+Registration reg("serve", 85, [](CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  auto* cmd = app.add_subcommand(
+      "serve", "Serve the model over HTTP: OpenAI images API and the AUTOMATIC1111 API");
+  add_model_options(*cmd, a->model);
+  cmd->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", a->server.port, "Port (0: any free port, printed)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--api-key", a->server.api_key,
+                  "Require \"Authorization: Bearer KEY\" on every request but /health");
+  cmd->add_option("--max-queue", a->server.max_queue,
+                  "Requests that may wait behind the running one; more get 429")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  cmd->add_option("--max-side", a->server.max_side, "Largest width or height a request may ask")
+      ->check(CLI::Range(int64_t(16), int64_t(8192)))
+      ->capture_default_str();
+  cmd->add_option("--max-images", a->server.max_images, "Most images per request")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--threads", a->threads, "Worker threads (default: the usable CPUs)")
+      ->check(CLI::Range(0, kMaxThreads));
+  add_precision_option(*cmd, a->server.precision);
+  add_memory_options(*cmd, a->memory);
+  cmd->callback([a] { serve(*a); });
+});
+
+}  // namespace
+}  // namespace klein::cli

@@ -1,0 +1,70 @@
+#pragma once
+// `klein serve`: one model, opened once, behind an HTTP API that image front-ends already
+// speak. The server parses requests into GenerateOptions, runs them through the pipeline
+// stages one at a time, and answers with base64 PNGs:
+//
+//   GET  /health                   {"status", "model", "busy", "queue"}
+//   POST /v1/images/generations    OpenAI images API (JSON): prompt, size "WxH", n,
+//                                  response_format b64_json; extensions seed, steps,
+//                                  guidance, negative_prompt
+//   POST /v1/images/edits          OpenAI images API (multipart): image / image[] files,
+//                                  optional mask (white repaints; then the first image is
+//                                  the init image), prompt, size, n, strength, ...
+//   POST /sdapi/v1/txt2img         the AUTOMATIC1111 API: prompt, negative_prompt, width,
+//   POST /sdapi/v1/img2img         height, steps, seed (-1: random), cfg_scale, batch_size,
+//                                  n_iter; img2img adds init_images, mask,
+//                                  denoising_strength
+//
+// Requests wait their turn (one generation at a time on the shared compute context); more
+// than max_queue waiting get 429. With an API key every request but /health needs
+// "Authorization: Bearer KEY" (401 otherwise). Bad requests get 400 with a message naming
+// the field. stop() (SIGINT/SIGTERM in the CLI) cancels the running generation, answers the
+// waiting ones with 503 and returns from run().
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ops/compute.h"
+#include "pipeline/pipeline.h"
+
+namespace klein {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;               // 0: any free port (bind() returns it)
+  std::string api_key;           // empty: no authentication
+  int max_queue = 4;             // requests waiting behind the running one; more get 429
+  int64_t max_side = 2048;       // largest width or height a request may ask for
+  int max_images = 4;            // n, or batch_size x n_iter
+  size_t max_body_bytes = size_t(64) << 20;
+  std::optional<uint64_t> max_memory;  // the generations' memory budget (--max-memory)
+  std::optional<Residency> residency;  // forced (--residency), else the memory plan decides
+  Precision precision = Precision::Auto;
+};
+
+class Server {
+ public:
+  Server(Model& model, Compute& cx, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds the socket; returns the port (the chosen one when options.port is 0). Throws
+  // klein::Error when the address cannot be bound.
+  int bind();
+  // Serves until stop(). Call after bind().
+  void run();
+  // From any thread (a signal-waiting thread): cancel, refuse, return from run().
+  void stop();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace klein

@@ -1,0 +1,266 @@
+// `klein serve` as a client sees it: the tiny model behind the OpenAI and A1111 APIs makes
+// the CLI's pixels for the same parameters; bad requests, missing keys and a full queue get
+// their status codes; SIGTERM stops it cleanly. Base64 against the RFC 4648 vectors.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/files.h"
+#include "formats/image/image.h"
+#include "core/base64.h"
+#include "support/testing.h"
+
+namespace klein {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr const char* kPrompt = "a small red cube";
+
+TEST(Base64, Rfc4648Vectors) {
+  const std::vector<std::pair<std::string, std::string>> vectors = {
+      {"", ""},         {"f", "Zg=="},         {"fo", "Zm8="},        {"foo", "Zm9v"},
+      {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="}, {"foobar", "Zm9vYmFy"}};
+  for (const auto& [plain, encoded] : vectors) {
+    EXPECT_EQ(base64_encode(plain), encoded);
+    EXPECT_EQ(base64_decode(encoded), plain);
+  }
+  EXPECT_EQ(base64_decode("Zm9v\nYmFy"), "foobar");  // line breaks are skipped
+  EXPECT_EQ(base64_decode("Zg"), "f");               // padding may be missing
+  std::string all;
+  for (int i = 0; i < 256; ++i) all += char(i);
+  EXPECT_EQ(base64_decode(base64_encode(all)), all);
+  for (const char* bad : {"Zm9v!", "Z", "Zg==Zg==", "Zm9vY==="})
+    EXPECT_EQ(base64_decode(bad), std::nullopt) << bad;
+}
+
+// A `klein serve` process on a free port, stopped with SIGTERM at the end.
+class ServeProcess {
+ public:
+  explicit ServeProcess(const std::string& extra = "") {
+    int out[2];
+    EXPECT_EQ(::pipe(out), 0);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(out[1], STDOUT_FILENO);
+      ::close(out[0]);
+      ::close(out[1]);
+      const std::string command = std::string(KLEIN_BINARY) + " serve -m " +
+                                  testing::tiny_model().string() + " --port 0 --threads 2 " + extra;
+      ::execl("/bin/sh", "sh", "-c", ("exec " + command).c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    // The first line says where it listens: "... on http://127.0.0.1:PORT (...)".
+    std::string line;
+    char c;
+    while (::read(out[0], &c, 1) == 1 && c != '\n') line += c;
+    ::close(out[0]);
+    const size_t colon = line.rfind(':');
+    if (colon != std::string::npos) port_ = std::atoi(line.c_str() + colon + 1);
+    EXPECT_GT(port_, 0) << "no port in \"" << line << "\"";
+  }
+  ~ServeProcess() {
+    if (pid_ > 0) stop();
+  }
+  // SIGTERM; the exit status.
+  int stop() {
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120, 0);
+    return c;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+Image png_of(const std::string& b64) {
+  const std::optional<std::string> bytes = base64_decode(b64);
+  EXPECT_TRUE(bytes.has_value());
+  const std::string text = bytes.value_or("");
+  return decode_image(std::as_bytes(std::span(text.data(), text.size())), "reply");
+}
+
+// The CLI's image for the same request.
+Image cli(const std::string& args, const fs::path& out) {
+  std::string log;
+  EXPECT_EQ(testing::run_klein("generate -m " + testing::tiny_model().string() + " -p \"" +
+                                   kPrompt + "\" --no-cache -q " + args + " -o " + out.string(),
+                               &log),
+            0)
+      << log;
+  return load_image(out);
+}
+
+json post_json(httplib::Client& c, const std::string& path, const json& body, int status = 200) {
+  auto res = c.Post(path.c_str(), body.dump(), "application/json");
+  EXPECT_TRUE(res) << path;
+  if (!res) return json();
+  EXPECT_EQ(res->status, status) << path << ": " << res->body;
+  return json::parse(res->body, nullptr, false);
+}
+
+fs::path inpaint_case() {
+  return testing::tiny_dir().parent_path() / "klein-tiny-edit" / "vectors" / "inpaint" /
+         "inpaint_s06_h80_w64";
+}
+
+std::string file_b64(const fs::path& p) { return base64_encode(read_text_file(p)); }
+
+TEST(Serve, OpenAiAndA1111RequestsMakeTheCliPixels) {
+  const fs::path out = testing::temp_dir("serve-pixels");
+  ServeProcess serve;
+  httplib::Client c = serve.client();
+
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  const json h = json::parse(health->body);
+  EXPECT_EQ(h["status"], "ok");
+  EXPECT_EQ(h["queue"], 0);
+
+  // OpenAI generations: two images, seeds 5 and 6.
+  const json gen = post_json(c, "/v1/images/generations",
+                             {{"prompt", kPrompt}, {"size", "64x48"}, {"n", 2}, {"seed", 5},
+                              {"steps", 3}, {"model", "ignored"}});
+  ASSERT_EQ(gen["data"].size(), 2u);
+  EXPECT_GT(gen["created"].get<int64_t>(), 0);
+  EXPECT_EQ(png_of(gen["data"][0]["b64_json"]).rgb,
+            cli("--seed 5 -W 64 -H 48 -s 3", out / "a.png").rgb);
+  EXPECT_EQ(png_of(gen["data"][1]["b64_json"]).rgb,
+            cli("--seed 6 -W 64 -H 48 -s 3", out / "b.png").rgb);
+
+  // A1111 txt2img.
+  const json t2i = post_json(c, "/sdapi/v1/txt2img",
+                             {{"prompt", kPrompt}, {"width", 64}, {"height", 64}, {"steps", 2},
+                              {"seed", 11}, {"cfg_scale", 1}, {"sampler_name", "Euler"}});
+  ASSERT_EQ(t2i["images"].size(), 1u);
+  EXPECT_EQ(png_of(t2i["images"][0]).rgb, cli("--seed 11 -W 64 -H 64 -s 2", out / "c.png").rgb);
+  const json info = json::parse(t2i["info"].get<std::string>());
+  EXPECT_EQ(info["seed"], 11);
+  EXPECT_EQ(t2i["parameters"]["prompt"], kPrompt);
+
+  // A1111 img2img with a mask: inpainting.
+  const fs::path dir = inpaint_case();
+  const json i2i = post_json(
+      c, "/sdapi/v1/img2img",
+      {{"prompt", kPrompt}, {"steps", 4}, {"seed", 9}, {"denoising_strength", 0.6},
+       {"init_images", {"data:image/png;base64," + file_b64(dir / "init.png")}},
+       {"mask", file_b64(dir / "mask.png")}});
+  ASSERT_EQ(i2i["images"].size(), 1u);
+  EXPECT_EQ(png_of(i2i["images"][0]).rgb,
+            cli("--seed 9 -s 4 --strength 0.6 --init-image " + (dir / "init.png").string() +
+                    " --mask " + (dir / "mask.png").string(),
+                out / "d.png")
+                .rgb);
+  EXPECT_EQ(json::parse(i2i["info"].get<std::string>())["denoising_strength"], 0.6);
+
+  // OpenAI edits (multipart): a reference image.
+  const fs::path ref = testing::tiny_vectors() / "inputs";
+  fs::path ref_image;
+  for (const auto& e : fs::directory_iterator(ref))
+    if (e.path().extension() == ".png" && ref_image.empty()) ref_image = e.path();
+  ASSERT_FALSE(ref_image.empty());
+  httplib::MultipartFormDataItems form = {
+      {"prompt", kPrompt, "", ""},
+      {"image", read_text_file(ref_image), "ref.png", "image/png"},
+      {"seed", "3", "", ""},
+      {"steps", "2", "", ""},
+      {"size", "64x64", "", ""}};
+  auto edit = c.Post("/v1/images/edits", form);
+  ASSERT_TRUE(edit);
+  ASSERT_EQ(edit->status, 200) << edit->body;
+  const json e = json::parse(edit->body);
+  EXPECT_EQ(png_of(e["data"][0]["b64_json"]).rgb,
+            cli("--seed 3 -s 2 -W 64 -H 64 -r " + ref_image.string(), out / "e.png").rgb);
+
+  EXPECT_EQ(serve.stop(), 0);
+}
+
+TEST(Serve, BadRequestsAreNamedAndKeysChecked) {
+  ServeProcess serve("--api-key sesame --max-side 512");
+  httplib::Client c = serve.client();
+  auto health = c.Get("/health");  // open without the key
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+
+  const json body = {{"prompt", kPrompt}, {"size", "64x64"}, {"steps", 1}};
+  json reply = post_json(c, "/v1/images/generations", body, 401);
+  EXPECT_EQ(reply["error"]["type"], "invalid_request_error");
+
+  c.set_bearer_token_auth("sesame");
+  auto refused = [&](const std::string& path, const json& request, const std::string& text) {
+    const json r = post_json(c, path, request, 400);
+    const std::string message = r.dump();
+    EXPECT_NE(message.find(text), std::string::npos) << path << ": " << message;
+  };
+  refused("/v1/images/generations", {{"size", "64x64"}}, "\\\"prompt\\\": required");
+  refused("/v1/images/generations", {{"prompt", "x"}, {"size", "64by64"}}, "\\\"size\\\"");
+  refused("/v1/images/generations", {{"prompt", "x"}, {"size", "1024x1024"}}, "size (width)");
+  refused("/v1/images/generations", {{"prompt", "x"}, {"response_format", "url"}},
+          "b64_json");
+  refused("/v1/images/generations", {{"prompt", "x"}, {"n", 9}}, "\\\"n\\\"");
+  refused("/v1/images/generations", {{"prompt", "x"}, {"seed", "seven"}}, "\\\"seed\\\"");
+  refused("/sdapi/v1/img2img", {{"prompt", "x"}}, "init_images");
+  refused("/sdapi/v1/img2img", {{"prompt", "x"}, {"init_images", {"@@@"}}}, "not valid base64");
+  refused("/sdapi/v1/img2img", {{"prompt", "x"}, {"init_images", {base64_encode("not an image")}}},
+          "init_images");
+  auto res = c.Post("/v1/images/generations", "{not json", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  // A1111 errors come in its own shape.
+  const json a = post_json(c, "/sdapi/v1/txt2img", {{"width", 8}}, 400);
+  EXPECT_EQ(a["error"], "Bad Request");
+  EXPECT_NE(a["detail"].get<std::string>().find("width"), std::string::npos);
+  EXPECT_EQ(serve.stop(), 0);
+}
+
+TEST(Serve, AFullQueueGets429AndSigtermCancelsTheRunningJob) {
+  ServeProcess serve("--max-queue 0");
+  // A long job: 1024x1024 on the tiny model takes seconds.
+  auto slow = std::async(std::launch::async, [&] {
+    httplib::Client c = serve.client();
+    auto r = c.Post("/v1/images/generations",
+                    json{{"prompt", kPrompt}, {"size", "1024x1024"}, {"steps", 50}}.dump(),
+                    "application/json");
+    return r ? r->status : -1;
+  });
+  httplib::Client c = serve.client();
+  bool busy = false;
+  for (int i = 0; i < 200 && !busy; ++i) {
+    auto h = c.Get("/health");
+    busy = h && json::parse(h->body)["busy"] == true;
+    if (!busy) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(busy);
+  post_json(c, "/v1/images/generations", {{"prompt", kPrompt}, {"size", "64x64"}}, 429);
+  const auto before = std::chrono::steady_clock::now();
+  EXPECT_EQ(serve.stop(), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - before, std::chrono::seconds(20));
+  const int status = slow.get();
+  EXPECT_TRUE(status == 503 || status == -1) << status;  // cancelled, or the socket closed
+}
+
+}  // namespace
+}  // namespace klein
