@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "formats/image/image.h"
+#include "pipeline/preview.h"
 #include "core/base64.h"
 
 namespace klein {
@@ -223,32 +224,103 @@ struct Server::Impl {
 
   // Runs the request's images through the stages. Input the pipeline refuses in start() is
   // the client's fault (400); later failures are ours (500); cancellation by stop() is 503.
+  // What /sdapi/v1/progress shows of the running request: its phase and step, and the step
+  // preview as a base64 PNG. Guarded by live_mutex.
+  struct Live {
+    bool active = false;
+    std::string phase;
+    int image = 0, images = 0;  // 0-based image of the request, and how many
+    int step = 0, steps = 0;    // denoising steps done, of steps
+    std::string preview;        // base64 PNG of the last step's preview
+    std::chrono::steady_clock::time_point started;
+  };
+  std::mutex live_mutex;
+  Live live;
+  bool interrupted = false;  // /sdapi/v1/interrupt for the running request (guarded by mutex)
+
+  // The pipeline's progress events into `live`.
+  class LiveProgress final : public Progress {
+   public:
+    explicit LiveProgress(Impl& s) : s_(s) {}
+    void begin(const std::string& phase, int total) override {
+      const std::lock_guard lock(s_.live_mutex);
+      s_.live.phase = phase;
+      if (phase == "denoise") s_.live.step = 0, s_.live.steps = total;
+    }
+    void step(const std::string& phase, int done, int total) override {
+      if (phase != "denoise") return;
+      const std::lock_guard lock(s_.live_mutex);
+      s_.live.step = done;
+      s_.live.steps = total;
+    }
+
+   private:
+    Impl& s_;
+  };
+
+  HttpError cancelled() {
+    const std::lock_guard lock(mutex);
+    return stopping ? HttpError{503, "cancelled: the server is shutting down"}
+                    : HttpError{503, "interrupted (/sdapi/v1/interrupt)"};
+  }
+
+  bool should_stop() {
+    const std::lock_guard lock(mutex);
+    return stopping || interrupted;
+  }
+
   Made generate(ImageRequest request) {
     Slot slot(*this);
+    {
+      const std::lock_guard lock(mutex);
+      interrupted = false;
+    }
+    {
+      const std::lock_guard lock(live_mutex);
+      live = Live{true, "queued", 0, request.count, 0, 0, "", std::chrono::steady_clock::now()};
+    }
+    struct Idle {  // the live view goes back to idle however this ends
+      Impl& s;
+      ~Idle() {
+        const std::lock_guard lock(s.live_mutex);
+        s.live.active = false;
+      }
+    } idle{*this};
     Made made;
     GenerateOptions& o = request.options;
     if (!o.seed) o.seed = std::random_device{}() | (uint64_t(std::random_device{}()) << 32);
     const uint64_t first_seed = *o.seed;
-    Progress quiet;
+    LiveProgress progress(*this);
+    const StepHook preview = [this](const StepView& v) {
+      const std::string b64 =
+          base64_encode(png_bytes(step_preview(v.latents_in, v.velocity, v.sigma, v.grid)));
+      const std::lock_guard lock(live_mutex);
+      live.preview = b64;
+    };
     for (int i = 0; i < request.count; ++i) {
       o.seed = first_seed + uint64_t(i);
+      {
+        const std::lock_guard lock(live_mutex);
+        live.image = i;
+      }
       Session session(model, cx);
       Generation g;
       try {
-        g = session.start(o, quiet);
+        g = session.start(o, progress);
       } catch (const Cancelled&) {
-        throw HttpError{503, "cancelled: the server is shutting down"};
+        throw cancelled();
       } catch (const Error& e) {
         throw bad_request(e.what());
       }
-      if (is_stopping()) throw HttpError{503, "cancelled: the server is shutting down"};
+      // start() clears the cancel flag: a stop or interrupt that came before it counts here.
+      if (should_stop()) throw cancelled();
       try {
-        session.encode_prompt(g, quiet);
-        session.prepare_latents(g, quiet);
-        session.denoise(g, quiet);
-        session.decode(g, quiet);
+        session.encode_prompt(g, progress);
+        session.prepare_latents(g, progress);
+        session.denoise(g, progress, preview);
+        session.decode(g, progress);
       } catch (const Cancelled&) {
-        throw HttpError{503, "cancelled: the server is shutting down"};
+        throw cancelled();
       } catch (const Error& e) {
         throw HttpError{500, e.what()};
       }
@@ -265,9 +337,45 @@ struct Server::Impl {
     return made;
   }
 
-  bool is_stopping() {
-    const std::lock_guard lock(mutex);
-    return stopping;
+  // A1111's progress: the fraction of the request's denoising done, the time left at that
+  // rate, the state, and the latest step preview.
+  json progress_reply() {
+    const std::lock_guard lock(live_mutex);
+    if (!live.active)
+      return {{"progress", 0.0}, {"eta_relative", 0.0}, {"current_image", nullptr},
+              {"state", {{"job_count", 0}, {"sampling_step", 0}, {"sampling_steps", 0}}}};
+    const double fraction =
+        live.images == 0
+            ? 0.0
+            : (live.image + (live.steps > 0 ? double(live.step) / live.steps : 0.0)) / live.images;
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - live.started).count();
+    const double eta = fraction > 0 ? elapsed / fraction - elapsed : 0.0;
+    return {{"progress", fraction},
+            {"eta_relative", eta},
+            {"current_image", live.preview.empty() ? json(nullptr) : json(live.preview)},
+            {"state",
+             {{"job", live.phase},
+              {"job_count", live.images},
+              {"job_no", live.image},
+              {"sampling_step", live.step},
+              {"sampling_steps", live.steps}}}};
+  }
+
+  json interrupt() {
+    bool active;
+    {
+      const std::lock_guard lock(live_mutex);
+      active = live.active;
+    }
+    if (active) {
+      {
+        const std::lock_guard lock(mutex);
+        interrupted = true;
+      }
+      cx.cancel();
+    }
+    return {{"interrupted", active}};
   }
 
   // --- routes --------------------------------------------------------------------------------
@@ -472,6 +580,10 @@ struct Server::Impl {
               route(false, [this](const httplib::Request& q) { return a1111(q, false); }));
     http.Post("/sdapi/v1/img2img",
               route(false, [this](const httplib::Request& q) { return a1111(q, true); }));
+    http.Get("/sdapi/v1/progress",
+             route(false, [this](const httplib::Request&) { return progress_reply(); }));
+    http.Post("/sdapi/v1/interrupt",
+              route(false, [this](const httplib::Request&) { return interrupt(); }));
   }
 };
 

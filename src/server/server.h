@@ -14,6 +14,9 @@
 //   POST /sdapi/v1/img2img         height, steps, seed (-1: random), cfg_scale, batch_size,
 //                                  n_iter; img2img adds init_images, mask,
 //                                  denoising_strength
+//   GET  /sdapi/v1/progress        the running request: fraction done, ETA, step, and the
+//                                  last step's preview (base64 PNG, one pixel per 8x8)
+//   POST /sdapi/v1/interrupt       cancels the running request (it gets 503)
 //
 // Requests wait their turn (one generation at a time on the shared compute context); more
 // than max_queue waiting get 429. With an API key every request but /health needs

@@ -236,29 +236,70 @@ TEST(Serve, BadRequestsAreNamedAndKeysChecked) {
   EXPECT_EQ(serve.stop(), 0);
 }
 
-TEST(Serve, AFullQueueGets429AndSigtermCancelsTheRunningJob) {
-  ServeProcess serve("--max-queue 0");
-  // A long job: 1024x1024 on the tiny model takes seconds.
-  auto slow = std::async(std::launch::async, [&] {
+// A long job (1024x1024, 50 steps on the tiny model: seconds) in the background; its status.
+std::future<int> slow_job(const ServeProcess& serve) {
+  return std::async(std::launch::async, [&serve] {
     httplib::Client c = serve.client();
     auto r = c.Post("/v1/images/generations",
                     json{{"prompt", kPrompt}, {"size", "1024x1024"}, {"steps", 50}}.dump(),
                     "application/json");
     return r ? r->status : -1;
   });
-  httplib::Client c = serve.client();
-  bool busy = false;
-  for (int i = 0; i < 200 && !busy; ++i) {
-    auto h = c.Get("/health");
-    busy = h && json::parse(h->body)["busy"] == true;
-    if (!busy) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
+// Polls /sdapi/v1/progress until the running job has a preview; the last reply.
+json wait_for_preview(httplib::Client& c) {
+  json p;
+  for (int i = 0; i < 2400; ++i) {  // up to a minute (sanitizer builds are slow)
+    auto r = c.Get("/sdapi/v1/progress");
+    if (r && r->status == 200) {
+      p = json::parse(r->body);
+      if (!p["current_image"].is_null()) return p;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
-  ASSERT_TRUE(busy);
+  ADD_FAILURE() << "no preview: " << p.dump();
+  return p;
+}
+
+TEST(Serve, ProgressShowsThePreviewAndInterruptCancels) {
+  ServeProcess serve;
+  httplib::Client c = serve.client();
+  const json idle = json::parse(c.Get("/sdapi/v1/progress")->body);
+  EXPECT_EQ(idle["progress"], 0.0);
+  EXPECT_TRUE(idle["current_image"].is_null());
+
+  std::future<int> job = slow_job(serve);
+  const json p = wait_for_preview(c);
+  const Image preview = png_of(p["current_image"]);
+  EXPECT_EQ(preview.width, 128);  // 1024 / 8
+  EXPECT_EQ(preview.height, 128);
+  EXPECT_EQ(p["state"]["sampling_steps"], 50);
+  EXPECT_GE(p["state"]["sampling_step"].get<int>(), 1);
+  EXPECT_GT(p["progress"].get<double>(), 0.0);
+  EXPECT_LT(p["progress"].get<double>(), 1.0);
+
+  const json stopped = post_json(c, "/sdapi/v1/interrupt", json::object());
+  EXPECT_EQ(stopped["interrupted"], true);
+  EXPECT_EQ(job.get(), 503);
+  // The server goes on: the next request is served.
+  const json next = post_json(c, "/v1/images/generations",
+                              {{"prompt", kPrompt}, {"size", "64x64"}, {"steps", 1}});
+  EXPECT_EQ(next["data"].size(), 1u);
+  EXPECT_EQ(post_json(c, "/sdapi/v1/interrupt", json::object())["interrupted"], false);
+  EXPECT_EQ(serve.stop(), 0);
+}
+
+TEST(Serve, AFullQueueGets429AndSigtermCancelsTheRunningJob) {
+  ServeProcess serve("--max-queue 0");
+  std::future<int> job = slow_job(serve);
+  httplib::Client c = serve.client();
+  wait_for_preview(c);  // running
   post_json(c, "/v1/images/generations", {{"prompt", kPrompt}, {"size", "64x64"}}, 429);
   const auto before = std::chrono::steady_clock::now();
   EXPECT_EQ(serve.stop(), 0);
   EXPECT_LT(std::chrono::steady_clock::now() - before, std::chrono::seconds(20));
-  const int status = slow.get();
+  const int status = job.get();
   EXPECT_TRUE(status == 503 || status == -1) << status;  // cancelled, or the socket closed
 }
 
