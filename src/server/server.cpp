@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "formats/image/image.h"
 #include "pipeline/preview.h"
+#include "server/page.h"
 #include "core/base64.h"
 
 namespace klein {
@@ -557,6 +558,9 @@ struct Server::Impl {
 
   void install_routes() {
     http.set_payload_max_length(options.max_body_bytes);
+    http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(kServerPage, "text/html; charset=utf-8");
+    });
     http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       bool busy;
       int queue;

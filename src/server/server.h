@@ -3,6 +3,7 @@
 // speak. The server parses requests into GenerateOptions, runs them through the pipeline
 // stages one at a time, and answers with base64 PNGs:
 //
+//   GET  /                         a web page: the form, progress with the preview, cancel
 //   GET  /health                   {"status", "model", "busy", "queue"}
 //   POST /v1/images/generations    OpenAI images API (JSON): prompt, size "WxH", n,
 //                                  response_format b64_json; extensions seed, steps,

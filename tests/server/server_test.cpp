@@ -84,6 +84,7 @@ class ServeProcess {
     pid_ = -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
+  int port() const { return port_; }
   httplib::Client client() const {
     httplib::Client c("127.0.0.1", port_);
     c.set_read_timeout(120, 0);
@@ -233,6 +234,43 @@ TEST(Serve, BadRequestsAreNamedAndKeysChecked) {
   const json a = post_json(c, "/sdapi/v1/txt2img", {{"width", 8}}, 400);
   EXPECT_EQ(a["error"], "Bad Request");
   EXPECT_NE(a["detail"].get<std::string>().find("width"), std::string::npos);
+  EXPECT_EQ(serve.stop(), 0);
+}
+
+// Output of a shell command (stdout only).
+std::string output_of(const std::string& command) {
+  std::string text;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) return text;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) text.append(buf, n);
+  ::pclose(pipe);
+  return text;
+}
+
+// The page at / in a real browser (Debian's chromium, headless; scripts/test.sh installs it):
+// its script reads the form from the query, runs txt2img, polls progress and shows the result,
+// whose pixels are the CLI's.
+TEST(Serve, WebPageMakesTheCliPixelsInABrowser) {
+  ASSERT_TRUE(fs::exists("/usr/bin/chromium"))
+      << "the browser test needs chromium (apt-get install chromium; scripts/test.sh does)";
+  const fs::path out = testing::temp_dir("serve-browser");
+  ServeProcess serve;
+  const std::string url = "http://127.0.0.1:" + std::to_string(serve.port()) +
+                          "/?prompt=a%20small%20red%20cube&width=64&height=48&steps=3&seed=5&run=1";
+  const std::string dom = output_of(
+      "timeout 120 /usr/bin/chromium --headless=new --no-sandbox --disable-gpu "
+      "--user-data-dir=" + (out / "profile").string() +
+      " --virtual-time-budget=60000 --dump-dom '" + url + "' 2>/dev/null");
+  EXPECT_NE(dom.find("data-done=\"ok\""), std::string::npos) << dom.substr(0, 2000);
+  EXPECT_NE(dom.find("seed 5, 64x48, 3 steps"), std::string::npos) << dom.substr(0, 2000);
+  const std::string marker = "class=\"result\" src=\"data:image/png;base64,";
+  const size_t at = dom.find(marker);
+  ASSERT_NE(at, std::string::npos) << dom.substr(0, 2000);
+  const size_t begin = at + marker.size(), end = dom.find('"', begin);
+  EXPECT_EQ(png_of(dom.substr(begin, end - begin)).rgb,
+            cli("--seed 5 -W 64 -H 48 -s 3", out / "cli.png").rgb);
   EXPECT_EQ(serve.stop(), 0);
 }
 
