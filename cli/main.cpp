@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/version.h"
 
 int main(int argc, char** argv) {
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("klein ") + KLEIN_VERSION);
   app.require_subcommand(1);
   klein::cli::register_commands(app);
+  klein::install_mapping_fault_handler();  // a model file truncated mid-run: a message, not SIGBUS
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

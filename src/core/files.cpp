@@ -1,10 +1,12 @@
 #include "core/files.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -71,6 +73,91 @@ int open_regular_file(const fs::path& path, struct stat& st) {
 
 }  // namespace
 
+namespace {
+
+// The ranges of the live mappings, for the SIGBUS handler: a fixed table it can read without
+// locks or allocation. A slot is claimed by storing its start last, freed by clearing it.
+struct MappingSlot {
+  std::atomic<uintptr_t> begin{0};
+  std::atomic<uintptr_t> end{0};
+  char path[480] = {};
+};
+constexpr int kMappingSlots = 128;
+MappingSlot g_mappings[kMappingSlots];
+
+void register_mapping(const void* data, size_t size, const fs::path& path) {
+  if (!data || size == 0) return;
+  for (MappingSlot& slot : g_mappings) {
+    uintptr_t expected = 0;
+    // Reserve with a marker, fill in, then publish the real start.
+    if (!slot.begin.compare_exchange_strong(expected, uintptr_t(1))) continue;
+    std::snprintf(slot.path, sizeof slot.path, "%s", path.c_str());
+    slot.end.store(uintptr_t(data) + size);
+    slot.begin.store(uintptr_t(data));
+    return;
+  }
+  // More than kMappingSlots files at once: a fault there is reported without the name.
+}
+
+void unregister_mapping(const void* data) {
+  if (!data) return;
+  for (MappingSlot& slot : g_mappings)
+    if (slot.begin.load() == uintptr_t(data)) {
+      slot.end.store(0);
+      slot.begin.store(0);
+      return;
+    }
+}
+
+void write_all(const char* text) {
+  size_t n = std::strlen(text);
+  while (n > 0) {
+    const ssize_t w = ::write(STDERR_FILENO, text, n);
+    if (w <= 0) return;
+    text += w;
+    n -= size_t(w);
+  }
+}
+
+extern "C" void on_mapping_fault(int signal, siginfo_t* info, void*) {
+  const uintptr_t at = uintptr_t(info ? info->si_addr : nullptr);
+  for (const MappingSlot& slot : g_mappings) {
+    const uintptr_t begin = slot.begin.load(), end = slot.end.load();
+    if (begin > 1 && at >= begin && at < end) {
+      write_all("error: ");
+      write_all(slot.path);
+      write_all(" shrank while in use (truncated or replaced by another program): its data can "
+                "no longer be read; nothing was written\n");
+      ::_exit(1);
+    }
+  }
+  // Not a mapped file: the default action (a core dump, for a bug).
+  ::signal(signal, SIG_DFL);
+  ::raise(signal);
+}
+
+}  // namespace
+
+void install_mapping_fault_handler() {
+  struct sigaction action = {};
+  action.sa_sigaction = on_mapping_fault;
+  action.sa_flags = SA_SIGINFO;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGBUS, &action, nullptr);
+}
+
+FileStamp FileStamp::of(const fs::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    fail("cannot examine ", path.string(), ": ", std::strerror(errno));
+  FileStamp s;
+  s.device = uint64_t(st.st_dev);
+  s.inode = uint64_t(st.st_ino);
+  s.size = uint64_t(st.st_size);
+  s.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  return s;
+}
+
 MappedFile::MappedFile(const fs::path& path) : path_(path) {
   struct stat st {};
   const int fd = open_regular_file(path, st);
@@ -83,12 +170,16 @@ MappedFile::MappedFile(const fs::path& path) : path_(path) {
       fail("cannot map ", path.string(), ": ", std::strerror(e));
     }
     data_ = static_cast<const std::byte*>(p);
+    register_mapping(data_, size_, path_);
   }
   ::close(fd);
 }
 
 MappedFile::~MappedFile() {
-  if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+  if (data_) {
+    unregister_mapping(data_);
+    ::munmap(const_cast<std::byte*>(data_), size_);
+  }
 }
 
 MappedFile::MappedFile(MappedFile&& o) noexcept
@@ -99,7 +190,10 @@ MappedFile::MappedFile(MappedFile&& o) noexcept
 
 MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   if (this != &o) {
-    if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+    if (data_) {
+      unregister_mapping(data_);
+      ::munmap(const_cast<std::byte*>(data_), size_);
+    }
     path_ = std::move(o.path_);
     data_ = o.data_;
     size_ = o.size_;

@@ -36,7 +36,9 @@ class AtomicFile {
   bool committed_ = false;
 };
 
-// A whole file mapped read-only. Move-only.
+// A whole file mapped read-only. Move-only. While mapped, its range is registered so that a
+// fault on it (SIGBUS: the file shrank under the mapping) can be reported by name; see
+// install_mapping_fault_handler.
 class MappedFile {
  public:
   MappedFile() = default;
@@ -55,6 +57,23 @@ class MappedFile {
   std::filesystem::path path_;
   const std::byte* data_ = nullptr;
   size_t size_ = 0;
+};
+
+// Makes a fault on a MappedFile's range (SIGBUS: the file was truncated while in use) end the
+// process with "error: FILE shrank while in use ..." on stderr and exit status 1 instead of a
+// crash; other SIGBUS keep their default action. For programs: a library should not take
+// over a signal, so the C library leaves this to its caller.
+void install_mapping_fault_handler();
+
+// What identifies a file's contents without reading them: device, inode, size and
+// modification time. Equal stamps: the same file, not rewritten (short of a writer that
+// restores the time).
+struct FileStamp {
+  uint64_t device = 0, inode = 0, size = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const FileStamp&) const = default;
+  // Throws naming the path when it cannot be examined.
+  static FileStamp of(const std::filesystem::path& path);
 };
 
 std::string read_text_file(const std::filesystem::path& path);

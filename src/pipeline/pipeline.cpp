@@ -139,6 +139,8 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
   GenerateResult& r = g.result;
   weights_.reset_peak();
   cx_.clear_cancel();
+  for (const auto& file : weights_.origin().files)
+    g.model_files.emplace_back(file, FileStamp::of(file));
 
   if (!o.references.empty())
     timed(g, progress, "load references", 0, [&](Phase&) {
@@ -488,6 +490,10 @@ void Session::decode(Generation& g, Progress& progress) {
     dump.f32("image", hwc.data(), {H, W, 3});
   }
   g.decoded = std::move(decoded);
+  for (const auto& [file, stamp] : g.model_files)
+    check(FileStamp::of(file) == stamp, file.string(), " was modified while this generation "
+          "read it (rewritten or replaced): the image could mix two versions of the weights, so "
+          "none is given; run it again");
 }
 
 GenerateResult Session::generate(const GenerateOptions& options, Progress& progress,

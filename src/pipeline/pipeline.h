@@ -13,15 +13,15 @@
 // residency: resident when the budget allows, paged otherwise; after each network it
 // releases that network's units (a resident store drops them then).
 #include <cstdint>
-#include <functional>
-#include <memory>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "ops/compute.h"
+#include "core/files.h"
 #include "core/tensor.h"
 #include "formats/image/image.h"
 #include "models/flux2/positions.h"
@@ -143,6 +143,9 @@ struct Generation {
   Tensor latents;  // [N, 128]
   // decode
   Tensor decoded;  // [3, H, W], the VAE's output in [-1, 1] before it became result.image
+  // The model's files as start found them; decode refuses to finish when one has changed
+  // since (rewritten or replaced under the mapping: the image could mix two models).
+  std::vector<std::pair<std::filesystem::path, FileStamp>> model_files;
 
   std::vector<Tensor> reference_pixels;  // loaded and checked by start, encoded by prepare
   Tensor init_pixels;                    // image-to-image: [3, H, W], encoded by prepare

@@ -235,6 +235,9 @@ void ContainerStore::unit_gone(const std::string& name) {
   if (!s.live.expired()) return;  // acquired again meanwhile: a new object holds the pages
   drop_pages(*s.entry);
   tracker_.dropped(name);
+  // Its pages come from the file again next time: check them again then, so a file rewritten
+  // during the run is caught at the next page-in of every unit it touches.
+  s.checked = false;
 }
 
 std::vector<UnitRef> ContainerStore::take_kept_locked(const std::string& prefix) {

@@ -29,7 +29,7 @@
 namespace klein {
 
 struct ContainerOptions {
-  bool check_on_first_acquire = true;  // XXH3 of a unit the first time it is paged in
+  bool check_on_first_acquire = true;  // XXH3 of a unit every time it is paged in
   Residency residency = Residency::Paged;
 };
 

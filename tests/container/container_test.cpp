@@ -436,6 +436,23 @@ TEST_F(Containers, FlippedBitInTheMetadata) {
   EXPECT_ERROR_HAS(container::ContainerFile{p}, "corrupt metadata: checksum mismatch");
 }
 
+// Paged, a unit is checked again every time it comes back from the file: bytes rewritten
+// under a running store after the first use are refused at the next page-in.
+TEST_F(Containers, PagedUnitIsCheckedAgainAtEveryPageIn) {
+  const fs::path p = copy_of("bf16", "rewritten-unit");
+  const Parsed r = parse(p);
+  const container::UnitEntry* unit = nullptr;
+  for (const auto& u : r.index.units)
+    if (u.name == "transformer.double.1") unit = &u;
+  ASSERT_NE(unit, nullptr);
+  const container::TensorEntry& t = r.index.tensors[unit->first_tensor + 2];
+  ContainerStore store(p, {.residency = Residency::Paged});
+  EXPECT_NO_THROW(store.acquire("transformer.double.1"));  // checked, used, dropped
+  flip_bit(p, t.offset + t.size / 2, 6);
+  EXPECT_ERROR_HAS(store.acquire("transformer.double.1"),
+                   "unit transformer.double.1 is corrupt: checksum mismatch");
+}
+
 TEST_F(Containers, FlippedBitInAUnitIsRefusedWhenPagedInAndNamedByVerify) {
   const fs::path p = copy_of("bf16", "bad-unit");
   const Parsed r = parse(p);

@@ -6,9 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
+#include "core/files.h"
 #include "core/npy.h"
 #include "formats/image/image.h"
 #include "formats/safetensors.h"
@@ -289,6 +292,76 @@ namespace {
 
 // The container path end to end: convert, verify, generate. A BF16 container holds the
 // source bytes unchanged, so its image equals the one made straight from the safetensors.
+// Runs `klein generate ARGS --json` on a container; when the first denoising step is reported,
+// calls `meddle` (which changes the container under the running process); returns the exit
+// status, with stderr in *log.
+int generate_and_meddle(const std::string& args, const std::function<void()>& meddle,
+                        const fs::path& dir, std::string* log) {
+  const fs::path err = dir / "stderr.txt";
+  const std::string command = std::string(KLEIN_BINARY) + " generate " + args + " --json 2>" +
+                              err.string();
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) return -1;
+  char line[4096];
+  bool done = false;
+  while (std::fgets(line, sizeof line, pipe)) {
+    if (!done && std::strstr(line, "\"event\":\"step\"") && std::strstr(line, "\"denoise\"")) {
+      meddle();
+      done = true;
+    }
+  }
+  const int status = ::pclose(pipe);
+  *log = read_text_file(err);
+  EXPECT_TRUE(done) << "no denoising step was reported: " << *log;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// A container truncated, or rewritten in place, while a generation runs: a message naming the
+// file and a plain failure, never SIGBUS or an image from two versions of the weights.
+TEST(ContainerCli, ContainerChangedDuringTheRunIsAnErrorNotACrash) {
+  const fs::path out = testing::temp_dir("container-meddle");
+  const fs::path original = out / "tiny.klein";
+  std::string log;
+  ASSERT_EQ(testing::run_klein("convert -m " + testing::tiny_model().string() + " -t q8 -o " +
+                                   original.string(), &log), 0) << log;
+  const std::string text = read_text_file(original);
+  const std::string args = " -p x -W 512 -H 512 -s 8 --seed 1 --no-cache --threads 2 -o ";
+
+  for (const char* residency : {"paged", "resident"}) {
+    SCOPED_TRACE(residency);
+    // Truncated to its first page.
+    fs::copy_file(original, out / "t.klein", fs::copy_options::overwrite_existing);
+    const int truncated = generate_and_meddle(
+        "-m " + (out / "t.klein").string() + " --residency " + residency + args +
+            (out / "t.png").string(),
+        [&] { fs::resize_file(out / "t.klein", 4096); }, out, &log);
+    EXPECT_EQ(truncated, 1) << log;
+    EXPECT_NE(log.find((out / "t.klein").string() + " shrank while in use"), std::string::npos)
+        << log;
+    EXPECT_FALSE(fs::exists(out / "t.png"));
+
+    // The second half rewritten in place with other bytes, same size.
+    fs::copy_file(original, out / "r.klein", fs::copy_options::overwrite_existing);
+    const int rewritten = generate_and_meddle(
+        "-m " + (out / "r.klein").string() + " --residency " + residency + args +
+            (out / "r.png").string(),
+        [&] {
+          std::string other = text;
+          for (size_t i = other.size() / 2; i < other.size(); ++i) other[i] = char(~other[i]);
+          std::FILE* f = std::fopen((out / "r.klein").c_str(), "r+b");
+          ASSERT_NE(f, nullptr);
+          std::fwrite(other.data(), 1, other.size(), f);
+          std::fclose(f);
+        },
+        out, &log);
+    EXPECT_EQ(rewritten, 1) << log;
+    EXPECT_TRUE(log.find("checksum") != std::string::npos ||
+                log.find("was modified while this generation read it") != std::string::npos)
+        << log;
+    EXPECT_FALSE(fs::exists(out / "r.png"));
+  }
+}
+
 TEST(ContainerCli, ConvertVerifyGenerateMatchesTheSource) {
   const fs::path out = testing::temp_dir("container-e2e");
   const fs::path ctr = out / "tiny-bf16.klein";
