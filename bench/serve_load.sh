@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Load test of `klein serve`: CLIENTS concurrent clients each send REQUESTS text-to-image
-# requests (OpenAI route, fixed size and steps, seeds 1, 2, ...) to one server; prints each
-# request's status and latency, then a summary: images per minute, latency min / median / max,
-# how many were refused with 429, and the server's peak RSS.
+# Load test of `klein serve`: after one warm-up request, CLIENTS concurrent clients each send
+# REQUESTS text-to-image requests (OpenAI route, fixed size and steps, seeds 1, 2, ...) to one
+# server; prints each request's status and latency, then a summary: images per minute,
+# latency min / median / max, how many were refused with 429, the server's peak RSS and its
+# RSS after the warm-up and after the last request (flat when nothing leaks).
 #
 #   bench/serve_load.sh -m /tmp/synth-q4.klein -c 2 -n 2 -s 256 --steps 2
 #
@@ -64,11 +65,19 @@ client() {
       "$url/v1/images/generations"
   done
 }
+rss() { awk '/VmRSS/ {print $2}' "/proc/$server/status"; }
+# One request first, so that the RSS after it (model opened, first generation's memory
+# returned) is the baseline the rest is compared with: a leak shows as growth.
+curl -s -o /dev/null -H 'Content-Type: application/json' \
+  -d "{\"prompt\": \"warm up\", \"size\": \"${size}x${size}\", \"steps\": $steps, \"seed\": 0}" \
+  "$url/v1/images/generations"
+rss_first=$(rss)
 start=$(date +%s.%N)
 for ((c = 0; c < clients; ++c)); do client $c >"$work/client-$c.txt" & done
 wait $(jobs -p | grep -v "^$server$") 2>/dev/null || true
 end=$(date +%s.%N)
 peak_kib=$(awk '/VmHWM/ {print $2}' "/proc/$server/status")
+rss_last=$(rss)
 
 echo "| client | seed | status | latency s |"
 echo "| ---: | ---: | ---: | ---: |"
@@ -87,4 +96,4 @@ if ((ok > 0)); then
     printf "latency of the served ones: min %.1f s, median %.1f s, max %.1f s\n",
       lat[1], lat[int((NR + 1) / 2)], lat[NR] }' "$work/latencies.txt"
 fi
-echo "server peak RSS: $((peak_kib / 1024)) MiB"
+echo "server peak RSS: $((peak_kib / 1024)) MiB; RSS after the warm-up request $((rss_first / 1024)) MiB, after the last $((rss_last / 1024)) MiB"

@@ -31,8 +31,9 @@ struct ConvertArgs {
   int threads = 0;
 };
 
-// Ctrl-C: the first interrupt asks the converter to stop (it removes its temporary file
-// and returns an error); a second one removes the temporary file here and exits at once.
+// Ctrl-C, SIGTERM or SIGHUP (a closed terminal): the first asks the converter to stop (it
+// removes its temporary file and returns an error); a second one removes the temporary file
+// here and exits at once.
 std::atomic<bool> g_cancel{false};
 char g_temp_path[4096];
 
@@ -50,16 +51,19 @@ class InterruptGuard {
     sigemptyset(&sa.sa_mask);
     ::sigaction(SIGINT, &sa, &old_int_);
     ::sigaction(SIGTERM, &sa, &old_term_);
+    ::sigaction(SIGHUP, &sa, &old_hup_);
   }
   ~InterruptGuard() {
     ::sigaction(SIGINT, &old_int_, nullptr);
     ::sigaction(SIGTERM, &old_term_, nullptr);
+    ::sigaction(SIGHUP, &old_hup_, nullptr);
     g_temp_path[0] = '\0';
   }
 
  private:
   struct sigaction old_int_ {};
   struct sigaction old_term_ {};
+  struct sigaction old_hup_ {};
 };
 
 std::string mb(uint64_t bytes) {

@@ -83,10 +83,12 @@ uint64_t ContainerFile::unit_checksum(const UnitEntry& u, bool drop_pages) const
 
 void ContainerFile::check_unit(const UnitEntry& u, bool drop_pages) const {
   const uint64_t sum = unit_checksum(u, drop_pages);
-  check(sum == u.xxh3, path().string(), ": unit ", u.name,
-        " is corrupt: checksum mismatch over bytes [", u.offset, ", ", u.offset + u.size,
-        ") (stored ", hex64(u.xxh3), ", computed ", hex64(sum),
-        "); convert the model again or restore the file");
+  // The message is built only on failure: this runs at every page-in, inside the steps.
+  if (sum != u.xxh3)
+    fail(path().string(), ": unit ", u.name,
+         " is corrupt: checksum mismatch over bytes [", u.offset, ", ", u.offset + u.size,
+         ") (stored ", hex64(u.xxh3), ", computed ", hex64(sum),
+         "); convert the model again or restore the file");
 }
 
 VerifyReport verify_container(const ContainerFile& file,

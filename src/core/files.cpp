@@ -19,7 +19,32 @@ namespace klein {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// Removes "<name>.tmp-<pid>" files next to `path` whose process no longer runs: what a run
+// killed before it could clean up left behind. A pid that runs again (reused) keeps its file.
+void remove_stale_temps(const fs::path& path) {
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  const std::string prefix = path.filename().string() + ".tmp-";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = pid_t(std::stol(digits));
+    if (pid <= 0 || pid == ::getpid()) continue;
+    if (::kill(pid, 0) == -1 && errno == ESRCH) {
+      std::error_code ignored;
+      fs::remove(it->path(), ignored);
+    }
+  }
+}
+
+}  // namespace
+
 AtomicFile::AtomicFile(fs::path path) : path_(std::move(path)) {
+  remove_stale_temps(path_);
   temp_ = path_;
   temp_ += ".tmp-" + std::to_string(::getpid());
   file_ = std::fopen(temp_.c_str(), "wb");

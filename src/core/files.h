@@ -12,7 +12,8 @@ namespace klein {
 
 // Writes to "<path>.tmp-<pid>" and renames onto `path` in commit(); if the object dies
 // without commit() (an error, an exception) the temporary file is removed, so a failed
-// run never leaves a partial output behind.
+// run never leaves a partial output behind. Temporary files of `path` that processes no
+// longer running left behind (killed with no chance to clean up) are removed on creation.
 class AtomicFile {
  public:
   explicit AtomicFile(std::filesystem::path path);

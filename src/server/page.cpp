@@ -1,7 +1,7 @@
-// The page `klein serve` shows at /: a form over the A1111 routes the server already has
-// (txt2img, progress with its preview, interrupt). Query parameters fill the form (prompt,
-// negative, width, height, steps, seed, guidance) and run=1 starts it, so a link can
-// reproduce an image.
+// The page `klein serve` shows at /: a form over the routes the server already has (txt2img,
+// or the OpenAI edits route when reference images are chosen; progress with its preview;
+// interrupt). Query parameters fill the form (prompt, negative, width, height, steps, seed,
+// guidance) and run=1 starts it, so a link can reproduce an image. No external URLs.
 #include "server/page.h"
 
 namespace klein {
@@ -42,6 +42,9 @@ const char* const kServerPage = R"html(<!doctype html>
     <input id="seed" type="number" min="-1" value="-1" title="seed (-1: random)">
     <input id="guidance" type="number" min="0" step="0.1" placeholder="default" title="guidance">
   </div>
+  <label for="refs">References</label>
+  <input id="refs" type="file" accept="image/png,image/jpeg" multiple
+         title="images to edit from (the output takes the first one's size unless width/height are set)">
   <label for="key">API key</label>
   <input id="key" type="password" placeholder="if the server asks for one">
   <span></span>
@@ -86,12 +89,45 @@ async function poll(state) {
     await new Promise((done) => setTimeout(done, 400));
   }
 }
+// Text to image through txt2img; with reference files, editing through the OpenAI edits
+// route (multipart). Either way: [base64 PNGs], seed, width, height, steps.
+async function request() {
+  const refs = $("refs").files;
+  const seed = Number($("seed").value);
+  if (refs.length === 0) {
+    const body = { prompt: $("prompt").value, negative_prompt: $("negative").value,
+                   width: Number($("width").value), height: Number($("height").value), seed };
+    if ($("steps").value) body.steps = Number($("steps").value);
+    if ($("guidance").value) body.cfg_scale = Number($("guidance").value);
+    const r = await fetch("/sdapi/v1/txt2img", { method: "POST", headers: headers(),
+                                                  body: JSON.stringify(body) });
+    const reply = await r.json();
+    if (!r.ok) throw new Error(reply.detail || reply.error || r.statusText);
+    const info = JSON.parse(reply.info);
+    return { images: reply.images, seed: info.seed, width: info.width, height: info.height,
+             steps: info.steps };
+  }
+  const form = new FormData();
+  form.append("prompt", $("prompt").value);
+  if ($("negative").value) form.append("negative_prompt", $("negative").value);
+  if ($("width").value && $("height").value)
+    form.append("size", $("width").value + "x" + $("height").value);
+  if ($("steps").value) form.append("steps", $("steps").value);
+  if ($("guidance").value) form.append("guidance", $("guidance").value);
+  if (seed >= 0) form.append("seed", String(seed));
+  for (const f of refs) form.append("image[]", f, f.name);
+  const h = headers();
+  delete h["Content-Type"];  // the browser sets the multipart boundary
+  const r = await fetch("/v1/images/edits", { method: "POST", headers: h, body: form });
+  const reply = await r.json();
+  if (!r.ok) throw new Error((reply.error && reply.error.message) || r.statusText);
+  const first = atob(reply.data[0].b64_json);
+  // The PNG header holds the size: width and height at bytes 16..23, big-endian.
+  const word = (at) => [0, 1, 2, 3].reduce((v, i) => v * 256 + first.charCodeAt(at + i), 0);
+  return { images: reply.data.map((d) => d.b64_json), seed: reply.data[0].seed,
+           width: word(16), height: word(20), steps: $("steps").value || "default" };
+}
 async function generate() {
-  const body = { prompt: $("prompt").value, negative_prompt: $("negative").value,
-                 width: Number($("width").value), height: Number($("height").value),
-                 seed: Number($("seed").value) };
-  if ($("steps").value) body.steps = Number($("steps").value);
-  if ($("guidance").value) body.cfg_scale = Number($("guidance").value);
   const state = { running: true };
   $("go").disabled = true;
   $("stop").disabled = false;
@@ -100,12 +136,8 @@ async function generate() {
   const polling = poll(state);
   const started = performance.now();
   try {
-    const r = await fetch("/sdapi/v1/txt2img", { method: "POST", headers: headers(),
-                                                  body: JSON.stringify(body) });
-    const reply = await r.json();
-    if (!r.ok) throw new Error(reply.detail || reply.error || r.statusText);
-    const info = JSON.parse(reply.info);
-    for (const png of reply.images) {
+    const info = await request();
+    for (const png of info.images) {
       const img = document.createElement("img");
       img.className = "result";
       img.src = "data:image/png;base64," + png;

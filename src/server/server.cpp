@@ -381,9 +381,15 @@ struct Server::Impl {
 
   // --- routes --------------------------------------------------------------------------------
 
+  // Compared in time that does not depend on where the first wrong byte is.
   bool authorized(const httplib::Request& req) const {
     if (options.api_key.empty()) return true;
-    return req.get_header_value("Authorization") == "Bearer " + options.api_key;
+    const std::string expected = "Bearer " + options.api_key;
+    const std::string given = req.get_header_value("Authorization");
+    unsigned char diff = given.size() == expected.size() ? 0 : 1;
+    for (size_t i = 0; i < expected.size(); ++i)
+      diff |= static_cast<unsigned char>(expected[i] ^ (i < given.size() ? given[i] : 0));
+    return diff == 0;
   }
 
   json parse_json(const httplib::Request& req) const {
@@ -396,8 +402,9 @@ struct Server::Impl {
   // OpenAI: {"created": t, "data": [{"b64_json": ..., "revised_prompt": ...}]}
   static json openai_reply(const Made& made, const std::string& prompt) {
     json data = json::array();
-    for (const std::string& png : made.png)
-      data.push_back({{"b64_json", png}, {"revised_prompt", prompt}});
+    for (size_t i = 0; i < made.png.size(); ++i)
+      data.push_back({{"b64_json", made.png[i]}, {"revised_prompt", prompt},
+                      {"seed", made.seeds[i]}});  // seed: an extension
     return {{"created", int64_t(std::time(nullptr))}, {"data", data}};
   }
 

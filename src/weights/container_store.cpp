@@ -137,6 +137,16 @@ std::string ContainerStore::identity() const {
 
 void ContainerStore::check_unit_locked(UnitState& s, std::unique_lock<std::mutex>& lock) {
   if (s.checked || !options_.check_on_first_acquire) return;
+  if (s.checked_before && !s.checking.valid()) {
+    // A page-in after the first (paged): checked here, keeping the pages it reads since they
+    // are used next, and without a future (nothing is allocated inside a denoising step).
+    const container::UnitEntry* e = s.entry;
+    lock.unlock();
+    file_.check_unit(*e, false);
+    lock.lock();
+    s.checked = true;
+    return;
+  }
   // The check runs without the lock (a big unit takes a while to read); threads wanting the
   // same unit wait for the one check, whether a prefetch or an acquire started it. Paged, it
   // drops what it has hashed: the unit is faulted in again (from the page cache) as it is used.
@@ -155,7 +165,7 @@ void ContainerStore::check_unit_locked(UnitState& s, std::unique_lock<std::mutex
   lock.lock();
   s.checking = {};
   pending.get();  // rethrows the check's error; the next acquire checks again
-  s.checked = true;
+  s.checked = s.checked_before = true;
 }
 
 UnitRef ContainerStore::acquire(const std::string& unit) {
@@ -212,7 +222,10 @@ void ContainerStore::prefetch(const std::string& unit) {
   if (!s.live.expired()) return;  // held: its pages are in already
   tracker_.prefetched(unit, e.size);
   ::madvise(const_cast<std::byte*>(file_.at(e.offset)), size_t(e.size), MADV_WILLNEED);
-  if (s.checked || s.checking.valid() || !options_.check_on_first_acquire) return;
+  // The read-ahead checks a unit's first page-in in the background; later ones are checked
+  // by acquire (see check_unit_locked).
+  if (s.checked || s.checked_before || s.checking.valid() || !options_.check_on_first_acquire)
+    return;
   const container::ContainerFile* file = &file_;
   const bool drop = options_.residency == Residency::Paged;
   s.checking =

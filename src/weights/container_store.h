@@ -75,8 +75,9 @@ class ContainerStore final : public WeightStore {
   struct UnitState {
     const container::UnitEntry* entry = nullptr;
     std::string prefix;
-    bool checked = false;
-    std::shared_future<void> checking;  // a prefetch's background check
+    bool checked = false;               // since its pages last came in
+    bool checked_before = false;        // at some earlier page-in
+    std::shared_future<void> checking;  // a prefetch's background check (the first one)
     std::unique_ptr<WeightUnit> views;  // built at the first acquire, kept (views only)
     LeaseSlot slot;                     // where the live reference's lease is made
     std::weak_ptr<const WeightUnit> live;

@@ -1,11 +1,14 @@
 // End-to-end: `klein generate` on the tiny model with the reference noise reproduces every
 // stage the official pipeline recorded (vectors/e2e/<case>/) and its PNG.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -298,7 +301,11 @@ namespace {
 int generate_and_meddle(const std::string& args, const std::function<void()>& meddle,
                         const fs::path& dir, std::string* log) {
   const fs::path err = dir / "stderr.txt";
-  const std::string command = std::string(KLEIN_BINARY) + " generate " + args + " --json 2>" +
+  // Under AddressSanitizer the program's own SIGBUS handler is the one being tested.
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  const std::string command = "ASAN_OPTIONS='" + (asan ? std::string(asan) + ":" : "") +
+                              "handle_sigbus=0:allow_user_segv_handler=1' " +
+                              std::string(KLEIN_BINARY) + " generate " + args + " --json 2>" +
                               err.string();
   FILE* pipe = ::popen(command.c_str(), "r");
   if (!pipe) return -1;
@@ -360,6 +367,73 @@ TEST(ContainerCli, ContainerChangedDuringTheRunIsAnErrorNotACrash) {
         << log;
     EXPECT_FALSE(fs::exists(out / "r.png"));
   }
+}
+
+bool has_temp_file(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().find(".tmp-") != std::string::npos) return true;
+  return false;
+}
+
+// SIGHUP (a closed terminal) during convert: the converter stops, removes its temporary file
+// and fails; nothing is left at the target.
+TEST(ContainerCli, HangupDuringConvertLeavesNoFiles) {
+  const fs::path out = testing::temp_dir("convert-hangup");
+  bool signalled = false;
+  for (int attempt = 0; attempt < 5 && !signalled; ++attempt) {
+    fs::remove(out / "m.klein");
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const std::string model = testing::tiny_model().string(), target = (out / "m.klein").string();
+      ::execl(KLEIN_BINARY, KLEIN_BINARY, "convert", "-m", model.c_str(), "-t", "f32", "-o",
+              target.c_str(), "--threads", "1", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    // Signal as soon as the temporary file exists.
+    for (int i = 0; i < 20000 && !signalled; ++i) {
+      if (has_temp_file(out)) {
+        ::kill(pid, SIGHUP);
+        signalled = true;
+      } else {
+        int status = 0;
+        if (::waitpid(pid, &status, WNOHANG) == pid) break;  // finished first: try again
+        ::usleep(200);
+      }
+    }
+    if (!signalled) continue;
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1)
+        << (WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                : "exit " + std::to_string(WEXITSTATUS(status)));
+  }
+  ASSERT_TRUE(signalled) << "the conversion never showed its temporary file";
+  EXPECT_FALSE(has_temp_file(out));
+  EXPECT_FALSE(fs::exists(out / "m.klein"));
+}
+
+// Temporary files that killed runs left next to an output are removed by the next run that
+// writes there; one of a process still running is kept.
+TEST(GenerateCli, StaleTempFilesOfDeadRunsAreRemoved) {
+  const fs::path out = testing::temp_dir("stale-temps");
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const fs::path stale = out / ("x.png.tmp-" + std::to_string(dead));
+  const fs::path live = out / ("x.png.tmp-" + std::to_string(::getpid()));
+  testing::write_text(stale, "partial");
+  testing::write_text(live, "partial");
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate -m " + testing::tiny_model().string() +
+                                   " -p x -W 64 -H 64 -s 1 --seed 1 --no-cache -q -o " +
+                                   (out / "x.png").string(),
+                               &log),
+            0)
+      << log;
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(out / "x.png"));
 }
 
 TEST(ContainerCli, ConvertVerifyGenerateMatchesTheSource) {

@@ -146,6 +146,7 @@ TEST(Serve, OpenAiAndA1111RequestsMakeTheCliPixels) {
                              {{"prompt", kPrompt}, {"size", "64x48"}, {"n", 2}, {"seed", 5},
                               {"steps", 3}, {"model", "ignored"}});
   ASSERT_EQ(gen["data"].size(), 2u);
+  EXPECT_EQ(gen["data"][1]["seed"], 6);
   EXPECT_GT(gen["created"].get<int64_t>(), 0);
   EXPECT_EQ(png_of(gen["data"][0]["b64_json"]).rgb,
             cli("--seed 5 -W 64 -H 48 -s 3", out / "a.png").rgb);
