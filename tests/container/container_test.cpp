@@ -436,16 +436,20 @@ TEST_F(Containers, FlippedBitInTheMetadata) {
   EXPECT_ERROR_HAS(container::ContainerFile{p}, "corrupt metadata: checksum mismatch");
 }
 
+// A tensor inside unit transformer.double.1 of the container at p (its third).
+container::TensorEntry middle_tensor_of_double_1(const fs::path& p) {
+  const Parsed r = parse(p);
+  for (const auto& u : r.index.units)
+    if (u.name == "transformer.double.1") return r.index.tensors[u.first_tensor + 2];
+  ADD_FAILURE() << "no unit transformer.double.1 in " << p;
+  return {};
+}
+
 // Paged, a unit is checked again every time it comes back from the file: bytes rewritten
 // under a running store after the first use are refused at the next page-in.
 TEST_F(Containers, PagedUnitIsCheckedAgainAtEveryPageIn) {
   const fs::path p = copy_of("bf16", "rewritten-unit");
-  const Parsed r = parse(p);
-  const container::UnitEntry* unit = nullptr;
-  for (const auto& u : r.index.units)
-    if (u.name == "transformer.double.1") unit = &u;
-  ASSERT_NE(unit, nullptr);
-  const container::TensorEntry& t = r.index.tensors[unit->first_tensor + 2];
+  const container::TensorEntry t = middle_tensor_of_double_1(p);
   ContainerStore store(p, {.residency = Residency::Paged});
   EXPECT_NO_THROW(store.acquire("transformer.double.1"));  // checked, used, dropped
   flip_bit(p, t.offset + t.size / 2, 6);
@@ -455,12 +459,7 @@ TEST_F(Containers, PagedUnitIsCheckedAgainAtEveryPageIn) {
 
 TEST_F(Containers, FlippedBitInAUnitIsRefusedWhenPagedInAndNamedByVerify) {
   const fs::path p = copy_of("bf16", "bad-unit");
-  const Parsed r = parse(p);
-  const container::UnitEntry* unit = nullptr;
-  for (const auto& u : r.index.units)
-    if (u.name == "transformer.double.1") unit = &u;
-  ASSERT_NE(unit, nullptr);
-  const container::TensorEntry& t = r.index.tensors[unit->first_tensor + 2];
+  const container::TensorEntry t = middle_tensor_of_double_1(p);
   flip_bit(p, t.offset + t.size / 2, 6);
 
   // Opening reads no tensor data; the unit is refused when acquired, the others still work.

@@ -425,12 +425,9 @@ TEST(GenerateCli, StaleTempFilesOfDeadRunsAreRemoved) {
   testing::write_text(stale, "partial");
   testing::write_text(live, "partial");
   std::string log;
-  ASSERT_EQ(testing::run_klein("generate -m " + testing::tiny_model().string() +
-                                   " -p x -W 64 -H 64 -s 1 --seed 1 --no-cache -q -o " +
-                                   (out / "x.png").string(),
-                               &log),
-            0)
-      << log;
+  const std::string args = " -p x -W 64 -H 64 -s 1 --seed 1 --no-cache -q -o ";
+  ASSERT_EQ(testing::run_klein("generate -m " + testing::tiny_model().string() + args +
+                                   (out / "x.png").string(), &log), 0) << log;
   EXPECT_FALSE(fs::exists(stale));
   EXPECT_TRUE(fs::exists(live));
   EXPECT_TRUE(fs::exists(out / "x.png"));
