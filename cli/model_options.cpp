@@ -20,6 +20,13 @@ void add_model_options(CLI::App& cmd, ModelPaths& paths) {
   cmd.add_option("--vae", paths.vae,
                  "VAE safetensors file (BFL or diffusers names); overrides the one in -m")
       ->group(group);
+  std::string names;
+  for (const auto& n : variant_names()) names += (names.empty() ? "" : ", ") + n;
+  cmd.add_option("--variant", paths.variant,
+                 "which klein a checkpoint without model_index.json is (" + names +
+                     "): base models run 50 steps with CFG, 9b-kv caches its references' "
+                     "keys and values; must agree where the checkpoint says")
+      ->group(group);
   cmd.add_option("--tokenizer", paths.tokenizer,
                  "tokenizer directory (vocab.json, merges.txt, tokenizer_config.json); "
                  "overrides the one in -m")

@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -150,13 +152,61 @@ std::string file_identity(const fs::path& p) {
 
 }  // namespace
 
+const std::vector<std::string>& variant_names() {
+  static const std::vector<std::string> names = {"4b", "4b-base", "9b", "9b-base", "9b-kv"};
+  return names;
+}
+
+namespace {
+
+// What a --variant name says: base (CFG) or distilled, the K/V pipeline, and the size.
+struct Variant {
+  bool distilled = true;
+  bool reference_cache = false;
+  bool nine_b = false;
+};
+
+Variant parse_variant(const std::string& name) {
+  const auto& names = variant_names();
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    std::string list;
+    for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+    fail("--variant ", name, ": expected one of ", list);
+  }
+  return {name.find("-base") == std::string::npos, name == "9b-kv", name.rfind("9b", 0) == 0};
+}
+
+// Applies --variant to a configuration: checks it against what the weights or files already
+// decide (the klein-4B's widths; a model_index.json's pipeline) and sets the rest.
+void apply_variant(const std::string& name, bool declared, ModelConfig& config,
+                   const std::string& where) {
+  if (name.empty()) return;
+  const Variant v = parse_variant(name);
+  // klein-4B: inner width 3072 (24 heads x 128), Qwen3-4B text encoder (hidden 2560).
+  const bool is_4b = config.transformer.inner_dim() == 3072 && config.text_encoder.hidden == 2560;
+  check(!(v.nine_b && is_4b), "--variant ", name, ": ", where, " holds klein-4B weights "
+        "(inner width 3072, text encoder hidden size 2560)");
+  if (declared)
+    check(config.is_distilled == v.distilled && config.reference_cache == v.reference_cache,
+          "--variant ", name, ": ", where, " declares a ",
+          config.reference_cache ? "K/V-cache" : config.is_distilled ? "distilled" : "base",
+          " model; --variant is for checkpoints that do not say");
+  config.is_distilled = v.distilled;
+  config.reference_cache = v.reference_cache;
+}
+
+}  // namespace
+
 std::unique_ptr<WeightStore> open_model(const ModelPaths& paths) {
   // A container holds every component (and the tokenizer).
   if (!paths.model.empty() && container::is_container(paths.model)) {
     check(paths.diffusion_model.empty() && paths.text_encoder.empty() && paths.vae.empty(),
           "-m ", paths.model.string(), " is a klein container, which holds every component; "
           "--diffusion-model, --text-encoder and --vae cannot be combined with it");
-    return std::make_unique<ContainerStore>(paths.model);
+    auto store = std::make_unique<ContainerStore>(paths.model);
+    ModelConfig config = store->config();
+    apply_variant(paths.variant, true, config, paths.model.string());
+    return store;
   }
   return open_source_model(paths);
 }
@@ -234,6 +284,8 @@ std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths) {
     if (index.contains("_class_name") && index["_class_name"].is_string())
       config.reference_cache = index["_class_name"] == "Flux2KleinKVPipeline";
   }
+  apply_variant(paths.variant, !d.model_index.empty(), config,
+                d.model_index.empty() ? d.transformer.weights.string() : d.model_index.string());
 
   check_tensors(expected_transformer(config.transformer), t_shapes, Component::Transformer,
                 d.transformer.weights.string());

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "weights/weight_store.h"
 
@@ -20,7 +21,14 @@ struct ModelPaths {
   std::filesystem::path text_encoder;
   std::filesystem::path vae;
   std::filesystem::path tokenizer;        // directory
+  // --variant: 4b, 4b-base, 9b, 9b-base or 9b-kv, for checkpoints that do not say (single
+  // files have no model_index.json). Sets distilled/base and the K/V pipeline; where the
+  // checkpoint does say, it must agree. Empty: what the checkpoint says, else distilled.
+  std::string variant;
 };
+
+// The variant names --variant accepts.
+const std::vector<std::string>& variant_names();
 
 class SourceStore;
 

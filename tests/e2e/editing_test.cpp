@@ -137,6 +137,34 @@ TEST_P(ReferenceKvCache, MatchesTheOfficialPipelineAtEveryStep) {
   EXPECT_NE(read_text_file(plain), read_text_file(out / "image.png"));
 }
 
+// Single files carry no model_index.json: --variant 9b-kv says what the checkpoint is, and
+// the result is the K/V pipeline's; a variant that contradicts a declared one is refused.
+TEST(ReferenceKvCacheVariant, SingleFilesWithVariantRunTheKvPipeline) {
+  const fs::path ref_dir = testing::golden_vectors("klein-tiny-kv", "kv") / "kv_1ref_h64_w64";
+  const fs::path out = testing::temp_dir("kv-variant");
+  const fs::path m = testing::tiny_model();
+  const std::string files = " --diffusion-model " +
+                            (m / "transformer" / "diffusion_pytorch_model.safetensors").string() +
+                            " --text-encoder " + (m / "text_encoder" / "model.safetensors.index.json").string() +
+                            " --vae " + (m / "vae" / "diffusion_pytorch_model.safetensors").string() +
+                            " --tokenizer " + (m / "tokenizer").string();
+  const std::string args = " -p \"turn the object into gold\" -s 4 -W 64 -H 64 -r " +
+                           (ref_dir / "ref0.png").string() + " --noise " +
+                           (ref_dir / "noise.npy").string() + " --no-cache --threads 2 -q -o ";
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate" + files + " --variant 9b-kv" + args +
+                                   (out / "image.png").string(), &log), 0) << log;
+  testing::expect_png_matches(out / "image.png", ref_dir / "image.png", 64, 64);
+
+  EXPECT_NE(testing::run_klein("generate -m " + m.string() + " --variant 9b-kv" + args +
+                                   (out / "x.png").string(), &log), 0);
+  EXPECT_NE(log.find("declares a distilled model"), std::string::npos) << log;
+  EXPECT_NE(testing::run_klein("generate" + files + " --variant 7b" + args +
+                                   (out / "x.png").string(), &log), 0);
+  EXPECT_NE(log.find("--variant"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(out / "x.png"));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     TinyModel, ReferenceKvCache,
     ::testing::Values(KvCase{"kv_1ref_h64_w64", "turn the object into gold", 64, 64, 1},
