@@ -29,6 +29,8 @@ struct ConvertArgs {
   bool print_policy = false;
   int alignment_kib = 64;
   int threads = 0;
+  std::vector<std::string> loras;
+  bool quiet = false;
 };
 
 // Ctrl-C, SIGTERM or SIGHUP (a closed terminal): the first asks the converter to stop (it
@@ -92,11 +94,12 @@ void run_convert(const ConvertArgs& a) {
   o.alignment = uint64_t(a.alignment_kib) << 10;
   o.threads = a.threads;
   o.cancel = &g_cancel;
-  o.stage = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
+  for (const auto& text : a.loras) o.loras.push_back(parse_lora_argument(text));
+  if (!a.quiet) o.stage = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
   o.on_temp_file = [](const std::filesystem::path& p) {
     std::strncpy(g_temp_path, p.c_str(), sizeof g_temp_path - 1);
   };
-  o.progress = [](const convert::ConvertProgress& p) {
+  if (!a.quiet) o.progress = [](const convert::ConvertProgress& p) {
     const double rate = p.seconds > 0 ? double(p.source_bytes) / 1e6 / p.seconds : 0;
     std::fprintf(stderr, "[%3zu/%zu] %-28s read %10s  wrote %10s  %7.1f MB/s\n", p.unit, p.units,
                  p.name.c_str(), mb(p.source_bytes).c_str(), mb(p.written_bytes).c_str(), rate);
@@ -104,6 +107,7 @@ void run_convert(const ConvertArgs& a) {
   g_cancel = false;
   InterruptGuard guard;
   const convert::ConvertSummary s = convert::convert_model(o);
+  if (a.quiet) return;
   std::fprintf(stderr,
                "wrote %s: %s, %zu units, %zu tensors (%zu dropped) in %.1f s "
                "(source checksums: %.1f s, alongside)\n",
@@ -132,6 +136,11 @@ static Registration reg("convert", 10, [](CLI::App& app) {
   cmd->add_option("--align-kib", a->alignment_kib, "unit alignment in KiB (power of two >= 64)")
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "packing threads (default: all)");
+  cmd->add_option("--lora", a->loras,
+                  "merge a LoRA into the transformer before storing it, FILE or FILE:SCALE; "
+                  "repeat for several (recorded in the container)")
+      ->type_name("FILE[:SCALE]");
+  cmd->add_flag("-q,--quiet", a->quiet, "no progress output (errors are still printed)");
   cmd->callback([a] { run_convert(*a); });
 });
 

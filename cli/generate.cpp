@@ -294,6 +294,14 @@ Registration reg("generate", 10, [](CLI::App& app) {
          },
          "With --init-image: how much to change it, (0, 1]; the last int(steps x strength) "
          "steps run (default 0.8)");
+  cmd->add_option_function<std::vector<std::string>>(
+         "--lora",
+         [a](const std::vector<std::string>& list) {
+           for (const auto& text : list) a->gen.loras.push_back(parse_lora_argument(text));
+         },
+         "LoRA of the transformer, FILE or FILE:SCALE (default scale 1); repeat for several. "
+         "diffusers/PEFT, BFL/ai-toolkit and kohya safetensors; applied beside the weights")
+      ->type_name("FILE[:SCALE]");
   cmd->add_option_function<float>(
          "-g,--guidance",
          [a](float g) {

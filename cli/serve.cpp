@@ -88,6 +88,10 @@ Registration reg("serve", 85, [](CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "Worker threads (default: the usable CPUs)")
       ->check(CLI::Range(0, kMaxThreads));
+  cmd->add_option("--lora-dir", a->server.lora_dir,
+                  "LoRAs requests may use: DIR/NAME.safetensors as <lora:NAME:SCALE> in the "
+                  "prompt (listed at /sdapi/v1/loras)")
+      ->check(CLI::ExistingDirectory);
   add_precision_option(*cmd, a->server.precision);
   add_memory_options(*cmd, a->memory);
   cmd->callback([a] { serve(*a); });

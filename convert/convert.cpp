@@ -21,6 +21,7 @@
 #include "core/version.h"
 #include "formats/container/writer.h"
 #include "formats/xxh3.h"
+#include "ops/low_rank.h"
 #include "quant/types.h"
 #include "weights/container_store.h"
 #include "weights/naming.h"
@@ -219,8 +220,8 @@ void check_f16_range(const Weight& w, const float* v, size_t n) {
 class TensorConverter {
  public:
   TensorConverter(container::ContainerWriter& out, ThreadPool& pool, const SourcePages& pages,
-                  const ConvertOptions& o)
-      : out_(out), pool_(pool), pages_(pages), o_(o) {}
+                  const ConvertOptions& o, const Adapters& adapters)
+      : out_(out), pool_(pool), pages_(pages), o_(o), adapters_(adapters) {}
 
   uint64_t source_bytes = 0;
 
@@ -235,7 +236,8 @@ class TensorConverter {
     e.size = p.size;
     out_.begin_tensor(e);
     const int64_t rows = w.rows(), cols = w.cols();
-    if (w.dtype == p.format.type && w.layout == 0 && p.format.layout == 0) {
+    const std::span<const LoraUpdate> updates = adapters_.on(w.name);
+    if (w.dtype == p.format.type && w.layout == 0 && p.format.layout == 0 && updates.empty()) {
       // Same plain type: the bytes as they are (bit-exact, NaN payloads included).
       const size_t slice = size_t(kSliceElements) * dtype_size(w.dtype);
       for (size_t at = 0; at < w.nbytes; at += slice) {
@@ -260,6 +262,8 @@ class TensorConverter {
           const int64_t a = r0 + gb * g, b = std::min(r1, r0 + ge * g);
           float* f = floats_.data() + size_t(a - r0) * size_t(cols);
           read_rows(w, a, b, f);
+          for (const LoraUpdate& u : updates)  // merged LoRAs: W[a:b] += s · B[a:b] · A
+            ops::merge_low_rank(u.down.data(), u.up.row(a), b - a, cols, u.down.dim(0), u.scale, f);
           if (p.format.type == DType::F16) check_f16_range(w, f, size_t(b - a) * size_t(cols));
           pack_rows(f, b - a, cols, p.format,
                     packed_.data() + storage_size(p.format, a - r0, cols));
@@ -279,6 +283,7 @@ class TensorConverter {
   ThreadPool& pool_;
   const SourcePages& pages_;
   const ConvertOptions& o_;
+  const Adapters& adapters_;
   std::vector<float> floats_;
   std::vector<std::byte> packed_;
 };
@@ -301,6 +306,15 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   std::unique_ptr<WeightStore> store = open_model(o.source);
   const ModelConfig& config = store->config();
   const TokenizerBytes tokenizer = read_tokenizer_files(o.source);
+  json merged_loras = json::array();
+  if (!o.loras.empty()) note("reading " + std::to_string(o.loras.size()) + " LoRA file(s)");
+  const Adapters adapters = Adapters::load(o.loras, config.transformer);
+  for (const LoraFile& f : o.loras) {
+    uint64_t bytes = 0;
+    merged_loras.push_back({{"file", f.path.filename().string()},
+                            {"scale", f.scale},
+                            {"xxh3", hash_file(f.path, bytes, [] { return false; })}});
+  }
 
   // What goes in, in which order, and what is dropped.
   json dropped = json::array();
@@ -402,7 +416,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   note("writing " + o.output.string() + " (source files hashed alongside)");
   ThreadPool pool(o.threads);
   const SourcePages pages(*store);
-  TensorConverter conv(out, pool, pages, o);
+  TensorConverter conv(out, pool, pages, o, adapters);
   ConvertSummary summary;
   const Clock::time_point t0 = Clock::now();
   for (size_t i = 0; i < units.size(); ++i) {
@@ -449,7 +463,8 @@ ConvertSummary convert_model(const ConvertOptions& o) {
         {"alignment", o.alignment},
         {"sources", sources},
         {"dropped", dropped},
-        {"fallbacks", fallbacks}}},
+        {"fallbacks", fallbacks},
+        {"merged_loras", merged_loras}}},
   };
   out.write_metadata(meta.dump(-1, ' ', false, json::error_handler_t::strict));
   out.commit();

@@ -18,6 +18,7 @@
 
 #include "core/dtype.h"
 #include "formats/container/format.h"
+#include "weights/lora.h"
 #include "weights/model_source.h"
 
 namespace klein::convert {
@@ -47,6 +48,9 @@ struct ConvertOptions {
   // Checked between slices; when it becomes true the conversion stops with an error and
   // the temporary file is removed.
   const std::atomic<bool>* cancel = nullptr;
+  // LoRAs merged into the transformer's weights before they are stored: W + s·B·A in float32
+  // (weights/lora.h), recorded in the container's conversion metadata.
+  std::vector<LoraFile> loras;
 };
 
 struct TypeTotals {

@@ -175,6 +175,10 @@ typedef struct klein_generate_params {
   const char* mask;       /* image file, white repaints, black keeps; needs init_image */
   float strength;         /* (0, 1] of the schedule to run; 0: the default 0.8 */
   klein_preview_fn preview; /* may be NULL; called on the generating thread, gets user_data */
+  /* LoRAs of the transformer (as `klein generate --lora FILE:SCALE`), applied in order: */
+  const char* const* loras; /* safetensors files; NULL when lora_count is 0 */
+  const float* lora_scales; /* one per file; NULL: all 1 */
+  int lora_count;
 } klein_generate_params;
 
 KLEIN_API void klein_generate_params_init(klein_generate_params* params);

@@ -130,6 +130,14 @@ klein::GenerateOptions to_options(const klein_session& s, const klein_generate_p
     const auto end = std::to_chars(text, text + sizeof text, p.strength).ptr;
     o.strength = std::strtod(std::string(text, end).c_str(), nullptr);
   }
+  check(p.lora_count >= 0 && (p.lora_count == 0 || p.loras != nullptr), "params.loras: ",
+        p.lora_count, " LoRAs but no array");
+  for (int i = 0; i < p.lora_count; ++i) {
+    check(p.loras[i] != nullptr, "params.loras[", i, "] is NULL");
+    const float scale = p.lora_scales ? p.lora_scales[i] : 1.0f;
+    check(std::isfinite(scale), "params.lora_scales[", i, "]: expected a finite number");
+    o.loras.push_back({p.loras[i], scale});
+  }
   if (!s.prompt_cache_dir.empty()) o.prompt_cache_dir = s.prompt_cache_dir;
   if (s.options.max_memory) o.max_memory = s.options.max_memory;
   if (s.options.residency == KLEIN_RESIDENCY_PAGED) o.residency = klein::Residency::Paged;

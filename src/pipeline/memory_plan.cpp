@@ -115,7 +115,7 @@ uint64_t MemoryEstimate::resident() const {
 
 MemoryEstimate estimate_memory(const WeightStore& store, const MemoryPlanInputs& in) {
   MemoryEstimate e;
-  e.fixed = kFixedBytes;
+  e.fixed = kFixedBytes + in.adapter_bytes;
   const VaeConfig& vae = store.config().vae;
   const uint64_t context = f32_bytes((in.guided ? 2 : 1) * kKleinMaxTokens *
                                      store.config().transformer.context_dim);

@@ -34,6 +34,7 @@ struct MemoryPlanInputs {
   bool guided = false;                                     // CFG: a second context
   bool text_encoder = true;                                // false: the context comes from elsewhere
   bool image = true;                                       // false: the text encoder alone
+  uint64_t adapter_bytes = 0;                              // LoRA updates, held throughout
 };
 
 // Bytes of one phase.

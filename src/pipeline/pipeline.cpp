@@ -142,6 +142,11 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
   for (const auto& file : weights_.origin().files)
     g.model_files.emplace_back(file, FileStamp::of(file));
 
+  // LoRAs: every file read and checked against this transformer before any other work.
+  if (!o.loras.empty())
+    timed(g, progress, "load LoRA", 0, [&](Phase&) {
+      g.adapters = std::make_shared<const Adapters>(Adapters::load(o.loras, config.transformer));
+    });
   if (!o.references.empty())
     timed(g, progress, "load references", 0, [&](Phase&) {
       for (const auto& path : o.references) g.reference_pixels.push_back(load_reference(path));
@@ -245,6 +250,7 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
     if (init_size) need.references.emplace_back(width, height);  // encoded like a reference
     need.steps = r.steps;
     need.guided = g.guided;
+    need.adapter_bytes = g.adapters ? g.adapters->bytes() : 0;
     r.memory = plan_memory(estimate_memory(weights_, need), o.max_memory,
                            available_memory_bytes(), o.residency);
     weights_.set_residency(r.memory->residency);
@@ -431,6 +437,7 @@ void Session::denoise(Generation& g, Progress& progress, const StepHook& on_step
     }
     for (const auto& w : in.schedule.warnings) warn(g, progress, w);
     in.guidance = r.guidance;
+    in.adapters = g.adapters.get();
     in.on_step = [&](const flux2::StepInfo& s) {
       if (dump.on()) {
         const std::string p = "step" + std::to_string(s.step) + "_";
@@ -519,6 +526,10 @@ std::string parameters_text(const GenerateOptions& o, const GenerateResult& r,
   if (!o.references.empty()) s << ", References: " << o.references.size();
   if (r.strength) s << ", Denoising strength: " << *r.strength;
   if (!o.mask.empty()) s << ", Mask: " << o.mask.filename().string();
+  if (!o.loras.empty()) {
+    s << ", LoRA: ";
+    for (size_t i = 0; i < o.loras.size(); ++i) s << (i ? " " : "") << lora_label(o.loras[i]);
+  }
   s << ", Version: klein " << KLEIN_VERSION;
   return s.str();
 }
@@ -544,6 +555,11 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
     j["init_image"] = o.init_image.filename().string();
     j["strength"] = *r.strength;
     if (!o.mask.empty()) j["mask"] = o.mask.filename().string();
+  }
+  if (!o.loras.empty()) {
+    auto& loras = j["loras"] = nlohmann::ordered_json::array();
+    for (const LoraFile& f : o.loras)
+      loras.push_back({{"file", f.path.filename().string()}, {"scale", f.scale}});
   }
   j["program"] = std::string("klein ") + KLEIN_VERSION;
   return j.dump();

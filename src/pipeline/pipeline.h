@@ -29,6 +29,7 @@
 #include "pipeline/memory_plan.h"
 #include "pipeline/progress.h"
 #include "tokenizer/tokenizer.h"
+#include "weights/lora.h"
 #include "weights/model_source.h"
 #include "weights/weight_store.h"
 
@@ -80,6 +81,8 @@ struct GenerateOptions {
   std::optional<Residency> residency;  // force a residency (still checked against max_memory)
   bool plan_only = false;              // stop after the memory plan (result without an image)
   Precision precision = Precision::Auto;
+  // LoRA adapters of the transformer, applied beside its weights (weights/lora.h), in order.
+  std::vector<LoraFile> loras;
 };
 
 // Peak RSS during one phase.
@@ -147,6 +150,7 @@ struct Generation {
   // since (rewritten or replaced under the mapping: the image could mix two models).
   std::vector<std::pair<std::filesystem::path, FileStamp>> model_files;
 
+  std::shared_ptr<const Adapters> adapters;  // start: the LoRAs, read and checked (or null)
   std::vector<Tensor> reference_pixels;  // loaded and checked by start, encoded by prepare
   Tensor init_pixels;                    // image-to-image: [3, H, W], encoded by prepare
   int64_t first_step = 0;                // image-to-image: schedule steps skipped

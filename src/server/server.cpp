@@ -3,12 +3,16 @@
 #include <httplib.h>
 #include <stdlib.h>
 
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <random>
+#include <regex>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -119,6 +123,51 @@ void read_common(const json& body, const ServerOptions& s, GenerateOptions& o,
   o.precision = s.precision;
 }
 
+// The LoRAs of --lora-dir: file name without ".safetensors" -> path.
+std::map<std::string, fs::path> list_loras(const fs::path& dir) {
+  std::map<std::string, fs::path> out;
+  if (dir.empty()) return out;
+  check(fs::is_directory(dir), "--lora-dir ", dir.string(), ": not a directory");
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.is_regular_file() && entry.path().extension() == ".safetensors")
+      out[entry.path().stem().string()] = entry.path();
+  return out;
+}
+
+// A1111's extra-network syntax: every <lora:NAME> or <lora:NAME:SCALE> leaves the prompt and
+// adds that LoRA of the server's list, in order.
+void take_lora_tags(GenerateOptions& o, const std::map<std::string, fs::path>& available) {
+  static const std::regex tag(R"(<lora:([^:<>]+)(?::([^<>]*))?>)");
+  std::string rest;
+  auto from = o.prompt.cbegin();
+  for (std::sregex_iterator it(o.prompt.begin(), o.prompt.end(), tag), end; it != end; ++it) {
+    const std::smatch& m = *it;
+    rest.append(from, m[0].first);
+    from = m[0].second;
+    const std::string name = m[1];
+    auto found = available.find(name);
+    if (found == available.end()) {
+      std::string names;
+      for (const auto& [n, _] : available) names += (names.empty() ? "" : ", ") + n;
+      throw bad_request("\"prompt\": <lora:" + name + "> is not a LoRA of this server (" +
+                        (names.empty() ? "it has none; start it with --lora-dir DIR"
+                                       : "available: " + names) + ")");
+    }
+    float scale = 1.0f;
+    if (m[2].matched) {
+      const std::string text = m[2];
+      const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), scale);
+      if (ec != std::errc() || p != text.data() + text.size() || !std::isfinite(scale))
+        throw bad_request("\"prompt\": <lora:" + name + ":" + text + ">: the scale must be a "
+                          "number");
+    }
+    o.loras.push_back({found->second, scale});
+  }
+  rest.append(from, o.prompt.cend());
+  const size_t first = rest.find_first_not_of(' '), last = rest.find_last_not_of(' ');
+  o.prompt = first == std::string::npos ? "" : rest.substr(first, last - first + 1);
+}
+
 int read_count(std::optional<int64_t> n, int max_images, const char* key) {
   return int(in_range(n.value_or(1), 1, max_images, key));
 }
@@ -186,7 +235,10 @@ struct Server::Impl {
   int waiting = 0;
   bool stopping = false;
 
-  Impl(Model& m, Compute& c, ServerOptions o) : model(m), cx(c), options(std::move(o)) {}
+  std::map<std::string, fs::path> loras;  // --lora-dir
+
+  Impl(Model& m, Compute& c, ServerOptions o)
+      : model(m), cx(c), options(std::move(o)), loras(list_loras(options.lora_dir)) {}
 
   // Holds the generation slot for the lifetime of the object.
   class Slot {
@@ -271,6 +323,7 @@ struct Server::Impl {
   }
 
   Made generate(ImageRequest request) {
+    take_lora_tags(request.options, loras);
     Slot slot(*this);
     {
       const std::lock_guard lock(mutex);
@@ -593,6 +646,11 @@ struct Server::Impl {
               route(false, [this](const httplib::Request& q) { return a1111(q, true); }));
     http.Get("/sdapi/v1/progress",
              route(false, [this](const httplib::Request&) { return progress_reply(); }));
+    http.Get("/sdapi/v1/loras", route(false, [this](const httplib::Request&) {
+               json list = json::array();
+               for (const auto& [name, _] : loras) list.push_back({{"name", name}, {"alias", name}});
+               return list;
+             }));
     http.Post("/sdapi/v1/interrupt",
               route(false, [this](const httplib::Request&) { return interrupt(); }));
   }

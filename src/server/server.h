@@ -48,6 +48,9 @@ struct ServerOptions {
   std::optional<uint64_t> max_memory;  // the generations' memory budget (--max-memory)
   std::optional<Residency> residency;  // forced (--residency), else the memory plan decides
   Precision precision = Precision::Auto;
+  // LoRAs requests may use, by file name without ".safetensors" (A1111's <lora:NAME:SCALE> in
+  // the prompt); empty: none. Requests never name files.
+  std::filesystem::path lora_dir;
 };
 
 class Server {

@@ -94,46 +94,48 @@ std::optional<std::string> bfl_transformer_rename(const std::string& n) {
   return std::nullopt;
 }
 
+// One transformer tensor to its canonical tensor(s): renamed, or split (the BFL fused QKV).
+std::vector<TensorSource> map_one_transformer(const NamedShape& t, bool bfl,
+                                              const std::string& where) {
+  const std::string n = strip_known_prefixes(t.name);
+  if (!bfl) return {{"transformer." + n, t.name}};
+  int64_t i;
+  std::string rest;
+  if (split_index(n, "double_blocks.", i, rest) &&
+      (rest == "img_attn.qkv.weight" || rest == "txt_attn.qkv.weight")) {
+    check(t.shape.size() == 2 && t.shape[0] % 3 == 0, where, ": tensor ", t.name,
+          " should be a fused [3*inner, inner] projection, got ", shape_str(t.shape));
+    const int64_t d = t.shape[0] / 3;
+    const std::string block = "transformer.transformer_blocks." + std::to_string(i) + ".attn.";
+    const bool img = rest[0] == 'i';
+    const char* names[3] = {img ? "to_q" : "add_q_proj", img ? "to_k" : "add_k_proj",
+                            img ? "to_v" : "add_v_proj"};
+    std::vector<TensorSource> out;
+    for (int part = 0; part < 3; ++part)
+      out.push_back({block + names[part] + ".weight", t.name, part * d, (part + 1) * d});
+    return out;
+  }
+  if (n == "final_layer.adaLN_modulation.1.weight") {
+    TensorSource s{"transformer.norm_out.linear.weight", t.name};
+    s.swap_halves = true;
+    return {s};
+  }
+  auto renamed = bfl_transformer_rename(n);
+  if (!renamed) {
+    if (starts_with(n, "guidance_in."))
+      fail(where, ": tensor ", t.name, " is a guidance embedding: this is a guidance-distilled "
+           "FLUX model (FLUX.2-dev?), not FLUX.2-klein");
+    fail(where, ": unknown transformer tensor ", t.name);
+  }
+  return {{"transformer." + *renamed, t.name}};
+}
+
 std::vector<TensorSource> map_transformer(const std::vector<NamedShape>& tensors,
                                           const std::string& where) {
   std::vector<TensorSource> out;
   const bool bfl = is_bfl_transformer(tensors);
-  for (const auto& t : tensors) {
-    const std::string n = strip_known_prefixes(t.name);
-    if (!bfl) {
-      out.push_back({"transformer." + n, t.name});
-      continue;
-    }
-    int64_t i;
-    std::string rest;
-    if (split_index(n, "double_blocks.", i, rest) &&
-        (rest == "img_attn.qkv.weight" || rest == "txt_attn.qkv.weight")) {
-      check(t.shape.size() == 2 && t.shape[0] % 3 == 0, where, ": tensor ", t.name,
-            " should be a fused [3*inner, inner] projection, got ", shape_str(t.shape));
-      const int64_t d = t.shape[0] / 3;
-      const std::string block = "transformer.transformer_blocks." + std::to_string(i) + ".attn.";
-      const bool img = rest[0] == 'i';
-      const char* names[3] = {img ? "to_q" : "add_q_proj", img ? "to_k" : "add_k_proj",
-                              img ? "to_v" : "add_v_proj"};
-      for (int part = 0; part < 3; ++part)
-        out.push_back({block + names[part] + ".weight", t.name, part * d, (part + 1) * d});
-      continue;
-    }
-    if (n == "final_layer.adaLN_modulation.1.weight") {
-      TensorSource s{"transformer.norm_out.linear.weight", t.name};
-      s.swap_halves = true;
-      out.push_back(s);
-      continue;
-    }
-    auto renamed = bfl_transformer_rename(n);
-    if (!renamed) {
-      if (starts_with(n, "guidance_in."))
-        fail(where, ": tensor ", t.name, " is a guidance embedding: this is a guidance-distilled "
-             "FLUX model (FLUX.2-dev?), not FLUX.2-klein");
-      fail(where, ": unknown transformer tensor ", t.name);
-    }
-    out.push_back({"transformer." + *renamed, t.name});
-  }
+  for (const auto& t : tensors)
+    for (TensorSource& s : map_one_transformer(t, bfl, where)) out.push_back(std::move(s));
   return out;
 }
 
@@ -268,6 +270,11 @@ const char* component_name(Component c) {
     case Component::Vae: return "VAE";
   }
   return "?";
+}
+
+std::vector<TensorSource> map_transformer_tensor(const NamedShape& tensor, Layout layout,
+                                                const std::string& where) {
+  return map_one_transformer(tensor, layout == Layout::Bfl, where);
 }
 
 std::vector<TensorSource> map_component(Component c, const std::vector<NamedShape>& tensors,

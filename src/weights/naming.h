@@ -53,4 +53,9 @@ Shape canonical_shape(const TensorSource& t, const Shape& source_shape);
 std::vector<TensorSource> map_component(Component c, const std::vector<NamedShape>& tensors,
                                         const std::string& where);
 
+// One transformer tensor in the given layout's spelling (prefixes stripped as above) to the
+// canonical tensor(s) it becomes: LoRA modules are mapped like the weights they change.
+std::vector<TensorSource> map_transformer_tensor(const NamedShape& tensor, Layout layout,
+                                                const std::string& where);
+
 }  // namespace klein

@@ -150,6 +150,42 @@ TEST(CApi, InpaintingMakesTheCliPixels) {
       << klein_session_error(m.session);
 }
 
+// LoRAs through the library: the CLI's pixels with the same files and scales.
+TEST(CApi, LorasMakeTheCliPixels) {
+  const fs::path out = testing::temp_dir("capi-lora");
+  const fs::path loras = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "lora";
+  const std::string bfl = (loras / "bfl.safetensors").string();
+  const std::string kohya = (loras / "kohya.safetensors").string();
+  Opened m;
+  klein_generate_params p = params(4, 64, 64, 4);
+  const char* files[] = {bfl.c_str(), kohya.c_str()};
+  const float scales[] = {1.0f, 0.7f};
+  p.loras = files;
+  p.lora_scales = scales;
+  p.lora_count = 2;
+  klein_image* image = nullptr;
+  ASSERT_EQ(klein_generate(m.session, &p, &image), KLEIN_OK) << klein_session_error(m.session);
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate -m " + testing::tiny_model().string() + " -p \"" +
+                                   kPrompt + "\" --seed 4 -s 4 -W 64 -H 64 --lora " + bfl +
+                                   " --lora " + kohya + ":0.7 --no-cache -q -o " +
+                                   (out / "cli.png").string(),
+                               &log),
+            0)
+      << log;
+  const Image cli = load_image(out / "cli.png");
+  ASSERT_EQ(cli.rgb.size(), size_t(64 * 64 * 3));
+  EXPECT_EQ(0, std::memcmp(cli.rgb.data(), image->pixels, cli.rgb.size()));
+  EXPECT_NE(std::string(image->parameters).find("LoRA: bfl:1 kohya:0.7"), std::string::npos)
+      << image->parameters;
+  klein_image_free(image);
+
+  p.lora_count = 1;
+  p.loras = nullptr;
+  EXPECT_EQ(klein_generate(m.session, &p, &image), KLEIN_ERROR);
+  EXPECT_NE(std::string(klein_session_error(m.session)).find("params.loras"), std::string::npos);
+}
+
 // A progress callback that returns non-zero stops the generation; the session is usable after.
 TEST(CApi, ProgressCallbackCancels) {
   Opened m;

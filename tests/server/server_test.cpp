@@ -200,6 +200,40 @@ TEST(Serve, OpenAiAndA1111RequestsMakeTheCliPixels) {
   EXPECT_EQ(serve.stop(), 0);
 }
 
+// LoRAs from --lora-dir by name in the prompt (A1111's <lora:NAME:SCALE>) make the CLI's
+// pixels with --lora; unknown names are refused, and requests cannot name files.
+TEST(Serve, LoraTagsInThePromptMakeTheCliPixels) {
+  const fs::path out = testing::temp_dir("serve-lora");
+  const fs::path dir = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "lora";
+  ServeProcess serve("--lora-dir " + dir.string());
+  httplib::Client c = serve.client();
+  auto listed = c.Get("/sdapi/v1/loras");
+  ASSERT_TRUE(listed);
+  const json names = json::parse(listed->body);
+  ASSERT_EQ(names.size(), 3u) << listed->body;
+  EXPECT_EQ(names[0]["name"], "bfl");
+
+  const json t2i = post_json(c, "/sdapi/v1/txt2img",
+                             {{"prompt", std::string("<lora:bfl:0.5> ") + kPrompt + " <lora:kohya>"},
+                              {"width", 64}, {"height", 64}, {"steps", 2}, {"seed", 3}});
+  ASSERT_EQ(t2i["images"].size(), 1u);
+  EXPECT_EQ(png_of(t2i["images"][0]).rgb,
+            cli("--seed 3 -W 64 -H 64 -s 2 --lora " + (dir / "bfl.safetensors").string() +
+                    ":0.5 --lora " + (dir / "kohya.safetensors").string(),
+                out / "cli.png").rgb);
+  EXPECT_NE(png_of(t2i["images"][0]).rgb, cli("--seed 3 -W 64 -H 64 -s 2", out / "plain.png").rgb);
+
+  const json unknown = post_json(c, "/v1/images/generations",
+                                 {{"prompt", std::string(kPrompt) + " <lora:../../etc/passwd>"},
+                                  {"size", "64x64"}}, 400);
+  EXPECT_NE(unknown.dump().find("not a LoRA of this server (available: bfl, kohya, peft)"),
+            std::string::npos) << unknown.dump();
+  const json bad_scale = post_json(c, "/sdapi/v1/txt2img",
+                                   {{"prompt", "<lora:bfl:much>"}, {"width", 64}, {"height", 64}},
+                                   400);
+  EXPECT_NE(bad_scale.dump().find("the scale must be a number"), std::string::npos);
+}
+
 TEST(Serve, BadRequestsAreNamedAndKeysChecked) {
   ServeProcess serve("--api-key sesame --max-side 512");
   httplib::Client c = serve.client();

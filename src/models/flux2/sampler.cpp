@@ -80,7 +80,7 @@ bool uses_guidance(const ModelConfig& config, float guidance) {
 SamplerResult sample(WeightStore& store, const SamplerInputs& in, Compute& cx) {
   const ModelConfig& config = store.config();
   const bool guided = uses_guidance(config, in.guidance);
-  Transformer model(store);
+  Transformer model(store, in.adapters);
   check_inputs(in, model.config(), guided);
 
   SamplerResult result;

@@ -55,6 +55,7 @@ struct SamplerInputs {
   // Called after each Euler update, before on_step, to change the latents (inpainting puts
   // the init image back outside the mask); may be empty.
   std::function<void(int64_t step, Tensor& latents)> after_update;
+  const Adapters* adapters = nullptr;        // LoRA updates of the transformer; may be null
 };
 
 struct SamplerResult {

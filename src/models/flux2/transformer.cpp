@@ -30,6 +30,7 @@
 #include "ops/attention.h"
 #include "ops/finite.h"
 #include "ops/linear.h"
+#include "ops/low_rank.h"
 #include "ops/norm.h"
 
 namespace klein::flux2 {
@@ -179,8 +180,8 @@ size_t Activations::bytes() const {
 
 // --- the model -------------------------------------------------------------------------------
 
-Transformer::Transformer(WeightStore& store)
-    : store_(store), config_(store.config().transformer) {
+Transformer::Transformer(WeightStore& store, const Adapters* adapters)
+    : store_(store), config_(store.config().transformer), adapters_(adapters) {
   const TransformerConfig& c = config_;
   check(!c.guidance_embeds, "transformer config: guidance_embeds is true; FLUX.2-klein has no "
         "guidance embedding and this engine does not implement one");
@@ -197,6 +198,37 @@ Transformer::Transformer(WeightStore& store)
   for (int64_t i = 0; i < c.num_single_blocks; ++i) block_units_.push_back(single_block_unit(i));
 }
 
+// y = x · Wᵀ, plus the LoRA updates of W when there are any.
+void Transformer::linear(const float* x, int64_t M, int64_t ldx, const Weight& w, float* y,
+                         int64_t ldy, Compute& cx) const {
+  ops::linear(x, M, ldx, w, y, ldy, cx);
+  add_updates(x, M, ldx, w, 0, w.rows(), y, ldy, cx);
+}
+
+void Transformer::linear(const float* x, int64_t M, const Weight& w, float* y,
+                         Compute& cx) const {
+  linear(x, M, w.cols(), w, y, w.rows(), cx);
+}
+
+// Rows [begin, end) of W (a part of a fused projection): y = x · W[begin:end]ᵀ [+ updates].
+void Transformer::linear_rows(const float* x, int64_t M, const Weight& w, int64_t begin,
+                              int64_t end, float* y, Compute& cx) const {
+  ops::linear(x, M, ops::weight_rows(w, begin, end), y, cx);
+  add_updates(x, M, w.cols(), w, begin, end, y, end - begin, cx);
+}
+
+// y += s · (x · Aᵀ) · B[begin:end]ᵀ for every LoRA update of W.
+void Transformer::add_updates(const float* x, int64_t M, int64_t ldx, const Weight& w,
+                              int64_t begin, int64_t end, float* y, int64_t ldy,
+                              Compute& cx) const {
+  if (!adapters_) return;
+  for (const LoraUpdate& u : adapters_->on(w.name)) {
+    const int64_t rank = u.down.dim(0);
+    ops::add_low_rank(x, M, ldx, u.down.data(), u.up.row(begin), end - begin, w.cols(), rank,
+                      u.scale, y, ldy, cx);
+  }
+}
+
 Tensor Transformer::embed_text(const Tensor& context, Compute& cx) {
   const int64_t D = config_.inner_dim();
   check(context.shape().size() == 2 && context.dim(1) == config_.context_dim,
@@ -205,7 +237,7 @@ Tensor Transformer::embed_text(const Tensor& context, Compute& cx) {
   UnitRef shared = store_.acquire("transformer.shared");
   const Weight& w = linear_weight(*shared, "context_embedder.weight", D, config_.context_dim);
   Tensor out({context.dim(0), D});
-  ops::linear(context.data(), context.dim(0), w, out.data(), cx);  // C = context_embedder · ctx
+  linear(context.data(), context.dim(0), w, out.data(), cx);  // C = context_embedder · ctx
   return out;
 }
 
@@ -225,7 +257,7 @@ Tensor Transformer::embed_references(std::span<const ReferenceTokens> refs, Comp
   const Weight& w = linear_weight(*shared, "x_embedder.weight", D, in);
   int64_t row = 0;
   for (const ReferenceTokens& r : refs) {
-    ops::linear(r.tokens->data(), r.grid.tokens(), w, out.row(row), cx);
+    linear(r.tokens->data(), r.grid.tokens(), w, out.row(row), cx);
     row += r.grid.tokens();
   }
   return out;
@@ -240,23 +272,23 @@ void Transformer::modulate(float timestep, Modulation& m, Compute& cx) {
   const float tau = timestep * 1000.0f;
   timestep_sinusoid(tau, m.sinusoid.data(), channels);
   const std::string embedder = "time_guidance_embed.timestep_embedder.";
-  ops::linear(m.sinusoid.data(), 1, linear_weight(w, embedder + "linear_1.weight", D, channels),
+  linear(m.sinusoid.data(), 1, linear_weight(w, embedder + "linear_1.weight", D, channels),
               m.hidden.data(), cx);
   ops::silu_inplace(m.hidden.data(), D);
-  ops::linear(m.hidden.data(), 1, linear_weight(w, embedder + "linear_2.weight", D, D),
+  linear(m.hidden.data(), 1, linear_weight(w, embedder + "linear_2.weight", D, D),
               m.temb.data(), cx);
 
   // Every modulation linear reads silu(temb).                                     [D]
   std::memcpy(m.hidden.data(), m.temb.data(), size_t(D) * sizeof(float));
   ops::silu_inplace(m.hidden.data(), D);
   const float* s = m.hidden.data();
-  ops::linear(s, 1, linear_weight(w, "double_stream_modulation_img.linear.weight", 6 * D, D),
+  linear(s, 1, linear_weight(w, "double_stream_modulation_img.linear.weight", 6 * D, D),
               m.img.data(), cx);                                                // [6D]
-  ops::linear(s, 1, linear_weight(w, "double_stream_modulation_txt.linear.weight", 6 * D, D),
+  linear(s, 1, linear_weight(w, "double_stream_modulation_txt.linear.weight", 6 * D, D),
               m.txt.data(), cx);                                                // [6D]
-  ops::linear(s, 1, linear_weight(w, "single_stream_modulation.linear.weight", 3 * D, D),
+  linear(s, 1, linear_weight(w, "single_stream_modulation.linear.weight", 3 * D, D),
               m.single.data(), cx);                                             // [3D]
-  ops::linear(s, 1, linear_weight(w, "norm_out.linear.weight", 2 * D, D), m.out.data(),
+  linear(s, 1, linear_weight(w, "norm_out.linear.weight", 2 * D, D), m.out.data(),
               cx);                                                              // [2D]
 }
 
@@ -333,9 +365,9 @@ void Transformer::double_block(const WeightUnit& w, const Modulation& mod, const
     // A = (1 + scale1) ⊙ LN(x) + shift1                                         [n, D]
     modulated_norm(a.stream.row(r), a.normed.row(r), n, D, s->shift1, s->scale1, eps, cx);
     // Q, K, V = projections of A, at this stream's rows of the joint buffers    [n, D] each
-    ops::linear(a.normed.row(r), n, s->to_q, a.q.row(r), cx);
-    ops::linear(a.normed.row(r), n, s->to_k, a.k.row(r), cx);
-    ops::linear(a.normed.row(r), n, s->to_v, a.v.row(r), cx);
+    linear(a.normed.row(r), n, s->to_q, a.q.row(r), cx);
+    linear(a.normed.row(r), n, s->to_k, a.k.row(r), cx);
+    linear(a.normed.row(r), n, s->to_v, a.v.row(r), cx);
     // Q, K ← RMSNorm per head (this stream's weights)                           [n, H, 128]
     head_rms_norm(s->norm_q, a.q.row(r), n, H, eps, a.head_norm, cx);
     head_rms_norm(s->norm_k, a.k.row(r), n, H, eps, a.head_norm, cx);
@@ -358,13 +390,13 @@ void Transformer::finish_stream_rows(const Stream& s, Activations& a, Compute& c
     const int64_t n = std::min(a.chunk_rows, s.row0 + s.rows - r);
     float* x = a.stream.row(r);
     // x += gate1 ⊙ (to_out · O)                                                  [n, D]
-    ops::linear(a.attn.row(r), n, s.to_out, a.proj.data(), cx);
+    linear(a.attn.row(r), n, s.to_out, a.proj.data(), cx);
     add_gated(x, a.proj.data(), n, D, s.gate1, cx);
     // x += gate2 ⊙ linear_out · (silu(g) ⊙ p),  [g | p] = linear_in · mod(x; shift2, scale2)
     modulated_norm(x, a.normed.row(r), n, D, s.shift2, s.scale2, eps, cx);    // [n, D]
-    ops::linear(a.normed.row(r), n, s.ff_in, a.mlp_in.data(), cx);              // [n, 2F]
+    linear(a.normed.row(r), n, s.ff_in, a.mlp_in.data(), cx);              // [n, 2F]
     swiglu_rows(a.mlp_in.data(), F, hidden, ld_hidden, n, cx);                  // [n, F]
-    ops::linear(hidden, n, ld_hidden, s.ff_out, a.proj.data(), D, cx);          // [n, D]
+    linear(hidden, n, ld_hidden, s.ff_out, a.proj.data(), D, cx);          // [n, D]
     add_gated(x, a.proj.data(), n, D, s.gate2, cx);
   }
 }
@@ -385,9 +417,9 @@ void Transformer::single_block(const WeightUnit& w, const Modulation& mod, const
   // A = (1 + scale) ⊙ LN(S) + shift                                              [S, D]
   modulated_norm(a.stream.data(), a.normed.data(), S, D, shift, scale, eps, cx);
   // Q, K, V = the first 3D rows of the fused projection                          [S, D] each
-  ops::linear(a.normed.data(), S, ops::weight_rows(fused, 0, D), a.q.data(), cx);
-  ops::linear(a.normed.data(), S, ops::weight_rows(fused, D, 2 * D), a.k.data(), cx);
-  ops::linear(a.normed.data(), S, ops::weight_rows(fused, 2 * D, 3 * D), a.v.data(), cx);
+  linear_rows(a.normed.data(), S, fused, 0, D, a.q.data(), cx);
+  linear_rows(a.normed.data(), S, fused, D, 2 * D, a.k.data(), cx);
+  linear_rows(a.normed.data(), S, fused, 2 * D, 3 * D, a.v.data(), cx);
   // Q, K ← RMSNorm per head                                                      [S, H, 128]
   const Weight& norm_q = vector_weight(w, "attn.norm_q.weight", hd);
   const Weight& norm_k = vector_weight(w, "attn.norm_k.weight", hd);
@@ -397,14 +429,13 @@ void Transformer::single_block(const WeightUnit& w, const Modulation& mod, const
   attention(rope, a, kv, cx);
 
   // Per row chunk: S += gate ⊙ to_out · [O | silu(g) ⊙ p],  [g | p] = (gate, up rows) · A
-  const quant::Matrix gate_up = ops::weight_rows(fused, 3 * D, 3 * D + 2 * F);
   const int64_t ld_cat = D + F;
   for (int64_t r = 0; r < S; r += a.chunk_rows) {
     const int64_t n = std::min(a.chunk_rows, S - r);
-    ops::linear(a.normed.row(r), n, gate_up, a.mlp_in.data(), cx);              // [n, 2F]
+    linear_rows(a.normed.row(r), n, fused, 3 * D, 3 * D + 2 * F, a.mlp_in.data(), cx);
     copy_rows(a.attn.row(r), D, a.mlp_cat.data(), ld_cat, n, D);                  // [n, D]
     swiglu_rows(a.mlp_in.data(), F, a.mlp_cat.data() + D, ld_cat, n, cx);       // [n, F]
-    ops::linear(a.mlp_cat.data(), n, to_out, a.proj.data(), cx);                // [n, D]
+    linear(a.mlp_cat.data(), n, to_out, a.proj.data(), cx);                // [n, D]
     add_gated(a.stream.row(r), a.proj.data(), n, D, gate, cx);
   }
 }
@@ -520,7 +551,7 @@ void Transformer::forward(const float* latents, const Tensor& text, const Tensor
   // Stream rows [text | target | references]: the σ-independent embeddings are copies.
   if (!x_embedder_ || !proj_out_) keep_io_weights();
   copy_rows(text.data(), D, a.stream.row(0), D, T, D);                            // C  [T, D]
-  ops::linear(latents, N_img, x_embedder_->weight, a.stream.row(T), cx);        // X  [N_img, D]
+  linear(latents, N_img, x_embedder_->weight, a.stream.row(T), cx);        // X  [N_img, D]
   if (N_ref > 0) copy_rows(references->data(), D, a.stream.row(T + N_img), D, N_ref, D);
   report("x_embedder", a.stream.row(T), {N, D});
 
@@ -549,7 +580,7 @@ void Transformer::forward(const float* latents, const Tensor& text, const Tensor
   modulated_norm(a.stream.row(T), a.normed.row(T), N_img, D, shift_o, scale_o, float(config_.eps),
                  cx);
   report("norm_out", a.normed.row(T), {N_img, D});
-  ops::linear(a.normed.row(T), N_img, proj_out, velocity, cx);
+  linear(a.normed.row(T), N_img, proj_out, velocity, cx);
 }
 
 }  // namespace klein::flux2

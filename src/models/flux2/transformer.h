@@ -24,6 +24,7 @@
 #include "core/tensor.h"
 #include "ops/compute.h"
 #include "models/flux2/positions.h"
+#include "weights/lora.h"
 #include "weights/weight_store.h"
 
 namespace klein::flux2 {
@@ -112,7 +113,9 @@ class Transformer {
   // Checks the configuration against what this implementation supports; weights are
   // acquired from the store block by block during each forward. Attention runs on bf16
   // tiles when the context's arithmetic says so (Compute::arithmetic.bf16_attention).
-  explicit Transformer(WeightStore& store);
+  // `adapters` (may be null; must outlive the object): LoRA updates added beside every
+  // linear weight they name.
+  explicit Transformer(WeightStore& store, const Adapters* adapters = nullptr);
 
   const TransformerConfig& config() const { return config_; }
 
@@ -166,6 +169,14 @@ class Transformer {
   void attention(const RopeTable& rope, Activations& a, const BlockKV& kv, Compute& cx);
   void finish_stream_rows(const Stream& s, Activations& a, Compute& cx);
   void check_stream(const Activations& a, int64_t n, int64_t block, Compute& cx) const;
+  // Every projection of the model: the weight's product plus its LoRA updates.
+  void linear(const float* x, int64_t M, int64_t ldx, const Weight& w, float* y, int64_t ldy,
+              Compute& cx) const;
+  void linear(const float* x, int64_t M, const Weight& w, float* y, Compute& cx) const;
+  void linear_rows(const float* x, int64_t M, const Weight& w, int64_t begin, int64_t end,
+                   float* y, Compute& cx) const;
+  void add_updates(const float* x, int64_t M, int64_t ldx, const Weight& w, int64_t begin,
+                   int64_t end, float* y, int64_t ldy, Compute& cx) const;
 
   // A weight whose bytes this object owns (page-aligned, as stored).
   struct OwnedWeight {
@@ -176,6 +187,7 @@ class Transformer {
 
   WeightStore& store_;
   TransformerConfig config_;
+  const Adapters* adapters_ = nullptr;
   std::vector<std::string> block_units_;  // the blocks' unit names, double blocks first
   std::optional<OwnedWeight> x_embedder_, proj_out_;
 };

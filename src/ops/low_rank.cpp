@@ -1,0 +1,38 @@
+#include "ops/low_rank.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+
+#include "ops/blas.h"
+
+namespace klein::ops {
+
+void add_low_rank(const float* x, int64_t M, int64_t ldx, const float* down, const float* up,
+                  int64_t N, int64_t K, int64_t rank, float scale, float* y, int64_t ldy,
+                  Compute& cx) {
+  if (M == 0 || N == 0) return;
+  ensure_blas_single_threaded();
+  constexpr int64_t kChunk = 32;
+  const int64_t chunks = (M + kChunk - 1) / kChunk;
+  cx.pool().for_each_task(chunks, [&](int64_t c, int worker) {
+    const int64_t m0 = c * kChunk, rows = std::min(kChunk, M - m0);
+    Arena::Scope scratch(cx.arena(worker));
+    float* t = scratch.take<float>(size_t(rows * rank));
+    // t = x · downᵀ                                                             [rows, r]
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(rank), int(K), 1.0f,
+                x + m0 * ldx, int(ldx), down, int(K), 0.0f, t, int(rank));
+    // y += scale · t · upᵀ                                                      [rows, N]
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(N), int(rank), scale, t,
+                int(rank), up, int(rank), 1.0f, y + m0 * ldy, int(ldy));
+  });
+}
+
+void merge_low_rank(const float* down, const float* up, int64_t N, int64_t K, int64_t rank,
+                    float scale, float* w) {
+  ensure_blas_single_threaded();
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(N), int(K), int(rank), scale, up,
+              int(rank), down, int(K), 1.0f, w, int(K));
+}
+
+}  // namespace klein::ops

@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""LoRA fixtures for the tiny klein model, and the reference merge they are checked against.
+
+  lora_fixture.py make TRANSFORMER.safetensors OUTDIR
+      Writes three LoRA files for the tiny transformer, one per key spelling in use:
+        peft.safetensors   diffusers/PEFT names (transformer.<module>.lora_A/lora_B.weight), BF16
+        bfl.safetensors    BFL/ai-toolkit names (diffusion_model.double_blocks.N.img_attn.qkv...),
+                           with one .alpha, F32
+        kohya.safetensors  kohya names (lora_unet_double_blocks_N_..., lora_down/lora_up, .alpha)
+      Values are drawn from Python's random with fixed seeds, so the files are reproducible.
+
+  lora_fixture.py synth TRANSFORMER_CONFIG.json OUT.safetensors RANK
+      A LoRA for benchmarks: every linear weight of every block of the transformer that
+      config.json describes (diffusers/PEFT names, BF16, random values of magnitude ~0.01).
+      Sizes and timings are real; what it does to an image is not meaningful.
+
+  lora_fixture.py merge BASE.safetensors OUT.safetensors LORA[:SCALE] ...
+      The reference: every LoRA merged into the base transformer's float32 weights,
+      W' = W + scale * alpha/r * B @ A, accumulated in float64 and rounded once to float32 (the
+      changed tensors are stored as F32, the others as they were).
+      The key mapping follows diffusers' FLUX.2 LoRA conversion (loaders/lora_conversion_utils.py:
+      _convert_non_diffusers_flux2_lora_to_diffusers, _convert_kohya_flux2_lora_to_diffusers):
+      a fused BFL qkv's A is shared by to_q/to_k/to_v and its B splits in thirds. The BFL final
+      layer's modulation stores shift|scale where diffusers' norm_out.linear stores scale|shift,
+      so B's halves swap there, as they do for the weight itself.
+
+Pure Python (no torch/numpy on the machines that run it): the safetensors reader/writer below
+handles F32, F16 and BF16 little-endian tensors.
+"""
+import json
+import random
+import struct
+import sys
+from array import array
+
+# --- safetensors -----------------------------------------------------------------------------
+
+
+def _bf16_to_float(h):
+    return struct.unpack("<f", struct.pack("<I", h << 16))[0]
+
+
+def _float_to_bf16(x):
+    bits = struct.unpack("<I", struct.pack("<f", x))[0]
+    return (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest even (finite values)
+
+
+def read_safetensors(path):
+    """name -> (dtype, shape, list of floats)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        raw = body[begin:end]
+        dtype = info["dtype"]
+        if dtype == "F32":
+            values = array("f", raw).tolist()
+        elif dtype == "BF16":
+            values = [_bf16_to_float(h) for h in array("H", raw)]
+        elif dtype == "F16":
+            values = [struct.unpack("<e", raw[i:i + 2])[0] for i in range(0, len(raw), 2)]
+        else:
+            raise SystemExit(f"{path}: {name}: dtype {dtype} not handled")
+        out[name] = (dtype, list(info["shape"]), values)
+    return out
+
+
+def write_safetensors(path, tensors):
+    """tensors: name -> (dtype "F32" or "BF16", shape, list of floats), in insertion order."""
+    header, blobs, offset = {}, [], 0
+    for name, (dtype, shape, values) in tensors.items():
+        if dtype == "F32":
+            blob = array("f", values).tobytes()
+        elif dtype == "BF16":
+            blob = array("H", [_float_to_bf16(v) for v in values]).tobytes()
+        else:
+            raise SystemExit(f"cannot write {dtype}")
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+# --- making the LoRA files -------------------------------------------------------------------
+
+
+def _random_pair(rng, rows, cols, rank):
+    """A [rank, cols] and B [rows, rank] with an update B @ A of a visible but moderate size."""
+    a = [rng.uniform(-1.0, 1.0) / cols ** 0.5 for _ in range(rank * cols)]
+    b = [rng.uniform(-1.0, 1.0) * 0.6 for _ in range(rows * rank)]
+    return a, b
+
+
+def make(transformer_path, outdir):
+    base = read_safetensors(transformer_path)
+
+    def shape(name):
+        return base["transformer." + name if "transformer." + name in base else name][1]
+
+    rank = 4
+    # diffusers / PEFT spelling, stored as BF16.
+    rng = random.Random(1)
+    peft = {}
+    for module in ["transformer_blocks.0.attn.to_q", "transformer_blocks.1.attn.to_add_out",
+                   "transformer_blocks.0.ff.linear_in", "transformer_blocks.1.ff_context.linear_out",
+                   "single_transformer_blocks.0.attn.to_qkv_mlp_proj",
+                   "single_transformer_blocks.1.attn.to_out", "norm_out.linear", "proj_out",
+                   "context_embedder"]:
+        rows, cols = shape(module + ".weight")
+        a, b = _random_pair(rng, rows, cols, rank)
+        peft[f"transformer.{module}.lora_A.weight"] = ("BF16", [rank, cols], a)
+        peft[f"transformer.{module}.lora_B.weight"] = ("BF16", [rows, rank], b)
+    write_safetensors(f"{outdir}/peft.safetensors", peft)
+
+    # BFL / ai-toolkit spelling: fused qkv, linear1/linear2, the final layer's modulation.
+    rng = random.Random(2)
+    d = shape("transformer_blocks.0.attn.to_q.weight")[0]
+    f_in = shape("transformer_blocks.0.ff.linear_in.weight")
+    bfl_modules = {
+        "double_blocks.1.img_attn.qkv": (3 * d, d),
+        "double_blocks.0.txt_attn.qkv": (3 * d, d),
+        "double_blocks.0.img_mlp.2": tuple(shape("transformer_blocks.0.ff.linear_out.weight")),
+        "double_blocks.1.txt_attn.proj": (d, d),
+        "single_blocks.1.linear1": tuple(shape("single_transformer_blocks.1.attn.to_qkv_mlp_proj.weight")),
+        "single_blocks.0.linear2": tuple(shape("single_transformer_blocks.0.attn.to_out.weight")),
+        "final_layer.adaLN_modulation.1": tuple(shape("norm_out.linear.weight")),
+        "img_in": tuple(shape("x_embedder.weight")),
+    }
+    del f_in
+    bfl = {}
+    for module, (rows, cols) in bfl_modules.items():
+        a, b = _random_pair(rng, rows, cols, rank)
+        bfl[f"diffusion_model.{module}.lora_A.weight"] = ("F32", [rank, cols], a)
+        bfl[f"diffusion_model.{module}.lora_B.weight"] = ("F32", [rows, rank], b)
+    bfl["diffusion_model.double_blocks.1.img_attn.qkv.alpha"] = ("F32", [], [2.0])
+    write_safetensors(f"{outdir}/bfl.safetensors", bfl)
+
+    # kohya spelling: lora_down / lora_up and an alpha per module.
+    rng = random.Random(3)
+    kohya_modules = {
+        "lora_unet_double_blocks_1_txt_attn_qkv": (3 * d, d),
+        "lora_unet_double_blocks_0_img_attn_proj": (d, d),
+        "lora_unet_double_blocks_1_img_mlp_0": tuple(shape("transformer_blocks.1.ff.linear_in.weight")),
+        "lora_unet_single_blocks_0_linear1": tuple(shape("single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight")),
+        "lora_unet_single_blocks_1_linear2": tuple(shape("single_transformer_blocks.1.attn.to_out.weight")),
+        "lora_unet_time_in_in_layer": tuple(shape("time_guidance_embed.timestep_embedder.linear_1.weight")),
+    }
+    kohya = {}
+    for i, (module, (rows, cols)) in enumerate(kohya_modules.items()):
+        a, b = _random_pair(rng, rows, cols, rank)
+        kohya[f"{module}.lora_down.weight"] = ("F32", [rank, cols], a)
+        kohya[f"{module}.lora_up.weight"] = ("F32", [rows, rank], b)
+        kohya[f"{module}.alpha"] = ("F32", [], [float(2 + i % 3)])
+    write_safetensors(f"{outdir}/kohya.safetensors", kohya)
+
+
+def synth(config_path, out_path, rank):
+    import os
+    with open(config_path) as f:
+        c = json.load(f)
+    d = c["num_attention_heads"] * c["attention_head_dim"]
+    f_hidden = int(d * c["mlp_ratio"])
+    shapes = {}
+    for i in range(c["num_layers"]):
+        p = f"transformer.transformer_blocks.{i}."
+        for name in ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj",
+                     "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out"):
+            shapes[p + name] = (d, d)
+        for ff in ("ff", "ff_context"):
+            shapes[f"{p}{ff}.linear_in"] = (2 * f_hidden, d)
+            shapes[f"{p}{ff}.linear_out"] = (d, f_hidden)
+    for i in range(c["num_single_layers"]):
+        p = f"transformer.single_transformer_blocks.{i}.attn."
+        shapes[p + "to_qkv_mlp_proj"] = (3 * d + 2 * f_hidden, d)
+        shapes[p + "to_out"] = (d, d + f_hidden)
+    header, offset, parts = {}, 0, []
+    for module, (rows, cols) in shapes.items():
+        for suffix, shape in ((".lora_A.weight", [rank, cols]), (".lora_B.weight", [rows, rank])):
+            n = shape[0] * shape[1]
+            header[module + suffix] = {"dtype": "BF16", "shape": shape,
+                                       "data_offsets": [offset, offset + 2 * n]}
+            parts.append(n)
+            offset += 2 * n
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(out_path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for n in parts:
+            # BF16 values with random mantissas and signs at exponent 2^-7 (about 0.008-0.016).
+            raw = bytearray(os.urandom(2 * n))
+            raw[1::2] = bytes(b & 0x80 | 0x3C for b in raw[1::2])
+            f.write(raw)
+
+
+# --- the reference merge ---------------------------------------------------------------------
+
+_BFL_DOUBLE = {
+    "img_attn.proj": "attn.to_out.0", "txt_attn.proj": "attn.to_add_out",
+    "img_mlp.0": "ff.linear_in", "img_mlp.2": "ff.linear_out",
+    "txt_mlp.0": "ff_context.linear_in", "txt_mlp.2": "ff_context.linear_out",
+}
+_BFL_SHARED = {
+    "img_in": "x_embedder", "txt_in": "context_embedder",
+    "time_in.in_layer": "time_guidance_embed.timestep_embedder.linear_1",
+    "time_in.out_layer": "time_guidance_embed.timestep_embedder.linear_2",
+    "final_layer.linear": "proj_out", "final_layer.adaLN_modulation.1": "norm_out.linear",
+    "single_stream_modulation.lin": "single_stream_modulation.linear",
+    "double_stream_modulation_img.lin": "double_stream_modulation_img.linear",
+    "double_stream_modulation_txt.lin": "double_stream_modulation_txt.linear",
+}
+_KOHYA_TAILS = {
+    "img_attn_qkv": "img_attn.qkv", "txt_attn_qkv": "txt_attn.qkv",
+    "img_attn_proj": "img_attn.proj", "txt_attn_proj": "txt_attn.proj",
+    "img_mlp_0": "img_mlp.0", "img_mlp_2": "img_mlp.2", "txt_mlp_0": "txt_mlp.0",
+    "txt_mlp_2": "txt_mlp.2", "linear1": "linear1", "linear2": "linear2",
+}
+_KOHYA_SHARED = {
+    "img_in": "img_in", "txt_in": "txt_in", "time_in_in_layer": "time_in.in_layer",
+    "time_in_out_layer": "time_in.out_layer", "final_layer_linear": "final_layer.linear",
+}
+
+
+def _bfl_module(module):
+    """A module name without prefix in BFL spelling, from kohya's when it is one."""
+    if module.startswith("lora_unet_"):
+        rest = module[len("lora_unet_"):]
+        for kind in ("double_blocks_", "single_blocks_"):
+            if rest.startswith(kind):
+                index, tail = rest[len(kind):].split("_", 1)
+                return f"{kind[:-1]}.{index}.{_KOHYA_TAILS[tail]}"
+        return _KOHYA_SHARED[rest]
+    for prefix in ("diffusion_model.", "transformer."):
+        if module.startswith(prefix):
+            return module[len(prefix):]
+    return module
+
+
+def _targets(module, rows):
+    """(diffusers weight name, row range of B, swap halves) for a module."""
+    parts = module.split(".")
+    if parts[0] == "double_blocks":
+        i, tail = parts[1], ".".join(parts[2:])
+        if tail in ("img_attn.qkv", "txt_attn.qkv"):
+            names = (["to_q", "to_k", "to_v"] if tail.startswith("img")
+                     else ["add_q_proj", "add_k_proj", "add_v_proj"])
+            d = rows // 3
+            return [(f"transformer_blocks.{i}.attn.{n}.weight", (k * d, (k + 1) * d), False)
+                    for k, n in enumerate(names)]
+        return [(f"transformer_blocks.{i}.{_BFL_DOUBLE[tail]}.weight", (0, rows), False)]
+    if parts[0] == "single_blocks":
+        i, tail = parts[1], parts[2]
+        name = {"linear1": "attn.to_qkv_mlp_proj", "linear2": "attn.to_out"}[tail]
+        return [(f"single_transformer_blocks.{i}.{name}.weight", (0, rows), False)]
+    if module in _BFL_SHARED:
+        return [(_BFL_SHARED[module] + ".weight", (0, rows), module.startswith("final_layer.adaLN"))]
+    return [(module + ".weight", (0, rows), False)]  # already diffusers
+
+
+def merge(base_path, out_path, lora_args):
+    base = read_safetensors(base_path)
+    merged = {name: [dtype, shape, list(values)] for name, (dtype, shape, values) in base.items()}
+    accum = {}  # name -> float64 deltas
+    for arg in lora_args:
+        path, scale = arg, 1.0
+        if ":" in arg:
+            path, s = arg.rsplit(":", 1)
+            scale = float(s)
+        lora = read_safetensors(path)
+        modules = {}
+        for key, (_, shape, values) in lora.items():
+            for suffix, part in ((".lora_A.weight", "A"), (".lora_B.weight", "B"),
+                                 (".lora_down.weight", "A"), (".lora_up.weight", "B"),
+                                 (".alpha", "alpha")):
+                if key.endswith(suffix):
+                    modules.setdefault(key[:-len(suffix)], {})[part] = (shape, values)
+                    break
+            else:
+                raise SystemExit(f"{path}: {key}: not a LoRA tensor")
+        for module, p in modules.items():
+            (r, cols), a = p["A"]
+            (rows, _), b = p["B"]
+            s = scale * (p["alpha"][1][0] / r if "alpha" in p else 1.0)
+            for name, (r0, r1), swap in _targets(_bfl_module(module), rows):
+                key = name if name in merged else "transformer." + name
+                n = r1 - r0
+                delta = accum.setdefault(key, [0.0] * (len(merged[key][2])))
+                for i in range(n):
+                    src = r0 + ((i + n // 2) % n if swap else i)
+                    brow = b[src * r:(src + 1) * r]
+                    out = i * cols
+                    for j in range(r):
+                        coef = s * brow[j]
+                        if coef == 0.0:
+                            continue
+                        arow = a[j * cols:(j + 1) * cols]
+                        for k in range(cols):
+                            delta[out + k] += coef * arow[k]
+    for key, delta in accum.items():
+        _, shape, values = merged[key]
+        # Base values are exact in float64 whatever their storage; the sum is stored as F32.
+        merged[key][0] = "F32"
+        merged[key][2] = [float(w) + d for w, d in zip(values, delta)]
+    write_safetensors(out_path, {k: (v[0], v[1], v[2]) for k, v in merged.items()})
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "make":
+        make(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 5 and sys.argv[1] == "synth":
+        synth(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif len(sys.argv) >= 5 and sys.argv[1] == "merge":
+        merge(sys.argv[2], sys.argv[3], sys.argv[4:])
+    else:
+        raise SystemExit(__doc__)
