@@ -22,6 +22,7 @@
 #include "formats/container/writer.h"
 #include "formats/xxh3.h"
 #include "quant/types.h"
+#include "tokenizer/tokenizer.h"
 #include "weights/container_store.h"
 #include "weights/naming.h"
 #include "weights/source_store.h"
@@ -283,6 +284,22 @@ class TensorConverter {
   std::vector<std::byte> packed_;
 };
 
+// The tokenizer files are stored as they are; they must load first, so that a container is
+// never written with a tokenizer that fails only when it is used (the error names the files).
+void check_tokenizer(const TokenizerBytes& bytes) {
+  auto view = [](const std::optional<std::string>& s) -> std::optional<std::string_view> {
+    if (!s) return std::nullopt;
+    return std::string_view(*s);
+  };
+  TokenizerFiles files;
+  files.origin = bytes.origin;
+  files.vocab_json = view(bytes.vocab_json);
+  files.merges_txt = view(bytes.merges_txt);
+  files.tokenizer_config_json = view(bytes.tokenizer_config_json);
+  files.tokenizer_json = view(bytes.tokenizer_json);
+  (void)Tokenizer(files);
+}
+
 }  // namespace
 
 ConvertSummary convert_model(const ConvertOptions& o) {
@@ -301,6 +318,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   std::unique_ptr<WeightStore> store = open_model(o.source);
   const ModelConfig& config = store->config();
   const TokenizerBytes tokenizer = read_tokenizer_files(o.source);
+  check_tokenizer(tokenizer);
 
   // What goes in, in which order, and what is dropped.
   json dropped = json::array();

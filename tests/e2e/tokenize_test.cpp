@@ -1,5 +1,6 @@
 // `klein tokenize` on a container: the tokenizer stored by `klein convert` gives the pipeline's
-// input ids.
+// input ids, whether the source's tokenizer/ had vocab.json + merges.txt or only the
+// tokenizer.json official repositories ship; convert refuses a tokenizer that does not load.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -46,6 +47,21 @@ std::vector<Ids> lines_of_ids(const std::string& output) {
 Ids read_ids_npy(const std::string& name) {
   std::vector<int64_t> v = read_npy(testing::tiny_vectors() / "tokenizer" / name).to_i64();
   return Ids(v.begin(), v.end());
+}
+
+// The tiny model as a diffusers directory whose tokenizer/ holds only tokenizer.json (the
+// fixture of tests/data/tokenizer-json); every other part is a link to the original.
+fs::path tiny_model_with_only_tokenizer_json(const fs::path& dir) {
+  fs::create_directories(dir);
+  for (const auto& entry : fs::directory_iterator(testing::tiny_model())) {
+    if (entry.path().filename() == "tokenizer") continue;
+    fs::create_symlink(entry.path(), dir / entry.path().filename());
+  }
+  fs::create_directory(dir / "tokenizer");
+  fs::create_symlink(fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "tokenizer-json" /
+                         "merge-pairs" / "tokenizer.json",
+                     dir / "tokenizer" / "tokenizer.json");
+  return dir;
 }
 
 // Every prompt of the golden vectors through `klein tokenize --template` gives the pipeline's
@@ -103,6 +119,37 @@ TEST(TokenizeCli, ContainerFromVocabAndMerges) {
       << from_container;
   EXPECT_EQ(from_container, from_dir);
   EXPECT_EQ(from_dir, "14990 220 151644 1879\n");
+}
+
+TEST(TokenizeCli, ContainerFromOnlyTokenizerJson) {
+  const fs::path out = testing::temp_dir("tokenize-container-json");
+  const fs::path model = tiny_model_with_only_tokenizer_json(out / "model");
+  expect_pipeline_inputs(model);  // the directory itself
+
+  const fs::path container = out / "tiny.klein";
+  std::string log;
+  ASSERT_EQ(
+      testing::run_klein("convert -m " + model.string() + " -t q8 -o " + container.string(), &log),
+      0)
+      << log;
+  EXPECT_EQ(stored_tokenizer_files(container), (std::vector<std::string>{"tokenizer.json"}));
+  expect_pipeline_inputs(container);
+}
+
+TEST(TokenizeCli, ConvertRefusesATokenizerThatDoesNotLoad) {
+  const fs::path out = testing::temp_dir("tokenize-bad-tokenizer");
+  const fs::path model = tiny_model_with_only_tokenizer_json(out / "model");
+  fs::remove(model / "tokenizer" / "tokenizer.json");
+  testing::write_text(model / "tokenizer" / "tokenizer.json",
+                      R"({"model": {"type": "WordPiece", "vocab": {}}})");
+  std::string log;
+  EXPECT_EQ(testing::run_klein(
+                "convert -m " + model.string() + " -t q8 -o " + (out / "bad.klein").string(), &log),
+            1)
+      << log;
+  EXPECT_NE(log.find((model / "tokenizer" / "tokenizer.json").string()), std::string::npos) << log;
+  EXPECT_NE(log.find("WordPiece"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(out / "bad.klein"));
 }
 
 TEST(TokenizeCli, NeitherContainerNorTokenizerIsNamed) {
