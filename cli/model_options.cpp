@@ -28,8 +28,8 @@ void add_model_options(CLI::App& cmd, ModelPaths& paths) {
                      "keys and values; must agree where the checkpoint says")
       ->group(group);
   cmd.add_option("--tokenizer", paths.tokenizer,
-                 "tokenizer directory (vocab.json, merges.txt, tokenizer_config.json); "
-                 "overrides the one in -m")
+                 "tokenizer directory (vocab.json + merges.txt + tokenizer_config.json, or "
+                 "tokenizer.json); overrides the one in -m")
       ->group(group);
 }
 

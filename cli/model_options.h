@@ -6,7 +6,7 @@
 //   --diffusion-model FILE   transformer safetensors (BFL, ComfyUI or diffusers names)
 //   --text-encoder FILE      Qwen3 safetensors, or the .index.json of a sharded one
 //   --vae FILE               VAE safetensors (BFL or diffusers names)
-//   --tokenizer DIR          vocab.json, merges.txt, tokenizer_config.json
+//   --tokenizer DIR          vocab.json + merges.txt (+ tokenizer_config.json), or tokenizer.json
 // Single files override the matching part of -m, or stand alone without it.
 #include <CLI/CLI.hpp>
 

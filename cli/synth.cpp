@@ -21,7 +21,7 @@ Registration reg("synth", 90, [](CLI::App& app) {
   cmd->add_option("-o,--output", args->out, "Directory to create (about 16 GB)")->required();
   cmd->add_option("--tokenizer", args->tokenizer,
                   "Directory with the Qwen3 tokenizer files to copy (vocab.json, merges.txt, "
-                  "tokenizer_config.json)")
+                  "tokenizer_config.json; or tokenizer.json)")
       ->required();
   cmd->add_option("--seed", args->seed, "Seed of the random weights");
   cmd->add_option("--variant", args->variant,

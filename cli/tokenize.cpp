@@ -11,6 +11,8 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "formats/container/reader.h"
+#include "pipeline/model_tokenizer.h"
 #include "tokenizer/klein_prompt.h"
 #include "tokenizer/tokenizer.h"
 
@@ -26,16 +28,22 @@ struct TokenizeOptions {
   bool json = false;
 };
 
-// Where the tokenizer files of MODEL are: MODEL/tokenizer/ of a diffusers directory, or
-// MODEL itself when it holds them. (Model discovery will take this over.)
-fs::path tokenizer_dir_of(const fs::path& model) {
+// The tokenizer of MODEL: the files stored in a klein container, MODEL/tokenizer/ of a
+// diffusers directory, or MODEL itself when it holds the files.
+Tokenizer tokenizer_of(const fs::path& model) {
+  ModelPaths paths;
+  paths.model = model;
+  if (container::is_container(model)) return load_model_tokenizer(paths);
   auto holds_tokenizer = [](const fs::path& dir) {
-    return fs::exists(dir / "vocab.json") || fs::exists(dir / "tokenizer.json");
+    std::error_code ec;
+    return fs::exists(dir / "vocab.json", ec) || fs::exists(dir / "tokenizer.json", ec);
   };
-  if (holds_tokenizer(model / "tokenizer")) return model / "tokenizer";
-  if (holds_tokenizer(model)) return model;
-  fail(model.string(), ": no tokenizer found (expected vocab.json or tokenizer.json in ",
-       (model / "tokenizer").string(), " or in the directory itself)");
+  if (holds_tokenizer(model / "tokenizer")) return load_model_tokenizer(paths);
+  check(holds_tokenizer(model), model.string(),
+        ": no tokenizer found (expected a klein container, or vocab.json or tokenizer.json in ",
+        (model / "tokenizer").string(), " or in the directory itself)");
+  paths.tokenizer = model;
+  return load_model_tokenizer(paths);
 }
 
 void print_ids(const std::vector<int32_t>& ids) {
@@ -82,7 +90,7 @@ void print_template(const Tokenizer& tokenizer, const TokenizeOptions& o) {
 }
 
 void run_tokenize(const TokenizeOptions& o) {
-  const Tokenizer tokenizer = Tokenizer::from_directory(tokenizer_dir_of(o.model));
+  const Tokenizer tokenizer = tokenizer_of(o.model);
   if (o.use_template) {
     print_template(tokenizer, o);
   } else {
@@ -97,15 +105,23 @@ static Registration reg("tokenize", 30, [](CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "tokenize", "Print the Qwen3 token ids of a text, or the text encoder's input for a prompt");
   cmd->add_option("-m,--model", options->model,
-                  "FLUX.2-klein diffusers directory (its tokenizer/ is used), or a directory "
-                  "holding the tokenizer files")
+                  "a klein container (the tokenizer stored in it), a FLUX.2-klein diffusers "
+                  "directory (its tokenizer/), or a directory holding the tokenizer files "
+                  "(vocab.json + merges.txt, or tokenizer.json)")
       ->required();
   cmd->add_flag("--template", options->use_template,
                 "wrap TEXT in the chat template as the pipeline does and print the 512 padded "
                 "ids, then the attention mask");
   cmd->add_flag("--json", options->json, "print JSON (ids, tokens, decoded text / mask, counts)");
-  cmd->add_option("text", options->text, "the text or prompt")->required();
-  cmd->callback([options] { run_tokenize(*options); });
+  // The text as the other subcommands take a prompt (-p), or as the last argument.
+  CLI::Option* prompt = cmd->add_option("-p,--prompt", options->text, "the text or prompt");
+  CLI::Option* text = cmd->add_option("text", options->text, "the text or prompt (as -p)");
+  prompt->excludes(text);
+  text->excludes(prompt);
+  cmd->callback([options, prompt, text] {
+    check(prompt->count() + text->count() == 1, "tokenize: give the text (TEXT or -p TEXT)");
+    run_tokenize(*options);
+  });
 });
 
 }  // namespace klein::cli

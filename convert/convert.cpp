@@ -23,6 +23,7 @@
 #include "formats/xxh3.h"
 #include "ops/low_rank.h"
 #include "quant/types.h"
+#include "tokenizer/tokenizer.h"
 #include "weights/container_store.h"
 #include "weights/naming.h"
 #include "weights/source_store.h"
@@ -288,6 +289,22 @@ class TensorConverter {
   std::vector<std::byte> packed_;
 };
 
+// The tokenizer files are stored as they are; they must load first, so that a container is
+// never written with a tokenizer that fails only when it is used (the error names the files).
+void check_tokenizer(const TokenizerBytes& bytes) {
+  auto view = [](const std::optional<std::string>& s) -> std::optional<std::string_view> {
+    if (!s) return std::nullopt;
+    return std::string_view(*s);
+  };
+  TokenizerFiles files;
+  files.origin = bytes.origin;
+  files.vocab_json = view(bytes.vocab_json);
+  files.merges_txt = view(bytes.merges_txt);
+  files.tokenizer_config_json = view(bytes.tokenizer_config_json);
+  files.tokenizer_json = view(bytes.tokenizer_json);
+  (void)Tokenizer(files);
+}
+
 }  // namespace
 
 ConvertSummary convert_model(const ConvertOptions& o) {
@@ -306,6 +323,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   std::unique_ptr<WeightStore> store = open_model(o.source);
   const ModelConfig& config = store->config();
   const TokenizerBytes tokenizer = read_tokenizer_files(o.source);
+  check_tokenizer(tokenizer);
   json merged_loras = json::array();
   if (!o.loras.empty()) note("reading " + std::to_string(o.loras.size()) + " LoRA file(s)");
   const Adapters adapters = Adapters::load(o.loras, config.transformer);

@@ -147,8 +147,12 @@ json diffusers_config(const char* cls, const nlohmann::json& fields) {
 void write_synthetic_model(const SyntheticModelOptions& o, const SyntheticProgress& progress) {
   const fs::path& dir = o.out_dir;
   check(!fs::exists(dir) || fs::is_empty(dir), dir.string(), " exists and is not empty");
-  for (const char* f : {"vocab.json", "merges.txt", "tokenizer_config.json"})
-    check(fs::exists(o.tokenizer_dir / f), "--tokenizer ", o.tokenizer_dir.string(), ": no ", f);
+  // The slow layout needs all three files (tokenizer_config.json has the special tokens);
+  // tokenizer.json holds everything.
+  if (!fs::exists(o.tokenizer_dir / "tokenizer.json"))
+    for (const char* f : {"vocab.json", "merges.txt", "tokenizer_config.json"})
+      check(fs::exists(o.tokenizer_dir / f), "--tokenizer ", o.tokenizer_dir.string(), ": no ", f,
+            " (nor tokenizer.json)");
   for (const char* sub : {"transformer", "text_encoder", "vae", "tokenizer", "scheduler"})
     fs::create_directories(dir / sub);
 

@@ -23,7 +23,8 @@ namespace klein {
 
 struct SyntheticModelOptions {
   std::filesystem::path out_dir;        // created; must not exist or be empty
-  std::filesystem::path tokenizer_dir;  // vocab.json, merges.txt, tokenizer_config.json (copied)
+  // vocab.json, merges.txt, tokenizer_config.json, or tokenizer.json (all files are copied)
+  std::filesystem::path tokenizer_dir;
   ModelConfig config;                   // defaults: FLUX.2-klein-4B with Qwen3-4B (36 layers)
   uint64_t seed = 0;
 };

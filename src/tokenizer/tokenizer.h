@@ -13,9 +13,11 @@
 // between threads.
 //
 // The normaliser and pre-tokenizer are Qwen2's, built in; tokenizer.json's own description
-// of them is not read. (The reference "slow" tokenizer normalises the whole text before
-// finding added tokens, the "fast" one after, as here; they differ only when the character
-// after an added token composes with its last one under NFC, as ">" + U+0338 does.)
+// of them is not read. Its model must be "BPE" without the settings that would change the
+// ids (ignore_merges, byte_fallback, dropout, subword affixes): those are refused. (The
+// reference "slow" tokenizer normalises the whole text before finding added tokens, the
+// "fast" one after, as here; they differ only when the character after an added token
+// composes with its last one under NFC, as ">" + U+0338 does.)
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -34,7 +36,9 @@ namespace klein {
 // Either tokenizer.json (which holds everything), or vocab.json + merges.txt, must be
 // present; when tokenizer.json is there, vocab.json and merges.txt are not read. Added
 // tokens come from tokenizer.json's "added_tokens" and from tokenizer_config.json's
-// "added_tokens_decoder"; when both name an id they must agree.
+// "added_tokens_decoder"; when both name an id they must agree, and an added token may not
+// take an id the vocabulary gives to another token. (Nothing else is read from
+// tokenizer_config.json: the pad token of the Klein prompt is <|endoftext|> by name.)
 struct TokenizerFiles {
   std::string origin;  // where the files live, for error messages, e.g. "model/tokenizer"
   std::optional<std::string_view> vocab_json;

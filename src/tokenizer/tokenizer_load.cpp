@@ -67,10 +67,18 @@ class TokenizerJsonReader final : public json::json_sax_t {
       : layout_(layout), file_(std::move(file)), bpe_(bpe), out_(out) {}
 
   size_t vocab_entries() const { return vocab_entries_; }
-  const std::string& model_type() const { return model_type_; }
 
   bool null() override { return scalar_other("null"); }
   bool boolean(bool v) override {
+    if (at_model_key("ignore_merges")) {
+      // true looks a whole piece up in the vocabulary before merging (Llama 3 does): other ids.
+      if (v) fail(where(), ": true is not supported (only false, as Qwen's tokenizers have)");
+      return element_done();
+    }
+    if (at_model_key("byte_fallback")) {
+      if (v) fail(where(), ": true is not supported (only false, as Qwen's tokenizers have)");
+      return element_done();
+    }
     if (RawAddedToken* t = added_field("special"))
       t->special = v;
     else if ((t = added_field("lstrip")))
@@ -86,7 +94,7 @@ class TokenizerJsonReader final : public json::json_sax_t {
   bool number_integer(number_integer_t v) override {
     if (v >= 0) return number_unsigned(number_unsigned_t(v));
     if (at_vocab_entry() || added_field("id")) fail(where(), ": negative token id ", v);
-    return element_done();
+    return scalar_other("a number");
   }
   bool number_unsigned(number_unsigned_t v) override {
     if (at_vocab_entry()) {
@@ -94,6 +102,8 @@ class TokenizerJsonReader final : public json::json_sax_t {
     } else if (RawAddedToken* t = added_field("id")) {
       if (v >= kMaxTokenId) fail(where(), ": token id ", v, " is out of range");
       t->id = int64_t(v);
+    } else {
+      return scalar_other("a number");
     }
     return element_done();
   }
@@ -110,7 +120,14 @@ class TokenizerJsonReader final : public json::json_sax_t {
       t->content = std::move(v);
       t->has_content = true;
     } else if (at_model_key("type")) {
-      model_type_ = v;
+      // Checked at once: "type" comes first in the files tokenizers writes, and another
+      // model's vocabulary would otherwise fail later with a less helpful message. (Without a
+      // type the model is taken as BPE, as the tokenizers library infers it from its fields.)
+      if (v != "BPE") fail(where(), ": ", shown(v), " is not supported, expected \"BPE\"");
+    } else if (at_model_key("continuing_subword_prefix") || at_model_key("end_of_word_suffix")) {
+      // Affixes change which vocabulary entries a merge produces.
+      if (!v.empty())
+        fail(where(), ": ", shown(v), " is not supported (only \"\" or null, as Qwen's have)");
     } else {
       return scalar_other("a string");
     }
@@ -119,7 +136,8 @@ class TokenizerJsonReader final : public json::json_sax_t {
   bool binary(binary_t&) override { return scalar_other("binary data"); }
 
   bool start_object(std::size_t) override {
-    if (at_vocab_entry() || at_merge_string()) fail(where(), ": unexpected object");
+    if (at_vocab_entry() || at_merge_string() || at_merge_pair_part() || at_model_key("type"))
+      fail(where(), ": unexpected object");
     if (at_added_token()) {
       pending_added_ = RawAddedToken{};
       pending_added_.where = where();
@@ -138,6 +156,8 @@ class TokenizerJsonReader final : public json::json_sax_t {
   }
   bool start_array(std::size_t) override {
     if (at_vocab_entry()) fail(where(), ": expected a token id, found an array");
+    if (at_merge_pair_part() || at_model_key("type") || at_added_token())
+      fail(where(), ": unexpected array");
     if (at_merge_string()) {
       pending_pair_ = {};
       pair_parts_ = 0;
@@ -199,10 +219,20 @@ class TokenizerJsonReader final : public json::json_sax_t {
     return inside ? &pending_added_ : nullptr;
   }
 
-  // A value nobody asked for: fine, unless it sits where a token id belongs.
+  // A value nobody asked for: fine, unless it sits where a token id, a merge, an added token
+  // or a model setting belongs.
   bool scalar_other(const char* what) {
     if (at_vocab_entry()) fail(where(), ": expected a token id, found ", what);
-    if (at_merge_string()) fail(where(), ": expected a merge, found ", what);
+    if (at_merge_string())
+      fail(where(), ": expected a merge (\"A B\" or [\"A\", \"B\"]), found ", what);
+    if (at_merge_pair_part()) fail(where(), ": expected a merge symbol (a string), found ", what);
+    if (at_added_token()) fail(where(), ": expected an added token (an object), found ", what);
+    if (at_model_key("type")) fail(where(), ": expected \"BPE\", found ", what);
+    if (at_model_key("dropout") && std::string_view(what) != "null")
+      fail(where(), ": BPE dropout is not supported (only null, as Qwen's tokenizers have)");
+    if (RawAddedToken* t = added_field("content"))
+      fail(t->where, ": \"content\" must be a string, found ", what);
+    if (added_field("id")) fail(where(), ": expected a token id, found ", what);
     check(!(path_.empty() && layout_ == Layout::kVocabJson), file_, ": expected a JSON object");
     return element_done();
   }
@@ -265,7 +295,6 @@ class TokenizerJsonReader final : public json::json_sax_t {
   std::vector<Frame> path_;
   size_t vocab_entries_ = 0;
   std::string bytes_, right_bytes_;  // conversion buffers, reused for every entry
-  std::string model_type_;
   RawAddedToken pending_added_;
   std::pair<std::string, std::string> pending_pair_;
   int pair_parts_ = 0;
@@ -403,6 +432,18 @@ std::vector<AddedToken> settle_added_tokens(const std::vector<RawAddedToken>& ra
   return added;
 }
 
+// An added token may share its id with a vocabulary entry only when it is that entry (GPT-2
+// style files list <|endoftext|> in both); otherwise encoding and decoding would disagree.
+void check_added_against_vocabulary(const std::vector<RawAddedToken>& raw,
+                                    const tok::BpeModel& bpe) {
+  for (const RawAddedToken& t : raw) {
+    const std::optional<std::string_view> bytes = bpe.bytes_of(int32_t(t.id));
+    if (bytes && *bytes != t.content)
+      fail(t.where, ": id ", t.id, " is the added token ", shown(t.content),
+           " here but the vocabulary's ", shown(tok::bytes_to_symbols(*bytes)));
+  }
+}
+
 void load_vocab(const TokenizerFiles& files, tok::BpeModel& bpe, Collected& c) {
   using Layout = TokenizerJsonReader::Layout;
   const bool fast = files.tokenizer_json.has_value();
@@ -422,8 +463,6 @@ void load_vocab(const TokenizerFiles& files, tok::BpeModel& bpe, Collected& c) {
                              c);
   json::sax_parse(text, &reader);
   if (fast) {
-    check(reader.model_type().empty() || reader.model_type() == "BPE", c.vocab_file,
-          ": model.type is ", shown(reader.model_type()), ", expected \"BPE\"");
     check(c.merges.size() > 0, c.vocab_file, ": model.merges is missing or empty");
   }
   check(reader.vocab_entries() > 0, c.vocab_file, fast ? ": model.vocab" : "",
@@ -447,6 +486,7 @@ Tokenizer::Tokenizer(const TokenizerFiles& files) {
     read_added_tokens_decoder(*files.tokenizer_config_json, file_in(files, "tokenizer_config.json"),
                               c);
   impl->added = settle_added_tokens(c.added);
+  check_added_against_vocabulary(c.added, impl->bpe);
   impl->index_added_tokens();
   impl_ = std::move(impl);
 }

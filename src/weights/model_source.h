@@ -4,7 +4,8 @@
 //                 text_encoder/, vae/, tokenizer/, scheduler/), or a klein container file;
 //   or single files: --diffusion-model FILE (BFL/ComfyUI or diffusers transformer safetensors),
 //                 --text-encoder FILE (Qwen3 safetensors or index.json), --vae FILE,
-//                 --tokenizer DIR (vocab.json, merges.txt, tokenizer_config.json).
+//                 --tokenizer DIR (vocab.json + merges.txt + tokenizer_config.json, or
+//                 tokenizer.json).
 // Either way the result is one WeightStore with canonical names and a checked ModelConfig.
 #include <filesystem>
 #include <memory>
