@@ -18,7 +18,7 @@ cxx="${CXX:-clang++}"
 # -fsanitize=fuzzer; KLEIN_SANITIZE adds ASan and UBSan.
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
-  -DKLEIN_SANITIZE=ON -DKLEIN_BUILD_TESTS=OFF -DKLEIN_BUILD_BENCH=OFF >/dev/null
+  -DKLEIN_SANITIZE=ON -DKLEIN_FUZZ=ON -DKLEIN_BUILD_TESTS=OFF -DKLEIN_BUILD_BENCH=OFF >/dev/null
 cmake --build "$build" --target fuzz_container
 
 # Seed corpus: a well-formed header + index written from docs/container.md (two units, three

@@ -1,5 +1,9 @@
 #include "core/dtype.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
 #include "core/cpu.h"
 
 namespace klein {
@@ -124,6 +128,17 @@ void f32_to_f16(const float* src, uint16_t* dst, size_t n) {
 }
 
 void to_f32(DType t, const void* src, float* dst, size_t n) {
+  if ((t == DType::BF16 || t == DType::F16) && reinterpret_cast<uintptr_t>(src) % 2 != 0) {
+    // Bytes at an odd address (a file's data at any offset): converted through an aligned copy.
+    uint16_t aligned[1024];
+    const auto* bytes = static_cast<const std::byte*>(src);
+    for (size_t i = 0; i < n; i += 1024) {
+      const size_t k = std::min<size_t>(1024, n - i);
+      std::memcpy(aligned, bytes + 2 * i, 2 * k);
+      to_f32(t, aligned, dst + i, k);
+    }
+    return;
+  }
   switch (t) {
     case DType::F32: std::memcpy(dst, src, n * 4); return;
     case DType::BF16: bf16_to_f32(static_cast<const uint16_t*>(src), dst, n); return;

@@ -368,7 +368,9 @@ void read_added_tokens_decoder(std::string_view text, const std::string& file, C
   auto decoder = config.find("added_tokens_decoder");
   if (decoder == config.end()) return;
   check(decoder->is_object(), file, ": added_tokens_decoder must be an object");
-  for (auto& [key, value] : decoder->items()) {
+  for (auto item : decoder->items()) {
+    const std::string& key = item.key();
+    const auto& value = item.value();  // not a structured binding: lambdas capture it below
     RawAddedToken t;
     t.where = file + ": added_tokens_decoder[\"" + key + "\"]";
     uint64_t id = 0;

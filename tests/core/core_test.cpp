@@ -62,6 +62,22 @@ TEST(DType, BulkConversionsMatchScalar) {
   }
 }
 
+// Tensor data of a file can start at any byte (safetensors offsets are not aligned): bulk
+// conversions from an odd address give the same values (and no misaligned loads under UBSan;
+// found by fuzz/fuzz_safetensors).
+TEST(DType, BulkConversionsFromOddAddresses) {
+  for (DType t : {DType::BF16, DType::F16}) {
+    std::vector<uint16_t> halves(3000);
+    for (size_t i = 0; i < halves.size(); ++i) halves[i] = uint16_t(0x3c00 + i % 977);
+    std::vector<std::byte> odd(halves.size() * 2 + 1);
+    std::memcpy(odd.data() + 1, halves.data(), halves.size() * 2);
+    std::vector<float> from_odd(halves.size()), from_aligned(halves.size());
+    to_f32(t, odd.data() + 1, from_odd.data(), halves.size());
+    to_f32(t, halves.data(), from_aligned.data(), halves.size());
+    EXPECT_EQ(from_odd, from_aligned) << dtype_name(t);
+  }
+}
+
 TEST(ThreadPool, CoversEveryIndexOnce) {
   for (int threads : {1, 2, 3}) {
     ThreadPool pool(threads);

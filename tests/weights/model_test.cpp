@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "support/testing.h"
+#include "weights/config.h"
 #include "weights/expected.h"
 #include "weights/model_source.h"
 
@@ -58,6 +61,22 @@ TEST(TinyModel, UnitsHaveTheDocumentedNames) {
   EXPECT_EQ(d->get("attn.to_q.weight").shape, (Shape{256, 256}));
   EXPECT_THROW(d->get("attn.no_such.weight"), Error);
   EXPECT_THROW(store->acquire("transformer.double.9"), Error);
+}
+
+// An integer field given as a float is refused, not truncated; one too large for any integer
+// (found by fuzz/fuzz_config: undefined behaviour in the conversion) likewise.
+TEST(Config, IntegerFieldsMustBeJsonIntegers) {
+  for (const char* text : {R"({"num_layers": 2.5})", R"({"num_layers": 1e102})",
+                           R"({"axes_dims_rope": [32, 32, 32.0, 32]})"}) {
+    const std::string error = testing::error_of(
+        [&] { parse_transformer_config(nlohmann::json::parse(text), "config.json"); });
+    EXPECT_NE(error.find("has the wrong type"), std::string::npos) << text << ": " << error;
+  }
+  EXPECT_NE(testing::error_of([] {
+              parse_scheduler_config(nlohmann::json::parse(R"({"num_train_timesteps": 1e40})"),
+                                     "scheduler_config.json");
+            }).find("num_train_timesteps"),
+            std::string::npos);
 }
 
 }  // namespace

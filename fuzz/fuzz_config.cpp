@@ -1,0 +1,38 @@
+// libFuzzer target: the model configuration JSON (config.json of each network, the scheduler,
+// and the container's stored configuration) and the precision policy text (globs, PCRE2
+// patterns, types), as `klein convert --policy` reads it.
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "convert/policy.h"
+#include "core/error.h"
+#include "fuzz/fuzz_support.h"
+#include "weights/config.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const auto parts = klein::fuzz::split<2>(data, size);
+  const nlohmann::json j = nlohmann::json::parse(parts[0], nullptr, false);
+  if (!j.is_discarded()) {
+    auto each = [&](auto parse) {
+      try {
+        parse();
+      } catch (const klein::Error&) {
+      }
+    };
+    each([&] { (void)klein::parse_transformer_config(j, "fuzz"); });
+    each([&] { (void)klein::parse_text_encoder_config(j, "fuzz"); });
+    each([&] { (void)klein::parse_vae_config(j, "fuzz"); });
+    each([&] { (void)klein::parse_scheduler_config(j, "fuzz"); });
+    each([&] { (void)klein::model_config_from_json(j, "fuzz"); });
+  }
+  try {
+    const auto policy = klein::convert::PrecisionPolicy::with_user_rules(parts[1], "fuzz");
+    for (const char* name : {"transformer.transformer_blocks.0.attn.to_q.weight",
+                             "text_encoder.model.layers.3.mlp.down_proj.weight", "vae.bn.running_mean"})
+      (void)policy.choose(name, {64, 64}, klein::DType::Q4);
+  } catch (const klein::Error&) {
+  }
+  return 0;
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of fuzz/ (safetensors + LoRA files, .npy, PNG/JPEG + the
+# reference preprocessing, tokenizer files, config JSON + precision policy) with clang,
+# AddressSanitizer and UBSan, and runs each for a bounded time from a seed corpus. A crash,
+# a leak of a klein::Error into anything else, a hang (-timeout) or an allocation beyond
+# -rss_limit_mb fails the run; the input that did it is left in the build directory.
+# Usage: scripts/fuzz-parsers.sh [seconds per target, default 30] [targets...]
+# Environment: BUILD_DIR (default build-fuzz), CC/CXX (default clang/clang++).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install-packages.sh clang python3
+
+seconds="${1:-30}"
+shift || true
+targets=("$@")
+((${#targets[@]})) || targets=(safetensors npy image tokenizer config)
+build="${BUILD_DIR:-build-fuzz}"
+
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_C_COMPILER="${CC:-clang}" -DCMAKE_CXX_COMPILER="${CXX:-clang++}" \
+  -DKLEIN_SANITIZE=ON -DKLEIN_FUZZ=ON -DKLEIN_BUILD_TESTS=OFF -DKLEIN_BUILD_BENCH=OFF >/dev/null
+cmake --build "$build" --target "${targets[@]/#/fuzz_}"
+
+# Seeds: small valid inputs of each parser, written here (and fuzz/corpus for images).
+seeds="$(pwd)/$build/fuzz-seeds"
+rm -rf "$seeds"
+mkdir -p "$seeds"/{safetensors,npy,image,tokenizer,config}
+cp fuzz/corpus/seed.png fuzz/corpus/seed.jpg "$seeds/image/"
+python3 - "$seeds" <<'PY'
+import json, struct, sys
+root = sys.argv[1]
+
+def safetensors(path, tensors, meta=None):
+    header, body = {}, b""
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(body), len(body) + len(raw)]}
+        body += raw
+    if meta:
+        header["__metadata__"] = meta
+    text = json.dumps(header).encode()
+    open(path, "wb").write(struct.pack("<Q", len(text)) + text + body)
+
+safetensors(f"{root}/safetensors/plain", [
+    ("a.weight", "F32", [2, 3], struct.pack("<6f", *range(6))),
+    ("b", "BF16", [4], b"\x80\x3f" * 4),
+    ("c", "F16", [1, 1], b"\x00\x3c")], {"format": "pt"})
+safetensors(f"{root}/safetensors/lora", [  # a LoRA of the tiny transformer's proj_out
+    ("transformer.proj_out.lora_A.weight", "BF16", [1, 256], b"\x00\x3c" * 256),
+    ("transformer.proj_out.lora_B.weight", "BF16", [128, 1], b"\x00\x3c" * 128),
+    ("diffusion_model.double_blocks.0.img_attn.qkv.alpha", "F32", [], struct.pack("<f", 1.0))])
+
+def npy(path, descr, shape, raw):
+    header = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, repr(tuple(shape)))
+    header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
+    open(path, "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + raw)
+
+npy(f"{root}/npy/f32", "<f4", [1, 2, 2], struct.pack("<4f", 0.5, -1, 2, 3))
+npy(f"{root}/npy/i64", "<i8", [3], struct.pack("<3q", 1, 2, 3))
+
+vocab = {"a": 0, "b": 1, "c": 2, "\u0120": 3, "ab": 4, "abc": 5, "\u0120a": 6}
+merges = "#version: 0.2\na b\nab c\n\u0120 a\n"
+config = {"added_tokens_decoder": {"7": {"content": "<|im_start|>", "special": True}}}
+open(f"{root}/tokenizer/files", "wb").write(
+    json.dumps(vocab).encode() + b"\x01" + merges.encode() + b"\x01" + json.dumps(config).encode())
+tokenizer_json = {"model": {"type": "BPE", "vocab": vocab, "merges": ["a b", ["ab", "c"]]},
+                  "added_tokens": [{"id": 7, "content": "<|im_start|>", "special": True}]}
+open(f"{root}/tokenizer/json", "wb").write(b"\x01\x01\x01" + json.dumps(tokenizer_json).encode())
+
+transformer = {"_class_name": "Flux2Transformer2DModel", "attention_head_dim": 128,
+               "axes_dims_rope": [32, 32, 32, 32], "eps": 1e-06, "guidance_embeds": False,
+               "in_channels": 128, "joint_attention_dim": 192, "mlp_ratio": 3.0,
+               "num_attention_heads": 2, "num_layers": 2, "num_single_layers": 2,
+               "out_channels": None, "patch_size": 1, "rope_theta": 2000,
+               "timestep_guidance_channels": 256}
+policy = "transformer.*.norm_* f32\nre:^vae\\..* bf16\n@1d >=bf16\n# comment\n"
+open(f"{root}/config/transformer", "wb").write(json.dumps(transformer).encode() + b"\x01" + policy.encode())
+scheduler = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000,
+             "shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15}
+open(f"{root}/config/scheduler", "wb").write(json.dumps(scheduler).encode() + b"\x01" + b"*.weight q8\n")
+PY
+
+for t in "${targets[@]}"; do
+  echo "== fuzz_$t: ${seconds}s"
+  corpus="$build/fuzz-corpus-$t"
+  mkdir -p "$corpus"
+  "$build/fuzz_$t" "$corpus" "$seeds/$t" -max_total_time="$seconds" -max_len=8192 \
+    -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$build/fuzz_$t-" \
+    >"$build/fuzz_$t.log" 2>&1 || { tail -n 60 "$build/fuzz_$t.log"; echo "fuzz_$t failed"; exit 1; }
+  grep -E "^stat::number_of_executed_units|^stat::new_units_added" "$build/fuzz_$t.log" || true
+done
