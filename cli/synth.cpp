@@ -1,5 +1,7 @@
 // klein synth: writes a full-size synthetic FLUX.2-klein-4B checkpoint (random weights, real
 // names, shapes, dtypes and layout) for speed and memory measurements.
+#include <unistd.h>
+
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -38,15 +40,18 @@ Registration reg("synth", 90, [](CLI::App& app) {
     o.config.is_distilled = args->variant != "4b-base";
     o.config.reference_cache = args->variant == "4b-kv";
     int last_percent = -1;
+    // On a terminal one line rewritten in place; into a file or pipe a line per 10 %.
+    const bool terminal = ::isatty(::fileno(stderr)) == 1;
     write_synthetic_model(o, [&](const std::string& file, uint64_t done, uint64_t total) {
       const int percent = int(100 * done / std::max<uint64_t>(total, 1));
-      if (args->quiet || percent == last_percent) return;
+      if (args->quiet || percent == last_percent || (!terminal && percent % 10 != 0)) return;
       last_percent = percent;
-      std::fprintf(stderr, "\rsynth: %3d%%  %.1f / %.1f GB  %-40s", percent, double(done) / 1e9,
-                   double(total) / 1e9, file.c_str());
+      std::fprintf(stderr, "%ssynth: %3d%%  %.1f / %.1f GB  %-40s%s", terminal ? "\r" : "",
+                   percent, double(done) / 1e9, double(total) / 1e9, file.c_str(),
+                   terminal ? "" : "\n");
       std::fflush(stderr);
     });
-    if (!args->quiet) std::fprintf(stderr, "\n");
+    if (!args->quiet && terminal) std::fprintf(stderr, "\n");
     std::printf("wrote %s\n", args->out.c_str());
   });
 });

@@ -10,10 +10,14 @@
 #include <jpeglib.h>
 
 #include <csetjmp>
+#include <cstring>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
 #include "formats/image/codecs.h"
+#include "formats/image/exif.h"
 
 namespace klein::codecs {
 
@@ -104,6 +108,7 @@ bool read_jpeg_header(JpegDecoder& d, const unsigned char* data, size_t size) {
   d.cinfo.progress = &d.progress;
   jpeg_mem_src(&d.cinfo, data, static_cast<unsigned long>(size));
   jpeg_save_markers(&d.cinfo, JPEG_COM, 0xffff);
+  jpeg_save_markers(&d.cinfo, JPEG_APP0 + 1, 0xffff);  // EXIF (orientation)
   jpeg_read_header(&d.cinfo, TRUE);
   return true;
 }
@@ -180,6 +185,19 @@ void append_comments(const jpeg_decompress_struct& cinfo, ImageMetadata& out) {
   }
 }
 
+// The EXIF orientation of the first APP1 segment that holds EXIF; 1 without one.
+int orientation_of(const jpeg_decompress_struct& cinfo) {
+  static const char kExif[6] = {'E', 'x', 'i', 'f', 0, 0};
+  for (jpeg_saved_marker_ptr m = cinfo.marker_list; m; m = m->next) {
+    if (m->marker != JPEG_APP0 + 1 || m->data_length < sizeof kExif ||
+        std::memcmp(m->data, kExif, sizeof kExif) != 0)
+      continue;
+    return exif_orientation(std::as_bytes(std::span(m->data + sizeof kExif,
+                                                    m->data_length - sizeof kExif)));
+  }
+  return 1;
+}
+
 }  // namespace
 
 Image decode_jpeg(std::span<const std::byte> data, const std::string& name,
@@ -192,6 +210,7 @@ Image decode_jpeg(std::span<const std::byte> data, const std::string& name,
   // Saved markers live until the decoder finishes, so the comments are taken now.
   ImageMetadata comments;
   if (metadata) append_comments(d.cinfo, comments);
+  const int orientation = orientation_of(d.cinfo);
 
   Image image(int(d.cinfo.image_width), int(d.cinfo.image_height));
   std::vector<JSAMPROW> rows(size_t(image.height));
@@ -199,7 +218,7 @@ Image decode_jpeg(std::span<const std::byte> data, const std::string& name,
   if (!read_jpeg_pixels(d, rows.data())) fail(name, ": cannot read JPEG: ", d.errors.message);
 
   if (metadata) metadata->insert(metadata->end(), comments.begin(), comments.end());
-  return image;
+  return apply_orientation(std::move(image), orientation);
 }
 
 void encode_jpeg(std::FILE* out, const std::string& name, const Image& image, int quality,

@@ -8,10 +8,13 @@
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
 #include "formats/image/codecs.h"
+#include "formats/image/exif.h"
 
 namespace klein::codecs {
 
@@ -132,6 +135,20 @@ void append_text_chunks(png_structp png, png_infop info, ImageMetadata& out) {
   }
 }
 
+// The EXIF orientation of an eXIf chunk (before or after the pixels); 1 without one. Some
+// writers put JPEG's "Exif\0\0" before the TIFF structure.
+int orientation_of(const PngReader& r) {
+  for (png_infop info : {r.info, r.end_info}) {
+    png_uint_32 size = 0;
+    png_bytep exif = nullptr;
+    if (!png_get_eXIf_1(r.png, info, &size, &exif) || !exif || size == 0) continue;
+    std::span<const std::byte> tiff = std::as_bytes(std::span(exif, size));
+    if (size >= 6 && std::memcmp(exif, "Exif\0\0", 6) == 0) tiff = tiff.subspan(6);
+    return exif_orientation(tiff);
+  }
+  return 1;
+}
+
 bool is_ascii(const std::string& s) {
   for (char c : s)
     if (uint8_t(c) >= 0x80) return false;
@@ -169,7 +186,7 @@ Image decode_png(std::span<const std::byte> data, const std::string& name,
     append_text_chunks(r.png, r.info, *metadata);
     append_text_chunks(r.png, r.end_info, *metadata);
   }
-  return image;
+  return apply_orientation(std::move(image), orientation_of(r));
 }
 
 void encode_png(std::FILE* out, const std::string& name, const Image& image,

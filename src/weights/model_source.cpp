@@ -141,12 +141,18 @@ void check_pairing(const ModelConfig& c, const Discovered& d) {
         t.out_channels, " differs from in_channels ", t.in_channels);
 }
 
+// What identifies a source file's contents for the prompt cache without reading gigabytes:
+// the path, device and inode, size, modification time and change time. The change time is
+// set by the kernel on every write and cannot be set back (touch restores only mtime), so a
+// file rewritten in place with its size and mtime restored still gets a new identity.
 std::string file_identity(const fs::path& p) {
   struct stat st {};
   std::string id = fs::absolute(p).string();
   if (::stat(p.c_str(), &st) == 0)
-    id += ":" + std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
-          std::to_string(st.st_mtim.tv_nsec);
+    id += ":" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" +
+          std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+          std::to_string(st.st_mtim.tv_nsec) + ":" + std::to_string(st.st_ctim.tv_sec) + "." +
+          std::to_string(st.st_ctim.tv_nsec);
   return id;
 }
 

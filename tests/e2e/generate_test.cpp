@@ -1,6 +1,8 @@
 // End-to-end: `klein generate` on the tiny model with the reference noise reproduces every
 // stage the official pipeline recorded (vectors/e2e/<case>/) and its PNG.
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -227,6 +229,37 @@ TEST(GenerateCli, PromptCacheWithoutHomeOrInADirectory) {
   ASSERT_EQ(testing::run_klein(base + "--cache-dir " + cache.string() + " -o " +
                                    (out / "b.png").string(), &log), 0) << log;
   EXPECT_TRUE(fs::exists(cache) && !fs::is_empty(cache)) << log;
+}
+
+// The prompt cache of a model given as safetensors knows a text encoder file rewritten in
+// place even when its size and modification time are put back (the change time moves).
+TEST(GenerateCli, PromptCacheMissesARewrittenTextEncoder) {
+  const fs::path out = testing::temp_dir("cache-rewrite");
+  const fs::path te = out / "text_encoder";
+  fs::create_directories(te);
+  for (const auto& f : fs::directory_iterator(testing::tiny_model() / "text_encoder"))
+    fs::copy_file(f.path(), te / f.path().filename());
+  const std::string cmd = "generate -m " + testing::tiny_model().string() + " --text-encoder " +
+                          (te / "model.safetensors.index.json").string() +
+                          " -p x -W 32 -H 32 -s 1 --seed 1 --json --cache-dir " +
+                          (out / "cache").string() + " -o " + (out / "a.png").string();
+  auto from_cache = [&] {
+    std::string log;
+    EXPECT_EQ(testing::run_klein(cmd, &log), 0) << log;
+    return log.find("\"context_from_cache\":true") != std::string::npos;
+  };
+  EXPECT_FALSE(from_cache());
+  EXPECT_TRUE(from_cache());
+  // Every shard rewritten with the same bytes, its modification time restored.
+  for (const auto& f : fs::directory_iterator(te)) {
+    struct stat st {};
+    ASSERT_EQ(::stat(f.path().c_str(), &st), 0);
+    const std::string bytes = read_text_file(f.path());
+    testing::write_text(f.path(), bytes);
+    const timespec times[2] = {st.st_atim, st.st_mtim};
+    ASSERT_EQ(::utimensat(AT_FDCWD, f.path().c_str(), times, 0), 0);
+  }
+  EXPECT_FALSE(from_cache());
 }
 
 // Into a file, progress is one plain line per event: no carriage returns in logs.

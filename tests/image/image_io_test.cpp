@@ -8,6 +8,8 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 
 #include "core/error.h"
 #include "formats/image/image.h"
@@ -227,6 +229,73 @@ TEST(ImageFiles, JpegRoundTripIsClose) {
   expect_close(load_image(dir / "out.jpg"), image, 1.0, 8);
   EXPECT_EQ(read_image_metadata(dir / "out.jpg"), metadata);
   EXPECT_EQ(list_dir(dir), std::vector<std::string>{"out.jpg"});
+}
+
+// An EXIF APP1 segment with one orientation entry, in either byte order.
+std::string exif_app1(int orientation, bool little_endian) {
+  std::string tiff = little_endian ? std::string("II\x2a\0\x08\0\0\0", 8)
+                                   : std::string("MM\0\x2a\0\0\0\x08", 8);
+  auto u16 = [&](int v) {
+    return little_endian ? std::string{char(v & 0xff), char(v >> 8)}
+                         : std::string{char(v >> 8), char(v & 0xff)};
+  };
+  tiff += u16(1);                                   // one entry
+  tiff += u16(0x0112) + u16(3) + (little_endian ? std::string("\x01\0\0\0", 4)
+                                                  : std::string("\0\0\0\x01", 4));
+  tiff += u16(orientation) + u16(0);                // the SHORT and padding
+  tiff += std::string(4, '\0');                    // no next IFD
+  const std::string payload = std::string("Exif\0\0", 6) + tiff;
+  const size_t length = payload.size() + 2;
+  return std::string("\xff\xe1", 2) + char(length >> 8) + char(length & 0xff) + payload;
+}
+
+// Cameras store the sensor's picture and an EXIF orientation; diffusers' load_image turns it
+// upright (PIL's exif_transpose), so the decoder does: the same JPEG data with an orientation
+// decodes to the plain decode rotated or mirrored as EXIF defines it.
+TEST(ImageFiles, JpegExifOrientationIsApplied) {
+  const fs::path dir = temp_dir("jpeg_exif");
+  save_jpeg(dir / "plain.jpg", gradient_image(24, 16), 95, {});
+  const std::vector<uint8_t> raw = read_bytes(dir / "plain.jpg");
+  const std::string plain_bytes(raw.begin(), raw.end());
+  const auto write_bytes = [](const fs::path& p, const std::string& s) {
+    testing::write_bytes(p, std::vector<uint8_t>(s.begin(), s.end()));
+  };
+  const Image plain = load_image(dir / "plain.jpg");
+  const int w = plain.width, h = plain.height;
+  // Where output pixel (x, y) comes from in the stored picture, per orientation.
+  const std::vector<std::pair<int, std::function<std::pair<int, int>(int, int)>>> cases = {
+      {1, [](int x, int y) { return std::pair(x, y); }},
+      {2, [&](int x, int y) { return std::pair(w - 1 - x, y); }},
+      {3, [&](int x, int y) { return std::pair(w - 1 - x, h - 1 - y); }},
+      {4, [&](int x, int y) { return std::pair(x, h - 1 - y); }},
+      {5, [](int x, int y) { return std::pair(y, x); }},
+      {6, [&](int x, int y) { return std::pair(y, h - 1 - x); }},  // stored 90° counter-clockwise
+      {7, [&](int x, int y) { return std::pair(w - 1 - y, h - 1 - x); }},
+      {8, [&](int x, int y) { return std::pair(w - 1 - y, x); }},
+  };
+  for (const auto& [orientation, source] : cases) {
+    for (bool little : {true, false}) {
+      const fs::path file = dir / ("o" + std::to_string(orientation) + ".jpg");
+      write_bytes(file, plain_bytes.substr(0, 2) + exif_app1(orientation, little) +
+                            plain_bytes.substr(2));
+      const Image got = load_image(file);
+      const bool swap = orientation >= 5;
+      ASSERT_EQ(got.width, swap ? h : w) << orientation;
+      ASSERT_EQ(got.height, swap ? w : h) << orientation;
+      Image want(got.width, got.height);
+      for (int y = 0; y < got.height; ++y)
+        for (int x = 0; x < got.width; ++x) {
+          const auto [sx, sy] = source(x, y);
+          std::memcpy(want.pixel(x, y), plain.pixel(sx, sy), 3);
+        }
+      EXPECT_TRUE(same_pixels(got, want)) << "orientation " << orientation;
+    }
+  }
+  // A malformed EXIF block (an IFD offset past the end) leaves the image as stored.
+  std::string broken = exif_app1(6, true);
+  broken[16] = '\x7f';
+  write_bytes(dir / "broken.jpg", plain_bytes.substr(0, 2) + broken + plain_bytes.substr(2));
+  EXPECT_TRUE(same_pixels(load_image(dir / "broken.jpg"), plain));
 }
 
 TEST(ImageFiles, ReadsProgressiveAndGrayJpeg) {
