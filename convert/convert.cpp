@@ -211,6 +211,29 @@ void read_rows(const Weight& w, int64_t r0, int64_t r1, float* out) {
   unpack_rows(w.data, w.nbytes, f, w.rows(), cols, r0, r1, out);
 }
 
+// Index of the first NaN or Inf among n stored float values (any alignment), or n.
+size_t first_non_finite(DType t, const std::byte* p, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (t == DType::F32) {
+      uint32_t v;
+      std::memcpy(&v, p + 4 * i, 4);
+      if ((v & 0x7f800000u) == 0x7f800000u) return i;
+    } else {
+      uint16_t v;
+      std::memcpy(&v, p + 2 * i, 2);
+      const uint16_t exp = t == DType::BF16 ? 0x7f80 : 0x7c00;
+      if ((v & exp) == exp) return i;
+    }
+  }
+  return n;
+}
+
+[[noreturn]] void fail_non_finite(const Weight& w, size_t index) {
+  const int64_t cols = std::max<int64_t>(w.cols(), 1);
+  fail("tensor ", w.name, " holds NaN or Inf (row ", int64_t(index) / cols, ", column ",
+       int64_t(index) % cols, "): the checkpoint is damaged; it would make a flat or noisy image");
+}
+
 void check_f16_range(const Weight& w, const float* v, size_t n) {
   for (size_t i = 0; i < n; ++i)
     if (std::isfinite(v[i]) && std::fabs(v[i]) > 65504.0f)
@@ -244,7 +267,12 @@ class TensorConverter {
       for (size_t at = 0; at < w.nbytes; at += slice) {
         check_cancel(o_);
         const size_t n = std::min(slice, w.nbytes - at);
-        out_.write(static_cast<const std::byte*>(w.data) + at, n);
+        const auto* bytes = static_cast<const std::byte*>(w.data) + at;
+        if (dtype_is_float(w.dtype)) {
+          const size_t elem = dtype_size(w.dtype), bad = first_non_finite(w.dtype, bytes, n / elem);
+          if (bad < n / elem) fail_non_finite(w, at / elem + bad);
+        }
+        out_.write(bytes, n);
         pages_.drop(static_cast<const std::byte*>(w.data) + at, n);
       }
     } else {
@@ -263,6 +291,10 @@ class TensorConverter {
           const int64_t a = r0 + gb * g, b = std::min(r1, r0 + ge * g);
           float* f = floats_.data() + size_t(a - r0) * size_t(cols);
           read_rows(w, a, b, f);
+          const size_t values = size_t(b - a) * size_t(cols);
+          if (const size_t bad = first_non_finite(DType::F32, reinterpret_cast<std::byte*>(f), values);
+              bad < values)
+            fail_non_finite(w, size_t(a) * size_t(cols) + bad);
           for (const LoraUpdate& u : updates)  // merged LoRAs: W[a:b] += s · B[a:b] · A
             ops::merge_low_rank(u.down.data(), u.up.row(a), b - a, cols, u.down.dim(0), u.scale, f);
           if (p.format.type == DType::F16) check_f16_range(w, f, size_t(b - a) * size_t(cols));

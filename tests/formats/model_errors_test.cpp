@@ -247,5 +247,29 @@ TEST(ModelErrors, SingleFilesAloneMakeAModel) {
   EXPECT_EQ(store->config().vae.block_out_channels, (std::vector<int64_t>{32, 32, 64, 64}));
 }
 
+// A weight holding NaN or Inf is refused by convert, naming the tensor and the element, on
+// the path that converts (q8) and on the one that copies bytes (bf16 from bf16); no output.
+TEST(ModelErrors, ConvertRefusesNonFiniteWeights) {
+  TinyModelCopy copy(test_name());
+  auto tensors = tiny_tensors(kTransformer);
+  for (auto& t : tensors)
+    if (t.name == "transformer_blocks.1.attn.to_k.weight") {
+      ASSERT_EQ(t.dtype, "BF16");
+      const int64_t index = t.shape[1] + 5;  // row 1, column 5
+      t.bytes[size_t(2 * index)] = std::byte{0xc0};
+      t.bytes[size_t(2 * index + 1)] = std::byte{0x7f};  // 0x7fc0: a quiet NaN
+    }
+  copy.write_safetensors(kTransformer, tensors);
+  for (const char* type : {"q8", "bf16"}) {
+    const fs::path out = copy / (std::string("out-") + type + ".klein");
+    std::string log;
+    EXPECT_NE(testing::run_klein("convert -m " + copy.dir().string() + " -t " + type + " -q -o " +
+                                     out.string(), &log), 0) << type;
+    EXPECT_THAT(log, HasSubstr("tensor transformer.transformer_blocks.1.attn.to_k.weight holds "
+                               "NaN or Inf (row 1, column 5)")) << type;
+    EXPECT_FALSE(fs::exists(out)) << type;
+  }
+}
+
 }  // namespace
 }  // namespace klein
