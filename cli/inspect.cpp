@@ -90,6 +90,11 @@ void print_text(const ModelSummary& s) {
   const nlohmann::json config = to_json(s.config);
   std::printf("model: %s", s.name.c_str());
   if (!s.model.empty()) std::printf(" (%s)", s.model.c_str());
+  const std::string variant = variant_name(s.config);
+  if (!s.config.undecided_variant.empty())
+    std::printf("\n  variant: undecided (%s)", s.config.undecided_variant.c_str());
+  else if (!variant.empty())
+    std::printf("\n  variant: %s (docs/MODELS.md)", variant.c_str());
   std::printf("\n  %s\n", s.config.is_distilled ? "distilled: no classifier-free guidance"
                                                 : "base model: classifier-free guidance");
   if (s.config.reference_cache)

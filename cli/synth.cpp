@@ -12,7 +12,7 @@ namespace {
 
 Registration reg("synth", 90, [](CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "synth", "Write a synthetic klein-4B model (random weights, exact layout) for benchmarks");
+      "synth", "Write a synthetic klein model (random weights, exact layout) for benchmarks");
   struct Args {
     std::string out, tokenizer;
     uint64_t seed = 0;
@@ -28,8 +28,9 @@ Registration reg("synth", 90, [](CLI::App& app) {
   cmd->add_option("--seed", args->seed, "Seed of the random weights");
   cmd->add_option("--variant", args->variant,
                   "4b: FLUX.2-klein-4B (distilled); 4b-base: its base model (50 steps, CFG); "
-                  "4b-kv: the 4B declared for the reference K/V cache pipeline")
-      ->check(CLI::IsMember({"4b", "4b-base", "4b-kv"}))
+                  "4b-kv: the 4B declared for the reference K/V cache pipeline; 9b, 9b-base, "
+                  "9b-kv: FLUX.2-klein-9B (Qwen3-8B; about 36 GB) likewise")
+      ->check(CLI::IsMember({"4b", "4b-base", "4b-kv", "9b", "9b-base", "9b-kv"}))
       ->capture_default_str();
   cmd->add_flag("-q,--quiet", args->quiet, "No progress output");
   cmd->callback([args] {
@@ -37,8 +38,7 @@ Registration reg("synth", 90, [](CLI::App& app) {
     o.out_dir = args->out;
     o.tokenizer_dir = args->tokenizer;
     o.seed = args->seed;
-    o.config.is_distilled = args->variant != "4b-base";
-    o.config.reference_cache = args->variant == "4b-kv";
+    o.config = klein_variant_config(args->variant);
     int last_percent = -1;
     // On a terminal one line rewritten in place; into a file or pipe a line per 10 %.
     const bool terminal = ::isatty(::fileno(stderr)) == 1;

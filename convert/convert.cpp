@@ -354,6 +354,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   note("opening the source model");
   std::unique_ptr<WeightStore> store = open_model(o.source);
   const ModelConfig& config = store->config();
+  check(config.undecided_variant.empty(), config.undecided_variant);
   const TokenizerBytes tokenizer = read_tokenizer_files(o.source);
   check_tokenizer(tokenizer);
   json merged_loras = json::array();

@@ -130,7 +130,9 @@ std::string describe_container_text(const json& d) {
     const json& c = d["config"];
     const json& t = c["transformer"];
     const json& e = c["text_encoder"];
+    const std::string variant = c.value("variant", std::string());
     line("model: " + c.value("name", std::string("?")) +
+         (variant.empty() ? "" : ", variant " + variant) +
          (c.value("is_distilled", true) ? " (distilled)" : " (base)") +
          (c.value("reference_cache", false) ? ", reference K/V cache" : ""));
     line("  transformer: " + std::to_string(t["num_layers"].get<int64_t>()) + " double + " +

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of fuzz/ (safetensors + LoRA files, .npy, PNG/JPEG + the
-# reference preprocessing, tokenizer files, config JSON + precision policy) with clang,
+# reference preprocessing, tokenizer files, config JSON + precision policy, the server's
+# request fields) with clang,
 # AddressSanitizer and UBSan, and runs each for a bounded time from a seed corpus. A crash,
 # a leak of a klein::Error into anything else, a hang (-timeout) or an allocation beyond
 # -rss_limit_mb fails the run; the input that did it is left in the build directory.
@@ -14,7 +15,7 @@ bash scripts/install-packages.sh clang python3
 seconds="${1:-30}"
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(safetensors npy image tokenizer config)
+((${#targets[@]})) || targets=(safetensors npy image tokenizer config server)
 build="${BUILD_DIR:-build-fuzz}"
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -25,7 +26,7 @@ cmake --build "$build" --target "${targets[@]/#/fuzz_}"
 # Seeds: small valid inputs of each parser, written here (and fuzz/corpus for images).
 seeds="$(pwd)/$build/fuzz-seeds"
 rm -rf "$seeds"
-mkdir -p "$seeds"/{safetensors,npy,image,tokenizer,config}
+mkdir -p "$seeds"/{safetensors,npy,image,tokenizer,config,server}
 cp fuzz/corpus/seed.png fuzz/corpus/seed.jpg fuzz/corpus/seed-exif.jpg "$seeds/image/"
 python3 - "$seeds" <<'PY'
 import json, struct, sys
@@ -75,6 +76,13 @@ transformer = {"_class_name": "Flux2Transformer2DModel", "attention_head_dim": 1
                "timestep_guidance_channels": 256}
 policy = "transformer.*.norm_* f32\nre:^vae\\..* bf16\n@1d >=bf16\n# comment\n"
 open(f"{root}/config/transformer", "wb").write(json.dumps(transformer).encode() + b"\x01" + policy.encode())
+open(f"{root}/server/openai", "w").write(json.dumps(
+    {"prompt": "a fox <lora:style:0.5>", "size": "512x512", "n": 2, "seed": 7, "steps": 4,
+     "guidance": 1.0, "response_format": "b64_json", "negative_prompt": ""}))
+open(f"{root}/server/img2img", "w").write(json.dumps(
+    {"prompt": "x", "width": 64, "height": 64, "batch_size": 1, "n_iter": 2, "seed": -1,
+     "cfg_scale": 4, "denoising_strength": 0.6, "init_images": ["data:image/png;base64,iVBORw0KGgo="],
+     "mask": "iVBORw0KGgo="}))
 scheduler = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000,
              "shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15}
 open(f"{root}/config/scheduler", "wb").write(json.dumps(scheduler).encode() + b"\x01" + b"*.weight q8\n")

@@ -1,5 +1,6 @@
 #include "bench/support/synthetic.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -143,6 +144,31 @@ json diffusers_config(const char* cls, const nlohmann::json& fields) {
 }
 
 }  // namespace
+
+ModelConfig klein_variant_config(const std::string& variant) {
+  static const char* const known[] = {"4b", "4b-base", "4b-kv", "9b", "9b-base", "9b-kv"};
+  check(std::find(std::begin(known), std::end(known), variant) != std::end(known), "variant ",
+        variant, ": expected 4b, 4b-base, 4b-kv, 9b, 9b-base or 9b-kv");
+  ModelConfig c;  // the defaults are klein-4B's: 5 + 20 blocks of width 3072, Qwen3-4B
+  if (variant.rfind("9b", 0) == 0) {
+    // klein-9B (diffusers' scripts/convert_flux2_to_diffusers.py, "klein-9b"): 8 double and
+    // 24 single blocks, 32 heads of 128 (width 4096), context 12288 = 3 x Qwen3-8B's 4096.
+    c.transformer.num_double_blocks = 8;
+    c.transformer.num_single_blocks = 24;
+    c.transformer.num_heads = 32;
+    c.transformer.context_dim = 12288;
+    // Qwen3-8B: 36 layers, 32 query and 8 key/value heads of 128, hidden 4096, MLP 12288.
+    c.text_encoder.hidden = 4096;
+    c.text_encoder.intermediate = 12288;
+    c.text_encoder.num_layers = 36;
+    c.text_encoder.num_heads = 32;
+    c.text_encoder.num_kv_heads = 8;
+    c.text_encoder.head_dim = 128;
+  }
+  c.is_distilled = variant.find("-base") == std::string::npos;
+  c.reference_cache = variant.size() > 3 && variant.compare(variant.size() - 3, 3, "-kv") == 0;
+  return c;
+}
 
 void write_synthetic_model(const SyntheticModelOptions& o, const SyntheticProgress& progress) {
   const fs::path& dir = o.out_dir;

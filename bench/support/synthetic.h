@@ -29,6 +29,11 @@ struct SyntheticModelOptions {
   uint64_t seed = 0;
 };
 
+// The configuration of a published klein variant, for synthetic models: "4b", "4b-base",
+// "4b-kv", "9b", "9b-base", "9b-kv" (docs/MODELS.md gives the sources of every number).
+// Throws klein::Error for other names.
+ModelConfig klein_variant_config(const std::string& variant);
+
 // Called after each tensor: file being written, bytes written so far, bytes in total.
 using SyntheticProgress = std::function<void(const std::string& file, uint64_t done, uint64_t total)>;
 

@@ -3,7 +3,6 @@
 #include <httplib.h>
 #include <stdlib.h>
 
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -12,7 +11,6 @@
 #include <map>
 #include <optional>
 #include <random>
-#include <regex>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +19,7 @@
 #include "formats/image/image.h"
 #include "pipeline/preview.h"
 #include "server/page.h"
+#include "server/requests.h"
 #include "core/base64.h"
 
 namespace klein {
@@ -29,22 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-// An answer other than 200, with its message: thrown by the handlers, turned into the error
-// body of the API the request came through.
-struct HttpError {
-  int status;
-  std::string message;
-};
-
-HttpError bad_request(const std::string& message) { return {400, message}; }
-
-// What one request asks the pipeline for: `count` images from these options, seeds counting
-// up from the first (a random first seed when none is given).
-struct ImageRequest {
-  GenerateOptions options;
-  int count = 1;
-};
+using namespace requests;
 
 const char* status_name(int status) {
   switch (status) {
@@ -54,122 +38,6 @@ const char* status_name(int status) {
     case 503: return "Service Unavailable";
     default: return "Internal Server Error";
   }
-}
-
-// --- reading request fields ------------------------------------------------------------------
-
-// The value of `key` when present and not null, as T; a wrong type is a 400 naming the field.
-template <class T>
-std::optional<T> get(const json& body, const char* key) {
-  if (!body.contains(key) || body[key].is_null()) return std::nullopt;
-  const json& v = body[key];
-  if constexpr (std::is_same_v<T, std::string>) {
-    if (!v.is_string()) throw bad_request(std::string("\"") + key + "\": expected a string");
-  } else if constexpr (std::is_floating_point_v<T>) {
-    if (!v.is_number()) throw bad_request(std::string("\"") + key + "\": expected a number");
-  } else {
-    if (!v.is_number_integer())
-      throw bad_request(std::string("\"") + key + "\": expected an integer");
-  }
-  return v.get<T>();
-}
-
-int64_t in_range(int64_t v, int64_t lo, int64_t hi, const char* key) {
-  if (v < lo || v > hi)
-    throw bad_request(std::string("\"") + key + "\": expected " + std::to_string(lo) + " to " +
-                      std::to_string(hi) + ", got " + std::to_string(v));
-  return v;
-}
-
-// "WxH" (OpenAI's size); "auto" or absent: the model's default (or the first image's).
-void read_size(const std::optional<std::string>& size, int64_t max_side, GenerateOptions& o) {
-  if (!size || *size == "auto") return;
-  const size_t x = size->find('x');
-  int64_t w = 0, h = 0;
-  try {
-    size_t used_w = 0, used_h = 0;
-    if (x == std::string::npos) throw std::invalid_argument("no x");
-    w = std::stoll(size->substr(0, x), &used_w);
-    h = std::stoll(size->substr(x + 1), &used_h);
-    if (used_w != x || used_h != size->size() - x - 1) throw std::invalid_argument("trailing");
-  } catch (const std::exception&) {
-    throw bad_request("\"size\": expected \"WIDTHxHEIGHT\" (e.g. \"1024x1024\") or \"auto\", "
-                      "got \"" + *size + "\"");
-  }
-  o.width = in_range(w, 16, max_side, "size (width)");
-  o.height = in_range(h, 16, max_side, "size (height)");
-}
-
-// The options every API shares: steps, guidance, seed, negative prompt.
-void read_common(const json& body, const ServerOptions& s, GenerateOptions& o,
-                 const char* guidance_key) {
-  if (auto v = get<int64_t>(body, "steps")) o.steps = in_range(*v, 1, kMaxSteps, "steps");
-  if (auto v = get<double>(body, guidance_key)) {
-    if (!(*v >= 0 && *v <= 100))
-      throw bad_request(std::string("\"") + guidance_key + "\": expected 0 to 100");
-    o.guidance = float(*v);
-  }
-  if (auto v = get<std::string>(body, "negative_prompt")) o.negative_prompt = *v;
-  if (body.contains("seed") && !body["seed"].is_null()) {
-    const json& seed = body["seed"];
-    if (seed.is_number_unsigned()) {
-      o.seed = seed.get<uint64_t>();
-    } else if (!(seed.is_number_integer() && seed.get<int64_t>() == -1)) {
-      throw bad_request("\"seed\": expected an integer from 0 to 2^64-1, or -1 for a random one");
-    }
-  }
-  o.max_memory = s.max_memory;
-  o.residency = s.residency;
-  o.precision = s.precision;
-}
-
-// The LoRAs of --lora-dir: file name without ".safetensors" -> path.
-std::map<std::string, fs::path> list_loras(const fs::path& dir) {
-  std::map<std::string, fs::path> out;
-  if (dir.empty()) return out;
-  check(fs::is_directory(dir), "--lora-dir ", dir.string(), ": not a directory");
-  for (const auto& entry : fs::directory_iterator(dir))
-    if (entry.is_regular_file() && entry.path().extension() == ".safetensors")
-      out[entry.path().stem().string()] = entry.path();
-  return out;
-}
-
-// A1111's extra-network syntax: every <lora:NAME> or <lora:NAME:SCALE> leaves the prompt and
-// adds that LoRA of the server's list, in order.
-void take_lora_tags(GenerateOptions& o, const std::map<std::string, fs::path>& available) {
-  static const std::regex tag(R"(<lora:([^:<>]+)(?::([^<>]*))?>)");
-  std::string rest;
-  auto from = o.prompt.cbegin();
-  for (std::sregex_iterator it(o.prompt.begin(), o.prompt.end(), tag), end; it != end; ++it) {
-    const std::smatch& m = *it;
-    rest.append(from, m[0].first);
-    from = m[0].second;
-    const std::string name = m[1];
-    auto found = available.find(name);
-    if (found == available.end()) {
-      std::string names;
-      for (const auto& [n, _] : available) names += (names.empty() ? "" : ", ") + n;
-      throw bad_request("\"prompt\": <lora:" + name + "> is not a LoRA of this server (" +
-                        (names.empty() ? "it has none; start it with --lora-dir DIR"
-                                       : "available: " + names) + ")");
-    }
-    float scale = 1.0f;
-    if (m[2].matched) {
-      const std::string text = m[2];
-      const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), scale);
-      if (ec != std::errc() || p != text.data() + text.size() || !std::isfinite(scale))
-        throw bad_request("\"prompt\": <lora:" + name + ":" + text + ">: the scale must be a "
-                          "number");
-    }
-    o.loras.push_back({found->second, scale});
-  }
-  rest.append(from, o.prompt.cend());
-  const size_t first = rest.find_first_not_of(' '), last = rest.find_last_not_of(' ');
-  o.prompt = first == std::string::npos ? "" : rest.substr(first, last - first + 1);
-}
-
-int read_count(std::optional<int64_t> n, int max_images, const char* key) {
-  return int(in_range(n.value_or(1), 1, max_images, key));
 }
 
 // A per-request directory for uploaded images (the pipeline reads files), removed with it.
@@ -202,20 +70,6 @@ class UploadDir {
  private:
   fs::path dir_;
 };
-
-// An A1111 image field: base64, possibly a data URL.
-std::string decode_image_field(const json& v, const std::string& field) {
-  if (!v.is_string()) throw bad_request("\"" + field + "\": expected a base64 image string");
-  std::string_view text = v.get_ref<const std::string&>();
-  if (text.starts_with("data:")) {
-    const size_t comma = text.find(',');
-    if (comma == std::string_view::npos) throw bad_request("\"" + field + "\": bad data URL");
-    text.remove_prefix(comma + 1);
-  }
-  std::optional<std::string> bytes = base64_decode(text);
-  if (!bytes) throw bad_request("\"" + field + "\": not valid base64");
-  return *bytes;
-}
 
 }  // namespace
 
@@ -461,27 +315,8 @@ struct Server::Impl {
     return {{"created", int64_t(std::time(nullptr))}, {"data", data}};
   }
 
-  void check_response_format(const std::optional<std::string>& format) const {
-    if (format && *format != "b64_json")
-      throw bad_request("\"response_format\": only \"b64_json\" is supported (this server keeps "
-                        "no files to link to), got \"" + *format + "\"");
-  }
-
-  // The fields both OpenAI routes read: prompt, size, n, response_format and the common ones.
-  ImageRequest openai_request(const json& body) const {
-    ImageRequest r;
-    const auto prompt = get<std::string>(body, "prompt");
-    if (!prompt) throw bad_request("\"prompt\": required");
-    r.options.prompt = *prompt;
-    read_size(get<std::string>(body, "size"), options.max_side, r.options);
-    r.count = read_count(get<int64_t>(body, "n"), options.max_images, "n");
-    check_response_format(get<std::string>(body, "response_format"));
-    read_common(body, options, r.options, "guidance");
-    return r;
-  }
-
   json openai_generations(const httplib::Request& req) {
-    ImageRequest r = openai_request(parse_json(req));
+    ImageRequest r = read_openai_request(parse_json(req), options);
     const std::string prompt = r.options.prompt;
     return openai_reply(generate(std::move(r)), prompt);
   }
@@ -499,7 +334,7 @@ struct Server::Impl {
       const json number = text ? json() : json::parse(field.content, nullptr, false);
       body[key] = number.is_number() ? number : json(field.content);
     }
-    ImageRequest r = openai_request(body);
+    ImageRequest r = read_openai_request(body, options);
 
     UploadDir uploads;
     std::vector<fs::path> images;
@@ -530,40 +365,12 @@ struct Server::Impl {
   // A1111: {"images": [...], "parameters": request, "info": "<json text>"}
   json a1111(const httplib::Request& req, bool img2img) {
     const json body = parse_json(req);
-    ImageRequest r;
-    r.options.prompt = get<std::string>(body, "prompt").value_or("");
-    const auto width = get<int64_t>(body, "width"), height = get<int64_t>(body, "height");
-    if (width) r.options.width = in_range(*width, 16, options.max_side, "width");
-    if (height) r.options.height = in_range(*height, 16, options.max_side, "height");
-    if (!img2img) {
-      // txt2img defaults to 512x512 in the A1111 API.
-      if (!width) r.options.width = 512;
-      if (!height) r.options.height = 512;
-    }
-    const int64_t batch = in_range(get<int64_t>(body, "batch_size").value_or(1), 1,
-                                   options.max_images, "batch_size");
-    const int64_t iterations = in_range(get<int64_t>(body, "n_iter").value_or(1), 1,
-                                        options.max_images, "n_iter");
-    r.count = int(in_range(batch * iterations, 1, options.max_images, "batch_size x n_iter"));
-    read_common(body, options, r.options, "cfg_scale");
-
+    A1111Request a = read_a1111_request(body, options, img2img);
+    ImageRequest& r = a.request;
     UploadDir uploads;
     if (img2img) {
-      if (!body.contains("init_images") || !body["init_images"].is_array() ||
-          body["init_images"].empty())
-        throw bad_request("\"init_images\": expected a list with one base64 image");
-      if (body["init_images"].size() > 1)
-        throw bad_request("\"init_images\": one image is supported, got " +
-                          std::to_string(body["init_images"].size()));
-      r.options.init_image =
-          uploads.write("init_images", decode_image_field(body["init_images"][0], "init_images[0]"));
-      if (body.contains("mask") && !body["mask"].is_null())
-        r.options.mask = uploads.write("mask", decode_image_field(body["mask"], "mask"));
-      if (auto s = get<double>(body, "denoising_strength")) {
-        if (!(*s > 0 && *s <= 1))
-          throw bad_request("\"denoising_strength\": expected a number in (0, 1]");
-        r.options.strength = *s;
-      }
+      r.options.init_image = uploads.write("init_images", a.init_image);
+      if (!a.mask.empty()) r.options.mask = uploads.write("mask", a.mask);
     }
     const Made made = generate(std::move(r));
     const GenerateResult& first = made.first;

@@ -152,12 +152,22 @@ SchedulerConfig parse_scheduler_config(const json& j, const std::string& where) 
   return c;
 }
 
+std::string variant_name(const ModelConfig& c) {
+  const int64_t width = c.transformer.inner_dim(), hidden = c.text_encoder.hidden;
+  std::string size;
+  if (width == 3072 && hidden == 2560) size = "4b";
+  if (width == 4096 && hidden == 4096) size = "9b";
+  if (size.empty()) return "";
+  return size + (c.reference_cache ? "-kv" : c.is_distilled ? "" : "-base");
+}
+
 json to_json(const ModelConfig& c) {
   const auto& t = c.transformer;
   const auto& e = c.text_encoder;
   const auto& v = c.vae;
   return json{
       {"name", c.name},
+      {"variant", variant_name(c)},  // derived (not read back): what --variant would say
       {"is_distilled", c.is_distilled},
       {"reference_cache", c.reference_cache},
       {"transformer",

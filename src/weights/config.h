@@ -87,6 +87,9 @@ struct ModelConfig {
   // Flux2KleinKVPipeline): references are cached keys and values, not tokens of every step.
   bool reference_cache = false;
   std::string name;                    // for metadata: directory or file name
+  // Non-empty when nothing said whether the checkpoint is distilled, base or K/V (single files
+  // without --variant or a BFL file name): why, for the error of whoever would run it.
+  std::string undecided_variant;
 };
 
 // Parsers for the diffusers/transformers config.json files; `where` names the file in errors.
@@ -96,6 +99,11 @@ VaeConfig parse_vae_config(const nlohmann::json& j, const std::string& where);
 SchedulerConfig parse_scheduler_config(const nlohmann::json& j, const std::string& where);
 
 nlohmann::json to_json(const ModelConfig& c);
+// The published variant a configuration is, in --variant's spelling ("4b", "4b-base", "9b",
+// "9b-base", "9b-kv"; "4b-kv" for a 4B declared for the K/V pipeline), from the widths of the
+// transformer (3072 / 4096) and the text encoder (2560 / 4096) and the pipeline flags; "" for
+// other sizes (test models). docs/MODELS.md.
+std::string variant_name(const ModelConfig& c);
 ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& where);
 
 }  // namespace klein

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 
 #include <nlohmann/json.hpp>
 
@@ -165,6 +166,12 @@ const std::vector<std::string>& variant_names() {
 
 namespace {
 
+std::string join_names() {
+  std::string list;
+  for (const auto& n : variant_names()) list += (list.empty() ? "" : ", ") + n;
+  return list;
+}
+
 // What a --variant name says: base (CFG) or distilled, the K/V pipeline, and the size.
 struct Variant {
   bool distilled = true;
@@ -174,11 +181,8 @@ struct Variant {
 
 Variant parse_variant(const std::string& name) {
   const auto& names = variant_names();
-  if (std::find(names.begin(), names.end(), name) == names.end()) {
-    std::string list;
-    for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
-    fail("--variant ", name, ": expected one of ", list);
-  }
+  if (std::find(names.begin(), names.end(), name) == names.end())
+    fail("--variant ", name, ": expected one of ", join_names());
   return {name.find("-base") == std::string::npos, name == "9b-kv", name.rfind("9b", 0) == 0};
 }
 
@@ -292,6 +296,23 @@ std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths) {
   }
   apply_variant(paths.variant, !d.model_index.empty(), config,
                 d.model_index.empty() ? d.transformer.weights.string() : d.model_index.string());
+  if (d.model_index.empty() && paths.variant.empty()) {
+    // No model_index.json: distilled, base or K/V is not in the weights. BFL's file names say
+    // it (flux-2-klein-4b, flux-2-klein-base-9b, ...; diffusers' conversion script reads them
+    // the same way); anything else is left undecided for the caller to refuse.
+    std::string name = d.transformer.weights.filename().string();
+    for (char& ch : name) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    if (name.find("klein") != std::string::npos) {
+      config.is_distilled = name.find("base") == std::string::npos;
+      config.reference_cache = name.find("kv") != std::string::npos;
+    } else {
+      config.undecided_variant =
+          d.transformer.weights.string() + ": without a model_index.json nothing says whether "
+          "this klein is distilled, base or the K/V-cache model (the weights are the same "
+          "shape, and the file name is not one of BFL's, such as flux-2-klein-base-4b); give "
+          "--variant " + join_names();
+    }
+  }
 
   check_tensors(expected_transformer(config.transformer), t_shapes, Component::Transformer,
                 d.transformer.weights.string());

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "support/testing.h"
+#include "weights/expected.h"
 #include "weights/model_source.h"
 #include "bench/support/synthetic.h"
 
@@ -69,6 +70,36 @@ TEST(SyntheticModel, TokenizerDirectoryOfEitherLayout) {
                 slow.tokenizer_dir / "vocab.json");
   EXPECT_NE(testing::error_of([&] { write_synthetic_model(slow); }).find("no merges.txt"),
             std::string::npos);
+}
+
+// The published variants' configurations: the transformer's parameter count is the size in
+// the name (klein-4B: 3.9 B with its embedders, klein-9B: 9.1 B), the text encoder is the
+// Qwen3 whose hidden size makes the context (3 x hidden), and the names set the pipeline.
+TEST(SyntheticModel, VariantConfigurations) {
+  auto billions = [](const ShapeMap& shapes) {
+    double n = 0;
+    for (const auto& [_, shape] : shapes) n += double(numel(shape));
+    return n / 1e9;
+  };
+  const ModelConfig small = klein_variant_config("4b");
+  const ModelConfig large = klein_variant_config("9b-kv");
+  EXPECT_NEAR(billions(expected_transformer(small.transformer)), 3.9, 0.1);
+  EXPECT_NEAR(billions(expected_transformer(large.transformer)), 9.1, 0.1);
+  EXPECT_EQ(small.transformer.context_dim, small.text_encoder.context_dim());
+  EXPECT_EQ(large.transformer.context_dim, large.text_encoder.context_dim());
+  EXPECT_EQ(large.transformer.inner_dim(), 4096);
+  EXPECT_TRUE(large.reference_cache);
+  EXPECT_TRUE(large.is_distilled);
+  EXPECT_FALSE(klein_variant_config("9b-base").is_distilled);
+  EXPECT_FALSE(klein_variant_config("9b-base").reference_cache);
+  EXPECT_NE(testing::error_of([] { klein_variant_config("12b"); }).find("expected 4b"),
+            std::string::npos);
+  // ... and each is recognised as itself (what inspect prints and the container stores).
+  for (const char* v : {"4b", "4b-base", "4b-kv", "9b", "9b-base", "9b-kv"})
+    EXPECT_EQ(variant_name(klein_variant_config(v)), v);
+  ModelConfig other = small;
+  other.transformer.num_heads = 2;
+  EXPECT_EQ(variant_name(other), "");
 }
 
 }  // namespace

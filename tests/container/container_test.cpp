@@ -381,6 +381,7 @@ TEST_F(Containers, SingleFileSourcesGiveTheSameUnits) {
   o.source.text_encoder = m / "text_encoder" / "model.safetensors.index.json";
   o.source.vae = m / "vae" / "diffusion_pytorch_model.safetensors";
   o.source.tokenizer = m / "tokenizer";
+  o.source.variant = "4b";  // single files do not say distilled / base / K/V
   o.output = testing::temp_dir("single") / "single-bf16.klein";
   o.target = DType::BF16;
   convert::convert_model(o);

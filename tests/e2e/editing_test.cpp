@@ -163,6 +163,17 @@ TEST(ReferenceKvCacheVariant, SingleFilesWithVariantRunTheKvPipeline) {
                                    (out / "x.png").string(), &log), 0);
   EXPECT_NE(log.find("--variant"), std::string::npos) << log;
   EXPECT_FALSE(fs::exists(out / "x.png"));
+
+  // Without --variant nothing says which it is: refused before any work, naming the option.
+  EXPECT_NE(testing::run_klein("generate" + files + args + (out / "x.png").string(), &log), 0);
+  EXPECT_NE(log.find("give --variant 4b, 4b-base, 9b, 9b-base, 9b-kv"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(out / "x.png"));
+  // BFL's file names say it, as diffusers' conversion script reads them.
+  const fs::path named = out / "flux-2-klein-base-tiny.safetensors";
+  fs::create_symlink(m / "transformer" / "diffusion_pytorch_model.safetensors", named);
+  ASSERT_EQ(testing::run_klein("inspect --json --diffusion-model " + named.string() +
+                                   files.substr(files.find(" --text-encoder")), &log), 0) << log;
+  EXPECT_NE(log.find("\"is_distilled\": false"), std::string::npos) << log;
 }
 
 INSTANTIATE_TEST_SUITE_P(

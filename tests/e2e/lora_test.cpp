@@ -29,7 +29,7 @@ std::string components(const fs::path& transformer) {
   return " --diffusion-model " + arg(transformer) + " --text-encoder " +
          arg(m / "text_encoder" / "model.safetensors.index.json") + " --vae " +
          arg(m / "vae" / "diffusion_pytorch_model.safetensors") + " --tokenizer " +
-         arg(m / "tokenizer");
+         arg(m / "tokenizer") + " --variant 4b";
 }
 
 const std::string kRun = " -p \"a red cube on a table\" -s 4 -W 64 -H 64 --seed 7 --no-cache "
