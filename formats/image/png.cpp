@@ -120,6 +120,17 @@ void check_png_header(std::span<const std::byte> data, const std::string& name,
   check(std::memcmp(data.data() + 12, "IHDR", 4) == 0, name,
         ": cannot read PNG: the first chunk is not IHDR");
   check_image_size(name, read_be32(data.data() + 16), read_be32(data.data() + 20), limits);
+  // Every chunk's declared length must fit in what the file holds: libpng allocates a chunk's
+  // buffer from its declared length before reading it, so a text chunk claiming 2 GB in a
+  // 1 KB file would be allocated first (found by fuzz/fuzz_image).
+  for (size_t at = 8; data.size() - at >= 8;) {
+    const uint32_t length = read_be32(data.data() + at);
+    const std::string type(reinterpret_cast<const char*>(data.data() + at + 4), 4);
+    check(uint64_t(length) + 12 <= data.size() - at, name, ": cannot read PNG: file is truncated "
+          "(chunk ", type, " declares ", length, " bytes, ", data.size() - at - 8, " remain)");
+    if (type == "IEND") break;
+    at += 12 + size_t(length);
+  }
 }
 
 // tEXt and zTXt hold Latin-1, iTXt holds UTF-8; keys are always Latin-1.
@@ -171,6 +182,7 @@ Image decode_png(std::span<const std::byte> data, const std::string& name,
   png_set_read_fn(r.png, &r, read_from_memory);
   // A second line of defence behind check_png_header, inside libpng itself.
   png_set_user_limits(r.png, png_uint_32(limits.max_side), png_uint_32(limits.max_side));
+
 
   if (!read_png_info(r)) fail(name, ": cannot read PNG: ", r.message);
   const int width = int(png_get_image_width(r.png, r.info));

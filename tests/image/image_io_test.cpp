@@ -377,6 +377,20 @@ TEST(ImageFiles, HugePngHeaderIsRefusedBeforeDecoding) {
   expect_error([&] { load_image(dir / "bomb.png"); }, {"bomb.png", "100000x100000", "limit"});
 }
 
+// A text chunk declaring 100 MB (the file ends right after its header) is refused by its
+// declared length before libpng allocates it (found by fuzz/fuzz_image: 2 GB allocations).
+TEST(ImageFiles, HugePngChunkIsRefusedBeforeAllocating) {
+  const fs::path dir = temp_dir("png_chunk_bomb");
+  save_png(dir / "small.png", gradient_image(8, 8), {});
+  const std::vector<uint8_t> png = read_bytes(dir / "small.png");
+  // Signature (8) + IHDR (4 + 4 + 13 + 4), then a tEXt chunk header of 100,000,000 bytes.
+  std::vector<uint8_t> bomb(png.begin(), png.begin() + 33);
+  for (int b : {0x05, 0xf5, 0xe1, 0x00, int('t'), int('E'), int('X'), int('t')}) bomb.push_back(uint8_t(b));
+  write_bytes(dir / "bomb.png", bomb);
+  expect_error([&] { load_image(dir / "bomb.png"); },
+               {"bomb.png", "chunk tEXt declares 100000000 bytes"});
+}
+
 TEST(ImageFiles, HugeJpegHeaderIsRefusedBeforeDecoding) {
   const fs::path dir = temp_dir("jpeg_bomb");
   save_jpeg(dir / "small.jpg", pattern_image(16, 16));
