@@ -10,6 +10,8 @@
 #include <random>
 #include <sstream>
 
+#include <unistd.h>
+
 namespace klein::testing {
 
 namespace fs = std::filesystem;
@@ -21,8 +23,29 @@ fs::path tiny_dir() {
 fs::path tiny_model() { return tiny_dir() / "model"; }
 fs::path tiny_vectors() { return tiny_dir() / "vectors"; }
 
+namespace {
+
+// The directory of this test process's temporary files, removed when the process exits
+// normally (not by a forked child: death tests exit in a copy of the process), unless
+// KLEIN_KEEP_TEST_FILES is set (to look at them after a failure).
+const fs::path& process_temp_root() {
+  static const fs::path root = [] {
+    fs::path r = fs::temp_directory_path() / ("klein-test-" + std::to_string(::getpid()));
+    static const pid_t owner = ::getpid();
+    std::atexit([] {
+      if (::getpid() != owner || std::getenv("KLEIN_KEEP_TEST_FILES")) return;
+      std::error_code ec;
+      fs::remove_all(fs::temp_directory_path() / ("klein-test-" + std::to_string(owner)), ec);
+    });
+    return r;
+  }();
+  return root;
+}
+
+}  // namespace
+
 fs::path temp_dir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("klein-test-" + std::to_string(::getpid())) / name;
+  fs::path dir = process_temp_root() / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
