@@ -94,12 +94,37 @@ inline float round_even(float v) {
   return (v + kMagic) - kMagic;
 }
 
-// n is a multiple of kBlock everywhere. Quantizers are deterministic (no SIMD, no threads):
-// the same floats give the same bytes on every machine.
+// n is a multiple of kBlock everywhere. Quantizers are deterministic: the same floats give
+// the same bytes on every machine (the vector forms of the Q4 search below compute the same
+// float operations in the same order, and the files that hold them are compiled without
+// contraction into fused multiply-adds).
 void quantize_q8(const float* x, BlockQ8* out, int64_t n);
 void dequantize_q8(const BlockQ8* in, float* out, int64_t n);
 void quantize_q4(const float* x, BlockQ4* out, int64_t n);
 void dequantize_q4(const BlockQ4* in, float* out, int64_t n);
+
+// The Q4 search's inner loop: the squared error of one block x[0..31] quantized with each of
+// n candidate (d, 1/d, z), as
+//   q = round_even(clamp(x * inv_d + z, 0, 15)),  e = sum over i of (x - d * (q - z))^2
+// summed in eight partial sums (element i into sum i % 8, then ((0+1)+(2+3))+((4+5)+(6+7))).
+// Chosen at run time: AVX-512 (16 candidates a vector), AVX2 (8) or scalar, all giving the
+// same bits (tests/quant compares them).
+void q4_trial_errors(const float* x, const float* d, const float* inv_d, const float* z, int n,
+                     float* err);
+void q4_trial_errors_scalar(const float* x, const float* d, const float* inv_d, const float* z,
+                            int n, float* err);
+// The 16 bytes of levels of one Q4 block: element i in the low nibble of byte i, element
+// i + 16 in the high one, each round_even(clamp(x * inv_d + z, 0, 15)).
+void q4_levels(const float* x, float inv_d, float z, uint8_t* q);
+void q4_levels_scalar(const float* x, float inv_d, float z, uint8_t* q);
+#if defined(KLEIN_X86)
+// Callable only when the CPU has the instructions (cpu_features()).
+void q4_levels_avx512(const float* x, float inv_d, float z, uint8_t* q);
+void q4_trial_errors_avx2(const float* x, const float* d, const float* inv_d, const float* z,
+                          int n, float* err);
+void q4_trial_errors_avx512(const float* x, const float* d, const float* inv_d, const float* z,
+                            int n, float* err);
+#endif
 
 // One 16-row tile from 16 row blocks (rows[r] may be null: a zero padding row), and back.
 void make_tile_q8(const BlockQ8* const rows[kTileRows], TileQ8* out);

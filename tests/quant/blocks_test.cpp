@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "core/cpu.h"
 #include "core/error.h"
 #include "quant/blocks.h"
 #include "quant/matmul.h"
@@ -184,6 +185,162 @@ TEST(Slice, RowsMatchTheWholeMatrix) {
     }
     EXPECT_THROW(p.matrix.slice_rows(0, rows + 1), Error);
   }
+}
+
+}  // namespace
+}  // namespace klein::quant
+
+namespace klein::quant {
+namespace {
+
+// Blocks of the kinds the Q4 search meets: Gaussian and heavy-tailed weights at several
+// scales, constant blocks, blocks with one outlier, tiny and huge values, zeros and signed
+// zeros.
+std::vector<float> q4_search_blocks(int count) {
+  std::mt19937 rng(123);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::student_t_distribution<float> heavy(3.0f);
+  std::vector<float> v(size_t(count) * kBlock);
+  for (int b = 0; b < count; ++b) {
+    float* x = v.data() + size_t(b) * kBlock;
+    const float scale = std::pow(10.0f, float(b % 13) - 8.0f);  // 1e-8 .. 1e4
+    for (int i = 0; i < kBlock; ++i) {
+      switch (b % 7) {
+        case 0: x[i] = normal(rng) * scale; break;
+        case 1: x[i] = heavy(rng) * scale; break;
+        case 2: x[i] = 0.75f * scale; break;                    // constant
+        case 3: x[i] = i == 5 ? 40.0f * scale : normal(rng) * scale; break;
+        case 4: x[i] = i % 3 == 0 ? 0.0f : (i % 3 == 1 ? -0.0f : normal(rng) * scale); break;
+        case 5: x[i] = std::fabs(normal(rng)) * scale + 3.0f * scale; break;  // all positive
+        default: x[i] = -std::fabs(heavy(rng)) * scale; break;                 // all negative
+      }
+    }
+  }
+  return v;
+}
+
+// The search as first written: one candidate at a time, the error in eight partial sums.
+struct PlainChoice {
+  uint8_t scale = 0, zero = 0;
+};
+
+float plain_error(const float* x, PlainChoice c) {
+  const float d = q4_scale(c.scale);
+  const float inv_d = d > 0 ? 1.0f / d : 0.0f, z = c.zero / 16.0f;
+  float e[8] = {};
+  for (int i = 0; i < kBlock; i += 8)
+    for (int j = 0; j < 8; ++j) {
+      const float v = x[i + j] * inv_d + z;
+      const float q = round_even(0.5f * (std::fabs(v) - std::fabs(v - 15.0f) + 15.0f));
+      const float r = d * (q - z);
+      e[j] += (x[i + j] - r) * (x[i + j] - r);
+    }
+  return ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
+}
+
+BlockQ4 plain_quantize_q4(const float* x) {
+  const float lo = *std::min_element(x, x + kBlock), hi = *std::max_element(x, x + kBlock);
+  PlainChoice best;
+  if (!(lo == 0 && hi == 0)) {
+    float best_err = INFINITY;
+    auto consider = [&](PlainChoice c) {
+      const float e = plain_error(x, c);
+      if (e < best_err) {
+        best_err = e;
+        best = c;
+      }
+    };
+    auto zero_for = [](float l, float d) {
+      return uint8_t(round_even(std::clamp(-l / d * 16.0f, 0.0f, 255.0f)));
+    };
+    const float span = hi > lo ? hi - lo : std::max(std::fabs(lo), std::fabs(hi));
+    const float lo_base = hi > lo ? lo : std::min(lo, 0.0f);
+    for (int a = 0; a < 5; ++a)
+      for (int b = 0; b < 5; ++b) {
+        const float l = lo_base + span * 0.03f * float(a);
+        const float width = span * (1.0f - 0.03f * float(a + b));
+        const uint8_t code = std::max<uint8_t>(1, q4_scale_code(width / 15.0f));
+        consider({code, zero_for(l, q4_scale(code))});
+      }
+    const PlainChoice centre = best;
+    const float centre_d = q4_scale(centre.scale);
+    for (int dc = -1; dc <= 1; ++dc) {
+      const int code = std::clamp(int(centre.scale) + dc, 1, int(kQ4MaxScaleCode));
+      const float d = q4_scale(uint8_t(code));
+      const int z0 = int(round_even(std::clamp(float(centre.zero) * centre_d / d, 0.0f, 255.0f)));
+      for (int dz = -2; dz <= 2; ++dz)
+        if (dc != 0 || dz != 0) consider({uint8_t(code), uint8_t(std::clamp(z0 + dz, 0, 255))});
+    }
+  }
+  BlockQ4 out{};
+  out.scale = best.scale;
+  out.zero = best.zero;
+  const float d = q4_scale(best.scale);
+  const float inv_d = d > 0 ? 1.0f / d : 0.0f, z = best.zero / 16.0f;
+  for (int i = 0; i < kBlock / 2; ++i) {
+    auto level = [&](float v) {
+      return d > 0 ? int(round_even(std::clamp(v * inv_d + z, 0.0f, 15.0f))) : 0;
+    };
+    out.q[i] = uint8_t(level(x[i]) | (level(x[i + 16]) << 4));
+  }
+  return out;
+}
+
+TEST(Blocks, Q4SearchGivesTheBytesOfThePlainSearch) {
+  const int count = 4000;
+  const std::vector<float> v = q4_search_blocks(count);
+  std::vector<BlockQ4> got(count);
+  quantize_q4(v.data(), got.data(), int64_t(count) * kBlock);
+  int differ = 0;
+  for (int b = 0; b < count; ++b) {
+    const BlockQ4 want = plain_quantize_q4(v.data() + size_t(b) * kBlock);
+    if (std::memcmp(&want, &got[size_t(b)], sizeof(BlockQ4)) != 0 && ++differ <= 3)
+      ADD_FAILURE() << "block " << b << ": scale/zero " << int(got[size_t(b)].scale) << "/"
+                    << int(got[size_t(b)].zero) << ", plain search " << int(want.scale) << "/"
+                    << int(want.zero);
+  }
+  EXPECT_EQ(differ, 0);
+}
+
+// Every vector form of the candidates' error gives the scalar reference's bits, for lists
+// of every length (the vector tails) and candidates the search makes.
+TEST(Blocks, Q4TrialErrorsSameBitsOnEveryIsa) {
+  const std::vector<float> v = q4_search_blocks(700);
+  std::mt19937 rng(9);
+  int checked = 0;
+  for (int b = 0; b < 700; ++b) {
+    const float* x = v.data() + size_t(b) * kBlock;
+    const int n = 1 + b % 32;
+    float d[32], inv_d[32], z[32], want[32];
+    for (int t = 0; t < n; ++t) {
+      const uint8_t code = uint8_t(rng() % (kQ4MaxScaleCode + 1));
+      d[t] = q4_scale(code);
+      inv_d[t] = d[t] > 0 ? 1.0f / d[t] : 0.0f;
+      z[t] = float(rng() % 256) / 16.0f;
+    }
+    q4_trial_errors_scalar(x, d, inv_d, z, n, want);
+    auto same = [&](const float* got, const char* isa) {
+      for (int t = 0; t < n; ++t)
+        ASSERT_EQ(std::memcmp(&got[t], &want[t], 4), 0)
+            << isa << ", block " << b << ", candidate " << t << ": " << got[t] << " vs " << want[t];
+    };
+    float got[32];
+    q4_trial_errors(x, d, inv_d, z, n, got);
+    same(got, "dispatched");
+#if defined(KLEIN_X86)
+    if (cpu_features().avx2) {
+      q4_trial_errors_avx2(x, d, inv_d, z, n, got);
+      same(got, "avx2");
+      ++checked;
+    }
+    if (cpu_features().avx512) {
+      q4_trial_errors_avx512(x, d, inv_d, z, n, got);
+      same(got, "avx512");
+      ++checked;
+    }
+#endif
+  }
+  RecordProperty("vector_forms_checked", checked);
 }
 
 }  // namespace
