@@ -18,13 +18,14 @@ std::optional<Residency> MemoryOptions::forced() const {
 void add_memory_options(CLI::App& cmd, MemoryOptions& o) {
   const char* group = "Memory";
   cmd.add_option("--max-memory", o.max_memory,
-                 "memory budget, e.g. 800M, 1.5G, 2GiB (binary units): weights stay resident "
-                 "when the estimate fits, else they are paged; below what paging needs the run "
-                 "is refused (default: the available memory less a margin)")
+                 "memory budget, e.g. 800M, 1.5G, 2GiB (binary units): a run whose estimate "
+                 "does not fit is refused before it starts (default: the available memory less "
+                 "a margin)")
       ->group(group);
   cmd.add_option("--residency", o.residency,
-                 "auto (decided by the budget), paged (one unit at a time, the next read ahead) "
-                 "or resident (units stay mapped while their network runs)")
+                 "paged (the default, also \"auto\": one block or layer at a time, the next "
+                 "read ahead; a few per cent slower, a fraction of the memory) or resident "
+                 "(each network's units stay mapped while it runs)")
       ->check(CLI::IsMember({"auto", "paged", "resident"}))
       ->group(group);
 }

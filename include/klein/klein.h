@@ -75,7 +75,7 @@ typedef enum klein_precision {
 } klein_precision;
 
 typedef enum klein_residency {
-  KLEIN_RESIDENCY_AUTO = 0,     /* decided from the memory budget */
+  KLEIN_RESIDENCY_AUTO = 0,     /* the default: paged */
   KLEIN_RESIDENCY_PAGED = 1,    /* one block or layer at a time */
   KLEIN_RESIDENCY_RESIDENT = 2  /* each network stays mapped while it runs */
 } klein_residency;

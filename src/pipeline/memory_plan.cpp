@@ -186,22 +186,18 @@ MemoryPlan plan_memory(const MemoryEstimate& need, std::optional<uint64_t> budge
     if (plan.budget != 0 && needed > plan.budget) plan.reason += ", more than the budget";
     return plan;
   }
-  if (!plan.budget_given && plan.budget == 0) {
-    plan.residency = Residency::Paged;
-    plan.reason = "the available memory is unknown: paged (needs about " + format_bytes(paged) + ")";
-    return plan;
-  }
-  if (resident <= plan.budget) {
-    plan.residency = Residency::Resident;
-    plan.reason = "resident: the weights of each network and its activations need about " +
-                  format_bytes(resident) + of + format_bytes(plan.budget);
-    return plan;
-  }
+  // Paged unless asked otherwise: it costs a few per cent of the time (docs/SPEED.md) and
+  // needs a fraction of the memory; the budget only has to hold it.
   plan.residency = Residency::Paged;
-  if (paged <= plan.budget) {
-    plan.reason = "paged: keeping the weights resident would need about " + format_bytes(resident) +
-                  ", more than" + of + format_bytes(plan.budget) + "; paging needs about " +
+  if (!plan.budget_given && plan.budget == 0) {
+    plan.reason = "paged (the default; the available memory is unknown): needs about " +
                   format_bytes(paged);
+    return plan;
+  }
+  if (paged <= plan.budget) {
+    plan.reason = "paged (the default): needs about " + format_bytes(paged) + of +
+                  format_bytes(plan.budget) + "; --residency resident would keep each " +
+                  "network's weights in memory, about " + format_bytes(resident);
     return plan;
   }
   // The largest phase, to say where the memory goes.

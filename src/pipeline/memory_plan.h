@@ -12,8 +12,9 @@
 //                  activation bound at the image size (vae::decode_activation_bytes)
 // Paged, a network needs its two largest units at once (one computing, the next read ahead);
 // resident, all of its units. The need of a mode is the largest phase plus the process's
-// fixed part (program, tokenizer, libraries). The budget picks resident when that fits,
-// else paged; below what paging needs, a budget the user gave is refused.
+// fixed part (program, tokenizer, libraries). Paged is the default (a few per cent slower,
+// a fraction of the memory); resident only when asked (--residency). Below what the chosen
+// mode needs, a budget the user gave is refused.
 #include <cstdint>
 #include <optional>
 #include <string>

@@ -80,20 +80,15 @@ TEST(MemoryPlan, NeedIsTheLargestPhasePlusTheFixedPart) {
   EXPECT_EQ(e.resident(), 100 * MiB + 3 * GiB);
 }
 
-TEST(MemoryPlan, ResidentWhenEverythingFits) {
-  const MemoryPlan p = plan_memory(example_need(), 4 * GiB, 0);
-  EXPECT_EQ(p.residency, Residency::Resident);
-  EXPECT_TRUE(p.budget_given);
-  EXPECT_EQ(p.budget, 4 * GiB);
-  // Exactly the need is enough.
-  EXPECT_EQ(plan_memory(example_need(), 100 * MiB + 3 * GiB, 0).residency, Residency::Resident);
-}
-
-TEST(MemoryPlan, PagedBetweenThePagedAndTheResidentNeed) {
-  for (uint64_t budget : {600 * MiB, GiB, 3 * GiB}) {
+TEST(MemoryPlan, PagedByDefaultEvenWhenEverythingFits) {
+  for (uint64_t budget : {600 * MiB, GiB, 3 * GiB, 100 * MiB + 3 * GiB, 64 * GiB}) {
     const MemoryPlan p = plan_memory(example_need(), budget, 0);
     EXPECT_EQ(p.residency, Residency::Paged) << budget;
-    EXPECT_NE(p.reason.find("paged"), std::string::npos) << p.reason;
+    EXPECT_TRUE(p.budget_given);
+    EXPECT_EQ(p.budget, budget);
+    EXPECT_NE(p.reason.find("paged (the default)"), std::string::npos) << p.reason;
+    // The reason says what resident would cost.
+    EXPECT_NE(p.reason.find("--residency resident"), std::string::npos) << p.reason;
   }
 }
 
@@ -110,7 +105,8 @@ TEST(MemoryPlan, DefaultBudgetComesFromTheAvailableMemory) {
   EXPECT_EQ(default_memory_budget(16 * GiB), 14 * GiB);           // an eighth kept back
   EXPECT_EQ(default_memory_budget(1 * GiB), 768 * MiB);           // at least 256 MiB
   EXPECT_EQ(default_memory_budget(100 * MiB), 0u);
-  EXPECT_EQ(plan_memory(example_need(), std::nullopt, 16 * GiB).residency, Residency::Resident);
+  EXPECT_EQ(plan_memory(example_need(), std::nullopt, 16 * GiB).residency, Residency::Paged);
+  EXPECT_EQ(plan_memory(example_need(), std::nullopt, 16 * GiB).budget, 14 * GiB);
   EXPECT_EQ(plan_memory(example_need(), std::nullopt, 2 * GiB).residency, Residency::Paged);
   // Short of memory without a budget from the user: paged anyway, and the reason says so.
   const MemoryPlan p = plan_memory(example_need(), std::nullopt, 512 * MiB);
@@ -355,7 +351,8 @@ TEST(MemoryCli, VerboseAndJsonReportTheDecisionTimesAndPeaks) {
                            " -p x -W 64 -H 64 --seed 1 --no-cache --threads 2 -o " +
                            (out / "a.png").string();
   ASSERT_EQ(testing::run_klein(base + " --max-memory 4G --verbose", &log), 0) << log;
-  EXPECT_NE(log.find("memory: resident"), std::string::npos) << log;
+  // Paged by default, even with memory to spare.
+  EXPECT_NE(log.find("memory: paged (the default)"), std::string::npos) << log;
   EXPECT_NE(log.find("step 4"), std::string::npos) << log;
   EXPECT_NE(log.find("peak RSS"), std::string::npos) << log;
 
@@ -391,7 +388,13 @@ TEST(MemoryCli, DryRunPrintsTheEstimateAndRunsNothing) {
                                &log),
             0)
       << log;
-  EXPECT_NE(log.find("memory: resident"), std::string::npos) << log;
+  EXPECT_NE(log.find("memory: paged (the default)"), std::string::npos) << log;
+  ASSERT_EQ(testing::run_klein("generate -m " + tiny_container().string() +
+                                   " -p x -W 512 -H 512 --residency resident --dry-run",
+                               &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("memory: resident (--residency)"), std::string::npos) << log;
   EXPECT_NE(log.find("vae decode"), std::string::npos) << log;
   EXPECT_EQ(log.find("text encoder:"), std::string::npos) << log;  // nothing ran
   ASSERT_EQ(testing::run_klein("generate -m " + tiny_container().string() +
