@@ -102,6 +102,9 @@ MeasureFn verifier(const ReportOptions& o, uint64_t alignment, E2eSession& sessi
 Report build_report(const ReportOptions& o, Progress& progress) {
   check_options(o);
   std::unique_ptr<WeightStore> reference = open_model(o.reference);
+  // The reference runs as it is: a GGUF of quantized types has to be converted first.
+  const std::string needs_conversion = reference->origin().needs_conversion;
+  check(needs_conversion.empty(), needs_conversion);
   ModelPaths candidate_paths;
   candidate_paths.model = o.candidate;
   std::unique_ptr<WeightStore> candidate = open_model(candidate_paths);
