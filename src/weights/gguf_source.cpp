@@ -146,9 +146,13 @@ TokenizerBytes gguf_tokenizer(const gguf::File& file) {
   special("tokenizer.ggml.bos_token_id", "bos_token");
   TokenizerBytes out;
   out.origin = where + " (tokenizer.ggml.*)";
-  out.vocab_json = vocab.dump(-1, ' ', false, json::error_handler_t::strict);
+  try {
+    out.vocab_json = vocab.dump(-1, ' ', false, json::error_handler_t::strict);
+    out.tokenizer_config_json = config.dump(-1, ' ', false, json::error_handler_t::strict);
+  } catch (const json::exception& e) {
+    fail(where, ": tokenizer.ggml.tokens holds text that is not UTF-8: ", e.what());
+  }
   out.merges_txt = std::move(merges_txt);
-  out.tokenizer_config_json = config.dump();
   return out;
 }
 
