@@ -70,22 +70,26 @@ void q4_1(const uint8_t* b, float* out) {
   }
 }
 
-// The 5-bit value of element i: a nibble of qs and bit i of qh.
-int q5(const uint8_t* qs, uint32_t qh, int i) {
-  const int low = i < 16 ? qs[i] & 15 : qs[i - 16] >> 4;
-  return low | int((qh >> i) & 1) << 4;
-}
-
+// Q5: element i's low four bits are a nibble of qs (i < 16: low nibble of qs[i], else the
+// high nibble of qs[i - 16]), its fifth bit is bit i of qh.
 void q5_0(const uint8_t* b, float* out) {
   const float d = half(b);
   const uint32_t qh = u32(b + 2);
-  for (int i = 0; i < 32; ++i) out[i] = d * float(q5(b + 6, qh, i) - 16);
+  const uint8_t* qs = b + 6;
+  for (int i = 0; i < 16; ++i) {
+    out[i] = d * float(int((qs[i] & 15) | ((qh >> i) & 1) << 4) - 16);
+    out[i + 16] = d * float(int((qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4) - 16);
+  }
 }
 
 void q5_1(const uint8_t* b, float* out) {
   const float d = half(b), m = half(b + 2);
   const uint32_t qh = u32(b + 4);
-  for (int i = 0; i < 32; ++i) out[i] = d * float(q5(b + 8, qh, i)) + m;
+  const uint8_t* qs = b + 8;
+  for (int i = 0; i < 16; ++i) {
+    out[i] = d * float((qs[i] & 15) | ((qh >> i) & 1) << 4) + m;
+    out[i + 16] = d * float((qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4) + m;
+  }
 }
 
 void q8_0(const uint8_t* b, float* out) {
@@ -95,16 +99,23 @@ void q8_0(const uint8_t* b, float* out) {
 
 // ---- 256-element super-blocks -----------------------------------------------------------------
 
+// Loops run over runs of 32 elements that share their bit position in the packed bytes; the
+// scale products are computed once per group, which gives the same float32 values as per
+// element (the same operands, the same rounding).
+
 void q2_k(const uint8_t* b, float* out) {
   const uint8_t* scales = b;
   const uint8_t* qs = b + 16;
   const float d = half(b + 80), dmin = half(b + 82);
-  for (uint32_t i = 0; i < kQK; ++i) {
-    const uint32_t c = i / 128, s = (i / 32) % 4, l = i % 32;
-    const int q = (qs[32 * c + l] >> (2 * s)) & 3;
-    const uint8_t sc = scales[i / 16];
-    const float dl = d * float(sc & 15), ml = dmin * float(sc >> 4);
-    out[i] = dl * float(q) - ml;
+  for (int run = 0; run < 8; ++run) {  // i = 32 run + l: bytes qs[32 c + l], bits 2 s
+    const int c = run / 4, s = run % 4;
+    for (int g = 0; g < 2; ++g) {  // two groups of 16 share a scale
+      const uint8_t sc = scales[2 * run + g];
+      const float dl = d * float(sc & 15), ml = dmin * float(sc >> 4);
+      float* o = out + 32 * run + 16 * g;
+      const uint8_t* q = qs + 32 * c + 16 * g;
+      for (int l = 0; l < 16; ++l) o[l] = dl * float((q[l] >> (2 * s)) & 3) - ml;
+    }
   }
 }
 
@@ -113,17 +124,20 @@ void q3_k(const uint8_t* b, float* out) {
   const uint8_t* qs = b + 32;
   const uint8_t* scales = b + 96;
   const float d = half(b + 108);
-  float dl[16];
-  for (int g = 0; g < 16; ++g) {
-    const int low = g < 8 ? scales[g] & 15 : scales[g - 8] >> 4;
-    const int high = (scales[8 + g % 4] >> (2 * (g / 4))) & 3;
-    dl[g] = d * float((low | high << 4) - 32);
-  }
-  for (uint32_t i = 0; i < kQK; ++i) {
-    const uint32_t c = i / 128, s = (i / 32) % 4, l = i % 32;
-    int q = (qs[32 * c + l] >> (2 * s)) & 3;
-    if (((hmask[i % 32] >> (i / 32)) & 1) == 0) q -= 4;
-    out[i] = dl[i / 16] * float(q);
+  for (int run = 0; run < 8; ++run) {
+    const int c = run / 4, s = run % 4;
+    for (int g = 0; g < 2; ++g) {
+      const int k = 2 * run + g;  // the 16-element group
+      const int low = k < 8 ? scales[k] & 15 : scales[k - 8] >> 4;
+      const int high = (scales[8 + k % 4] >> (2 * (k / 4))) & 3;
+      const float dl = d * float((low | high << 4) - 32);
+      float* o = out + 32 * run + 16 * g;
+      for (int l = 16 * g; l < 16 * g + 16; ++l) {
+        int q = (qs[32 * c + l] >> (2 * s)) & 3;
+        if (((hmask[l] >> run) & 1) == 0) q -= 4;
+        o[l - 16 * g] = dl * float(q);
+      }
+    }
   }
 }
 
@@ -142,10 +156,11 @@ void q4_k(const uint8_t* b, float* out) {
   int sc[8], mn[8];
   k_scales(b + 4, sc, mn);
   const uint8_t* qs = b + 16;
-  for (uint32_t i = 0; i < kQK; ++i) {
-    const uint32_t c = i / 64, h = (i / 32) % 2, l = i % 32, j = i / 32;
-    const int q = (qs[32 * c + l] >> (4 * h)) & 15;
-    out[i] = (d * float(sc[j])) * float(q) - dmin * float(mn[j]);
+  for (int j = 0; j < 8; ++j) {  // sub-block j: bytes qs[32 (j / 2) + l], nibble j % 2
+    const float dl = d * float(sc[j]), ml = dmin * float(mn[j]);
+    const uint8_t* q = qs + 32 * (j / 2);
+    const int shift = 4 * (j % 2);
+    for (int l = 0; l < 32; ++l) out[32 * j + l] = dl * float((q[l] >> shift) & 15) - ml;
   }
 }
 
@@ -155,10 +170,12 @@ void q5_k(const uint8_t* b, float* out) {
   k_scales(b + 4, sc, mn);
   const uint8_t* qh = b + 16;
   const uint8_t* qs = b + 48;
-  for (uint32_t i = 0; i < kQK; ++i) {
-    const uint32_t c = i / 64, h = (i / 32) % 2, l = i % 32, j = i / 32;
-    const int q = ((qs[32 * c + l] >> (4 * h)) & 15) | ((qh[l] >> j) & 1) << 4;
-    out[i] = (d * float(sc[j])) * float(q) - dmin * float(mn[j]);
+  for (int j = 0; j < 8; ++j) {
+    const float dl = d * float(sc[j]), ml = dmin * float(mn[j]);
+    const uint8_t* q = qs + 32 * (j / 2);
+    const int shift = 4 * (j % 2);
+    for (int l = 0; l < 32; ++l)
+      out[32 * j + l] = dl * float(((q[l] >> shift) & 15) | ((qh[l] >> j) & 1) << 4) - ml;
   }
 }
 
@@ -167,11 +184,17 @@ void q6_k(const uint8_t* b, float* out) {
   const uint8_t* qh = b + 128;
   const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
   const float d = half(b + 208);
-  for (uint32_t i = 0; i < kQK; ++i) {
-    const uint32_t c = i / 128, r = i % 128;
-    const int low = (ql[64 * c + r % 64] >> (4 * (r / 64))) & 15;
-    const int high = (qh[32 * c + r % 32] >> (2 * (r / 32))) & 3;
-    out[i] = (d * float(scales[i / 16])) * float((low | high << 4) - 32);
+  for (int run = 0; run < 8; ++run) {  // i = 128 c + 32 s + l
+    const int c = run / 4, s = run % 4;
+    const uint8_t* lo = ql + 64 * c + 32 * (s % 2);  // low nibbles: (s / 2) selects the half
+    const uint8_t* hi = qh + 32 * c;
+    for (int g = 0; g < 2; ++g) {
+      const float dl = d * float(scales[2 * run + g]);
+      for (int l = 16 * g; l < 16 * g + 16; ++l) {
+        const int q = ((lo[l] >> (4 * (s / 2))) & 15) | ((hi[l] >> (2 * s)) & 3) << 4;
+        out[32 * run + l] = dl * float(q - 32);
+      }
+    }
   }
 }
 
