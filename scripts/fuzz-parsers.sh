@@ -113,10 +113,13 @@ gguf(f"{root}/gguf/plain", [
     ("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 2) + s_("a") + s_("b")),
     ("tokenizer.ggml.token_type", 9, struct.pack("<IQ", 5, 2) + struct.pack("<2i", 1, 3)),
     ("nested", 9, struct.pack("<IQ", 9, 1) + struct.pack("<IQ", 6, 1) + struct.pack("<f", 0.5)),
+    ("tokenizer.ggml.model", 8, s_("gpt2")),
+    ("tokenizer.ggml.merges", 9, struct.pack("<IQ", 8, 1) + s_("a b")),
     ("flag", 7, b"\1"), ("f64", 12, struct.pack("<d", 2.5))], [
     ("a.weight", [4, 2], 0, struct.pack("<8f", *range(8))),
     ("q8", [32, 1], 8, b"\x00\x3c" + bytes(range(32))),
-    ("q4k", [256], 12, b"\x00\x3c\x00\x38" + bytes(range(140)))])
+    ("q4k", [256], 12, b"\x00\x3c\x00\x38" + bytes(range(140))),
+    ("blk.0.attn_q.weight", [32, 2], 1, b"\x00\x3c" * 64)])
 open(f"{root}/config/scheduler", "wb").write(json.dumps(scheduler).encode() + b"\x01" + b"*.weight q8\n")
 PY
 
