@@ -143,6 +143,21 @@ UnitRef SourceStore::acquire(const std::string& unit) {
       w.nbytes = size_t(w.shape[0]) * row_bytes;
     }
     if (src.squeeze_1x1) w.shape = {w.shape[0], w.shape[1]};
+    if (decode_blocks_ && p.component->gguf && !dtype_is_float(w.dtype)) {
+      // GGUF blocks as the float32 values they stand for (decoded as gguf-py does).
+      const auto type = w.dtype == DType::Q8 ? gguf::TensorType::Q8_0 : gguf::TensorType(w.layout);
+      const int64_t rows = w.rows(), cols = w.cols();
+      const size_t row_bytes = rows > 0 ? w.nbytes / size_t(rows) : 0;
+      std::vector<std::byte> buf(size_t(rows * cols) * sizeof(float));
+      for (int64_t r = 0; r < rows; ++r)
+        gguf::decode_row(type, static_cast<const std::byte*>(w.data) + size_t(r) * row_bytes,
+                         reinterpret_cast<float*>(buf.data()) + r * cols, cols);
+      u->owned.push_back(std::move(buf));
+      w.data = u->owned.back().data();
+      w.nbytes = u->owned.back().size();
+      w.dtype = DType::F32;
+      w.layout = 0;
+    }
     if (src.swap_halves) {
       // Rebuild [second half; first half] so the model always sees diffusers' order.
       std::vector<std::byte> buf(w.nbytes);
@@ -233,7 +248,7 @@ StoreOrigin SourceStore::origin() const {
       o.files.push_back(f->path());
       o.mappings.emplace_back(f->data(), f->size());
     }
-    if (c.gguf && o.needs_conversion.empty())
+    if (c.gguf && o.needs_conversion.empty() && !decode_blocks_)
       o.needs_conversion = gguf_needs_conversion(
           *c.gguf, c.component == Component::Transformer ? "--diffusion-model" : "--text-encoder");
     for (const auto& t : c.tensors)

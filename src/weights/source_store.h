@@ -51,6 +51,11 @@ class SourceStore final : public WeightStore {
 
   const std::vector<SourceComponent>& components() const { return components_; }
 
+  // GGUF block tensors (Q8_0 and the other GGML types) decoded to float32 when their unit is
+  // acquired: the exact values a quantized GGUF stands for, at float32 memory per unit (klein
+  // report's reference). Off: they are handed out as stored, for convert.
+  void set_decode_blocks(bool on) { decode_blocks_ = on; }
+
   void set_residency(Residency r) override;
   Residency residency() const override;
   uint64_t unit_bytes(const std::string& unit) const override;
@@ -77,6 +82,7 @@ class SourceStore final : public WeightStore {
   std::map<std::string, std::weak_ptr<const WeightUnit>> live_;
   std::map<std::string, UnitRef> kept_;  // resident: units stay until release()
   Residency residency_ = Residency::Paged;
+  bool decode_blocks_ = false;
 };
 
 }  // namespace klein
