@@ -52,6 +52,30 @@ bool is_float(gguf::TensorType t) {
   return t == gguf::TensorType::F32 || t == gguf::TensorType::F16 || t == gguf::TensorType::BF16;
 }
 
+// A tensor's shape, ours: ne reversed, or the shape ComfyUI-GGUF's converter recorded in
+// comfy.gguf.orig_shape.NAME (torch order) when it stored the tensor flattened to rows of 256
+// elements (for quantizing a matrix whose rows are not whole blocks). The bytes are the same
+// run of elements either way; klein reads the original rows only when they are whole blocks.
+Shape shape_of(const gguf::File& file, const gguf::TensorInfo& t) {
+  const std::string key = "comfy.gguf.orig_shape." + t.name;
+  const std::vector<int64_t>* orig = file.value(key) ? file.get_integers(key) : nullptr;
+  if (orig == nullptr) return t.shape;
+  Shape shape(orig->begin(), orig->end());
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    check(d >= 0 && d < (int64_t(1) << 40), file.path().string(), ": ", key, " holds the dimension ", d);
+    n *= d;
+  }
+  check(n == numel(t.shape), file.path().string(), ": ", key, " ", shape_str(shape), " has ", n,
+        " elements but tensor ", t.name, " holds ", numel(t.shape));
+  const uint32_t block = gguf::type_info(t.type).block_elems;
+  check(shape.empty() || shape.back() % block == 0, file.path().string(), ": tensor ", t.name,
+        " is stored flattened (", key, " ", shape_str(shape), ") as ", gguf::type_name(t.type),
+        " blocks of ", block, " that straddle its rows of ", shape.empty() ? 0 : shape.back(),
+        "; klein cannot read such a tensor yet");
+  return shape;
+}
+
 }  // namespace
 
 bool is_gguf(const fs::path& path) { return fs::is_regular_file(path) && gguf::looks_like_gguf(path); }
@@ -67,7 +91,7 @@ std::vector<NamedShape> gguf_tensor_names(Component c, const gguf::File& file,
           "Q2_K, Q3_K, Q4_K, Q5_K and Q6_K)");
     std::string name = llama_cpp ? qwen3_hf_name(t.name) : t.name;
     name_in_file[name] = t.name;
-    out.push_back({std::move(name), t.shape});
+    out.push_back({std::move(name), shape_of(file, t)});
   }
   return out;
 }
@@ -75,7 +99,7 @@ std::vector<NamedShape> gguf_tensor_names(Component c, const gguf::File& file,
 Weight gguf_weight(const gguf::File& file, const gguf::TensorInfo& t) {
   Weight w;
   w.name = t.name;
-  w.shape = t.shape;
+  w.shape = shape_of(file, t);
   w.data = file.data(t);
   w.nbytes = size_t(t.end - t.begin);
   switch (t.type) {

@@ -375,6 +375,22 @@ TEST_F(BflLayout, GgufTransformerLoadsBitIdentical) {
   open_and_compare(&ModelPaths::diffusion_model, dir_ / "t.gguf");
 }
 
+TEST_F(BflLayout, GgufTensorsStoredFlattenedTakeTheirRecordedShape) {
+  // ComfyUI-GGUF stores a matrix whose rows are not whole blocks of 256 as rows of 256 and
+  // records the original shape (torch order) in comfy.gguf.orig_shape.NAME.
+  std::vector<StTensor> tensors = bfl_transformer({});
+  std::vector<testing::GgufKey> meta;
+  for (StTensor& t : tensors)
+    if (t.name == "img_in.weight") {  // [256, 128]
+      std::vector<int32_t> orig(t.shape.begin(), t.shape.end());
+      meta.push_back({"comfy.gguf.orig_shape." + t.name, orig});
+      t.shape = {numel(t.shape) / 256, 256};
+    }
+  ASSERT_EQ(meta.size(), 1u);
+  testing::write_gguf(dir_ / "t.gguf", meta, tensors);
+  open_and_compare(&ModelPaths::diffusion_model, dir_ / "t.gguf");
+}
+
 TEST_F(BflLayout, GgufTextEncoderLoadsBitIdenticalWithItsTokenizer) {
   write_llama_cpp_text_encoder(dir_ / "te.gguf");
   open_and_compare(&ModelPaths::text_encoder, dir_ / "te.gguf");
