@@ -11,11 +11,12 @@ void add_model_options(CLI::App& cmd, ModelPaths& paths) {
                  "text_encoder/, vae/, tokenizer/) or klein container file")
       ->group(group);
   cmd.add_option("--diffusion-model", paths.diffusion_model,
-                 "transformer safetensors file (BFL, ComfyUI or diffusers names); overrides "
-                 "the one in -m")
+                 "transformer safetensors file (BFL, ComfyUI or diffusers names) or GGUF file "
+                 "(ComfyUI-GGUF, stable-diffusion.cpp); overrides the one in -m")
       ->group(group);
   cmd.add_option("--text-encoder", paths.text_encoder,
-                 "Qwen3 text encoder safetensors file or its .index.json; overrides the one in -m")
+                 "Qwen3 text encoder safetensors file or its .index.json, or a llama.cpp GGUF "
+                 "(its tokenizer is used when no -m or --tokenizer is given); overrides the one in -m")
       ->group(group);
   cmd.add_option("--vae", paths.vae,
                  "VAE safetensors file (BFL or diffusers names); overrides the one in -m")

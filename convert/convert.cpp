@@ -20,8 +20,10 @@
 #include "core/threadpool.h"
 #include "core/version.h"
 #include "formats/container/writer.h"
+#include "formats/gguf_types.h"
 #include "formats/xxh3.h"
 #include "ops/low_rank.h"
+#include "quant/matmul.h"
 #include "quant/types.h"
 #include "tokenizer/tokenizer.h"
 #include "weights/container_store.h"
@@ -200,6 +202,13 @@ struct Planned {
 // Float32 values of rows [r0, r1) of a source tensor.
 void read_rows(const Weight& w, int64_t r0, int64_t r1, float* out) {
   const int64_t cols = w.cols();
+  if (w.dtype == DType::GGML) {  // GGUF blocks, decoded as gguf-py decodes them
+    const size_t row_bytes = w.rows() > 0 ? w.nbytes / size_t(w.rows()) : 0;
+    for (int64_t r = r0; r < r1; ++r)
+      gguf::decode_row(gguf::TensorType(w.layout), static_cast<const std::byte*>(w.data) + size_t(r) * row_bytes,
+                       out + (r - r0) * cols, cols);
+    return;
+  }
   if (dtype_is_float(w.dtype) && w.layout == 0) {
     const size_t row_bytes = size_t(cols) * dtype_size(w.dtype);
     to_f32(w.dtype, static_cast<const std::byte*>(w.data) + size_t(r0) * row_bytes, out,
@@ -261,7 +270,22 @@ class TensorConverter {
     out_.begin_tensor(e);
     const int64_t rows = w.rows(), cols = w.cols();
     const std::span<const LoraUpdate> updates = adapters_.on(w.name);
-    if (w.dtype == p.format.type && w.layout == 0 && p.format.layout == 0 && updates.empty()) {
+    if (quant::is_quantized(w.dtype) && w.dtype == p.format.type && w.layout == 0 && updates.empty()) {
+      // The same blocks (GGUF Q8_0 is our Q8): dealt into the kernels' layout as they are,
+      // no value requantized.
+      const int64_t g = p.format.row_granularity;
+      const int64_t slice_rows = std::max(g, kSliceElements / std::max<int64_t>(cols, 1) / g * g);
+      const size_t src_row_bytes = rows > 0 ? w.nbytes / size_t(rows) : 0;
+      packed_.resize(storage_size(p.format, std::min(slice_rows, rows), cols));
+      for (int64_t r0 = 0; r0 < rows; r0 += slice_rows) {
+        check_cancel(o_);
+        const int64_t r1 = std::min(rows, r0 + slice_rows);
+        const auto* src = static_cast<const std::byte*>(w.data) + size_t(r0) * src_row_bytes;
+        quant::pack_blocks(src, r1 - r0, cols, w.dtype, quant::Layout(p.format.layout), packed_.data());
+        out_.write(packed_.data(), storage_size(p.format, r1 - r0, cols));
+        pages_.drop(src, size_t(r1 - r0) * src_row_bytes);
+      }
+    } else if (w.dtype == p.format.type && w.layout == 0 && p.format.layout == 0 && updates.empty()) {
       // Same plain type: the bytes as they are (bit-exact, NaN payloads included).
       const size_t slice = size_t(kSliceElements) * dtype_size(w.dtype);
       for (size_t at = 0; at < w.nbytes; at += slice) {
@@ -441,7 +465,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
               [](const Weight* a, const Weight* b) { return a->name < b->name; });
     auto& plan = plans[u];
     for (const Weight* w : ws) {
-      check(quant::is_storage_type(w->dtype), "tensor ", w->name, " is of type ",
+      check(quant::is_storage_type(w->dtype) || w->dtype == DType::GGML, "tensor ", w->name, " is of type ",
             dtype_name(w->dtype), "; expected a weight storage type");
       const auto choice = policy.choose(w->name, w->shape, o.target);
       DType type = choice.type;

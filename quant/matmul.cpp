@@ -494,6 +494,29 @@ void pack(const float* w, int64_t rows, int64_t cols, DType type, Layout layout,
   }
 }
 
+void pack_blocks(const void* blocks, int64_t rows, int64_t cols, DType type, Layout layout, void* out) {
+  check_shape(type, layout, rows, cols);
+  const StorageType& st = storage_type(type);
+  check(st.quantized, "pack_blocks: ", dtype_name(type), " is not a block type");
+  const int64_t nb = cols / kBlock;
+  const size_t row_bytes = size_t(nb) * st.block_bytes;
+  const auto* src = static_cast<const uint8_t*>(blocks);
+  auto* dst = static_cast<uint8_t*>(out);
+  if (layout == Layout::RowMajor) {
+    std::memcpy(dst, src, size_t(rows) * row_bytes);
+    return;
+  }
+  for (int64_t g = 0; g < ceil_div(rows, kTileRows); ++g)
+    for (int64_t b = 0; b < nb; ++b) {
+      const void* rb[kTileRows];
+      for (int r = 0; r < kTileRows; ++r) {
+        const int64_t n = g * kTileRows + r;
+        rb[r] = n < rows ? src + size_t(n) * row_bytes + size_t(b) * st.block_bytes : nullptr;
+      }
+      st.make_tile(rb, dst + size_t(g * nb + b) * st.tile_bytes);
+    }
+}
+
 void unpack_rows(const Matrix& w, int64_t r0, int64_t r1, float* out) {
   check_shape(w.type, w.layout, w.rows, w.cols);
   check(0 <= r0 && r0 <= r1 && r1 <= w.rows, "unpack_rows: rows [", r0, ", ", r1,

@@ -68,6 +68,10 @@ size_t storage_bytes(DType type, Layout layout, int64_t rows, int64_t cols);
 // row_granularity(layout) into out + storage_bytes(type, layout, r0, cols).
 void pack(const float* w, int64_t rows, int64_t cols, DType type, Layout layout, void* out);
 
+// Blocks already quantized, row-major (rows x cols/32 blocks of a quantized `type`), dealt
+// into `layout` at `out` as they are: no value is requantized. Same slicing as pack().
+void pack_blocks(const void* blocks, int64_t rows, int64_t cols, DType type, Layout layout, void* out);
+
 // Reference dequantization of rows [r0, r1) into out[(r1 - r0) * cols].
 void unpack_rows(const Matrix& w, int64_t r0, int64_t r1, float* out);
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of fuzz/ (safetensors + LoRA files, .npy, PNG/JPEG + the
 # reference preprocessing, tokenizer files, config JSON + precision policy, the server's
-# request fields) with clang,
+# request fields, GGUF files) with clang,
 # AddressSanitizer and UBSan, and runs each for a bounded time from a seed corpus. A crash,
 # a leak of a klein::Error into anything else, a hang (-timeout) or an allocation beyond
 # -rss_limit_mb fails the run; the input that did it is left in the build directory.
@@ -15,7 +15,7 @@ bash scripts/install-packages.sh clang python3
 seconds="${1:-30}"
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(safetensors npy image tokenizer config server)
+((${#targets[@]})) || targets=(safetensors npy image tokenizer config server gguf)
 build="${BUILD_DIR:-build-fuzz}"
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -26,7 +26,7 @@ cmake --build "$build" --target "${targets[@]/#/fuzz_}"
 # Seeds: small valid inputs of each parser, written here (and fuzz/corpus for images).
 seeds="$(pwd)/$build/fuzz-seeds"
 rm -rf "$seeds"
-mkdir -p "$seeds"/{safetensors,npy,image,tokenizer,config,server}
+mkdir -p "$seeds"/{safetensors,npy,image,tokenizer,config,server,gguf}
 cp fuzz/corpus/seed.png fuzz/corpus/seed.jpg fuzz/corpus/seed-exif.jpg "$seeds/image/"
 python3 - "$seeds" <<'PY'
 import json, struct, sys
@@ -85,6 +85,41 @@ open(f"{root}/server/img2img", "w").write(json.dumps(
      "mask": "iVBORw0KGgo="}))
 scheduler = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000,
              "shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15}
+# GGUF: metadata of several value types (a string array, a nested array) and tensors of
+# F32, Q8_0 and Q4_K, data aligned to 32.
+def gguf(path, kvs, tensors, align=32):
+    def string(s):
+        b = s.encode()
+        return struct.pack("<Q", len(b)) + b
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs))
+    for key, vtype, raw in kvs:
+        head += string(key) + struct.pack("<I", vtype) + raw
+    body = b""
+    for name, dims, ttype, raw in tensors:
+        body += b"\0" * (-len(body) % align)
+        head += string(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
+        head += struct.pack("<IQ", ttype, len(body))
+        body += raw
+    head += b"\0" * (-len(head) % align)
+    open(path, "wb").write(head + body)
+
+def s_(s):
+    b = s.encode()
+    return struct.pack("<Q", len(b)) + b
+
+gguf(f"{root}/gguf/plain", [
+    ("general.architecture", 8, s_("qwen3")),
+    ("general.alignment", 4, struct.pack("<I", 32)),
+    ("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 2) + s_("a") + s_("b")),
+    ("tokenizer.ggml.token_type", 9, struct.pack("<IQ", 5, 2) + struct.pack("<2i", 1, 3)),
+    ("nested", 9, struct.pack("<IQ", 9, 1) + struct.pack("<IQ", 6, 1) + struct.pack("<f", 0.5)),
+    ("tokenizer.ggml.model", 8, s_("gpt2")),
+    ("tokenizer.ggml.merges", 9, struct.pack("<IQ", 8, 1) + s_("a b")),
+    ("flag", 7, b"\1"), ("f64", 12, struct.pack("<d", 2.5))], [
+    ("a.weight", [4, 2], 0, struct.pack("<8f", *range(8))),
+    ("q8", [32, 1], 8, b"\x00\x3c" + bytes(range(32))),
+    ("q4k", [256], 12, b"\x00\x3c\x00\x38" + bytes(range(140))),
+    ("blk.0.attn_q.weight", [32, 2], 1, b"\x00\x3c" * 64)])
 open(f"{root}/config/scheduler", "wb").write(json.dumps(scheduler).encode() + b"\x01" + b"*.weight q8\n")
 PY
 

@@ -7,6 +7,7 @@
 #include "formats/container/reader.h"
 #include "pipeline/model_tokenizer.h"
 #include "weights/container_store.h"
+#include "weights/source_store.h"
 
 namespace klein::report {
 
@@ -102,6 +103,8 @@ MeasureFn verifier(const ReportOptions& o, uint64_t alignment, E2eSession& sessi
 Report build_report(const ReportOptions& o, Progress& progress) {
   check_options(o);
   std::unique_ptr<WeightStore> reference = open_model(o.reference);
+  // A quantized GGUF reference is measured as the values its blocks stand for.
+  if (auto* source = dynamic_cast<SourceStore*>(reference.get())) source->set_decode_blocks(true);
   ModelPaths candidate_paths;
   candidate_paths.model = o.candidate;
   std::unique_ptr<WeightStore> candidate = open_model(candidate_paths);

@@ -18,6 +18,7 @@ std::string_view dtype_name(DType t) {
     case DType::I64: return "I64";
     case DType::I32: return "I32";
     case DType::U8: return "U8";
+    case DType::GGML: return "GGML";
   }
   return "?";
 }
@@ -31,7 +32,8 @@ size_t dtype_size(DType t) {
     case DType::I32: return 4;
     case DType::U8: return 1;
     case DType::Q8:
-    case DType::Q4: return 0;
+    case DType::Q4:
+    case DType::GGML: return 0;
   }
   return 0;
 }

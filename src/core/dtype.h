@@ -16,6 +16,8 @@ enum class DType : uint8_t {
   I64,
   I32,
   U8,
+  GGML,  // a GGML block type read from a GGUF file (formats/gguf_types.h); the type id is in
+         // the weight's layout byte. Only converting reads it (decoded to float32 per row).
 };
 
 std::string_view dtype_name(DType t);

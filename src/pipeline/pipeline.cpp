@@ -100,6 +100,8 @@ bool runs_fast(Precision requested, const WeightStore& weights) {
 Model Model::open(const ModelPaths& paths) {
   std::unique_ptr<WeightStore> weights = open_model(paths);
   check(weights->config().undecided_variant.empty(), weights->config().undecided_variant);
+  const std::string needs_conversion = weights->origin().needs_conversion;
+  check(needs_conversion.empty(), needs_conversion);
   Model m{std::move(weights), load_model_tokenizer(paths), "", ""};
   m.name = m.weights->config().name;
   if (fs::is_regular_file(paths.model)) m.checksum = m.weights->identity();

@@ -11,6 +11,7 @@
 #include "quant/matmul.h"
 #include "quant/types.h"
 #include "weights/expected.h"
+#include "weights/gguf_source.h"
 #include "weights/naming.h"
 
 namespace klein {
@@ -309,6 +310,9 @@ StoreOrigin ContainerStore::origin() const {
 TokenizerBytes read_tokenizer_files(const ModelPaths& paths) {
   if (paths.tokenizer.empty() && !paths.model.empty() && container::is_container(paths.model))
     return container_tokenizer(container::ContainerFile(paths.model));
+  // A llama.cpp text-encoder GGUF carries its tokenizer: used when no directory is given.
+  if (paths.tokenizer.empty() && paths.model.empty() && is_gguf(paths.text_encoder))
+    return gguf_tokenizer(gguf::File(paths.text_encoder));
   const fs::path dir = find_tokenizer_dir(paths);
   TokenizerBytes out;
   out.origin = dir.string();

@@ -12,6 +12,7 @@
 #include "formats/container/reader.h"
 #include "weights/container_store.h"
 #include "weights/expected.h"
+#include "weights/gguf_source.h"
 #include "weights/source_store.h"
 
 namespace klein {
@@ -94,10 +95,10 @@ Discovered discover(const ModelPaths& paths) {
 ShapeMap canonical_shapes(const SourceComponent& c) {
   ShapeMap m;
   for (const auto& t : c.tensors) {
-    const auto* located = c.files->find(t.source);
-    check(!m.count(t.canonical), c.files->files().front()->path().string(), ": tensor ",
-          t.canonical, " is given twice (under two spellings)");
-    m[t.canonical] = canonical_shape(t, located->entry->shape);
+    const std::optional<Weight> stored = c.stored(t.source);
+    check(!m.count(t.canonical), c.path().string(), ": tensor ", t.canonical,
+          " is given twice (under two spellings)");
+    m[t.canonical] = canonical_shape(t, stored->shape);
   }
   return m;
 }
@@ -107,6 +108,15 @@ SourceComponent open_component(Component kind, const Located& where) {
   SourceComponent c;
   c.component = kind;
   c.config_file = where.config;
+  if (is_gguf(weights)) {
+    c.gguf = std::make_unique<gguf::File>(weights);
+    std::map<std::string, std::string> name_in_file;
+    const std::vector<NamedShape> names = gguf_tensor_names(kind, *c.gguf, name_in_file);
+    c.layout = detect_layout(kind, names);
+    c.tensors = map_component(kind, names, weights.string());
+    for (TensorSource& t : c.tensors) t.source = name_in_file.at(t.source);
+    return c;
+  }
   c.files = std::make_unique<SafetensorsSet>(weights);
   std::vector<NamedShape> names;
   for (const auto& t : c.files->tensors()) names.push_back({t.entry->name, t.entry->shape});
@@ -323,7 +333,7 @@ std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths) {
 
   std::string identity;
   for (const auto& c : comps)
-    for (const auto& f : c.files->files()) identity += file_identity(f->path()) + ";";
+    for (const MappedFile* f : c.mapped()) identity += file_identity(f->path()) + ";";
   return std::make_unique<SourceStore>(std::move(comps), std::move(config), identity);
 }
 

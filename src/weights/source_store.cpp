@@ -7,8 +7,36 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "weights/gguf_source.h"
 
 namespace klein {
+
+std::optional<Weight> SourceComponent::stored(const std::string& name) const {
+  if (gguf) {
+    const gguf::TensorInfo* t = gguf->find(name);
+    if (!t) return std::nullopt;
+    return gguf_weight(*gguf, *t);
+  }
+  const auto* located = files->find(name);
+  if (!located) return std::nullopt;
+  const TensorView v = located->file->view(*located->entry);
+  Weight w;
+  w.name = name;
+  w.dtype = v.dtype;
+  w.shape = v.shape;
+  w.data = v.data;
+  w.nbytes = v.nbytes;
+  return w;
+}
+
+std::vector<const MappedFile*> SourceComponent::mapped() const {
+  if (gguf) return {&gguf->mapping()};
+  std::vector<const MappedFile*> out;
+  for (const auto& f : files->files()) out.push_back(&f->mapping());
+  return out;
+}
+
+std::filesystem::path SourceComponent::path() const { return gguf ? gguf->path() : files->path(); }
 
 // A unit's views (and the buffers of tensors that could not be plain views); tells the
 // store when its last reference goes.
@@ -62,13 +90,12 @@ std::vector<std::pair<const std::byte*, size_t>> SourceStore::ranges_of(
   auto it = units_.find(unit);
   if (it == units_.end()) return out;
   for (const auto& p : it->second) {
-    const auto* located = p.component->files->find(p.source->source);
-    if (!located) continue;
-    const TensorView v = located->file->view(*located->entry);
-    const std::byte* data = static_cast<const std::byte*>(v.data);
-    size_t nbytes = v.nbytes;
-    if (p.source->row_end >= 0 && v.shape[0] > 0) {
-      const size_t row_bytes = v.nbytes / size_t(v.shape[0]);
+    const std::optional<Weight> v = p.component->stored(p.source->source);
+    if (!v) continue;
+    const std::byte* data = static_cast<const std::byte*>(v->data);
+    size_t nbytes = v->nbytes;
+    if (p.source->row_end >= 0 && v->shape[0] > 0) {
+      const size_t row_bytes = v->nbytes / size_t(v->shape[0]);
       data += size_t(p.source->row_begin) * row_bytes;
       nbytes = size_t(p.source->row_end - p.source->row_begin) * row_bytes;
     }
@@ -105,22 +132,32 @@ UnitRef SourceStore::acquire(const std::string& unit) {
   auto u = std::make_shared<Unit>(*this, unit, prefixes_[unit]);
   for (const auto& p : it->second) {
     const TensorSource& src = *p.source;
-    const auto* located = p.component->files->find(src.source);
-    check(located != nullptr, "internal: tensor ", src.source, " vanished");
-    const TensorView v = located->file->view(*located->entry);
-    Weight w;
+    const std::optional<Weight> v = p.component->stored(src.source);
+    check(v.has_value(), "internal: tensor ", src.source, " vanished");
+    Weight w = *v;
     w.name = src.canonical;
-    w.dtype = v.dtype;
-    w.shape = v.shape;
-    w.data = v.data;
-    w.nbytes = v.nbytes;
     if (src.row_end >= 0) {
-      const size_t row_bytes = v.nbytes / size_t(v.shape[0]);
+      const size_t row_bytes = v->nbytes / size_t(v->shape[0]);
       w.shape[0] = src.row_end - src.row_begin;
-      w.data = static_cast<const std::byte*>(v.data) + size_t(src.row_begin) * row_bytes;
+      w.data = static_cast<const std::byte*>(v->data) + size_t(src.row_begin) * row_bytes;
       w.nbytes = size_t(w.shape[0]) * row_bytes;
     }
     if (src.squeeze_1x1) w.shape = {w.shape[0], w.shape[1]};
+    if (decode_blocks_ && p.component->gguf && !dtype_is_float(w.dtype)) {
+      // GGUF blocks as the float32 values they stand for (decoded as gguf-py does).
+      const auto type = w.dtype == DType::Q8 ? gguf::TensorType::Q8_0 : gguf::TensorType(w.layout);
+      const int64_t rows = w.rows(), cols = w.cols();
+      const size_t row_bytes = rows > 0 ? w.nbytes / size_t(rows) : 0;
+      std::vector<std::byte> buf(size_t(rows * cols) * sizeof(float));
+      for (int64_t r = 0; r < rows; ++r)
+        gguf::decode_row(type, static_cast<const std::byte*>(w.data) + size_t(r) * row_bytes,
+                         reinterpret_cast<float*>(buf.data()) + r * cols, cols);
+      u->owned.push_back(std::move(buf));
+      w.data = u->owned.back().data();
+      w.nbytes = u->owned.back().size();
+      w.dtype = DType::F32;
+      w.layout = 0;
+    }
     if (src.swap_halves) {
       // Rebuild [second half; first half] so the model always sees diffusers' order.
       std::vector<std::byte> buf(w.nbytes);
@@ -207,10 +244,13 @@ void SourceStore::release(const std::string& prefix) {
 StoreOrigin SourceStore::origin() const {
   StoreOrigin o;
   for (const auto& c : components_) {
-    for (const auto& f : c.files->files()) {
+    for (const MappedFile* f : c.mapped()) {
       o.files.push_back(f->path());
-      o.mappings.emplace_back(f->mapping().data(), f->mapping().size());
+      o.mappings.emplace_back(f->data(), f->size());
     }
+    if (c.gguf && o.needs_conversion.empty() && !decode_blocks_)
+      o.needs_conversion = gguf_needs_conversion(
+          *c.gguf, c.component == Component::Transformer ? "--diffusion-model" : "--text-encoder");
     for (const auto& t : c.tensors)
       if (!unit_of(t.canonical)) o.unused_tensors.push_back(t.canonical);
   }

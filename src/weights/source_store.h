@@ -10,8 +10,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
+#include "formats/gguf.h"
 #include "formats/safetensors.h"
 #include "weights/naming.h"
 #include "weights/residency_tracker.h"
@@ -23,8 +25,16 @@ struct SourceComponent {
   Component component;
   Layout layout = Layout::Diffusers;
   std::filesystem::path config_file;  // its config.json; empty when read from tensor shapes
-  std::unique_ptr<SafetensorsSet> files;
+  std::unique_ptr<SafetensorsSet> files;  // the safetensors file(s), or
+  std::unique_ptr<gguf::File> gguf;       // a GGUF file (weights/gguf_source.h)
   std::vector<TensorSource> tensors;  // canonical name -> where its bytes are
+
+  // The source tensor `name` (TensorSource::source) as stored: dtype, shape, bytes, layout;
+  // nullopt when the files have no such tensor.
+  std::optional<Weight> stored(const std::string& name) const;
+  // The mapped files, and the path the component was opened from (file or .index.json).
+  std::vector<const MappedFile*> mapped() const;
+  std::filesystem::path path() const;
 };
 
 class SourceStore final : public WeightStore {
@@ -40,6 +50,11 @@ class SourceStore final : public WeightStore {
   std::string identity() const override { return identity_; }
 
   const std::vector<SourceComponent>& components() const { return components_; }
+
+  // GGUF block tensors (Q8_0 and the other GGML types) decoded to float32 when their unit is
+  // acquired: the exact values a quantized GGUF stands for, at float32 memory per unit (klein
+  // report's reference). Off: they are handed out as stored, for convert.
+  void set_decode_blocks(bool on) { decode_blocks_ = on; }
 
   void set_residency(Residency r) override;
   Residency residency() const override;
@@ -67,6 +82,7 @@ class SourceStore final : public WeightStore {
   std::map<std::string, std::weak_ptr<const WeightUnit>> live_;
   std::map<std::string, UnitRef> kept_;  // resident: units stay until release()
   Residency residency_ = Residency::Paged;
+  bool decode_blocks_ = false;
 };
 
 }  // namespace klein

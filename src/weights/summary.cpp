@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "formats/container/reader.h"
+#include "weights/gguf_source.h"
 #include "weights/source_store.h"
 
 namespace klein {
@@ -66,21 +67,45 @@ ComponentSummary summarize_component(const SourceComponent& c, const ModelConfig
   s.component = c.component;
   s.layout = c.layout;
   s.config_file = c.config_file;
-  if (c.files->path().filename().string().ends_with(".index.json")) s.index_file = c.files->path();
-  for (const auto& f : c.files->files()) {
-    s.files.push_back(f->path());
-    for (const auto& e : f->entries()) {
-      s.counts.add(e.dtype, e.shape);
-      s.dtypes[std::string(dtype_name(e.dtype))].add(e.dtype, e.shape);
+  if (c.path().filename().string().ends_with(".index.json")) s.index_file = c.path();
+  if (c.gguf) {
+    // GGML types by their own names, with the bytes their blocks take.
+    s.files.push_back(c.gguf->path());
+    for (const auto& t : c.gguf->tensors()) {
+      TensorCounts one;
+      one.tensors = 1;
+      one.parameters = numel(t.shape);
+      one.bytes = t.end - t.begin;
+      s.counts += one;
+      s.dtypes[gguf::type_name(t.type)] += one;
+    }
+  } else {
+    for (const auto& f : c.files->files()) {
+      s.files.push_back(f->path());
+      for (const auto& e : f->entries()) {
+        s.counts.add(e.dtype, e.shape);
+        s.dtypes[std::string(dtype_name(e.dtype))].add(e.dtype, e.shape);
+      }
     }
   }
   // Units count canonical tensors: a BFL fused QKV projection is three tensors there.
   std::map<std::string, TensorCounts> units;
   for (const auto& t : c.tensors) {
-    const auto* located = c.files->find(t.source);
-    check(located != nullptr, "internal: tensor ", t.source, " vanished");
-    if (auto u = unit_of(t.canonical))
-      units[u->unit].add(located->entry->dtype, canonical_shape(t, located->entry->shape));
+    const std::optional<Weight> stored = c.stored(t.source);
+    check(stored.has_value(), "internal: tensor ", t.source, " vanished");
+    if (auto u = unit_of(t.canonical)) {
+      const Shape shape = canonical_shape(t, stored->shape);
+      if (dtype_is_float(stored->dtype) || !c.gguf) {
+        units[u->unit].add(stored->dtype, shape);
+      } else {  // GGUF blocks: their parameters, and their bytes as stored
+        TensorCounts one;
+        one.tensors = 1;
+        one.parameters = numel(shape);
+        one.bytes = uint64_t(stored->nbytes) / uint64_t(std::max<int64_t>(stored->shape[0], 1)) *
+                    uint64_t(shape.empty() ? 1 : shape[0]);
+        units[u->unit] += one;
+      }
+    }
     else
       s.unused.push_back(t.source);
   }
@@ -131,7 +156,11 @@ ModelSummary describe_model(const ModelPaths& paths) {
   ModelSummary s = summarize(*source);
   s.model = paths.model;
   try {
-    s.tokenizer_dir = find_tokenizer_dir(paths);
+    if (paths.tokenizer.empty() && paths.model.empty() && is_gguf(paths.text_encoder) &&
+        gguf::File(paths.text_encoder).value("tokenizer.ggml.model"))
+      s.tokenizer_dir = paths.text_encoder;  // the tokenizer is in its metadata
+    else
+      s.tokenizer_dir = find_tokenizer_dir(paths);
   } catch (const Error& e) {
     // A missing tokenizer does not stop a description of the weights; say why it is absent.
     s.tokenizer_problem = e.what();

@@ -82,6 +82,9 @@ struct StoreOrigin {
   // Tensors of the checkpoint that no unit uses (e.g. the text encoder's unused head).
   std::vector<std::string> unused_tensors;
   const nlohmann::json* container_metadata = nullptr;  // a klein container's metadata
+  // Why the weights must be converted before a network can run on them (a GGUF file of
+  // quantized GGML types), with the command; empty when they can run as they are.
+  std::string needs_conversion;
 };
 
 class WeightStore {

@@ -10,8 +10,11 @@
 #include <map>
 #include <regex>
 
+#include "core/files.h"
+#include "formats/gguf_files.h"
 #include "formats/st_files.h"
 #include "support/testing.h"
+#include "weights/container_store.h"
 #include "weights/model_source.h"
 #include "weights/source_store.h"
 #include "weights/summary.h"
@@ -296,6 +299,148 @@ TEST_F(BflLayout, SummaryReportsTheLayoutAndTheFileTensors) {
   EXPECT_EQ(s.components[1].layout, Layout::Diffusers);
   EXPECT_EQ(s.components[2].layout, Layout::Bfl);
   EXPECT_EQ(s.components[2].counts.tensors, 247);
+}
+
+// --- GGUF files of the same tensors (F32/F16/BF16, which run without converting) ---------
+
+// The tiny Qwen3 under llama.cpp's names, with its tokenizer in the metadata as llama.cpp's
+// converter writes it: tokens in id order padded to the vocabulary size, their types
+// (1 normal, 3 control = special added, 4 user-defined = other added, 5 unused padding).
+void write_llama_cpp_text_encoder(const fs::path& path) {
+  std::vector<StTensor> tensors;
+  for (const char* shard : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"})
+    for (StTensor t : testing::read_all(testing::tiny_model() / "text_encoder" / shard)) {
+      static const std::vector<std::pair<std::string, std::string>> layer = {
+          {"self_attn.q_proj.weight", "attn_q.weight"}, {"self_attn.k_proj.weight", "attn_k.weight"},
+          {"self_attn.v_proj.weight", "attn_v.weight"}, {"self_attn.o_proj.weight", "attn_output.weight"},
+          {"self_attn.q_norm.weight", "attn_q_norm.weight"}, {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+          {"input_layernorm.weight", "attn_norm.weight"}, {"post_attention_layernorm.weight", "ffn_norm.weight"},
+          {"mlp.gate_proj.weight", "ffn_gate.weight"}, {"mlp.up_proj.weight", "ffn_up.weight"},
+          {"mlp.down_proj.weight", "ffn_down.weight"}};
+      std::smatch m;
+      static const std::regex re(R"(^model\.layers\.(\d+)\.(.*)$)");
+      if (t.name == "lm_head.weight") continue;  // tied: llama.cpp writes no output.weight
+      if (t.name == "model.embed_tokens.weight") {
+        t.name = "token_embd.weight";
+      } else if (t.name == "model.norm.weight") {
+        t.name = "output_norm.weight";
+      } else {
+        ASSERT_TRUE(std::regex_match(t.name, m, re)) << t.name;
+        std::string to;
+        for (const auto& [hf, gg] : layer)
+          if (m[2] == hf) to = gg;
+        ASSERT_FALSE(to.empty()) << t.name;
+        t.name = "blk." + m[1].str() + "." + to;
+      }
+      tensors.push_back(std::move(t));
+    }
+  const fs::path dir = testing::tiny_model() / "tokenizer";
+  const auto vocab = nlohmann::json::parse(read_text_file(dir / "vocab.json"));
+  const auto config = nlohmann::json::parse(read_text_file(dir / "tokenizer_config.json"));
+  const size_t size = 151936;
+  std::vector<std::string> tokens(size);
+  std::vector<int32_t> types(size, 5);
+  for (size_t i = 0; i < size; ++i) tokens[i] = "[PAD" + std::to_string(i) + "]";
+  for (const auto& [text, id] : vocab.items()) {
+    tokens[id.get<size_t>()] = text;
+    types[id.get<size_t>()] = 1;
+  }
+  for (const auto& [id, t] : config["added_tokens_decoder"].items()) {
+    tokens[std::stoul(id)] = t["content"].get<std::string>();
+    types[std::stoul(id)] = t["special"].get<bool>() ? 3 : 4;
+  }
+  std::vector<std::string> merges;
+  const std::string text = read_text_file(dir / "merges.txt");
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(at, end - at);
+    if (!line.empty() && line[0] != '#') merges.push_back(line);
+    at = end + 1;
+  }
+  testing::write_gguf(path,
+                      {{"general.architecture", std::string("qwen3")},
+                       {"tokenizer.ggml.model", std::string("gpt2")},
+                       {"tokenizer.ggml.tokens", tokens},
+                       {"tokenizer.ggml.token_type", types},
+                       {"tokenizer.ggml.merges", merges},
+                       {"tokenizer.ggml.eos_token_id", uint32_t(151645)}},
+                      tensors);
+}
+
+TEST_F(BflLayout, GgufTransformerLoadsBitIdentical) {
+  // stable-diffusion.cpp's prefix; ComfyUI-GGUF writes the names without it.
+  testing::write_gguf(dir_ / "t.gguf", {{"general.architecture", std::string("flux")}},
+                      bfl_transformer({"model.diffusion_model.", "scale"}));
+  open_and_compare(&ModelPaths::diffusion_model, dir_ / "t.gguf");
+}
+
+TEST_F(BflLayout, GgufTensorsStoredFlattenedTakeTheirRecordedShape) {
+  // ComfyUI-GGUF stores a matrix whose rows are not whole blocks of 256 as rows of 256 and
+  // records the original shape (torch order) in comfy.gguf.orig_shape.NAME.
+  std::vector<StTensor> tensors = bfl_transformer({});
+  std::vector<testing::GgufKey> meta;
+  for (StTensor& t : tensors)
+    if (t.name == "img_in.weight") {  // [256, 128]
+      std::vector<int32_t> orig(t.shape.begin(), t.shape.end());
+      meta.push_back({"comfy.gguf.orig_shape." + t.name, orig});
+      t.shape = {numel(t.shape) / 256, 256};
+    }
+  ASSERT_EQ(meta.size(), 1u);
+  testing::write_gguf(dir_ / "t.gguf", meta, tensors);
+  open_and_compare(&ModelPaths::diffusion_model, dir_ / "t.gguf");
+}
+
+TEST_F(BflLayout, GgufTextEncoderLoadsBitIdenticalWithItsTokenizer) {
+  write_llama_cpp_text_encoder(dir_ / "te.gguf");
+  open_and_compare(&ModelPaths::text_encoder, dir_ / "te.gguf");
+  // Without -m or --tokenizer the tokenizer comes from the metadata: the files Qwen3 ships.
+  const fs::path m = testing::tiny_model();
+  ModelPaths paths;
+  paths.diffusion_model = m / "transformer/diffusion_pytorch_model.safetensors";
+  paths.text_encoder = dir_ / "te.gguf";
+  paths.vae = m / "vae/diffusion_pytorch_model.safetensors";
+  const TokenizerBytes b = read_tokenizer_files(paths);
+  ASSERT_TRUE(b.vocab_json && b.merges_txt && b.tokenizer_config_json);
+  EXPECT_EQ(nlohmann::json::parse(*b.vocab_json), nlohmann::json::parse(read_text_file(m / "tokenizer/vocab.json")));
+  auto lines = [](const std::string& text) {
+    std::vector<std::string> out;
+    for (size_t at = 0; at < text.size();) {
+      size_t end = text.find('\n', at);
+      if (end == std::string::npos) end = text.size();
+      if (end > at && text[at] != '#') out.push_back(text.substr(at, end - at));
+      at = end + 1;
+    }
+    return out;
+  };
+  EXPECT_EQ(lines(*b.merges_txt), lines(read_text_file(m / "tokenizer/merges.txt")));
+  const auto want = nlohmann::json::parse(read_text_file(m / "tokenizer/tokenizer_config.json"))["added_tokens_decoder"];
+  const auto got = nlohmann::json::parse(*b.tokenizer_config_json)["added_tokens_decoder"];
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [id, t] : want.items()) {
+    EXPECT_EQ(got[id]["content"], t["content"]) << id;
+    EXPECT_EQ(got[id]["special"], t["special"]) << id;
+  }
+}
+
+TEST_F(BflLayout, GgufOfFloatTypesGeneratesAsTheSafetensors) {
+  // Straight from the GGUF files, no conversion, no --tokenizer: the same latents.
+  testing::write_gguf(dir_ / "t.gguf", {}, bfl_transformer({}));
+  write_llama_cpp_text_encoder(dir_ / "te.gguf");
+  const std::string run = " -p \"a red cube\" -s 2 -W 64 -H 64 --seed 3 --no-cache --threads 2 -q";
+  const fs::path m = testing::tiny_model();
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate --diffusion-model " + (dir_ / "t.gguf").string() + " --text-encoder " +
+                                   (dir_ / "te.gguf").string() + " --vae " +
+                                   (m / "vae/diffusion_pytorch_model.safetensors").string() +
+                                   " --variant 4b" + run + " --dump " + (dir_ / "gguf").string() + " -o " +
+                                   (dir_ / "gguf.png").string(),
+                               &log), 0) << log;
+  ASSERT_EQ(testing::run_klein("generate -m " + m.string() + run + " --dump " + (dir_ / "st").string() +
+                                   " -o " + (dir_ / "st.png").string(),
+                               &log), 0) << log;
+  for (const char* f : {"prompt_embeds.npy", "final_latents.npy", "image.npy"})
+    EXPECT_EQ(read_text_file(dir_ / "gguf" / f), read_text_file(dir_ / "st" / f)) << f;
 }
 
 }  // namespace

@@ -1,0 +1,26 @@
+#pragma once
+// Writing GGUF files in tests (version 3, alignment 32): tensors of F32 / F16 / BF16 with
+// their shape given in our order (written as ne, innermost first), and metadata of strings,
+// integers and arrays of them. The files gguf-py writes are in tests/data/gguf; this writer
+// makes model-sized files from the tiny model without Python.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "formats/st_files.h"
+
+namespace klein::testing {
+
+struct GgufKey {
+  std::string key;
+  // string, u32, or arrays of strings / i32
+  std::variant<std::string, uint32_t, std::vector<std::string>, std::vector<int32_t>> value;
+};
+
+// `tensors` as StTensor (dtype "F32", "F16" or "BF16").
+void write_gguf(const std::filesystem::path& path, const std::vector<GgufKey>& metadata,
+                const std::vector<StTensor>& tensors);
+
+}  // namespace klein::testing
