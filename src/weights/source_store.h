@@ -25,6 +25,10 @@ struct SourceComponent {
   std::filesystem::path config_file;  // its config.json; empty when read from tensor shapes
   std::unique_ptr<SafetensorsSet> files;
   std::vector<TensorSource> tensors;  // canonical name -> where its bytes are
+  // fp8 weights' scale tensors (source names; weights/fp8.h). An fp8 weight is decoded to
+  // float32 when its unit is acquired (value = code x scale); the companions of fp8 weights
+  // (scales, input scales, markers) are not in `tensors`.
+  std::map<std::string, std::string> fp8_scales;
 };
 
 class SourceStore final : public WeightStore {
