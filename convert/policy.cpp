@@ -147,6 +147,21 @@ std::string storage_type_name(DType t) {
   return s ? std::string(s->name) : lower(dtype_name(t));
 }
 
+DType keep_precision(DType stored, const std::string& tensor) {
+  switch (stored) {
+    case DType::F32:
+    case DType::BF16:
+    case DType::F16:
+    case DType::Q8:
+    case DType::Q4: return stored;
+    case DType::F8_E4M3:
+    case DType::F8_E5M2: return DType::Q8;
+    default: break;
+  }
+  fail("-t keep: tensor ", tensor, " is stored as ", dtype_name(stored),
+       ", which has no storage type to keep it in; give -t q4|q8|bf16|f16|f32");
+}
+
 std::vector<PolicyRule> parse_policy(std::string_view text, const std::string& origin) {
   std::vector<PolicyRule> rules;
   std::istringstream in{std::string(text)};

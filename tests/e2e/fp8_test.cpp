@@ -122,6 +122,27 @@ INSTANTIATE_TEST_SUITE_P(Conventions, Fp8Checkpoint,
                            return n;
                          });
 
+// -t keep: the reference file holds F32 matrices and BF16 norms, the fp8 file fp8 matrices.
+TEST_F(Fp8Fixtures, KeepKeepsEachTensorsPrecisionClass) {
+  const fs::path out = testing::temp_dir("fp8-keep");
+  std::string log;
+  ASSERT_EQ(testing::run_klein("convert" + components(reference("comfy-scaled")) +
+                                   " -t keep -q -o " + arg(out / "ref.klein"), &log), 0) << log;
+  ASSERT_EQ(testing::run_klein("convert" + components(fp8("comfy-scaled")) + " -t keep -q -o " +
+                                   arg(out / "fp8.klein"), &log), 0) << log;
+  auto ref = open_model(out / "ref.klein"), q = open_model(out / "fp8.klein");
+  const UnitRef r = ref->acquire("transformer.double.0"), f = q->acquire("transformer.double.0");
+  EXPECT_EQ(r->get("attn.to_q.weight").dtype, DType::F32);
+  EXPECT_EQ(r->get("attn.norm_q.weight").dtype, DType::BF16);
+  EXPECT_EQ(f->get("attn.to_q.weight").dtype, DType::Q8);  // fp8 -> q8
+  EXPECT_EQ(f->get("attn.norm_q.weight").dtype, DType::BF16);
+  // The text encoder (BF16 in the tiny model) stays BF16, matrices included.
+  const UnitRef t = q->acquire("text_encoder.layer.0");
+  for (const Weight& w : t->weights()) EXPECT_EQ(w.dtype, DType::BF16) << w.name;
+  ASSERT_EQ(testing::run_klein("inspect -m " + arg(out / "fp8.klein"), &log), 0) << log;
+  EXPECT_NE(log.find("target keep"), std::string::npos) << log;
+}
+
 // klein inspect lists the fp8 tensors by type and counts them as parameters; the scales and
 // input scales are not unused tensors.
 TEST_F(Fp8Fixtures, InspectListsThem) {
