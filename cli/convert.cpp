@@ -79,14 +79,15 @@ void run_convert(const ConvertArgs& a) {
     std::printf("%s", convert::default_policy_text().c_str());
     return;
   }
-  check(!a.type.empty(), "convert: give the storage type with -t q4|q8|bf16|f16|f32");
+  check(!a.type.empty(), "convert: give the storage type with -t q4|q8|bf16|f16|f32|keep");
   check(!a.output.empty(), "convert: give the output file with -o FILE");
   check(a.alignment_kib >= 64 && (a.alignment_kib & (a.alignment_kib - 1)) == 0, "--align-kib ",
         a.alignment_kib, ": expected a power of two >= 64");
   convert::ConvertOptions o;
   o.source = a.paths;
   o.output = a.output;
-  o.target = convert::parse_storage_type(a.type, "-t");
+  o.keep = a.type == "keep";
+  if (!o.keep) o.target = convert::parse_storage_type(a.type, "-t");
   if (!a.policy.empty()) {
     o.policy_text = read_text_file(a.policy);
     o.policy_origin = a.policy;
@@ -128,7 +129,10 @@ static Registration reg("convert", 10, [](CLI::App& app) {
   cmd->add_option("-o,--output", a->output, "the container file to write");
   cmd->add_option("-t,--type", a->type,
                   "storage type of the weight matrices: q4, q8, bf16, f16 or f32 (the policy "
-                  "keeps sensitive tensors at higher precision)");
+                  "keeps sensitive tensors at higher precision), or keep: each tensor keeps its "
+                  "precision class (f32, bf16, f16 stay; fp8 becomes q8, whose 8-bit steps per "
+                  "block of 32 are finer than fp8's 3-bit mantissa on the large values, at 8.5 "
+                  "bits a value; bf16 would be exact at twice the size)");
   cmd->add_option("--policy", a->policy,
                   "precision policy file: lines \"<glob|re:regex|@1d> <type|>=type>\", first "
                   "match wins, before the built-in defaults");

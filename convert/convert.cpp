@@ -370,7 +370,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   const PrecisionPolicy policy =
       o.policy_text.empty() ? PrecisionPolicy()
                             : PrecisionPolicy::with_user_rules(o.policy_text, o.policy_origin);
-  (void)storage_format(o.target);  // fails early for a type this build cannot write
+  if (!o.keep) (void)storage_format(o.target);  // fails early for a type this build cannot write
   auto note = [&](const std::string& s) {
     if (o.stage) o.stage(s);
   };
@@ -457,6 +457,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   // Storage types, decided before anything is written.
   json fallbacks = json::array();
   std::map<std::string, std::vector<Planned>> plans;
+  const std::map<std::string, DType>& stored_types = origin.stored_types;
   for (const auto& u : units) {
     UnitRef ref = store->acquire(u);
     std::vector<const Weight*> ws;
@@ -467,7 +468,14 @@ ConvertSummary convert_model(const ConvertOptions& o) {
     for (const Weight* w : ws) {
       check(quant::is_storage_type(w->dtype) || w->dtype == DType::GGML, "tensor ", w->name, " is of type ",
             dtype_name(w->dtype), "; expected a weight storage type");
-      const auto choice = policy.choose(w->name, w->shape, o.target);
+      DType target = o.target;
+      if (o.keep && w->dtype == DType::GGML) {
+        target = keep_precision_ggml(w->layout, w->name);
+      } else if (o.keep) {
+        auto it = stored_types.find(w->name);
+        target = keep_precision(it != stored_types.end() ? it->second : w->dtype, w->name);
+      }
+      const auto choice = policy.choose(w->name, w->shape, target);
       DType type = choice.type;
       std::string why;
       if (!can_store(type, w->shape, &why)) {
@@ -532,7 +540,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
        {{"program", "klein"},
         {"version", KLEIN_VERSION},
         {"date", utc_now()},
-        {"target_type", storage_type_name(o.target)},
+        {"target_type", o.keep ? std::string("keep") : storage_type_name(o.target)},
         {"policy_file", o.policy_origin.empty() ? json(nullptr) : json(o.policy_origin)},
         {"policy", policy.text()},
         {"alignment", o.alignment},

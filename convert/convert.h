@@ -36,6 +36,9 @@ struct ConvertOptions {
   ModelPaths source;
   std::filesystem::path output;
   DType target = DType::Q4;
+  // -t keep: every tensor's target is the type that keeps its precision class in the source
+  // (keep_precision in convert/policy.h; `target` is then unused); the policy still applies.
+  bool keep = false;
   std::string policy_text;    // the user's policy rules; empty: the built-in defaults only
   std::string policy_origin;  // where they came from (file name), for errors and the record
   uint64_t alignment = container::kMinAlignment;

@@ -12,6 +12,7 @@
 #include <utf8proc.h>
 
 #include "core/error.h"
+#include "formats/gguf_types.h"
 #include "quant/types.h"
 
 namespace klein::convert {
@@ -145,6 +146,28 @@ DType parse_storage_type(std::string_view s, const std::string& where) {
 std::string storage_type_name(DType t) {
   const quant::StorageType* s = quant::find_storage_type(t);
   return s ? std::string(s->name) : lower(dtype_name(t));
+}
+
+DType keep_precision(DType stored, const std::string& tensor) {
+  switch (stored) {
+    case DType::F32:
+    case DType::BF16:
+    case DType::F16:
+    case DType::Q8:
+    case DType::Q4: return stored;
+    case DType::F8_E4M3:
+    case DType::F8_E5M2: return DType::Q8;
+    default: break;
+  }
+  fail("-t keep: tensor ", tensor, " is stored as ", dtype_name(stored),
+       ", which has no storage type to keep it in; give -t q4|q8|bf16|f16|f32");
+}
+
+DType keep_precision_ggml(uint32_t ggml_type, const std::string& tensor) {
+  const std::optional<gguf::TypeInfo> t = gguf::type_info(ggml_type);
+  check(t.has_value() && t->block_elems > 0, "-t keep: tensor ", tensor,
+        " has an unknown GGML type ", ggml_type);
+  return uint64_t(t->block_bytes) * 8 <= uint64_t(5) * t->block_elems ? DType::Q4 : DType::Q8;
 }
 
 std::vector<PolicyRule> parse_policy(std::string_view text, const std::string& origin) {

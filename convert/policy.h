@@ -46,6 +46,17 @@ struct PolicyRule {
 DType parse_storage_type(std::string_view s, const std::string& where);
 std::string storage_type_name(DType t);  // "bf16", ...
 
+// -t keep: the storage type that keeps the precision class of a tensor stored as `stored`.
+// Float types stay as they are (f32, bf16, f16); fp8 (F8_E4M3, F8_E5M2) becomes q8, the
+// nearest of our types: int8 blocks of 32 with their own scale have a step of 1/127 of the
+// block's largest value, finer than fp8's 3 (E4M3) or 2 (E5M2) mantissa bits on the values
+// that dominate a product, at 8.5 bits a value (bf16, exact, would double the size). Q8 and
+// Q4 stay. Throws naming `tensor` for a type it cannot keep.
+DType keep_precision(DType stored, const std::string& tensor);
+// The same for a GGUF tensor of GGML block type `ggml_type` (DType::GGML): q4 up to 5 bits a
+// weight (Q2_K..Q4_K, Q4_0, Q4_1), q8 above (Q5_*, Q6_K): never fewer bits than the file had.
+DType keep_precision_ggml(uint32_t ggml_type, const std::string& tensor);
+
 class PrecisionPolicy {
  public:
   // The built-in defaults only.

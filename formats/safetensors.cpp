@@ -24,8 +24,10 @@ DType parse_dtype(const std::string& s, const std::string& tensor, const std::st
   if (s == "I64") return DType::I64;
   if (s == "I32") return DType::I32;
   if (s == "U8") return DType::U8;
+  if (s == "F8_E4M3") return DType::F8_E4M3;
+  if (s == "F8_E5M2") return DType::F8_E5M2;
   fail(where, ": unsupported dtype ", s, " in tensor ", tensor,
-       " (supported: F32, F16, BF16; I64/I32/U8 for buffers)");
+       " (supported: F32, F16, BF16, F8_E4M3, F8_E5M2; I64/I32/U8 for buffers)");
 }
 
 uint64_t read_u64_le(const std::byte* p) {

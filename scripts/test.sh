@@ -16,9 +16,9 @@ if [[ "${1:-}" == "--sanitize" ]]; then
   export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 fi
-# The browser the web page's test drives (tests/server), and Python for the reference merge
-# of the LoRA tests (tools/lora), from Debian.
-bash scripts/install-packages.sh chromium python3
+# The browser the web page's test drives (tests/server), Python for the reference merge of
+# the LoRA tests (tools/lora) and numpy for the fp8 fixtures (tools/fp8), from Debian.
+bash scripts/install-packages.sh chromium python3 python3-numpy
 [[ -f "$dir/build.ninja" ]] || { echo "no build in ./$dir: run scripts/setup.sh first" >&2; exit 1; }
 cmake --build "$dir"
 labels=()

@@ -19,6 +19,8 @@ std::string_view dtype_name(DType t) {
     case DType::I32: return "I32";
     case DType::U8: return "U8";
     case DType::GGML: return "GGML";
+    case DType::F8_E4M3: return "F8_E4M3";
+    case DType::F8_E5M2: return "F8_E5M2";
   }
   return "?";
 }
@@ -30,7 +32,9 @@ size_t dtype_size(DType t) {
     case DType::BF16: return 2;
     case DType::I64: return 8;
     case DType::I32: return 4;
-    case DType::U8: return 1;
+    case DType::U8:
+    case DType::F8_E4M3:
+    case DType::F8_E5M2: return 1;
     case DType::Q8:
     case DType::Q4:
     case DType::GGML: return 0;
@@ -39,6 +43,34 @@ size_t dtype_size(DType t) {
 }
 
 bool dtype_is_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
+bool dtype_is_fp8(DType t) { return t == DType::F8_E4M3 || t == DType::F8_E5M2; }
+
+// value = (-1)^sign x 2^(e - bias) x 1.m for e > 0, 2^(1 - bias) x 0.m for e = 0; the float32
+// is built from its bits (the fp8 mantissa shifted to the top of float32's).
+float f8_e4m3_to_f32(uint8_t code) {
+  const uint32_t sign = uint32_t(code & 0x80u) << 24;
+  const uint32_t exp = (code >> 3) & 0xfu, mant = code & 0x7u;
+  uint32_t bits;
+  if (exp == 0xf && mant == 0x7) {
+    bits = sign | 0x7fc00000u;  // the only NaN; E4M3FN has no infinities
+  } else if (exp == 0) {
+    // Subnormal: mant x 2^-9, exact in float32 (a small integer times a power of two).
+    const float v = float(mant) * 0x1p-9f;
+    std::memcpy(&bits, &v, 4);
+    bits |= sign;
+  } else {
+    bits = sign | ((exp - 7 + 127) << 23) | (mant << 20);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+float f8_e5m2_to_f32(uint8_t code) {
+  // E5M2 is the upper byte of an IEEE half: the same sign, exponent and leading mantissa bits.
+  return f16_to_f32(uint16_t(code) << 8);
+}
 
 float f16_to_f32(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
@@ -145,6 +177,16 @@ void to_f32(DType t, const void* src, float* dst, size_t n) {
     case DType::F32: std::memcpy(dst, src, n * 4); return;
     case DType::BF16: bf16_to_f32(static_cast<const uint16_t*>(src), dst, n); return;
     case DType::F16: f16_to_f32(static_cast<const uint16_t*>(src), dst, n); return;
+    case DType::F8_E4M3:
+    case DType::F8_E5M2: {
+      // A table of the 256 values per call: cheaper than decoding each code once n > 256.
+      float table[256];
+      for (int c = 0; c < 256; ++c)
+        table[c] = t == DType::F8_E4M3 ? f8_e4m3_to_f32(uint8_t(c)) : f8_e5m2_to_f32(uint8_t(c));
+      const auto* codes = static_cast<const uint8_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = table[codes[i]];
+      return;
+    }
     default: break;
   }
   // Callers check the type first; reaching here is a programming error, not user input.

@@ -18,12 +18,19 @@ enum class DType : uint8_t {
   U8,
   GGML,  // a GGML block type read from a GGUF file (formats/gguf_types.h); the type id is in
          // the weight's layout byte. Only converting reads it (decoded to float32 per row).
+  F8_E4M3,  // 8-bit float, OCP "E4M3FN": bias 7, subnormals, no infinities, S.1111.111 is NaN
+  F8_E5M2,  // 8-bit float, IEEE-like: bias 15, subnormals, infinities and NaNs
 };
 
 std::string_view dtype_name(DType t);
 // Bytes per element for plain types; 0 for block-quantized types (see quant/blocks.h).
 size_t dtype_size(DType t);
 bool dtype_is_float(DType t);  // F32, F16 or BF16
+bool dtype_is_fp8(DType t);    // F8_E4M3 or F8_E5M2
+
+// The exact value of an 8-bit float code (every fp8 value is a float32 value).
+float f8_e4m3_to_f32(uint8_t code);
+float f8_e5m2_to_f32(uint8_t code);
 
 inline float bf16_to_f32(uint16_t h) {
   uint32_t bits = uint32_t(h) << 16;
@@ -49,7 +56,7 @@ void bf16_to_f32(const uint16_t* src, float* dst, size_t n);
 void f16_to_f32(const uint16_t* src, float* dst, size_t n);
 void f32_to_bf16(const float* src, uint16_t* dst, size_t n);
 void f32_to_f16(const float* src, uint16_t* dst, size_t n);
-// Any float type (F32, F16, BF16) to float32.
+// Any float type (F32, F16, BF16, F8_E4M3, F8_E5M2) to float32, exactly.
 void to_f32(DType t, const void* src, float* dst, size_t n);
 
 }  // namespace klein

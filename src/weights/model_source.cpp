@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -13,6 +14,7 @@
 #include "weights/container_store.h"
 #include "weights/expected.h"
 #include "weights/gguf_source.h"
+#include "weights/fp8.h"
 #include "weights/source_store.h"
 
 namespace klein {
@@ -118,8 +120,13 @@ SourceComponent open_component(Component kind, const Located& where) {
     return c;
   }
   c.files = std::make_unique<SafetensorsSet>(weights);
+  // fp8 scales and markers travel beside the weights; the name mapping sees the weights only.
+  Fp8Tensors fp8 = find_fp8_tensors(*c.files, weights.string());
+  c.fp8_scales = std::move(fp8.scale_of);
+  const std::set<std::string> companions(fp8.companions.begin(), fp8.companions.end());
   std::vector<NamedShape> names;
-  for (const auto& t : c.files->tensors()) names.push_back({t.entry->name, t.entry->shape});
+  for (const auto& t : c.files->tensors())
+    if (!companions.count(t.entry->name)) names.push_back({t.entry->name, t.entry->shape});
   c.layout = detect_layout(kind, names);
   c.tensors = map_component(kind, names, weights.string());
   return c;

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "weights/gguf_source.h"
+#include "weights/fp8.h"
 
 namespace klein {
 
@@ -44,9 +45,14 @@ class SourceStore::Unit final : public WeightUnit {
  public:
   Unit(SourceStore& store, std::string name, std::string prefix)
       : WeightUnit(std::move(name), std::move(prefix)), store_(store) {}
-  ~Unit() override { store_.unit_gone(name()); }
+  ~Unit() override {
+    if (registered) store_.unit_gone(name());
+  }
   using WeightUnit::add;
   std::vector<std::vector<std::byte>> owned;
+  // Set once the store lists the unit as live: a unit whose building failed (an fp8 weight
+  // holding NaN) goes without telling the store, whose lock is held while it is built.
+  bool registered = false;
 
  private:
   SourceStore& store_;
@@ -62,9 +68,14 @@ SourceStore::SourceStore(std::vector<SourceComponent> components, ModelConfig co
       units_[u->unit].push_back({&c, &t});
       prefixes_[u->unit] = u->prefix;
     }
-  for (const auto& [name, _] : units_) {
+  for (const auto& [name, pending] : units_) {
     uint64_t n = 0;
     for (const auto& [data, size] : ranges_of(name)) n += size;
+    // An fp8 weight is held as float32 while its unit is acquired: four bytes a value.
+    for (const auto& p : pending)
+      if (const auto* l = p.component->files ? p.component->files->find(p.source->source) : nullptr;
+          l && dtype_is_fp8(l->entry->dtype))
+        n += 3 * uint64_t(numel(canonical_shape(*p.source, l->entry->shape)));
     bytes_[name] = n;
   }
 }
@@ -157,6 +168,28 @@ UnitRef SourceStore::acquire(const std::string& unit) {
       w.nbytes = u->owned.back().size();
       w.dtype = DType::F32;
       w.layout = 0;
+    } else if (dtype_is_fp8(w.dtype)) {
+      // fp8 (and its scale) to float32, exactly as the checkpoint defines the values.
+      const TensorView* scale = nullptr;
+      TensorView scale_view;
+      if (auto it = p.component->fp8_scales.find(src.source); it != p.component->fp8_scales.end()) {
+        const auto* s = p.component->files->find(it->second);
+        check(s != nullptr, "internal: scale ", it->second, " vanished");
+        scale_view = s->file->view(*s->entry);
+        scale = &scale_view;
+      }
+      const int64_t cols = v->shape.empty() ? 1 : numel(v->shape) / v->shape[0];
+      const int64_t r0 = src.row_end >= 0 ? src.row_begin : 0;
+      const int64_t r1 = src.row_end >= 0 ? src.row_end : (v->shape.empty() ? 1 : v->shape[0]);
+      std::vector<std::byte> buf(size_t(r1 - r0) * size_t(cols) * sizeof(float));
+      decode_fp8_rows(v->dtype, static_cast<const std::byte*>(v->data), r0, r1, cols, scale,
+                      src.canonical + " (" + src.source + " in " +
+                          p.component->path().string() + ")",
+                      reinterpret_cast<float*>(buf.data()));
+      u->owned.push_back(std::move(buf));
+      w.dtype = DType::F32;
+      w.data = u->owned.back().data();
+      w.nbytes = u->owned.back().size();
     }
     if (src.swap_halves) {
       // Rebuild [second half; first half] so the model always sees diffusers' order.
@@ -170,6 +203,7 @@ UnitRef SourceStore::acquire(const std::string& unit) {
     u->add(std::move(w));
   }
   live_[unit] = u;
+  u->registered = true;
   if (residency_ == Residency::Resident) kept_[unit] = u;
   tracker_.acquired(unit, bytes_[unit]);
   return u;
@@ -251,8 +285,12 @@ StoreOrigin SourceStore::origin() const {
     if (c.gguf && o.needs_conversion.empty() && !decode_blocks_)
       o.needs_conversion = gguf_needs_conversion(
           *c.gguf, c.component == Component::Transformer ? "--diffusion-model" : "--text-encoder");
-    for (const auto& t : c.tensors)
+    for (const auto& t : c.tensors) {
       if (!unit_of(t.canonical)) o.unused_tensors.push_back(t.canonical);
+      if (const auto* l = c.files ? c.files->find(t.source) : nullptr;
+          l && dtype_is_fp8(l->entry->dtype))
+        o.stored_types[t.canonical] = l->entry->dtype;
+    }
   }
   return o;
 }

@@ -35,6 +35,10 @@ struct SourceComponent {
   // The mapped files, and the path the component was opened from (file or .index.json).
   std::vector<const MappedFile*> mapped() const;
   std::filesystem::path path() const;
+  // fp8 weights' scale tensors (source names; weights/fp8.h). An fp8 weight is decoded to
+  // float32 when its unit is acquired (value = code x scale); the companions of fp8 weights
+  // (scales, input scales, markers) are not in `tensors`.
+  std::map<std::string, std::string> fp8_scales;
 };
 
 class SourceStore final : public WeightStore {

@@ -18,7 +18,7 @@ using json = nlohmann::json;
 void TensorCounts::add(DType dtype, const Shape& shape) {
   const int64_t n = numel(shape);
   tensors += 1;
-  if (dtype_is_float(dtype)) parameters += n;
+  if (dtype_is_float(dtype) || dtype_is_fp8(dtype)) parameters += n;
   bytes += uint64_t(n) * dtype_size(dtype);
 }
 

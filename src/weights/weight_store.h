@@ -24,6 +24,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <utility>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -81,6 +82,9 @@ struct StoreOrigin {
   std::vector<std::pair<const std::byte*, size_t>> mappings;
   // Tensors of the checkpoint that no unit uses (e.g. the text encoder's unused head).
   std::vector<std::string> unused_tensors;
+  // The type a tensor has in the checkpoint where its views show another (canonical name ->
+  // type): fp8 weights, which a source store hands out as float32.
+  std::map<std::string, DType> stored_types;
   const nlohmann::json* container_metadata = nullptr;  // a klein container's metadata
   // Why the weights must be converted before a network can run on them (a GGUF file of
   // quantized GGML types), with the command; empty when they can run as they are.

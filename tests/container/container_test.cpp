@@ -696,6 +696,22 @@ TEST(Policy, DefaultsKeepSensitiveTensorsAtFloat) {
   EXPECT_EQ(type("transformer.x_embedder.weight", {3072, 128}, DType::F32), DType::F32);
 }
 
+// -t keep: every source type to the storage type of its precision class, never fewer bits.
+TEST(Policy, KeepGivesEachSourceTypeItsClass) {
+  using convert::keep_precision;
+  using convert::keep_precision_ggml;
+  for (DType t : {DType::F32, DType::BF16, DType::F16, DType::Q8, DType::Q4})
+    EXPECT_EQ(keep_precision(t, "w"), t) << dtype_name(t);
+  EXPECT_EQ(keep_precision(DType::F8_E4M3, "w"), DType::Q8);
+  EXPECT_EQ(keep_precision(DType::F8_E5M2, "w"), DType::Q8);
+  // GGML type ids (gguf-py constants): Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q2_K 10, Q3_K 11,
+  // Q4_K 12, Q5_K 13, Q6_K 14.
+  for (uint32_t q4 : {2u, 3u, 10u, 11u, 12u}) EXPECT_EQ(keep_precision_ggml(q4, "w"), DType::Q4) << q4;
+  for (uint32_t q8 : {6u, 7u, 13u, 14u}) EXPECT_EQ(keep_precision_ggml(q8, "w"), DType::Q8) << q8;
+  EXPECT_THROW(keep_precision_ggml(4, "w"), Error);  // 4 is not a GGML type (removed Q4_2)
+  EXPECT_THROW(keep_precision(DType::I32, "w"), Error);
+}
+
 TEST(Policy, UserRulesComeFirstAndFirstMatchWins) {
   const auto p = convert::PrecisionPolicy::with_user_rules(
       "# mine\n"

@@ -154,10 +154,23 @@ TEST_F(Safetensors, TensorEntryThatIsNotAnObject) {
 }
 
 TEST_F(Safetensors, UnsupportedDtype) {
-  EXPECT_THAT(refused(one_tensor("blocks.0.w", R"("F8_E4M3")", "[4]", "[0,4]"), 4),
-              HasSubstr("unsupported dtype F8_E4M3 in tensor blocks.0.w"));
+  EXPECT_THAT(refused(one_tensor("blocks.0.w", R"("F8_E4M3FNUZ")", "[4]", "[0,4]"), 4),
+              HasSubstr("unsupported dtype F8_E4M3FNUZ in tensor blocks.0.w"));
   testing::write_raw_safetensors(file("d.safetensors"), one_tensor("w", "7", "[4]", "[0,4]"), 4);
   EXPECT_THAT(open_error(file("d.safetensors")), HasSubstr("tensor w: dtype is not a string"));
+}
+
+TEST_F(Safetensors, Fp8TensorsAreOneBytePerElement) {
+  for (const char* type : {"F8_E4M3", "F8_E5M2"}) {
+    testing::write_raw_safetensors(file("f.safetensors"),
+                                   one_tensor("w", std::string("\"") + type + "\"", "[2,3]", "[0,6]"), 6);
+    SafetensorsFile f(file("f.safetensors"));
+    ASSERT_EQ(f.entries().size(), 1u);
+    EXPECT_EQ(dtype_name(f.entries()[0].dtype), type);
+    EXPECT_EQ(f.view(f.entries()[0]).nbytes, 6u);
+  }
+  testing::write_raw_safetensors(file("g.safetensors"), one_tensor("w", R"("F8_E5M2")", "[2,3]", "[0,12]"), 12);
+  EXPECT_THAT(open_error(file("g.safetensors")), HasSubstr("x F8_E5M2 needs 6 bytes but data_offsets span 12"));
 }
 
 TEST_F(Safetensors, ShapeThatDisagreesWithTheOffsetSpan) {
