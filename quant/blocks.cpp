@@ -203,6 +203,13 @@ void q4_trial_errors(const float* x, const float* d, const float* inv_d, const f
 }
 
 void quantize_q8(const float* x, BlockQ8* out, int64_t n) {
+#if defined(KLEIN_X86)
+  if (cpu_features().avx512) return quantize_q8_avx512(x, out, n);
+#endif
+  quantize_q8_scalar(x, out, n);
+}
+
+void quantize_q8_scalar(const float* x, BlockQ8* out, int64_t n) {
   for (int64_t b = 0; b < n / kBlock; ++b, x += kBlock) {
     float amax = 0;
     for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(x[i]));

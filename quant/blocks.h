@@ -99,6 +99,7 @@ inline float round_even(float v) {
 // float operations in the same order, and the files that hold them are compiled without
 // contraction into fused multiply-adds).
 void quantize_q8(const float* x, BlockQ8* out, int64_t n);
+void quantize_q8_scalar(const float* x, BlockQ8* out, int64_t n);  // the reference
 void dequantize_q8(const BlockQ8* in, float* out, int64_t n);
 void quantize_q4(const float* x, BlockQ4* out, int64_t n);
 void dequantize_q4(const BlockQ4* in, float* out, int64_t n);
@@ -120,6 +121,7 @@ void q4_levels_scalar(const float* x, float inv_d, float z, uint8_t* q);
 #if defined(KLEIN_X86)
 // Callable only when the CPU has the instructions (cpu_features()).
 void q4_levels_avx512(const float* x, float inv_d, float z, uint8_t* q);
+void quantize_q8_avx512(const float* x, BlockQ8* out, int64_t n);
 void q4_trial_errors_avx2(const float* x, const float* d, const float* inv_d, const float* z,
                           int n, float* err);
 void q4_trial_errors_avx512(const float* x, const float* d, const float* inv_d, const float* z,

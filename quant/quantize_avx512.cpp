@@ -54,3 +54,37 @@ void q4_levels_avx512(const float* x, float inv_d, float z, uint8_t* q) {
 }
 
 }  // namespace klein::quant
+
+namespace klein::quant {
+
+// quantize_q8_scalar's operations on 16 values at a time: the largest magnitude (a maximum
+// is exact in any order), the f16 scale by F16C (the same rounding as f32_to_f16), then
+// q = round_even(clamp(x / d, -127, 127)).
+void quantize_q8_avx512(const float* x, BlockQ8* out, int64_t n) {
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f),
+               magic = _mm512_set1_ps(12582912.0f);
+  for (int64_t b = 0; b < n / kBlock; ++b, x += kBlock) {
+    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+    auto to_half = [](float f) {
+      return uint16_t(_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT), 0));
+    };
+    auto from_half = [](uint16_t h) {
+      return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+    };
+    uint16_t scale = to_half(amax / 127.0f);
+    if (from_half(scale) * 127.0f < amax && scale < 0x7bff) ++scale;
+    out[b].scale = scale;
+    const float d = from_half(scale);
+    const __m512 inv = _mm512_set1_ps(d > 0 ? 1.0f / d : 0.0f);
+    auto levels = [&](__m512 v) {
+      v = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v, inv), lo), hi);
+      return _mm512_cvtepi32_epi8(
+          _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_add_ps(v, magic), magic)));
+    };
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].q), levels(x0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out[b].q + 16), levels(x1));
+  }
+}
+
+}  // namespace klein::quant

@@ -302,6 +302,26 @@ TEST(Blocks, Q4SearchGivesTheBytesOfThePlainSearch) {
   EXPECT_EQ(differ, 0);
 }
 
+// Q8 on every ISA gives the scalar reference's bytes, on the search's varied blocks and on
+// values that land exactly between two levels.
+TEST(Blocks, Q8SameBytesOnEveryIsa) {
+  std::vector<float> v = q4_search_blocks(3000);
+  for (int i = 0; i < kBlock; ++i) v.push_back(float(i - 16) + 0.5f);  // ties, d = 16/127
+  const int64_t n = int64_t(v.size());
+  std::vector<BlockQ8> want(size_t(n / kBlock)), got(size_t(n / kBlock));
+  quantize_q8_scalar(v.data(), want.data(), n);
+  quantize_q8(v.data(), got.data(), n);
+  for (size_t b = 0; b < want.size(); ++b)
+    ASSERT_EQ(std::memcmp(&want[b], &got[b], sizeof(BlockQ8)), 0) << "block " << b;
+#if defined(KLEIN_X86)
+  if (cpu_features().avx512) {
+    quantize_q8_avx512(v.data(), got.data(), n);
+    for (size_t b = 0; b < want.size(); ++b)
+      ASSERT_EQ(std::memcmp(&want[b], &got[b], sizeof(BlockQ8)), 0) << "avx512, block " << b;
+  }
+#endif
+}
+
 // Every vector form of the candidates' error gives the scalar reference's bits, for lists
 // of every length (the vector tails) and candidates the search makes.
 TEST(Blocks, Q4TrialErrorsSameBitsOnEveryIsa) {
