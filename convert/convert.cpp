@@ -502,8 +502,12 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   TensorConverter conv(out, pool, pages, o, adapters);
   ConvertSummary summary;
   const Clock::time_point t0 = Clock::now();
+  if (!units.empty()) store->prefetch(units[0]);
   for (size_t i = 0; i < units.size(); ++i) {
     check_cancel(o);
+    // The kernel reads the next unit's source while this one is converted (a cold page cache
+    // otherwise stalls the packing threads on every fault).
+    if (i + 1 < units.size()) store->prefetch(units[i + 1]);
     UnitRef ref = store->acquire(units[i]);
     std::vector<const Weight*> ws;
     for (const auto& w : ref->weights()) ws.push_back(&w);
