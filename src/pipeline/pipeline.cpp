@@ -242,6 +242,10 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
         "is the initial noise");
   if (o.noise_file.empty()) r.seed = o.seed.value_or(fresh_seed());
   g.guided = flux2::uses_guidance(config, r.guidance);
+  r.guided = g.guided;
+  if (config.is_distilled && ((o.guidance && *o.guidance != 1.0f) || !o.negative_prompt.empty()))
+    warn(g, progress, "this model is distilled (no classifier-free guidance): the guidance and "
+                      "the negative prompt have no effect and are not recorded in the image");
   r.fast = runs_fast(o.precision, weights_);
 
   // Memory: how much this generation needs, resident or paged, against the budget.
@@ -521,8 +525,12 @@ std::string parameters_text(const GenerateOptions& o, const GenerateResult& r,
                             const std::string& model_name) {
   std::ostringstream s;
   s << o.prompt << "\n";
-  if (!o.negative_prompt.empty()) s << "Negative prompt: " << o.negative_prompt << "\n";
-  s << "Steps: " << r.steps << ", Sampler: Euler (flow matching), CFG scale: " << r.guidance
+  // Only what took effect: a distilled model (or guidance 1) runs no CFG, so its image owes
+  // nothing to a guidance or a negative prompt that was given.
+  if (r.guided && !o.negative_prompt.empty())
+    s << "Negative prompt: " << o.negative_prompt << "\n";
+  s << "Steps: " << r.steps << ", Sampler: Euler (flow matching), CFG scale: "
+    << (r.guided ? r.guidance : 1.0f)
     << (r.seed ? ", Seed: " + std::to_string(*r.seed) : std::string(", Noise: from a file"))
     << ", Size: " << r.width << "x" << r.height
     << ", Model: " << model_name;
@@ -541,10 +549,10 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
                             const std::string& model_name, const std::string& model_checksum) {
   nlohmann::ordered_json j;
   j["prompt"] = o.prompt;
-  j["negative_prompt"] = o.negative_prompt;
+  j["negative_prompt"] = r.guided ? o.negative_prompt : std::string();
   j["steps"] = r.steps;
   j["sampler"] = "euler_flow_matching";
-  j["guidance"] = r.guidance;
+  j["guidance"] = r.guided ? r.guidance : 1.0f;
   j["seed"] = r.seed ? nlohmann::json(*r.seed) : nlohmann::json(nullptr);  // none: --noise
   j["width"] = r.width;
   j["height"] = r.height;

@@ -99,6 +99,7 @@ struct GenerateResult {
   std::optional<uint64_t> seed;  // none when the noise came from a file
   int64_t width = 0, height = 0, steps = 0;
   float guidance = 1;
+  bool guided = false;  // guidance took effect: CFG with the negative prompt (base models, > 1)
   bool context_from_cache = false;
   bool fast = false;  // the precision used: true = Fast (see Precision)
   std::vector<std::pair<std::string, double>> timings;  // phase → seconds, in order

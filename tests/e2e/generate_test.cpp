@@ -166,6 +166,30 @@ TEST(GenerateCli, NoiseFromAFileRecordsNoSeed) {
   EXPECT_NE(log.find("--seed"), std::string::npos) << log;
 }
 
+// A distilled model runs no CFG: a guidance or a negative prompt given to it is reported as
+// having no effect and is not recorded in the image (only what made the image is).
+TEST(GenerateCli, DistilledModelRecordsNoGuidanceItIgnored) {
+  const fs::path out = testing::temp_dir("distilled-guidance");
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate -m " + testing::tiny_model().string() +
+                                   " -p x -W 64 -H 64 -s 2 --seed 1 --no-cache -g 4 -n blurry -o " +
+                                   (out / "a.png").string(),
+                               &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("have no effect"), std::string::npos) << log;
+  std::string text, json;
+  for (const auto& [key, value] : read_image_metadata(out / "a.png")) {
+    if (key == "parameters") text = value;
+    if (key == "klein") json = value;
+  }
+  EXPECT_EQ(text.find("Negative prompt"), std::string::npos) << text;
+  EXPECT_EQ(text.find("blurry"), std::string::npos) << text;
+  EXPECT_NE(text.find("CFG scale: 1,"), std::string::npos) << text;
+  EXPECT_EQ(json.find("blurry"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"guidance\":1"), std::string::npos) << json;
+}
+
 // --preview: after the run the file holds the last step's preview, one pixel per 8x8, made
 // from the clean estimate of that step's dumped latents and velocity.
 TEST(GenerateCli, PreviewShowsTheLastStepsCleanEstimate) {
