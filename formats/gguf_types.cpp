@@ -223,6 +223,7 @@ void decode_row(TensorType t, const void* src, float* dst, int64_t n) {
         "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)");
   check(n % info.block_elems == 0, "a row of ", n, " elements is not whole ", info.name, " blocks of ",
         info.block_elems);
+  if (n == 0) return;  // an empty row: nothing to read, and either pointer may be null
   const auto* p = static_cast<const uint8_t*>(src);
   switch (t) {
     case TensorType::F32:

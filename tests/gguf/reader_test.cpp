@@ -281,5 +281,25 @@ TEST(GgufReader, UndecodableTypesSayWhich) {
               AllOf(HasSubstr("tensor iq"), HasSubstr("IQ2_XXS cannot be read")));
 }
 
+// A tensor with a zero-length dimension has rows of no elements: decoding one reads and writes
+// nothing, whatever the pointers (the parser fuzzer found a memcpy from such a row into the
+// null data of an empty vector; the sanitizer stage of the tests catches a regression).
+TEST(GgufReader, EmptyRowsDecodeToNothing) {
+  for (uint32_t type : {0u, 1u, 30u, 8u}) {  // F32, F16, BF16, Q8_0
+    Builder b;
+    b.header(1, 0);
+    b.tensor("e", {0, 3}, type, 0);
+    b.pad();
+    const gguf::File f(b.write("empty-rows.gguf"));
+    const gguf::TensorInfo* t = f.find("e");
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->rows(), 3);
+    EXPECT_EQ(t->row_elems(), 0);
+    std::vector<float> none;
+    f.decode_rows(*t, 0, 3, none.data());
+    EXPECT_TRUE(none.empty());
+  }
+}
+
 }  // namespace
 }  // namespace klein
