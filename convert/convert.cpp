@@ -27,6 +27,7 @@
 #include "quant/types.h"
 #include "tokenizer/tokenizer.h"
 #include "weights/container_store.h"
+#include "weights/fp8.h"
 #include "weights/naming.h"
 #include "weights/source_store.h"
 
@@ -209,6 +210,11 @@ void read_rows(const Weight& w, int64_t r0, int64_t r1, float* out) {
                        out + (r - r0) * cols, cols);
     return;
   }
+  if (dtype_is_fp8(w.dtype)) {  // codes x scale, as the checkpoint defines them
+    decode_fp8_rows(w.dtype, static_cast<const std::byte*>(w.data), r0, r1, cols, w.scale,
+                    w.scale_count, w.name, out);
+    return;
+  }
   if (dtype_is_float(w.dtype) && w.layout == 0) {
     const size_t row_bytes = size_t(cols) * dtype_size(w.dtype);
     to_f32(w.dtype, static_cast<const std::byte*>(w.data) + size_t(r0) * row_bytes, out,
@@ -326,7 +332,7 @@ class TensorConverter {
                     packed_.data() + storage_size(p.format, a - r0, cols));
         });
         out_.write(packed_.data(), storage_size(p.format, r1 - r0, cols));
-        if (dtype_is_float(w.dtype) && w.layout == 0)
+        if ((dtype_is_float(w.dtype) || dtype_is_fp8(w.dtype)) && w.layout == 0)
           pages_.drop(static_cast<const std::byte*>(w.data) + size_t(r0) * src_row_bytes,
                       size_t(r1 - r0) * src_row_bytes);
       }
@@ -377,6 +383,8 @@ ConvertSummary convert_model(const ConvertOptions& o) {
 
   note("opening the source model");
   std::unique_ptr<WeightStore> store = open_model(o.source);
+  // fp8 weights as stored: read_rows decodes each slice (a unit in float32 would be ~1 GB).
+  if (auto* source = dynamic_cast<SourceStore*>(store.get())) source->set_decode_fp8(false);
   const ModelConfig& config = store->config();
   check(config.undecided_variant.empty(), config.undecided_variant);
   const TokenizerBytes tokenizer = read_tokenizer_files(o.source);
@@ -466,7 +474,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
               [](const Weight* a, const Weight* b) { return a->name < b->name; });
     auto& plan = plans[u];
     for (const Weight* w : ws) {
-      check(quant::is_storage_type(w->dtype) || w->dtype == DType::GGML, "tensor ", w->name, " is of type ",
+      check(quant::is_storage_type(w->dtype) || w->dtype == DType::GGML || dtype_is_fp8(w->dtype), "tensor ", w->name, " is of type ",
             dtype_name(w->dtype), "; expected a weight storage type");
       DType target = o.target;
       if (o.keep && w->dtype == DType::GGML) {

@@ -122,14 +122,19 @@ Fp8Tensors find_fp8_tensors(const SafetensorsSet& files, const std::string& wher
   return out;
 }
 
+std::vector<float> fp8_scale_values(const TensorView& scale) {
+  std::vector<float> out(size_t(numel(scale.shape)));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = value_at(scale, i);
+  return out;
+}
+
 void decode_fp8_rows(DType type, const std::byte* codes, int64_t r0, int64_t r1, int64_t cols,
-                     const TensorView* scale, const std::string& name, float* out) {
-  const int64_t scales = scale ? numel(scale->shape) : 0;
+                     const float* scale, int64_t scale_count, const std::string& name, float* out) {
   for (int64_t r = r0; r < r1; ++r) {
     float* row = out + size_t(r - r0) * size_t(cols);
     to_f32(type, codes + size_t(r) * size_t(cols), row, size_t(cols));
     if (scale) {
-      const float s = value_at(*scale, size_t(scales == 1 ? 0 : r));
+      const float s = scale[scale_count == 1 ? 0 : r];
       for (int64_t c = 0; c < cols; ++c) row[c] *= s;
     }
     for (int64_t c = 0; c < cols; ++c)

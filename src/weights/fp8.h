@@ -34,9 +34,14 @@ struct Fp8Tensors {
 // "scaled_fp8" marker means every fp8 weight has a scale. Throws naming file and tensor.
 Fp8Tensors find_fp8_tensors(const SafetensorsSet& files, const std::string& where);
 
-// Float32 values of rows [r0, r1) of an fp8 source tensor of `cols` columns: code x scale
-// (`scale` null: 1). Refuses NaN and infinities (naming `name`, the row and the column).
+// The values of a scale tensor (F32, F16 or BF16) as float32: exact, as every such value is one.
+std::vector<float> fp8_scale_values(const TensorView& scale);
+
+// Float32 values of rows [r0, r1) of an fp8 tensor of `cols` columns whose codes start at
+// `codes`: code x scale, the product rounded once to float32, with one scale for the tensor
+// (scale_count 1), one per row (scale[r]) or none (scale null: 1). Refuses NaN and infinities
+// (naming `name`, the row and the column).
 void decode_fp8_rows(DType type, const std::byte* codes, int64_t r0, int64_t r1, int64_t cols,
-                     const TensorView* scale, const std::string& name, float* out);
+                     const float* scale, int64_t scale_count, const std::string& name, float* out);
 
 }  // namespace klein

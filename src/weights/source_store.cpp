@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -71,7 +72,8 @@ SourceStore::SourceStore(std::vector<SourceComponent> components, ModelConfig co
   for (const auto& [name, pending] : units_) {
     uint64_t n = 0;
     for (const auto& [data, size] : ranges_of(name)) n += size;
-    // An fp8 weight is held as float32 while its unit is acquired: four bytes a value.
+    // An fp8 weight is held as float32 while its unit is acquired (decode_fp8_ is on unless
+    // a convert asks otherwise): four bytes a value.
     for (const auto& p : pending)
       if (const auto* l = p.component->files ? p.component->files->find(p.source->source) : nullptr;
           l && dtype_is_fp8(l->entry->dtype))
@@ -169,30 +171,42 @@ UnitRef SourceStore::acquire(const std::string& unit) {
       w.dtype = DType::F32;
       w.layout = 0;
     } else if (dtype_is_fp8(w.dtype)) {
-      // fp8 (and its scale) to float32, exactly as the checkpoint defines the values.
-      const TensorView* scale = nullptr;
-      TensorView scale_view;
+      // The scale, as float32 values kept by the unit (one, or one per row of this range).
+      std::vector<float> scale;
       if (auto it = p.component->fp8_scales.find(src.source); it != p.component->fp8_scales.end()) {
         const auto* s = p.component->files->find(it->second);
         check(s != nullptr, "internal: scale ", it->second, " vanished");
-        scale_view = s->file->view(*s->entry);
-        scale = &scale_view;
+        scale = fp8_scale_values(s->file->view(*s->entry));
+        if (scale.size() > 1 && src.row_end >= 0)
+          scale = std::vector<float>(scale.begin() + src.row_begin, scale.begin() + src.row_end);
       }
-      const int64_t cols = v->shape.empty() ? 1 : numel(v->shape) / v->shape[0];
-      const int64_t r0 = src.row_end >= 0 ? src.row_begin : 0;
-      const int64_t r1 = src.row_end >= 0 ? src.row_end : (v->shape.empty() ? 1 : v->shape[0]);
-      std::vector<std::byte> buf(size_t(r1 - r0) * size_t(cols) * sizeof(float));
-      decode_fp8_rows(v->dtype, static_cast<const std::byte*>(v->data), r0, r1, cols, scale,
-                      src.canonical + " (" + src.source + " in " +
-                          p.component->path().string() + ")",
-                      reinterpret_cast<float*>(buf.data()));
-      u->owned.push_back(std::move(buf));
-      w.dtype = DType::F32;
-      w.data = u->owned.back().data();
-      w.nbytes = u->owned.back().size();
+      const int64_t rows = w.rows(), cols = w.cols();
+      if (decode_fp8_) {
+        // fp8 (and its scale) to float32, exactly as the checkpoint defines the values.
+        std::vector<std::byte> buf(size_t(rows) * size_t(cols) * sizeof(float));
+        decode_fp8_rows(w.dtype, static_cast<const std::byte*>(w.data), 0, rows, cols,
+                        scale.empty() ? nullptr : scale.data(), int64_t(scale.size()),
+                        src.canonical + " (" + src.source + " in " + p.component->path().string() + ")",
+                        reinterpret_cast<float*>(buf.data()));
+        u->owned.push_back(std::move(buf));
+        w.dtype = DType::F32;
+        w.data = u->owned.back().data();
+        w.nbytes = u->owned.back().size();
+      } else if (!scale.empty()) {
+        // As stored: the reader decodes the rows it needs (convert, a slice at a time). The
+        // rows' halves are swapped below, and with them a per-row scale's.
+        if (scale.size() > 1 && src.swap_halves)
+          std::rotate(scale.begin(), scale.begin() + ptrdiff_t(scale.size() / 2), scale.end());
+        std::vector<std::byte> buf(scale.size() * sizeof(float));
+        std::memcpy(buf.data(), scale.data(), buf.size());
+        u->owned.push_back(std::move(buf));
+        w.scale = reinterpret_cast<const float*>(u->owned.back().data());
+        w.scale_count = int64_t(scale.size());
+      }
     }
     if (src.swap_halves) {
-      // Rebuild [second half; first half] so the model always sees diffusers' order.
+      // Rebuild [second half; first half] so the model always sees diffusers' order (a
+      // per-row fp8 scale was turned above).
       std::vector<std::byte> buf(w.nbytes);
       const size_t half = w.nbytes / 2;
       std::memcpy(buf.data(), static_cast<const std::byte*>(w.data) + half, half);

@@ -59,6 +59,10 @@ class SourceStore final : public WeightStore {
   // acquired: the exact values a quantized GGUF stands for, at float32 memory per unit (klein
   // report's reference). Off: they are handed out as stored, for convert.
   void set_decode_blocks(bool on) { decode_blocks_ = on; }
+  // FP8 weights decoded to float32 when their unit is acquired (on, the default: what the
+  // kernels and report read). Off: handed out as stored with their scale (Weight::scale), so
+  // that convert decodes a slice at a time instead of holding a unit in float32.
+  void set_decode_fp8(bool on) { decode_fp8_ = on; }
 
   void set_residency(Residency r) override;
   Residency residency() const override;
@@ -87,6 +91,7 @@ class SourceStore final : public WeightStore {
   std::map<std::string, UnitRef> kept_;  // resident: units stay until release()
   Residency residency_ = Residency::Paged;
   bool decode_blocks_ = false;
+  bool decode_fp8_ = true;
 };
 
 }  // namespace klein

@@ -44,6 +44,11 @@ struct Weight {
   const void* data = nullptr;
   size_t nbytes = 0;
   uint8_t layout = 0;     // quant::Layout of the bytes (0 = plain row-major)
+  // An fp8 weight handed out as stored (SourceStore::set_decode_fp8(false), for convert):
+  // value = decode(code) x scale[0] (scale_count 1) or x scale[row] (one per row); no scale:
+  // 1. Owned by the unit.
+  const float* scale = nullptr;
+  int64_t scale_count = 0;
 
   int64_t rows() const { return shape.empty() ? 1 : shape[0]; }
   int64_t cols() const { return shape.empty() ? 1 : klein::numel(shape) / shape[0]; }

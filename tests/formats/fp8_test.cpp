@@ -12,6 +12,7 @@
 #include "formats/st_files.h"
 #include "support/testing.h"
 #include "weights/model_source.h"
+#include "weights/fp8.h"
 #include "weights/source_store.h"
 
 namespace klein {
@@ -85,6 +86,47 @@ TEST_F(Fp8Model, PerRowScalesMultiplyTheDecodedCodes) {
   // The companions are consumed: not reported as unused tensors.
   EXPECT_THAT(store->origin().unused_tensors, ::testing::Not(::testing::Contains(HasSubstr("scale"))));
   EXPECT_EQ(store->origin().stored_types.at("transformer.x_embedder.weight"), DType::F8_E4M3);
+}
+
+// For convert the store hands fp8 weights out as stored, with their scale, so that no unit is
+// held in float32; the codes and scales give the same values a slice at a time.
+TEST_F(Fp8Model, AsStoredForConvertWithTheirScale) {
+  std::vector<float> scale(kRows);
+  for (int64_t r = 0; r < kRows; ++r) scale[size_t(r)] = float(r + 1) / 64.0f;
+  write([&](std::vector<StTensor>& t) {
+    t.push_back(fp8_embedder());
+    t.push_back({"x_embedder.weight_scale", "F32", {kRows, 1}, f32_bytes(scale)});
+  });
+  auto store = open_model(copy_.dir());
+  auto* source = dynamic_cast<SourceStore*>(store.get());
+  ASSERT_NE(source, nullptr);
+  source->set_decode_fp8(false);
+  const UnitRef u = store->acquire("transformer.shared");
+  const Weight& w = u->get("x_embedder.weight");
+  ASSERT_EQ(w.dtype, DType::F8_E4M3);
+  ASSERT_EQ(w.nbytes, size_t(kRows * kCols));
+  ASSERT_EQ(w.scale_count, kRows);
+  std::vector<float> rows(size_t(2 * kCols));
+  decode_fp8_rows(w.dtype, static_cast<const std::byte*>(w.data), 100, 102, kCols, w.scale,
+                  w.scale_count, w.name, rows.data());
+  EXPECT_EQ(rows[0], 1.0f * scale[100]);
+  EXPECT_EQ(rows[1], -2.0f * scale[100]);
+  EXPECT_EQ(rows[size_t(kCols)], -2.0f * scale[101]);
+}
+
+// A NaN code found by convert's slice reader: named with its row and column, nothing written.
+TEST_F(Fp8Model, ConvertRefusesANaNCode) {
+  write([&](std::vector<StTensor>& t) {
+    StTensor e = fp8_embedder();
+    e.bytes[size_t(200 * kCols + 7)] = std::byte(0xff);  // E4M3FN's negative NaN
+    t.push_back(e);
+  });
+  const std::filesystem::path out = copy_.dir() / "out.klein";
+  std::string log;
+  EXPECT_NE(testing::run_klein("convert -m '" + copy_.dir().string() + "' -t q8 -q -o '" + out.string() + "'",
+                               &log), 0);
+  EXPECT_THAT(log, AllOf(HasSubstr("transformer.x_embedder.weight"), HasSubstr("row 200, column 7")));
+  EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 TEST_F(Fp8Model, UnscaledE5M2) {
