@@ -1,9 +1,12 @@
 #include "convert/report/writers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
+#include <regex>
 #include <sstream>
 
 #include "convert/policy.h"
@@ -375,12 +378,6 @@ std::vector<std::string> error_fields(const ErrorSummary& e) {
 
 // --- files --------------------------------------------------------------------------------------
 
-void write_file(const fs::path& path, const std::string& bytes) {
-  AtomicFile f(path);
-  f.write(bytes);
-  f.commit();
-}
-
 }  // namespace
 
 ojson report_json(const Report& r) {
@@ -510,12 +507,38 @@ std::vector<fs::path> write_report(const Report& r, const fs::path& dir) {
   }
   if (r.policy) files.emplace_back(dir / "policy.txt", r.policy->text);
   std::error_code ec;
+  const bool created = !fs::exists(dir);
   fs::create_directories(dir, ec);
   check(!ec, "-o ", dir.string(), ": cannot create the directory: ", ec.message());
+  // Every file is written to its temporary name and put on the disk before any replaces a
+  // file of an earlier report: a full disk leaves the directory as it was (or no directory),
+  // never a mix of old and new files.
   std::vector<fs::path> written;
-  for (const auto& [path, bytes] : files) {
-    write_file(path, bytes);
-    written.push_back(path);
+  {
+    std::vector<std::unique_ptr<AtomicFile>> staged;
+    try {
+      for (const auto& [path, bytes] : files) {
+        staged.push_back(std::make_unique<AtomicFile>(path));
+        staged.back()->write(bytes);
+        staged.back()->flush();
+      }
+    } catch (const Error&) {
+      staged.clear();
+      if (created) fs::remove(dir, ec);  // only if empty
+      throw;
+    }
+    for (size_t i = 0; i < staged.size(); ++i) {
+      staged[i]->commit();
+      written.push_back(files[i].first);
+    }
+  }
+  // Files an earlier report wrote there and this one does not (more cases, a policy).
+  static const std::regex own(R"((case[0-9]+-(reference|candidate|difference)\.png|e2e\.csv|policy\.txt))");
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, own) &&
+        std::find(written.begin(), written.end(), dir / name) == written.end())
+      fs::remove(entry.path(), ec);
   }
   return written;
 }

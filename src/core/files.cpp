@@ -65,11 +65,16 @@ void AtomicFile::write(const void* data, size_t n) {
   offset_ += n;
 }
 
-void AtomicFile::commit() {
+void AtomicFile::flush() {
+  if (file_ == nullptr) return;
   if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0)
     fail("cannot write ", temp_.string(), ": ", std::strerror(errno));
   std::fclose(file_);
   file_ = nullptr;
+}
+
+void AtomicFile::commit() {
+  flush();
   std::error_code ec;
   fs::rename(temp_, path_, ec);
   if (ec) fail("cannot rename ", temp_.string(), " to ", path_.string(), ": ", ec.message());

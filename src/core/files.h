@@ -27,6 +27,9 @@ class AtomicFile {
   const std::filesystem::path& temp_path() const { return temp_; }
   // For libraries that want a FILE* (libpng, libjpeg): valid until commit().
   std::FILE* stream() { return file_; }
+  // Puts everything written on the disk (the step a full disk fails); commit() after it
+  // only renames. For several files that must all be written before any replaces its target.
+  void flush();
   void commit();
 
  private:

@@ -15,6 +15,8 @@
 #include <set>
 #include <vector>
 
+#include <unistd.h>
+
 #include "convert/convert.h"
 #include "convert/policy.h"
 #include "core/error.h"
@@ -724,6 +726,43 @@ TEST_F(TinyReport, CliPolicyIsVerifiedAndConvertAcceptsIt) {
     stored[t.name] = convert::storage_type_name(t.type);
   for (const auto& t : j["policy"]["tensors"])
     EXPECT_EQ(stored.at(t["name"].get<std::string>()), t["type"].get<std::string>());
+}
+
+// The contents of a directory: file name -> bytes.
+std::map<std::string, std::string> directory_contents(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file()) out[e.path().filename().string()] = read_text_file(e.path());
+  return out;
+}
+
+// A report that cannot be written whole (here its last file: a directory stands where its
+// temporary file goes, as a full disk would stop it) leaves the earlier report as it was, not
+// a mix; a report without the files of an earlier one (its policy) removes them.
+TEST_F(TinyReport, AFailedWriteLeavesTheEarlierReport) {
+  auto reference = open_model(testing::tiny_model());
+  auto candidate = open_model(container("q8"));
+  Compute cx(2);
+  Report first;
+  first.weights = compare_weights(*reference, *candidate, cx);
+  Report second = first;
+  second.policy = PolicyProposal{};
+  second.policy->text = "transformer.* q8\n";
+  const fs::path dir = *dir_ / "out-staged";
+  write_report(first, dir);
+  const auto before = directory_contents(dir);
+  ASSERT_EQ(before.size(), 4u);
+  const fs::path blocker = dir / ("policy.txt.tmp-" + std::to_string(::getpid()));
+  fs::create_directories(blocker);
+  EXPECT_THROW(write_report(second, dir), Error);
+  EXPECT_EQ(directory_contents(dir), before);
+  fs::remove(blocker);
+  write_report(second, dir);
+  auto after = directory_contents(dir);
+  EXPECT_EQ(after.count("policy.txt"), 1u);
+  EXPECT_NE(after["report.json"], before.at("report.json"));
+  write_report(first, dir);
+  EXPECT_EQ(directory_contents(dir), before);
 }
 
 TEST_F(TinyReport, CliErrorsNameTheInputAndWriteNothing) {
