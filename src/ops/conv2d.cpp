@@ -157,19 +157,17 @@ void write_band(const float* result, const ConvGeometry& g, const Conv2dWeights&
   });
 }
 
-using ColumnBuffer = std::unique_ptr<float[], FreeAligned>;
-
-// Result [Cout, rows·OW] of one band as im2col + GEMM, one task per tile of pixels.
+// Result [Cout, rows·OW] of one band as im2col + GEMM, one task per tile of pixels (its
+// column matrix in the worker's arena).
 void gemm_band(const ConvGeometry& g, const Conv2dWeights& w, const float* band_input,
-               int64_t rows, int64_t tile_columns, std::vector<ColumnBuffer>& columns,
-               float* result, Compute& cx) {
+               int64_t rows, int64_t tile_columns, float* result, Compute& cx) {
   const int64_t n = rows * g.out_width;
   cx.pool().for_each_task((n + tile_columns - 1) / tile_columns, [&](int64_t t, int worker) {
-    ColumnBuffer& cols = columns[size_t(worker)];
-    if (!cols) cols = alloc_aligned<float>(size_t(g.column_rows() * tile_columns));
+    Arena::Scope scratch(cx.arena(worker));
+    float* cols = scratch.take<float>(size_t(g.column_rows() * tile_columns));
     const int64_t p0 = t * tile_columns, width = std::min(tile_columns, n - p0);
-    gather_tile(g, band_input, g.band_rows(rows), p0, width, cols.get());
-    gemm(w, cols.get(), width, width, result + p0, n, 0.0f);
+    gather_tile(g, band_input, g.band_rows(rows), p0, width, cols);
+    gemm(w, cols, width, width, result + p0, n, 0.0f);
   });
 }
 
@@ -186,20 +184,24 @@ bool use_direct(const ConvGeometry& g, const Conv2dParams& p, const Compute& cx)
   return available && (g.out_channels < 16 || g.column_rows() <= 2304);
 }
 
-std::vector<float> pack_direct_weights(const Conv2dWeights& w) {
-  const int64_t taps = w.in_channels * w.kernel * w.kernel;
+// Floats of the direct kernel's weights: output channels in groups of kDirectBlock.
+size_t direct_weights_size(const Conv2dWeights& w) {
   const int64_t groups = (w.out_channels + detail::kDirectBlock - 1) / detail::kDirectBlock;
-  std::vector<float> packed(size_t(groups * taps * detail::kDirectBlock), 0.0f);
+  return size_t(groups * w.in_channels * w.kernel * w.kernel * detail::kDirectBlock);
+}
+
+void pack_direct_weights(const Conv2dWeights& w, float* packed) {
+  const int64_t taps = w.in_channels * w.kernel * w.kernel;
+  std::fill(packed, packed + direct_weights_size(w), 0.0f);
   for (int64_t co = 0; co < w.out_channels; ++co)
     for (int64_t t = 0; t < taps; ++t)
       packed[size_t(((co / detail::kDirectBlock) * taps + t) * detail::kDirectBlock +
                     co % detail::kDirectBlock)] = w.weight[size_t(co * taps + t)];
-  return packed;
 }
 
 // Result [Cout, rows·OW] of one band with the direct kernel, in tasks of one row segment.
 void direct_band(const ConvGeometry& g, const float* band_input, int64_t rows,
-                 const std::vector<float>& packed, float* result, Compute& cx) {
+                 const float* packed, float* result, Compute& cx) {
   const detail::DirectBand band{band_input, g.in_channels, g.band_rows(rows), g.band_width(),
                                 g.kernel};
   const int64_t segments = (g.out_width + kDirectSegment - 1) / kDirectSegment;
@@ -208,7 +210,7 @@ void direct_band(const ConvGeometry& g, const float* band_input, int64_t rows,
     const int64_t oy = t / segments, x0 = t % segments * kDirectSegment;
     const int64_t x1 = std::min(g.out_width, x0 + kDirectSegment);
 #if defined(KLEIN_X86)
-    detail::direct_conv_row_avx512(band, packed.data(), g.out_channels, oy, x0, x1,
+    detail::direct_conv_row_avx512(band, packed, g.out_channels, oy, x0, x1,
                                    result + oy * g.out_width, n);
 #else
     (void)oy, (void)x0, (void)x1, (void)n, (void)band, (void)result;
@@ -427,13 +429,19 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
   if (in_place) band = std::max(band, g.pad_top);
   const int64_t tile_columns = std::min(kTileColumns, band * g.out_width);
   const bool direct = use_direct(g, p, cx);
-  const std::vector<float> packed = direct ? pack_direct_weights(w) : std::vector<float>();
-
-  auto band_input = alloc_aligned<float>(size_t(g.in_channels * g.band_rows(band) * g.band_width()));
-  std::unique_ptr<float[], FreeAligned> results[2] = {
-      alloc_aligned<float>(size_t(g.out_channels * band * g.out_width)),
-      alloc_aligned<float>(size_t(g.out_channels * band * g.out_width))};
-  std::vector<ColumnBuffer> columns(size_t(cx.threads()));  // one per worker, made on first use
+  // The call's buffers come from the calling thread's arena: the same memory serves every
+  // convolution (and the transformer's temporaries before them), where separate allocations
+  // of a few MiB each left the heap fragmented (bench_vae --peak decode 512: 751 MiB peak
+  // with them, docs/SPEED.md).
+  Arena::Scope scratch(cx.arena(0));
+  float* packed = nullptr;
+  if (direct) {
+    packed = scratch.take<float>(direct_weights_size(w));
+    pack_direct_weights(w, packed);
+  }
+  float* band_input = scratch.take<float>(size_t(g.in_channels * g.band_rows(band) * g.band_width()));
+  float* results[2] = {scratch.take<float>(size_t(g.out_channels * band * g.out_width)),
+                       scratch.take<float>(size_t(g.out_channels * band * g.out_width))};
 
   // Each band's result is written out only after the next band has read its input: in place,
   // the next band still reads the last rows the previous band overwrites.
@@ -441,19 +449,19 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
   int current = 0;
   for (int64_t r0 = 0; r0 < g.out_height; r0 += band) {
     const int64_t rows = std::min(band, g.out_height - r0);
-    fill_band(in, g, r0, rows, band_input.get(), cx);
+    fill_band(in, g, r0, rows, band_input, cx);
     if (pending_row >= 0)
-      write_band(results[1 - current].get(), g, w, pending_row, pending_rows, out, mode, cx);
-    float* result = results[current].get();
+      write_band(results[1 - current], g, w, pending_row, pending_rows, out, mode, cx);
+    float* result = results[current];
     if (direct)
-      direct_band(g, band_input.get(), rows, packed, result, cx);
+      direct_band(g, band_input, rows, packed, result, cx);
     else
-      gemm_band(g, w, band_input.get(), rows, tile_columns, columns, result, cx);
+      gemm_band(g, w, band_input, rows, tile_columns, result, cx);
     pending_row = r0;
     pending_rows = rows;
     current = 1 - current;
   }
-  write_band(results[1 - current].get(), g, w, pending_row, pending_rows, out, mode, cx);
+  write_band(results[1 - current], g, w, pending_row, pending_rows, out, mode, cx);
 }
 
 Tensor conv2d(const Tensor& x, const Conv2dWeights& w, const Conv2dParams& p, Compute& cx,
