@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "core/memory.h"
 #include "core/version.h"
 
 int main(int argc, char** argv) {
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   klein::cli::register_commands(app);
   klein::install_mapping_fault_handler();  // a model file truncated mid-run: a message, not SIGBUS
+  klein::map_large_allocations();           // freed activations go back to the system
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

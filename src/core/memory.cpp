@@ -79,6 +79,12 @@ void return_free_memory() {
 #endif
 }
 
+void map_large_allocations() {
+#if defined(__GLIBC__)
+  ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
+}
+
 uint64_t parse_memory_size(std::string_view text, const std::string& what) {
   auto bad = [&](const char* why) -> uint64_t {
     fail(what, " ", std::string(text), ": ", why, "; expected a size such as 800M, 1.5G or "
