@@ -9,6 +9,7 @@
 #include <jerror.h>
 #include <jpeglib.h>
 
+#include <algorithm>
 #include <csetjmp>
 #include <cstring>
 #include <span>
@@ -113,20 +114,46 @@ bool read_jpeg_header(JpegDecoder& d, const unsigned char* data, size_t size) {
   return true;
 }
 
+bool is_four_component(const jpeg_decompress_struct& cinfo) {
+  return cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+}
+
+// One channel of a four-component pixel as Pillow reads it, which the official pipeline's
+// convert("RGB") follows: every component inverted first (Pillow's "CMYK;I" raw mode, used
+// for all such JPEGs whatever their Adobe marker says), then (255 - k) - c·(255 - k)/255 with
+// Pillow's rounded division by 255 and clipping. In libjpeg's raw values: 255 - k is raw k.
+uint8_t cmyk_to_rgb_channel(JSAMPLE raw_c, JSAMPLE raw_k) {
+  const int c = 255 - int(raw_c), nk = int(raw_k);
+  const int t = c * nk + 128;
+  return uint8_t(std::clamp(nk - (((t >> 8) + t) >> 8), 0, 255));
+}
+
 // Decodes every scanline as RGB into `rows` (libjpeg's defaults: accurate integer IDCT and
-// smooth chroma upsampling, the settings PIL uses).
-bool read_jpeg_pixels(JpegDecoder& d, JSAMPARRAY rows) {
+// smooth chroma upsampling, the settings PIL uses). CMYK and YCCK files are decoded to CMYK
+// (libjpeg converts YCCK) a row at a time into `cmyk_row` (4 x width samples) and converted.
+bool read_jpeg_pixels(JpegDecoder& d, JSAMPARRAY rows, JSAMPLE* cmyk_row) {
   if (setjmp(d.errors.jump)) return false;
-  d.cinfo.out_color_space = JCS_RGB;
+  const bool cmyk = is_four_component(d.cinfo);
+  d.cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
   jpeg_start_decompress(&d.cinfo);
   // `rows` was sized from the header: anything else would write out of bounds.
-  if (d.cinfo.output_components != 3 || d.cinfo.output_width != d.cinfo.image_width ||
+  if (d.cinfo.output_components != (cmyk ? 4 : 3) || d.cinfo.output_width != d.cinfo.image_width ||
       d.cinfo.output_height != d.cinfo.image_height)
     jump_with(reinterpret_cast<j_common_ptr>(&d.cinfo),
-              "decoder output is not RGB of the header's size");
+              "decoder output is not RGB or CMYK of the header's size");
   while (d.cinfo.output_scanline < d.cinfo.output_height) {
     const JDIMENSION done = d.cinfo.output_scanline;
-    jpeg_read_scanlines(&d.cinfo, rows + done, d.cinfo.output_height - done);
+    if (!cmyk) {
+      jpeg_read_scanlines(&d.cinfo, rows + done, d.cinfo.output_height - done);
+      continue;
+    }
+    JSAMPROW in = cmyk_row;
+    if (jpeg_read_scanlines(&d.cinfo, &in, 1) != 1) continue;
+    JSAMPLE* out = rows[done];
+    for (JDIMENSION x = 0; x < d.cinfo.output_width; ++x) {
+      const JSAMPLE* p = cmyk_row + 4 * x;
+      for (int ch = 0; ch < 3; ++ch) out[3 * x + JDIMENSION(ch)] = cmyk_to_rgb_channel(p[ch], p[3]);
+    }
   }
   jpeg_finish_decompress(&d.cinfo);
   return true;
@@ -160,10 +187,9 @@ void check_color_space(const std::string& name, const jpeg_decompress_struct& ci
   switch (cinfo.jpeg_color_space) {
     case JCS_GRAYSCALE:
     case JCS_YCbCr:
-    case JCS_RGB: return;
-    case JCS_CMYK:
-    case JCS_YCCK:
-      fail(name, ": CMYK JPEG files are not supported; convert the image to RGB first");
+    case JCS_RGB:
+    case JCS_CMYK:  // converted as Pillow does (cmyk_to_rgb_channel)
+    case JCS_YCCK: return;
     default:
       fail(name, ": JPEG with ", cinfo.num_components,
            " components in an unknown colour space is not supported");
@@ -215,7 +241,9 @@ Image decode_jpeg(std::span<const std::byte> data, const std::string& name,
   Image image(int(d.cinfo.image_width), int(d.cinfo.image_height));
   std::vector<JSAMPROW> rows(size_t(image.height));
   for (int y = 0; y < image.height; ++y) rows[size_t(y)] = image.row(y);
-  if (!read_jpeg_pixels(d, rows.data())) fail(name, ": cannot read JPEG: ", d.errors.message);
+  std::vector<JSAMPLE> cmyk_row(is_four_component(d.cinfo) ? 4 * size_t(image.width) : 0);
+  if (!read_jpeg_pixels(d, rows.data(), cmyk_row.data()))
+    fail(name, ": cannot read JPEG: ", d.errors.message);
 
   if (metadata) metadata->insert(metadata->end(), comments.begin(), comments.end());
   return apply_orientation(std::move(image), orientation);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <set>
 
 #include "core/error.h"
 #include "formats/image/image.h"
@@ -502,6 +503,23 @@ TEST(ImageFiles, ReadsForeignJpegComments) {
   write_bytes(dir / "b.jpg", bytes);
   const ImageMetadata want = {{"comment", "made by hand, caf\xc3\xa9"}, {"seed", "1"}};
   EXPECT_EQ(read_image_metadata(dir / "b.jpg"), want);
+}
+
+// A CMYK JPEG (written by Pillow: tools/images/cmyk_fixture.py) reads as the RGB image Pillow's
+// convert("RGB") makes of it, as the official pipelines load their images; exactly, since both
+// decode with the system's libjpeg.
+TEST(ImageFiles, CmykJpegReadsAsPillowConvertsIt) {
+  const fs::path data = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "images";
+  const Image got = load_image(data / "cmyk.jpg");
+  const Image want = load_image(data / "cmyk-ref.png");
+  ASSERT_EQ(got.width, 40);
+  ASSERT_EQ(got.height, 24);
+  int differing = 0;
+  for (size_t i = 0; i < got.rgb.size(); ++i) differing += got.rgb[i] != want.rgb[i];
+  EXPECT_EQ(differing, 0);
+  // Not trivially equal: inks and the black checker make many colours.
+  std::set<uint8_t> reds(want.rgb.begin(), want.rgb.end());
+  EXPECT_GT(reds.size(), 50u);
 }
 
 }  // namespace
