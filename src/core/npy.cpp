@@ -86,7 +86,7 @@ NpyArray read_npy(const std::filesystem::path& path) {
   check(available == bytes, where, ": data size ", available, " bytes does not match shape ",
         shape_str(a.shape), " (", bytes, " bytes)");
   a.bytes.resize(bytes);
-  std::memcpy(a.bytes.data(), file.data() + data_start, bytes);
+  if (bytes > 0) std::memcpy(a.bytes.data(), file.data() + data_start, bytes);  // empty: no pointer
   return a;
 }
 

@@ -204,7 +204,7 @@ UnitRef SourceStore::acquire(const std::string& unit) {
         w.scale_count = int64_t(scale.size());
       }
     }
-    if (src.swap_halves) {
+    if (src.swap_halves && w.nbytes > 0) {
       // Rebuild [second half; first half] so the model always sees diffusers' order (a
       // per-row fp8 scale was turned above).
       std::vector<std::byte> buf(w.nbytes);

@@ -149,6 +149,11 @@ TEST(Npy, RejectsBadShapes) {
   };
   EXPECT_EQ(read_npy(write("good.npy", "2, 3", 24)).shape, (Shape{2, 3}));
   EXPECT_EQ(read_npy(write("one.npy", "4,", 16)).shape, (Shape{4}));
+  // No elements: an empty array (the parser fuzzer found a memcpy into an empty vector's null
+  // data here; the sanitizer stage of the tests catches a regression).
+  const NpyArray empty = read_npy(write("empty.npy", "0, 2, 7777777777777777", 0));
+  EXPECT_EQ(empty.shape, (Shape{0, 2, 7777777777777777}));
+  EXPECT_TRUE(empty.bytes.empty());
   for (const auto& [name, shape] : std::vector<std::pair<std::string, std::string>>{
            {"negative.npy", "-2, 3"},
            {"huge.npy", "4611686018427387904, 4"},
