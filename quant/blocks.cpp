@@ -42,24 +42,6 @@ struct Q4Choice {
 
 // A list of (scale code, zero code) candidates for one block, with the values the error
 // needs; filled by the search, measured all at once by q4_trial_errors.
-// The scale of every code and its reciprocal (0 for code 0), so the search neither converts
-// f16 nor divides per candidate. The same values as q4_scale(code) and 1.0f / q4_scale(code).
-struct Q4ScaleTable {
-  float d[256], inv_d[256];
-  Q4ScaleTable() {
-    for (int c = 0; c < 256; ++c) {
-      d[c] = q4_scale(uint8_t(c));
-      inv_d[c] = d[c] > 0 ? 1.0f / d[c] : 0.0f;
-    }
-  }
-};
-const Q4ScaleTable& q4_scales() {
-  static const Q4ScaleTable table;
-  return table;
-}
-
-// A list of (scale code, zero code) candidates for one block, with the values the error
-// needs; filled by the search, measured all at once by q4_trial_errors.
 struct Q4Trials {
   static constexpr int kMax = 32;
   uint8_t scale[kMax], zero[kMax];
@@ -109,7 +91,7 @@ Q4Choice choose_q4(const float* x) {
   }
 #endif
   if (lo == 0 && hi == 0) return {};
-  const Q4ScaleTable& scales = q4_scales();
+  const Q4ScaleTable& scales = q4_scale_table();
   Q4Choice best;
   float best_err = INFINITY;
   // The first candidate with the least error wins (in the order they were added).
@@ -169,6 +151,18 @@ Q4Choice choose_q4(const float* x) {
 }
 
 }  // namespace
+
+const Q4ScaleTable& q4_scale_table() {
+  static const Q4ScaleTable table = [] {
+    Q4ScaleTable t;
+    for (int c = 0; c < 256; ++c) {
+      t.d[c] = q4_scale(uint8_t(c));
+      t.inv_d[c] = t.d[c] > 0 ? 1.0f / t.d[c] : 0.0f;
+    }
+    return t;
+  }();
+  return table;
+}
 
 uint8_t q4_scale_code(float d) {
   const float scaled = d / kQ4ScaleFactor;
@@ -234,6 +228,13 @@ void dequantize_q8(const BlockQ8* in, float* out, int64_t n) {
 }
 
 void quantize_q4(const float* x, BlockQ4* out, int64_t n) {
+#if defined(KLEIN_X86)
+  if (cpu_features().avx512) return quantize_q4_avx512(x, out, n);
+#endif
+  quantize_q4_scalar(x, out, n);
+}
+
+void quantize_q4_scalar(const float* x, BlockQ4* out, int64_t n) {
   for (int64_t b = 0; b < n / kBlock; ++b, x += kBlock) {
     const Q4Choice c = choose_q4(x);
     out[b].scale = c.scale;

@@ -102,7 +102,15 @@ void quantize_q8(const float* x, BlockQ8* out, int64_t n);
 void quantize_q8_scalar(const float* x, BlockQ8* out, int64_t n);  // the reference
 void dequantize_q8(const BlockQ8* in, float* out, int64_t n);
 void quantize_q4(const float* x, BlockQ4* out, int64_t n);
+void quantize_q4_scalar(const float* x, BlockQ4* out, int64_t n);  // the scalar search
 void dequantize_q4(const BlockQ4* in, float* out, int64_t n);
+
+// The scale of every Q4 scale code and its reciprocal (0 for code 0): q4_scale(code) and
+// 1.0f / q4_scale(code), so that the search neither converts f16 nor divides per candidate.
+struct Q4ScaleTable {
+  float d[256], inv_d[256];
+};
+const Q4ScaleTable& q4_scale_table();
 
 // The Q4 search's inner loop: the squared error of one block x[0..31] quantized with each of
 // n candidate (d, 1/d, z), as
@@ -122,6 +130,9 @@ void q4_levels_scalar(const float* x, float inv_d, float z, uint8_t* q);
 // Callable only when the CPU has the instructions (cpu_features()).
 void q4_levels_avx512(const float* x, float inv_d, float z, uint8_t* q);
 void quantize_q8_avx512(const float* x, BlockQ8* out, int64_t n);
+// The whole Q4 search on AVX-512: the candidates' set-up and choice in lanes as well as
+// their errors; the bytes of quantize_q4_scalar.
+void quantize_q4_avx512(const float* x, BlockQ4* out, int64_t n);
 void q4_trial_errors_avx2(const float* x, const float* d, const float* inv_d, const float* z,
                           int n, float* err);
 void q4_trial_errors_avx512(const float* x, const float* d, const float* inv_d, const float* z,

@@ -286,20 +286,29 @@ BlockQ4 plain_quantize_q4(const float* x) {
   return out;
 }
 
+// The search as dispatched, its scalar form, and (where the CPU has it) the AVX-512 form that
+// sets up and chooses the candidates in lanes: all give the plain search's bytes.
 TEST(Blocks, Q4SearchGivesTheBytesOfThePlainSearch) {
   const int count = 4000;
   const std::vector<float> v = q4_search_blocks(count);
-  std::vector<BlockQ4> got(count);
-  quantize_q4(v.data(), got.data(), int64_t(count) * kBlock);
-  int differ = 0;
-  for (int b = 0; b < count; ++b) {
-    const BlockQ4 want = plain_quantize_q4(v.data() + size_t(b) * kBlock);
-    if (std::memcmp(&want, &got[size_t(b)], sizeof(BlockQ4)) != 0 && ++differ <= 3)
-      ADD_FAILURE() << "block " << b << ": scale/zero " << int(got[size_t(b)].scale) << "/"
-                    << int(got[size_t(b)].zero) << ", plain search " << int(want.scale) << "/"
-                    << int(want.zero);
+  std::vector<std::pair<const char*, void (*)(const float*, BlockQ4*, int64_t)>> forms = {
+      {"dispatched", quantize_q4}, {"scalar", quantize_q4_scalar}};
+#if defined(KLEIN_X86)
+  if (cpu_features().avx512) forms.push_back({"avx512", quantize_q4_avx512});
+#endif
+  for (const auto& [form, quantize] : forms) {
+    std::vector<BlockQ4> got(count);
+    quantize(v.data(), got.data(), int64_t(count) * kBlock);
+    int differ = 0;
+    for (int b = 0; b < count; ++b) {
+      const BlockQ4 want = plain_quantize_q4(v.data() + size_t(b) * kBlock);
+      if (std::memcmp(&want, &got[size_t(b)], sizeof(BlockQ4)) != 0 && ++differ <= 3)
+        ADD_FAILURE() << form << ", block " << b << ": scale/zero " << int(got[size_t(b)].scale) << "/"
+                      << int(got[size_t(b)].zero) << ", plain search " << int(want.scale) << "/"
+                      << int(want.zero);
+    }
+    EXPECT_EQ(differ, 0) << form;
   }
-  EXPECT_EQ(differ, 0);
 }
 
 // Q8 on every ISA gives the scalar reference's bytes, on the search's varied blocks and on
