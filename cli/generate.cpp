@@ -58,11 +58,14 @@ class TerminalProgress final : public Progress {
                    format_bytes(p.weights_resident).c_str(), format_bytes(p.activations).c_str());
   }
   void begin(const std::string& phase, int total) override {
-    start_ = std::chrono::steady_clock::now();
+    start_ = last_line_ = std::chrono::steady_clock::now();
     if (!quiet_ && terminal_) std::fprintf(stderr, "%s...", phase.c_str());
   }
   void step(const std::string& phase, int done, int total) override {
     if (quiet_) return;
+    // Into a log, the layers and blocks of the other phases make a line a second at most.
+    if (!terminal_ && phase != "denoise" && done < total && seconds_since(last_line_) < 1.0) return;
+    last_line_ = std::chrono::steady_clock::now();
     const double elapsed = seconds_since(start_);
     const double per = elapsed / done;
     std::fprintf(stderr, "%s%s: step %d/%d  %.2f s/step  ETA %.0f s%s", terminal_ ? "\r" : "",
@@ -84,7 +87,7 @@ class TerminalProgress final : public Progress {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   }
   bool quiet_, verbose_, terminal_;
-  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point start_, last_line_;
 };
 
 // Progress as JSON lines on stdout, one event per line.

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -125,6 +126,27 @@ class Compute {
     if (cancelled()) throw Cancelled();
   }
 
+  // Progress inside one network's run (its layers or blocks), reported by the model as it
+  // goes; the caller decides what it means (pipeline stages turn it into Progress::step).
+  using StepReport = std::function<void(int64_t done, int64_t total)>;
+  void report_step(int64_t done, int64_t total) const {
+    if (step_report_) step_report_(done, total);
+  }
+  // Sets the step report while it lives and restores the previous one.
+  class Reporting {
+   public:
+    Reporting(Compute& cx, StepReport r) : cx_(cx), previous_(std::move(cx.step_report_)) {
+      cx.step_report_ = std::move(r);
+    }
+    ~Reporting() { cx_.step_report_ = std::move(previous_); }
+    Reporting(const Reporting&) = delete;
+    Reporting& operator=(const Reporting&) = delete;
+
+   private:
+    Compute& cx_;
+    StepReport previous_;
+  };
+
   // Sets the arithmetic while it lives and restores the previous one.
   class Use {
    public:
@@ -144,6 +166,7 @@ class Compute {
   std::vector<std::unique_ptr<Arena>> arenas_;
   quant::MatmulScratch matmul_scratch_;
   std::atomic<bool> cancelled_{false};
+  StepReport step_report_;
 };
 
 }  // namespace klein

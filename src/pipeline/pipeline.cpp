@@ -272,8 +272,14 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
 // bf16, against 1e-5).
 void Session::encode_prompt(Generation& g, Progress& progress, const TextLayerHook& on_layer) {
   const GenerateOptions& o = g.options;
-  timed(g, progress, "text encoder", 0, [&](Phase&) {
+  timed(g, progress, "text encoder", 0, [&](Phase& phase) {
     const Compute::Use exact(cx_, Arithmetic::exact());
+    // A step per layer; with a negative prompt the layers run twice.
+    const int passes = g.guided ? 2 : 1;
+    int pass = 0;
+    const Compute::Reporting layers(cx_, [&](int64_t done, int64_t total) {
+      phase.step(int(pass * total + done), int(passes * total));
+    });
     qwen3::TextEncoder encoder(weights_, cx_);
     std::optional<qwen3::PromptCache> cache;
     if (o.prompt_cache_dir) cache.emplace(*o.prompt_cache_dir);
@@ -292,6 +298,7 @@ void Session::encode_prompt(Generation& g, Progress& progress, const TextLayerHo
     };
     g.context = encode(o.prompt, g.result.context_from_cache, on_layer);
     bool unused;
+    pass = 1;
     if (g.guided) g.negative = encode(o.negative_prompt, unused, {});
   });
   weights_.release("text_encoder.");
@@ -311,8 +318,11 @@ void Session::prepare_latents(Generation& g, Progress& progress) {
   if (g.init_pixels.numel() > 0) {
     // Image-to-image: the init image's latents, noised to the σ where the kept steps start.
     Tensor image;
-    timed(g, progress, "vae encode", 0, [&](Phase&) {
+    timed(g, progress, "vae encode", 0, [&](Phase& phase) {
       const Compute::Use arithmetic(cx_, arithmetic_for(g.result.fast));
+      const Compute::Reporting blocks(cx_, [&](int64_t done, int64_t total) {
+        phase.step(int(done), int(total));
+      });
       vae::Vae vae(weights_, cx_);
       image = vae.encode(g.init_pixels);
     });
@@ -352,15 +362,19 @@ void Session::prepare_latents(Generation& g, Progress& progress) {
   }
   if (!g.reference_pixels.empty()) {
     const int n = int(g.reference_pixels.size());
-    timed(g, progress, "vae encode", n, [&](Phase& phase) {
+    timed(g, progress, "vae encode", 0, [&](Phase& phase) {
       const Compute::Use arithmetic(cx_, arithmetic_for(g.result.fast));
       vae::Vae vae(weights_, cx_);
-      for (int i = 0; i < n; ++i) {
+      // A step per encoder block of every reference.
+      int i = 0;
+      const Compute::Reporting blocks(cx_, [&](int64_t done, int64_t total) {
+        phase.step(int(i * total + done), int(n * total));
+      });
+      for (; i < n; ++i) {
         const Tensor& pixels = g.reference_pixels[size_t(i)];
         g.reference_tokens.push_back(vae.encode(pixels));
         g.layout.references.push_back(
             {pixels.dim(1) / kPixelsPerToken, pixels.dim(2) / kPixelsPerToken});
-        phase.step(i + 1, n);
       }
     });
     weights_.release("vae.encoder");
@@ -480,8 +494,11 @@ void Session::denoise(Generation& g, Progress& progress, const StepHook& on_step
 void Session::decode(Generation& g, Progress& progress) {
   const Dumper dump(g.options.dump_dir);
   Tensor decoded;
-  timed(g, progress, "vae decode", 0, [&](Phase&) {
+  timed(g, progress, "vae decode", 0, [&](Phase& phase) {
     const Compute::Use arithmetic(cx_, arithmetic_for(g.result.fast));
+    const Compute::Reporting blocks(cx_, [&](int64_t done, int64_t total) {
+      phase.step(int(done), int(total));
+    });
     vae::Vae vae(weights_, cx_);
     Tensor z = vae.tokens_to_latent(g.latents, g.grid.rows, g.grid.cols);
     dump.f32("vae_input", z, {1, z.dim(0), z.dim(1), z.dim(2)});

@@ -15,6 +15,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/files.h"
 #include "core/npy.h"
@@ -298,6 +301,41 @@ TEST(GenerateCli, ProgressIntoAFileHasNoCarriageReturns) {
       << log;
   EXPECT_EQ(log.find('\r'), std::string::npos) << log;
   EXPECT_NE(log.find("denoise: step 2/2"), std::string::npos) << log;
+}
+
+// Progress inside the long phases, not only per denoising step: the text encoder reports each
+// layer (twice with a negative prompt: CFG runs it for both) and the VAE each block, counting
+// up to the total they announce.
+TEST(GenerateCli, TextEncoderAndVaeReportTheirLayers) {
+  const fs::path out = testing::temp_dir("progress-layers");
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate -m " + testing::tiny_model().string() +
+                                   " -p x -W 32 -H 32 -s 1 --seed 1 --no-cache --json -o " +
+                                   (out / "a.png").string(),
+                               &log),
+            0)
+      << log;
+  std::map<std::string, std::vector<std::pair<int, int>>> steps;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "step")
+      steps[j["phase"].get<std::string>()].emplace_back(j["done"].get<int>(), j["total"].get<int>());
+  }
+  for (const char* phase : {"text encoder", "vae decode"}) {
+    const auto& s = steps[phase];
+    ASSERT_GT(s.size(), 1u) << phase << "\n" << log;
+    for (size_t i = 0; i < s.size(); ++i) {
+      EXPECT_EQ(s[i].first, int(i) + 1) << phase;
+      EXPECT_EQ(s[i].second, int(s.size())) << phase;
+    }
+  }
+  // The text encoder runs its layers up to hidden state 27, the last one klein's context takes
+  // (of the tiny model's 28); the tiny decoder (4 levels, layers_per_block 2) has the mid block,
+  // 4 x 3 ResNets, 3 upsamplers and the output convolution.
+  EXPECT_EQ(steps["text encoder"].size(), 27u) << log;
+  EXPECT_EQ(steps["vae decode"].size(), 17u) << log;
 }
 
 // A NaN in one weight of one transformer block stops the run at that block, naming the

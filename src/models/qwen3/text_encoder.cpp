@@ -222,6 +222,7 @@ Tensor TextEncoder::encode(std::span<const int32_t> ids, std::span<const int32_t
     }  // the layer's weights are released before the next one is acquired
     const int64_t done = layer + 1;  // hidden_states[done] in the reference's numbering
     if (observe) observe(done, a_.x);
+    cx_.report_step(done, layers);
     for (size_t j = 0; j < config_.output_layers.size(); ++j) {
       if (config_.output_layers[j] != done) continue;
       for (int64_t t = 0; t < seq; ++t)

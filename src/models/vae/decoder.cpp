@@ -43,6 +43,10 @@ Tensor run_decoder(const WeightUnit& weights, const VaeConfig& config, const Ten
   check(z.shape().size() == 3 && z.dim(0) == latent, "VAE decoder: expected a latent [", latent,
         ", h, w], got ", shape_str(z.shape()));
   const ops::Conv2dParams same3x3 = ops::Conv2dParams::same(3);
+  // Progress: the mid block, each ResNet and upsampler, and the output convolution.
+  const int64_t steps = 1 + levels * (config.layers_per_block + 1) + (levels - 1) + 1;
+  int64_t done = 0;
+  auto step = [&] { cx.report_step(++done, steps); };
 
   Tensor x = config.use_post_quant_conv
                  ? ops::conv2d(z, load_conv(net, "post_quant_conv", latent, latent, 1),
@@ -54,14 +58,20 @@ Tensor run_decoder(const WeightUnit& weights, const VaeConfig& config, const Ten
 
   x = mid_block(net, "decoder.mid_block.", std::move(x));
   net.report("decoder_mid_block", x);
+  step();
 
   // Levels run from the deepest (most channels) to full resolution.
   for (int64_t i = 0; i < levels; ++i) {
     const std::string p = "decoder.up_blocks." + std::to_string(i) + ".";
     const int64_t out = channels[size_t(levels - 1 - i)];
-    for (int64_t j = 0; j <= config.layers_per_block; ++j)
+    for (int64_t j = 0; j <= config.layers_per_block; ++j) {
       x = resnet_block(net, p + "resnets." + std::to_string(j) + ".", std::move(x), out);
-    if (i + 1 < levels) x = upsample(net, p + "upsamplers.0.conv", x);
+      step();
+    }
+    if (i + 1 < levels) {
+      x = upsample(net, p + "upsamplers.0.conv", x);
+      step();
+    }
     net.report("decoder_up_blocks_" + std::to_string(i), x);
   }
 
@@ -70,6 +80,7 @@ Tensor run_decoder(const WeightUnit& weights, const VaeConfig& config, const Ten
       x, load_conv(net, "decoder.conv_out", config.out_channels, channels.front(), 3), same3x3,
       cx, &norm_out);
   net.report("decoder_conv_out", image);
+  step();
   return image;
 }
 

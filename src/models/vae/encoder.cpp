@@ -40,26 +40,37 @@ Tensor run_encoder(const WeightUnit& weights, const VaeConfig& config, const Ten
         "VAE encoder: expected an image [", config.in_channels, ", H, W], got ",
         shape_str(pixels.shape()));
   const ops::Conv2dParams same3x3 = ops::Conv2dParams::same(3);
+  // Progress: each ResNet and downsampler, the mid block, and the output convolution.
+  const int64_t steps = levels * config.layers_per_block + (levels - 1) + 1 + 1;
+  int64_t done = 0;
+  auto step = [&] { cx.report_step(++done, steps); };
 
   Tensor x = ops::conv2d(pixels, load_conv(net, "encoder.conv_in", channels[0], config.in_channels, 3),
                          same3x3, cx);
 
   for (int64_t i = 0; i < levels; ++i) {
     const std::string p = "encoder.down_blocks." + std::to_string(i) + ".";
-    for (int64_t j = 0; j < config.layers_per_block; ++j)
+    for (int64_t j = 0; j < config.layers_per_block; ++j) {
       x = resnet_block(net, p + "resnets." + std::to_string(j) + ".", std::move(x),
                        channels[size_t(i)]);
-    if (i + 1 < levels) x = downsample(net, p + "downsamplers.0.conv", x);
+      step();
+    }
+    if (i + 1 < levels) {
+      x = downsample(net, p + "downsamplers.0.conv", x);
+      step();
+    }
     net.report("encoder_down_blocks_" + std::to_string(i), x);
   }
 
   x = mid_block(net, "encoder.mid_block.", std::move(x));
   net.report("encoder_mid_block", x);
+  step();
 
   const ops::ChannelAffine norm_out = group_norm(net, "encoder.conv_norm_out", x, /*silu=*/true);
   x = ops::conv2d(x, load_conv(net, "encoder.conv_out", moments, channels.back(), 3), same3x3,
                   cx, &norm_out);
   net.report("encoder_conv_out", x);
+  step();
 
   if (config.use_quant_conv) {
     x = ops::conv2d(x, load_conv(net, "quant_conv", moments, moments, 1),
