@@ -115,10 +115,16 @@ class JsonProgress final : public Progress {
   }
 };
 
-bool is_jpeg_name(const std::string& path) {
-  auto lower = path;
-  for (auto& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return lower.ends_with(".jpg") || lower.ends_with(".jpeg");
+std::string lowercase(std::string text) {
+  for (auto& c : text) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+// The image formats save_image writes, by extension (any case).
+bool is_image_name(const std::string& path) {
+  const std::string lower = lowercase(path);
+  return lower.ends_with(".png") || lower.ends_with(".jpg") || lower.ends_with(".jpeg") ||
+         lower.ends_with(".webp");
 }
 
 // What the run measured, for --verbose and --json.
@@ -211,13 +217,12 @@ void run(Args& a) {
   }
   g.plan_only = a.dry_run;
   check(a.dry_run || !a.output.empty(), "-o/--output is required (the image to write)");
-  check(a.dry_run || is_jpeg_name(a.output) || a.output.ends_with(".png") ||
-            a.output.ends_with(".PNG"),
-        "-o ", a.output, ": the output must end in .png, .jpg or .jpeg");
+  check(a.dry_run || is_image_name(a.output), "-o ", a.output,
+        ": the output must end in .png, .jpg, .jpeg or .webp");
   if (!a.dry_run) check_writable_output(a.output, "-o");  // before any long work
   if (!a.preview.empty()) {
-    check(is_jpeg_name(a.preview) || a.preview.ends_with(".png") || a.preview.ends_with(".PNG"),
-          "--preview ", a.preview, ": the preview must end in .png, .jpg or .jpeg");
+    check(is_image_name(a.preview), "--preview ", a.preview,
+          ": the preview must end in .png, .jpg, .jpeg or .webp");
     check_writable_output(a.preview, "--preview");
   }
 
@@ -234,6 +239,9 @@ void run(Args& a) {
   Progress& progress = a.json ? static_cast<Progress&>(json_events) : terminal;
 
   if (!cache_off.empty()) progress.warn("prompt cache off: " + cache_off);
+  if (!a.dry_run && lowercase(a.output).ends_with(".webp"))
+    progress.warn("-o " + a.output + ": WebP carries no text metadata, so the image will not record "
+                  "its prompt and settings (PNG and JPEG do)");
   StepHook preview;
   if (!a.preview.empty())
     preview = [&a](const StepView& s) {
@@ -265,7 +273,7 @@ Registration reg("generate", 10, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Generate an image from a prompt (and reference images)");
   add_model_options(*cmd, a->model);
   cmd->add_option("-p,--prompt", a->gen.prompt, "What to draw")->required();
-  cmd->add_option("-o,--output", a->output, "Output image (.png, or .jpg/.jpeg)");
+  cmd->add_option("-o,--output", a->output, "Output image (.png, .jpg/.jpeg, or .webp: lossless, no metadata)");
   cmd->add_option("-W,--width", a->gen.width, "Width in pixels (default: the init image's or the first reference's, else 1024)")
       ->check(CLI::Range(int64_t(16), int64_t(8192)));
   cmd->add_option("-H,--height", a->gen.height, "Height in pixels (default: the init image's or the first reference's, else 1024)")

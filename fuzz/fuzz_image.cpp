@@ -1,4 +1,4 @@
-// libFuzzer target: PNG/JPEG decoding with the size limits (decompression bombs refused by
+// libFuzzer target: PNG/JPEG/WebP decoding with the size limits (decompression bombs refused by
 // the declared size), then the reference preprocessing and the mask binarisation every
 // decoded image goes through.
 #include <cstdint>

@@ -27,7 +27,8 @@ cmake --build "$build" --target "${targets[@]/#/fuzz_}"
 seeds="$(pwd)/$build/fuzz-seeds"
 rm -rf "$seeds"
 mkdir -p "$seeds"/{safetensors,npy,image,tokenizer,config,server,gguf}
-cp fuzz/corpus/seed.png fuzz/corpus/seed.jpg fuzz/corpus/seed-exif.jpg tests/data/images/cmyk.jpg "$seeds/image/"
+cp fuzz/corpus/seed.png fuzz/corpus/seed.jpg fuzz/corpus/seed-exif.jpg tests/data/images/cmyk.jpg \
+  tests/data/images/lossy.webp tests/data/images/alpha.webp tests/data/images/animated.webp "$seeds/image/"
 python3 - "$seeds" <<'PY'
 import json, struct, sys
 root = sys.argv[1]

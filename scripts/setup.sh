@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libzstd-dev libpng-dev libjpeg-dev libopenblas-dev libxxhash-dev libcli11-dev
+  libzstd-dev libpng-dev libjpeg-dev libwebp-dev libopenblas-dev libxxhash-dev libcli11-dev
   nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )

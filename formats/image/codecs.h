@@ -1,5 +1,5 @@
 #pragma once
-// The PNG and JPEG codecs behind image.h. Each codec keeps its C library's error handling
+// The PNG, JPEG and WebP codecs behind image.h. Each codec keeps its C library's error handling
 // (setjmp/longjmp) inside its own file and reports failures as klein::Error.
 #include <cstdio>
 #include <span>
@@ -24,11 +24,15 @@ Image decode_png(std::span<const std::byte> data, const std::string& name,
                  const ImageLimits& limits, ImageMetadata* metadata);
 Image decode_jpeg(std::span<const std::byte> data, const std::string& name,
                   const ImageLimits& limits, ImageMetadata* metadata);
+Image decode_webp(std::span<const std::byte> data, const std::string& name,
+                  const ImageLimits& limits, ImageMetadata* metadata);
 
 // Encoders write to an open stream (an AtomicFile's); `name` is the output for messages.
 void encode_png(std::FILE* out, const std::string& name, const Image& image,
                 const ImageMetadata& metadata);
 void encode_jpeg(std::FILE* out, const std::string& name, const Image& image, int quality,
                  const ImageMetadata& metadata);
+// Lossless; WebP carries no text metadata of ours.
+void encode_webp(std::FILE* out, const std::string& name, const Image& image);
 
 }  // namespace klein::codecs

@@ -31,7 +31,6 @@ bool starts_with(std::span<const std::byte> data, std::string_view magic, size_t
 // A hint for files that are images, just not of a format we read.
 std::string describe_unsupported(std::span<const std::byte> data) {
   if (starts_with(data, "GIF8")) return "a GIF file";
-  if (starts_with(data, "RIFF") && starts_with(data, "WEBP", 8)) return "a WebP file";
   if (starts_with(data, "BM")) return "a BMP file";
   if (starts_with(data, "II*\0"sv) || starts_with(data, "MM\0*"sv)) return "a TIFF file";
   return "not an image file we recognise";
@@ -71,9 +70,10 @@ Image decode_any(std::span<const std::byte> data, const std::string& name,
   switch (sniff_image_format(data)) {
     case ImageFormat::Png: return codecs::decode_png(data, name, limits, metadata);
     case ImageFormat::Jpeg: return codecs::decode_jpeg(data, name, limits, metadata);
+    case ImageFormat::WebP: return codecs::decode_webp(data, name, limits, metadata);
     case ImageFormat::Unknown: break;
   }
-  fail(name, ": cannot read image: ", describe_unsupported(data), " (expected PNG or JPEG)");
+  fail(name, ": cannot read image: ", describe_unsupported(data), " (expected PNG, JPEG or WebP)");
 }
 
 }  // namespace
@@ -81,6 +81,7 @@ Image decode_any(std::span<const std::byte> data, const std::string& name,
 ImageFormat sniff_image_format(std::span<const std::byte> head) {
   if (starts_with(head, "\x89PNG\r\n\x1a\n")) return ImageFormat::Png;
   if (starts_with(head, "\xff\xd8\xff")) return ImageFormat::Jpeg;
+  if (starts_with(head, "RIFF") && starts_with(head, "WEBP", 8)) return ImageFormat::WebP;
   return ImageFormat::Unknown;
 }
 
@@ -216,13 +217,24 @@ void save_jpeg(const fs::path& path, const Image& image, int quality,
   file.commit();
 }
 
+void save_webp(const fs::path& path, const Image& image) {
+  const std::string where = path.string();
+  check_writable(where, image);
+  check(image.width <= 16383 && image.height <= 16383, "cannot write ", where, ": image is ",
+        image.width, "x", image.height, "; WebP allows at most 16383 on a side");
+  AtomicFile file(path);
+  codecs::encode_webp(file.stream(), where, image);
+  file.commit();
+}
+
 void save_image(const fs::path& path, const Image& image, const ImageMetadata& metadata,
                 int jpeg_quality) {
   const std::string ext = lowercase_extension(path);
   if (ext == ".png") return save_png(path, image, metadata);
   if (ext == ".jpg" || ext == ".jpeg") return save_jpeg(path, image, jpeg_quality, metadata);
+  if (ext == ".webp") return save_webp(path, image);
   fail("cannot write ", path.string(), ": unknown image extension '", path.extension().string(),
-       "' (expected .png, .jpg or .jpeg)");
+       "' (expected .png, .jpg, .jpeg or .webp)");
 }
 
 }  // namespace klein

@@ -40,14 +40,15 @@ struct ImageLimits {
   int64_t max_pixels = int64_t(64) << 20;  // 64 megapixels
 };
 
-enum class ImageFormat { Unknown, Png, Jpeg };
+enum class ImageFormat { Unknown, Png, Jpeg, WebP };
 
 // The format of a file from its first bytes (never from its name).
 ImageFormat sniff_image_format(std::span<const std::byte> head);
 
-// Reads a PNG or JPEG file as 8-bit RGB. PNG: any bit depth, colour type and interlacing;
+// Reads a PNG, JPEG or WebP file as 8-bit RGB. PNG: any bit depth, colour type and interlacing;
 // 16-bit samples keep their high byte, alpha is dropped without compositing (as PIL's
-// convert("RGB")). JPEG: baseline or progressive, grayscale or colour; CMYK is refused.
+// convert("RGB")). JPEG: baseline or progressive, grayscale, colour, CMYK or YCCK (as Pillow
+// converts them). WebP: still images, lossy or lossless, alpha dropped; animations refused.
 // Corrupt, truncated or oversized files throw klein::Error naming the file.
 Image load_image(const std::filesystem::path& path, const ImageLimits& limits = {});
 // The same from bytes in memory; `name` is used in error messages.
@@ -68,7 +69,10 @@ void save_jpeg(const std::filesystem::path& path, const Image& image, int qualit
 // The bytes of that PNG file, in memory (for a network reply); `name` is for messages.
 std::string png_bytes(const Image& image, const ImageMetadata& metadata = {},
                       const std::string& name = "image");
-// PNG or JPEG chosen by the extension of `path` (.png, .jpg, .jpeg; any case).
+// Lossless WebP (the exact pixels); WebP carries no text metadata.
+void save_webp(const std::filesystem::path& path, const Image& image);
+// PNG, JPEG or WebP chosen by the extension of `path` (.png, .jpg, .jpeg, .webp; any case);
+// metadata goes into PNG and JPEG only.
 void save_image(const std::filesystem::path& path, const Image& image,
                 const ImageMetadata& metadata = {}, int jpeg_quality = 95);
 

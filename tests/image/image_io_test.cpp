@@ -351,7 +351,7 @@ TEST(ImageFiles, CorruptDataIsAnError) {
   std::vector<uint8_t> garbage(1000);
   for (size_t i = 0; i < garbage.size(); ++i) garbage[i] = uint8_t(i * 7919 >> 3);
   write_bytes(dir / "garbage.png", garbage);
-  expect_error([&] { load_image(dir / "garbage.png"); }, {"garbage.png", "PNG or JPEG"});
+  expect_error([&] { load_image(dir / "garbage.png"); }, {"garbage.png", "PNG, JPEG or WebP"});
 
   write_bytes(dir / "empty.png", {});
   expect_error([&] { load_image(dir / "empty.png"); }, {"empty.png", "empty"});
@@ -520,6 +520,45 @@ TEST(ImageFiles, CmykJpegReadsAsPillowConvertsIt) {
   // Not trivially equal: inks and the black checker make many colours.
   std::set<uint8_t> reds(want.rgb.begin(), want.rgb.end());
   EXPECT_GT(reds.size(), 50u);
+}
+
+// WebP files written by Pillow (tools/images/webp_fixture.py) read as the RGB images Pillow's
+// convert("RGB") makes of them: lossy (libwebp's YUV conversion, the same library as Pillow's)
+// and lossless with alpha (alpha dropped, the colour under transparent pixels kept).
+TEST(ImageFiles, WebPReadsAsPillowConvertsIt) {
+  const fs::path data = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "images";
+  for (const char* name : {"lossy", "alpha"}) {
+    const Image got = load_image(data / (std::string(name) + ".webp"));
+    const Image want = load_image(data / (std::string(name) + "-ref.png"));
+    EXPECT_EQ(got.width, 40) << name;
+    EXPECT_TRUE(same_pixels(got, want)) << name;
+    std::set<uint8_t> values(want.rgb.begin(), want.rgb.end());
+    EXPECT_GT(values.size(), 30u) << name;
+  }
+  expect_error([&] { load_image(data / "animated.webp"); }, {"animated.webp", "animated WebP"});
+  // The declared size is refused before decoding.
+  ImageLimits small;
+  small.max_side = 16;
+  expect_error([&] { load_image(data / "lossy.webp", small); }, {"lossy.webp", "40"});
+  // Truncated: a clear error, never a partial image.
+  const fs::path dir = temp_dir("webp_bad");
+  const std::vector<uint8_t> bytes = read_bytes(data / "lossy.webp");
+  write_bytes(dir / "cut.webp", std::vector<uint8_t>(bytes.begin(), bytes.begin() + 60));
+  expect_error([&] { load_image(dir / "cut.webp"); }, {"cut.webp", "WebP"});
+}
+
+// .webp output is lossless: the exact pixels come back, and nothing is left but the file.
+TEST(ImageFiles, WebPRoundTripKeepsPixels) {
+  const fs::path dir = temp_dir("webp_round_trip");
+  const Image image = pattern_image(37, 23);
+  save_image(dir / "out.WebP", image, {{"prompt", "x"}});
+  const std::vector<uint8_t> head = read_bytes(dir / "out.WebP");
+  ASSERT_GT(head.size(), 12u);
+  EXPECT_EQ(std::string(head.begin() + 8, head.begin() + 12), "WEBP");
+  EXPECT_TRUE(same_pixels(load_image(dir / "out.WebP"), image));
+  EXPECT_EQ(list_dir(dir), std::vector<std::string>{"out.WebP"});
+  expect_error([&] { save_image(dir / "huge.webp", Image(16384, 1)); }, {"huge.webp", "16383"});
+  EXPECT_FALSE(fs::exists(dir / "huge.webp"));
 }
 
 }  // namespace
