@@ -230,6 +230,7 @@ void dequantize_q8(const BlockQ8* in, float* out, int64_t n) {
 void quantize_q4(const float* x, BlockQ4* out, int64_t n) {
 #if defined(KLEIN_X86)
   if (cpu_features().avx512) return quantize_q4_avx512(x, out, n);
+  if (cpu_features().avx2) return quantize_q4_avx2(x, out, n);
 #endif
   quantize_q4_scalar(x, out, n);
 }

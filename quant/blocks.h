@@ -135,6 +135,8 @@ void quantize_q8_avx512(const float* x, BlockQ8* out, int64_t n);
 void quantize_q4_avx512(const float* x, BlockQ4* out, int64_t n);
 void q4_trial_errors_avx2(const float* x, const float* d, const float* inv_d, const float* z,
                           int n, float* err);
+// The Q4 search with its candidates' set-up in lanes (the choice stays scalar).
+void quantize_q4_avx2(const float* x, BlockQ4* out, int64_t n);
 void q4_trial_errors_avx512(const float* x, const float* d, const float* inv_d, const float* z,
                             int n, float* err);
 #endif

@@ -286,14 +286,16 @@ BlockQ4 plain_quantize_q4(const float* x) {
   return out;
 }
 
-// The search as dispatched, its scalar form, and (where the CPU has it) the AVX-512 form that
-// sets up and chooses the candidates in lanes: all give the plain search's bytes.
+// The search as dispatched, its scalar form, and (where the CPU has them) the AVX2 and AVX-512
+// forms that set up (AVX-512: and choose) the candidates in lanes: all give the plain search's
+// bytes.
 TEST(Blocks, Q4SearchGivesTheBytesOfThePlainSearch) {
   const int count = 4000;
   const std::vector<float> v = q4_search_blocks(count);
   std::vector<std::pair<const char*, void (*)(const float*, BlockQ4*, int64_t)>> forms = {
       {"dispatched", quantize_q4}, {"scalar", quantize_q4_scalar}};
 #if defined(KLEIN_X86)
+  if (cpu_features().avx2) forms.push_back({"avx2", quantize_q4_avx2});
   if (cpu_features().avx512) forms.push_back({"avx512", quantize_q4_avx512});
 #endif
   for (const auto& [form, quantize] : forms) {
