@@ -70,15 +70,16 @@ SourceStore::SourceStore(std::vector<SourceComponent> components, ModelConfig co
       prefixes_[u->unit] = u->prefix;
     }
   for (const auto& [name, pending] : units_) {
-    uint64_t n = 0;
+    uint64_t n = 0, decoded = 0;
     for (const auto& [data, size] : ranges_of(name)) n += size;
-    // An fp8 weight is held as float32 while its unit is acquired (decode_fp8_ is on unless
-    // a convert asks otherwise): four bytes a value.
+    // An fp8 weight decoded when its unit is acquired (decode_fp8_, on unless a convert asks
+    // otherwise) is held as float32: three bytes a value more than its codes.
     for (const auto& p : pending)
       if (const auto* l = p.component->files ? p.component->files->find(p.source->source) : nullptr;
           l && dtype_is_fp8(l->entry->dtype))
-        n += 3 * uint64_t(numel(canonical_shape(*p.source, l->entry->shape)));
+        decoded += 3 * uint64_t(numel(canonical_shape(*p.source, l->entry->shape)));
     bytes_[name] = n;
+    fp8_decoded_extra_[name] = decoded;
   }
 }
 
@@ -132,7 +133,7 @@ UnitRef SourceStore::acquire(const std::string& unit) {
   std::lock_guard lock(mutex_);
   if (auto it = live_.find(unit); it != live_.end())
     if (auto held = it->second.lock()) {
-      tracker_.acquired(unit, bytes_[unit]);
+      tracker_.acquired(unit, unit_bytes(unit));
       return held;
     }
   auto it = units_.find(unit);
@@ -219,7 +220,7 @@ UnitRef SourceStore::acquire(const std::string& unit) {
   live_[unit] = u;
   u->registered = true;
   if (residency_ == Residency::Resident) kept_[unit] = u;
-  tracker_.acquired(unit, bytes_[unit]);
+  tracker_.acquired(unit, unit_bytes(unit));
   return u;
 }
 
@@ -227,7 +228,7 @@ void SourceStore::prefetch(const std::string& unit) {
   std::lock_guard lock(mutex_);
   if (!units_.count(unit)) return;
   if (auto it = live_.find(unit); it != live_.end() && !it->second.expired()) return;
-  tracker_.prefetched(unit, bytes_[unit]);
+  tracker_.prefetched(unit, unit_bytes(unit));
   advise(unit, MADV_WILLNEED);
 }
 
@@ -277,7 +278,9 @@ Residency SourceStore::residency() const {
 
 uint64_t SourceStore::unit_bytes(const std::string& unit) const {
   auto it = bytes_.find(unit);
-  return it == bytes_.end() ? 0 : it->second;
+  if (it == bytes_.end()) return 0;
+  auto extra = fp8_decoded_extra_.find(unit);
+  return it->second + (decode_fp8_ && extra != fp8_decoded_extra_.end() ? extra->second : 0);
 }
 
 void SourceStore::release(const std::string& prefix) {

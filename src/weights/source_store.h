@@ -86,7 +86,8 @@ class SourceStore final : public WeightStore {
   std::string identity_;
   std::map<std::string, std::vector<Pending>> units_;  // unit -> its tensors
   std::map<std::string, std::string> prefixes_;        // unit -> name prefix
-  std::map<std::string, uint64_t> bytes_;              // unit -> bytes of its tensors
+  std::map<std::string, uint64_t> bytes_;              // unit -> bytes of its tensors as stored
+  std::map<std::string, uint64_t> fp8_decoded_extra_;  // unit -> more when fp8 is decoded
   std::map<std::string, std::weak_ptr<const WeightUnit>> live_;
   std::map<std::string, UnitRef> kept_;  // resident: units stay until release()
   Residency residency_ = Residency::Paged;

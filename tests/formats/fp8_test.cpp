@@ -66,9 +66,15 @@ class Fp8Model : public ::testing::Test {
   TinyModelCopy copy_;
 };
 
-TEST_F(Fp8Model, PerRowScalesMultiplyTheDecodedCodes) {
+// A scale per row of the embedder: (r + 1) / 64.
+std::vector<float> row_scales() {
   std::vector<float> scale(kRows);
   for (int64_t r = 0; r < kRows; ++r) scale[size_t(r)] = float(r + 1) / 64.0f;
+  return scale;
+}
+
+TEST_F(Fp8Model, PerRowScalesMultiplyTheDecodedCodes) {
+  const std::vector<float> scale = row_scales();
   write([&](std::vector<StTensor>& t) {
     t.push_back(fp8_embedder());
     t.push_back({"x_embedder.weight_scale", "F32", {kRows, 1}, f32_bytes(scale)});
@@ -91,8 +97,7 @@ TEST_F(Fp8Model, PerRowScalesMultiplyTheDecodedCodes) {
 // For convert the store hands fp8 weights out as stored, with their scale, so that no unit is
 // held in float32; the codes and scales give the same values a slice at a time.
 TEST_F(Fp8Model, AsStoredForConvertWithTheirScale) {
-  std::vector<float> scale(kRows);
-  for (int64_t r = 0; r < kRows; ++r) scale[size_t(r)] = float(r + 1) / 64.0f;
+  const std::vector<float> scale = row_scales();
   write([&](std::vector<StTensor>& t) {
     t.push_back(fp8_embedder());
     t.push_back({"x_embedder.weight_scale", "F32", {kRows, 1}, f32_bytes(scale)});
@@ -100,7 +105,10 @@ TEST_F(Fp8Model, AsStoredForConvertWithTheirScale) {
   auto store = open_model(copy_.dir());
   auto* source = dynamic_cast<SourceStore*>(store.get());
   ASSERT_NE(source, nullptr);
+  // The unit's size follows what is held: the codes as float32 when decoded, else as stored.
+  const uint64_t decoded = store->unit_bytes("transformer.shared");
   source->set_decode_fp8(false);
+  EXPECT_EQ(decoded - store->unit_bytes("transformer.shared"), uint64_t(3 * kRows * kCols));
   const UnitRef u = store->acquire("transformer.shared");
   const Weight& w = u->get("x_embedder.weight");
   ASSERT_EQ(w.dtype, DType::F8_E4M3);
