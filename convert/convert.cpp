@@ -212,7 +212,7 @@ void read_rows(const Weight& w, int64_t r0, int64_t r1, float* out) {
   }
   if (dtype_is_fp8(w.dtype)) {  // codes x scale, as the checkpoint defines them
     decode_fp8_rows(w.dtype, static_cast<const std::byte*>(w.data), r0, r1, cols, w.scale,
-                    w.scale_count, w.name, out);
+                    w.scale_count, w.origin.empty() ? w.name : w.origin, out);
     return;
   }
   if (dtype_is_float(w.dtype) && w.layout == 0) {

@@ -172,6 +172,7 @@ UnitRef SourceStore::acquire(const std::string& unit) {
       w.dtype = DType::F32;
       w.layout = 0;
     } else if (dtype_is_fp8(w.dtype)) {
+      auto origin = [&] { return src.canonical + " (" + src.source + " in " + p.component->path().string() + ")"; };
       // The scale, as float32 values kept by the unit (one, or one per row of this range).
       std::vector<float> scale;
       if (auto it = p.component->fp8_scales.find(src.source); it != p.component->fp8_scales.end()) {
@@ -186,14 +187,16 @@ UnitRef SourceStore::acquire(const std::string& unit) {
         // fp8 (and its scale) to float32, exactly as the checkpoint defines the values.
         std::vector<std::byte> buf(size_t(rows) * size_t(cols) * sizeof(float));
         decode_fp8_rows(w.dtype, static_cast<const std::byte*>(w.data), 0, rows, cols,
-                        scale.empty() ? nullptr : scale.data(), int64_t(scale.size()),
-                        src.canonical + " (" + src.source + " in " + p.component->path().string() + ")",
+                        scale.empty() ? nullptr : scale.data(), int64_t(scale.size()), origin(),
                         reinterpret_cast<float*>(buf.data()));
         u->owned.push_back(std::move(buf));
         w.dtype = DType::F32;
         w.data = u->owned.back().data();
         w.nbytes = u->owned.back().size();
-      } else if (!scale.empty()) {
+      } else {
+        w.origin = origin();  // convert names it when a decoded value is not finite
+      }
+      if (!decode_fp8_ && !scale.empty()) {
         // As stored: the reader decodes the rows it needs (convert, a slice at a time). The
         // rows' halves are swapped below, and with them a per-row scale's.
         if (scale.size() > 1 && src.swap_halves)

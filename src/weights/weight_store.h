@@ -49,6 +49,9 @@ struct Weight {
   // 1. Owned by the unit.
   const float* scale = nullptr;
   int64_t scale_count = 0;
+  // For messages about values read later (an fp8 weight handed out as stored): the canonical
+  // name with the source tensor and file it comes from. Empty: `name` says enough.
+  std::string origin;
 
   int64_t rows() const { return shape.empty() ? 1 : shape[0]; }
   int64_t cols() const { return shape.empty() ? 1 : klein::numel(shape) / shape[0]; }
