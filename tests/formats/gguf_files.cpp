@@ -18,12 +18,19 @@ struct Out {
   }
 };
 
-uint32_t ggml_type(const std::string& dtype) {
-  if (dtype == "F32") return 0;
-  if (dtype == "F16") return 1;
-  if (dtype == "BF16") return 30;
+struct GgmlType {
+  uint32_t id;
+  int64_t block_elems, block_bytes;  // values per block and its size
+};
+
+GgmlType ggml_type(const std::string& dtype) {
+  if (dtype == "F32") return {0, 1, 4};
+  if (dtype == "F16") return {1, 1, 2};
+  if (dtype == "BF16") return {30, 1, 2};
+  if (dtype == "Q8_0") return {8, 32, 34};
+  if (dtype == "Q4_0") return {2, 32, 18};
   ADD_FAILURE() << "write_gguf: dtype " << dtype;
-  return 0;
+  return {0, 1, 4};
 }
 
 }  // namespace
@@ -58,10 +65,17 @@ void write_gguf(const std::filesystem::path& path, const std::vector<GgufKey>& m
   }
   uint64_t offset = 0;
   for (const StTensor& t : tensors) {
+    const GgmlType type = ggml_type(t.dtype);
+    // A file whose bytes disagree with its shape would test the reader's errors, not this.
+    const bool whole_blocks =
+        type.block_elems == 1 || (!t.shape.empty() && t.shape.back() % type.block_elems == 0);
+    EXPECT_TRUE(whole_blocks &&
+                int64_t(t.bytes.size()) == numel(t.shape) / type.block_elems * type.block_bytes)
+        << "write_gguf: " << t.name << " holds " << t.bytes.size() << " bytes for its shape";
     o.str(t.name);
     o.u32(uint32_t(t.shape.size()));
     for (auto it = t.shape.rbegin(); it != t.shape.rend(); ++it) o.u64(uint64_t(*it));
-    o.u32(ggml_type(t.dtype));
+    o.u32(type.id);
     o.u64(offset);
     offset = (offset + t.bytes.size() + 31) / 32 * 32;
   }

@@ -1,8 +1,9 @@
 #pragma once
-// Writing GGUF files in tests (version 3, alignment 32): tensors of F32 / F16 / BF16 with
-// their shape given in our order (written as ne, innermost first), and metadata of strings,
-// integers and arrays of them. The files gguf-py writes are in tests/data/gguf; this writer
-// makes model-sized files from the tiny model without Python.
+// Writing GGUF files in tests (version 3, alignment 32): tensors of F32 / F16 / BF16, or of
+// GGML blocks of Q8_0 / Q4_0 made by the test, with their shape given in our order (written
+// as ne, innermost first), and metadata of strings, integers and arrays of them. The files
+// gguf-py writes are in tests/data/gguf; this writer makes model-sized files from the tiny
+// model without Python.
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -19,7 +20,10 @@ struct GgufKey {
   std::variant<std::string, uint32_t, std::vector<std::string>, std::vector<int32_t>> value;
 };
 
-// `tensors` as StTensor (dtype "F32", "F16" or "BF16").
+// `tensors` as StTensor: dtype "F32", "F16" or "BF16" with the values; or "Q8_0" (GGML type
+// 8: 34 bytes per 32 values) or "Q4_0" (type 2: 18 bytes per 32 values) with `bytes` holding
+// the blocks, row after row, and `shape` the shape of the values (the innermost extent a
+// multiple of 32).
 void write_gguf(const std::filesystem::path& path, const std::vector<GgufKey>& metadata,
                 const std::vector<StTensor>& tensors);
 

@@ -1,15 +1,21 @@
 // Single-file checkpoints in the original BFL layout (spec b.4): the tiny model's diffusers
 // tensors are rewritten under BFL names (fused QKV, swapped final-layer halves, ".scale"
 // norms, reversed decoder levels, 1x1 attention convolutions) and must load to exactly the
-// same canonical tensors, bit for bit, as the diffusers directory.
+// same canonical tensors, bit for bit, as the diffusers directory. GGUF files of the same
+// tensors: of float types they run as they are; of GGML blocks (Q8_0, Q4_0, made here) they
+// must be converted, and then generate what the values of their blocks do.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <regex>
+#include <set>
 
+#include "core/dtype.h"
 #include "core/files.h"
 #include "formats/gguf_files.h"
 #include "formats/st_files.h"
@@ -49,8 +55,9 @@ StTensor renamed(StTensor t, std::string name) {
   return t;
 }
 
-// Rows of q, k, v stacked into one [3*D, D] projection.
+// Rows of q, k, v stacked into one [3*D, D] projection (rows of GGML blocks too).
 StTensor fused(std::string name, const StTensor& q, const StTensor& k, const StTensor& v) {
+  EXPECT_TRUE(k.dtype == q.dtype && v.dtype == q.dtype) << name << ": q, k and v differ in type";
   StTensor t{std::move(name), q.dtype, {3 * q.shape[0], q.shape[1]}, {}};
   for (const StTensor* part : {&q, &k, &v})
     t.bytes.insert(t.bytes.end(), part->bytes.begin(), part->bytes.end());
@@ -70,10 +77,16 @@ struct BflSpelling {
   std::string norm = "scale";  // BFL "scale"; some repacks write "weight"
 };
 
-// The tiny transformer under BFL names (spec b.4, transformer table).
-std::vector<StTensor> bfl_transformer(const BflSpelling& spelling) {
-  TensorMap d = by_name(
-      testing::read_all(testing::tiny_model() / "transformer/diffusion_pytorch_model.safetensors"));
+std::vector<StTensor> tiny_transformer() {
+  return testing::read_all(testing::tiny_model() /
+                           "transformer/diffusion_pytorch_model.safetensors");
+}
+
+// The tiny transformer's tensors (`diffusers`: under their diffusers names) under BFL names
+// (spec b.4, transformer table). Only whole rows are moved, so the tensors may be GGML blocks.
+std::vector<StTensor> bfl_transformer(const BflSpelling& spelling,
+                                      const std::vector<StTensor>& diffusers = tiny_transformer()) {
+  TensorMap d = by_name(diffusers);
   std::vector<StTensor> out;
   auto put = [&](StTensor t) {
     t.name = spelling.prefix + t.name;
@@ -306,10 +319,14 @@ TEST_F(BflLayout, SummaryReportsTheLayoutAndTheFileTensors) {
 // The tiny Qwen3 under llama.cpp's names, with its tokenizer in the metadata as llama.cpp's
 // converter writes it: tokens in id order padded to the vocabulary size, their types
 // (1 normal, 3 control = special added, 4 user-defined = other added, 5 unused padding).
-void write_llama_cpp_text_encoder(const fs::path& path) {
+// `transform`, when given, sees each tensor under its transformers name before it is renamed
+// and may change its type and bytes.
+void write_llama_cpp_text_encoder(const fs::path& path,
+                                  const std::function<void(StTensor&)>& transform = {}) {
   std::vector<StTensor> tensors;
   for (const char* shard : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"})
     for (StTensor t : testing::read_all(testing::tiny_model() / "text_encoder" / shard)) {
+      if (transform) transform(t);
       static const std::vector<std::pair<std::string, std::string>> layer = {
           {"self_attn.q_proj.weight", "attn_q.weight"}, {"self_attn.k_proj.weight", "attn_k.weight"},
           {"self_attn.v_proj.weight", "attn_v.weight"}, {"self_attn.o_proj.weight", "attn_output.weight"},
@@ -441,6 +458,233 @@ TEST_F(BflLayout, GgufOfFloatTypesGeneratesAsTheSafetensors) {
                                &log), 0) << log;
   for (const char* f : {"prompt_embeds.npy", "final_latents.npy", "image.npy"})
     EXPECT_EQ(read_text_file(dir_ / "gguf" / f), read_text_file(dir_ / "st" / f)) << f;
+}
+
+// --- GGUF files of GGML blocks (Q8_0, Q4_0), which run only after converting ------------------
+
+// The blocks are made and read back here with GGML's formulas rather than by the engine, so
+// that the engine's reading of them is checked against an independent decoding.
+
+constexpr int64_t kBlock = 32;  // values per Q8_0 / Q4_0 block
+
+// The values of a BF16 or F32 tensor.
+std::vector<float> values_of(const StTensor& t) {
+  std::vector<float> v(size_t(numel(t.shape)));
+  if (t.dtype == "F32") {
+    std::memcpy(v.data(), t.bytes.data(), v.size() * 4);
+    return v;
+  }
+  EXPECT_EQ(t.dtype, "BF16") << t.name;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint32_t bits = uint32_t(t.bytes[2 * i]) | uint32_t(t.bytes[2 * i + 1]) << 8;
+    const uint32_t f32 = bits << 16;
+    std::memcpy(&v[i], &f32, 4);
+  }
+  return v;
+}
+
+StTensor f32_tensor(const StTensor& like, const std::vector<float>& v) {
+  StTensor t{like.name, "F32", like.shape, std::vector<std::byte>(v.size() * 4)};
+  std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
+  return t;
+}
+
+// IEEE binary16 to float32, exactly (a block's scale d).
+float half_to_float(std::byte lo, std::byte hi) {
+  const uint32_t h = uint32_t(lo) | uint32_t(hi) << 8;
+  const int exponent = int(h >> 10) & 31;
+  const float mantissa = float(h & 1023);
+  const float v = exponent == 0    ? std::ldexp(mantissa, -24)
+                  : exponent == 31 ? (mantissa != 0 ? NAN : INFINITY)
+                                   : std::ldexp(1024 + mantissa, exponent - 25);
+  return (h & 0x8000) ? -v : v;
+}
+
+// The values of `t` as GGML blocks of `type`, block after block along each row: Q8_0 with
+// d = amax / 127 and q = round(x / d); Q4_0 as ggml's reference quantizer, d = m / -8 for the
+// value m of largest magnitude and q = min(15, int(x / d + 8.5)).
+StTensor quantized(const StTensor& t, const std::string& type) {
+  const std::vector<float> v = values_of(t);
+  const bool q8 = type == "Q8_0";
+  StTensor q{t.name, type, t.shape, {}};
+  q.bytes.reserve(v.size() / kBlock * (q8 ? 34 : 18));
+  for (size_t at = 0; at < v.size(); at += kBlock) {
+    const float* x = v.data() + at;
+    float amax = 0, max = 0;
+    for (int64_t j = 0; j < kBlock; ++j)
+      if (std::fabs(x[j]) > amax) {
+        amax = std::fabs(x[j]);
+        max = x[j];
+      }
+    const float d = q8 ? amax / 127 : max / -8;
+    const float id = d != 0 ? 1 / d : 0;
+    const uint16_t dh = f32_to_f16(d);
+    q.bytes.push_back(std::byte(dh & 0xff));
+    q.bytes.push_back(std::byte(dh >> 8));
+    if (q8) {
+      for (int64_t j = 0; j < kBlock; ++j)
+        q.bytes.push_back(std::byte(int8_t(std::clamp(std::lround(x[j] * id), -127L, 127L))));
+    } else {
+      auto code = [&](float x) { return std::clamp(int(x * id + 8.5f), 0, 15); };
+      for (int64_t j = 0; j < kBlock / 2; ++j)
+        q.bytes.push_back(std::byte(code(x[j]) | code(x[j + kBlock / 2]) << 4));
+    }
+  }
+  return q;
+}
+
+// The float32 values GGML blocks stand for: d times the code (Q8_0: the int8 q; Q4_0: the
+// nibble minus 8, value j in the low nibble of byte j and value j + 16 in its high nibble).
+StTensor decoded(const StTensor& q) {
+  const bool q8 = q.dtype == "Q8_0";
+  const size_t block_bytes = q8 ? 34 : 18;
+  std::vector<float> v;
+  v.reserve(q.bytes.size() / block_bytes * kBlock);
+  for (size_t at = 0; at < q.bytes.size(); at += block_bytes) {
+    const std::byte* b = q.bytes.data() + at;
+    const float d = half_to_float(b[0], b[1]);
+    if (q8) {
+      for (int64_t j = 0; j < kBlock; ++j) v.push_back(d * float(int8_t(b[2 + j])));
+    } else {
+      for (int64_t j = 0; j < kBlock; ++j) {
+        const int nibble =
+            j < kBlock / 2 ? int(b[2 + j] & std::byte{15}) : int(b[2 + j - kBlock / 2] >> 4);
+        v.push_back(d * float(nibble - 8));
+      }
+    }
+  }
+  return f32_tensor(q, v);
+}
+
+// A tensor as a GGUF file stores it (`type` "Q8_0", "Q4_0" or "F32") and as the reference
+// gives it: the F32 values the file stands for.
+struct Stored {
+  StTensor gguf, reference;
+};
+Stored stored_as(const StTensor& t, const std::string& type) {
+  if (type == "F32") {
+    StTensor f = f32_tensor(t, values_of(t));
+    return {f, f};
+  }
+  StTensor q = quantized(t, type);
+  StTensor ref = decoded(q);
+  return {std::move(q), std::move(ref)};
+}
+
+TEST_F(BflLayout, GgufQuantizedBlocksConvertToTheirDecodedWeights) {
+  // The 2-D tensors whose rows are whole blocks are stored as Q8_0, Q4_0 and F32 in turn, the
+  // token embedding as Q8_0; 1-D tensors as F32.
+  static const char* const kTurns[] = {"Q8_0", "Q4_0", "F32"};
+  std::set<std::string> q8_0;  // canonical names of the tensors stored as Q8_0
+  size_t q4_0 = 0;
+  auto count = [&](const std::string& canonical, const std::string& type) {
+    if (type == "Q8_0") q8_0.insert(canonical);
+    if (type == "Q4_0") ++q4_0;
+  };
+
+  std::vector<StTensor> transformer, transformer_ref;
+  std::map<std::string, size_t> turn;  // q, k and v of one attention share a turn: BFL fuses them
+  for (const StTensor& t : tiny_transformer()) {
+    std::string type = "F32";
+    if (t.shape.size() == 2 && t.shape[1] % kBlock == 0) {
+      static const std::regex qkv(R"(to_[qkv]\.|add_[qkv]_proj)");
+      const std::string key = std::regex_replace(t.name, qkv, "qkv");
+      type = kTurns[turn.emplace(key, turn.size()).first->second % 3];
+      // A q8 container keeps the shared tensors at bf16 (the default policy), where repacked
+      // blocks would not show: Q8_0 only inside the blocks.
+      const bool in_block = t.name.starts_with("transformer_blocks.") ||
+                            t.name.starts_with("single_transformer_blocks.");
+      if (type == "Q8_0" && !in_block) type = "Q4_0";
+    }
+    count("transformer." + t.name, type);
+    Stored s = stored_as(t, type);
+    transformer.push_back(std::move(s.gguf));
+    transformer_ref.push_back(std::move(s.reference));
+  }
+  testing::write_gguf(dir_ / "transformer.gguf", {{"general.architecture", std::string("flux")}},
+                      bfl_transformer({}, transformer));
+  testing::write_safetensors(dir_ / "transformer-ref.safetensors",
+                             bfl_transformer({}, transformer_ref));
+
+  std::vector<StTensor> text_encoder_ref;  // under the transformers names
+  size_t matrices = 0;
+  write_llama_cpp_text_encoder(dir_ / "text_encoder.gguf", [&](StTensor& t) {
+    std::string type = "F32";
+    if (t.name == "model.embed_tokens.weight")
+      type = "Q8_0";
+    else if (t.shape.size() == 2 && t.shape[1] % kBlock == 0)
+      type = kTurns[matrices++ % 3];
+    // The pipeline reads Qwen3's stream after layer 27 (1-based): the tiny model's last layer
+    // (index 27) is in the files but no container holds it.
+    if (!t.name.starts_with("model.layers.27.")) count("text_encoder." + t.name, type);
+    Stored s = stored_as(t, type);
+    text_encoder_ref.push_back(std::move(s.reference));
+    t = std::move(s.gguf);
+  });
+  testing::write_safetensors(dir_ / "text_encoder-ref.safetensors", text_encoder_ref);
+  ASSERT_GE(q8_0.size(), 20u);
+  ASSERT_GE(q4_0, 20u);
+  ASSERT_TRUE(q8_0.count("text_encoder.model.embed_tokens.weight"));
+
+  auto arg = [](const fs::path& p) { return " '" + p.string() + "'"; };
+  const fs::path m = testing::tiny_model();
+  const std::string vae = " --vae" + arg(m / "vae/diffusion_pytorch_model.safetensors");
+  const std::string gguf = " --diffusion-model" + arg(dir_ / "transformer.gguf") +
+                           " --text-encoder" + arg(dir_ / "text_encoder.gguf") + vae +
+                           " --variant 4b";
+  const std::string reference = " --diffusion-model" + arg(dir_ / "transformer-ref.safetensors") +
+                                " --text-encoder" + arg(dir_ / "text_encoder-ref.safetensors") +
+                                vae + " --tokenizer" + arg(m / "tokenizer") + " --variant 4b";
+  const std::string run = " -p \"a red cube\" -s 2 -W 64 -H 64 --seed 3 --no-cache --threads 2 -q";
+  std::string log;
+
+  // Blocks are not run as they are: the file must be converted first, and nothing is written.
+  EXPECT_NE(testing::run_klein("generate" + gguf + run + " -o" + arg(dir_ / "x.png"), &log), 0);
+  EXPECT_NE(log.find("convert it first"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(dir_ / "x.png"));
+
+  // Converted to f32 (no --tokenizer: it comes from the text encoder's metadata), the GGUF
+  // files generate exactly what their decoded values do.
+  ASSERT_EQ(testing::run_klein("convert" + gguf + " -t f32 -o" + arg(dir_ / "f32.klein"), &log), 0)
+      << log;
+  ASSERT_EQ(testing::run_klein("generate -m" + arg(dir_ / "f32.klein") + run + " --dump" +
+                                   arg(dir_ / "f32") + " -o" + arg(dir_ / "f32.png"),
+                               &log),
+            0)
+      << log;
+  ASSERT_EQ(testing::run_klein("generate" + reference + run + " --dump" + arg(dir_ / "ref") +
+                                   " -o" + arg(dir_ / "ref.png"),
+                               &log),
+            0)
+      << log;
+  for (const char* f : {"prompt_embeds.npy", "final_latents.npy", "image.npy"})
+    EXPECT_TRUE(read_text_file(dir_ / "f32" / f) == read_text_file(dir_ / "ref" / f))
+        << f << " differs from the reference's";
+
+  // Converted to q8, the Q8_0 tensors are their own blocks repacked: measured against the
+  // GGUF files they have no error at all, while the requantized ones have some.
+  ASSERT_EQ(testing::run_klein("convert" + gguf + " -t q8 -o" + arg(dir_ / "q8.klein"), &log), 0)
+      << log;
+  ASSERT_EQ(testing::run_klein("report" + gguf + " --candidate" + arg(dir_ / "q8.klein") +
+                                   " --no-e2e --threads 2 -q -o" + arg(dir_ / "report"),
+                               &log),
+            0)
+      << log;
+  const auto report = nlohmann::json::parse(read_text_file(dir_ / "report" / "report.json"));
+  std::set<std::string> reported, requantized_with_error;
+  for (const auto& t : report["tensors"]) {
+    const std::string name = t["name"];
+    if (!q8_0.count(name)) {
+      if (t["type"] == "q8" && t["rmse"].get<double>() > 0) requantized_with_error.insert(name);
+      continue;
+    }
+    EXPECT_EQ(t["type"].get<std::string>(), "q8") << name;
+    EXPECT_EQ(t["rmse"].get<double>(), 0.0) << name;
+    reported.insert(name);
+  }
+  for (const std::string& name : q8_0)
+    EXPECT_TRUE(reported.count(name)) << name << " is not in the report";
+  EXPECT_GE(requantized_with_error.size(), 20u);
 }
 
 }  // namespace
