@@ -140,19 +140,24 @@ std::vector<SourceFile> source_files(const ConvertOptions& o, const WeightStore&
   return out;
 }
 
-// XXH3 of a whole file, read sequentially; gives up (returning "") when `stop()` says so.
+// XXH3 of a whole file through a read-only mapping of its own, in order; gives up (returning
+// "") when `stop()` says so. No copy: the pages the conversion has faulted in are hashed where
+// they lie in the page cache (read() cost a copy of every source byte, ~10 % of a Q4
+// convert's time), and each piece is dropped from this process once hashed, so the resident
+// size does not grow with the file.
 std::string hash_file(const fs::path& path, uint64_t& bytes, const std::function<bool()>& stop) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open ", path.string(), ": ", std::strerror(errno));
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  const MappedFile file(path);
+  constexpr size_t kPiece = size_t(8) << 20;
+  if (file.size() > 0) ::madvise(const_cast<std::byte*>(file.data()), file.size(), MADV_SEQUENTIAL);
   xxh3::Hasher hasher;
-  std::vector<char> buf(size_t(8) << 20);
   bytes = 0;
-  read_pieces(fd, path, buf, [&](std::span<const char> piece) {
-    hasher.update(piece.data(), piece.size());
-    bytes += piece.size();
-    return !stop();
-  });
+  for (size_t at = 0; at < file.size(); at += kPiece) {
+    if (stop()) return {};
+    const size_t n = std::min(kPiece, file.size() - at);
+    hasher.update(file.data() + at, n);
+    ::madvise(const_cast<std::byte*>(file.data() + at), n, MADV_DONTNEED);
+    bytes += n;
+  }
   return stop() ? std::string() : container::hex64(hasher.digest());
 }
 
