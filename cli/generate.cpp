@@ -45,17 +45,21 @@ class TerminalProgress final : public Progress {
   TerminalProgress(bool quiet, bool verbose)
       : quiet_(quiet), verbose_(verbose), terminal_(::isatty(::fileno(stderr)) == 1) {}
   void memory_plan(const MemoryPlan& plan) override {
-    if (!verbose_) return;
+    // Running without read-ahead is slower: say so even when not verbose.
+    if (!verbose_ && (quiet_ || plan.read_ahead)) return;
     std::fprintf(stderr, "memory: %s\n", plan.reason.c_str());
-    std::fprintf(stderr, "  budget %s (%s), available %s; need resident %s, paged %s "
-                 "(program %s)\n", format_bytes(plan.budget).c_str(),
+    if (!verbose_) return;
+    std::fprintf(stderr, "  budget %s (%s), available %s; need resident %s, paged %s, paged "
+                 "without read-ahead %s (program %s)\n", format_bytes(plan.budget).c_str(),
                  plan.budget_given ? "--max-memory" : "from the available memory",
                  format_bytes(plan.available).c_str(), format_bytes(plan.need.resident()).c_str(),
-                 format_bytes(plan.need.paged()).c_str(), format_bytes(plan.need.fixed).c_str());
+                 format_bytes(plan.need.paged()).c_str(), format_bytes(plan.need.one_unit()).c_str(),
+                 format_bytes(plan.need.fixed).c_str());
     for (const auto& p : plan.need.phases)
-      std::fprintf(stderr, "  %-13s weights %s paged / %s resident, activations %s\n",
+      std::fprintf(stderr, "  %-14s weights %s paged / %s resident / %s one unit, activations %s\n",
                    p.phase.c_str(), format_bytes(p.weights_paged).c_str(),
-                   format_bytes(p.weights_resident).c_str(), format_bytes(p.activations).c_str());
+                   format_bytes(p.weights_resident).c_str(),
+                   format_bytes(p.weights_one_unit).c_str(), format_bytes(p.activations).c_str());
   }
   void begin(const std::string& phase, int total) override {
     start_ = last_line_ = std::chrono::steady_clock::now();

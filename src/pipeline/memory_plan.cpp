@@ -48,6 +48,7 @@ PhaseNeed text_encoder_need(const WeightStore& store) {
   const uint64_t rows = std::min(table, uint64_t(S) * (row + 2 * page));
   p.weights_paged = layers.two_largest() + rows;
   p.weights_resident = layers.total + table;
+  p.weights_one_unit = layers.largest + rows;
   const int64_t q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
   // x, h, q, k, v, attn, gate, up; RoPE tables; the context it returns.
   p.activations = f32_bytes(S * (2 * c.hidden + 2 * q + 2 * kv + 2 * c.intermediate)) +
@@ -55,17 +56,25 @@ PhaseNeed text_encoder_need(const WeightStore& store) {
   return p;
 }
 
-PhaseNeed denoise_need(const WeightStore& store, const MemoryPlanInputs& in) {
+// Two phases: the set-up holds the shared unit (embedders and modulation; 0.7 GB of bf16 in
+// klein-9B) while the embeddings and every step's modulation are computed, with the first
+// block read ahead; it is released before the blocks' activations are allocated. Then the
+// steps run the blocks, two at a time (one at a time without read-ahead).
+std::pair<PhaseNeed, PhaseNeed> denoise_needs(const WeightStore& store,
+                                              const MemoryPlanInputs& in) {
   const TransformerConfig& c = store.config().transformer;
-  PhaseNeed p{"denoise"};
+  PhaseNeed setup{"denoise set-up"}, p{"denoise"};
   UnitSizes blocks;
   for (int64_t i = 0; i < c.num_double_blocks; ++i) blocks.add(store.unit_bytes(double_block_unit(i)));
   for (int64_t i = 0; i < c.num_single_blocks; ++i) blocks.add(store.unit_bytes(single_block_unit(i)));
   const uint64_t shared = store.unit_bytes("transformer.shared");
-  // The shared unit is held while the embeddings and modulation are computed, with the first
-  // block read ahead; then the blocks, two at a time.
-  p.weights_paged = std::max(shared + blocks.largest, blocks.two_largest());
-  p.weights_resident = blocks.total + shared;
+  const uint64_t first = store.unit_bytes(c.num_double_blocks > 0 ? double_block_unit(0)
+                                                                   : single_block_unit(0));
+  setup.weights_paged = setup.weights_resident = shared + first;
+  setup.weights_one_unit = shared;
+  p.weights_paged = blocks.two_largest();
+  p.weights_resident = blocks.total + shared;  // resident, the shared unit stays
+  p.weights_one_unit = blocks.largest;
 
   flux2::TokenLayout layout;
   layout.text_tokens = kKleinMaxTokens;
@@ -89,14 +98,14 @@ PhaseNeed denoise_need(const WeightStore& store, const MemoryPlanInputs& in) {
                                                 R)) +
         flux2::ReferenceKV::plan_bytes(size_t(c.num_double_blocks + c.num_single_blocks), R, D);
   }
-  p.activations =
-      block_activations +
+  setup.activations =
       f32_bytes(contexts * layout.text_tokens * (c.context_dim + D)) +  // contexts, embedded
       f32_bytes(layout.reference_tokens() * (D + c.in_channels)) +      // references
       f32_bytes(5 * N * c.in_channels) +                                // noise, x, velocities
       f32_bytes(std::max<int64_t>(in.steps, 1) * (19 * D + c.timestep_channels)) +  // modulation
       f32_bytes(2 * S * c.head_dim);                                    // RoPE tables
-  return p;
+  p.activations = setup.activations + block_activations;
+  return {setup, p};
 }
 
 }  // namespace
@@ -113,6 +122,12 @@ uint64_t MemoryEstimate::resident() const {
   return fixed + peak;
 }
 
+uint64_t MemoryEstimate::one_unit() const {
+  uint64_t peak = 0;
+  for (const auto& p : phases) peak = std::max(peak, p.one_unit());
+  return fixed + peak;
+}
+
 MemoryEstimate estimate_memory(const WeightStore& store, const MemoryPlanInputs& in) {
   MemoryEstimate e;
   e.fixed = kFixedBytes + in.adapter_bytes;
@@ -123,15 +138,17 @@ MemoryEstimate estimate_memory(const WeightStore& store, const MemoryPlanInputs&
   if (!in.image) return e;
   if (!in.references.empty()) {
     PhaseNeed p{"vae encode"};
-    p.weights_paged = p.weights_resident = store.unit_bytes("vae.encoder");
+    p.weights_paged = p.weights_resident = p.weights_one_unit = store.unit_bytes("vae.encoder");
     for (const auto& [w, h] : in.references)
       p.activations = std::max<uint64_t>(p.activations, vae::encode_activation_bytes(vae, h, w));
     p.activations += context;
     e.phases.push_back(p);
   }
-  e.phases.push_back(denoise_need(store, in));
+  auto [setup, denoise] = denoise_needs(store, in);
+  e.phases.push_back(setup);
+  e.phases.push_back(denoise);
   PhaseNeed d{"vae decode"};
-  d.weights_paged = d.weights_resident = store.unit_bytes("vae.decoder");
+  d.weights_paged = d.weights_resident = d.weights_one_unit = store.unit_bytes("vae.decoder");
   d.activations = vae::decode_activation_bytes(vae, in.height, in.width) +
                   f32_bytes(int64_t(3) * in.height * in.width);  // the image
   e.phases.push_back(d);
@@ -147,17 +164,20 @@ uint64_t default_memory_budget(uint64_t available) {
 nlohmann::ordered_json MemoryPlan::to_json() const {
   nlohmann::ordered_json j;
   j["residency"] = residency_name(residency);
+  j["read_ahead"] = read_ahead;
   j["budget_bytes"] = budget;
   j["budget_from"] = budget_given ? "--max-memory" : "available memory";
   j["available_bytes"] = available;
   j["need_resident_bytes"] = need.resident();
   j["need_paged_bytes"] = need.paged();
+  j["need_one_unit_bytes"] = need.one_unit();
   j["fixed_bytes"] = need.fixed;
   for (const auto& p : need.phases) {
     nlohmann::ordered_json q;
     q["phase"] = p.phase;
     q["weights_paged_bytes"] = p.weights_paged;
     q["weights_resident_bytes"] = p.weights_resident;
+    q["weights_one_unit_bytes"] = p.weights_one_unit;
     q["activation_bytes"] = p.activations;
     j["phases"].push_back(q);
   }
@@ -172,16 +192,34 @@ MemoryPlan plan_memory(const MemoryEstimate& need, std::optional<uint64_t> budge
   plan.available = available;
   plan.budget_given = budget.has_value();
   plan.budget = budget ? *budget : default_memory_budget(available);
-  const uint64_t resident = need.resident(), paged = need.paged();
+  const uint64_t resident = need.resident(), paged = need.paged(), one_unit = need.one_unit();
   const std::string of = plan.budget_given ? " of the --max-memory budget " : " of the budget ";
+  const auto mib = [](uint64_t bytes) { return (bytes + (uint64_t(1) << 20) - 1) >> 20; };
+  // Paged within a budget that holds one unit but not two: no read-ahead.
+  const auto without_read_ahead = [&](const std::string& why) {
+    plan.read_ahead = false;
+    plan.reason = why + ", without read-ahead: reading the next unit while one computes would "
+                  "need about " + format_bytes(paged) + of + format_bytes(plan.budget) +
+                  ", so each unit is read when it is needed, about " + format_bytes(one_unit) +
+                  " (slower when the weights are not in the page cache)";
+  };
   if (forced) {
     plan.residency = *forced;
-    const uint64_t needed = *forced == Residency::Resident ? resident : paged;
     const std::string mode = residency_name(*forced);
+    const bool paging = *forced == Residency::Paged;
+    if (paging && plan.budget != 0 && paged > plan.budget && one_unit <= plan.budget) {
+      without_read_ahead(mode + " (--residency)");
+      return plan;
+    }
+    // Paged and short even of one unit: read nothing ahead (the least memory there is).
+    const bool short_of_two = paging && plan.budget != 0 && paged > plan.budget;
+    const uint64_t needed = !paging ? resident : short_of_two ? one_unit : paged;
     check(!plan.budget_given || needed <= plan.budget, "--residency ", mode, " needs about ",
           format_bytes(needed), ", more than --max-memory ", format_bytes(plan.budget),
-          "; give at least --max-memory ", (needed + (uint64_t(1) << 20) - 1) >> 20, "M");
-    plan.reason = mode + " (--residency): needs about " + format_bytes(needed) + of +
+          "; give at least --max-memory ", mib(needed), "M");
+    plan.read_ahead = !short_of_two;
+    plan.reason = mode + (short_of_two ? ", without read-ahead" : "") +
+                  " (--residency): needs about " + format_bytes(needed) + of +
                   format_bytes(plan.budget);
     if (plan.budget != 0 && needed > plan.budget) plan.reason += ", more than the budget";
     return plan;
@@ -200,23 +238,27 @@ MemoryPlan plan_memory(const MemoryEstimate& need, std::optional<uint64_t> budge
                   "network's weights in memory, about " + format_bytes(resident);
     return plan;
   }
+  if (one_unit <= plan.budget) {
+    without_read_ahead("paged");
+    return plan;
+  }
   // The largest phase, to say where the memory goes.
   const PhaseNeed* worst = nullptr;
   for (const auto& p : need.phases)
-    if (!worst || p.paged() > worst->paged()) worst = &p;
+    if (!worst || p.one_unit() > worst->one_unit()) worst = &p;
   const std::string where =
-      worst ? " (" + worst->phase + ": " + format_bytes(worst->weights_paged) + " of weights, " +
-                  format_bytes(worst->activations) + " of activations, plus " +
+      worst ? " (" + worst->phase + ": " + format_bytes(worst->weights_one_unit) +
+                  " of weights, " + format_bytes(worst->activations) + " of activations, plus " +
                   format_bytes(need.fixed) + " for the program)"
             : "";
   if (plan.budget_given)
     fail("--max-memory ", format_bytes(plan.budget), " is too small for this model at this size: "
-         "even paging one unit at a time needs about ", format_bytes(paged), where,
-         "; give at least --max-memory ", (paged + (uint64_t(1) << 20) - 1) >> 20,
-         "M or generate a smaller image");
-  plan.reason = "paged: the available memory (" + format_bytes(available) +
-                ") is below what even paging needs, about " + format_bytes(paged) + where +
-                "; the run may swap or be stopped by the system";
+         "even paging one unit at a time needs about ", format_bytes(one_unit), where,
+         "; give at least --max-memory ", mib(one_unit), "M or generate a smaller image");
+  plan.read_ahead = false;
+  plan.reason = "paged, without read-ahead: the available memory (" + format_bytes(available) +
+                ") is below what even paging one unit at a time needs, about " +
+                format_bytes(one_unit) + where + "; the run may swap or be stopped by the system";
   return plan;
 }
 

@@ -13,8 +13,11 @@
 // Paged, a network needs its two largest units at once (one computing, the next read ahead);
 // resident, all of its units. The need of a mode is the largest phase plus the process's
 // fixed part (program, tokenizer, libraries). Paged is the default (a few per cent slower,
-// a fraction of the memory); resident only when asked (--residency). Below what the chosen
-// mode needs, a budget the user gave is refused.
+// a fraction of the memory); resident only when asked (--residency). A budget between the
+// largest unit and the two largest turns the read-ahead off: each unit is read when it is
+// needed, one at a time (what lets klein-9B at Q8, whose double block is 0.46 GB, run in
+// 1 GiB; slower when the weights are not in the page cache). Below what paging one unit at a
+// time needs, a budget the user gave is refused.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -44,8 +47,10 @@ struct PhaseNeed {
   uint64_t weights_paged = 0;        // largest units held at once when paged
   uint64_t weights_resident = 0;     // all of the phase's units
   uint64_t activations = 0;
+  uint64_t weights_one_unit = 0;     // paged without read-ahead: the largest unit
   uint64_t paged() const { return weights_paged + activations; }
   uint64_t resident() const { return weights_resident + activations; }
+  uint64_t one_unit() const { return weights_one_unit + activations; }
 };
 
 struct MemoryEstimate {
@@ -53,12 +58,14 @@ struct MemoryEstimate {
   std::vector<PhaseNeed> phases;
   uint64_t paged() const;     // fixed + the largest phase, paged
   uint64_t resident() const;  // fixed + the largest phase, resident
+  uint64_t one_unit() const;  // fixed + the largest phase, paged without read-ahead
 };
 
 MemoryEstimate estimate_memory(const WeightStore& store, const MemoryPlanInputs& inputs);
 
 struct MemoryPlan {
   Residency residency = Residency::Paged;
+  bool read_ahead = true;     // paged: the next unit is read while one computes
   uint64_t budget = 0;
   bool budget_given = false;  // --max-memory, else from the available memory
   uint64_t available = 0;     // MemAvailable when planned (0: unknown)
@@ -72,9 +79,10 @@ struct MemoryPlan {
 uint64_t default_memory_budget(uint64_t available);
 
 // Picks the residency for `budget` (none: default_memory_budget of the available memory), or
-// takes `forced` (--residency). A given budget below the need of the chosen mode (paged, when
+// takes `forced` (--residency), and whether paging reads ahead (only when the budget holds
+// it). A given budget below the need of the chosen mode (paged one unit at a time, when
 // choosing) throws klein::Error naming both sizes; without one, a machine short of memory
-// runs paged anyway and the reason says so.
+// runs paged anyway, without read-ahead, and the reason says so.
 MemoryPlan plan_memory(const MemoryEstimate& need, std::optional<uint64_t> budget,
                        uint64_t available, std::optional<Residency> forced = {});
 

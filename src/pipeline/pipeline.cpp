@@ -261,6 +261,7 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
     r.memory = plan_memory(estimate_memory(weights_, need), o.max_memory,
                            available_memory_bytes(), o.residency);
     weights_.set_residency(r.memory->residency);
+    weights_.set_read_ahead(r.memory->read_ahead);
     progress.memory_plan(*r.memory);
   }
   return g;

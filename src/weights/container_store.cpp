@@ -217,7 +217,7 @@ UnitRef ContainerStore::acquire(const std::string& unit) {
 void ContainerStore::prefetch(const std::string& unit) {
   std::lock_guard lock(mutex_);
   auto it = units_.find(unit);
-  if (it == units_.end()) return;
+  if (it == units_.end() || !read_ahead_) return;
   UnitState& s = it->second;
   const container::UnitEntry& e = *s.entry;
   if (!s.live.expired()) return;  // held: its pages are in already

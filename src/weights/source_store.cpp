@@ -229,7 +229,7 @@ UnitRef SourceStore::acquire(const std::string& unit) {
 
 void SourceStore::prefetch(const std::string& unit) {
   std::lock_guard lock(mutex_);
-  if (!units_.count(unit)) return;
+  if (!units_.count(unit) || !read_ahead_) return;
   if (auto it = live_.find(unit); it != live_.end() && !it->second.expired()) return;
   tracker_.prefetched(unit, unit_bytes(unit));
   advise(unit, MADV_WILLNEED);

@@ -42,6 +42,16 @@ void WeightStore::set_observer(UnitObserver observer) {
   tracker_.set_observer(std::move(observer));
 }
 
+void WeightStore::set_read_ahead(bool on) {
+  std::lock_guard lock(mutex_);
+  read_ahead_ = on;
+}
+
+bool WeightStore::read_ahead() const {
+  std::lock_guard lock(mutex_);
+  return read_ahead_;
+}
+
 ResidencyStats WeightStore::residency_stats() const {
   std::lock_guard lock(mutex_);
   return tracker_.stats();

@@ -105,7 +105,8 @@ class WeightStore {
   // Makes the unit resident (reading/checking it if needed) and returns it; the views stay
   // valid while the reference is held.
   virtual UnitRef acquire(const std::string& unit) = 0;
-  // Starts bringing a unit in on a background thread, if the store pages; otherwise no-op.
+  // Starts bringing a unit in on a background thread, if the store pages and reads ahead;
+  // otherwise no-op.
   virtual void prefetch(const std::string& unit) {}
   virtual bool has_unit(const std::string& unit) const = 0;
   virtual std::vector<std::string> units() const = 0;
@@ -120,6 +121,10 @@ class WeightStore {
   // Residency (see Residency). Stores that do not page keep everything and ignore it.
   virtual void set_residency(Residency r) {}
   virtual Residency residency() const { return Residency::Resident; }
+  // Whether prefetch() reads ahead (on by default). Off when the memory budget holds one unit
+  // but not two (pipeline/memory_plan.h): units are then read only when acquired.
+  void set_read_ahead(bool on);
+  bool read_ahead() const;
   // Bytes of the unit's tensors as stored: what holding it fully paged in costs.
   virtual uint64_t unit_bytes(const std::string& unit) const { return 0; }
   // This generation will not use the units whose names start with `prefix` again (a network
@@ -139,6 +144,7 @@ class WeightStore {
   // The book-keeping of the stores that page, under their lock.
   mutable std::mutex mutex_;
   ResidencyTracker tracker_;
+  bool read_ahead_ = true;  // under mutex_
 };
 
 // The values of a small float tensor (norm weights, biases, statistics) as float32.

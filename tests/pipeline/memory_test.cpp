@@ -64,13 +64,14 @@ TEST(MemorySize, Formats) {
 
 // --- the decision --------------------------------------------------------------------------
 
-// fixed 100 MiB; the denoising phase needs 500 MiB paged, 3 GiB resident.
+// fixed 100 MiB; the denoising phase needs 500 MiB paged, 3 GiB resident; one unit at a time
+// the decoder's phase is the largest, 400 MiB.
 MemoryEstimate example_need() {
   MemoryEstimate e;
   e.fixed = 100 * MiB;
-  e.phases.push_back({"text encoder", 200 * MiB, 2 * GiB, 100 * MiB});
-  e.phases.push_back({"denoise", 300 * MiB, 3 * GiB - 200 * MiB, 200 * MiB});
-  e.phases.push_back({"vae decode", 100 * MiB, 100 * MiB, 300 * MiB});
+  e.phases.push_back({"text encoder", 200 * MiB, 2 * GiB, 100 * MiB, 120 * MiB});
+  e.phases.push_back({"denoise", 300 * MiB, 3 * GiB - 200 * MiB, 200 * MiB, 150 * MiB});
+  e.phases.push_back({"vae decode", 100 * MiB, 100 * MiB, 300 * MiB, 100 * MiB});
   return e;
 }
 
@@ -78,6 +79,7 @@ TEST(MemoryPlan, NeedIsTheLargestPhasePlusTheFixedPart) {
   const MemoryEstimate e = example_need();
   EXPECT_EQ(e.paged(), 100 * MiB + 500 * MiB);
   EXPECT_EQ(e.resident(), 100 * MiB + 3 * GiB);
+  EXPECT_EQ(e.one_unit(), 100 * MiB + 400 * MiB);
 }
 
 TEST(MemoryPlan, PagedByDefaultEvenWhenEverythingFits) {
@@ -92,12 +94,35 @@ TEST(MemoryPlan, PagedByDefaultEvenWhenEverythingFits) {
   }
 }
 
-TEST(MemoryPlan, GivenBudgetBelowThePagedNeedIsRefusedNamingBothSizes) {
-  const std::string msg = error_of([] { plan_memory(example_need(), 599 * MiB, 0); });
-  EXPECT_NE(msg.find("--max-memory 599 MiB is too small"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("needs about 600 MiB"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("denoise"), std::string::npos) << msg;  // where the memory goes
-  EXPECT_NE(msg.find("--max-memory 600M"), std::string::npos) << msg;
+TEST(MemoryPlan, PagingReadsAheadOnlyWhenTheBudgetHoldsTwoUnits) {
+  EXPECT_TRUE(plan_memory(example_need(), 600 * MiB, 0).read_ahead);
+  // Between one unit at a time (500 MiB) and two (600 MiB): paged, nothing read ahead.
+  for (uint64_t budget : {500 * MiB, 599 * MiB}) {
+    const MemoryPlan p = plan_memory(example_need(), budget, 0);
+    EXPECT_EQ(p.residency, Residency::Paged) << budget;
+    EXPECT_FALSE(p.read_ahead) << budget;
+    EXPECT_NE(p.reason.find("without read-ahead"), std::string::npos) << p.reason;
+    EXPECT_NE(p.reason.find("600 MiB"), std::string::npos) << p.reason;  // what read-ahead needs
+    EXPECT_NE(p.reason.find("500 MiB"), std::string::npos) << p.reason;  // what it runs in
+  }
+  // Forcing paged within such a budget does the same; resident is still refused.
+  const MemoryPlan forced = plan_memory(example_need(), 550 * MiB, 0, Residency::Paged);
+  EXPECT_FALSE(forced.read_ahead);
+  EXPECT_NE(forced.reason.find("--residency"), std::string::npos) << forced.reason;
+  EXPECT_TRUE(plan_memory(example_need(), GiB, 0, Residency::Paged).read_ahead);
+  EXPECT_FALSE(plan_memory(example_need(), std::nullopt, 550 * MiB + 256 * MiB).read_ahead);
+  EXPECT_TRUE(plan_memory(example_need(), std::nullopt, 16 * GiB).read_ahead);
+}
+
+TEST(MemoryPlan, GivenBudgetBelowOneUnitAtATimeIsRefusedNamingBothSizes) {
+  const std::string msg = error_of([] { plan_memory(example_need(), 499 * MiB, 0); });
+  EXPECT_NE(msg.find("--max-memory 499 MiB is too small"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("one unit at a time needs about 500 MiB"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("vae decode"), std::string::npos) << msg;  // where the memory goes
+  EXPECT_NE(msg.find("--max-memory 500M"), std::string::npos) << msg;
+  const std::string forced =
+      error_of([] { plan_memory(example_need(), 499 * MiB, 0, Residency::Paged); });
+  EXPECT_NE(forced.find("--max-memory 500M"), std::string::npos) << forced;
 }
 
 TEST(MemoryPlan, DefaultBudgetComesFromTheAvailableMemory) {
@@ -112,7 +137,9 @@ TEST(MemoryPlan, DefaultBudgetComesFromTheAvailableMemory) {
   const MemoryPlan p = plan_memory(example_need(), std::nullopt, 512 * MiB);
   EXPECT_EQ(p.residency, Residency::Paged);
   EXPECT_FALSE(p.budget_given);
-  EXPECT_NE(p.reason.find("below what even paging needs"), std::string::npos) << p.reason;
+  EXPECT_FALSE(p.read_ahead);
+  EXPECT_NE(p.reason.find("below what even paging one unit at a time needs"), std::string::npos)
+      << p.reason;
   // Unknown available memory: paged.
   EXPECT_EQ(plan_memory(example_need(), std::nullopt, 0).residency, Residency::Paged);
 }
@@ -137,25 +164,34 @@ TEST(MemoryEstimate, FollowsTheUnitsAndTheImageSize) {
   MemoryPlanInputs large = small;
   large.width = large.height = 512;
   const MemoryEstimate a = estimate_memory(store, small), b = estimate_memory(store, large);
-  ASSERT_EQ(a.phases.size(), 3u);
+  ASSERT_EQ(a.phases.size(), 4u);
   EXPECT_EQ(a.phases[0].phase, "text encoder");
-  EXPECT_EQ(a.phases[1].phase, "denoise");
-  EXPECT_EQ(a.phases[2].phase, "vae decode");
+  EXPECT_EQ(a.phases[1].phase, "denoise set-up");
+  EXPECT_EQ(a.phases[2].phase, "denoise");
+  EXPECT_EQ(a.phases[3].phase, "vae decode");
   uint64_t transformer = 0, largest_block = 0;
   for (const auto& u : store.units())
     if (u.rfind("transformer.", 0) == 0) {
       transformer += store.unit_bytes(u);
       if (u != "transformer.shared") largest_block = std::max(largest_block, store.unit_bytes(u));
     }
-  EXPECT_EQ(a.phases[1].weights_resident, transformer);
-  EXPECT_GE(a.phases[1].weights_paged, 2 * largest_block);
-  EXPECT_LT(a.phases[1].weights_paged, a.phases[1].weights_resident);
-  EXPECT_EQ(a.phases[2].weights_paged, store.unit_bytes("vae.decoder"));
+  const uint64_t shared = store.unit_bytes("transformer.shared");
+  // The set-up holds the shared unit with the first block read ahead, not the blocks'
+  // activations.
+  EXPECT_EQ(a.phases[1].weights_paged, shared + store.unit_bytes("transformer.double.0"));
+  EXPECT_EQ(a.phases[1].weights_one_unit, shared);
+  EXPECT_LT(a.phases[1].activations, a.phases[2].activations);
+  EXPECT_EQ(a.phases[2].weights_resident, transformer);
+  EXPECT_EQ(a.phases[2].weights_paged, 2 * largest_block);  // two double blocks, the largest
+  EXPECT_EQ(a.phases[2].weights_one_unit, largest_block);
+  EXPECT_LT(a.phases[2].weights_paged, a.phases[2].weights_resident);
+  EXPECT_EQ(a.phases[3].weights_paged, store.unit_bytes("vae.decoder"));
   EXPECT_LE(a.paged(), a.resident());
+  EXPECT_LE(a.one_unit(), a.paged());
   // Larger images need more activation memory, the same weights.
-  EXPECT_GT(b.phases[1].activations, a.phases[1].activations);
   EXPECT_GT(b.phases[2].activations, a.phases[2].activations);
-  EXPECT_EQ(b.phases[1].weights_paged, a.phases[1].weights_paged);
+  EXPECT_GT(b.phases[3].activations, a.phases[3].activations);
+  EXPECT_EQ(b.phases[2].weights_paged, a.phases[2].weights_paged);
   // References add an encoding phase.
   MemoryPlanInputs edit = small;
   edit.references = {{64, 64}};
@@ -168,6 +204,7 @@ struct ResidencyLog {
   std::set<std::string> resident;
   std::map<std::string, int> loads;  // times a unit became resident
   size_t max_blocks = 0;             // transformer block units resident at once
+  int prefetches = 0;                // read-ahead events
   size_t max_transformer = 0;        // transformer units (blocks + shared) at once
   bool shared_with_late_block = false;  // shared resident together with a block past the first two
   bool text_with_transformer = false;
@@ -180,6 +217,7 @@ struct ResidencyLog {
   }
   void on_event(const std::string& unit, UnitEvent event) {
     std::lock_guard lock(mutex);
+    prefetches += event == UnitEvent::Prefetch;
     if (event == UnitEvent::Drop) {
       resident.erase(unit);
       return;
@@ -269,6 +307,32 @@ TEST(Paging, PagedGenerationHoldsAboutTwoUnitsAndReleasesEachNetwork) {
   EXPECT_EQ(r.step_seconds.size(), 3u);
   EXPECT_GE(r.weights.peak_units, 2u);
   EXPECT_LE(r.weights.peak_units, 3u);
+}
+
+TEST(Paging, WithoutReadAheadOneBlockIsResidentAtATimeAndTheImageIsTheSame) {
+  ModelPaths paths;
+  paths.model = tiny_container();
+  const Tokenizer tokenizer = load_model_tokenizer(paths);
+  Compute cx(2);
+  Progress quiet;
+  std::vector<uint8_t> images[2];
+  ResidencyLog logs[2];
+  for (int i = 0; i < 2; ++i) {
+    ContainerStore store(tiny_container());
+    store.set_observer([&](const std::string& u, UnitEvent e) { logs[i].on_event(u, e); });
+    store.set_residency(Residency::Paged);
+    store.set_read_ahead(i == 0);
+    GenerateOptions o = tiny_options(Residency::Paged);
+    o.plan_memory = false;  // keep the setting above
+    Session pipeline(store, tokenizer, cx);
+    images[i] = pipeline.generate(o, quiet).image.rgb;
+    store.set_observer({});
+  }
+  EXPECT_GT(logs[0].prefetches, 0);
+  EXPECT_EQ(logs[0].max_blocks, 2u);
+  EXPECT_EQ(logs[1].prefetches, 0);
+  EXPECT_EQ(logs[1].max_blocks, 1u);
+  EXPECT_EQ(images[0], images[1]);
 }
 
 TEST(Paging, ResidentGenerationLoadsEachUnitOnceAndReleasesAtTheEnd) {
@@ -368,7 +432,11 @@ TEST(MemoryCli, VerboseAndJsonReportTheDecisionTimesAndPeaks) {
   ASSERT_TRUE(memory.is_object()) << log;
   ASSERT_TRUE(result.is_object()) << log;
   EXPECT_EQ(memory["residency"], "paged");
+  EXPECT_EQ(memory["read_ahead"], true);
   EXPECT_GT(memory["need_paged_bytes"].get<uint64_t>(), 0u);
+  EXPECT_GT(memory["need_one_unit_bytes"].get<uint64_t>(), 0u);
+  EXPECT_LE(memory["need_one_unit_bytes"].get<uint64_t>(),
+            memory["need_paged_bytes"].get<uint64_t>());
   EXPECT_EQ(result["residency"], "paged");
   EXPECT_EQ(result["step_seconds"].size(), 4u);
   EXPECT_EQ(result["threads"], 2);
