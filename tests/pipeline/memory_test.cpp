@@ -157,6 +157,15 @@ TEST(MemoryPlan, ForcedResidencyIsCheckedAgainstAGivenBudget) {
 
 const fs::path& tiny_container() { return testing::tiny_q8_container("memory-container"); }
 
+const Tokenizer& tiny_tokenizer() {
+  static const Tokenizer tokenizer = [] {
+    ModelPaths paths;
+    paths.model = tiny_container();
+    return load_model_tokenizer(paths);
+  }();
+  return tokenizer;
+}
+
 TEST(MemoryEstimate, FollowsTheUnitsAndTheImageSize) {
   ContainerStore store(tiny_container());
   MemoryPlanInputs small;
@@ -271,9 +280,7 @@ GenerateOptions tiny_options(Residency residency) {
 // A 3-step generation on the tiny container at the given residency, logging every unit event.
 GenerateResult logged_generation(ContainerStore& store, ResidencyLog& log, Residency residency) {
   store.set_observer([&](const std::string& u, UnitEvent e) { log.on_event(u, e); });
-  ModelPaths paths;
-  paths.model = tiny_container();
-  const Tokenizer tokenizer = load_model_tokenizer(paths);
+  const Tokenizer& tokenizer = tiny_tokenizer();
   Compute cx(2);
   Session pipeline(store, tokenizer, cx);
   PhaseWatch progress(log);
@@ -310,9 +317,7 @@ TEST(Paging, PagedGenerationHoldsAboutTwoUnitsAndReleasesEachNetwork) {
 }
 
 TEST(Paging, WithoutReadAheadOneBlockIsResidentAtATimeAndTheImageIsTheSame) {
-  ModelPaths paths;
-  paths.model = tiny_container();
-  const Tokenizer tokenizer = load_model_tokenizer(paths);
+  const Tokenizer& tokenizer = tiny_tokenizer();
   Compute cx(2);
   Progress quiet;
   std::vector<uint8_t> images[2];
@@ -348,9 +353,7 @@ TEST(Paging, ResidentGenerationLoadsEachUnitOnceAndReleasesAtTheEnd) {
 }
 
 TEST(Paging, PagedAndResidentGiveTheSameImage) {
-  ModelPaths paths;
-  paths.model = tiny_container();
-  const Tokenizer tokenizer = load_model_tokenizer(paths);
+  const Tokenizer& tokenizer = tiny_tokenizer();
   Compute cx(2);
   Progress quiet;
   std::vector<uint8_t> images[2];
