@@ -24,15 +24,8 @@ namespace fs = std::filesystem;
 
 const fs::path kSource = KLEIN_SOURCE_DIR;
 
-std::string arg(const fs::path& p) { return "'" + p.string() + "'"; }
-
-std::string components(const fs::path& transformer) {
-  const fs::path m = testing::tiny_model();
-  return " --diffusion-model " + arg(transformer) + " --text-encoder " +
-         arg(m / "text_encoder" / "model.safetensors.index.json") + " --vae " +
-         arg(m / "vae" / "diffusion_pytorch_model.safetensors") + " --tokenizer " +
-         arg(m / "tokenizer") + " --variant 4b";
-}
+using testing::shell_arg;
+using testing::tiny_components;
 
 const std::string kRun = " -p \"a red cube on a table\" -s 4 -W 64 -H 64 --seed 7 --no-cache "
                          "--threads 2 -q";
@@ -44,11 +37,10 @@ class Fp8Fixtures : public ::testing::Test {
     if (!dir_.empty()) return;
     dir_ = testing::temp_dir("fp8-fixtures");
     // Debian's interpreter, where python3-numpy is installed (scripts/test.sh).
-    const std::string cmd = "/usr/bin/python3 " + arg(kSource / "tools" / "fp8" / "fp8_fixture.py") +
-                            " make " +
-                            arg(testing::tiny_model() / "transformer" /
-                                "diffusion_pytorch_model.safetensors") +
-                            " " + arg(dir_);
+    const std::string cmd =
+        "/usr/bin/python3 " + shell_arg(kSource / "tools" / "fp8" / "fp8_fixture.py") + " make " +
+        shell_arg(testing::tiny_model() / "transformer" / "diffusion_pytorch_model.safetensors") +
+        " " + shell_arg(dir_);
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
   static fs::path fp8(const std::string& name) { return dir_ / (name + ".safetensors"); }
@@ -85,10 +77,16 @@ TEST_P(Fp8Checkpoint, ConvertsToTheReferenceWeights) {
   const std::string name = GetParam();
   const fs::path out = testing::temp_dir("fp8-convert-" + name);
   std::string log;
-  ASSERT_EQ(testing::run_klein("convert" + components(fp8(name)) + " -t f32 -q -o " +
-                                   arg(out / "fp8.klein"), &log), 0) << log;
-  ASSERT_EQ(testing::run_klein("convert" + components(reference(name)) + " -t f32 -q -o " +
-                                   arg(out / "ref.klein"), &log), 0) << log;
+  ASSERT_EQ(testing::run_klein("convert" + tiny_components(fp8(name)) + " -t f32 -q -o " +
+                                   shell_arg(out / "fp8.klein"),
+                               &log),
+            0)
+      << log;
+  ASSERT_EQ(testing::run_klein("convert" + tiny_components(reference(name)) + " -t f32 -q -o " +
+                                   shell_arg(out / "ref.klein"),
+                               &log),
+            0)
+      << log;
   expect_same_transformer(out / "fp8.klein", out / "ref.klein");
 }
 
@@ -96,19 +94,31 @@ TEST_P(Fp8Checkpoint, GeneratesTheReferenceImage) {
   const std::string name = GetParam();
   const fs::path out = testing::temp_dir("fp8-generate-" + name);
   std::string log;
-  ASSERT_EQ(testing::run_klein("generate" + components(reference(name)) + kRun + " --dump " +
-                                   arg(out / "ref") + " -o " + arg(out / "ref.png"), &log), 0) << log;
+  ASSERT_EQ(testing::run_klein("generate" + tiny_components(reference(name)) + kRun + " --dump " +
+                                   shell_arg(out / "ref") + " -o " + shell_arg(out / "ref.png"),
+                               &log),
+            0)
+      << log;
   // Straight from the fp8 file.
-  ASSERT_EQ(testing::run_klein("generate" + components(fp8(name)) + kRun + " --dump " +
-                                   arg(out / "fp8") + " -o " + arg(out / "fp8.png"), &log), 0) << log;
+  ASSERT_EQ(testing::run_klein("generate" + tiny_components(fp8(name)) + kRun + " --dump " +
+                                   shell_arg(out / "fp8") + " -o " + shell_arg(out / "fp8.png"),
+                               &log),
+            0)
+      << log;
   testing::expect_dump_matches(out / "fp8", out / "ref", {"final_latents"}, 4);
   testing::expect_png_matches(out / "fp8.png", out / "ref.png", 64, 64);
   // From its conversion.
-  ASSERT_EQ(testing::run_klein("convert" + components(fp8(name)) + " -t f32 -q -o " +
-                                   arg(out / "fp8.klein"), &log), 0) << log;
-  ASSERT_EQ(testing::run_klein("generate -m " + arg(out / "fp8.klein") + kRun + " --dump " +
-                                   arg(out / "converted") + " -o " + arg(out / "converted.png"), &log),
-            0) << log;
+  ASSERT_EQ(testing::run_klein("convert" + tiny_components(fp8(name)) + " -t f32 -q -o " +
+                                   shell_arg(out / "fp8.klein"),
+                               &log),
+            0)
+      << log;
+  ASSERT_EQ(testing::run_klein("generate -m " + shell_arg(out / "fp8.klein") + kRun + " --dump " +
+                                   shell_arg(out / "converted") + " -o " +
+                                   shell_arg(out / "converted.png"),
+                               &log),
+            0)
+      << log;
   testing::expect_dump_matches(out / "converted", out / "ref", {"final_latents"}, 4);
   testing::expect_png_matches(out / "converted.png", out / "ref.png", 64, 64);
 }
@@ -126,10 +136,16 @@ INSTANTIATE_TEST_SUITE_P(Conventions, Fp8Checkpoint,
 TEST_F(Fp8Fixtures, KeepKeepsEachTensorsPrecisionClass) {
   const fs::path out = testing::temp_dir("fp8-keep");
   std::string log;
-  ASSERT_EQ(testing::run_klein("convert" + components(reference("comfy-scaled")) +
-                                   " -t keep -q -o " + arg(out / "ref.klein"), &log), 0) << log;
-  ASSERT_EQ(testing::run_klein("convert" + components(fp8("comfy-scaled")) + " -t keep -q -o " +
-                                   arg(out / "fp8.klein"), &log), 0) << log;
+  ASSERT_EQ(testing::run_klein("convert" + tiny_components(reference("comfy-scaled")) +
+                                   " -t keep -q -o " + shell_arg(out / "ref.klein"),
+                               &log),
+            0)
+      << log;
+  ASSERT_EQ(testing::run_klein("convert" + tiny_components(fp8("comfy-scaled")) +
+                                   " -t keep -q -o " + shell_arg(out / "fp8.klein"),
+                               &log),
+            0)
+      << log;
   auto ref = open_model(out / "ref.klein"), q = open_model(out / "fp8.klein");
   const UnitRef r = ref->acquire("transformer.double.0"), f = q->acquire("transformer.double.0");
   EXPECT_EQ(r->get("attn.to_q.weight").dtype, DType::F32);
@@ -139,7 +155,7 @@ TEST_F(Fp8Fixtures, KeepKeepsEachTensorsPrecisionClass) {
   // The text encoder (BF16 in the tiny model) stays BF16, matrices included.
   const UnitRef t = q->acquire("text_encoder.layer.0");
   for (const Weight& w : t->weights()) EXPECT_EQ(w.dtype, DType::BF16) << w.name;
-  ASSERT_EQ(testing::run_klein("inspect -m " + arg(out / "fp8.klein"), &log), 0) << log;
+  ASSERT_EQ(testing::run_klein("inspect -m " + shell_arg(out / "fp8.klein"), &log), 0) << log;
   EXPECT_NE(log.find("target keep"), std::string::npos) << log;
 }
 
@@ -147,7 +163,8 @@ TEST_F(Fp8Fixtures, KeepKeepsEachTensorsPrecisionClass) {
 // input scales are not unused tensors.
 TEST_F(Fp8Fixtures, InspectListsThem) {
   std::string log;
-  ASSERT_EQ(testing::run_klein("inspect --json" + components(fp8("comfy-scaled")), &log), 0) << log;
+  ASSERT_EQ(testing::run_klein("inspect --json" + tiny_components(fp8("comfy-scaled")), &log), 0)
+      << log;
   const auto j = nlohmann::json::parse(log.substr(log.find('{')));
   const auto& t = j["components"][0];
   ASSERT_EQ(t["component"], "transformer");
@@ -161,10 +178,16 @@ TEST_F(Fp8Fixtures, InspectListsThem) {
 TEST_F(Fp8Fixtures, ReportTakesItAsTheReference) {
   const fs::path out = testing::temp_dir("fp8-report");
   std::string log;
-  ASSERT_EQ(testing::run_klein("convert" + components(fp8("comfy-scaled")) + " -t q8 -q -o " +
-                                   arg(out / "q8.klein"), &log), 0) << log;
-  ASSERT_EQ(testing::run_klein("report" + components(fp8("comfy-scaled")) + " --candidate " +
-                                   arg(out / "q8.klein") + " --no-e2e --json -q", &log), 0) << log;
+  ASSERT_EQ(testing::run_klein("convert" + tiny_components(fp8("comfy-scaled")) + " -t q8 -q -o " +
+                                   shell_arg(out / "q8.klein"),
+                               &log),
+            0)
+      << log;
+  ASSERT_EQ(testing::run_klein("report" + tiny_components(fp8("comfy-scaled")) + " --candidate " +
+                                   shell_arg(out / "q8.klein") + " --no-e2e --json -q",
+                               &log),
+            0)
+      << log;
   EXPECT_NE(log.find("transformer.transformer_blocks.0.attn.to_q.weight"), std::string::npos);
 }
 

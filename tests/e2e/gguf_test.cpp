@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 
 const fs::path kSource = KLEIN_SOURCE_DIR;
 
-std::string arg(const fs::path& p) { return "'" + p.string() + "'"; }
+using testing::shell_arg;
 
 const std::string kRun = " -p \"a red cube on a table\" -s 4 -W 64 -H 64 --seed 7 --no-cache "
                          "--threads 2 -q";
@@ -37,8 +37,10 @@ const fs::path& fixtures() {
     const char* gguf_py = std::getenv("GGUF_PY");
     if (gguf_py == nullptr || !fs::exists(fs::path(gguf_py) / "gguf")) return {};
     const fs::path out = testing::temp_dir("gguf-model");
-    const std::string cmd = "python3 " + arg(kSource / "tools" / "gguf" / "make_fixtures.py") + " model " +
-                            arg(testing::tiny_model()) + " " + arg(out) + " > " + arg(out / "log.txt") + " 2>&1";
+    const std::string cmd = "python3 " +
+                            shell_arg(kSource / "tools" / "gguf" / "make_fixtures.py") + " model " +
+                            shell_arg(testing::tiny_model()) + " " + shell_arg(out) + " > " +
+                            shell_arg(out / "log.txt") + " 2>&1";
     if (std::system(cmd.c_str()) != 0) {
       ADD_FAILURE() << cmd << "\n" << read_text_file(out / "log.txt");
       return {};
@@ -53,29 +55,36 @@ const fs::path& fixtures() {
   GTEST_SKIP() << "GGUF_PY does not name gguf-py (the gguf-py directory of a llama.cpp checkout); " \
                   "python3-numpy is needed too"
 
-std::string vae() { return arg(testing::tiny_model() / "vae" / "diffusion_pytorch_model.safetensors"); }
+std::string vae() {
+  return shell_arg(testing::tiny_model() / "vae" / "diffusion_pytorch_model.safetensors");
+}
 
 std::string gguf_model() {
-  return " --diffusion-model " + arg(fixtures() / "transformer.gguf") + " --text-encoder " +
-         arg(fixtures() / "text_encoder.gguf") + " --vae " + vae() + " --variant 4b";
+  return " --diffusion-model " + shell_arg(fixtures() / "transformer.gguf") + " --text-encoder " +
+         shell_arg(fixtures() / "text_encoder.gguf") + " --vae " + vae() + " --variant 4b";
 }
 
 std::string reference_model() {
-  return " --diffusion-model " + arg(fixtures() / "transformer-ref.safetensors") + " --text-encoder " +
-         arg(fixtures() / "text_encoder-ref.safetensors") + " --vae " + vae() + " --tokenizer " +
-         arg(testing::tiny_model() / "tokenizer") + " --variant 4b";
+  return " --diffusion-model " + shell_arg(fixtures() / "transformer-ref.safetensors") +
+         " --text-encoder " + shell_arg(fixtures() / "text_encoder-ref.safetensors") + " --vae " +
+         vae() + " --tokenizer " + shell_arg(testing::tiny_model() / "tokenizer") + " --variant 4b";
 }
 
 void generate(const std::string& model, const fs::path& out, const std::string& name) {
   std::string log;
-  ASSERT_EQ(testing::run_klein("generate" + model + kRun + " --dump " + arg(out / name) + " -o " +
-                                   arg(out / (name + ".png")),
-                               &log), 0) << log;
+  ASSERT_EQ(testing::run_klein("generate" + model + kRun + " --dump " + shell_arg(out / name) +
+                                   " -o " + shell_arg(out / (name + ".png")),
+                               &log),
+            0)
+      << log;
 }
 
 void convert(const std::string& model, const std::string& type, const fs::path& container) {
   std::string log;
-  ASSERT_EQ(testing::run_klein("convert" + model + " -t " + type + " -o " + arg(container), &log), 0) << log;
+  ASSERT_EQ(
+      testing::run_klein("convert" + model + " -t " + type + " -o " + shell_arg(container), &log),
+      0)
+      << log;
 }
 
 TEST(GgufModel, ConvertedGivesTheGenerationOfItsDecodedWeights) {
@@ -85,22 +94,25 @@ TEST(GgufModel, ConvertedGivesTheGenerationOfItsDecodedWeights) {
   // F32: every tensor kept as gguf-py decodes it; the generation is the reference's exactly
   // (prompt embedding included, so the tokenizer from the metadata gave the same ids).
   convert(gguf_model(), "f32", dir / "f32.klein");
-  generate(" -m " + arg(dir / "f32.klein"), dir, "f32");
+  generate(" -m " + shell_arg(dir / "f32.klein"), dir, "f32");
   testing::expect_dump_matches(dir / "f32", dir / "reference", {"prompt_embeds", "final_latents", "image"}, 4);
   testing::expect_png_matches(dir / "f32.png", dir / "reference.png", 64, 64);
   // Q8: the Q8_0 tensors are repacked, the rest quantized from the decoded values; the
   // reference quantized by the same converter gives the same image.
   convert(gguf_model(), "q8", dir / "q8.klein");
   convert(reference_model(), "q8", dir / "ref-q8.klein");
-  generate(" -m " + arg(dir / "q8.klein"), dir, "q8");
-  generate(" -m " + arg(dir / "ref-q8.klein"), dir, "ref-q8");
+  generate(" -m " + shell_arg(dir / "q8.klein"), dir, "q8");
+  generate(" -m " + shell_arg(dir / "ref-q8.klein"), dir, "ref-q8");
   testing::expect_png_matches(dir / "q8.png", dir / "ref-q8.png", 64, 64);
   // klein report measures the Q8 container against the GGUF itself (its blocks decoded): the
   // Q8_0 tensors were repacked, not requantized, so they have no error at all.
   std::string log;
-  ASSERT_EQ(testing::run_klein("report" + gguf_model() + " --candidate " + arg(dir / "q8.klein") + " -q -o " +
-                                   arg(dir / "report"),
-                               &log), 0) << log;
+  ASSERT_EQ(
+      testing::run_klein("report" + gguf_model() + " --candidate " + shell_arg(dir / "q8.klein") +
+                             " -q -o " + shell_arg(dir / "report"),
+                         &log),
+      0)
+      << log;
   const auto report = nlohmann::json::parse(read_text_file(dir / "report" / "report.json"));
   std::set<std::string> exact;
   for (const auto& t : report["tensors"])
@@ -114,7 +126,9 @@ TEST(GgufModel, QuantizedGgufAsksToBeConverted) {
   NEED_FIXTURES();
   const fs::path dir = testing::temp_dir("gguf-run");
   std::string log;
-  EXPECT_NE(testing::run_klein("generate" + gguf_model() + kRun + " -o " + arg(dir / "x.png"), &log), 0);
+  EXPECT_NE(testing::run_klein("generate" + gguf_model() + kRun + " -o " + shell_arg(dir / "x.png"),
+                               &log),
+            0);
   EXPECT_NE(log.find("convert it first: klein convert"), std::string::npos) << log;
   EXPECT_FALSE(fs::exists(dir / "x.png"));
   // inspect describes it, GGML types by name.

@@ -21,16 +21,8 @@ namespace fs = std::filesystem;
 const fs::path kSource = KLEIN_SOURCE_DIR;
 const fs::path kLoras = kSource / "tests" / "data" / "lora";
 
-std::string arg(const fs::path& p) { return "'" + p.string() + "'"; }
-
-// The tiny model's components as single files, the transformer replaced.
-std::string components(const fs::path& transformer) {
-  const fs::path m = testing::tiny_model();
-  return " --diffusion-model " + arg(transformer) + " --text-encoder " +
-         arg(m / "text_encoder" / "model.safetensors.index.json") + " --vae " +
-         arg(m / "vae" / "diffusion_pytorch_model.safetensors") + " --tokenizer " +
-         arg(m / "tokenizer") + " --variant 4b";
-}
+using testing::shell_arg;
+using testing::tiny_components;
 
 const std::string kRun = " -p \"a red cube on a table\" -s 4 -W 64 -H 64 --seed 7 --no-cache "
                          "--threads 2 -q";
@@ -38,11 +30,10 @@ const std::string kRun = " -p \"a red cube on a table\" -s 4 -W 64 -H 64 --seed 
 // The reference: the LoRAs merged into the tiny transformer by the fixture script.
 fs::path reference_merge(const fs::path& dir, const std::string& loras) {
   const fs::path out = dir / "merged.safetensors";
-  const std::string cmd = "python3 " + arg(kSource / "tools" / "lora" / "lora_fixture.py") +
-                          " merge " +
-                          arg(testing::tiny_model() / "transformer" /
-                                 "diffusion_pytorch_model.safetensors") +
-                          " " + arg(out) + " " + loras;
+  const std::string cmd =
+      "python3 " + shell_arg(kSource / "tools" / "lora" / "lora_fixture.py") + " merge " +
+      shell_arg(testing::tiny_model() / "transformer" / "diffusion_pytorch_model.safetensors") +
+      " " + shell_arg(out) + " " + loras;
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   return out;
 }
@@ -63,27 +54,34 @@ TEST_P(LoraMatchesMerge, AtEveryStep) {
     const size_t space = rest.find(' ');
     const std::string one = rest.substr(0, space);
     rest = space == std::string::npos ? "" : rest.substr(space + 1);
-    merge_args += " " + arg(kLoras / one);
-    lora_args += " --lora " + arg(kLoras / one);
+    merge_args += " " + shell_arg(kLoras / one);
+    lora_args += " --lora " + shell_arg(kLoras / one);
   }
   const fs::path merged = reference_merge(dir, merge_args);
   ASSERT_TRUE(fs::exists(merged));
 
   std::string log;
-  ASSERT_EQ(testing::run_klein("generate" + components(merged) + kRun + " --dump " +
-                                   arg(dir / "merged") + " -o " + arg(dir / "merged.png"),
-                               &log), 0) << log;
-  ASSERT_EQ(testing::run_klein("generate -m " + arg(testing::tiny_model()) + lora_args + kRun +
-                                   " --dump " + arg(dir / "lora") + " -o " +
-                                   arg(dir / "lora.png"),
-                               &log), 0) << log;
+  ASSERT_EQ(
+      testing::run_klein("generate" + tiny_components(merged) + kRun + " --dump " +
+                             shell_arg(dir / "merged") + " -o " + shell_arg(dir / "merged.png"),
+                         &log),
+      0)
+      << log;
+  ASSERT_EQ(testing::run_klein("generate -m " + shell_arg(testing::tiny_model()) + lora_args +
+                                   kRun + " --dump " + shell_arg(dir / "lora") + " -o " +
+                                   shell_arg(dir / "lora.png"),
+                               &log),
+            0)
+      << log;
   testing::expect_dump_matches(dir / "lora", dir / "merged", {"final_latents"}, 4);
   testing::expect_png_matches(dir / "lora.png", dir / "merged.png", 64, 64);
 
   // The adapters change the image (the comparison above could not pass without them).
-  ASSERT_EQ(testing::run_klein("generate -m " + arg(testing::tiny_model()) + kRun + " -o " +
-                                   arg(dir / "plain.png"),
-                               &log), 0) << log;
+  ASSERT_EQ(testing::run_klein("generate -m " + shell_arg(testing::tiny_model()) + kRun + " -o " +
+                                   shell_arg(dir / "plain.png"),
+                               &log),
+            0)
+      << log;
   EXPECT_NE(read_text_file(dir / "plain.png"), read_text_file(dir / "lora.png"));
   // The metadata names them.
   EXPECT_NE(read_text_file(dir / "lora.png").find("LoRA: "), std::string::npos);
@@ -102,21 +100,30 @@ INSTANTIATE_TEST_SUITE_P(
 // reference's within the container's quantization error, and not the plain container's.
 TEST(LoraOnContainer, AddsTheUpdatesBesideQuantizedWeights) {
   const fs::path dir = testing::temp_dir("lora-container");
-  const fs::path merged = reference_merge(dir, arg(kLoras / "bfl.safetensors"));
+  const fs::path merged = reference_merge(dir, shell_arg(kLoras / "bfl.safetensors"));
   const fs::path container = dir / "tiny-q8.klein";
   std::string log;
-  ASSERT_EQ(testing::run_klein("convert -m " + arg(testing::tiny_model()) + " -t q8 -q -o " +
-                                   arg(container), &log), 0) << log;
-  ASSERT_EQ(testing::run_klein("generate" + components(merged) + kRun + " --dump " +
-                                   arg(dir / "merged") + " -o " + arg(dir / "m.png"), &log),
-            0) << log;
-  ASSERT_EQ(testing::run_klein("generate -m " + arg(container) + " --lora " +
-                                   arg(kLoras / "bfl.safetensors") + kRun + " --dump " +
-                                   arg(dir / "lora") + " -o " + arg(dir / "l.png"), &log),
-            0) << log;
-  ASSERT_EQ(testing::run_klein("generate -m " + arg(container) + kRun + " --dump " +
-                                   arg(dir / "plain") + " -o " + arg(dir / "p.png"), &log),
-            0) << log;
+  ASSERT_EQ(testing::run_klein("convert -m " + shell_arg(testing::tiny_model()) + " -t q8 -q -o " +
+                                   shell_arg(container),
+                               &log),
+            0)
+      << log;
+  ASSERT_EQ(testing::run_klein("generate" + tiny_components(merged) + kRun + " --dump " +
+                                   shell_arg(dir / "merged") + " -o " + shell_arg(dir / "m.png"),
+                               &log),
+            0)
+      << log;
+  ASSERT_EQ(testing::run_klein("generate -m " + shell_arg(container) + " --lora " +
+                                   shell_arg(kLoras / "bfl.safetensors") + kRun + " --dump " +
+                                   shell_arg(dir / "lora") + " -o " + shell_arg(dir / "l.png"),
+                               &log),
+            0)
+      << log;
+  ASSERT_EQ(testing::run_klein("generate -m " + shell_arg(container) + kRun + " --dump " +
+                                   shell_arg(dir / "plain") + " -o " + shell_arg(dir / "p.png"),
+                               &log),
+            0)
+      << log;
   const Tensor ref = read_npy(dir / "merged" / "final_latents.npy").to_tensor();
   const Tensor lora = read_npy(dir / "lora" / "final_latents.npy").to_tensor();
   const Tensor plain = read_npy(dir / "plain" / "final_latents.npy").to_tensor();
@@ -132,21 +139,29 @@ TEST(LoraMergedByConvert, MatchesTheReferenceMerge) {
   const fs::path dir = testing::temp_dir("lora-convert");
   const fs::path bfl = kLoras / "bfl.safetensors", kohya = kLoras / "kohya.safetensors";
   const fs::path merged =
-      reference_merge(dir, arg(bfl) + " " + arg(kohya.string() + ":0.7"));
+      reference_merge(dir, shell_arg(bfl) + " " + shell_arg(kohya.string() + ":0.7"));
   const fs::path container = dir / "merged.klein";
   std::string log;
-  ASSERT_EQ(testing::run_klein("convert -m " + arg(testing::tiny_model()) + " --lora " +
-                                   arg(bfl) + " --lora " + arg(kohya.string() + ":0.7") +
-                                   " -t f32 -q -o " + arg(container), &log), 0) << log;
+  ASSERT_EQ(
+      testing::run_klein("convert -m " + shell_arg(testing::tiny_model()) + " --lora " +
+                             shell_arg(bfl) + " --lora " + shell_arg(kohya.string() + ":0.7") +
+                             " -t f32 -q -o " + shell_arg(container),
+                         &log),
+      0)
+      << log;
   EXPECT_EQ(log, "");
-  ASSERT_EQ(testing::run_klein("generate" + components(merged) + kRun + " --dump " +
-                                   arg(dir / "reference") + " -o " + arg(dir / "r.png"), &log),
-            0) << log;
-  ASSERT_EQ(testing::run_klein("generate -m " + arg(container) + kRun + " --dump " +
-                                   arg(dir / "container") + " -o " + arg(dir / "c.png"), &log),
-            0) << log;
+  ASSERT_EQ(testing::run_klein("generate" + tiny_components(merged) + kRun + " --dump " +
+                                   shell_arg(dir / "reference") + " -o " + shell_arg(dir / "r.png"),
+                               &log),
+            0)
+      << log;
+  ASSERT_EQ(testing::run_klein("generate -m " + shell_arg(container) + kRun + " --dump " +
+                                   shell_arg(dir / "container") + " -o " + shell_arg(dir / "c.png"),
+                               &log),
+            0)
+      << log;
   testing::expect_dump_matches(dir / "container", dir / "reference", {"final_latents"}, 4);
-  ASSERT_EQ(testing::run_klein("inspect " + arg(container) + " --json", &log), 0) << log;
+  ASSERT_EQ(testing::run_klein("inspect " + shell_arg(container) + " --json", &log), 0) << log;
   EXPECT_NE(log.find("merged_loras"), std::string::npos) << log.substr(0, 2000);
   EXPECT_NE(log.find("kohya.safetensors"), std::string::npos);
 }
@@ -159,14 +174,17 @@ TEST(LoraErrors, RefusedBeforeAnyWork) {
   const fs::path out = dir / "x.png";
   auto refused = [&](const std::string& lora, const std::string& expected) {
     std::string log;
-    EXPECT_NE(testing::run_klein("generate -m " + arg(m) + " --lora " + lora + kRun + " -o " +
-                                     arg(out), &log), 0) << lora;
+    EXPECT_NE(testing::run_klein("generate -m " + shell_arg(m) + " --lora " + lora + kRun + " -o " +
+                                     shell_arg(out),
+                                 &log),
+              0)
+        << lora;
     EXPECT_NE(log.find(expected), std::string::npos) << "expected '" << expected << "' in:\n"
                                                      << log;
     EXPECT_FALSE(fs::exists(out));
   };
-  refused(arg(dir / "missing.safetensors"), "missing.safetensors: no such file");
-  refused(arg(kLoras / "bfl.safetensors") + ":abc", "no such file");
+  refused(shell_arg(dir / "missing.safetensors"), "missing.safetensors: no such file");
+  refused(shell_arg(kLoras / "bfl.safetensors") + ":abc", "no such file");
 
   // Made with the fixture script's writer: a module for another model's width, a
   // text-encoder LoRA, a module with A but no B, a DoRA magnitude.
@@ -176,7 +194,7 @@ TEST(LoraErrors, RefusedBeforeAnyWork) {
                             "'); import lora_fixture as f; f.write_safetensors('" +
                             (dir / name).string() + "', {" + tensors + "})\"";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    return arg(dir / name);
+    return shell_arg(dir / name);
   };
   refused(write("wide.safetensors",
                 "'transformer.transformer_blocks.0.attn.to_q.lora_A.weight': ('F32', [2, 512], [0.0]*1024),"

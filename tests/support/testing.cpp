@@ -136,4 +136,14 @@ Tensor random_tensor(Shape shape, uint32_t seed) {
   return t;
 }
 
+std::string shell_arg(const std::filesystem::path& p) { return "'" + p.string() + "'"; }
+
+std::string tiny_components(const std::filesystem::path& transformer) {
+  const std::filesystem::path m = tiny_model();
+  return " --diffusion-model " + shell_arg(transformer) + " --text-encoder " +
+         shell_arg(m / "text_encoder" / "model.safetensors.index.json") + " --vae " +
+         shell_arg(m / "vae" / "diffusion_pytorch_model.safetensors") + " --tokenizer " +
+         shell_arg(m / "tokenizer") + " --variant 4b";
+}
+
 }  // namespace klein::testing

@@ -45,4 +45,11 @@ Tensor random_tensor(Shape shape, uint32_t seed);
 // Runs the klein CLI with arguments; returns the exit code and captures stdout+stderr.
 int run_klein(const std::string& args, std::string* output = nullptr);
 
+// A path quoted for the shell of run_klein.
+std::string shell_arg(const std::filesystem::path& p);
+
+// The tiny model given as single files (--diffusion-model, --text-encoder, --vae, --tokenizer,
+// --variant 4b), with `transformer` as the diffusion model.
+std::string tiny_components(const std::filesystem::path& transformer);
+
 }  // namespace klein::testing
