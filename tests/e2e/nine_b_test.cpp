@@ -17,6 +17,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -207,15 +208,13 @@ struct GenerateCase {
   const char* reference;  // under vectors/inputs, or null
 };
 
-class NineBGenerate : public ::testing::TestWithParam<GenerateCase> {};
-
-// `klein generate` with the official initial noise reproduces every stage of the official
-// pipeline's run and its PNG within one grey level.
-TEST_P(NineBGenerate, MatchesTheOfficialPipelineAtEveryStage) {
-  const GenerateCase& c = GetParam();
+// `klein generate` on `model` with the official initial noise reproduces every stage of the
+// official pipeline's run and its PNG within one grey level.
+void expect_generation_matches(const fs::path& model, const GenerateCase& c,
+                               const std::string& tag) {
   const fs::path ref = vectors() / "e2e" / c.name;
-  const fs::path out = testing::temp_dir(std::string("nine-b-") + c.name);
-  std::string args = "generate -m " + model_dir().string() + " -p \"" + c.prompt +
+  const fs::path out = testing::temp_dir("nine-b-" + tag + "-" + c.name);
+  std::string args = "generate -m " + model.string() + " -p \"" + c.prompt +
                      "\" -W 64 -H 64 --noise " + (ref / "noise.npy").string() + " --dump " +
                      (out / "dump").string() + " -o " + (out / "image.png").string() +
                      " --no-cache --threads 2 -q";
@@ -249,6 +248,12 @@ TEST_P(NineBGenerate, MatchesTheOfficialPipelineAtEveryStage) {
   EXPECT_LE(worst, 1);
 }
 
+class NineBGenerate : public ::testing::TestWithParam<GenerateCase> {};
+
+TEST_P(NineBGenerate, MatchesTheOfficialPipelineAtEveryStage) {
+  expect_generation_matches(model_dir(), GetParam(), "dir");
+}
+
 INSTANTIATE_TEST_SUITE_P(
     KleinTiny9b, NineBGenerate,
     ::testing::Values(
@@ -256,6 +261,37 @@ INSTANTIATE_TEST_SUITE_P(
         GenerateCase{"edit_h64_w64_ref0", "make the background blue and add a small yellow star",
                      "ref0.png"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// `convert` drops what inference never reads (the untied lm_head, the layers after the 27th,
+// the final norm); the container, its tensors kept as they are, generates the same.
+TEST(NineBContainer, KeepsOnlyWhatInferenceReadsAndGeneratesTheSame) {
+  const fs::path dir = testing::temp_dir("nine-b-container");
+  const fs::path container = dir / "klein-tiny-9b.klein";
+  std::string log;
+  ASSERT_EQ(testing::run_klein("convert -m " + model_dir().string() +
+                                   " -t keep -q --threads 2 -o " + container.string(),
+                               &log),
+            0)
+      << log;
+  ASSERT_EQ(testing::run_klein("inspect --json " + container.string(), &log), 0) << log;
+  const nlohmann::json j = nlohmann::json::parse(log.substr(log.find('{')));
+  std::set<std::string> stored, dropped;
+  for (const auto& t : j.at("tensors")) stored.insert(t.at("name").get<std::string>());
+  for (const auto& d : j.at("conversion").at("dropped"))
+    dropped.insert(d.at("tensor").get<std::string>());
+  EXPECT_EQ(stored.size(), 609u);  // 711 in the checkpoint: 1 + 9 x 11 + 1 + 1 dropped
+  EXPECT_TRUE(dropped.count("text_encoder.lm_head.weight"));
+  EXPECT_TRUE(dropped.count("text_encoder.model.layers.27.mlp.down_proj.weight"));
+  EXPECT_TRUE(dropped.count("text_encoder.model.layers.35.self_attn.q_proj.weight"));
+  EXPECT_TRUE(dropped.count("text_encoder.model.norm.weight"));
+  for (const std::string& name : stored) {
+    EXPECT_EQ(name.find("lm_head"), std::string::npos) << name;
+    EXPECT_FALSE(dropped.count(name)) << name;
+  }
+  expect_generation_matches(container,
+                            {"t2i_h64_w64", "A cat holding a sign that says hello world", nullptr},
+                            "container");
+}
 
 // What `klein inspect` makes of the model. The published variants are recognised by their
 // exact widths (docs/MODELS.md, weights/config.cpp variant_name), so a tiny model is neither
