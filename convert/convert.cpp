@@ -93,7 +93,8 @@ std::string unit_drop_reason(const std::string& unit, const TextEncoderConfig& e
 
 std::string tensor_drop_reason(const std::string& canonical) {
   if (canonical.rfind("text_encoder.lm_head.", 0) == 0)
-    return "language-model head: tied to the token embedding, never read";
+    return "language-model head (Qwen3-4B ties it to the token embedding, Qwen3-8B stores it): "
+           "the pipeline reads hidden states, never logits";
   if (canonical.find("num_batches_tracked") != std::string::npos)
     return "BatchNorm batch counter: not used at inference";
   return "never read by inference";
