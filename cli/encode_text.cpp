@@ -69,8 +69,9 @@ void run_encode_text(const EncodeTextOptions& o) {
               int(tokens.ids.size()) - tokens.real_tokens,
               result.from_cache ? "read from the prompt cache" : "encoded", seconds);
   if (o.verbose)
-    std::fprintf(stderr, "peak RSS %s, at most %zu weight units (%s) resident at once\n",
+    std::fprintf(stderr, "peak RSS %s, at most %zu weight unit%s (%s) resident at once\n",
                  format_bytes(peak_rss_bytes()).c_str(), store->residency_stats().peak_units,
+                 store->residency_stats().peak_units == 1 ? "" : "s",
                  format_bytes(store->residency_stats().peak_bytes).c_str());
 }
 

@@ -196,7 +196,8 @@ void print_verbose(const GenerateResult& r, const LoadPhase& load) {
         std::fprintf(stderr, "  step %-7zu %9.2f\n", s + 1, r.step_seconds[s]);
     }
   }
-  std::fprintf(stderr, "weights: at most %zu units (%s) resident at once\n", r.weights.peak_units,
+  std::fprintf(stderr, "weights: at most %zu unit%s (%s) resident at once\n",
+               r.weights.peak_units, r.weights.peak_units == 1 ? "" : "s",
                format_bytes(r.weights.peak_bytes).c_str());
 }
 
