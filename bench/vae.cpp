@@ -4,9 +4,10 @@
 //   bench_vae [--benchmark_filter=<regex>]   Google Benchmark: decode, encode, single convs
 //   bench_vae --peak decode 1024             one 1024x1024 decode: time per stage, peak RSS
 //   bench_vae --peak encode 1024             the same for an encode
-//   bench_vae --peak decode-bf16 1024        ... with the convolutions on BF16 tiles
-//   bench_vae --compare [sides...]           float32 and BF16-tile decodes (arithmetic
-//                                            bf16_tiles) taking turns, default 256 and 512:
+//   bench_vae --peak decode-bf16 1024        ... with the convolutions on bf16 operands (AMX
+//                                            tiles, else the AVX-512 BF16 direct kernel)
+//   bench_vae --compare [sides...]           float32 and bf16 decodes (arithmetic
+//                                            bf16_convolutions) taking turns, default 256, 512:
 //                                            times, GFLOP/s, speedup and image difference
 //
 // GFLOP/s counts the decoder's convolutions only (2 x multiply-adds; 618 GFLOP at 256x256),
@@ -89,10 +90,15 @@ double decoder_conv_flops(const VaeConfig& c, int64_t height, int64_t width) {
   return flops + conv(channels.front(), c.out_channels, 3);
 }
 
-// args = side, BF16 tiles (0 float32, 1 arithmetic.bf16_convolutions).
+bool bf16_convolutions_available() {
+  return ops::conv2d_bf16_tiles_available() || ops::conv2d_bf16_direct_available();
+}
+
+// args = side, bf16 (0 float32, 1 arithmetic.bf16_convolutions).
 void BM_Decode(benchmark::State& state) {
   const int64_t side = state.range(0);
-  if (state.range(1) && !ops::conv2d_bf16_tiles_available()) return state.SkipWithError("no AMX");
+  if (state.range(1) && !bf16_convolutions_available())
+    return state.SkipWithError("no BF16 convolutions on this CPU");
   cx().arithmetic.bf16_convolutions = state.range(1) != 0;
   vae::Vae model(store(), cx());
   const Tensor tokens = random_tensor({(side / 16) * (side / 16), 128});
@@ -117,17 +123,21 @@ void BM_Encode(benchmark::State& state) {
 BENCHMARK(BM_Encode)->Arg(256)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // One 3×3 convolution with the fused GroupNorm + SiLU input, as in every ResNet:
-// args = channels in, channels out, side, algorithm (0 im2col + GEMM, 1 direct, 2 BF16 tiles).
+// args = channels in, channels out, side, algorithm (0 im2col + GEMM, 1 direct, 2 BF16 tiles,
+// 3 BF16 direct).
 void BM_Conv3x3(benchmark::State& state) {
   const int64_t in = state.range(0), out = state.range(1), side = state.range(2);
   ops::Conv2dParams p = ops::Conv2dParams::same(3);
   constexpr ops::ConvAlgorithm kAlgorithms[] = {
-      ops::ConvAlgorithm::Gemm, ops::ConvAlgorithm::Direct, ops::ConvAlgorithm::Bf16Tiles};
+      ops::ConvAlgorithm::Gemm, ops::ConvAlgorithm::Direct, ops::ConvAlgorithm::Bf16Tiles,
+      ops::ConvAlgorithm::Bf16Direct};
   p.algorithm = kAlgorithms[state.range(3)];
   if (state.range(3) == 1 && !ops::conv2d_direct_available())
     return state.SkipWithError("no direct kernel");
   if (state.range(3) == 2 && !ops::conv2d_bf16_tiles_available())
     return state.SkipWithError("no AMX");
+  if (state.range(3) == 3 && !ops::conv2d_bf16_direct_available())
+    return state.SkipWithError("no AVX-512 BF16");
   const Tensor x = random_tensor({in, side, side});
   ops::Conv2dWeights w;
   w.out_channels = out;
@@ -146,10 +156,10 @@ void BM_Conv3x3(benchmark::State& state) {
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_Conv3x3)
-    ->ArgsProduct({{128}, {128}, {512}, {0, 1, 2}})
-    ->ArgsProduct({{256}, {128}, {512}, {0, 1, 2}})
-    ->ArgsProduct({{512}, {512}, {128}, {0, 1, 2}})
-    ->ArgsProduct({{128}, {3}, {512}, {0, 1, 2}})
+    ->ArgsProduct({{128}, {128}, {512}, {0, 1, 2, 3}})
+    ->ArgsProduct({{256}, {128}, {512}, {0, 1, 2, 3}})
+    ->ArgsProduct({{512}, {512}, {128}, {0, 1, 2, 3}})
+    ->ArgsProduct({{128}, {3}, {512}, {0, 1, 2, 3}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
@@ -175,7 +185,9 @@ int peak_run(std::string what, int64_t side) {
   };
   std::printf("%s %lldx%lld, %d threads, %s convolutions; RSS with weights resident: %.0f MiB\n",
               what.c_str(), (long long)side, (long long)side, cx().threads(),
-              bf16 ? (ops::conv2d_bf16_tiles_available() ? "BF16-tile" : "float32 (no AMX)")
+              bf16 ? (ops::conv2d_bf16_tiles_available()    ? "BF16-tile"
+                      : ops::conv2d_bf16_direct_available() ? "BF16 direct"
+                                                            : "float32 (no BF16 kernel)")
                    : "float32",
               weights_rss);
   if (what == "decode") {
@@ -198,8 +210,8 @@ int peak_run(std::string what, int64_t side) {
 // convolutions, the speedup of the medians and how far the BF16 image is from the float32 one
 // (max|difference| / max|float32|, and the mean absolute difference).
 int compare_run(const std::vector<int64_t>& sides, int rounds) {
-  if (!ops::conv2d_bf16_tiles_available())
-    std::printf("no AMX BF16 on this CPU: both runs are float32\n");
+  if (!bf16_convolutions_available())
+    std::printf("no BF16 convolutions on this CPU: both runs are float32\n");
   vae::Vae model(store(), cx());
   std::printf("decode, %d threads, %d rounds each, the two taking turns\n", cx().threads(), rounds);
   std::printf("%6s %-8s %9s %9s %9s %8s %12s %12s\n", "side", "convs", "best s", "median s",

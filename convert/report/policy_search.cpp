@@ -113,6 +113,9 @@ class Search {
     calibration_ = velocity_sum > 0
                        ? std::max(0.0, e2e.mean_image_mse - probe.vae_image_mse) / velocity_sum
                        : 0.0;
+    // A VAE whose weights are the reference's still moves the image when the candidate
+    // decodes on bf16 operands (its fast arithmetic): a floor no choice of types changes.
+    if (weight_error["vae"] <= 0) vae_floor_ = probe.vae_image_mse;
     for (auto& e : entries_) {
       if (e.group == "vae") {
         const double n = weight_error["vae"];
@@ -165,7 +168,7 @@ class Search {
   }
 
   double predicted_mse() const {
-    double mse = 0;
+    double mse = vae_floor_;
     for (const auto& e : entries_) mse += e.sensitivity * nmse_at(e, e.type);
     return std::max(0.0, mse);
   }
@@ -242,6 +245,7 @@ class Search {
   std::vector<Entry> entries_;
   std::map<std::string, int64_t> unit_bytes_;  // current stored bytes per unit
   double calibration_ = 0;
+  double vae_floor_ = 0;  // image MSE of the candidate's VAE arithmetic alone
 };
 
 bool goal_met(const PolicyGoal& goal, double psnr, uint64_t file_bytes) {

@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <cstring>
 
@@ -236,6 +237,43 @@ bool use_bf16_tiles(const Conv2dParams& p, const Compute& cx) {
          conv2d_bf16_tiles_available(cx);
 }
 
+// Bf16Direct when forced, or when asked for bf16 convolutions on a CPU with AVX-512 BF16 but
+// no AMX tiles (which take precedence).
+bool use_bf16_direct(const ConvGeometry& g, const Conv2dParams& p, const Compute& cx) {
+  const bool available = g.stride == 1 && conv2d_bf16_direct_available(cx);
+  if (p.algorithm == ConvAlgorithm::Bf16Direct) {
+    check(available, "conv2d: the BF16 direct kernel needs stride 1 and AVX-512 BF16");
+    return true;
+  }
+  return p.algorithm == ConvAlgorithm::Auto && cx.arithmetic.bf16_convolutions && available;
+}
+
+// Weights as the BF16 direct kernel reads them (conv2d_kernels.h): dwords
+// [ceil(Cout / kDirectBlock)][pairs][k][k][kDirectBlock], rounded to nearest even.
+size_t bf16_direct_weights_size(const Conv2dWeights& w) {
+  const int64_t groups = (w.out_channels + detail::kDirectBlock - 1) / detail::kDirectBlock;
+  return size_t(groups * (w.in_channels + 1) / 2 * w.kernel * w.kernel * detail::kDirectBlock);
+}
+
+uint32_t bf16_bits(float v) {
+  const uint32_t bits = std::bit_cast<uint32_t>(v);
+  return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;  // finite weights
+}
+
+void pack_bf16_direct_weights(const Conv2dWeights& w, uint32_t* packed) {
+  const int64_t taps = w.kernel * w.kernel, pairs = (w.in_channels + 1) / 2;
+  std::fill(packed, packed + bf16_direct_weights_size(w), 0u);
+  for (int64_t co = 0; co < w.out_channels; ++co)
+    for (int64_t c = 0; c < w.in_channels; ++c)
+      for (int64_t t = 0; t < taps; ++t) {
+        const size_t at = size_t((((co / detail::kDirectBlock) * pairs + c / 2) * taps + t) *
+                                     detail::kDirectBlock +
+                                 co % detail::kDirectBlock);
+        packed[at] |= bf16_bits(w.weight[size_t((co * w.in_channels + c) * taps + t)])
+                      << (c % 2 ? 16 : 0);
+      }
+}
+
 #if defined(KLEIN_X86)
 
 using WordBuffer = std::unique_ptr<uint32_t[], FreeAligned>;
@@ -350,10 +388,35 @@ void bf16_tiles_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWei
   }
 }
 
+// Result [Cout, rows·OW] of one band with the BF16 direct kernel, tasks as direct_band's.
+void bf16_direct_band(const ConvGeometry& g, const uint32_t* band_input, int64_t rows,
+                      const uint32_t* packed, float* result, Compute& cx) {
+  const detail::Bf16Band band{band_input, (g.in_channels + 1) / 2, g.band_rows(rows),
+                              g.band_width(), g.kernel, 1};
+  const int64_t segments = (g.out_width + kDirectSegment - 1) / kDirectSegment;
+  const int64_t n = rows * g.out_width;
+  cx.pool().for_each_task(rows * segments, [&](int64_t t, int) {
+    const int64_t oy = t / segments, x0 = t % segments * kDirectSegment;
+    const int64_t x1 = std::min(g.out_width, x0 + kDirectSegment);
+    detail::direct_conv_row_bf16_avx512(band, packed, g.out_channels, oy, x0, x1,
+                                        result + oy * g.out_width, n);
+  });
+}
+
 #else
 
+void fill_band_bf16(const ConvInput&, const ConvGeometry&, int64_t, int64_t, uint32_t*,
+                    Compute&) {
+  fail("conv2d: no BF16 kernel in this build");
+}
+
+void bf16_direct_band(const ConvGeometry&, const uint32_t*, int64_t, const uint32_t*, float*,
+                      Compute&) {
+  fail("conv2d: no BF16 direct kernel in this build");
+}
+
 void bf16_tiles_conv(const ConvInput&, const ConvGeometry&, const Conv2dWeights&, float*,
-                     ConvWrite, bool, ThreadPool&) {
+                     ConvWrite, bool, Compute&) {
   fail("conv2d: no BF16 tile kernel in this build");
 }
 
@@ -390,6 +453,14 @@ bool conv2d_bf16_tiles_available(const Compute& cx) { return cx.amx(); }
 
 bool conv2d_direct_available(const Compute& cx) { return cx.avx512(); }
 
+bool conv2d_bf16_direct_available(const Compute& cx) {
+  return cx.avx512() && cpu_features().avx512_bf16;
+}
+
+bool conv2d_bf16_direct_available() {
+  return conv2d_direct_available() && cpu_features().avx512_bf16;
+}
+
 bool conv2d_bf16_tiles_available() { return quant::best_isa() == quant::Isa::Amx; }
 
 bool conv2d_direct_available() {
@@ -421,25 +492,37 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
           g.out_channels, "x", g.out_height, "x", g.out_width, " from ", g.in_channels, "x",
           g.in_height, "x", g.in_width, ")");
   if (use_bf16_tiles(p, cx)) return bf16_tiles_conv(in, g, w, out, mode, in_place, cx);
-  if (is_pointwise(in, g, p) && !in_place) return pointwise_conv(in, g, w, out, mode, cx);
+  if (is_pointwise(in, g, p) && !in_place && p.algorithm != ConvAlgorithm::Bf16Direct)
+    return pointwise_conv(in, g, w, out, mode, cx);
 
   int64_t band = std::clamp<int64_t>((kBandPixels + g.out_width - 1) / g.out_width, 1,
                                      g.out_height);
   // In place, a band must not reach back past the rows of the band before it.
   if (in_place) band = std::max(band, g.pad_top);
   const int64_t tile_columns = std::min(kTileColumns, band * g.out_width);
-  const bool direct = use_direct(g, p, cx);
+  const bool bf16_direct = use_bf16_direct(g, p, cx);
+  const bool direct = !bf16_direct && use_direct(g, p, cx);
   // The call's buffers come from the calling thread's arena: the same memory serves every
   // convolution (and the transformer's temporaries before them), where separate allocations
   // of a few MiB each left the heap fragmented (bench_vae --peak decode 512: 751 MiB peak
   // with them, docs/SPEED.md).
   Arena::Scope scratch(cx.arena(0));
   float* packed = nullptr;
-  if (direct) {
-    packed = scratch.take<float>(direct_weights_size(w));
-    pack_direct_weights(w, packed);
+  uint32_t* packed_bf16 = nullptr;
+  float* band_input = nullptr;
+  uint32_t* band_bf16 = nullptr;
+  if (bf16_direct) {
+    packed_bf16 = scratch.take<uint32_t>(bf16_direct_weights_size(w));
+    pack_bf16_direct_weights(w, packed_bf16);
+    band_bf16 = scratch.take<uint32_t>(
+        size_t((g.in_channels + 1) / 2 * g.band_rows(band) * g.band_width()));
+  } else {
+    if (direct) {
+      packed = scratch.take<float>(direct_weights_size(w));
+      pack_direct_weights(w, packed);
+    }
+    band_input = scratch.take<float>(size_t(g.in_channels * g.band_rows(band) * g.band_width()));
   }
-  float* band_input = scratch.take<float>(size_t(g.in_channels * g.band_rows(band) * g.band_width()));
   float* results[2] = {scratch.take<float>(size_t(g.out_channels * band * g.out_width)),
                        scratch.take<float>(size_t(g.out_channels * band * g.out_width))};
 
@@ -449,11 +532,16 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
   int current = 0;
   for (int64_t r0 = 0; r0 < g.out_height; r0 += band) {
     const int64_t rows = std::min(band, g.out_height - r0);
-    fill_band(in, g, r0, rows, band_input, cx);
+    if (bf16_direct)
+      fill_band_bf16(in, g, r0, rows, band_bf16, cx);
+    else
+      fill_band(in, g, r0, rows, band_input, cx);
     if (pending_row >= 0)
       write_band(results[1 - current], g, w, pending_row, pending_rows, out, mode, cx);
     float* result = results[current];
-    if (direct)
+    if (bf16_direct)
+      bf16_direct_band(g, band_bf16, rows, packed_bf16, result, cx);
+    else if (direct)
       direct_band(g, band_input, rows, packed, result, cx);
     else
       gemm_band(g, w, band_input, rows, tile_columns, result, cx);

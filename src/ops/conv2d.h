@@ -34,7 +34,10 @@ struct Conv2dWeights {
 //   bf16 (8 significant bits), products summed in float32: max|y - exact| is 1e-3 to 3e-3 of
 //   max|y| on random data (tests/ops/conv2d_bf16_test.cpp), and 3-6x faster than the exact
 //   paths (bench_vae BM_Conv3x3). Bias and accumulation stay float32.
-enum class ConvAlgorithm { Auto, Gemm, Direct, Bf16Tiles };
+//   Bf16Direct: the direct kernel on the same bf16-rounded operands with VDPBF16PS (AVX-512
+//   BF16 without AMX, e.g. AMD Zen 4; stride 1): the same error as Bf16Tiles, about twice the
+//   exact direct kernel's speed. Auto picks it, when bf16_convolutions asks, on such CPUs.
+enum class ConvAlgorithm { Auto, Gemm, Direct, Bf16Tiles, Bf16Direct };
 
 struct Conv2dParams {
   int64_t stride = 1;
@@ -66,6 +69,9 @@ bool conv2d_direct_available();  // with the best instruction set of this CPU (K
 // the OS lets this process use).
 bool conv2d_bf16_tiles_available(const Compute& cx);
 bool conv2d_bf16_tiles_available();  // with the best instruction set of this CPU (KLEIN_ISA)
+// Whether ConvAlgorithm::Bf16Direct can run here (AVX-512 with BF16 dot products; stride 1).
+bool conv2d_bf16_direct_available(const Compute& cx);
+bool conv2d_bf16_direct_available();  // with the best instruction set of this CPU (KLEIN_ISA)
 
 // Output extent of one axis.
 int64_t conv2d_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad_before,

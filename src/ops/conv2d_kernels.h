@@ -84,4 +84,14 @@ void bf16_tiles_conv_amx(const Bf16Band& band, const Bf16Weights& w, int64_t out
                          int64_t p0, int64_t n, uint32_t* columns, float* out, int64_t ld,
                          bool accumulate);
 
+// ---- BF16 direct (AVX-512 BF16 without AMX, conv2d_avx512.cpp) -------------------------------
+//
+// direct_conv_row_avx512 on a Bf16Band (stride 1) with VDPBF16PS: weights as dwords
+// [ceil(Cout / kDirectBlock)][pairs][k][k][kDirectBlock], each the bf16 weights of channels
+// 2cp (low half) and 2cp + 1 (high half), zero past Cout and for a missing odd channel. Every
+// output value is one chain over (pair, ky, kx) in that order, whatever the split.
+void direct_conv_row_bf16_avx512(const Bf16Band& band, const uint32_t* packed,
+                                 int64_t out_channels, int64_t oy, int64_t x_begin, int64_t x_end,
+                                 float* result, int64_t ld);
+
 }  // namespace klein::ops::detail

@@ -1,5 +1,7 @@
-// ConvAlgorithm::Bf16Tiles (AMX BF16 tiles) against the exact float32 paths at every geometry
-// the VAE runs, and against the definition evaluated on the same bf16-rounded operands.
+// The bf16 convolutions, ConvAlgorithm::Bf16Tiles (AMX BF16 tiles) and Bf16Direct (AVX-512
+// BF16 dot products, stride 1), against the exact float32 paths at every geometry the VAE
+// runs, and against the definition evaluated on the same bf16-rounded operands. Each test
+// runs for both algorithms, skipped where the CPU lacks one.
 //
 // Error bound: bf16 keeps 8 significant bits (relative rounding error <= 2^-9), so each
 // product is off by up to ~4e-3 relative and a sum of K random-signed products by about
@@ -76,6 +78,18 @@ Conv2dParams with(Conv2dParams p, ConvAlgorithm a) {
   return p;
 }
 
+bool available(ConvAlgorithm a) {
+  return a == ConvAlgorithm::Bf16Tiles ? ops::conv2d_bf16_tiles_available()
+                                       : ops::conv2d_bf16_direct_available();
+}
+
+// The direct kernel has no strided form.
+bool runs(ConvAlgorithm a, const Conv2dParams& p) {
+  return a != ConvAlgorithm::Bf16Direct || p.stride == 1;
+}
+
+class Conv2dBf16 : public ::testing::TestWithParam<ConvAlgorithm> {};
+
 struct Case {
   const char* name;
   int64_t in, out, height, width, kernel;
@@ -121,18 +135,19 @@ Tensor run(const Case& c, const Tensor& x, const Conv2dWeights& w, const Channel
   return y;
 }
 
-TEST(Conv2dBf16, MatchesExactPathAtVaeGeometries) {
-  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+TEST_P(Conv2dBf16, MatchesExactPathAtVaeGeometries) {
+  if (!available(GetParam())) GTEST_SKIP() << "this CPU has no such BF16 kernel";
   Compute cx(2);
   double worst = 0;
   for (const Case& c : kVaeCases) {
+    if (!runs(GetParam(), c.params)) continue;
     SCOPED_TRACE(c.name);
     const Tensor x = random_tensor({c.in, c.height, c.width}, uint32_t(c.in + c.height));
     const Conv2dWeights w = random_conv(c.out, c.in, c.kernel, uint32_t(c.out), c.bias);
     const ChannelAffine t = random_affine(c.in, 5);
     const ChannelAffine* transform = c.transform ? &t : nullptr;
     const Tensor exact = run(c, x, w, transform, ConvAlgorithm::Gemm, cx);
-    const Tensor tiles = run(c, x, w, transform, ConvAlgorithm::Bf16Tiles, cx);
+    const Tensor tiles = run(c, x, w, transform, GetParam(), cx);
     ASSERT_EQ(exact.shape(), tiles.shape());
     const double diff = testing::scaled_diff(tiles.data(), exact.data(), exact.numel());
     std::cout << "  " << c.name << ": scaled diff " << diff << "\n";
@@ -151,8 +166,8 @@ Conv2dParams upsample3() {
 
 // Small shapes with odd channel counts (a zero channel completes the last pair), K not a
 // multiple of 32, output channels not a multiple of 16, and images narrower than a tile.
-TEST(Conv2dBf16, MatchesDefinitionOnRoundedOperands) {
-  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+TEST_P(Conv2dBf16, MatchesDefinitionOnRoundedOperands) {
+  if (!available(GetParam())) GTEST_SKIP() << "this CPU has no such BF16 kernel";
   Compute cx(3);
   const Case cases[] = {
       {"same3x3_odd", 5, 7, 13, 11, 3, same3x3(), true, true, ConvWrite::Overwrite},
@@ -171,13 +186,14 @@ TEST(Conv2dBf16, MatchesDefinitionOnRoundedOperands) {
   };
   double worst = 0;
   for (const Case& c : cases) {
+    if (!runs(GetParam(), c.params)) continue;
     SCOPED_TRACE(c.name);
     const Tensor x = random_tensor({c.in, c.height, c.width}, 7);
     const Conv2dWeights w = random_conv(c.out, c.in, c.kernel, 11, c.bias);
     const ChannelAffine t = random_affine(c.in, 21);
     const ChannelAffine* transform = c.transform ? &t : nullptr;
     const Tensor got =
-        ops::conv2d(x, w, with(c.params, ConvAlgorithm::Bf16Tiles), cx, transform);
+        ops::conv2d(x, w, with(c.params, GetParam()), cx, transform);
     const Tensor ref = reference_conv(x, transform, w, c.params, true);
     ASSERT_EQ(got.shape(), ref.shape());
     const double diff = testing::scaled_diff(got.data(), ref.data(), ref.numel());
@@ -190,8 +206,8 @@ TEST(Conv2dBf16, MatchesDefinitionOnRoundedOperands) {
 // The fused GroupNorm + SiLU transform gives the values of ChannelAffine::apply rounded once to
 // bf16, bit for bit: an identity 1x1 convolution (weights 1 and 0, no bias) returns them
 // exactly. Inputs span +-200 so the exponential's clamping at 87 is reached.
-TEST(Conv2dBf16, TransformedInputsAreRoundedExactly) {
-  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+TEST_P(Conv2dBf16, TransformedInputsAreRoundedExactly) {
+  if (!available(GetParam())) GTEST_SKIP() << "this CPU has no such BF16 kernel";
   Compute cx(2);
   const int64_t C = 34, H = 5, W = 37;
   Tensor x({C, H, W});
@@ -204,7 +220,7 @@ TEST(Conv2dBf16, TransformedInputsAreRoundedExactly) {
   for (int64_t c = 0; c < C; ++c) w.weight[size_t(c * C + c)] = 1.0f;
   for (int64_t up : {1, 2}) {
     SCOPED_TRACE("upsample " + std::to_string(up));
-    Conv2dParams p = with(pointwise(), ConvAlgorithm::Bf16Tiles);
+    Conv2dParams p = with(pointwise(), GetParam());
     p.upsample = up;
     const Tensor y = ops::conv2d(x, w, p, cx, &t);
     ASSERT_EQ(y.shape(), (Shape{C, H * up, W * up}));
@@ -225,8 +241,8 @@ TEST(Conv2dBf16, TransformedInputsAreRoundedExactly) {
 
 // Widths around the 16- and 32-pixel blocks and output channels around the 16- and 32-row
 // blocks, on images of one and a few rows.
-TEST(Conv2dBf16, BlockEdges) {
-  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+TEST_P(Conv2dBf16, BlockEdges) {
+  if (!available(GetParam())) GTEST_SKIP() << "this CPU has no such BF16 kernel";
   Compute cx(2);
   for (int64_t width : {1, 2, 15, 16, 17, 31, 32, 33, 47, 65, 100})
     for (int64_t out : {1, 3, 15, 16, 17, 31, 32, 33, 48, 50})
@@ -236,21 +252,21 @@ TEST(Conv2dBf16, BlockEdges) {
         const Tensor x = random_tensor({3, height, width}, uint32_t(width));
         const Conv2dWeights w = random_conv(out, 3, 3, uint32_t(out));
         const Conv2dParams p = same3x3();
-        const Tensor got = ops::conv2d(x, w, with(p, ConvAlgorithm::Bf16Tiles), cx);
+        const Tensor got = ops::conv2d(x, w, with(p, GetParam()), cx);
         const Tensor ref = reference_conv(x, nullptr, w, p, true);
         ASSERT_LE(testing::scaled_diff(got.data(), ref.data(), ref.numel()), kRoundedBound);
       }
 }
 
 // Accumulate adds onto what the output holds, bias included once.
-TEST(Conv2dBf16, Accumulates) {
-  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+TEST_P(Conv2dBf16, Accumulates) {
+  if (!available(GetParam())) GTEST_SKIP() << "this CPU has no such BF16 kernel";
   Compute cx(2);
   const Tensor x = random_tensor({6, 9, 10}, 1);
   for (int64_t kernel : {1, 3}) {
     SCOPED_TRACE("kernel " + std::to_string(kernel));
     const Conv2dWeights w = random_conv(20, 6, kernel, 2);
-    const Conv2dParams p = with(Conv2dParams::same(kernel), ConvAlgorithm::Bf16Tiles);
+    const Conv2dParams p = with(Conv2dParams::same(kernel), GetParam());
     Tensor y = random_tensor({20, 9, 10}, 3);
     Tensor ref = reference_conv(x, nullptr, w, Conv2dParams::same(kernel), true);
     for (int64_t i = 0; i < ref.numel(); ++i) ref.data()[i] += y.data()[i];
@@ -261,14 +277,14 @@ TEST(Conv2dBf16, Accumulates) {
 
 // In place over several bands (8192 pixels each: 82 rows of 100 here), as the VAE's ResNets
 // run conv2 when the channel count changes: same values as into a separate output.
-TEST(Conv2dBf16, InPlaceOverManyBands) {
-  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+TEST_P(Conv2dBf16, InPlaceOverManyBands) {
+  if (!available(GetParam())) GTEST_SKIP() << "this CPU has no such BF16 kernel";
   Compute cx(2);
   const int64_t C = 40, H = 200, W = 100;
   const Tensor x = random_tensor({C, H, W}, 4);
   const Conv2dWeights w = random_conv(24, C, 3, 5);
   const ChannelAffine t = random_affine(C, 6);
-  const Conv2dParams p = with(same3x3(), ConvAlgorithm::Bf16Tiles);
+  const Conv2dParams p = with(same3x3(), GetParam());
   const Tensor ref = ops::conv2d(x, w, p, cx, &t);
   for (ConvWrite mode : {ConvWrite::Overwrite, ConvWrite::Accumulate}) {
     SCOPED_TRACE(mode == ConvWrite::Overwrite ? "overwrite" : "accumulate");
@@ -284,15 +300,16 @@ TEST(Conv2dBf16, InPlaceOverManyBands) {
   EXPECT_LE(testing::scaled_diff(ref.data(), exact.data(), ref.numel()), kBf16Bound);
 }
 
-TEST(Conv2dBf16, ResultsDoNotDependOnThreadCount) {
-  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+TEST_P(Conv2dBf16, ResultsDoNotDependOnThreadCount) {
+  if (!available(GetParam())) GTEST_SKIP() << "this CPU has no such BF16 kernel";
   const int64_t C = 40, H = 150, W = 70;  // two bands
   const Tensor x = random_tensor({C, H, W}, 13);
   const Conv2dWeights w = random_conv(24, C, 3, 14);
   const ChannelAffine t = random_affine(C, 15);
   Compute one(1), three(3);
   for (Conv2dParams p : {same3x3(), downsample(), upsample(), pointwise()}) {
-    p.algorithm = ConvAlgorithm::Bf16Tiles;
+    if (!runs(GetParam(), p)) continue;
+    p.algorithm = GetParam();
     const Tensor a = ops::conv2d(x, w, p, one, &t);
     const Tensor b = ops::conv2d(x, w, p, three, &t);
     ASSERT_EQ(a.shape(), b.shape());
@@ -300,9 +317,9 @@ TEST(Conv2dBf16, ResultsDoNotDependOnThreadCount) {
   }
 }
 
-// The context's arithmetic.bf16_convolutions makes Auto use the tiles where they exist and the
-// exact path elsewhere.
-TEST(Conv2dBf16, AutoUsesTilesOnlyWhenAsked) {
+// The context's arithmetic.bf16_convolutions makes Auto use the tiles where they exist, else the
+// BF16 direct kernel where it exists, and the exact path elsewhere.
+TEST(Conv2dBf16Auto, UsesBf16OnlyWhenAsked) {
   Compute cx(2);
   const Tensor x = random_tensor({20, 9, 30}, 16);
   const Conv2dWeights w = random_conv(18, 20, 3, 17);
@@ -310,9 +327,14 @@ TEST(Conv2dBf16, AutoUsesTilesOnlyWhenAsked) {
   const Tensor exact = ops::conv2d(x, w, p, cx);
   cx.arithmetic.bf16_convolutions = true;
   const Tensor fast = ops::conv2d(x, w, p, cx);
-  const Tensor expected = ops::conv2d_bf16_tiles_available()
-                             ? ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Bf16Tiles), cx)
-                             : copy_of(exact);
+  const Tensor expected =
+      ops::conv2d_bf16_tiles_available()
+          ? ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Bf16Tiles), cx)
+      : ops::conv2d_bf16_direct_available()
+          ? ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Bf16Direct), cx)
+          : copy_of(exact);
+  if (ops::conv2d_bf16_tiles_available() || ops::conv2d_bf16_direct_available())
+    EXPECT_NE(0, std::memcmp(fast.data(), exact.data(), size_t(fast.numel()) * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(fast.data(), expected.data(), size_t(fast.numel()) * sizeof(float)));
   // An explicit algorithm wins over the flag.
   p.algorithm = ConvAlgorithm::Gemm;
@@ -321,6 +343,12 @@ TEST(Conv2dBf16, AutoUsesTilesOnlyWhenAsked) {
                                                     cx).data(),
                            size_t(gemm.numel()) * sizeof(float)));
 }
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, Conv2dBf16,
+                         ::testing::Values(ConvAlgorithm::Bf16Tiles, ConvAlgorithm::Bf16Direct),
+                         [](const ::testing::TestParamInfo<ConvAlgorithm>& info) {
+                           return info.param == ConvAlgorithm::Bf16Tiles ? "tiles" : "direct";
+                         });
 
 }  // namespace
 }  // namespace klein

@@ -30,6 +30,7 @@
 #include "convert/report/policy_search.h"
 #include "convert/report/weights.h"
 #include "convert/report/writers.h"
+#include "ops/conv2d.h"
 #include "support/testing.h"
 #include "weights/model_source.h"
 
@@ -434,7 +435,14 @@ TEST_F(TinyReport, EndToEndQ8IsCloserThanQ4) {
     // One isolated run per transformer unit, plus the text encoder.
     EXPECT_EQ(p.sensitivities.size(), 4u + 1 + 1);
     EXPECT_EQ(p.sensitivities.back().group, "text_encoder");
-    EXPECT_EQ(p.vae_image_mse, 0.0) << "the VAE stays bf16";
+    // The VAE's weights stay bf16: its image error is only that of the candidate's fast
+    // arithmetic, bf16 convolutions where the CPU has them (AMX or AVX-512 BF16).
+    if (ops::conv2d_bf16_tiles_available() || ops::conv2d_bf16_direct_available()) {
+      EXPECT_GT(p.vae_image_mse, 0.0);
+      EXPECT_LT(p.vae_image_mse, 1e-4);
+    } else {
+      EXPECT_EQ(p.vae_image_mse, 0.0) << "the VAE stays bf16";
+    }
   }
   EXPECT_GT(by_type["q8"].cases[0].psnr_db, by_type["q4"].cases[0].psnr_db + 6);
   EXPECT_LT(by_type["q8"].cases[0].context.nmse, by_type["q4"].cases[0].context.nmse);

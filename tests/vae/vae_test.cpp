@@ -119,8 +119,13 @@ TEST_F(VaeGolden, PipelineVaeInputAndImage) {
 // klein-tiny: see the printed scaled differences; bound kBf16Tolerance.
 constexpr double kBf16Tolerance = 3e-2;
 
-TEST_F(VaeGolden, DecodeWithBf16TilesEveryIntermediate) {
-  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+// AMX tiles, or the AVX-512 BF16 direct kernel (stride 1; strided convolutions stay float32).
+bool bf16_convolutions_available() {
+  return ops::conv2d_bf16_tiles_available() || ops::conv2d_bf16_direct_available();
+}
+
+TEST_F(VaeGolden, DecodeWithBf16ConvolutionsEveryIntermediate) {
+  if (!bf16_convolutions_available()) GTEST_SKIP() << "no BF16 convolutions on this CPU";
   const Compute::Use tiles(cx_, {.bf16_convolutions = true});
   vae::Vae model(*store_, cx_);
   for (const char* name : {"decode_h64_w64", "decode_h64_w96"}) {
@@ -147,8 +152,8 @@ TEST_F(VaeGolden, DecodeWithBf16TilesEveryIntermediate) {
   }
 }
 
-TEST_F(VaeGolden, EncodeWithBf16Tiles) {
-  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+TEST_F(VaeGolden, EncodeWithBf16Convolutions) {
+  if (!bf16_convolutions_available()) GTEST_SKIP() << "no BF16 convolutions on this CPU";
   const Compute::Use tiles(cx_, {.bf16_convolutions = true});
   vae::Vae model(*store_, cx_);
   Tensor pixels = load(vectors() / "encode_ref0" / "ref0_pixels.npy");
@@ -223,9 +228,9 @@ TEST(VaeRealShapes, DecodeAndEncodeRun) {
   for (int64_t i = 0; i < back.numel(); ++i) ASSERT_TRUE(std::isfinite(back.data()[i])) << i;
 }
 
-// The BF16-tile decoder against the float32 one at klein's real channel counts.
-TEST(VaeRealShapes, Bf16TilesDecodeCloseToFloat32) {
-  if (!ops::conv2d_bf16_tiles_available()) GTEST_SKIP() << "no AMX BF16 on this CPU";
+// The bf16 decoder against the float32 one at klein's real channel counts.
+TEST(VaeRealShapes, Bf16DecodeCloseToFloat32) {
+  if (!bf16_convolutions_available()) GTEST_SKIP() << "no BF16 convolutions on this CPU";
   testing::RandomVaeStore store;
   Compute cx(2);
   vae::Vae model(store, cx);
