@@ -13,6 +13,42 @@ namespace {
 constexpr int kLanes = 16;
 constexpr int kMaxVectors = 6;  // 4 channels x 6 vectors = 24 accumulators of 32 registers
 
+// The accumulators of a register tile into output rows, the last vector masked.
+template <int V>
+inline void store_tile(const __m512 (&acc)[kDirectBlock][V], __mmask16 last, float* out, int64_t ld,
+                       int64_t channels_out) {
+#pragma GCC unroll 8
+  for (int j = 0; j < kDirectBlock; ++j)
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      if (j >= channels_out) break;
+      float* o = out + j * ld + v * kLanes;
+      if (v + 1 < V)
+        _mm512_storeu_ps(o, acc[j][v]);
+      else
+        _mm512_mask_storeu_ps(o, last, acc[j][v]);
+    }
+}
+
+// Pixels [x_begin, x_end) of one output row in register tiles: pixel blocks outer, so a
+// block's input (C x k rows x ~100 values) stays in L2 while the weights of all output
+// channels stream past it. Blocks of equal numbers of vectors: 128 pixels run as 2 x 64, not
+// 96 + 32 (a 2-vector tile has too few accumulators to hide the latency).
+// tile(vectors, x, last, co) computes channels [co, co + kDirectBlock) at pixels from x.
+template <class Tile>
+inline void row_in_tiles(int64_t out_channels, int64_t x_begin, int64_t x_end, Tile tile) {
+  const int64_t vectors_total = (x_end - x_begin + kLanes - 1) / kLanes;
+  const int64_t blocks = (vectors_total + kMaxVectors - 1) / kMaxVectors;
+  const int64_t block = (vectors_total + blocks - 1) / blocks * kLanes;
+  for (int64_t x = x_begin; x < x_end; x += block) {
+    const int64_t n = std::min(block, x_end - x);
+    const int vectors = int((n + kLanes - 1) / kLanes);
+    const int tail = int(n - (vectors - 1) * kLanes);
+    const __mmask16 last = __mmask16((1u << tail) - 1u);
+    for (int64_t co = 0; co < out_channels; co += kDirectBlock) tile(vectors, x, last, co);
+  }
+}
+
 // Output channels [co, co + 4) x pixels [x, x + 16·V) of one row, the last vector masked.
 // Per (c, ky, kx): 4 weight broadcasts and V loads feed 4·V FMAs, so the loop is bound by
 // the FMA ports, not by loads.
@@ -49,17 +85,7 @@ void tile(const DirectBand& b, const float* w, const float* in, __mmask16 last, 
       }
     }
   }
-#pragma GCC unroll 8
-  for (int j = 0; j < kDirectBlock; ++j)
-#pragma GCC unroll 8
-    for (int v = 0; v < V; ++v) {
-      if (j >= channels_out) break;
-      float* o = out + j * ld + v * kLanes;
-      if (v + 1 < V)
-        _mm512_storeu_ps(o, acc[j][v]);
-      else
-        _mm512_mask_storeu_ps(o, last, acc[j][v]);
-    }
+  store_tile<V>(acc, last, out, ld, channels_out);
 }
 
 using TileFn = void (*)(const DirectBand&, const float*, const float*, __mmask16, float*, int64_t,
@@ -73,22 +99,11 @@ void direct_conv_row_avx512(const DirectBand& band, const float* packed, int64_t
                             int64_t oy, int64_t x_begin, int64_t x_end, float* result, int64_t ld) {
   const int64_t group = band.channels * band.kernel * band.kernel * kDirectBlock;
   const float* in_row = band.data + oy * band.width;
-  // Pixel blocks outer: a block's input (C x k rows x ~100 values) stays in L2 while the
-  // weights of all output channels stream past it. Blocks of equal numbers of vectors:
-  // 128 pixels run as 2 x 64, not 96 + 32 (a 2-vector tile has too few accumulators to hide
-  // the FMA latency).
-  const int64_t vectors_total = (x_end - x_begin + kLanes - 1) / kLanes;
-  const int64_t blocks = (vectors_total + kMaxVectors - 1) / kMaxVectors;
-  const int64_t block = (vectors_total + blocks - 1) / blocks * kLanes;
-  for (int64_t x = x_begin; x < x_end; x += block) {
-    const int64_t n = std::min(block, x_end - x);
-    const int vectors = int((n + kLanes - 1) / kLanes);
-    const int tail = int(n - (vectors - 1) * kLanes);
-    const __mmask16 last = __mmask16((1u << tail) - 1u);
-    for (int64_t co = 0; co < out_channels; co += kDirectBlock)
-      kTiles[vectors](band, packed + co / kDirectBlock * group, in_row + x, last,
-                      result + co * ld + x, ld, out_channels - co);
-  }
+  row_in_tiles(out_channels, x_begin, x_end,
+               [&](int vectors, int64_t x, __mmask16 last, int64_t co) {
+                 kTiles[vectors](band, packed + co / kDirectBlock * group, in_row + x, last,
+                                 result + co * ld + x, ld, out_channels - co);
+               });
 }
 
 // ---- the same on bf16 pairs (AVX-512 BF16 without AMX) -------------------------------------
@@ -129,17 +144,7 @@ void tile_bf16(const Bf16Band& b, const uint32_t* w, const uint32_t* in, __mmask
       }
     }
   }
-#pragma GCC unroll 8
-  for (int j = 0; j < kDirectBlock; ++j)
-#pragma GCC unroll 8
-    for (int v = 0; v < V; ++v) {
-      if (j >= channels_out) break;
-      float* o = out + j * ld + v * kLanes;
-      if (v + 1 < V)
-        _mm512_storeu_ps(o, acc[j][v]);
-      else
-        _mm512_mask_storeu_ps(o, last, acc[j][v]);
-    }
+  store_tile<V>(acc, last, out, ld, channels_out);
 }
 
 using TileBf16Fn = void (*)(const Bf16Band&, const uint32_t*, const uint32_t*, __mmask16, float*,
@@ -155,18 +160,11 @@ void direct_conv_row_bf16_avx512(const Bf16Band& band, const uint32_t* packed,
                                  float* result, int64_t ld) {
   const int64_t group = band.pairs * band.kernel * band.kernel * kDirectBlock;
   const uint32_t* in_row = band.data + oy * band.width;
-  const int64_t vectors_total = (x_end - x_begin + kLanes - 1) / kLanes;
-  const int64_t blocks = (vectors_total + kMaxVectors - 1) / kMaxVectors;
-  const int64_t block = (vectors_total + blocks - 1) / blocks * kLanes;
-  for (int64_t x = x_begin; x < x_end; x += block) {
-    const int64_t n = std::min(block, x_end - x);
-    const int vectors = int((n + kLanes - 1) / kLanes);
-    const int tail = int(n - (vectors - 1) * kLanes);
-    const __mmask16 last = __mmask16((1u << tail) - 1u);
-    for (int64_t co = 0; co < out_channels; co += kDirectBlock)
-      kTilesBf16[vectors](band, packed + co / kDirectBlock * group, in_row + x, last,
-                          result + co * ld + x, ld, out_channels - co);
-  }
+  row_in_tiles(out_channels, x_begin, x_end,
+               [&](int vectors, int64_t x, __mmask16 last, int64_t co) {
+                 kTilesBf16[vectors](band, packed + co / kDirectBlock * group, in_row + x, last,
+                                     result + co * ld + x, ld, out_channels - co);
+               });
 }
 
 }  // namespace klein::ops::detail
