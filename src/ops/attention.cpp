@@ -88,12 +88,15 @@ struct ExactKernels {
   void (*scale_rows)(float*, int64_t, int64_t, int64_t, const float*) = scale_rows_scalar;
 };
 
-ExactKernels exact_kernels(bool avx512) {
+ExactKernels exact_kernels(const Compute& cx) {
   ExactKernels k;
 #if defined(KLEIN_X86)
-  if (avx512) {
+  if (cx.avx512()) {
     k.softmax = detail::softmax_chunk_f32_avx512;
     k.scale_rows = detail::scale_rows_avx512;
+  } else if (cx.isa() == quant::Isa::Avx2) {
+    k.softmax = detail::softmax_chunk_f32_avx2;
+    k.scale_rows = detail::scale_rows_avx2;
   }
 #endif
   return k;
@@ -168,7 +171,7 @@ void attention_exact(const float* q, int64_t ldq, const float* k, int64_t ldk, c
                      int64_t ldv, float* out, int64_t ldo, const AttentionParams& p,
                      const float* bias, Compute& cx) {
   ensure_blas_single_threaded();
-  const ExactKernels kern = exact_kernels(cx.avx512());
+  const ExactKernels kern = exact_kernels(cx);
   const int64_t chunk = key_chunk(p.kv_len, 16);
   const int64_t q_tiles = (p.q_len + kQueryTile - 1) / kQueryTile;
   cx.pool().for_each_task(p.heads * q_tiles, [&](int64_t t, int worker) {

@@ -152,12 +152,16 @@ AttentionRun run_attention(AttentionParams p, Compute& cx, const uint8_t* mask, 
   return r;
 }
 
+// On every instruction set the CPU has (each has its own softmax kernel).
 void expect_attention_matches(AttentionParams p, int threads, const uint8_t* mask = nullptr,
                               bool bf16 = false) {
-  Compute cx(threads);
-  cx.arithmetic.bf16_attention = bf16;
-  const AttentionRun r = run_attention(p, cx, mask, 5, 2.f);
-  for (size_t i = 0; i < r.out.size(); ++i) ASSERT_NEAR(r.out[i], r.ref[i], 2e-5) << "at " << i;
+  for (quant::Isa isa : quant::available_isas()) {
+    Compute cx(threads, isa);
+    cx.arithmetic.bf16_attention = bf16;
+    const AttentionRun r = run_attention(p, cx, mask, 5, 2.f);
+    for (size_t i = 0; i < r.out.size(); ++i)
+      ASSERT_NEAR(r.out[i], r.ref[i], 2e-5) << quant::isa_name(isa) << " at " << i;
+  }
 }
 
 TEST(Attention, MatchesNaiveAcrossTileBoundaries) {
