@@ -20,7 +20,7 @@ void softmax_chunk_f32_scalar(const SoftmaxChunk& c) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < c.rows; ++i) {
     float* s = c.scores + i * c.ld;
-    const int64_t n = std::clamp<int64_t>(c.visible0 + i, 0, c.cols);
+    const int64_t n = c.visible(i);
     float chunk_max = neg_inf;
     for (int64_t j = 0; j < n; ++j) {
       s[j] = s[j] * c.scale + (c.bias ? c.bias[j] : 0.0f);

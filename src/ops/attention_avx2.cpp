@@ -15,24 +15,19 @@ namespace klein::ops::detail {
 namespace {
 
 constexpr int64_t kLanes = 8;
-constexpr float kLog2e = 1.44269504088896341f;
 
-// 2^t for t <= 128: the same degree-6 polynomial of 2^f, |f| <= 1/2, as the AVX-512 kernel
-// (relative error < 2e-7), times 2^n put into the exponent bits. Without vscalefps, t is
-// clamped at -126 first, so that 2^n stays a normal number: a probability below 2^-126 comes
-// out as at most 2^-126 instead of less, far below what a sum of at least 1 can resolve.
+// 2^t for t <= 128: kExp2Poly at f = t - round(t) times 2^round(t) put into the exponent
+// bits. Without vscalefps, t is clamped at -126 first, so that 2^round(t) stays a normal
+// number: a probability below 2^-126 comes out as at most 2^-126 instead of less, far below
+// what a sum of at least 1 can resolve.
 __m256 exp2_256(__m256 t) {
   t = _mm256_max_ps(t, _mm256_set1_ps(-126.0f));
   const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 f = _mm256_sub_ps(t, n);
-  __m256 p = _mm256_set1_ps(1.5403530393381609e-4f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256 p = _mm256_set1_ps(kExp2Poly[0]);
+  for (int d = 1; d < 7; ++d) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[d]));
+  const __m256i bits =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
@@ -66,11 +61,6 @@ float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-int64_t visible(const SoftmaxChunk& c, int64_t i) {
-  const int64_t n = c.visible0 + i;
-  return n < 0 ? 0 : n > c.cols ? c.cols : n;
-}
-
 // Pass 1 of row i: the new running maximum of t over the chunk's visible keys and the
 // correction for what was accumulated before; -inf when the row has seen nothing yet.
 float update_max(const SoftmaxChunk& c, int64_t i, const float* s, int64_t n, __m256 to_t) {
@@ -94,7 +84,7 @@ void softmax_chunk_f32_avx2(const SoftmaxChunk& c) {
   const __m256 to_t = _mm256_set1_ps(c.scale * kLog2e);
   for (int64_t i = 0; i < c.rows; ++i) {
     float* s = c.scores + i * c.ld;
-    const int64_t n = visible(c, i);
+    const int64_t n = c.visible(i);
     const float max = update_max(c, i, s, n, to_t);
     const __m256 vmax = _mm256_set1_ps(max);
     __m256 sum = _mm256_setzero_ps();
@@ -120,7 +110,8 @@ void scale_rows_avx2(float* acc, int64_t ld, int64_t rows, int64_t n, const floa
     float* a = acc + i * ld;
     const __m256 f = _mm256_set1_ps(factor[i]);
     int64_t d = 0;
-    for (; d + kLanes <= n; d += kLanes) _mm256_storeu_ps(a + d, _mm256_mul_ps(_mm256_loadu_ps(a + d), f));
+    for (; d + kLanes <= n; d += kLanes)
+      _mm256_storeu_ps(a + d, _mm256_mul_ps(_mm256_loadu_ps(a + d), f));
     for (; d < n; ++d) a[d] *= factor[i];
   }
 }

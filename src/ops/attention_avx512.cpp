@@ -18,20 +18,14 @@ namespace klein::ops::detail {
 namespace {
 
 constexpr int64_t kLanes = 16;
-constexpr float kLog2e = 1.44269504088896341f;
 
 // 2^t for finite t <= 128 (below -150 it is 0): 2^round(t) by vscalefps, which underflows
-// gracefully, times a degree-6 Taylor polynomial of 2^f, |f| <= 1/2, relative error < 2e-7.
+// gracefully, times kExp2Poly at f = t - round(t).
 __m512 exp2_512(__m512 t) {
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(1.5403530393381609e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  __m512 p = _mm512_set1_ps(kExp2Poly[0]);
+  for (int d = 1; d < 7; ++d) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[d]));
   return _mm512_scalef_ps(p, n);
 }
 
@@ -47,11 +41,6 @@ __mmask16 shown_lanes(int64_t j, int64_t n, const float* bias) {
     m = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, bias + j), _mm512_setzero_ps(),
                                 _CMP_EQ_OQ);
   return m;
-}
-
-int64_t visible(const SoftmaxChunk& c, int64_t i) {
-  const int64_t n = c.visible0 + i;
-  return n < 0 ? 0 : n > c.cols ? c.cols : n;
 }
 
 // Pass 1 of row i: the new running maximum of t over the chunk's visible keys and the
@@ -95,7 +84,7 @@ void softmax_chunk_f32_avx512(const SoftmaxChunk& c) {
   const __m512 to_t = _mm512_set1_ps(c.scale * kLog2e);
   for (int64_t i = 0; i < c.rows; ++i) {
     float* s = c.scores + i * c.ld;
-    const int64_t n = visible(c, i);
+    const int64_t n = c.visible(i);
     const float max = update_max(c, i, s, n, to_t);
     const float sum = exponentiate(c, s, n, c.cols, to_t, max, [&](int64_t j, __m512 p) {
       _mm512_mask_storeu_ps(s + j, lanes_below(j, c.cols), p);
@@ -112,7 +101,7 @@ void softmax_chunk_bf16_avx512(const SoftmaxChunk& c, uint16_t* p, int64_t ldp,
   for (int64_t i = 0; i < c.rows; ++i) {
     const float* s = c.scores + i * c.ld;
     uint16_t* out = p + i * ldp;
-    const int64_t n = visible(c, i);
+    const int64_t n = c.visible(i);
     const float max = update_max(c, i, s, n, to_t);
     // padded_cols is a multiple of 16. The sum is of the float32 values: the bf16 rounding
     // errors are unbiased and average out over a row.

@@ -9,9 +9,9 @@ namespace klein::ops::detail {
 // Row i of `scores` holds the unscaled dot products q_i·k_j; key j of the chunk is visible
 // to row i when j < visible0 + i (clamped to [0, cols]) and, with a bias, bias[j] == 0
 // (-inf hides it). row_max and row_sum carry the running maximum of the scaled scores (in
-// units of the kernel's choosing: natural for the scalar kernel, base 2 for AVX2 and AVX-512; one
-// kernel per call) and the sum of exp(score − row_max) over the chunks seen so far;
-// correction[i] receives the factor by which what row i accumulated before this chunk must
+// units of the kernel's choosing: natural for the scalar kernel, base 2 for AVX2 and
+// AVX-512; one kernel per call) and the sum of exp(score − row_max) over the chunks seen so
+// far; correction[i] receives the factor by which what row i accumulated before this chunk must
 // be multiplied (1 when the maximum did not move). A row that has seen no visible key yet
 // keeps row_max = -inf, row_sum = 0 and gets probabilities 0.
 struct SoftmaxChunk {
@@ -25,7 +25,24 @@ struct SoftmaxChunk {
   float* row_max = nullptr;
   float* row_sum = nullptr;
   float* correction = nullptr;
+
+  // Keys [0, visible(i)) of the chunk can be visible to row i (before the bias).
+  int64_t visible(int64_t i) const {
+    const int64_t n = visible0 + i;
+    return n < 0 ? 0 : n > cols ? cols : n;
+  }
 };
+
+// The vector kernels work in base 2. 2^f for |f| <= 1/2 is the degree-6 Taylor polynomial
+// with these coefficients, highest degree first (relative error < 2e-7).
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kExp2Poly[7] = {1.5403530393381609e-4f,
+                                1.3333558146428443e-3f,
+                                9.6181291076284772e-3f,
+                                5.5504108664821580e-2f,
+                                2.4022650695910071e-1f,
+                                6.9314718055994531e-1f,
+                                1.0f};
 
 // exp(scale·s − max) written over the scores in float32 (zero for hidden keys).
 void softmax_chunk_f32_scalar(const SoftmaxChunk& c);
@@ -95,6 +112,7 @@ struct AmxTask {
   float* row_sum = nullptr;
   float* correction = nullptr;
 };
+
 void attend_amx(const AmxTask& t);
 #endif
 
