@@ -102,7 +102,13 @@ const Kernels& avx512_kernels();
 const AmxKernels& amx_kernels();
 #endif
 #if defined(KLEIN_ARM64)
+// Activation rows per NEON tile call, in kernels_neon.cpp and kernels_neon_i8mm.cpp alike.
+constexpr int kNeonIntRows = 8;
+// SDOT tiles where the CPU has FEAT_DotProd, SMMLA tiles where it has FEAT_I8MM, widening
+// multiplies otherwise; KLEIN_ISA=neon-dotprod / neon lower the choice.
 const Kernels& neon_kernels();
+// The SMMLA tiles (kernels_neon_i8mm.cpp) with the given activation quantizer.
+Kernels neon_i8mm_kernels(QuantizeRowsFn quantize_rows);
 #endif
 
 }  // namespace klein::quant::detail

@@ -1,6 +1,7 @@
 // NEON kernels for aarch64 (compiled with -march=armv8.2-a+fp16+dotprod). The integer tiles use
 // sdot where the CPU has it (FEAT_DotProd) and widening multiplies otherwise; both variants are
-// compiled here and neon_kernels() picks one from the CPU's features.
+// compiled here and neon_kernels() picks one from the CPU's features, or the SMMLA tiles of
+// kernels_neon_i8mm.cpp where the CPU has FEAT_I8MM.
 //
 // Integer tiles: 16 bytes of a tile vector are 4 columns of 4 rows, so one sdot by element
 // (activation group g of a 16-byte load) adds 4 row sums. The tile is done one 4-row quad at a
@@ -17,7 +18,7 @@
 namespace klein::quant::detail {
 namespace {
 
-constexpr int kIntRows = 8;
+constexpr int kIntRows = kNeonIntRows;
 
 // Calls f(std::integral_constant<int, i>) for i = 0..N-1: lane numbers must be constants.
 template <class F, int... I>
@@ -193,7 +194,9 @@ const Kernels& neon_kernels() {
                                     Dot::tiles<TileQ4>};
   static const Kernels without_dotprod{Isa::Neon, kIntRows, quantize_rows, NoDot::tiles<TileQ8>,
                                        NoDot::tiles<TileQ4>};
-  return cpu_features().neon_dotprod ? with_dotprod : without_dotprod;
+  static const Kernels with_i8mm = neon_i8mm_kernels(quantize_rows);
+  const CpuFeatures& f = cpu_features();
+  return f.neon_i8mm ? with_i8mm : f.neon_dotprod ? with_dotprod : without_dotprod;
 }
 
 }  // namespace klein::quant::detail

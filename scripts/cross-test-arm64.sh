@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Cross-builds klein_quant and its test program for aarch64 and runs the tests under qemu,
-# once with the CPU's features (sdot) and once with KLEIN_ISA=neon (NEON without sdot).
+# Cross-builds klein_quant and its test program for aarch64 and runs the tests under qemu:
+# all of them on qemu's `max` CPU model (SDOT and SMMLA: the SMMLA tiles), and the matmul
+# tests again on a Cortex-A76 model (SDOT, no SMMLA) and with KLEIN_ISA=neon (neither).
 # Installs what it needs when missing: g++-aarch64-linux-gnu, qemu-user, libgtest-dev (whose
 # sources in /usr/src/googletest are built here for aarch64).
 # Usage: scripts/cross-test-arm64.sh [build dir, default build-arm64]
@@ -8,6 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 build=${1:-build-arm64}
+mkdir -p "$build"
+build=$(cd "$build" && pwd)  # absolute: the install prefix below must not land in the tree
 
 # The cross compiler and qemu, from Debian's packages, if this machine lacks them.
 bash scripts/install-packages.sh g++-aarch64-linux-gnu qemu-user libgtest-dev
@@ -21,15 +24,24 @@ toolchain=(
 # 1. GoogleTest (and GoogleMock, which other test programs link) for aarch64, from the sources
 #    Debian ships with libgtest-dev.
 cmake -S /usr/src/googletest -B "$build/googletest" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  "${toolchain[@]}" -DBUILD_GMOCK=ON -DCMAKE_INSTALL_PREFIX="$PWD/$build/googletest-install" \
+  "${toolchain[@]}" -DBUILD_GMOCK=ON -DCMAKE_INSTALL_PREFIX="$build/googletest-install" \
   >/dev/null
 cmake --build "$build/googletest" --target install >/dev/null
 
 # 2. klein_quant and test_quant only (the other libraries' host dependencies are never built).
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${toolchain[@]}" \
-  -DKLEIN_BUILD_BENCH=OFF -DGTest_DIR="$PWD/$build/googletest-install/lib/cmake/GTest" >/dev/null
+  -DKLEIN_BUILD_BENCH=OFF -DGTest_DIR="$build/googletest-install/lib/cmake/GTest" >/dev/null
 cmake --build "$build" --target test_quant
 
-# 3. Run under qemu (its default CPU model has FEAT_DotProd).
-qemu-aarch64 -L "$sysroot" "$build/tests/test_quant" --gtest_brief=1
-KLEIN_ISA=neon qemu-aarch64 -L "$sysroot" "$build/tests/test_quant" --gtest_brief=1
+# 3. Run under qemu. KLEIN_EXPECT_CPU makes the test program check that each run detects the
+#    features (and so runs the kernel variant) it is meant to.
+run() {
+  local cpu=$1 expect=$2
+  shift 2
+  KLEIN_EXPECT_CPU=$expect qemu-aarch64 -cpu "$cpu" -L "$sysroot" "$build/tests/test_quant" \
+    --gtest_brief=1 "$@"
+}
+matmul_tests='--gtest_filter=MatmulTest.*:ActivationQuantization.*:Isa.*'
+run max "neon neon-dotprod neon-i8mm"
+run cortex-a76 "neon neon-dotprod" "$matmul_tests"
+KLEIN_ISA=neon run max "neon" "$matmul_tests"

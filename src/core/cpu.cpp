@@ -64,6 +64,11 @@ CpuFeatures detect() {
 #if defined(__linux__) && defined(HWCAP_ASIMDDP)
   f.neon_dotprod = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
 #endif
+#if defined(__linux__)
+  // HWCAP2_I8MM (bit 13) is missing from older kernel headers.
+  constexpr unsigned long kHwcap2I8mm = 1ul << 13;
+  f.neon_i8mm = f.neon_dotprod && (getauxval(AT_HWCAP2) & kHwcap2I8mm) != 0;
+#endif
 #endif
   return f;
 }
@@ -79,7 +84,9 @@ CpuFeatures apply_limit(CpuFeatures f, std::string_view isa) {
   } else if (isa == "amx") {
     // everything the CPU has
   } else if (isa == "neon") {
-    f.neon_dotprod = false;
+    f.neon_dotprod = f.neon_i8mm = false;
+  } else if (isa == "neon-dotprod") {
+    f.neon_i8mm = false;
   }
   return f;
 }
@@ -108,6 +115,7 @@ std::string describe(const CpuFeatures& f) {
   add(f.amx_bf16, "amx-bf16");
   add(f.neon, "neon");
   add(f.neon_dotprod, "neon-dotprod");
+  add(f.neon_i8mm, "neon-i8mm");
   return s.empty() ? "scalar" : s;
 }
 

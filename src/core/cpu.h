@@ -13,11 +13,12 @@ struct CpuFeatures {
   // by the kernel (Linux asks each process to request the tile state first).
   bool amx_bf16 = false;
   bool neon = false;
-  bool neon_dotprod = false;
+  bool neon_dotprod = false;  // SDOT (FEAT_DotProd)
+  bool neon_i8mm = false;     // SMMLA (FEAT_I8MM)
 };
 
-// The features of this CPU, limited by KLEIN_ISA (scalar, avx2, avx512, amx, neon) if set,
-// so tests and benchmarks can force a path.
+// The features of this CPU, limited by KLEIN_ISA (scalar, avx2, avx512, amx, neon,
+// neon-dotprod) if set, so tests and benchmarks can force a path.
 const CpuFeatures& cpu_features();
 std::string describe(const CpuFeatures& f);
 

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <vector>
 
+#include "core/cpu.h"
 #include "core/error.h"
 #include "core/threadpool.h"
 #include "quant/blocks.h"
@@ -360,6 +362,15 @@ TEST(Isa, AvailableListIsOrdered) {
   ASSERT_FALSE(isas.empty());
   EXPECT_EQ(isas.front(), Isa::Scalar);
   EXPECT_EQ(isas.back(), best_isa());
+}
+
+// The cross-build test script runs this program under qemu with several CPU models and says
+// which kernel variants each must select (KLEIN_EXPECT_CPU): otherwise a CPU model without,
+// say, SMMLA would pass every test without ever running the SMMLA tiles.
+TEST(Isa, DetectsTheFeaturesTheRunExpects) {
+  const char* expected = std::getenv("KLEIN_EXPECT_CPU");
+  if (!expected) GTEST_SKIP() << "KLEIN_EXPECT_CPU is not set";
+  EXPECT_EQ(describe(cpu_features()), expected);
 }
 
 // Which calls take the AMX path (what ops::linear asks before choosing OpenBLAS instead).
