@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "ops/norm_kernels.h"
+
 namespace klein::ops {
 
 // Statistics are accumulated in double: the references compute them in float32 with
@@ -43,7 +45,10 @@ void silu_inplace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.0f + std::exp(-x[i]));
 }
 
-void swiglu(const float* gate, const float* up, float* out, int64_t n) {
+void swiglu(const float* gate, const float* up, float* out, int64_t n, const Compute& cx) {
+#if defined(KLEIN_X86)
+  if (cx.isa() != quant::Isa::Scalar) return detail::swiglu_avx2(gate, up, out, n);
+#endif
   for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 

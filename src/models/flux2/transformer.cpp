@@ -105,7 +105,7 @@ void swiglu_rows(const float* in, int64_t F, float* out, int64_t ldo, int64_t ro
   cx.pool().parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* gate = in + r * 2 * F;
-      ops::swiglu(gate, gate + F, out + r * ldo, F);
+      ops::swiglu(gate, gate + F, out + r * ldo, F, cx);
     }
   }, 4);
 }

@@ -188,7 +188,7 @@ void TextEncoder::decoder_layer(const WeightUnit& layer) {
   ops::linear(h, S, projection(layer, "mlp.gate_proj.weight", F, D), gate, cx_);
   ops::linear(h, S, projection(layer, "mlp.up_proj.weight", F, D), up, cx_);
   cx_.pool().parallel_for(S * F, [&](int64_t i0, int64_t i1, int) {
-    ops::swiglu(gate + i0, up + i0, gate + i0, i1 - i0);
+    ops::swiglu(gate + i0, up + i0, gate + i0, i1 - i0, cx_);
   }, 4096);
   ops::linear(gate, S, projection(layer, "mlp.down_proj.weight", D, F), h, cx_);
   add_inplace(x, h, S * D);
