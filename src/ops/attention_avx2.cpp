@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "ops/attention_kernels.h"
+#include "ops/exp2_avx2.h"
 
 namespace klein::ops::detail {
 
@@ -23,12 +24,7 @@ constexpr int64_t kLanes = 8;
 __m256 exp2_256(__m256 t) {
   t = _mm256_max_ps(t, _mm256_set1_ps(-126.0f));
   const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(t, n);
-  __m256 p = _mm256_set1_ps(kExp2Poly[0]);
-  for (int d = 1; d < 7; ++d) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[d]));
-  const __m256i bits =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+  return exp2_parts_avx2(n, _mm256_sub_ps(t, n));
 }
 
 // All ones in the lanes of keys [j, j + 8) below `end`.

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include "ops/attention_kernels.h"
+#include "ops/exp2_avx2.h"
 #include "ops/norm_kernels.h"
 
 namespace klein::ops::detail {
@@ -26,12 +27,7 @@ __m256 silu8(__m256 g) {
   const __m256 t = _mm256_mul_ps(limited, c);
   const __m256 low = _mm256_fmadd_ps(limited, c_low, _mm256_fmsub_ps(limited, c, t));
   const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_add_ps(_mm256_sub_ps(t, n), low);
-  __m256 p = _mm256_set1_ps(kExp2Poly[0]);
-  for (int d = 1; d < 7; ++d) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[d]));
-  const __m256i bits =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));  // e^-g
+  const __m256 e = exp2_parts_avx2(n, _mm256_add_ps(_mm256_sub_ps(t, n), low));  // e^-g
   const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
   return _mm256_andnot_ps(_mm256_cmp_ps(g, _mm256_set1_ps(-88.0f), _CMP_LT_OQ), silu);
 }
