@@ -14,6 +14,7 @@
 
 #include <cstring>
 
+#include "core/avx2.h"
 #include "quant/kernel_common.h"
 #include "quant/kernels.h"
 
@@ -30,31 +31,11 @@ inline __m256i broadcast4(const int8_t* p) {
 
 inline void pin(__m256i& v) { asm("" : "+x"(v)); }
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 inline int32_t hsum_epi32(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
   return _mm_cvtsi128_si32(s);
-}
-
-inline float hmax(__m256 v) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// The first n (0..8) lanes set, for maskload / maskstore.
-inline __m256i lane_mask(int n) {
-  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
 }
 
 // Writes (or adds to) the first `cols` (0..8) of 8 outputs.
@@ -104,9 +85,10 @@ void quantize_rows(const float* x, int64_t ldx, int64_t m0, int64_t m1, int64_t 
       const __m256 inv_d = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
       __m256i q[4];
       for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv_d));
-      const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-      const __m256i q16 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
-                                             _mm256_packs_epi32(q[2], q[3]));
+      const __m256i sum =
+          _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+      const __m256i q16 =
+          _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
       const int64_t e = act.entry(m, b);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(act.q + e * kBlock),
                           _mm256_permutevar8x32_epi32(q16, unshuffle));
@@ -144,7 +126,8 @@ void q8_half(ActStream x, const TileQ8* tiles, int64_t nblocks, int half, float*
         pin(sum[r]);
       }
     }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.scale + 8 * half)));
+    const __m256 d =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t.scale + 8 * half)));
     for (int r = 0; r < R; ++r) {
       const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(x.scale[r]));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), dd, acc[r]);
@@ -173,9 +156,9 @@ void q4_half(ActStream x, const TileQ4* tiles, int64_t nblocks, int half, float*
       const __m256i lo = _mm256_and_si256(v, nibble);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
       for (int r = 0; r < R; ++r) {
-        const __m256i p = _mm256_add_epi16(
-            _mm256_maddubs_epi16(lo, broadcast4(x.q + r * kBlock + 4 * g)),
-            _mm256_maddubs_epi16(hi, broadcast4(x.q + r * kBlock + 16 + 4 * g)));
+        const __m256i p =
+            _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(x.q + r * kBlock + 4 * g)),
+                             _mm256_maddubs_epi16(hi, broadcast4(x.q + r * kBlock + 16 + 4 * g)));
         sum16[r] = _mm256_add_epi16(sum16[r], p);
         pin(sum16[r]);
       }
@@ -186,7 +169,8 @@ void q4_half(ActStream x, const TileQ4* tiles, int64_t nblocks, int half, float*
                                    _mm256_set1_ps(kQ4ScaleFactor));
     const __m128i zeros8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(t.zero + 8 * half));
     const __m256 dz = _mm256_mul_ps(
-        d, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(zeros8)), _mm256_set1_ps(0.0625f)));
+        d,
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(zeros8)), _mm256_set1_ps(0.0625f)));
     for (int r = 0; r < R; ++r) {
       const __m256i sum = _mm256_madd_epi16(sum16[r], ones);
       const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(x.scale[r]));

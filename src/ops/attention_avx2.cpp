@@ -8,6 +8,7 @@
 
 #include <cmath>
 
+#include "core/avx2.h"
 #include "ops/attention_kernels.h"
 #include "ops/exp2_avx2.h"
 
@@ -30,8 +31,7 @@ __m256 exp2_256(__m256 t) {
 // All ones in the lanes of keys [j, j + 8) below `end`.
 __m256i lanes_below(int64_t j, int64_t end) {
   const int64_t n = end - j;
-  const int k = n >= kLanes ? int(kLanes) : n <= 0 ? 0 : int(n);
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return lane_mask(n >= kLanes ? int(kLanes) : n <= 0 ? 0 : int(n));
 }
 
 // Lanes of keys [j, j + 8) that the row sees: below n, and not hidden by the bias.
@@ -41,20 +41,6 @@ __m256 shown_lanes(int64_t j, int64_t n, const float* bias) {
     m = _mm256_and_ps(m, _mm256_cmp_ps(_mm256_maskload_ps(bias + j, _mm256_castps_si256(m)),
                                        _mm256_setzero_ps(), _CMP_EQ_OQ));
   return m;
-}
-
-float hmax(__m256 v) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // Pass 1 of row i: the new running maximum of t over the chunk's visible keys and the

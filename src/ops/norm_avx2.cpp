@@ -4,6 +4,7 @@
 // value.
 #include <immintrin.h>
 
+#include "core/avx2.h"
 #include "ops/attention_kernels.h"
 #include "ops/exp2_avx2.h"
 #include "ops/norm_kernels.h"
@@ -40,8 +41,7 @@ void swiglu_avx2(const float* gate, const float* up, float* out, int64_t n) {
     _mm256_storeu_ps(out + i,
                      _mm256_mul_ps(silu8(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
   if (i < n) {
-    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n - i)),
-                                         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i m = lane_mask(int(n - i));
     const __m256 g = _mm256_maskload_ps(gate + i, m), u = _mm256_maskload_ps(up + i, m);
     _mm256_maskstore_ps(out + i, m, _mm256_mul_ps(silu8(g), u));
   }
