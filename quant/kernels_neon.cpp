@@ -14,6 +14,7 @@
 #include "core/cpu.h"
 #include "quant/kernel_common.h"
 #include "quant/kernels.h"
+#include "quant/neon_common.h"
 
 namespace klein::quant::detail {
 namespace {
@@ -38,22 +39,10 @@ inline int32x4_t dot4(int32x4_t acc, int8x16_t w, int8x16_t x) {
   } else {
     const int8x16_t xr = vreinterpretq_s8_s32(vdupq_laneq_s32(vreinterpretq_s32_s8(x), L));
     const int16x8_t lo = vmull_s8(vget_low_s8(w), vget_low_s8(xr));  // rows 0, 1
-    const int16x8_t hi = vmull_high_s8(w, xr);                        // rows 2, 3
+    const int16x8_t hi = vmull_high_s8(w, xr);                       // rows 2, 3
     // Pairs of products fit int16 (|w|, |x| <= 127); pairs of pairs widen to int32.
     return vpadalq_s16(acc, vpaddq_s16(lo, hi));
   }
-}
-
-// Writes (or adds to) the first `cols` (0..4) of 4 outputs.
-inline void store4(float* y, float32x4_t v, int cols, bool accumulate) {
-  if (cols >= 4) {
-    if (accumulate) v = vaddq_f32(v, vld1q_f32(y));
-    vst1q_f32(y, v);
-    return;
-  }
-  float tmp[4];
-  vst1q_f32(tmp, v);
-  for (int i = 0; i < cols; ++i) y[i] = (accumulate ? y[i] : 0.0f) + tmp[i];
 }
 
 // ---- Activations ---------------------------------------------------------------------------
@@ -157,7 +146,8 @@ void q4_quad(ActStream x, const TileQ4* tiles, int64_t nblocks, int quad, float*
     const float32x4_t d =
         vmulq_n_f32(vcvt_f32_f16(vreinterpret_f16_u16(vshl_n_u16(codes, 7))), kQ4ScaleFactor);
     std::memcpy(&packed, t.zero + 4 * quad, 4);
-    const uint32x4_t zeros = vmovl_u16(vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(packed)))));
+    const uint32x4_t zeros =
+        vmovl_u16(vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(packed)))));
     const float32x4_t dz = vmulq_f32(d, vmulq_n_f32(vcvtq_f32_u32(zeros), 0.0625f));
     for (int r = 0; r < R; ++r) {
       acc[r] = vfmaq_f32(acc[r], vcvtq_f32_s32(sum[r]), vmulq_n_f32(d, x.scale[r]));
@@ -171,13 +161,13 @@ template <bool kDotProd>
 struct WithDotProd {
   template <int R>
   struct Rows {
-    static void run(const ActStream& x, const TileQ8* tiles, int64_t nblocks, float* y,
-                    int64_t ldy, int cols, bool accumulate) {
+    static void run(const ActStream& x, const TileQ8* tiles, int64_t nblocks, float* y, int64_t ldy,
+                    int cols, bool accumulate) {
       for (int quad = 0; 4 * quad < cols; ++quad)
         q8_quad<kDotProd, R>(x, tiles, nblocks, quad, y, ldy, cols, accumulate);
     }
-    static void run(const ActStream& x, const TileQ4* tiles, int64_t nblocks, float* y,
-                    int64_t ldy, int cols, bool accumulate) {
+    static void run(const ActStream& x, const TileQ4* tiles, int64_t nblocks, float* y, int64_t ldy,
+                    int cols, bool accumulate) {
       for (int quad = 0; 4 * quad < cols; ++quad)
         q4_quad<kDotProd, R>(x, tiles, nblocks, quad, y, ldy, cols, accumulate);
     }

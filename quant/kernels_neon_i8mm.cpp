@@ -22,23 +22,12 @@
 
 #include "quant/kernel_common.h"
 #include "quant/kernels.h"
+#include "quant/neon_common.h"
 
 namespace klein::quant::detail {
 namespace {
 
 using ActStream = ActStreamOf<kNeonIntRows>;
-
-// Writes (or adds to) the first `cols` (0..4) of 4 outputs.
-inline void store4(float* y, float32x4_t v, int cols, bool accumulate) {
-  if (cols >= 4) {
-    if (accumulate) v = vaddq_f32(v, vld1q_f32(y));
-    vst1q_f32(y, v);
-    return;
-  }
-  float tmp[4];
-  vst1q_f32(tmp, v);
-  for (int i = 0; i < cols; ++i) y[i] = (accumulate ? y[i] : 0.0f) + tmp[i];
-}
 
 // A row pair's sums, (m0 n0, m0 n1, m1 n0, m1 n1) for columns n = 0, 1 in c01 and n = 2, 3
 // in c23: rows m0 and (if `second`) m1 of y get their four columns back in order.
