@@ -8,7 +8,6 @@
 // time, so that 8 activation rows keep their int32 and float sums in 16 of the 32 registers.
 #include <arm_neon.h>
 
-#include <cstring>
 #include <utility>
 
 #include "core/cpu.h"
@@ -140,15 +139,7 @@ void q4_quad(ActStream x, const TileQ4* tiles, int64_t nblocks, int quad, float*
         sum[r] = dot4<kDotProd, g>(sum[r], hi[g], xhi);
       });
     }
-    uint32_t packed;
-    std::memcpy(&packed, t.scale + 4 * quad, 4);
-    const uint16x4_t codes = vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(packed))));
-    const float32x4_t d =
-        vmulq_n_f32(vcvt_f32_f16(vreinterpret_f16_u16(vshl_n_u16(codes, 7))), kQ4ScaleFactor);
-    std::memcpy(&packed, t.zero + 4 * quad, 4);
-    const uint32x4_t zeros =
-        vmovl_u16(vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(packed)))));
-    const float32x4_t dz = vmulq_f32(d, vmulq_n_f32(vcvtq_f32_u32(zeros), 0.0625f));
+    const auto [d, dz] = q4_scales(t, quad);
     for (int r = 0; r < R; ++r) {
       acc[r] = vfmaq_f32(acc[r], vcvtq_f32_s32(sum[r]), vmulq_n_f32(d, x.scale[r]));
       acc[r] = vfmsq_f32(acc[r], dz, vdupq_n_f32(x.scaled_sum[r]));

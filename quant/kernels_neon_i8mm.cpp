@@ -18,7 +18,7 @@
 // block) and does not store it.
 #include <arm_neon.h>
 
-#include <cstring>
+#include <type_traits>
 
 #include "quant/kernel_common.h"
 #include "quant/kernels.h"
@@ -50,91 +50,67 @@ inline int64x2x4_t load_pairs(const ActStream& x, int p) {
   return vld4q_s64(reinterpret_cast<const int64_t*>(x.q + 2 * p * kBlock));
 }
 
-// ---- Q8 tiles ------------------------------------------------------------------------------
+// ---- Weights ---------------------------------------------------------------------------------
 
-// Tile rows (output columns) 4 quad .. 4 quad + 3. The tile stores q + 128; flipping the top
-// bit gives q back as a signed byte (signed x signed), so no bias correction is needed.
-template <int R>
-void q8_quad(ActStream x, const TileQ8* tiles, int64_t nblocks, int quad, float* y, int64_t ldy,
-             int cols, bool accumulate) {
-  constexpr int P = (R + 1) / 2;
+// The SMMLA operands of tile rows (output columns) 4 quad .. 4 quad + 3: w[c][n] holds columns
+// 2n, 2n + 1 over k 8c .. 8c + 7.
+//
+// Q8: the tile stores q + 128; flipping the top bit gives q back as a signed byte (signed x
+// signed), so no bias correction is needed.
+inline void unpack_weights(const TileQ8& t, int quad, int8x16_t (&w)[4][2]) {
   const uint8x16_t bias = vdupq_n_u8(0x80);
-  float32x4_t acc[P][2];
 #pragma GCC unroll 8
-  for (int p = 0; p < P; ++p) acc[p][0] = acc[p][1] = vdupq_n_f32(0.0f);
-  for (int64_t b = 0; b < nblocks; ++b, x.next_block()) {
-    const TileQ8& t = tiles[b];
-    int8x16_t w[4][2];  // [k chunk][column pair]
-#pragma GCC unroll 8
-    for (int c = 0; c < 4; ++c) {
-      const int32x4_t g0 = vreinterpretq_s32_u8(veorq_u8(vld1q_u8(t.q[2 * c][4 * quad]), bias));
-      const int32x4_t g1 = vreinterpretq_s32_u8(veorq_u8(vld1q_u8(t.q[2 * c + 1][4 * quad]), bias));
-      w[c][0] = vreinterpretq_s8_s32(vzip1q_s32(g0, g1));
-      w[c][1] = vreinterpretq_s8_s32(vzip2q_s32(g0, g1));
-    }
-    const float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(t.scale + 4 * quad)));
-    const float32x4_t d01 = vcombine_f32(vget_low_f32(d), vget_low_f32(d));
-    const float32x4_t d23 = vcombine_f32(vget_high_f32(d), vget_high_f32(d));
-#pragma GCC unroll 8
-    for (int p = 0; p < P; ++p) {
-      const int64x2x4_t a = load_pairs(x, p);
-      int32x4_t s0 = vdupq_n_s32(0), s1 = vdupq_n_s32(0);
-#pragma GCC unroll 8
-      for (int c = 0; c < 4; ++c) {
-        s0 = vmmlaq_s32(s0, vreinterpretq_s8_s64(a.val[c]), w[c][0]);
-        s1 = vmmlaq_s32(s1, vreinterpretq_s8_s64(a.val[c]), w[c][1]);
-      }
-      const float32x4_t xs = pair_lanes(x.scale, p);
-      acc[p][0] = vfmaq_f32(acc[p][0], vcvtq_f32_s32(s0), vmulq_f32(d01, xs));
-      acc[p][1] = vfmaq_f32(acc[p][1], vcvtq_f32_s32(s1), vmulq_f32(d23, xs));
-    }
+  for (int c = 0; c < 4; ++c) {
+    const int32x4_t g0 = vreinterpretq_s32_u8(veorq_u8(vld1q_u8(t.q[2 * c][4 * quad]), bias));
+    const int32x4_t g1 = vreinterpretq_s32_u8(veorq_u8(vld1q_u8(t.q[2 * c + 1][4 * quad]), bias));
+    w[c][0] = vreinterpretq_s8_s32(vzip1q_s32(g0, g1));
+    w[c][1] = vreinterpretq_s8_s32(vzip2q_s32(g0, g1));
   }
-#pragma GCC unroll 8
-  for (int p = 0; p < P; ++p)
-    store_pair(acc[p][0], acc[p][1], y + 2 * p * ldy + 4 * quad, ldy, 2 * p + 1 < R,
-               cols - 4 * quad, accumulate);
 }
 
-// ---- Q4 tiles ------------------------------------------------------------------------------
-
-// Byte g of a tile vector holds k 4g+i in its low nibble and 16+4g+i in its high nibble, so
-// zipping groups (0, 1) and (2, 3) first and then masking / shifting gives the four k chunks:
-// 0..7 and 16..23 from (0, 1), 8..15 and 24..31 from (2, 3).
-template <int R>
-void q4_quad(ActStream x, const TileQ4* tiles, int64_t nblocks, int quad, float* y, int64_t ldy,
-             int cols, bool accumulate) {
-  constexpr int P = (R + 1) / 2;
+// Q4: byte g of a tile vector holds k 4g+i in its low nibble and 16+4g+i in its high nibble,
+// so zipping groups (0, 1) and (2, 3) first and then masking / shifting gives the four k
+// chunks: 0..7 and 16..23 from (0, 1), 8..15 and 24..31 from (2, 3).
+inline void unpack_weights(const TileQ4& t, int quad, int8x16_t (&w)[4][2]) {
   const uint8x16_t nibble = vdupq_n_u8(15);
+#pragma GCC unroll 8
+  for (int h = 0; h < 2; ++h) {
+    const uint32x4_t g0 = vreinterpretq_u32_u8(vld1q_u8(t.q[2 * h][4 * quad]));
+    const uint32x4_t g1 = vreinterpretq_u32_u8(vld1q_u8(t.q[2 * h + 1][4 * quad]));
+#pragma GCC unroll 8
+    for (int n = 0; n < 2; ++n) {
+      const uint8x16_t v = vreinterpretq_u8_u32(n == 0 ? vzip1q_u32(g0, g1) : vzip2q_u32(g0, g1));
+      w[h][n] = vreinterpretq_s8_u8(vandq_u8(v, nibble));
+      w[2 + h][n] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+    }
+  }
+}
+
+// ---- Tiles ---------------------------------------------------------------------------------
+
+// y[r, 4 quad .. 4 quad + 3] for activation rows r < R, over `nblocks` tiles of Q8 or Q4.
+template <int R, class Tile>
+void quad_tiles(ActStream x, const Tile* tiles, int64_t nblocks, int quad, float* y, int64_t ldy,
+                int cols, bool accumulate) {
+  constexpr bool kQ4 = std::is_same_v<Tile, TileQ4>;
+  constexpr int P = (R + 1) / 2;
   float32x4_t acc[P][2];
 #pragma GCC unroll 8
   for (int p = 0; p < P; ++p) acc[p][0] = acc[p][1] = vdupq_n_f32(0.0f);
   for (int64_t b = 0; b < nblocks; ++b, x.next_block()) {
-    const TileQ4& t = tiles[b];
+    const Tile& t = tiles[b];
     int8x16_t w[4][2];  // [k chunk][column pair]
-#pragma GCC unroll 8
-    for (int h = 0; h < 2; ++h) {
-      const uint32x4_t g0 = vreinterpretq_u32_u8(vld1q_u8(t.q[2 * h][4 * quad]));
-      const uint32x4_t g1 = vreinterpretq_u32_u8(vld1q_u8(t.q[2 * h + 1][4 * quad]));
-#pragma GCC unroll 8
-      for (int n = 0; n < 2; ++n) {
-        const uint8x16_t v = vreinterpretq_u8_u32(n == 0 ? vzip1q_u32(g0, g1) : vzip2q_u32(g0, g1));
-        w[h][n] = vreinterpretq_s8_u8(vandq_u8(v, nibble));
-        w[2 + h][n] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
-      }
+    unpack_weights(t, quad, w);
+    float32x4_t d, dz = vdupq_n_f32(0.0f);  // dz: Q4's zero-point term
+    if constexpr (kQ4) {
+      const Q4Scales s = q4_scales(t, quad);
+      d = s.d;
+      dz = s.dz;
+    } else {
+      d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(t.scale + 4 * quad)));
     }
-    uint32_t packed;
-    std::memcpy(&packed, t.scale + 4 * quad, 4);
-    const uint16x4_t codes = vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(packed))));
-    const float32x4_t d =
-        vmulq_n_f32(vcvt_f32_f16(vreinterpret_f16_u16(vshl_n_u16(codes, 7))), kQ4ScaleFactor);
-    std::memcpy(&packed, t.zero + 4 * quad, 4);
-    const uint32x4_t zeros =
-        vmovl_u16(vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(packed)))));
-    const float32x4_t dz = vmulq_f32(d, vmulq_n_f32(vcvtq_f32_u32(zeros), 0.0625f));
     const float32x4_t d01 = vcombine_f32(vget_low_f32(d), vget_low_f32(d));
     const float32x4_t d23 = vcombine_f32(vget_high_f32(d), vget_high_f32(d));
-    const float32x4_t dz01 = vcombine_f32(vget_low_f32(dz), vget_low_f32(dz));
-    const float32x4_t dz23 = vcombine_f32(vget_high_f32(dz), vget_high_f32(dz));
 #pragma GCC unroll 8
     for (int p = 0; p < P; ++p) {
       const int64x2x4_t a = load_pairs(x, p);
@@ -145,11 +121,13 @@ void q4_quad(ActStream x, const TileQ4* tiles, int64_t nblocks, int quad, float*
         s1 = vmmlaq_s32(s1, vreinterpretq_s8_s64(a.val[c]), w[c][1]);
       }
       const float32x4_t xs = pair_lanes(x.scale, p);
-      const float32x4_t xz = pair_lanes(x.scaled_sum, p);
       acc[p][0] = vfmaq_f32(acc[p][0], vcvtq_f32_s32(s0), vmulq_f32(d01, xs));
-      acc[p][0] = vfmsq_f32(acc[p][0], dz01, xz);
       acc[p][1] = vfmaq_f32(acc[p][1], vcvtq_f32_s32(s1), vmulq_f32(d23, xs));
-      acc[p][1] = vfmsq_f32(acc[p][1], dz23, xz);
+      if constexpr (kQ4) {  // minus d · zero · (the activations' scaled sum)
+        const float32x4_t xz = pair_lanes(x.scaled_sum, p);
+        acc[p][0] = vfmsq_f32(acc[p][0], vcombine_f32(vget_low_f32(dz), vget_low_f32(dz)), xz);
+        acc[p][1] = vfmsq_f32(acc[p][1], vcombine_f32(vget_high_f32(dz), vget_high_f32(dz)), xz);
+      }
     }
   }
 #pragma GCC unroll 8
@@ -160,15 +138,11 @@ void q4_quad(ActStream x, const TileQ4* tiles, int64_t nblocks, int quad, float*
 
 template <int R>
 struct Rows {
-  static void run(const ActStream& x, const TileQ8* tiles, int64_t nblocks, float* y, int64_t ldy,
+  template <class Tile>
+  static void run(const ActStream& x, const Tile* tiles, int64_t nblocks, float* y, int64_t ldy,
                   int cols, bool accumulate) {
     for (int quad = 0; 4 * quad < cols; ++quad)
-      q8_quad<R>(x, tiles, nblocks, quad, y, ldy, cols, accumulate);
-  }
-  static void run(const ActStream& x, const TileQ4* tiles, int64_t nblocks, float* y, int64_t ldy,
-                  int cols, bool accumulate) {
-    for (int quad = 0; 4 * quad < cols; ++quad)
-      q4_quad<R>(x, tiles, nblocks, quad, y, ldy, cols, accumulate);
+      quad_tiles<R>(x, tiles, nblocks, quad, y, ldy, cols, accumulate);
   }
 };
 using Tiles = RowKernels<kNeonIntRows, Rows>;
