@@ -11,14 +11,18 @@ namespace klein::ops {
 
 namespace {
 
+constexpr int64_t kBlock = 1024;
+// Values a group's statistics read at a time when they come through a GroupReader: a multiple
+// of kBlock, so the sums below are the same as over the whole group at once.
+constexpr int64_t kChunk = 256 * kBlock;
+
 // Sums of n values in a fixed order: 16 float lanes over blocks of 1024 values (so the
-// compiler vectorises it), each block total added in double. A VAE group at 1024² holds
-// 8M values; a plain float running sum would lose several digits.
+// compiler vectorises it), each block total added in double to `total`. A VAE group at 1024²
+// holds 8M values; a plain float running sum would lose several digits. Summing a group in
+// pieces that start on block boundaries, carrying the total, gives the same result.
 template <class Term>
-double block_sum(const float* x, int64_t n, Term term) {
+double block_sum(const float* x, int64_t n, Term term, double total = 0) {
   constexpr int kLanes = 16;
-  constexpr int64_t kBlock = 1024;
-  double total = 0;
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t end = std::min(n, b + kBlock);
     float lane[kLanes] = {};
@@ -43,7 +47,7 @@ float exp_vectorisable(float x) {
   const uint32_t bits = std::bit_cast<uint32_t>(x), magnitude = bits & 0x7fffffffu;
   constexpr uint32_t kLimit = std::bit_cast<uint32_t>(87.0f), kInf = 0x7f800000u;
   x = std::bit_cast<float>(magnitude > kLimit && magnitude <= kInf ? (bits & 0x80000000u) | kLimit
-                                                                     : bits);
+                                                                   : bits);
   constexpr float kRound = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
   const float shifted = x * 1.44269504088896341f + kRound;
   const float n = shifted - kRound;
@@ -74,6 +78,15 @@ void ChannelAffine::apply(int64_t c, const float* x, float* y, int64_t n) const 
 ChannelAffine group_norm_affine(const float* x, int64_t channels, int64_t pixels, int64_t groups,
                                 const float* gamma, const float* beta, float eps, bool silu,
                                 Compute& cx) {
+  const int64_t n = channels / std::max<int64_t>(groups, 1) * pixels;
+  return group_norm_affine(
+      [x, n](int64_t g, int64_t offset, int64_t, float*) { return x + g * n + offset; }, channels,
+      pixels, groups, gamma, beta, eps, silu, cx);
+}
+
+ChannelAffine group_norm_affine(const GroupReader& read, int64_t channels, int64_t pixels,
+                                int64_t groups, const float* gamma, const float* beta, float eps,
+                                bool silu, Compute& cx) {
   check(groups > 0 && channels % groups == 0, "group_norm: ", channels,
         " channels cannot be split into ", groups, " groups");
   const int64_t per_group = channels / groups;
@@ -85,10 +98,19 @@ ChannelAffine group_norm_affine(const float* x, int64_t channels, int64_t pixels
   a.silu = silu;
   // Two passes (mean, then squared deviations): robust when |mean| >> std.
   cx.pool().for_each_task(groups, [&](int64_t g, int) {
-    const float* xg = x + g * n;
-    const double mean = block_sum(xg, n, [](float v) { return v; }) / double(n);
+    std::vector<float> buffer;
+    auto sum = [&](auto term) {
+      double total = 0;
+      for (int64_t offset = 0; offset < n; offset += kChunk) {
+        const int64_t len = std::min(kChunk, n - offset);
+        if (buffer.size() < size_t(len)) buffer.resize(size_t(len));
+        total = block_sum(read(g, offset, len, buffer.data()), len, term, total);
+      }
+      return total;
+    };
+    const double mean = sum([](float v) { return v; }) / double(n);
     const float m = float(mean);
-    const double var = block_sum(xg, n, [m](float v) { return (v - m) * (v - m); }) / double(n);
+    const double var = sum([m](float v) { return (v - m) * (v - m); }) / double(n);
     const double rstd = 1.0 / std::sqrt(var + double(eps));
     for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
       a.mean[size_t(c)] = m;

@@ -4,6 +4,7 @@
 // convolution gathering its input, or apply_channel_affine). The normalised tensor then never
 // has to exist in full, which matters for the VAE decoder at full resolution.
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "ops/compute.h"
@@ -28,6 +29,16 @@ struct ChannelAffine {
 ChannelAffine group_norm_affine(const float* x, int64_t channels, int64_t pixels, int64_t groups,
                                 const float* gamma, const float* beta, float eps, bool silu,
                                 Compute& cx);
+
+// The same statistics over values that are not in one array (e.g. a tensor kept in a scratch
+// file): read(g, offset, n, buffer) returns values [offset, offset + n) of group g (its
+// channels' pixels, channel after channel), either pointing into memory or copied into
+// `buffer` (room for n values). The result is identical to the array form's.
+using GroupReader =
+    std::function<const float*(int64_t group, int64_t offset, int64_t n, float* buffer)>;
+ChannelAffine group_norm_affine(const GroupReader& read, int64_t channels, int64_t pixels,
+                                int64_t groups, const float* gamma, const float* beta, float eps,
+                                bool silu, Compute& cx);
 
 // y[c, :] = a applied to x[c, :] for every channel; y may equal x.
 void apply_channel_affine(const float* x, float* y, int64_t channels, int64_t pixels,

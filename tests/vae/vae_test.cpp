@@ -44,8 +44,7 @@ void expect_matches(const Recorder& r, const fs::path& dir, const std::string& p
     const std::vector<float> values = read_npy(ref).to_f32();
     ASSERT_EQ(int64_t(values.size()), it->second.numel()) << ref;
     std::cout << "  " << prefix << name << ": scaled diff "
-              << testing::scaled_diff(it->second.data(), values.data(), it->second.numel())
-              << "\n";
+              << testing::scaled_diff(it->second.data(), values.data(), it->second.numel()) << "\n";
     EXPECT_TRUE(testing::matches_npy(it->second, ref, kTolerance));
   }
 }
@@ -75,14 +74,13 @@ class VaeGolden : public testing::TinyModelSuite {
   Compute cx_{2};
 };
 
-
 const std::vector<std::string> kDecodeSteps = {"unpacked", "denormalized", "unpatchified"};
 
 TEST_F(VaeGolden, DecodeH64W64EveryIntermediate) {
   expect_decode("decode_h64_w64", 4, 4,
-                 {"unpacked", "denormalized", "unpatchified", "post_quant_conv", "decoder_conv_in",
-                  "decoder_mid_block", "decoder_up_blocks_0", "decoder_up_blocks_1",
-                  "decoder_up_blocks_2", "decoder_up_blocks_3", "decoder_conv_out", "image"});
+                {"unpacked", "denormalized", "unpatchified", "post_quant_conv", "decoder_conv_in",
+                 "decoder_mid_block", "decoder_up_blocks_0", "decoder_up_blocks_1",
+                 "decoder_up_blocks_2", "decoder_up_blocks_3", "decoder_conv_out", "image"});
 }
 
 TEST_F(VaeGolden, DecodeH64W96) {
@@ -114,8 +112,8 @@ TEST_F(VaeGolden, PipelineVaeInputAndImage) {
   EXPECT_TRUE(testing::matches_npy(image, dir / "image_decoded.npy", kTolerance));
 }
 
-// With the arithmetic bf16_convolutions every convolution rounds its inputs and weights to bf16: each
-// intermediate moves by a few 1e-3 of its range, accumulating through the decoder. Measured on
+// With the arithmetic bf16_convolutions every convolution rounds its inputs and weights to bf16:
+// each intermediate moves by a few 1e-3 of its range, accumulating through the decoder. Measured on
 // klein-tiny: see the printed scaled differences; bound kBf16Tolerance.
 constexpr double kBf16Tolerance = 3e-2;
 
@@ -136,9 +134,9 @@ TEST_F(VaeGolden, DecodeWithBf16ConvolutionsEveryIntermediate) {
     EXPECT_EQ(image.shape(), (Shape{3, 64, 16 * w}));
     std::vector<std::string> steps = {"image"};
     if (w == 4)
-      steps = {"post_quant_conv", "decoder_conv_in", "decoder_mid_block", "decoder_up_blocks_0",
-               "decoder_up_blocks_1", "decoder_up_blocks_2", "decoder_up_blocks_3",
-               "decoder_conv_out", "image"};
+      steps = {"post_quant_conv",     "decoder_conv_in",     "decoder_mid_block",
+               "decoder_up_blocks_0", "decoder_up_blocks_1", "decoder_up_blocks_2",
+               "decoder_up_blocks_3", "decoder_conv_out",    "image"};
     for (const std::string& step : steps) {
       SCOPED_TRACE(step);
       const fs::path ref = vectors() / (std::string(name) + "_" + step + ".npy");
@@ -197,6 +195,106 @@ TEST_F(VaeGolden, ResultsDoNotDependOnThreadCount) {
   EXPECT_EQ(0, std::memcmp(p.data(), q.data(), size_t(p.numel()) * sizeof(float)));
 }
 
+// Banded decodes (DecodeMemory) against the whole-image decode: bands that cut the image at
+// odd rows, bands of one row, tensors in scratch files and in memory. One band of the whole
+// image is bit-identical (the statistics read from a plane, in memory or in a file, are the
+// array's). Smaller bands change which pixels share a GEMM call, and OpenBLAS's sums depend
+// on a column's place in the call, so they agree to float rounding (measured: a few 1e-7 of
+// the range), not bit for bit.
+std::vector<vae::DecodeMemory> banded_variants(const std::string& dir) {
+  std::vector<vae::DecodeMemory> v(5);
+  for (vae::DecodeMemory& m : v) m.whole_limit = 0;  // always banded
+  v[0].plane_limit = 0;                              // every tensor in a file
+  v[0].scratch_dir = dir;
+  v[0].band_rows = 3;
+  v[1].band_rows = 1;       // every tensor in memory (plane_limit 128 MiB)
+  v[2].plane_limit = 4096;  // the small levels in memory, the large ones in files
+  v[2].scratch_dir = dir;
+  v[2].band_rows = 5;
+  v[3].plane_limit = 0;  // v[3], v[4]: one band (band rows from kBandBytes)
+  v[3].scratch_dir = dir;
+  return v;
+}
+
+constexpr double kBandedTolerance = 1e-5;
+
+void expect_identical(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  int64_t first = -1;
+  for (int64_t i = 0; i < a.numel() && first < 0; ++i)
+    if (std::memcmp(a.data() + i, b.data() + i, sizeof(float)) != 0) first = i;
+  EXPECT_EQ(first, -1) << what << ": first difference at " << first << ": "
+                       << (first >= 0 ? a.data()[first] : 0) << " vs "
+                       << (first >= 0 ? b.data()[first] : 0);
+}
+
+void expect_banded_matches_whole(WeightStore& store, Compute& cx, const Tensor& tokens,
+                                 int64_t rows, int64_t cols) {
+  const fs::path dir = testing::temp_dir("vae-banded");
+  Recorder whole;
+  const Tensor expected = vae::Vae(store, cx).decode(tokens, rows, cols, whole.observer());
+  EXPECT_FALSE(vae::decode_is_banded(store.config().vae, rows * 16, cols * 16));
+  const std::vector<vae::DecodeMemory> variants = banded_variants(dir.string());
+  for (size_t v = 0; v < variants.size(); ++v) {
+    SCOPED_TRACE("variant " + std::to_string(v));
+    ASSERT_TRUE(vae::decode_is_banded(store.config().vae, rows * 16, cols * 16, variants[v]));
+    Recorder banded;
+    const Tensor image =
+        vae::Vae(store, cx, variants[v]).decode(tokens, rows, cols, banded.observer());
+    for (const auto& [name, value] : whole.seen) {
+      ASSERT_TRUE(banded.seen.count(name)) << name << " was not reported";
+      const Tensor& got = banded.seen.at(name);
+      if (variants[v].band_rows == 0) {
+        expect_identical(got, value, name);
+      } else {
+        ASSERT_EQ(got.shape(), value.shape()) << name;
+        const double diff = testing::scaled_diff(got.data(), value.data(), got.numel());
+        if (name == "image")
+          std::cout << "  banded variant " << v << ": image scaled diff " << diff << "\n";
+        EXPECT_LE(diff, kBandedTolerance) << name;
+      }
+    }
+    expect_identical(banded.seen.at("image"), image, "the returned image");
+  }
+  // Nothing is left in the scratch directory: files are unlinked when created.
+  EXPECT_TRUE(fs::is_empty(dir));
+}
+
+TEST_F(VaeGolden, BandedDecodeMatchesWholeImage) {
+  expect_banded_matches_whole(*store_, cx_, packed_tokens("decode_h64_w64"), 4, 4);
+  expect_banded_matches_whole(*store_, cx_, packed_tokens("decode_h64_w96"), 4, 6);
+  if (bf16_convolutions_available()) {
+    const Compute::Use tiles(cx_, {.bf16_convolutions = true});
+    expect_banded_matches_whole(*store_, cx_, packed_tokens("decode_h64_w96"), 4, 6);
+  }
+}
+
+TEST_F(VaeGolden, BandedDecodeMatchesTheReference) {
+  vae::DecodeMemory m;
+  m.whole_limit = 0;
+  m.band_rows = 7;
+  vae::Vae model(*store_, cx_, m);
+  Recorder r;
+  model.decode(packed_tokens("decode_h64_w64"), 4, 4, r.observer());
+  expect_matches(r, vectors(), "decode_h64_w64_",
+                 {"decoder_up_blocks_0", "decoder_up_blocks_1", "decoder_up_blocks_2",
+                  "decoder_up_blocks_3", "decoder_conv_out", "image"});
+}
+
+TEST_F(VaeGolden, BandedDecodeNamesAnUnusableScratchDirectory) {
+  vae::DecodeMemory m;
+  m.whole_limit = 0;
+  m.plane_limit = 0;
+  m.scratch_dir = "/nonexistent/scratch";
+  try {
+    vae::Vae(*store_, cx_, m).decode(packed_tokens("decode_h64_w64"), 4, 4);
+    FAIL() << "a missing scratch directory was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/scratch"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("TMPDIR"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(VaeGolden, RejectsBadSizes) {
   vae::Vae model(*store_, cx_);
   Tensor pixels = Tensor::zeros({3, 64, 72});
@@ -226,6 +324,32 @@ TEST(VaeRealShapes, DecodeAndEncodeRun) {
   const Tensor back = model.encode(image);
   ASSERT_EQ(back.shape(), (Shape{6, 128}));
   for (int64_t i = 0; i < back.numel(); ++i) ASSERT_TRUE(std::isfinite(back.data()[i])) << i;
+}
+
+// Banded against whole at klein's real channel counts (the GEMM and direct kernels see
+// the channel counts they see in a real decode), 64x96 pixels.
+TEST(VaeRealShapes, BandedDecodeMatchesWholeImage) {
+  testing::RandomVaeStore store;
+  Compute cx(2);
+  Tensor tokens({4 * 6, 128});
+  for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data()[i] = float(i % 11) / 11.0f - 0.45f;
+  expect_banded_matches_whole(store, cx, tokens, 4, 6);
+}
+
+// The activation estimate follows the plan: whole-image up to whole_limit, then bounded by
+// the planes in memory and the bands, whatever the image size (klein's real shapes).
+TEST(VaeRealShapes, BandedDecodeMemoryIsBounded) {
+  testing::RandomVaeStore store;
+  const VaeConfig& c = store.config().vae;
+  EXPECT_FALSE(vae::decode_is_banded(c, 512, 512));
+  EXPECT_TRUE(vae::decode_is_banded(c, 1024, 1024));
+  const size_t at_1024 = vae::decode_activation_bytes(c, 1024, 1024);
+  const size_t at_2048 = vae::decode_activation_bytes(c, 2048, 2048);
+  EXPECT_LT(at_1024, size_t(640) << 20);
+  EXPECT_LT(at_2048, size_t(1100) << 20);  // the mid-block attention at 256x256 latents
+  vae::DecodeMemory whole;
+  whole.whole_limit = SIZE_MAX;
+  EXPECT_GT(vae::decode_activation_bytes(c, 1024, 1024, whole), size_t(1400) << 20);
 }
 
 // The bf16 decoder against the float32 one at klein's real channel counts.

@@ -124,8 +124,23 @@ ops::ChannelAffine group_norm(const Net& net, const std::string& name, const Ten
   check_shape(gamma, {C});
   check_shape(beta, {C});
   const std::vector<float> g = weight_to_floats(gamma), b = weight_to_floats(beta);
-  return ops::group_norm_affine(x.data(), C, x.dim(1) * x.dim(2), net.config.norm_groups,
-                                g.data(), b.data(), float(net.config.norm_eps), silu, net.cx);
+  return ops::group_norm_affine(x.data(), C, x.dim(1) * x.dim(2), net.config.norm_groups, g.data(),
+                                b.data(), float(net.config.norm_eps), silu, net.cx);
+}
+
+ops::ChannelAffine group_norm(const Net& net, const std::string& name, const Plane& x, bool silu) {
+  const int64_t C = x.channels(), pixels = x.height() * x.width();
+  const Weight& gamma = net.weights.get(name + ".weight");
+  const Weight& beta = net.weights.get(name + ".bias");
+  check_shape(gamma, {C});
+  check_shape(beta, {C});
+  const std::vector<float> g = weight_to_floats(gamma), b = weight_to_floats(beta);
+  const int64_t per_group = C / std::max<int64_t>(net.config.norm_groups, 1) * pixels;
+  auto read = [&x, per_group](int64_t group, int64_t offset, int64_t n, float* buffer) {
+    return x.span(group * per_group + offset, n, buffer);
+  };
+  return ops::group_norm_affine(read, C, pixels, net.config.norm_groups, g.data(), b.data(),
+                                float(net.config.norm_eps), silu, net.cx);
 }
 
 // h = conv1(silu(norm1(x)));  h = conv2(silu(norm2(h)));  out = shortcut(x) + h,
@@ -136,13 +151,12 @@ Tensor resnet_block(const Net& net, const std::string& p, Tensor x, int64_t out_
   net.cx.stop_if_cancelled();
   const int64_t in_channels = x.dim(0);
   const ops::ChannelAffine norm1 = group_norm(net, p + "norm1", x, /*silu=*/true);
-  Tensor h = ops::conv2d(x, load_conv(net, p + "conv1", out_channels, in_channels, 3),
-                         kSame3x3, net.cx, &norm1);
+  Tensor h = ops::conv2d(x, load_conv(net, p + "conv1", out_channels, in_channels, 3), kSame3x3,
+                         net.cx, &norm1);
   const ops::ChannelAffine norm2 = group_norm(net, p + "norm2", h, /*silu=*/true);
   const ops::Conv2dWeights conv2 = load_conv(net, p + "conv2", out_channels, out_channels, 3);
   if (in_channels == out_channels) {
-    ops::conv2d_into(h, &norm2, conv2, kSame3x3, x, ops::ConvWrite::Accumulate,
-                     net.cx);
+    ops::conv2d_into(h, &norm2, conv2, kSame3x3, x, ops::ConvWrite::Accumulate, net.cx);
     return x;
   }
   ops::conv2d_into(h, &norm2, conv2, kSame3x3, h, ops::ConvWrite::Overwrite, net.cx);

@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 
+#include "core/plane.h"
 #include "core/tensor.h"
 #include "ops/compute.h"
 #include "ops/conv2d.h"
@@ -31,6 +32,21 @@ struct Net {
   }
 };
 
+// How the decoder holds its activations. When the whole-image decode's activations
+// (decode_activation_bytes with banding off) fit in `whole_limit`, every tensor is in memory
+// and each layer runs over the whole image. Otherwise the decoder runs banded from up_blocks.0
+// on: each layer computes its output in bands of rows, reading the input rows of a band with
+// the one-row halo a 3x3 convolution needs, and each tensor larger than `plane_limit` lives in
+// a scratch file (core/plane.h). GroupNorm statistics are summed over the stored tensor in the
+// same order either way, and every output value comes from the same arithmetic, so the image
+// is bit-identical to the whole-image decode's (tests/vae/vae_test.cpp).
+struct DecodeMemory {
+  size_t whole_limit = size_t(512) << 20;
+  size_t plane_limit = size_t(128) << 20;
+  std::string scratch_dir;  // empty: default_scratch_dir()
+  int64_t band_rows = 0;    // output rows per band; 0: about kBandBytes of input and output
+};
+
 // Convolution `name` ("decoder.conv_in") as float32, checked to be [out, in, kernel, kernel]
 // with a bias [out]. Converted when a layer runs and freed after it, one layer at a time.
 ops::Conv2dWeights load_conv(const Net& net, const std::string& name, int64_t out, int64_t in,
@@ -39,6 +55,8 @@ ops::Conv2dWeights load_conv(const Net& net, const std::string& name, int64_t ou
 // GroupNorm `name` (config.norm_groups groups, eps config.norm_eps) of x as a per-channel
 // affine map, optionally followed by SiLU: the convolution reading x applies it.
 ops::ChannelAffine group_norm(const Net& net, const std::string& name, const Tensor& x, bool silu);
+// The same statistics of a plane (in memory or in a scratch file); identical results.
+ops::ChannelAffine group_norm(const Net& net, const std::string& name, const Plane& x, bool silu);
 
 // ResNet block (ResnetBlock2D, no time embedding) from x.dim(0) to out_channels; consumes x.
 Tensor resnet_block(const Net& net, const std::string& prefix, Tensor x, int64_t out_channels);

@@ -18,7 +18,11 @@
 // 1024x1024 (measured peak RSS of a whole decode with the weights: 1.9 GiB, bench_vae).
 #include "models/vae/decoder.h"
 
+#include <algorithm>
+#include <functional>
+
 #include "core/error.h"
+#include "models/vae/vae.h"
 
 namespace klein::vae {
 
@@ -32,10 +36,124 @@ Tensor upsample(const Net& net, const std::string& name, const Tensor& x) {
   return ops::conv2d(x, load_conv(net, name, C, C, 3), p, net.cx);
 }
 
+// ---- The banded decoder (DecodeMemory): the same layers, one band of output rows at a time.
+
+// Input and output values a band aims to hold when DecodeMemory::band_rows is 0.
+constexpr size_t kBandBytes = size_t(48) << 20;
+
+struct Bands {
+  const DecodeMemory& memory;
+  std::string dir;
+
+  // A zero [C, H, W] plane, in a scratch file when larger than plane_limit.
+  Plane make(int64_t c, int64_t h, int64_t w) const {
+    const size_t bytes = size_t(c * h * w) * sizeof(float);
+    return Plane(c, h, w, bytes > memory.plane_limit ? dir : "");
+  }
+
+  int64_t rows(const Plane& x, const Plane& y) const {
+    if (memory.band_rows > 0) return memory.band_rows;
+    const size_t per_row =
+        size_t(x.channels() * x.width() + y.channels() * y.width()) * sizeof(float);
+    return std::max<int64_t>(8, int64_t(kBandBytes / per_row));
+  }
+};
+
+// A residual added to a convolution's output: the rows of `plane` themselves (identity), or
+// a 1×1 convolution of them (ResNet shortcut).
+struct Residual {
+  const Plane* plane = nullptr;
+  const ops::Conv2dWeights* shortcut = nullptr;
+};
+
+// y = conv3x3(t(upsample(x))) [+ residual], band by band. Output rows [r0, r1) read input rows
+// [a, b): the band's rows, one more on each side where the image has them. The convolution
+// runs on those rows alone, so the output rows next to a cut (a·u and b·u - 1) saw zero
+// padding instead of their neighbours and are dropped; every kept row saw exactly what it
+// sees in the whole image. y may be residual.plane (same size, identity residual): a band
+// overwrites only its own rows, and the halo rows the next band reads from it are dropped.
+void banded_conv(const Net& net, const Bands& bands, const Plane& x, const ops::ChannelAffine* t,
+                 const ops::Conv2dWeights& w, int64_t u, Plane& y, Residual residual = {}) {
+  ops::Conv2dParams p = ops::Conv2dParams::same(3);
+  p.upsample = u;
+  const int64_t band = bands.rows(x, y);
+  for (int64_t r0 = 0; r0 < y.height(); r0 += band) {
+    const int64_t r1 = std::min(y.height(), r0 + band);
+    const int64_t a = r0 == 0 ? 0 : (r0 - 1) / u, b = std::min(x.height(), r1 / u + 1);
+    const Tensor in = x.rows(a, b);
+    Tensor out;
+    if (residual.plane && !residual.shortcut) {
+      out = residual.plane->rows(a * u, b * u);
+      ops::conv2d_into(in, t, w, p, out, ops::ConvWrite::Accumulate, net.cx);
+    } else {
+      out = ops::conv2d(in, w, p, net.cx, t);
+    }
+    if (residual.shortcut)
+      ops::conv2d_into(residual.plane->rows(a, b), nullptr, *residual.shortcut,
+                       ops::Conv2dParams::same(1), out, ops::ConvWrite::Accumulate, net.cx);
+    y.write(out, r0 - a * u, r1 - r0, r0);
+    net.cx.stop_if_cancelled();
+  }
+}
+
+// resnet_block (blocks.cpp) on planes: the same layers in the same order.
+Plane banded_resnet(const Net& net, const Bands& bands, const std::string& p, Plane x,
+                    int64_t out_channels) {
+  net.cx.stop_if_cancelled();
+  const int64_t in_channels = x.channels();
+  const ops::ChannelAffine norm1 = group_norm(net, p + "norm1", x, /*silu=*/true);
+  Plane h = bands.make(out_channels, x.height(), x.width());
+  banded_conv(net, bands, x, &norm1, load_conv(net, p + "conv1", out_channels, in_channels, 3), 1,
+              h);
+  const ops::ChannelAffine norm2 = group_norm(net, p + "norm2", h, /*silu=*/true);
+  const ops::Conv2dWeights conv2 = load_conv(net, p + "conv2", out_channels, out_channels, 3);
+  if (in_channels == out_channels) {
+    banded_conv(net, bands, h, &norm2, conv2, 1, x, {&x, nullptr});
+    return x;
+  }
+  const ops::Conv2dWeights shortcut =
+      load_conv(net, p + "conv_shortcut", out_channels, in_channels, 1);
+  Plane y = bands.make(out_channels, x.height(), x.width());
+  banded_conv(net, bands, h, &norm2, conv2, 1, y, {&x, &shortcut});
+  return y;
+}
+
+// The up blocks and the output layers of run_decoder on planes, from the mid block's output.
+Tensor banded_up_blocks(const Net& net, const DecodeMemory& memory, Tensor mid,
+                        const std::function<void()>& step) {
+  const Bands bands{memory,
+                    memory.scratch_dir.empty() ? default_scratch_dir() : memory.scratch_dir};
+  const std::vector<int64_t>& channels = net.config.decoder_channels();
+  const int64_t levels = int64_t(channels.size());
+  Plane x = Plane::from_tensor(std::move(mid));
+  for (int64_t i = 0; i < levels; ++i) {
+    const std::string p = "decoder.up_blocks." + std::to_string(i) + ".";
+    const int64_t out = channels[size_t(levels - 1 - i)];
+    for (int64_t j = 0; j <= net.config.layers_per_block; ++j) {
+      x = banded_resnet(net, bands, p + "resnets." + std::to_string(j) + ".", std::move(x), out);
+      step();
+    }
+    if (i + 1 < levels) {
+      const int64_t C = x.channels();
+      Plane y = bands.make(C, 2 * x.height(), 2 * x.width());
+      banded_conv(net, bands, x, nullptr, load_conv(net, p + "upsamplers.0.conv", C, C, 3), 2, y);
+      x = std::move(y);
+      step();
+    }
+    if (net.observe) net.report("decoder_up_blocks_" + std::to_string(i), x.to_tensor());
+  }
+  const ops::ChannelAffine norm_out = group_norm(net, "decoder.conv_norm_out", x, /*silu=*/true);
+  Plane image(net.config.out_channels, x.height(), x.width());
+  banded_conv(net, bands, x, &norm_out,
+              load_conv(net, "decoder.conv_out", net.config.out_channels, channels.front(), 3), 1,
+              image);
+  return image.to_tensor();
+}
+
 }  // namespace
 
-Tensor run_decoder(const WeightUnit& weights, const VaeConfig& config, const Tensor& z,
-                   Compute& cx, const Observer& observe) {
+Tensor run_decoder(const WeightUnit& weights, const VaeConfig& config, const Tensor& z, Compute& cx,
+                   const Observer& observe, const DecodeMemory& memory) {
   const Net net{weights, config, cx, observe};
   const std::vector<int64_t>& channels = config.decoder_channels();
   const int64_t levels = int64_t(channels.size());
@@ -60,6 +178,14 @@ Tensor run_decoder(const WeightUnit& weights, const VaeConfig& config, const Ten
   net.report("decoder_mid_block", x);
   step();
 
+  const int64_t scale = int64_t(1) << (levels - 1);  // image pixels per latent position
+  if (decode_is_banded(config, z.dim(1) * scale, z.dim(2) * scale, memory)) {
+    Tensor image = banded_up_blocks(net, memory, std::move(x), step);
+    net.report("decoder_conv_out", image);
+    step();
+    return image;
+  }
+
   // Levels run from the deepest (most channels) to full resolution.
   for (int64_t i = 0; i < levels; ++i) {
     const std::string p = "decoder.up_blocks." + std::to_string(i) + ".";
@@ -76,9 +202,9 @@ Tensor run_decoder(const WeightUnit& weights, const VaeConfig& config, const Ten
   }
 
   const ops::ChannelAffine norm_out = group_norm(net, "decoder.conv_norm_out", x, /*silu=*/true);
-  Tensor image = ops::conv2d(
-      x, load_conv(net, "decoder.conv_out", config.out_channels, channels.front(), 3), same3x3,
-      cx, &norm_out);
+  Tensor image =
+      ops::conv2d(x, load_conv(net, "decoder.conv_out", config.out_channels, channels.front(), 3),
+                  same3x3, cx, &norm_out);
   net.report("decoder_conv_out", image);
   step();
   return image;

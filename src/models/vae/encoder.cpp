@@ -45,8 +45,8 @@ Tensor run_encoder(const WeightUnit& weights, const VaeConfig& config, const Ten
   int64_t done = 0;
   auto step = [&] { cx.report_step(++done, steps); };
 
-  Tensor x = ops::conv2d(pixels, load_conv(net, "encoder.conv_in", channels[0], config.in_channels, 3),
-                         same3x3, cx);
+  Tensor x = ops::conv2d(
+      pixels, load_conv(net, "encoder.conv_in", channels[0], config.in_channels, 3), same3x3, cx);
 
   for (int64_t i = 0; i < levels; ++i) {
     const std::string p = "encoder.down_blocks." + std::to_string(i) + ".";
@@ -67,8 +67,8 @@ Tensor run_encoder(const WeightUnit& weights, const VaeConfig& config, const Ten
   step();
 
   const ops::ChannelAffine norm_out = group_norm(net, "encoder.conv_norm_out", x, /*silu=*/true);
-  x = ops::conv2d(x, load_conv(net, "encoder.conv_out", moments, channels.back(), 3), same3x3,
-                  cx, &norm_out);
+  x = ops::conv2d(x, load_conv(net, "encoder.conv_out", moments, channels.back(), 3), same3x3, cx,
+                  &norm_out);
   net.report("encoder_conv_out", x);
   step();
 

@@ -15,8 +15,7 @@ void check_chw(const Tensor& t, const char* what) {
 void check_stats(const Tensor& packed, const LatentStats& stats) {
   check_chw(packed, "latent statistics");
   check(int64_t(stats.mean.size()) == packed.dim(0) && int64_t(stats.std.size()) == packed.dim(0),
-        "latent statistics have ", stats.mean.size(), " channels, the latent has ",
-        packed.dim(0));
+        "latent statistics have ", stats.mean.size(), " channels, the latent has ", packed.dim(0));
 }
 
 }  // namespace
@@ -45,8 +44,8 @@ Tensor patchify(const Tensor& latent, std::array<int64_t, 2> patch) {
   check_chw(latent, "patchify");
   const auto [ph, pw] = patch;
   const int64_t C = latent.dim(0), H = latent.dim(1), W = latent.dim(2);
-  check(H % ph == 0 && W % pw == 0, "patchify: a ", H, "x", W, " latent does not split into ",
-        ph, "x", pw, " patches");
+  check(H % ph == 0 && W % pw == 0, "patchify: a ", H, "x", W, " latent does not split into ", ph,
+        "x", pw, " patches");
   const int64_t h = H / ph, w = W / pw;
   Tensor packed({C * ph * pw, h, w});
   for (int64_t c = 0; c < C; ++c)

@@ -22,14 +22,16 @@ size_t attention_floats(int64_t channels, int64_t pixels) { return size_t(6 * ch
 
 }  // namespace
 
-size_t decode_activation_bytes(const VaeConfig& c, int64_t height, int64_t width) {
+namespace {
+
+size_t whole_decode_bytes(const VaeConfig& c, int64_t height, int64_t width) {
   const std::vector<int64_t>& channels = c.decoder_channels();
   const int64_t levels = int64_t(channels.size());
   const int64_t down = int64_t(1) << (levels - 1);
   int64_t pixels = std::max<int64_t>(1, height / down) * std::max<int64_t>(1, width / down);
   const int64_t top = channels.back();
-  size_t peak = size_t((c.latent_channels + top) * pixels);            // conv_in
-  peak = std::max(peak, size_t(2 * top * pixels));                     // mid-block ResNets
+  size_t peak = size_t((c.latent_channels + top) * pixels);  // conv_in
+  peak = std::max(peak, size_t(2 * top * pixels));           // mid-block ResNets
   if (c.mid_block_attention) peak = std::max(peak, attention_floats(top, pixels));
   int64_t in = top;
   for (int64_t i = 0; i < levels; ++i) {
@@ -45,6 +47,41 @@ size_t decode_activation_bytes(const VaeConfig& c, int64_t height, int64_t width
   }
   peak = std::max(peak, size_t((channels.front() + c.out_channels) * pixels));  // conv_out
   return peak * sizeof(float) + conv_overhead(top);
+}
+
+// Banded (decoder.cpp): the latent-resolution part as above (conv_in, the mid block), then
+// at most three planes in memory at once (a ResNet's input, intermediate and output) of at
+// most plane_limit each, and the band tensors: a band's input, output and residual rows of
+// about 48 MiB (decoder.cpp's kBandBytes) each, with the convolution's own buffers.
+size_t banded_decode_bytes(const VaeConfig& c, int64_t height, int64_t width,
+                           const DecodeMemory& m) {
+  const std::vector<int64_t>& channels = c.decoder_channels();
+  const int64_t down = int64_t(1) << (channels.size() - 1);
+  const int64_t pixels = std::max<int64_t>(1, height / down) * std::max<int64_t>(1, width / down);
+  const int64_t top = channels.back();
+  size_t latent_part = size_t(std::max(c.latent_channels + top, 2 * top) * pixels);
+  if (c.mid_block_attention) latent_part = std::max(latent_part, attention_floats(top, pixels));
+  size_t widest_plane = 0;
+  for (size_t i = 0; i < channels.size(); ++i) {
+    const int64_t level_pixels = pixels << (2 * i);
+    widest_plane = std::max(
+        widest_plane, size_t(channels[channels.size() - 1 - i] * level_pixels) * sizeof(float));
+  }
+  const size_t planes = 3 * std::min(widest_plane, m.plane_limit);
+  const size_t bands = 3 * (size_t(48) << 20);
+  return std::max(latent_part * sizeof(float), planes + bands) + conv_overhead(top);
+}
+
+}  // namespace
+
+bool decode_is_banded(const VaeConfig& c, int64_t height, int64_t width, const DecodeMemory& m) {
+  return whole_decode_bytes(c, height, width) > m.whole_limit;
+}
+
+size_t decode_activation_bytes(const VaeConfig& c, int64_t height, int64_t width,
+                               const DecodeMemory& m) {
+  return decode_is_banded(c, height, width, m) ? banded_decode_bytes(c, height, width, m)
+                                               : whole_decode_bytes(c, height, width);
 }
 
 size_t encode_activation_bytes(const VaeConfig& c, int64_t height, int64_t width) {

@@ -1,6 +1,7 @@
 #include "models/vae/vae.h"
 
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 #include "models/vae/decoder.h"
@@ -17,7 +18,8 @@ void report(const Observer& observe, const std::string& name, const Tensor& valu
 
 }  // namespace
 
-Vae::Vae(WeightStore& store, Compute& cx) : store_(store), cx_(cx) {
+Vae::Vae(WeightStore& store, Compute& cx, DecodeMemory memory)
+    : store_(store), cx_(cx), memory_(std::move(memory)) {
   const UnitRef unit = store_.acquire("vae.latent_stats");
   stats_ = load_latent_stats(*unit, config());
 }
@@ -44,7 +46,7 @@ Tensor Vae::tokens_to_latent(const Tensor& tokens, int64_t h, int64_t w,
 
 Tensor Vae::decode_latent(const Tensor& z, const Observer& observe) const {
   const UnitRef unit = store_.acquire("vae.decoder");
-  Tensor image = run_decoder(*unit, config(), z, cx_, observe);
+  Tensor image = run_decoder(*unit, config(), z, cx_, observe, memory_);
   ops::require_finite(image.data(), image.numel(), "the VAE decoder's output", cx_);
   report(observe, "image", image);
   return image;

@@ -20,7 +20,7 @@ class Vae {
  public:
   // Reads the latent statistics ("vae.latent_stats") now; everything else per call.
   // The convolutions' arithmetic is the context's (Compute::arithmetic) when a call runs.
-  Vae(WeightStore& store, Compute& cx);
+  Vae(WeightStore& store, Compute& cx, DecodeMemory memory = {});
 
   const VaeConfig& config() const { return store_.config().vae; }
   const LatentStats& latent_stats() const { return stats_; }
@@ -51,6 +51,7 @@ class Vae {
   WeightStore& store_;
   Compute& cx_;
   LatentStats stats_;
+  DecodeMemory memory_;
 };
 
 }  // namespace klein::vae
@@ -60,7 +61,11 @@ namespace klein::vae {
 // The activation memory (bytes, float32 tensors and convolution scratch, weights not included)
 // of decoding to / encoding from an image of height x width pixels: the largest set of tensors
 // alive at once, following decoder.cpp and encoder.cpp. For memory budgets before a run.
-size_t decode_activation_bytes(const VaeConfig& config, int64_t height, int64_t width);
+size_t decode_activation_bytes(const VaeConfig& config, int64_t height, int64_t width,
+                               const DecodeMemory& memory = {});
+// Whether decoding to height x width runs banded under `memory` (blocks.h).
+bool decode_is_banded(const VaeConfig& config, int64_t height, int64_t width,
+                      const DecodeMemory& memory = {});
 size_t encode_activation_bytes(const VaeConfig& config, int64_t height, int64_t width);
 
 }  // namespace klein::vae

@@ -1,0 +1,163 @@
+#include "core/plane.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "core/error.h"
+
+namespace klein {
+
+namespace {
+
+int open_scratch(const std::string& dir) {
+#ifdef O_TMPFILE
+  const int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd >= 0) return fd;
+#endif
+  // File systems without O_TMPFILE: a unique name, removed as soon as it is open.
+  std::string name = dir + "/klein-scratch-XXXXXX";
+  const int named = ::mkostemp(name.data(), O_CLOEXEC);
+  check(named >= 0, "cannot create a scratch file in ", dir, ": ", std::strerror(errno),
+        " (set TMPDIR to a writable directory with free space)");
+  ::unlink(name.c_str());
+  return named;
+}
+
+}  // namespace
+
+std::string default_scratch_dir() {
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp && *tmp ? tmp : "/var/tmp";
+}
+
+Plane::Plane(int64_t channels, int64_t height, int64_t width, const std::string& scratch_dir)
+    : channels_(channels), height_(height), width_(width), dir_(scratch_dir) {
+  check(channels > 0 && height > 0 && width > 0, "plane: invalid size ", channels, "x", height, "x",
+        width);
+  if (scratch_dir.empty()) {
+    memory_ = Tensor::zeros({channels, height, width});
+    return;
+  }
+  fd_ = open_scratch(scratch_dir);
+  // Sparse: blocks are allocated as rows are written, and unwritten rows read as zeros.
+  if (::ftruncate(fd_, off_t(bytes())) != 0) {
+    const int e = errno;
+    ::close(fd_);
+    fd_ = -1;
+    fail("cannot size a ", bytes() >> 20, " MiB scratch file in ", scratch_dir, ": ",
+         std::strerror(e));
+  }
+}
+
+Plane Plane::from_tensor(Tensor t) {
+  check(t.shape().size() == 3, "plane: expected a [C, H, W] tensor, got ", shape_str(t.shape()));
+  Plane p;
+  p.channels_ = t.dim(0);
+  p.height_ = t.dim(1);
+  p.width_ = t.dim(2);
+  p.memory_ = std::move(t);
+  return p;
+}
+
+Plane::Plane(Plane&& o) noexcept
+    : channels_(o.channels_),
+      height_(o.height_),
+      width_(o.width_),
+      memory_(std::move(o.memory_)),
+      fd_(std::exchange(o.fd_, -1)),
+      dir_(std::move(o.dir_)) {}
+
+Plane& Plane::operator=(Plane&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    channels_ = o.channels_;
+    height_ = o.height_;
+    width_ = o.width_;
+    memory_ = std::move(o.memory_);
+    fd_ = std::exchange(o.fd_, -1);
+    dir_ = std::move(o.dir_);
+  }
+  return *this;
+}
+
+Plane::~Plane() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Plane::read_at(float* dst, int64_t count, int64_t offset) const {
+  char* p = reinterpret_cast<char*>(dst);
+  size_t left = size_t(count) * sizeof(float);
+  off_t at = off_t(offset) * off_t(sizeof(float));
+  while (left > 0) {
+    const ssize_t got = ::pread(fd_, p, left, at);
+    if (got < 0 && errno == EINTR) continue;
+    check(got > 0, "cannot read the scratch file in ", dir_, ": ",
+          got < 0 ? std::strerror(errno) : "unexpected end of file");
+    p += got;
+    left -= size_t(got);
+    at += got;
+  }
+}
+
+void Plane::write_at(const float* src, int64_t count, int64_t offset) {
+  const char* p = reinterpret_cast<const char*>(src);
+  size_t left = size_t(count) * sizeof(float);
+  off_t at = off_t(offset) * off_t(sizeof(float));
+  while (left > 0) {
+    const ssize_t put = ::pwrite(fd_, p, left, at);
+    if (put < 0 && errno == EINTR) continue;
+    check(put > 0, "cannot write the scratch file in ", dir_, ": ",
+          put < 0 ? std::strerror(errno) : "no progress",
+          " (set TMPDIR to a directory with more free space)");
+    p += put;
+    left -= size_t(put);
+    at += put;
+  }
+}
+
+Tensor Plane::rows(int64_t y0, int64_t y1) const {
+  check(0 <= y0 && y0 < y1 && y1 <= height_, "plane: rows [", y0, ", ", y1, ") of ", height_);
+  const int64_t n = (y1 - y0) * width_;
+  Tensor band({channels_, y1 - y0, width_});
+  for (int64_t c = 0; c < channels_; ++c) {
+    const int64_t at = (c * height_ + y0) * width_;
+    if (fd_ >= 0)
+      read_at(band.data() + c * n, n, at);
+    else
+      std::memcpy(band.data() + c * n, memory_.data() + at, size_t(n) * sizeof(float));
+  }
+  return band;
+}
+
+void Plane::write(const Tensor& band, int64_t from, int64_t n, int64_t y0) {
+  check(band.shape().size() == 3 && band.dim(0) == channels_ && band.dim(2) == width_ &&
+            0 <= from && from + n <= band.dim(1) && 0 <= y0 && y0 + n <= height_,
+        "plane: cannot write rows [", from, ", ", from + n, ") of ", shape_str(band.shape()),
+        " at row ", y0, " of [", channels_, ", ", height_, ", ", width_, "]");
+  const int64_t band_plane = band.dim(1) * width_, count = n * width_;
+  for (int64_t c = 0; c < channels_; ++c) {
+    const float* src = band.data() + c * band_plane + from * width_;
+    const int64_t at = (c * height_ + y0) * width_;
+    if (fd_ >= 0)
+      write_at(src, count, at);
+    else
+      std::memcpy(memory_.data() + at, src, size_t(count) * sizeof(float));
+  }
+}
+
+const float* Plane::span(int64_t offset, int64_t n, float* buffer) const {
+  check(0 <= offset && n >= 0 && offset + n <= channels_ * height_ * width_, "plane: values [",
+        offset, ", ", offset + n, ") out of range");
+  if (fd_ < 0) return memory_.data() + offset;
+  read_at(buffer, n, offset);
+  return buffer;
+}
+
+Tensor Plane::to_tensor() const { return rows(0, height_); }
+
+}  // namespace klein

@@ -1,0 +1,60 @@
+#pragma once
+// A [C, H, W] float32 array read and written in bands of rows, kept either in memory or in a
+// scratch file. In a file it costs page cache, which the kernel can write out under memory
+// pressure, instead of process memory: what lets the VAE decode 2048x2048 in a bounded
+// amount of memory, where one full-resolution 128-channel tensor alone is 2 GiB.
+//
+// The file is created unlinked (O_TMPFILE, or a unique name removed at once), so nothing is
+// left behind when the process ends, however it ends. Reads and writes are pread/pwrite, not
+// a mapping: mapped file pages would count as the process's memory again.
+#include <cstdint>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace klein {
+
+class Plane {
+ public:
+  Plane() = default;
+  // Zero-filled, in memory when `scratch_dir` is empty, otherwise in a new file there.
+  Plane(int64_t channels, int64_t height, int64_t width, const std::string& scratch_dir = "");
+  // Takes a [C, H, W] tensor as an in-memory plane.
+  static Plane from_tensor(Tensor t);
+  Plane(Plane&& other) noexcept;
+  Plane& operator=(Plane&& other) noexcept;
+  Plane(const Plane&) = delete;
+  Plane& operator=(const Plane&) = delete;
+  ~Plane();
+
+  int64_t channels() const { return channels_; }
+  int64_t height() const { return height_; }
+  int64_t width() const { return width_; }
+  bool in_file() const { return fd_ >= 0; }
+  size_t bytes() const { return size_t(channels_ * height_ * width_) * sizeof(float); }
+
+  // Rows [y0, y1) of every channel as a new [C, y1 - y0, W] tensor.
+  Tensor rows(int64_t y0, int64_t y1) const;
+  // Rows [from, from + n) of `band` ([C, any, W]) into rows [y0, y0 + n) of the plane.
+  void write(const Tensor& band, int64_t from, int64_t n, int64_t y0);
+  // Values [offset, offset + n) of the flat C·H·W array: a pointer into the plane in memory,
+  // or `buffer` (room for n values) filled from the file.
+  const float* span(int64_t offset, int64_t n, float* buffer) const;
+  // The whole plane as a tensor (a copy).
+  Tensor to_tensor() const;
+
+ private:
+  void read_at(float* dst, int64_t count, int64_t offset) const;
+  void write_at(const float* src, int64_t count, int64_t offset);
+
+  int64_t channels_ = 0, height_ = 0, width_ = 0;
+  Tensor memory_;
+  int fd_ = -1;
+  std::string dir_;  // for messages
+};
+
+// Where scratch files go when no directory is given: $TMPDIR if set, else /var/tmp (on disk
+// on Debian, where /tmp may be a RAM-backed tmpfs).
+std::string default_scratch_dir();
+
+}  // namespace klein
