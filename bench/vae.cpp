@@ -3,6 +3,10 @@
 //
 //   bench_vae [--benchmark_filter=<regex>]   Google Benchmark: decode, encode, single convs
 //   bench_vae --peak decode 1024             one 1024x1024 decode: time per stage, peak RSS
+//   bench_vae --peak decode 2048 banded      ... as the default plans it ("default"), or forced
+//                                            whole-image ("whole") or banded ("banded"); a
+//                                            banded run prints no per-stage times (reporting an
+//                                            intermediate builds the whole tensor)
 //   bench_vae --peak encode 1024             the same for an encode
 //   bench_vae --peak decode-bf16 1024        ... with the convolutions on bf16 operands (AMX
 //                                            tiles, else the AVX-512 BF16 direct kernel)
@@ -104,9 +108,8 @@ void BM_Decode(benchmark::State& state) {
   const Tensor tokens = random_tensor({(side / 16) * (side / 16), 128});
   for (auto _ : state) benchmark::DoNotOptimize(model.decode(tokens, side / 16, side / 16));
   state.counters["peak_rss_MiB"] = peak_rss_mib();
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(decoder_conv_flops(model.config(), side, side),
-                         benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(decoder_conv_flops(model.config(), side, side),
+                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_Decode)
     ->ArgsProduct({{256, 512}, {0, 1}})
@@ -150,8 +153,7 @@ void BM_Conv3x3(benchmark::State& state) {
   norm.scale.assign(size_t(in), 1.0f);
   norm.shift.assign(size_t(in), 0.0f);
   norm.silu = true;
-  for (auto _ : state)
-    benchmark::DoNotOptimize(ops::conv2d(x, w, p, cx(), &norm));
+  for (auto _ : state) benchmark::DoNotOptimize(ops::conv2d(x, w, p, cx(), &norm));
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * double(out * in * 9 * side * side),
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -165,13 +167,22 @@ BENCHMARK(BM_Conv3x3)
 
 // One full-size run, printing the time spent up to each reported intermediate and the peak
 // resident memory (weights included: 84M BF16 parameters = 160 MiB).
-int peak_run(std::string what, int64_t side) {
+int peak_run(std::string what, int64_t side, const std::string& plan) {
   const std::string suffix = "-bf16";
   const bool bf16 = what.size() > suffix.size() &&
                     what.compare(what.size() - suffix.size(), suffix.size(), suffix) == 0;
   if (bf16) what.resize(what.size() - suffix.size());
   cx().arithmetic.bf16_convolutions = bf16;
-  vae::Vae model(store(), cx());
+  vae::DecodeMemory memory;
+  if (plan == "whole") memory.whole_limit = SIZE_MAX;
+  if (plan == "banded") memory.whole_limit = 0;
+  if (plan != "default" && plan != "whole" && plan != "banded") {
+    std::fprintf(stderr, "--peak: plan must be default, whole or banded, got %s\n", plan.c_str());
+    return 2;
+  }
+  const bool banded =
+      what == "decode" && vae::decode_is_banded(store().config().vae, side, side, memory);
+  vae::Vae model(store(), cx(), memory);
   const double weights_rss = peak_rss_mib();
   using clock = std::chrono::steady_clock;
   auto last = clock::now();
@@ -183,8 +194,9 @@ int peak_run(std::string what, int64_t side) {
                 peak_rss_mib());
     last = clock::now();  // exclude the printing
   };
-  std::printf("%s %lldx%lld, %d threads, %s convolutions; RSS with weights resident: %.0f MiB\n",
-              what.c_str(), (long long)side, (long long)side, cx().threads(),
+  std::printf("%s%s %lldx%lld, %d threads, %s convolutions; RSS with weights resident: %.0f MiB\n",
+              what.c_str(), banded ? " (banded)" : "", (long long)side, (long long)side,
+              cx().threads(),
               bf16 ? (ops::conv2d_bf16_tiles_available()    ? "BF16-tile"
                       : ops::conv2d_bf16_direct_available() ? "BF16 direct"
                                                             : "float32 (no BF16 kernel)")
@@ -192,7 +204,7 @@ int peak_run(std::string what, int64_t side) {
               weights_rss);
   if (what == "decode") {
     const Tensor tokens = random_tensor({(side / 16) * (side / 16), 128});
-    model.decode(tokens, side / 16, side / 16, timer);
+    model.decode(tokens, side / 16, side / 16, banded ? vae::Observer() : timer);
   } else if (what == "encode") {
     const Tensor pixels = random_tensor({3, side, side}, 0.5f);
     model.encode(pixels, timer);
@@ -256,7 +268,8 @@ int compare_run(const std::vector<int64_t>& sides, int rounds) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 4 && std::strcmp(argv[1], "--peak") == 0) return peak_run(argv[2], std::atoll(argv[3]));
+  if (argc >= 4 && std::strcmp(argv[1], "--peak") == 0)
+    return peak_run(argv[2], std::atoll(argv[3]), argc >= 5 ? argv[4] : "default");
   if (argc >= 2 && std::strcmp(argv[1], "--compare") == 0) {
     std::vector<int64_t> sides;
     for (int i = 2; i < argc; ++i) sides.push_back(std::atoll(argv[i]));

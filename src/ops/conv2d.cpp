@@ -33,6 +33,8 @@ struct ConvGeometry {
   int64_t height = 0, width = 0;                         // after upsampling
   int64_t out_channels = 0, out_height = 0, out_width = 0;
   int64_t kernel = 1, stride = 1, upsample = 1, pad_top = 0, pad_left = 0, pad_right = 0;
+  int64_t origin_row = 0;  // Conv2dParams::origin_row
+  int64_t band = 1;        // output rows per band of the full output (the last may be shorter)
 
   int64_t column_rows() const { return in_channels * kernel * kernel; }  // GEMM K
   int64_t out_pixels() const { return out_height * out_width; }
@@ -40,12 +42,18 @@ struct ConvGeometry {
   int64_t band_width() const { return pad_left + width + pad_right; }
   // Band rows read by `rows` output rows.
   int64_t band_rows(int64_t rows) const { return (rows - 1) * stride + kernel; }
+  // Rows of this call's band starting at its output row r0: up to the end of the full
+  // output's band that row belongs to (bands are laid out from row 0 of the full output).
+  int64_t band_at(int64_t r0) const {
+    return std::min(out_height - r0, band - (origin_row + r0) % band);
+  }
+  // The largest band of this call (its buffers' size).
+  int64_t widest_band() const { return std::min(band, out_height); }
 };
 
 ConvGeometry geometry_of(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p) {
-  check(w.kernel >= 1 && w.out_channels >= 1 && w.in_channels >= 1,
-        "conv2d: invalid weights [", w.out_channels, ", ", w.in_channels, ", ", w.kernel, ", ",
-        w.kernel, "]");
+  check(w.kernel >= 1 && w.out_channels >= 1 && w.in_channels >= 1, "conv2d: invalid weights [",
+        w.out_channels, ", ", w.in_channels, ", ", w.kernel, ", ", w.kernel, "]");
   check(int64_t(w.weight.size()) == w.out_channels * w.in_channels * w.kernel * w.kernel,
         "conv2d: weight holds ", w.weight.size(), " values, expected [", w.out_channels, ", ",
         w.in_channels, ", ", w.kernel, ", ", w.kernel, "]");
@@ -65,16 +73,19 @@ ConvGeometry geometry_of(const ConvInput& in, const Conv2dWeights& w, const Conv
   g.height = in.height * p.upsample;
   g.width = in.width * p.upsample;
   g.out_channels = w.out_channels;
-  g.out_height = conv2d_output_size(in.height, w.kernel, p.stride, p.pad_top, p.pad_bottom,
-                                    p.upsample);
-  g.out_width = conv2d_output_size(in.width, w.kernel, p.stride, p.pad_left, p.pad_right,
-                                   p.upsample);
+  g.out_height =
+      conv2d_output_size(in.height, w.kernel, p.stride, p.pad_top, p.pad_bottom, p.upsample);
+  g.out_width =
+      conv2d_output_size(in.width, w.kernel, p.stride, p.pad_left, p.pad_right, p.upsample);
   g.kernel = w.kernel;
   g.stride = p.stride;
   g.upsample = p.upsample;
   g.pad_top = p.pad_top;
   g.pad_left = p.pad_left;
   g.pad_right = p.pad_right;
+  check(p.origin_row >= 0, "conv2d: negative origin row ", p.origin_row);
+  g.origin_row = p.origin_row;
+  g.band = conv2d_band_rows(g.out_width);
   check(g.out_height >= 1 && g.out_width >= 1, "conv2d: a ", in.height, "x", in.width,
         " input is too small for a ", w.kernel, "x", w.kernel, " kernel");
   check(g.column_rows() < INT_MAX && g.out_pixels() < INT_MAX && in.height * in.width < INT_MAX,
@@ -113,8 +124,8 @@ void fill_band(const ConvInput& in, const ConvGeometry& g, int64_t r0, int64_t r
 // The column matrix of band pixels [p0, p0 + n) (pixel p = output row p / OW of the band,
 // column p % OW): row (c·k + ky)·k + kx holds the band value each pixel multiplies with
 // weight [·, c, ky, kx]. columns [K, n], contiguous, so BLAS packs it with unit strides.
-void gather_tile(const ConvGeometry& g, const float* band, int64_t band_rows, int64_t p0,
-                 int64_t n, float* columns) {
+void gather_tile(const ConvGeometry& g, const float* band, int64_t band_rows, int64_t p0, int64_t n,
+                 float* columns) {
   const int64_t k = g.kernel, ow = g.out_width, bw = g.band_width();
   for (int64_t c = 0; c < g.in_channels; ++c)
     for (int64_t ky = 0; ky < k; ++ky)
@@ -160,8 +171,9 @@ void write_band(const float* result, const ConvGeometry& g, const Conv2dWeights&
 
 // Result [Cout, rows·OW] of one band as im2col + GEMM, one task per tile of pixels (its
 // column matrix in the worker's arena).
-void gemm_band(const ConvGeometry& g, const Conv2dWeights& w, const float* band_input,
-               int64_t rows, int64_t tile_columns, float* result, Compute& cx) {
+void gemm_band(const ConvGeometry& g, const Conv2dWeights& w, const float* band_input, int64_t rows,
+               float* result, Compute& cx) {
+  const int64_t tile_columns = kTileColumns;
   const int64_t n = rows * g.out_width;
   cx.pool().for_each_task((n + tile_columns - 1) / tile_columns, [&](int64_t t, int worker) {
     Arena::Scope scratch(cx.arena(worker));
@@ -201,8 +213,8 @@ void pack_direct_weights(const Conv2dWeights& w, float* packed) {
 }
 
 // Result [Cout, rows·OW] of one band with the direct kernel, in tasks of one row segment.
-void direct_band(const ConvGeometry& g, const float* band_input, int64_t rows,
-                 const float* packed, float* result, Compute& cx) {
+void direct_band(const ConvGeometry& g, const float* band_input, int64_t rows, const float* packed,
+                 float* result, Compute& cx) {
   const detail::DirectBand band{band_input, g.in_channels, g.band_rows(rows), g.band_width(),
                                 g.kernel};
   const int64_t segments = (g.out_width + kDirectSegment - 1) / kDirectSegment;
@@ -335,17 +347,16 @@ void fill_band_bf16(const ConvInput& in, const ConvGeometry& g, int64_t r0, int6
   });
 }
 
-void bf16_tiles_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWeights& w,
-                     float* out, ConvWrite mode, bool in_place, Compute& cx) {
+void bf16_tiles_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWeights& w, float* out,
+                     ConvWrite mode, bool in_place, Compute& cx) {
   detail::Bf16Weights weights;
   const auto weight_data = pack_bf16_weights(w, weights, cx);
   const int64_t pairs = (g.in_channels + 1) / 2;
 
-  int64_t band = std::clamp<int64_t>((kBandPixels + g.out_width - 1) / g.out_width, 1,
-                                     g.out_height);
-  // In place, the next band's input is gathered before this band's results overwrite it, so
-  // a band must not reach back past the rows of the band before it.
-  if (in_place) band = std::max(band, g.pad_top);
+  // In place (origin 0, bands of g.band rows), the next band's input is gathered before this
+  // band's results overwrite it, so a band must not reach back past the rows of the band
+  // before it: g.band >= pad_top (conv2d checks).
+  const int64_t band = g.widest_band();
   const size_t band_words = size_t(pairs * g.band_rows(band) * g.band_width());
   WordBuffer bands[2] = {alloc_aligned<uint32_t>(band_words),
                          in_place ? alloc_aligned<uint32_t>(band_words) : WordBuffer()};
@@ -359,15 +370,16 @@ void bf16_tiles_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWei
   std::vector<WordBuffer> columns(size_t(cx.threads()));  // one per worker, made on first use
 
   auto fill = [&](int64_t r0, uint32_t* buffer) {
-    fill_band_bf16(in, g, r0, std::min(band, g.out_height - r0), buffer, cx);
+    fill_band_bf16(in, g, r0, g.band_at(r0), buffer, cx);
   };
   int current = 0;
   fill(0, bands[0].get());
-  for (int64_t r0 = 0; r0 < g.out_height; r0 += band) {
-    const int64_t rows = std::min(band, g.out_height - r0), n = rows * g.out_width;
-    if (in_place && r0 + band < g.out_height) fill(r0 + band, bands[1 - current].get());
-    const detail::Bf16Band b{bands[current].get(), pairs, g.band_rows(rows), g.band_width(),
-                             g.kernel, g.stride};
+  for (int64_t r0 = 0, rows = 0; r0 < g.out_height; r0 += rows) {
+    rows = g.band_at(r0);
+    const int64_t n = rows * g.out_width, next = r0 + rows;
+    if (in_place && next < g.out_height) fill(next, bands[1 - current].get());
+    const detail::Bf16Band b{bands[current].get(), pairs,    g.band_rows(rows),
+                             g.band_width(),       g.kernel, g.stride};
     const int64_t tasks = (n + widest - 1) / widest;
     const int64_t per_task = round_up((n + tasks - 1) / tasks, 32);
     float* band_out = out + r0 * g.out_width;
@@ -382,8 +394,8 @@ void bf16_tiles_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWei
     });
     if (in_place) {
       current = 1 - current;
-    } else if (r0 + band < g.out_height) {
-      fill(r0 + band, bands[0].get());
+    } else if (next < g.out_height) {
+      fill(next, bands[0].get());
     }
   }
 }
@@ -391,8 +403,8 @@ void bf16_tiles_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWei
 // Result [Cout, rows·OW] of one band with the BF16 direct kernel, tasks as direct_band's.
 void bf16_direct_band(const ConvGeometry& g, const uint32_t* band_input, int64_t rows,
                       const uint32_t* packed, float* result, Compute& cx) {
-  const detail::Bf16Band band{band_input, (g.in_channels + 1) / 2, g.band_rows(rows),
-                              g.band_width(), g.kernel, 1};
+  const detail::Bf16Band band{
+      band_input, (g.in_channels + 1) / 2, g.band_rows(rows), g.band_width(), g.kernel, 1};
   const int64_t segments = (g.out_width + kDirectSegment - 1) / kDirectSegment;
   const int64_t n = rows * g.out_width;
   cx.pool().for_each_task(rows * segments, [&](int64_t t, int) {
@@ -405,8 +417,7 @@ void bf16_direct_band(const ConvGeometry& g, const uint32_t* band_input, int64_t
 
 #else
 
-void fill_band_bf16(const ConvInput&, const ConvGeometry&, int64_t, int64_t, uint32_t*,
-                    Compute&) {
+void fill_band_bf16(const ConvInput&, const ConvGeometry&, int64_t, int64_t, uint32_t*, Compute&) {
   fail("conv2d: no BF16 kernel in this build");
 }
 
@@ -415,8 +426,8 @@ void bf16_direct_band(const ConvGeometry&, const uint32_t*, int64_t, const uint3
   fail("conv2d: no BF16 direct kernel in this build");
 }
 
-void bf16_tiles_conv(const ConvInput&, const ConvGeometry&, const Conv2dWeights&, float*,
-                     ConvWrite, bool, Compute&) {
+void bf16_tiles_conv(const ConvInput&, const ConvGeometry&, const Conv2dWeights&, float*, ConvWrite,
+                     bool, Compute&) {
   fail("conv2d: no BF16 tile kernel in this build");
 }
 
@@ -428,13 +439,18 @@ bool is_pointwise(const ConvInput& in, const ConvGeometry& g, const Conv2dParams
          p.pad_bottom == 0 && p.pad_left == 0 && p.pad_right == 0;
 }
 
-void pointwise_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWeights& w,
-                    float* out, ConvWrite mode, Compute& cx) {
+void pointwise_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWeights& w, float* out,
+                    ConvWrite mode, Compute& cx) {
   const int64_t n = g.out_pixels();
   const float beta = mode == ConvWrite::Accumulate ? 1.0f : 0.0f;
-  cx.pool().for_each_task((n + kTileColumns - 1) / kTileColumns, [&](int64_t t, int) {
-    const int64_t p0 = t * kTileColumns;
-    gemm(w, in.data + p0, std::min(kTileColumns, n - p0), n, out + p0, n, beta);
+  // Tiles of kTileColumns pixels of the full output; this call may start inside one.
+  const int64_t lead = (kTileColumns - g.origin_row * g.out_width % kTileColumns) % kTileColumns;
+  const int64_t first = std::min(lead, n);
+  const int64_t tiles = (first > 0 ? 1 : 0) + (n - first + kTileColumns - 1) / kTileColumns;
+  cx.pool().for_each_task(tiles, [&](int64_t t, int) {
+    const int64_t p0 = first > 0 ? (t == 0 ? 0 : first + (t - 1) * kTileColumns) : t * kTileColumns;
+    const int64_t width = first > 0 && t == 0 ? first : std::min(kTileColumns, n - p0);
+    gemm(w, in.data + p0, width, n, out + p0, n, beta);
   });
   if (w.bias.empty()) return;
   cx.pool().parallel_for(g.out_channels, [&](int64_t c0, int64_t c1, int) {
@@ -474,6 +490,12 @@ Conv2dParams Conv2dParams::same(int64_t kernel) {
   return p;
 }
 
+int64_t conv2d_band_rows(int64_t out_width) {
+  return std::max<int64_t>(1, (kBandPixels + out_width - 1) / std::max<int64_t>(1, out_width));
+}
+
+int64_t conv2d_tile_pixels() { return kTileColumns; }
+
 int64_t conv2d_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad_before,
                            int64_t pad_after, int64_t upsample) {
   const int64_t padded = in * upsample + pad_before + pad_after;
@@ -487,7 +509,8 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
   const bool in_place = out == in.data;
   if (in_place)
     check(g.stride == 1 && g.upsample == 1 && g.out_height == g.in_height &&
-              g.out_width == g.in_width && g.out_channels <= g.in_channels,
+              g.out_width == g.in_width && g.out_channels <= g.in_channels && g.origin_row == 0 &&
+              g.band >= g.pad_top,
           "conv2d: in place needs an output of the input's size with no more channels (",
           g.out_channels, "x", g.out_height, "x", g.out_width, " from ", g.in_channels, "x",
           g.in_height, "x", g.in_width, ")");
@@ -495,11 +518,7 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
   if (is_pointwise(in, g, p) && !in_place && p.algorithm != ConvAlgorithm::Bf16Direct)
     return pointwise_conv(in, g, w, out, mode, cx);
 
-  int64_t band = std::clamp<int64_t>((kBandPixels + g.out_width - 1) / g.out_width, 1,
-                                     g.out_height);
-  // In place, a band must not reach back past the rows of the band before it.
-  if (in_place) band = std::max(band, g.pad_top);
-  const int64_t tile_columns = std::min(kTileColumns, band * g.out_width);
+  const int64_t band = g.widest_band();
   const bool bf16_direct = use_bf16_direct(g, p, cx);
   const bool direct = !bf16_direct && use_direct(g, p, cx);
   // The call's buffers come from the calling thread's arena: the same memory serves every
@@ -530,8 +549,8 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
   // the next band still reads the last rows the previous band overwrites.
   int64_t pending_row = -1, pending_rows = 0;
   int current = 0;
-  for (int64_t r0 = 0; r0 < g.out_height; r0 += band) {
-    const int64_t rows = std::min(band, g.out_height - r0);
+  for (int64_t r0 = 0, rows = 0; r0 < g.out_height; r0 += rows) {
+    rows = g.band_at(r0);
     if (bf16_direct)
       fill_band_bf16(in, g, r0, rows, band_bf16, cx);
     else
@@ -544,7 +563,7 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
     else if (direct)
       direct_band(g, band_input, rows, packed, result, cx);
     else
-      gemm_band(g, w, band_input, rows, tile_columns, result, cx);
+      gemm_band(g, w, band_input, rows, result, cx);
     pending_row = r0;
     pending_rows = rows;
     current = 1 - current;
@@ -557,8 +576,7 @@ Tensor conv2d(const Tensor& x, const Conv2dWeights& w, const Conv2dParams& p, Co
   check(x.shape().size() == 3, "conv2d: expected a [C, H, W] input, got ", shape_str(x.shape()));
   Tensor y({w.out_channels,
             conv2d_output_size(x.dim(1), w.kernel, p.stride, p.pad_top, p.pad_bottom, p.upsample),
-            conv2d_output_size(x.dim(2), w.kernel, p.stride, p.pad_left, p.pad_right,
-                               p.upsample)});
+            conv2d_output_size(x.dim(2), w.kernel, p.stride, p.pad_left, p.pad_right, p.upsample)});
   conv2d_into(x, transform, w, p, y, ConvWrite::Overwrite, cx);
   return y;
 }

@@ -28,8 +28,8 @@ struct Conv2dWeights {
 
 // How the products are computed. Auto picks the fastest exact (float32) one for the geometry:
 // the direct SIMD kernel for stride 1 on CPUs that have one, im2col + GEMM otherwise; when
-// the context's arithmetic says bf16_convolutions it picks Bf16Tiles if the CPU has AMX. The others force a path (tests,
-// benchmarks).
+// the context's arithmetic says bf16_convolutions it picks Bf16Tiles if the CPU has AMX. The others
+// force a path (tests, benchmarks).
 //   Bf16Tiles: im2col + GEMM on AMX tiles, inputs (after the transform) and weights rounded to
 //   bf16 (8 significant bits), products summed in float32: max|y - exact| is 1e-3 to 3e-3 of
 //   max|y| on random data (tests/ops/conv2d_bf16_test.cpp), and 3-6x faster than the exact
@@ -46,6 +46,14 @@ struct Conv2dParams {
   int64_t pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
   int64_t upsample = 1;  // nearest-neighbour factor applied to the input first
   ConvAlgorithm algorithm = ConvAlgorithm::Auto;
+  // The row of a larger output that this call's output row 0 is, when the input holds only
+  // the rows a band of that output reads (the VAE's banded decoder). The work is split into
+  // bands of conv2d_band_rows rows and GEMM tiles laid out from row 0 of the larger output,
+  // so an output value comes from the same arithmetic as in the whole-image call, bit for bit,
+  // when the call holds the whole band of that row (and, for a 1x1 convolution without
+  // transform, the whole conv2d_tile_pixels tile of its pixel). BLAS sums depend on a
+  // column's place in the call, so without this a band would differ in the last bits.
+  int64_t origin_row = 0;
 
   // Stride 1 with kernel/2 zeros on every side: output size = input size.
   static Conv2dParams same(int64_t kernel);
@@ -72,6 +80,11 @@ bool conv2d_bf16_tiles_available();  // with the best instruction set of this CP
 // Whether ConvAlgorithm::Bf16Direct can run here (AVX-512 with BF16 dot products; stride 1).
 bool conv2d_bf16_direct_available(const Compute& cx);
 bool conv2d_bf16_direct_available();  // with the best instruction set of this CPU (KLEIN_ISA)
+
+// Output rows of the bands conv2d computes at a time for an output width (fixed pixels per
+// band), and the pixels per GEMM tile of a 1x1 convolution; see Conv2dParams::origin_row.
+int64_t conv2d_band_rows(int64_t out_width);
+int64_t conv2d_tile_pixels();
 
 // Output extent of one axis.
 int64_t conv2d_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad_before,

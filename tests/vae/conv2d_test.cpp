@@ -68,7 +68,9 @@ std::vector<ops::ConvAlgorithm> algorithms_for(const Conv2dParams& p) {
 }
 
 const char* name_of(ops::ConvAlgorithm a) {
-  return a == ops::ConvAlgorithm::Gemm ? "gemm" : a == ops::ConvAlgorithm::Direct ? "direct" : "auto";
+  return a == ops::ConvAlgorithm::Gemm     ? "gemm"
+         : a == ops::ConvAlgorithm::Direct ? "direct"
+                                           : "auto";
 }
 
 ChannelAffine random_affine(int64_t channels, bool silu) {
@@ -167,6 +169,66 @@ TEST(Conv2d, ManyBandsMatchDefinition) {
   }
 }
 
+// Conv2dParams::origin_row: rows of a large output computed by calls that each see only the
+// input rows a band reads (the VAE's banded decoder) are bit for bit the whole call's, with
+// every algorithm this CPU has. Bands of one and two of the convolution's own bands; the
+// images span several of them (100 columns: 82 rows per band), and a 1x1 convolution's tiles
+// of 512 pixels straddle rows.
+TEST(Conv2d, BandsWithOriginRowAreBitIdentical) {
+  Compute cx(2);
+  struct Case {
+    const char* name;
+    int64_t in, out, height, width, kernel, upsample;
+  };
+  const Case cases[] = {{"same3x3", 16, 8, 200, 100, 3, 1},
+                        {"upsample", 8, 6, 100, 50, 3, 2},
+                        {"pointwise", 24, 16, 200, 100, 1, 1}};
+  for (const Case& c : cases) {
+    Conv2dParams base = c.kernel == 3 ? Conv2dParams::same(3) : Conv2dParams{};
+    base.upsample = c.upsample;
+    std::vector<ops::ConvAlgorithm> algorithms = algorithms_for(base);
+    if (ops::conv2d_bf16_tiles_available()) algorithms.push_back(ops::ConvAlgorithm::Bf16Tiles);
+    if (ops::conv2d_bf16_direct_available()) algorithms.push_back(ops::ConvAlgorithm::Bf16Direct);
+    const Tensor x = random_tensor({c.in, c.height, c.width}, 31);
+    const Conv2dWeights w = random_conv(c.out, c.in, c.kernel, 32);
+    const ChannelAffine t = random_affine(c.in, true);
+    const ChannelAffine* tp = c.kernel == 3 ? &t : nullptr;
+    const int64_t H = c.height * c.upsample, W = c.width * c.upsample;
+    const int64_t tile = ops::conv2d_tile_pixels();
+    for (ops::ConvAlgorithm a : algorithms)
+      for (int64_t multiple : {1, 2}) {
+        SCOPED_TRACE(std::string(c.name) + " algorithm " + std::to_string(int(a)) + " bands of " +
+                     std::to_string(multiple));
+        Conv2dParams p = base;
+        p.algorithm = a;
+        const Tensor whole = ops::conv2d(x, w, p, cx, tp);
+        const int64_t band = multiple * ops::conv2d_band_rows(W);
+        ASSERT_LT(band, H);
+        for (int64_t r0 = 0; r0 < H; r0 += band) {
+          const int64_t r1 = std::min(H, r0 + band);
+          int64_t y0 = r0 == 0 ? 0 : (r0 - 1) / c.upsample;  // input rows [y0, y1)
+          int64_t y1 = std::min(c.height, r1 / c.upsample + 1);
+          if (c.kernel == 1) {  // whole tiles of pixels
+            y0 = r0 * W / tile * tile / W;
+            y1 = std::min(H, ((r1 * W + tile - 1) / tile * tile + W - 1) / W);
+          }
+          Tensor rows({c.in, y1 - y0, c.width});
+          for (int64_t ch = 0; ch < c.in; ++ch)
+            std::memcpy(rows.data() + ch * (y1 - y0) * c.width,
+                        x.data() + (ch * c.height + y0) * c.width,
+                        size_t((y1 - y0) * c.width) * sizeof(float));
+          p.origin_row = y0 * c.upsample;
+          const Tensor part = ops::conv2d(rows, w, p, cx, tp);
+          for (int64_t o = 0; o < c.out; ++o)
+            ASSERT_EQ(0, std::memcmp(part.data() + (o * part.dim(1) + r0 - p.origin_row) * W,
+                                     whole.data() + (o * H + r0) * W,
+                                     size_t((r1 - r0) * W) * sizeof(float)))
+                << "output channel " << o << ", rows [" << r0 << ", " << r1 << ")";
+        }
+      }
+  }
+}
+
 TEST(Conv2d, ResultsDoNotDependOnThreadCount) {
   const int64_t C = 40, H = 150, W = 70;  // two bands
   Tensor x = random_tensor({C, H, W}, 13);
@@ -246,8 +308,8 @@ TEST(GroupNorm, MatchesDefinition) {
   std::vector<float> x = random_values(C * P, 31, 3.0f);
   for (float& v : x) v += 5.0f;  // a mean far from zero
   std::vector<float> gamma = random_values(C, 32), beta = random_values(C, 33);
-  ChannelAffine a = ops::group_norm_affine(x.data(), C, P, G, gamma.data(), beta.data(), 1e-6f,
-                                           true, cx);
+  ChannelAffine a =
+      ops::group_norm_affine(x.data(), C, P, G, gamma.data(), beta.data(), 1e-6f, true, cx);
   std::vector<float> y(x.size());
   ops::apply_channel_affine(x.data(), y.data(), C, P, a, cx);
   const int64_t n = C / G * P;

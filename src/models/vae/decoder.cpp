@@ -66,20 +66,32 @@ struct Residual {
   const ops::Conv2dWeights* shortcut = nullptr;
 };
 
-// y = conv3x3(t(upsample(x))) [+ residual], band by band. Output rows [r0, r1) read input rows
-// [a, b): the band's rows, one more on each side where the image has them. The convolution
-// runs on those rows alone, so the output rows next to a cut (a·u and b·u - 1) saw zero
-// padding instead of their neighbours and are dropped; every kept row saw exactly what it
-// sees in the whole image. y may be residual.plane (same size, identity residual): a band
-// overwrites only its own rows, and the halo rows the next band reads from it are dropped.
+// y = conv3x3(t(upsample(x))) [+ residual], band by band, bit for bit the whole-image result.
+// Output rows [r0, r1) read input rows [a, b): the band's rows, one more on each side where
+// the image has them. The convolution runs on those rows alone, so the output rows next to a
+// cut saw zero padding instead of their neighbours and are dropped; every kept row saw what
+// it sees in the whole image. The cuts are on the convolution's own band boundaries
+// (conv2d_band_rows) and each call says where its rows are (origin_row), so the kept rows are
+// computed by the same GEMM tiles as in the whole image; a shortcut reads enough rows that
+// its tiles (conv2d_tile_pixels, counted from the image's first pixel) are whole too.
+// y may be residual.plane (identity residual, same size): a band overwrites only its own
+// rows, and the rows the next band reads from it beyond its own are dropped.
 void banded_conv(const Net& net, const Bands& bands, const Plane& x, const ops::ChannelAffine* t,
                  const ops::Conv2dWeights& w, int64_t u, Plane& y, Residual residual = {}) {
   ops::Conv2dParams p = ops::Conv2dParams::same(3);
   p.upsample = u;
-  const int64_t band = bands.rows(x, y);
-  for (int64_t r0 = 0; r0 < y.height(); r0 += band) {
-    const int64_t r1 = std::min(y.height(), r0 + band);
-    const int64_t a = r0 == 0 ? 0 : (r0 - 1) / u, b = std::min(x.height(), r1 / u + 1);
+  const int64_t H = y.height(), W = y.width();
+  const int64_t unit = ops::conv2d_band_rows(W);
+  const int64_t band = (std::max(bands.rows(x, y), unit) + unit - 1) / unit * unit;
+  const int64_t tile = ops::conv2d_tile_pixels();
+  for (int64_t r0 = 0; r0 < H; r0 += band) {
+    const int64_t r1 = std::min(H, r0 + band);
+    int64_t a = r0 == 0 ? 0 : (r0 - 1) / u, b = std::min(x.height(), r1 / u + 1);
+    if (residual.shortcut) {  // u = 1: whole tiles of the 1×1 convolution's pixels
+      a = std::min(a, r0 * W / tile * tile / W);
+      b = std::max(b, std::min(H, ((r1 * W + tile - 1) / tile * tile + W - 1) / W));
+    }
+    p.origin_row = a * u;
     const Tensor in = x.rows(a, b);
     Tensor out;
     if (residual.plane && !residual.shortcut) {
@@ -88,9 +100,12 @@ void banded_conv(const Net& net, const Bands& bands, const Plane& x, const ops::
     } else {
       out = ops::conv2d(in, w, p, net.cx, t);
     }
-    if (residual.shortcut)
-      ops::conv2d_into(residual.plane->rows(a, b), nullptr, *residual.shortcut,
-                       ops::Conv2dParams::same(1), out, ops::ConvWrite::Accumulate, net.cx);
+    if (residual.shortcut) {
+      ops::Conv2dParams pointwise = ops::Conv2dParams::same(1);
+      pointwise.origin_row = a;
+      ops::conv2d_into(residual.plane->rows(a, b), nullptr, *residual.shortcut, pointwise, out,
+                       ops::ConvWrite::Accumulate, net.cx);
+    }
     y.write(out, r0 - a * u, r1 - r0, r0);
     net.cx.stop_if_cancelled();
   }
