@@ -120,34 +120,50 @@ void Plane::write_at(const float* src, int64_t count, int64_t offset) {
   }
 }
 
-Tensor Plane::rows(int64_t y0, int64_t y1) const {
+namespace {
+
+// fn(c) for every channel, on the pool's workers when there is one.
+template <class Fn>
+void each_channel(int64_t channels, ThreadPool* pool, Fn fn) {
+  if (!pool) {
+    for (int64_t c = 0; c < channels; ++c) fn(c);
+    return;
+  }
+  pool->parallel_for(channels, [&](int64_t c0, int64_t c1, int) {
+    for (int64_t c = c0; c < c1; ++c) fn(c);
+  });
+}
+
+}  // namespace
+
+Tensor Plane::rows(int64_t y0, int64_t y1, ThreadPool* pool) const {
   check(0 <= y0 && y0 < y1 && y1 <= height_, "plane: rows [", y0, ", ", y1, ") of ", height_);
   const int64_t n = (y1 - y0) * width_;
   Tensor band({channels_, y1 - y0, width_});
-  for (int64_t c = 0; c < channels_; ++c) {
+  each_channel(channels_, pool, [&](int64_t c) {
     const int64_t at = (c * height_ + y0) * width_;
     if (fd_ >= 0)
       read_at(band.data() + c * n, n, at);
     else
       std::memcpy(band.data() + c * n, memory_.data() + at, size_t(n) * sizeof(float));
-  }
+  });
   return band;
 }
 
-void Plane::write(const Tensor& band, int64_t from, int64_t n, int64_t y0) {
+void Plane::write(const Tensor& band, int64_t from, int64_t n, int64_t y0, ThreadPool* pool) {
   check(band.shape().size() == 3 && band.dim(0) == channels_ && band.dim(2) == width_ &&
             0 <= from && from + n <= band.dim(1) && 0 <= y0 && y0 + n <= height_,
         "plane: cannot write rows [", from, ", ", from + n, ") of ", shape_str(band.shape()),
         " at row ", y0, " of [", channels_, ", ", height_, ", ", width_, "]");
   const int64_t band_plane = band.dim(1) * width_, count = n * width_;
-  for (int64_t c = 0; c < channels_; ++c) {
+  each_channel(channels_, pool, [&](int64_t c) {
     const float* src = band.data() + c * band_plane + from * width_;
     const int64_t at = (c * height_ + y0) * width_;
     if (fd_ >= 0)
       write_at(src, count, at);
     else
       std::memcpy(memory_.data() + at, src, size_t(count) * sizeof(float));
-  }
+  });
 }
 
 const float* Plane::span(int64_t offset, int64_t n, float* buffer) const {

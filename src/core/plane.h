@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "core/threadpool.h"
 
 namespace klein {
 
@@ -33,10 +34,11 @@ class Plane {
   bool in_file() const { return fd_ >= 0; }
   size_t bytes() const { return size_t(channels_ * height_ * width_) * sizeof(float); }
 
-  // Rows [y0, y1) of every channel as a new [C, y1 - y0, W] tensor.
-  Tensor rows(int64_t y0, int64_t y1) const;
+  // Rows [y0, y1) of every channel as a new [C, y1 - y0, W] tensor. With a pool, channels
+  // are copied in parallel (copying from the page cache is bound by one core's memcpy).
+  Tensor rows(int64_t y0, int64_t y1, ThreadPool* pool = nullptr) const;
   // Rows [from, from + n) of `band` ([C, any, W]) into rows [y0, y0 + n) of the plane.
-  void write(const Tensor& band, int64_t from, int64_t n, int64_t y0);
+  void write(const Tensor& band, int64_t from, int64_t n, int64_t y0, ThreadPool* pool = nullptr);
   // Values [offset, offset + n) of the flat C·H·W array: a pointer into the plane in memory,
   // or `buffer` (room for n values) filled from the file.
   const float* span(int64_t offset, int64_t n, float* buffer) const;

@@ -3,6 +3,8 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <limits>
 #include <random>
 
@@ -10,6 +12,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/npy.h"
+#include "core/plane.h"
 #include "core/threadpool.h"
 #include "support/testing.h"
 
@@ -154,12 +157,12 @@ TEST(Npy, RejectsBadShapes) {
   const NpyArray empty = read_npy(write("empty.npy", "0, 2, 7777777777777777", 0));
   EXPECT_EQ(empty.shape, (Shape{0, 2, 7777777777777777}));
   EXPECT_TRUE(empty.bytes.empty());
-  for (const auto& [name, shape] : std::vector<std::pair<std::string, std::string>>{
-           {"negative.npy", "-2, 3"},
-           {"huge.npy", "4611686018427387904, 4"},
-           {"product.npy", "4294967296, 4294967296"},
-           {"words.npy", "two, 3"},
-           {"long.npy", "99999999999999999999999"}}) {
+  for (const auto& [name, shape] :
+       std::vector<std::pair<std::string, std::string>>{{"negative.npy", "-2, 3"},
+                                                        {"huge.npy", "4611686018427387904, 4"},
+                                                        {"product.npy", "4294967296, 4294967296"},
+                                                        {"words.npy", "two, 3"},
+                                                        {"long.npy", "99999999999999999999999"}}) {
     try {
       read_npy(write(name, shape, 24));
       ADD_FAILURE() << name << " was accepted";
@@ -171,6 +174,57 @@ TEST(Npy, RejectsBadShapes) {
 
 // A FIFO (or any special file) given as an input is refused at once instead of waiting for a
 // writer forever.
+// A plane in memory and one in a scratch file hold the same values after the same writes:
+// bands of rows in, bands and flat spans out, unwritten rows zero; the file leaves no name.
+TEST(Plane, FileAndMemoryHoldTheSameValues) {
+  const std::filesystem::path dir = testing::temp_dir("plane");
+  ThreadPool pool(2);
+  Plane memory(3, 10, 7), file(3, 10, 7, dir.string());
+  EXPECT_FALSE(memory.in_file());
+  EXPECT_TRUE(file.in_file());
+  EXPECT_TRUE(std::filesystem::is_empty(dir));  // created unlinked
+  Tensor band({3, 5, 7});
+  for (int64_t i = 0; i < band.numel(); ++i) band.data()[i] = float(i) + 0.5f;
+  for (Plane* p : {&memory, &file}) {
+    p->write(band, 1, 3, 2, &pool);  // band rows 1..3 -> plane rows 2..4
+    p->write(band, 0, 2, 8);         // band rows 0..1 -> plane rows 8..9
+  }
+  for (const Plane* p : {&memory, &file}) {
+    const Tensor all = p->to_tensor();
+    for (int64_t c = 0; c < 3; ++c)
+      for (int64_t y = 0; y < 10; ++y)
+        for (int64_t x = 0; x < 7; ++x) {
+          const float got = all.data()[(c * 10 + y) * 7 + x];
+          float want = 0.0f;
+          if (y >= 2 && y <= 4) want = band.data()[(c * 5 + y - 1) * 7 + x];
+          if (y >= 8) want = band.data()[(c * 5 + y - 8) * 7 + x];
+          ASSERT_EQ(got, want) << (p->in_file() ? "file" : "memory") << " c" << c << " y" << y;
+        }
+    const Tensor rows = p->rows(3, 9, &pool);
+    ASSERT_EQ(rows.shape(), (Shape{3, 6, 7}));
+    EXPECT_EQ(0,
+              std::memcmp(rows.data() + 6 * 7, all.data() + (10 + 3) * 7, 6 * 7 * sizeof(float)));
+    std::vector<float> buffer(25);
+    const float* span = p->span(60, 25, buffer.data());
+    EXPECT_EQ(0, std::memcmp(span, all.data() + 60, 25 * sizeof(float)));
+  }
+  Plane moved = std::move(file);
+  EXPECT_TRUE(moved.in_file());
+  EXPECT_EQ(moved.rows(2, 3).data()[0], band.data()[7]);
+  EXPECT_THROW(moved.rows(4, 11), Error);
+  EXPECT_THROW(moved.write(band, 0, 5, 7), Error);  // past the last row
+}
+
+TEST(Plane, NamesAMissingScratchDirectory) {
+  try {
+    Plane p(2, 2, 2, "/nonexistent/klein-scratch");
+    FAIL() << "a plane was made in a missing directory";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/klein-scratch"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Files, SpecialFilesAreRefusedWithoutWaiting) {
   const auto dir = testing::temp_dir("fifo");
   const auto fifo = dir / "pipe.npy";

@@ -92,10 +92,10 @@ void banded_conv(const Net& net, const Bands& bands, const Plane& x, const ops::
       b = std::max(b, std::min(H, ((r1 * W + tile - 1) / tile * tile + W - 1) / W));
     }
     p.origin_row = a * u;
-    const Tensor in = x.rows(a, b);
+    const Tensor in = x.rows(a, b, &net.cx.pool());
     Tensor out;
     if (residual.plane && !residual.shortcut) {
-      out = residual.plane->rows(a * u, b * u);
+      out = residual.plane->rows(a * u, b * u, &net.cx.pool());
       ops::conv2d_into(in, t, w, p, out, ops::ConvWrite::Accumulate, net.cx);
     } else {
       out = ops::conv2d(in, w, p, net.cx, t);
@@ -103,10 +103,10 @@ void banded_conv(const Net& net, const Bands& bands, const Plane& x, const ops::
     if (residual.shortcut) {
       ops::Conv2dParams pointwise = ops::Conv2dParams::same(1);
       pointwise.origin_row = a;
-      ops::conv2d_into(residual.plane->rows(a, b), nullptr, *residual.shortcut, pointwise, out,
-                       ops::ConvWrite::Accumulate, net.cx);
+      ops::conv2d_into(residual.plane->rows(a, b, &net.cx.pool()), nullptr, *residual.shortcut,
+                       pointwise, out, ops::ConvWrite::Accumulate, net.cx);
     }
-    y.write(out, r0 - a * u, r1 - r0, r0);
+    y.write(out, r0 - a * u, r1 - r0, r0, &net.cx.pool());
     net.cx.stop_if_cancelled();
   }
 }
