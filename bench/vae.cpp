@@ -4,7 +4,8 @@
 //   bench_vae [--benchmark_filter=<regex>]   Google Benchmark: decode, encode, single convs
 //   bench_vae --peak decode 1024             one 1024x1024 decode: time per stage, peak RSS
 //   bench_vae --peak decode 2048 banded      ... as the default plans it ("default"), or forced
-//                                            whole-image ("whole") or banded ("banded"); a
+//                                            whole-image ("whole") or banded ("banded",
+//                                            "banded-memory": no scratch files); a
 //                                            banded run prints no per-stage times (reporting an
 //                                            intermediate builds the whole tensor)
 //   bench_vae --peak encode 1024             the same for an encode
@@ -175,9 +176,10 @@ int peak_run(std::string what, int64_t side, const std::string& plan) {
   cx().arithmetic.bf16_convolutions = bf16;
   vae::DecodeMemory memory;
   if (plan == "whole") memory.whole_limit = SIZE_MAX;
-  if (plan == "banded") memory.whole_limit = 0;
-  if (plan != "default" && plan != "whole" && plan != "banded") {
-    std::fprintf(stderr, "--peak: plan must be default, whole or banded, got %s\n", plan.c_str());
+  if (plan == "banded" || plan == "banded-memory") memory.whole_limit = 0;
+  if (plan == "banded-memory") memory.plane_limit = SIZE_MAX;  // no scratch files
+  if (plan != "default" && plan != "whole" && plan != "banded" && plan != "banded-memory") {
+    std::fprintf(stderr, "--peak: plan must be default, whole, banded or banded-memory, got %s\n", plan.c_str());
     return 2;
   }
   const bool banded =

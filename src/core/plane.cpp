@@ -138,26 +138,38 @@ void each_channel(int64_t channels, ThreadPool* pool, Fn fn) {
 
 Tensor Plane::rows(int64_t y0, int64_t y1, ThreadPool* pool) const {
   check(0 <= y0 && y0 < y1 && y1 <= height_, "plane: rows [", y0, ", ", y1, ") of ", height_);
-  const int64_t n = (y1 - y0) * width_;
   Tensor band({channels_, y1 - y0, width_});
-  each_channel(channels_, pool, [&](int64_t c) {
-    const int64_t at = (c * height_ + y0) * width_;
-    if (fd_ >= 0)
-      read_at(band.data() + c * n, n, at);
-    else
-      std::memcpy(band.data() + c * n, memory_.data() + at, size_t(n) * sizeof(float));
-  });
+  read(y0, y1, band.data(), pool);
   return band;
 }
 
-void Plane::write(const Tensor& band, int64_t from, int64_t n, int64_t y0, ThreadPool* pool) {
-  check(band.shape().size() == 3 && band.dim(0) == channels_ && band.dim(2) == width_ &&
-            0 <= from && from + n <= band.dim(1) && 0 <= y0 && y0 + n <= height_,
-        "plane: cannot write rows [", from, ", ", from + n, ") of ", shape_str(band.shape()),
-        " at row ", y0, " of [", channels_, ", ", height_, ", ", width_, "]");
-  const int64_t band_plane = band.dim(1) * width_, count = n * width_;
+void Plane::read(int64_t y0, int64_t y1, float* dst, ThreadPool* pool) const {
+  check(0 <= y0 && y0 < y1 && y1 <= height_, "plane: rows [", y0, ", ", y1, ") of ", height_);
+  const int64_t n = (y1 - y0) * width_;
   each_channel(channels_, pool, [&](int64_t c) {
-    const float* src = band.data() + c * band_plane + from * width_;
+    const int64_t at = (c * height_ + y0) * width_;
+    if (fd_ >= 0)
+      read_at(dst + c * n, n, at);
+    else
+      std::memcpy(dst + c * n, memory_.data() + at, size_t(n) * sizeof(float));
+  });
+}
+
+void Plane::write(const Tensor& band, int64_t from, int64_t n, int64_t y0, ThreadPool* pool) {
+  check(band.shape().size() == 3 && band.dim(0) == channels_ && band.dim(2) == width_,
+        "plane: cannot write a ", shape_str(band.shape()), " band into [", channels_, ", ", height_,
+        ", ", width_, "]");
+  write(band.data(), band.dim(1), from, n, y0, pool);
+}
+
+void Plane::write(const float* band, int64_t band_rows, int64_t from, int64_t n, int64_t y0,
+                  ThreadPool* pool) {
+  check(0 <= from && from + n <= band_rows && 0 <= y0 && y0 + n <= height_,
+        "plane: cannot write rows [", from, ", ", from + n, ") of a ", band_rows,
+        "-row band at row ", y0, " of [", channels_, ", ", height_, ", ", width_, "]");
+  const int64_t band_plane = band_rows * width_, count = n * width_;
+  each_channel(channels_, pool, [&](int64_t c) {
+    const float* src = band + c * band_plane + from * width_;
     const int64_t at = (c * height_ + y0) * width_;
     if (fd_ >= 0)
       write_at(src, count, at);

@@ -37,8 +37,13 @@ class Plane {
   // Rows [y0, y1) of every channel as a new [C, y1 - y0, W] tensor. With a pool, channels
   // are copied in parallel (copying from the page cache is bound by one core's memcpy).
   Tensor rows(int64_t y0, int64_t y1, ThreadPool* pool = nullptr) const;
+  // The same into dst, [C, y1 - y0, W] (a buffer reused from band to band).
+  void read(int64_t y0, int64_t y1, float* dst, ThreadPool* pool = nullptr) const;
   // Rows [from, from + n) of `band` ([C, any, W]) into rows [y0, y0 + n) of the plane.
   void write(const Tensor& band, int64_t from, int64_t n, int64_t y0, ThreadPool* pool = nullptr);
+  // The same from a buffer [C, band_rows, W].
+  void write(const float* band, int64_t band_rows, int64_t from, int64_t n, int64_t y0,
+             ThreadPool* pool = nullptr);
   // Values [offset, offset + n) of the flat C·H·W array: a pointer into the plane in memory,
   // or `buffer` (room for n values) filled from the file.
   const float* span(int64_t offset, int64_t n, float* buffer) const;

@@ -15,11 +15,14 @@
 // nearest-neighbour map), no normalised tensor is built (each conv normalises the rows it
 // reads), and each ResNet holds its input and one intermediate. The peak is therefore in
 // up_blocks.3.resnets.0: its 256-channel input plus a 128-channel intermediate, 1.5 GiB at
-// 1024x1024 (measured peak RSS of a whole decode with the weights: 1.9 GiB, bench_vae).
+// 1024x1024 (measured peak RSS of a whole decode with the weights: 1.8 GiB, bench_vae).
+// Past DecodeMemory::whole_limit the up blocks run banded instead (below, and blocks.h):
+// 1024x1024 in 0.6 GiB, 2048x2048 in 1.0 GiB, the same image bit for bit.
 #include "models/vae/decoder.h"
 
 #include <algorithm>
 #include <functional>
+#include <vector>
 
 #include "core/error.h"
 #include "models/vae/vae.h"
@@ -78,12 +81,15 @@ struct Residual {
 // rows, and the rows the next band reads from it beyond its own are dropped.
 void banded_conv(const Net& net, const Bands& bands, const Plane& x, const ops::ChannelAffine* t,
                  const ops::Conv2dWeights& w, int64_t u, Plane& y, Residual residual = {}) {
-  ops::Conv2dParams p = ops::Conv2dParams::same(3);
-  p.upsample = u;
   const int64_t H = y.height(), W = y.width();
   const int64_t unit = ops::conv2d_band_rows(W);
   const int64_t band = (std::max(bands.rows(x, y), unit) + unit - 1) / unit * unit;
   const int64_t tile = ops::conv2d_tile_pixels();
+  struct Range {
+    int64_t r0, r1, a, b;  // kept output rows [r0, r1), input rows [a, b)
+  };
+  std::vector<Range> ranges;
+  int64_t widest = 0;
   for (int64_t r0 = 0; r0 < H; r0 += band) {
     const int64_t r1 = std::min(H, r0 + band);
     int64_t a = r0 == 0 ? 0 : (r0 - 1) / u, b = std::min(x.height(), r1 / u + 1);
@@ -91,22 +97,35 @@ void banded_conv(const Net& net, const Bands& bands, const Plane& x, const ops::
       a = std::min(a, r0 * W / tile * tile / W);
       b = std::max(b, std::min(H, ((r1 * W + tile - 1) / tile * tile + W - 1) / W));
     }
+    ranges.push_back({r0, r1, a, b});
+    widest = std::max(widest, b - a);
+  }
+  // Buffers for the widest band, reused by every band (fresh ones would be page-faulted in
+  // for each band).
+  ThreadPool* pool = &net.cx.pool();
+  Tensor in({x.channels() * widest * x.width()});
+  Tensor out({y.channels() * widest * u * W});
+  Tensor shortcut_in;
+  if (residual.shortcut) shortcut_in = Tensor({residual.plane->channels() * widest * W});
+  for (const auto& [r0, r1, a, b] : ranges) {
+    ops::Conv2dParams p = ops::Conv2dParams::same(3);
+    p.upsample = u;
     p.origin_row = a * u;
-    const Tensor in = x.rows(a, b, &net.cx.pool());
-    Tensor out;
+    x.read(a, b, in.data(), pool);
+    ops::ConvWrite mode = ops::ConvWrite::Overwrite;
     if (residual.plane && !residual.shortcut) {
-      out = residual.plane->rows(a * u, b * u, &net.cx.pool());
-      ops::conv2d_into(in, t, w, p, out, ops::ConvWrite::Accumulate, net.cx);
-    } else {
-      out = ops::conv2d(in, w, p, net.cx, t);
+      residual.plane->read(a * u, b * u, out.data(), pool);
+      mode = ops::ConvWrite::Accumulate;
     }
+    ops::conv2d({in.data(), x.channels(), b - a, x.width(), t}, w, p, out.data(), mode, net.cx);
     if (residual.shortcut) {
       ops::Conv2dParams pointwise = ops::Conv2dParams::same(1);
       pointwise.origin_row = a;
-      ops::conv2d_into(residual.plane->rows(a, b, &net.cx.pool()), nullptr, *residual.shortcut,
-                       pointwise, out, ops::ConvWrite::Accumulate, net.cx);
+      residual.plane->read(a, b, shortcut_in.data(), pool);
+      ops::conv2d({shortcut_in.data(), residual.plane->channels(), b - a, W, nullptr},
+                  *residual.shortcut, pointwise, out.data(), ops::ConvWrite::Accumulate, net.cx);
     }
-    y.write(out, r0 - a * u, r1 - r0, r0, &net.cx.pool());
+    y.write(out.data(), (b - a) * u, r0 - a * u, r1 - r0, r0, pool);
     net.cx.stop_if_cancelled();
   }
 }
