@@ -1,6 +1,7 @@
 #include "core/plane.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -35,12 +36,22 @@ std::string default_scratch_dir() {
   return tmp && *tmp ? tmp : "/var/tmp";
 }
 
+void check_scratch_space(const std::string& dir, uint64_t bytes) {
+  ::close(open_scratch(dir));
+  struct statvfs fs {};
+  check(::statvfs(dir.c_str(), &fs) == 0, "cannot query the free space of the scratch directory ",
+        dir, ": ", std::strerror(errno));
+  const uint64_t free = uint64_t(fs.f_bavail) * uint64_t(fs.f_frsize);
+  check(free >= bytes, "the scratch directory ", dir, " has ", free >> 20, " MiB free, ",
+        bytes >> 20, " MiB are needed (set TMPDIR to a directory with more free space)");
+}
+
 Plane::Plane(int64_t channels, int64_t height, int64_t width, const std::string& scratch_dir)
     : channels_(channels), height_(height), width_(width), dir_(scratch_dir) {
   check(channels > 0 && height > 0 && width > 0, "plane: invalid size ", channels, "x", height, "x",
         width);
   if (scratch_dir.empty()) {
-    memory_ = Tensor::zeros({channels, height, width});
+    memory_ = Tensor({channels, height, width});  // every row is written before it is read
     return;
   }
   fd_ = open_scratch(scratch_dir);
@@ -89,35 +100,41 @@ Plane::~Plane() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void Plane::read_at(float* dst, int64_t count, int64_t offset) const {
-  char* p = reinterpret_cast<char*>(dst);
-  size_t left = size_t(count) * sizeof(float);
-  off_t at = off_t(offset) * off_t(sizeof(float));
-  while (left > 0) {
-    const ssize_t got = ::pread(fd_, p, left, at);
-    if (got < 0 && errno == EINTR) continue;
-    check(got > 0, "cannot read the scratch file in ", dir_, ": ",
-          got < 0 ? std::strerror(errno) : "unexpected end of file");
-    p += got;
-    left -= size_t(got);
-    at += got;
+namespace {
+
+// pread or pwrite of `bytes` bytes at byte `at`, resumed after a short transfer or EINTR;
+// returns an error message, or nullptr when all were moved.
+template <class Byte, class Transfer>
+const char* transfer_all(Transfer transfer, Byte* p, size_t bytes, off_t at) {
+  while (bytes > 0) {
+    const ssize_t moved = transfer(p, bytes, at);
+    if (moved < 0 && errno == EINTR) continue;
+    if (moved < 0) return std::strerror(errno);
+    if (moved == 0) return "no progress (end of file or no space)";
+    p += moved;
+    bytes -= size_t(moved);
+    at += moved;
   }
+  return nullptr;
+}
+
+}  // namespace
+
+void Plane::read_at(float* dst, int64_t count, int64_t offset) const {
+  const char* error =
+      transfer_all([fd = fd_](char* p, size_t n, off_t at) { return ::pread(fd, p, n, at); },
+                   reinterpret_cast<char*>(dst), size_t(count) * sizeof(float),
+                   off_t(offset) * off_t(sizeof(float)));
+  check(!error, "cannot read the scratch file in ", dir_, ": ", error);
 }
 
 void Plane::write_at(const float* src, int64_t count, int64_t offset) {
-  const char* p = reinterpret_cast<const char*>(src);
-  size_t left = size_t(count) * sizeof(float);
-  off_t at = off_t(offset) * off_t(sizeof(float));
-  while (left > 0) {
-    const ssize_t put = ::pwrite(fd_, p, left, at);
-    if (put < 0 && errno == EINTR) continue;
-    check(put > 0, "cannot write the scratch file in ", dir_, ": ",
-          put < 0 ? std::strerror(errno) : "no progress",
-          " (set TMPDIR to a directory with more free space)");
-    p += put;
-    left -= size_t(put);
-    at += put;
-  }
+  const char* error =
+      transfer_all([fd = fd_](const char* p, size_t n, off_t at) { return ::pwrite(fd, p, n, at); },
+                   reinterpret_cast<const char*>(src), size_t(count) * sizeof(float),
+                   off_t(offset) * off_t(sizeof(float)));
+  check(!error, "cannot write the scratch file in ", dir_, ": ", error,
+        " (set TMPDIR to a directory with more free space)");
 }
 
 namespace {

@@ -18,7 +18,8 @@ namespace klein {
 class Plane {
  public:
   Plane() = default;
-  // Zero-filled, in memory when `scratch_dir` is empty, otherwise in a new file there.
+  // In memory when `scratch_dir` is empty, otherwise in a new file there. Its values are
+  // undefined until written: write each row before reading it.
   Plane(int64_t channels, int64_t height, int64_t width, const std::string& scratch_dir = "");
   // Takes a [C, H, W] tensor as an in-memory plane.
   static Plane from_tensor(Tensor t);
@@ -63,5 +64,9 @@ class Plane {
 // Where scratch files go when no directory is given: $TMPDIR if set, else /var/tmp (on disk
 // on Debian, where /tmp may be a RAM-backed tmpfs).
 std::string default_scratch_dir();
+
+// Checks, before long work that will need them, that scratch files can be made in `dir` and
+// that it has `bytes` free; throws klein::Error naming the directory otherwise.
+void check_scratch_space(const std::string& dir, uint64_t bytes);
 
 }  // namespace klein
