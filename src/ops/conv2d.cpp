@@ -355,7 +355,7 @@ void bf16_tiles_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWei
 
   // In place (origin 0, bands of g.band rows), the next band's input is gathered before this
   // band's results overwrite it, so a band must not reach back past the rows of the band
-  // before it: g.band >= pad_top (conv2d checks).
+  // before it: g.band >= pad_top (conv2d widens in-place bands to that).
   const int64_t band = g.widest_band();
   const size_t band_words = size_t(pairs * g.band_rows(band) * g.band_width());
   WordBuffer bands[2] = {alloc_aligned<uint32_t>(band_words),
@@ -504,16 +504,21 @@ int64_t conv2d_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t p
 
 void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, float* out,
             ConvWrite mode, Compute& cx) {
-  const ConvGeometry g = geometry_of(in, w, p);
+  ConvGeometry g = geometry_of(in, w, p);
   ensure_blas_single_threaded();
   const bool in_place = out == in.data;
-  if (in_place)
+  if (in_place) {
     check(g.stride == 1 && g.upsample == 1 && g.out_height == g.in_height &&
-              g.out_width == g.in_width && g.out_channels <= g.in_channels && g.origin_row == 0 &&
-              g.band >= g.pad_top,
+              g.out_width == g.in_width && g.out_channels <= g.in_channels,
           "conv2d: in place needs an output of the input's size with no more channels (",
           g.out_channels, "x", g.out_height, "x", g.out_width, " from ", g.in_channels, "x",
           g.in_height, "x", g.in_width, ")");
+    check(g.origin_row == 0, "conv2d: in place works on a whole image (origin row 0), not on ",
+          "rows from ", g.origin_row);
+    // A band overwrites input rows the next band reads above its own; the band kept aside
+    // holds them only if the band is at least the top padding tall.
+    g.band = std::max(g.band, g.pad_top);
+  }
   if (use_bf16_tiles(p, cx)) return bf16_tiles_conv(in, g, w, out, mode, in_place, cx);
   if (is_pointwise(in, g, p) && !in_place && p.algorithm != ConvAlgorithm::Bf16Direct)
     return pointwise_conv(in, g, w, out, mode, cx);
