@@ -55,11 +55,16 @@ class TerminalProgress final : public Progress {
                  format_bytes(plan.available).c_str(), format_bytes(plan.need.resident()).c_str(),
                  format_bytes(plan.need.paged()).c_str(), format_bytes(plan.need.one_unit()).c_str(),
                  format_bytes(plan.need.fixed).c_str());
-    for (const auto& p : plan.need.phases)
-      std::fprintf(stderr, "  %-14s weights %s paged / %s resident / %s one unit, activations %s\n",
+    for (const auto& p : plan.need.phases) {
+      std::fprintf(stderr, "  %-14s weights %s paged / %s resident / %s one unit, activations %s",
                    p.phase.c_str(), format_bytes(p.weights_paged).c_str(),
                    format_bytes(p.weights_resident).c_str(),
                    format_bytes(p.weights_one_unit).c_str(), format_bytes(p.activations).c_str());
+      if (p.scratch > 0)
+        std::fprintf(stderr, "; scratch files %s on disk in %s", format_bytes(p.scratch).c_str(),
+                     p.scratch_dir.c_str());
+      std::fprintf(stderr, "\n");
+    }
   }
   void begin(const std::string& phase, int total) override {
     start_ = last_line_ = std::chrono::steady_clock::now();

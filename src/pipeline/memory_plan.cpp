@@ -149,8 +149,10 @@ MemoryEstimate estimate_memory(const WeightStore& store, const MemoryPlanInputs&
   e.phases.push_back(denoise);
   PhaseNeed d{"vae decode"};
   d.weights_paged = d.weights_resident = d.weights_one_unit = store.unit_bytes("vae.decoder");
-  d.activations = vae::decode_activation_bytes(vae, in.height, in.width) +
+  d.activations = vae::decode_activation_bytes(vae, in.height, in.width, in.decode_memory) +
                   f32_bytes(int64_t(3) * in.height * in.width);  // the image
+  d.scratch = vae::decode_scratch_bytes(vae, in.height, in.width, in.decode_memory);
+  if (d.scratch > 0) d.scratch_dir = in.decode_memory.dir();
   e.phases.push_back(d);
   return e;
 }
@@ -179,6 +181,10 @@ nlohmann::ordered_json MemoryPlan::to_json() const {
     q["weights_resident_bytes"] = p.weights_resident;
     q["weights_one_unit_bytes"] = p.weights_one_unit;
     q["activation_bytes"] = p.activations;
+    if (p.scratch > 0) {
+      q["scratch_bytes"] = p.scratch;
+      q["scratch_dir"] = p.scratch_dir;
+    }
     j["phases"].push_back(q);
   }
   j["reason"] = reason;

@@ -258,12 +258,15 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
     need.steps = r.steps;
     need.guided = g.guided;
     need.adapter_bytes = g.adapters ? g.adapters->bytes() : 0;
+    need.decode_memory = o.decode_memory;
     r.memory = plan_memory(estimate_memory(weights_, need), o.max_memory,
                            available_memory_bytes(), o.residency);
     weights_.set_residency(r.memory->residency);
     weights_.set_read_ahead(r.memory->read_ahead);
     progress.memory_plan(*r.memory);
   }
+  // A banded decode's scratch files: a bad TMPDIR is found now, not after the denoising.
+  if (!o.plan_only) vae::check_decode_scratch(config.vae, height, width, o.decode_memory);
   return g;
 }
 
@@ -500,7 +503,7 @@ void Session::decode(Generation& g, Progress& progress) {
     const Compute::Reporting blocks(cx_, [&](int64_t done, int64_t total) {
       phase.step(int(done), int(total));
     });
-    vae::Vae vae(weights_, cx_);
+    vae::Vae vae(weights_, cx_, g.options.decode_memory);
     Tensor z = vae.tokens_to_latent(g.latents, g.grid.rows, g.grid.cols);
     dump.f32("vae_input", z, {1, z.dim(0), z.dim(1), z.dim(2)});
     decoded = vae.decode_latent(z);

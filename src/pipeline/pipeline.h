@@ -25,6 +25,7 @@
 #include "core/tensor.h"
 #include "formats/image/image.h"
 #include "models/flux2/positions.h"
+#include "models/vae/blocks.h"
 #include "ops/compute.h"
 #include "pipeline/memory_plan.h"
 #include "pipeline/progress.h"
@@ -81,6 +82,9 @@ struct GenerateOptions {
   std::optional<Residency> residency;  // force a residency (still checked against max_memory)
   bool plan_only = false;              // stop after the memory plan (result without an image)
   Precision precision = Precision::Auto;
+  // How the VAE decode holds its activations: whole below a limit, else in bands with large
+  // tensors in scratch files (under $TMPDIR or /var/tmp by default). Checked before any work.
+  vae::DecodeMemory decode_memory;
   // LoRA adapters of the transformer, applied beside its weights (weights/lora.h), in order.
   std::vector<LoraFile> loras;
 };

@@ -2,6 +2,7 @@
 // keeps resident during a generation, and that paged and resident runs give the same image.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -394,6 +395,65 @@ TEST(Paging, SafetensorsStorePagesToo) {
   EXPECT_GT(store->unit_bytes("transformer.double.0"), 0u);
 }
 
+// The VAE decode banded through the pipeline (every tensor past the latent resolution in a
+// scratch file) gives the image of the whole-image decode, and the estimate follows the plan.
+TEST(BandedDecode, ThroughThePipelineGivesTheSameImage) {
+  const Tokenizer& tokenizer = tiny_tokenizer();
+  Compute cx(2);
+  Progress quiet;
+  ContainerStore store(tiny_container());
+  Session pipeline(store, tokenizer, cx);
+  GenerateOptions whole = tiny_options(Residency::Paged);
+  const GenerateResult a = pipeline.generate(whole, quiet);
+  GenerateOptions banded = whole;
+  banded.decode_memory.whole_limit = 0;
+  banded.decode_memory.plane_limit = 0;
+  banded.decode_memory.band_rows = 1;
+  banded.decode_memory.scratch_dir = testing::temp_dir("banded-pipeline").string();
+  const GenerateResult b = pipeline.generate(banded, quiet);
+  EXPECT_EQ(a.image.rgb, b.image.rgb);
+  ASSERT_TRUE(a.memory && b.memory);
+  EXPECT_NE(a.memory->need.phases.back().activations, b.memory->need.phases.back().activations);
+  // The decode stage makes its planes under the given directory: gone after the check, the
+  // decode names it.
+  Generation g = pipeline.start(banded, quiet);
+  pipeline.encode_prompt(g, quiet);
+  pipeline.prepare_latents(g, quiet);
+  pipeline.denoise(g, quiet);
+  std::filesystem::remove_all(banded.decode_memory.scratch_dir);
+  const std::string error = error_of([&] { pipeline.decode(g, quiet); });
+  EXPECT_NE(error.find(banded.decode_memory.scratch_dir), std::string::npos) << error;
+}
+
+// Records the phases that started.
+class PhaseList final : public Progress {
+ public:
+  void begin(const std::string& phase, int) override { phases.push_back(phase); }
+  std::vector<std::string> phases;
+};
+
+// A scratch directory that cannot be used is found before any network runs, not at the
+// decode after the denoising.
+TEST(BandedDecode, UnusableScratchDirectoryFailsBeforeAnyWork) {
+  const Tokenizer& tokenizer = tiny_tokenizer();
+  Compute cx(2);
+  ContainerStore store(tiny_container());
+  Session pipeline(store, tokenizer, cx);
+  GenerateOptions o = tiny_options(Residency::Paged);
+  o.decode_memory.whole_limit = 0;
+  o.decode_memory.plane_limit = 0;
+  o.decode_memory.scratch_dir = "/nonexistent/klein-scratch";
+  PhaseList progress;
+  const std::string error = error_of([&] { pipeline.generate(o, progress); });
+  EXPECT_NE(error.find("/nonexistent/klein-scratch"), std::string::npos) << error;
+  EXPECT_NE(error.find("TMPDIR"), std::string::npos) << error;
+  EXPECT_TRUE(progress.phases.empty()) << progress.phases.front();
+  // In memory (no plane past plane_limit) no directory is needed.
+  o.decode_memory.plane_limit = size_t(1) << 40;
+  PhaseList fine;
+  EXPECT_FALSE(pipeline.generate(o, fine).image.rgb.empty());
+}
+
 // --- the CLI -------------------------------------------------------------------------------
 
 TEST(MemoryCli, TooSmallABudgetFailsEarlyWithTheNeededSize) {
@@ -475,8 +535,23 @@ TEST(MemoryCli, DryRunPrintsTheEstimateAndRunsNothing) {
       << log;
   EXPECT_NE(log.find("\"event\":\"memory\""), std::string::npos) << log;
   EXPECT_EQ(log.find("\"event\":\"begin\""), std::string::npos) << log;
+  EXPECT_EQ(log.find("scratch"), std::string::npos) << log;  // 512x512: decoded whole
   EXPECT_NE(testing::run_klein("generate -m " + tiny_container().string() + " -p x", &log), 0);
   EXPECT_NE(log.find("-o/--output is required"), std::string::npos) << log;
+  // At 8192x8192 the decode runs banded: the plan says how much scratch it writes, and where.
+  const fs::path scratch = testing::temp_dir("cli-dry-scratch");
+  const char* tmpdir = std::getenv("TMPDIR");
+  const std::string saved = tmpdir ? tmpdir : "";
+  ::setenv("TMPDIR", scratch.c_str(), 1);
+  const int status = testing::run_klein(
+      "generate -m " + tiny_container().string() + " -p x -W 8192 -H 8192 --dry-run -v", &log);
+  if (tmpdir)
+    ::setenv("TMPDIR", saved.c_str(), 1);
+  else
+    ::unsetenv("TMPDIR");
+  ASSERT_EQ(status, 0) << log;
+  EXPECT_NE(log.find("scratch files"), std::string::npos) << log;
+  EXPECT_NE(log.find("on disk in " + scratch.string()), std::string::npos) << log;
 }
 
 TEST(MemoryCli, EncodeTextTakesTheBudgetToo) {

@@ -210,7 +210,7 @@ std::vector<vae::DecodeMemory> banded_variants(const std::string& dir) {
   v[2].plane_limit = 4096;  // the small levels in memory, the large ones in files
   v[2].scratch_dir = dir;
   v[2].band_rows = 17;
-  return v;  // v[3]: band rows from kBandBytes
+  return v;  // v[3]: band rows from DecodeMemory::band_bytes
 }
 
 void expect_identical(const Tensor& a, const Tensor& b, const std::string& what) {
@@ -340,6 +340,13 @@ TEST(VaeRealShapes, BandedDecodeMemoryIsBounded) {
   vae::DecodeMemory whole;
   whole.whole_limit = SIZE_MAX;
   EXPECT_GT(vae::decode_activation_bytes(c, 1024, 1024, whole), size_t(1400) << 20);
+  // Scratch files: at 2048x2048 the most at once is in up_blocks.3.resnets.0, its 256-channel
+  // input, 128-channel intermediate and 128-channel output at 4 Mi pixels: 2 KiB a pixel, 8 GiB.
+  EXPECT_EQ(vae::decode_scratch_bytes(c, 2048, 2048), uint64_t(8) << 30);
+  EXPECT_EQ(vae::decode_scratch_bytes(c, 512, 512), 0u);  // whole, in memory
+  vae::DecodeMemory in_memory;
+  in_memory.plane_limit = SIZE_MAX;
+  EXPECT_EQ(vae::decode_scratch_bytes(c, 2048, 2048, in_memory), 0u);
 }
 
 // The bf16 decoder against the float32 one at klein's real channel counts.

@@ -23,17 +23,20 @@ void check_shape(const Weight& w, const Shape& expected) {
 // Square tiles keep both sides of a transpose in cache.
 constexpr int64_t kTransposeTile = 32;
 
-// tokens [P, C] ← x [C, P]
-void channels_to_tokens(const float* x, int64_t channels, int64_t pixels, float* tokens,
-                        Compute& cx) {
+// tokens [P, C] ← norm(x [C, P]): each channel's values through the affine map, transposed.
+void normalized_tokens(const float* x, int64_t channels, int64_t pixels,
+                       const ops::ChannelAffine& norm, float* tokens, Compute& cx) {
   const int64_t tiles = (pixels + kTransposeTile - 1) / kTransposeTile;
   cx.pool().parallel_for(tiles, [&](int64_t t0, int64_t t1, int) {
+    float row[kTransposeTile];
     for (int64_t p0 = t0 * kTransposeTile; p0 < std::min(pixels, t1 * kTransposeTile);
-         p0 += kTransposeTile)
-      for (int64_t c0 = 0; c0 < channels; c0 += kTransposeTile)
-        for (int64_t p = p0; p < std::min(pixels, p0 + kTransposeTile); ++p)
-          for (int64_t c = c0; c < std::min(channels, c0 + kTransposeTile); ++c)
-            tokens[p * channels + c] = x[c * pixels + p];
+         p0 += kTransposeTile) {
+      const int64_t n = std::min(kTransposeTile, pixels - p0);
+      for (int64_t c = 0; c < channels; ++c) {
+        norm.apply(c, x + c * pixels + p0, row, n);
+        for (int64_t i = 0; i < n; ++i) tokens[(p0 + i) * channels + c] = row[i];
+      }
+    }
   });
 }
 
@@ -78,10 +81,8 @@ void attention_block(const Net& net, const std::string& p, Tensor& x) {
   Tensor q, k, v;
   {
     const ops::ChannelAffine norm = group_norm(net, p + "group_norm", x, /*silu=*/false);
-    Tensor normalized({C, P});
-    ops::apply_channel_affine(x.data(), normalized.data(), C, P, norm, net.cx);
     Tensor tokens({P, C});
-    channels_to_tokens(normalized.data(), C, P, tokens.data(), net.cx);
+    normalized_tokens(x.data(), C, P, norm, tokens.data(), net.cx);
     q = project(net, p + "to_q", tokens);
     k = project(net, p + "to_k", tokens);
     v = project(net, p + "to_v", tokens);

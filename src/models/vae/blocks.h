@@ -44,7 +44,9 @@ struct DecodeMemory {
   size_t whole_limit = size_t(512) << 20;
   size_t plane_limit = size_t(128) << 20;
   std::string scratch_dir;  // empty: default_scratch_dir()
-  int64_t band_rows = 0;    // output rows per band; 0: about kBandBytes of input and output
+  int64_t band_rows = 0;    // output rows per band; 0: about band_bytes of input and output
+  size_t band_bytes = size_t(48) << 20;
+  std::string dir() const { return scratch_dir.empty() ? default_scratch_dir() : scratch_dir; }
 };
 
 // Convolution `name` ("decoder.conv_in") as float32, checked to be [out, in, kernel, kernel]

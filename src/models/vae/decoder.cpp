@@ -41,14 +41,11 @@ Tensor upsample(const Net& net, const std::string& name, const Tensor& x) {
 
 // ---- The banded decoder (DecodeMemory): the same layers, one band of output rows at a time.
 
-// Input and output values a band aims to hold when DecodeMemory::band_rows is 0.
-constexpr size_t kBandBytes = size_t(48) << 20;
-
 struct Bands {
   const DecodeMemory& memory;
   std::string dir;
 
-  // A zero [C, H, W] plane, in a scratch file when larger than plane_limit.
+  // A [C, H, W] plane, in a scratch file when larger than plane_limit.
   Plane make(int64_t c, int64_t h, int64_t w) const {
     const size_t bytes = size_t(c * h * w) * sizeof(float);
     return Plane(c, h, w, bytes > memory.plane_limit ? dir : "");
@@ -58,7 +55,7 @@ struct Bands {
     if (memory.band_rows > 0) return memory.band_rows;
     const size_t per_row =
         size_t(x.channels() * x.width() + y.channels() * y.width()) * sizeof(float);
-    return std::max<int64_t>(8, int64_t(kBandBytes / per_row));
+    return std::max<int64_t>(8, int64_t(memory.band_bytes / per_row));
   }
 };
 
@@ -155,8 +152,7 @@ Plane banded_resnet(const Net& net, const Bands& bands, const std::string& p, Pl
 // The up blocks and the output layers of run_decoder on planes, from the mid block's output.
 Tensor banded_up_blocks(const Net& net, const DecodeMemory& memory, Tensor mid,
                         const std::function<void()>& step) {
-  const Bands bands{memory,
-                    memory.scratch_dir.empty() ? default_scratch_dir() : memory.scratch_dir};
+  const Bands bands{memory, memory.dir()};
   const std::vector<int64_t>& channels = net.config.decoder_channels();
   const int64_t levels = int64_t(channels.size());
   Plane x = Plane::from_tensor(std::move(mid));

@@ -1,7 +1,7 @@
 // Activation memory of the VAE, walked layer by layer as decoder.cpp and encoder.cpp allocate:
 // a ResNet holds its input and one intermediate (conv2 writes into one of them), an up- or
-// downsampler its input and output, the mid-block attention its input, the normalised copy,
-// the token copy and Q, K, V. Convolutions add their band buffers and float32 weights.
+// downsampler its input and output, the mid-block attention its input, the normalised token
+// copy and Q, K, V. Convolutions add their band buffers and float32 weights.
 #include <algorithm>
 
 #include "models/vae/vae.h"
@@ -18,7 +18,7 @@ size_t conv_overhead(int64_t widest) {
   return bands + weights;
 }
 
-size_t attention_floats(int64_t channels, int64_t pixels) { return size_t(6 * channels * pixels); }
+size_t attention_floats(int64_t channels, int64_t pixels) { return size_t(5 * channels * pixels); }
 
 }  // namespace
 
@@ -52,7 +52,7 @@ size_t whole_decode_bytes(const VaeConfig& c, int64_t height, int64_t width) {
 // Banded (decoder.cpp): the latent-resolution part as above (conv_in, the mid block), then
 // at most three planes in memory at once (a ResNet's input, intermediate and output) of at
 // most plane_limit each, and the band tensors: a band's input, output and residual rows of
-// about 48 MiB (decoder.cpp's kBandBytes) each, with the convolution's own buffers.
+// about DecodeMemory::band_bytes each, with the convolution's own buffers.
 size_t banded_decode_bytes(const VaeConfig& c, int64_t height, int64_t width,
                            const DecodeMemory& m) {
   const std::vector<int64_t>& channels = c.decoder_channels();
@@ -68,7 +68,7 @@ size_t banded_decode_bytes(const VaeConfig& c, int64_t height, int64_t width,
         widest_plane, size_t(channels[channels.size() - 1 - i] * level_pixels) * sizeof(float));
   }
   const size_t planes = 3 * std::min(widest_plane, m.plane_limit);
-  const size_t bands = 3 * (size_t(48) << 20);
+  const size_t bands = 3 * m.band_bytes;
   return std::max(latent_part * sizeof(float), planes + bands) + conv_overhead(top);
 }
 
@@ -82,6 +82,43 @@ size_t decode_activation_bytes(const VaeConfig& c, int64_t height, int64_t width
                                const DecodeMemory& m) {
   return decode_is_banded(c, height, width, m) ? banded_decode_bytes(c, height, width, m)
                                                : whole_decode_bytes(c, height, width);
+}
+
+// The planes banded_up_blocks (decoder.cpp) holds at once, counting those larger than
+// plane_limit: a ResNet's input, intermediate and (when the channel count changes) output; an
+// upsampler's input and output.
+uint64_t decode_scratch_bytes(const VaeConfig& c, int64_t height, int64_t width,
+                              const DecodeMemory& m) {
+  if (!decode_is_banded(c, height, width, m)) return 0;
+  const std::vector<int64_t>& channels = c.decoder_channels();
+  const int64_t levels = int64_t(channels.size());
+  const int64_t down = int64_t(1) << (levels - 1);
+  int64_t pixels = std::max<int64_t>(1, height / down) * std::max<int64_t>(1, width / down);
+  auto file = [&](int64_t planes_channels) {
+    const uint64_t bytes = uint64_t(planes_channels * pixels) * sizeof(float);
+    return bytes > m.plane_limit ? bytes : 0;
+  };
+  uint64_t peak = 0;
+  int64_t in = channels.back();
+  for (int64_t i = 0; i < levels; ++i) {
+    const int64_t out = channels[size_t(levels - 1 - i)];
+    for (int64_t j = 0; j <= c.layers_per_block; ++j) {
+      peak = std::max(peak, file(in) + file(out) + (in == out ? 0 : file(out)));
+      in = out;
+    }
+    if (i + 1 < levels) {
+      const uint64_t input = file(out);
+      pixels *= 4;
+      peak = std::max(peak, input + file(out));
+    }
+  }
+  return peak;
+}
+
+void check_decode_scratch(const VaeConfig& c, int64_t height, int64_t width,
+                          const DecodeMemory& m) {
+  const uint64_t bytes = decode_scratch_bytes(c, height, width, m);
+  if (bytes > 0) check_scratch_space(m.dir(), bytes);
 }
 
 size_t encode_activation_bytes(const VaeConfig& c, int64_t height, int64_t width) {

@@ -67,5 +67,12 @@ size_t decode_activation_bytes(const VaeConfig& config, int64_t height, int64_t 
 bool decode_is_banded(const VaeConfig& config, int64_t height, int64_t width,
                       const DecodeMemory& memory = {});
 size_t encode_activation_bytes(const VaeConfig& config, int64_t height, int64_t width);
+// Bytes of scratch files a banded decode holds at once (0 when it runs whole or in memory).
+uint64_t decode_scratch_bytes(const VaeConfig& config, int64_t height, int64_t width,
+                              const DecodeMemory& memory = {});
+// Before a generation: when the decode will use scratch files, checks that they can be made in
+// memory.dir() and that it has the room (core/plane.h); throws klein::Error otherwise.
+void check_decode_scratch(const VaeConfig& config, int64_t height, int64_t width,
+                          const DecodeMemory& memory = {});
 
 }  // namespace klein::vae
