@@ -8,7 +8,7 @@
 //                                            "banded-memory": no scratch files); a
 //                                            banded run prints no per-stage times (reporting an
 //                                            intermediate builds the whole tensor)
-//   bench_vae --peak encode 1024             the same for an encode
+//   bench_vae --peak encode 1024 [plan]      the same for an encode
 //   bench_vae --peak decode-bf16 1024        ... with the convolutions on bf16 operands (AMX
 //                                            tiles, else the AVX-512 BF16 direct kernel)
 //   bench_vae --compare [sides...]           float32 and bf16 decodes (arithmetic
@@ -174,7 +174,7 @@ int peak_run(std::string what, int64_t side, const std::string& plan) {
                     what.compare(what.size() - suffix.size(), suffix.size(), suffix) == 0;
   if (bf16) what.resize(what.size() - suffix.size());
   cx().arithmetic.bf16_convolutions = bf16;
-  vae::DecodeMemory memory;
+  vae::VaeMemory memory;
   if (plan == "whole") memory.whole_limit = SIZE_MAX;
   if (plan == "banded" || plan == "banded-memory") memory.whole_limit = 0;
   if (plan == "banded-memory") memory.plane_limit = SIZE_MAX;  // no scratch files
@@ -182,8 +182,9 @@ int peak_run(std::string what, int64_t side, const std::string& plan) {
     std::fprintf(stderr, "--peak: plan must be default, whole, banded or banded-memory, got %s\n", plan.c_str());
     return 2;
   }
-  const bool banded =
-      what == "decode" && vae::decode_is_banded(store().config().vae, side, side, memory);
+  const bool banded = what == "decode"
+                          ? vae::decode_is_banded(store().config().vae, side, side, memory)
+                          : vae::encode_is_banded(store().config().vae, side, side, memory);
   vae::Vae model(store(), cx(), memory);
   const double weights_rss = peak_rss_mib();
   using clock = std::chrono::steady_clock;
@@ -209,7 +210,7 @@ int peak_run(std::string what, int64_t side, const std::string& plan) {
     model.decode(tokens, side / 16, side / 16, banded ? vae::Observer() : timer);
   } else if (what == "encode") {
     const Tensor pixels = random_tensor({3, side, side}, 0.5f);
-    model.encode(pixels, timer);
+    model.encode(pixels, banded ? vae::Observer() : timer);
   } else {
     std::fprintf(stderr, "--peak expects decode or encode, got %s\n", what.c_str());
     return 2;

@@ -139,8 +139,12 @@ MemoryEstimate estimate_memory(const WeightStore& store, const MemoryPlanInputs&
   if (!in.references.empty()) {
     PhaseNeed p{"vae encode"};
     p.weights_paged = p.weights_resident = p.weights_one_unit = store.unit_bytes("vae.encoder");
-    for (const auto& [w, h] : in.references)
-      p.activations = std::max<uint64_t>(p.activations, vae::encode_activation_bytes(vae, h, w));
+    for (const auto& [w, h] : in.references) {
+      p.activations =
+          std::max<uint64_t>(p.activations, vae::encode_activation_bytes(vae, h, w, in.vae_memory));
+      p.scratch = std::max(p.scratch, vae::encode_scratch_bytes(vae, h, w, in.vae_memory));
+    }
+    if (p.scratch > 0) p.scratch_dir = in.vae_memory.dir();
     p.activations += context;
     e.phases.push_back(p);
   }
@@ -149,10 +153,10 @@ MemoryEstimate estimate_memory(const WeightStore& store, const MemoryPlanInputs&
   e.phases.push_back(denoise);
   PhaseNeed d{"vae decode"};
   d.weights_paged = d.weights_resident = d.weights_one_unit = store.unit_bytes("vae.decoder");
-  d.activations = vae::decode_activation_bytes(vae, in.height, in.width, in.decode_memory) +
+  d.activations = vae::decode_activation_bytes(vae, in.height, in.width, in.vae_memory) +
                   f32_bytes(int64_t(3) * in.height * in.width);  // the image
-  d.scratch = vae::decode_scratch_bytes(vae, in.height, in.width, in.decode_memory);
-  if (d.scratch > 0) d.scratch_dir = in.decode_memory.dir();
+  d.scratch = vae::decode_scratch_bytes(vae, in.height, in.width, in.vae_memory);
+  if (d.scratch > 0) d.scratch_dir = in.vae_memory.dir();
   e.phases.push_back(d);
   return e;
 }

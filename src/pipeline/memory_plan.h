@@ -40,7 +40,7 @@ struct MemoryPlanInputs {
   bool text_encoder = true;                                // false: the context comes from elsewhere
   bool image = true;                                       // false: the text encoder alone
   uint64_t adapter_bytes = 0;                              // LoRA updates, held throughout
-  vae::DecodeMemory decode_memory;                         // how the VAE decode is laid out
+  vae::VaeMemory vae_memory;                               // how the VAE decode is laid out
 };
 
 // Bytes of one phase.

@@ -258,15 +258,21 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
     need.steps = r.steps;
     need.guided = g.guided;
     need.adapter_bytes = g.adapters ? g.adapters->bytes() : 0;
-    need.decode_memory = o.decode_memory;
+    need.vae_memory = o.vae_memory;
     r.memory = plan_memory(estimate_memory(weights_, need), o.max_memory,
                            available_memory_bytes(), o.residency);
     weights_.set_residency(r.memory->residency);
     weights_.set_read_ahead(r.memory->read_ahead);
     progress.memory_plan(*r.memory);
   }
-  // A banded decode's scratch files: a bad TMPDIR is found now, not after the denoising.
-  if (!o.plan_only) vae::check_decode_scratch(config.vae, height, width, o.decode_memory);
+  // A banded encode's or decode's scratch files: a bad TMPDIR is found now, not after the
+  // denoising.
+  if (!o.plan_only) {
+    std::vector<std::pair<int64_t, int64_t>> encodes;  // (height, width)
+    for (const auto& ref : g.reference_pixels) encodes.emplace_back(ref.dim(1), ref.dim(2));
+    if (init_size) encodes.emplace_back(height, width);
+    vae::check_scratch(config.vae, encodes, height, width, o.vae_memory);
+  }
   return g;
 }
 
@@ -327,7 +333,7 @@ void Session::prepare_latents(Generation& g, Progress& progress) {
       const Compute::Reporting blocks(cx_, [&](int64_t done, int64_t total) {
         phase.step(int(done), int(total));
       });
-      vae::Vae vae(weights_, cx_);
+      vae::Vae vae(weights_, cx_, g.options.vae_memory);
       image = vae.encode(g.init_pixels);
     });
     weights_.release("vae.encoder");
@@ -368,7 +374,7 @@ void Session::prepare_latents(Generation& g, Progress& progress) {
     const int n = int(g.reference_pixels.size());
     timed(g, progress, "vae encode", 0, [&](Phase& phase) {
       const Compute::Use arithmetic(cx_, arithmetic_for(g.result.fast));
-      vae::Vae vae(weights_, cx_);
+      vae::Vae vae(weights_, cx_, g.options.vae_memory);
       // A step per encoder block of every reference.
       int i = 0;
       const Compute::Reporting blocks(cx_, [&](int64_t done, int64_t total) {
@@ -503,7 +509,7 @@ void Session::decode(Generation& g, Progress& progress) {
     const Compute::Reporting blocks(cx_, [&](int64_t done, int64_t total) {
       phase.step(int(done), int(total));
     });
-    vae::Vae vae(weights_, cx_, g.options.decode_memory);
+    vae::Vae vae(weights_, cx_, g.options.vae_memory);
     Tensor z = vae.tokens_to_latent(g.latents, g.grid.rows, g.grid.cols);
     dump.f32("vae_input", z, {1, z.dim(0), z.dim(1), z.dim(2)});
     decoded = vae.decode_latent(z);

@@ -84,7 +84,7 @@ struct GenerateOptions {
   Precision precision = Precision::Auto;
   // How the VAE decode holds its activations: whole below a limit, else in bands with large
   // tensors in scratch files (under $TMPDIR or /var/tmp by default). Checked before any work.
-  vae::DecodeMemory decode_memory;
+  vae::VaeMemory vae_memory;
   // LoRA adapters of the transformer, applied beside its weights (weights/lora.h), in order.
   std::vector<LoraFile> loras;
 };

@@ -397,7 +397,7 @@ TEST(Paging, SafetensorsStorePagesToo) {
 
 // The VAE decode banded through the pipeline (every tensor past the latent resolution in a
 // scratch file) gives the image of the whole-image decode, and the estimate follows the plan.
-TEST(BandedDecode, ThroughThePipelineGivesTheSameImage) {
+TEST(BandedVae, ThroughThePipelineGivesTheSameImage) {
   const Tokenizer& tokenizer = tiny_tokenizer();
   Compute cx(2);
   Progress quiet;
@@ -406,23 +406,48 @@ TEST(BandedDecode, ThroughThePipelineGivesTheSameImage) {
   GenerateOptions whole = tiny_options(Residency::Paged);
   const GenerateResult a = pipeline.generate(whole, quiet);
   GenerateOptions banded = whole;
-  banded.decode_memory.whole_limit = 0;
-  banded.decode_memory.plane_limit = 0;
-  banded.decode_memory.band_rows = 1;
-  banded.decode_memory.scratch_dir = testing::temp_dir("banded-pipeline").string();
+  banded.vae_memory.whole_limit = 0;
+  banded.vae_memory.plane_limit = 0;
+  banded.vae_memory.band_rows = 1;
+  banded.vae_memory.scratch_dir = testing::temp_dir("banded-pipeline").string();
   const GenerateResult b = pipeline.generate(banded, quiet);
   EXPECT_EQ(a.image.rgb, b.image.rgb);
   ASSERT_TRUE(a.memory && b.memory);
   EXPECT_NE(a.memory->need.phases.back().activations, b.memory->need.phases.back().activations);
+  // Inpainting with a reference: the init image and the reference are encoded banded too.
+  const fs::path edit_dir = testing::tiny_dir().parent_path() / "klein-tiny-edit" / "vectors" /
+                            "inpaint" / "inpaint_ref_s08_h64_w80";
+  GenerateOptions edit = whole;
+  edit.width = edit.height = 0;
+  edit.init_image = edit_dir / "init.png";
+  edit.mask = edit_dir / "mask.png";
+  edit.references = {edit_dir / "ref.png"};
+  GenerateOptions edit_banded = edit;
+  edit_banded.vae_memory = banded.vae_memory;
+  const GenerateResult c = pipeline.generate(edit, quiet);
+  const GenerateResult d = pipeline.generate(edit_banded, quiet);
+  EXPECT_EQ(c.image.rgb, d.image.rgb);
+  ASSERT_TRUE(d.memory);
+  EXPECT_EQ(d.memory->need.phases[1].phase, "vae encode");
+  EXPECT_GT(d.memory->need.phases[1].scratch, 0u);
+  // The encode stage makes its planes under the given directory (gone: it names it).
+  {
+    Generation g = pipeline.start(edit_banded, quiet);
+    pipeline.encode_prompt(g, quiet);
+    std::filesystem::remove_all(banded.vae_memory.scratch_dir);
+    const std::string error = error_of([&] { pipeline.prepare_latents(g, quiet); });
+    EXPECT_NE(error.find(banded.vae_memory.scratch_dir), std::string::npos) << error;
+    std::filesystem::create_directories(banded.vae_memory.scratch_dir);
+  }
   // The decode stage makes its planes under the given directory: gone after the check, the
   // decode names it.
   Generation g = pipeline.start(banded, quiet);
   pipeline.encode_prompt(g, quiet);
   pipeline.prepare_latents(g, quiet);
   pipeline.denoise(g, quiet);
-  std::filesystem::remove_all(banded.decode_memory.scratch_dir);
+  std::filesystem::remove_all(banded.vae_memory.scratch_dir);
   const std::string error = error_of([&] { pipeline.decode(g, quiet); });
-  EXPECT_NE(error.find(banded.decode_memory.scratch_dir), std::string::npos) << error;
+  EXPECT_NE(error.find(banded.vae_memory.scratch_dir), std::string::npos) << error;
 }
 
 // Records the phases that started.
@@ -434,22 +459,22 @@ class PhaseList final : public Progress {
 
 // A scratch directory that cannot be used is found before any network runs, not at the
 // decode after the denoising.
-TEST(BandedDecode, UnusableScratchDirectoryFailsBeforeAnyWork) {
+TEST(BandedVae, UnusableScratchDirectoryFailsBeforeAnyWork) {
   const Tokenizer& tokenizer = tiny_tokenizer();
   Compute cx(2);
   ContainerStore store(tiny_container());
   Session pipeline(store, tokenizer, cx);
   GenerateOptions o = tiny_options(Residency::Paged);
-  o.decode_memory.whole_limit = 0;
-  o.decode_memory.plane_limit = 0;
-  o.decode_memory.scratch_dir = "/nonexistent/klein-scratch";
+  o.vae_memory.whole_limit = 0;
+  o.vae_memory.plane_limit = 0;
+  o.vae_memory.scratch_dir = "/nonexistent/klein-scratch";
   PhaseList progress;
   const std::string error = error_of([&] { pipeline.generate(o, progress); });
   EXPECT_NE(error.find("/nonexistent/klein-scratch"), std::string::npos) << error;
   EXPECT_NE(error.find("TMPDIR"), std::string::npos) << error;
   EXPECT_TRUE(progress.phases.empty()) << progress.phases.front();
   // In memory (no plane past plane_limit) no directory is needed.
-  o.decode_memory.plane_limit = size_t(1) << 40;
+  o.vae_memory.plane_limit = size_t(1) << 40;
   PhaseList fine;
   EXPECT_FALSE(pipeline.generate(o, fine).image.rgb.empty());
 }

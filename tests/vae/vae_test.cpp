@@ -195,14 +195,14 @@ TEST_F(VaeGolden, ResultsDoNotDependOnThreadCount) {
   EXPECT_EQ(0, std::memcmp(p.data(), q.data(), size_t(p.numel()) * sizeof(float)));
 }
 
-// Banded decodes (DecodeMemory) against the whole-image decode, bit for bit: band requests
+// Banded decodes (VaeMemory) against the whole-image decode, bit for bit: band requests
 // of 3, 1 and 17 rows and the default (each rounded up to whole bands of the convolution,
 // conv2d_band_rows), tensors in scratch files, in memory, and both. klein-tiny's images are
 // narrower than one convolution band, so there they run as one band and test the planes and
 // the statistics read back from them; VaeRealShapes.BandedDecodeMatchesWholeImage cuts.
-std::vector<vae::DecodeMemory> banded_variants(const std::string& dir) {
-  std::vector<vae::DecodeMemory> v(4);
-  for (vae::DecodeMemory& m : v) m.whole_limit = 0;  // always banded
+std::vector<vae::VaeMemory> banded_variants(const std::string& dir) {
+  std::vector<vae::VaeMemory> v(4);
+  for (vae::VaeMemory& m : v) m.whole_limit = 0;     // always banded
   v[0].plane_limit = 0;                              // every tensor in a file
   v[0].scratch_dir = dir;
   v[0].band_rows = 3;
@@ -210,7 +210,7 @@ std::vector<vae::DecodeMemory> banded_variants(const std::string& dir) {
   v[2].plane_limit = 4096;  // the small levels in memory, the large ones in files
   v[2].scratch_dir = dir;
   v[2].band_rows = 17;
-  return v;  // v[3]: band rows from DecodeMemory::band_bytes
+  return v;  // v[3]: band rows from VaeMemory::band_bytes
 }
 
 void expect_identical(const Tensor& a, const Tensor& b, const std::string& what) {
@@ -229,7 +229,7 @@ void expect_banded_matches_whole(WeightStore& store, Compute& cx, const Tensor& 
   Recorder whole;
   const Tensor expected = vae::Vae(store, cx).decode(tokens, rows, cols, whole.observer());
   EXPECT_FALSE(vae::decode_is_banded(store.config().vae, rows * 16, cols * 16));
-  const std::vector<vae::DecodeMemory> variants = banded_variants(dir.string());
+  const std::vector<vae::VaeMemory> variants = banded_variants(dir.string());
   for (size_t v = 0; v < variants.size(); ++v) {
     SCOPED_TRACE("variant " + std::to_string(v));
     ASSERT_TRUE(vae::decode_is_banded(store.config().vae, rows * 16, cols * 16, variants[v]));
@@ -257,7 +257,7 @@ TEST_F(VaeGolden, BandedDecodeMatchesWholeImage) {
 }
 
 TEST_F(VaeGolden, BandedDecodeMatchesTheReference) {
-  vae::DecodeMemory m;
+  vae::VaeMemory m;
   m.whole_limit = 0;
   m.band_rows = 7;
   vae::Vae model(*store_, cx_, m);
@@ -268,8 +268,44 @@ TEST_F(VaeGolden, BandedDecodeMatchesTheReference) {
                   "decoder_up_blocks_3", "decoder_conv_out", "image"});
 }
 
+// The same for the encoder: every intermediate and the tokens, bit for bit.
+void expect_banded_encode_matches_whole(WeightStore& store, Compute& cx, const Tensor& pixels) {
+  const fs::path dir = testing::temp_dir("vae-banded-encode");
+  Recorder whole;
+  const Tensor expected = vae::Vae(store, cx).encode(pixels, whole.observer());
+  EXPECT_FALSE(vae::encode_is_banded(store.config().vae, pixels.dim(1), pixels.dim(2)));
+  const std::vector<vae::VaeMemory> variants = banded_variants(dir.string());
+  for (size_t v = 0; v < variants.size(); ++v) {
+    SCOPED_TRACE("encode variant " + std::to_string(v));
+    ASSERT_TRUE(
+        vae::encode_is_banded(store.config().vae, pixels.dim(1), pixels.dim(2), variants[v]));
+    Recorder banded;
+    const Tensor tokens = vae::Vae(store, cx, variants[v]).encode(pixels, banded.observer());
+    expect_identical(tokens, expected, "tokens");
+    for (const auto& [name, value] : whole.seen) {
+      ASSERT_TRUE(banded.seen.count(name)) << name << " was not reported";
+      expect_identical(banded.seen.at(name), value, name);
+    }
+  }
+  EXPECT_TRUE(fs::is_empty(dir));
+}
+
+TEST_F(VaeGolden, BandedEncodeMatchesWholeImageAndTheReference) {
+  Tensor pixels = load(vectors() / "encode_ref0" / "ref0_pixels.npy");
+  pixels.reshape({pixels.dim(1), pixels.dim(2), pixels.dim(3)});
+  expect_banded_encode_matches_whole(*store_, cx_, pixels);
+  vae::VaeMemory m;
+  m.whole_limit = 0;
+  m.band_rows = 5;
+  Recorder r;
+  vae::Vae(*store_, cx_, m).encode(pixels, r.observer());
+  expect_matches(r, vectors() / "encode_ref0", "ref0_",
+                 {"encoder_down_blocks_0", "encoder_down_blocks_1", "encoder_down_blocks_2",
+                  "encoder_down_blocks_3", "encoder_mid_block", "tokens"});
+}
+
 TEST_F(VaeGolden, BandedDecodeNamesAnUnusableScratchDirectory) {
-  vae::DecodeMemory m;
+  vae::VaeMemory m;
   m.whole_limit = 0;
   m.plane_limit = 0;
   m.scratch_dir = "/nonexistent/scratch";
@@ -326,9 +362,22 @@ TEST(VaeRealShapes, BandedDecodeMatchesWholeImage) {
   expect_banded_matches_whole(store, cx, tokens, 1, 63);
 }
 
+// The encoder banded against whole at klein's real channel counts: 48x1008 pixels, so that
+// conv_in and down_blocks.0 run in bands of 9 rows of the convolution (cut 5 times), its
+// downsampler's 24 output rows at 504 pixels in bands of 17 (cut once), and the 512-pixel
+// GEMM tiles of the shortcut in down_blocks.1 do not start on rows.
+TEST(VaeRealShapes, BandedEncodeMatchesWholeImage) {
+  testing::RandomVaeStore store;
+  Compute cx(2);
+  Tensor pixels({3, 48, 1008});
+  for (int64_t i = 0; i < pixels.numel(); ++i) pixels.data()[i] = float(i % 13) / 6.5f - 1.0f;
+  ASSERT_EQ(ops::conv2d_band_rows(504), 17);
+  expect_banded_encode_matches_whole(store, cx, pixels);
+}
+
 // The activation estimate follows the plan: whole-image up to whole_limit, then bounded by
 // the planes in memory and the bands, whatever the image size (klein's real shapes).
-TEST(VaeRealShapes, BandedDecodeMemoryIsBounded) {
+TEST(VaeRealShapes, BandedVaeMemoryIsBounded) {
   testing::RandomVaeStore store;
   const VaeConfig& c = store.config().vae;
   EXPECT_FALSE(vae::decode_is_banded(c, 512, 512));
@@ -337,16 +386,27 @@ TEST(VaeRealShapes, BandedDecodeMemoryIsBounded) {
   const size_t at_2048 = vae::decode_activation_bytes(c, 2048, 2048);
   EXPECT_LT(at_1024, size_t(640) << 20);
   EXPECT_LT(at_2048, size_t(1100) << 20);  // the mid-block attention at 256x256 latents
-  vae::DecodeMemory whole;
+  vae::VaeMemory whole;
   whole.whole_limit = SIZE_MAX;
   EXPECT_GT(vae::decode_activation_bytes(c, 1024, 1024, whole), size_t(1400) << 20);
   // Scratch files: at 2048x2048 the most at once is in up_blocks.3.resnets.0, its 256-channel
   // input, 128-channel intermediate and 128-channel output at 4 Mi pixels: 2 KiB a pixel, 8 GiB.
   EXPECT_EQ(vae::decode_scratch_bytes(c, 2048, 2048), uint64_t(8) << 30);
   EXPECT_EQ(vae::decode_scratch_bytes(c, 512, 512), 0u);  // whole, in memory
-  vae::DecodeMemory in_memory;
+  vae::VaeMemory in_memory;
   in_memory.plane_limit = SIZE_MAX;
   EXPECT_EQ(vae::decode_scratch_bytes(c, 2048, 2048, in_memory), 0u);
+  // The encoder: whole up to 512x512 (two 128-channel tensors at full resolution, 256 MiB),
+  // banded from 1024x1024 (1 GiB whole), then two 128-channel files at full resolution (the
+  // first level's ResNets: 1 GiB at 1024x1024).
+  EXPECT_FALSE(vae::encode_is_banded(c, 512, 512));
+  EXPECT_TRUE(vae::encode_is_banded(c, 1024, 1024));
+  EXPECT_LT(vae::encode_activation_bytes(c, 1024, 1024), size_t(700) << 20);
+  EXPECT_EQ(vae::encode_scratch_bytes(c, 1024, 1024), uint64_t(1) << 30);
+  EXPECT_EQ(vae::encode_scratch_bytes(c, 512, 512), 0u);
+  vae::VaeMemory whole_encode;
+  whole_encode.whole_limit = SIZE_MAX;
+  EXPECT_GT(vae::encode_activation_bytes(c, 1024, 1024, whole_encode), size_t(1000) << 20);
 }
 
 // The bf16 decoder against the float32 one at klein's real channel counts.

@@ -32,15 +32,15 @@ struct Net {
   }
 };
 
-// How the decoder holds its activations. When the whole-image decode's activations
-// (decode_activation_bytes with banding off) fit in `whole_limit`, every tensor is in memory
-// and each layer runs over the whole image. Otherwise the decoder runs banded from up_blocks.0
-// on: each layer computes its output in bands of rows, reading the input rows of a band with
-// the one-row halo a 3x3 convolution needs, and each tensor larger than `plane_limit` lives in
-// a scratch file (core/plane.h). GroupNorm statistics are summed over the stored tensor in the
-// same order either way, and every output value comes from the same arithmetic, so the image
-// is bit-identical to the whole-image decode's (tests/vae/vae_test.cpp).
-struct DecodeMemory {
+// How the VAE holds its activations. When the whole-image decode's (or encode's) activations
+// fit in `whole_limit`, every tensor is in memory and each layer runs over the whole image.
+// Otherwise the decoder runs banded from up_blocks.0 on, and the encoder down to its deepest
+// level (bands.h): each layer computes its output in bands of rows, reading the input rows of
+// a band (with the one-row halo a 3x3 convolution needs), and each tensor larger than
+// `plane_limit` lives in a scratch file (core/plane.h). GroupNorm statistics are summed over
+// the stored tensor in the same order either way, and every output value comes from the same
+// arithmetic, so the result is bit-identical to the whole-image one (tests/vae/vae_test.cpp).
+struct VaeMemory {
   size_t whole_limit = size_t(512) << 20;
   size_t plane_limit = size_t(128) << 20;
   std::string scratch_dir;  // empty: default_scratch_dir()

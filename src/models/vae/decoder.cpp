@@ -16,7 +16,7 @@
 // reads), and each ResNet holds its input and one intermediate. The peak is therefore in
 // up_blocks.3.resnets.0: its 256-channel input plus a 128-channel intermediate, 1.5 GiB at
 // 1024x1024 (measured peak RSS of a whole decode with the weights: 1.8 GiB, bench_vae).
-// Past DecodeMemory::whole_limit the up blocks run banded instead (below, and blocks.h):
+// Past VaeMemory::whole_limit the up blocks run banded instead (below, and blocks.h):
 // 1024x1024 in 0.6 GiB, 2048x2048 in 1.0 GiB, the same image bit for bit.
 #include "models/vae/decoder.h"
 
@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "models/vae/bands.h"
 #include "models/vae/vae.h"
 
 namespace klein::vae {
@@ -39,118 +40,8 @@ Tensor upsample(const Net& net, const std::string& name, const Tensor& x) {
   return ops::conv2d(x, load_conv(net, name, C, C, 3), p, net.cx);
 }
 
-// ---- The banded decoder (DecodeMemory): the same layers, one band of output rows at a time.
-
-struct Bands {
-  const DecodeMemory& memory;
-  std::string dir;
-
-  // A [C, H, W] plane, in a scratch file when larger than plane_limit.
-  Plane make(int64_t c, int64_t h, int64_t w) const {
-    const size_t bytes = size_t(c * h * w) * sizeof(float);
-    return Plane(c, h, w, bytes > memory.plane_limit ? dir : "");
-  }
-
-  int64_t rows(const Plane& x, const Plane& y) const {
-    if (memory.band_rows > 0) return memory.band_rows;
-    const size_t per_row =
-        size_t(x.channels() * x.width() + y.channels() * y.width()) * sizeof(float);
-    return std::max<int64_t>(8, int64_t(memory.band_bytes / per_row));
-  }
-};
-
-// A residual added to a convolution's output: the rows of `plane` themselves (identity), or
-// a 1×1 convolution of them (ResNet shortcut).
-struct Residual {
-  const Plane* plane = nullptr;
-  const ops::Conv2dWeights* shortcut = nullptr;
-};
-
-// y = conv3x3(t(upsample(x))) [+ residual], band by band, bit for bit the whole-image result.
-// Output rows [r0, r1) read input rows [a, b): the band's rows, one more on each side where
-// the image has them. The convolution runs on those rows alone, so the output rows next to a
-// cut saw zero padding instead of their neighbours and are dropped; every kept row saw what
-// it sees in the whole image. The cuts are on the convolution's own band boundaries
-// (conv2d_band_rows) and each call says where its rows are (origin_row), so the kept rows are
-// computed by the same GEMM tiles as in the whole image; a shortcut reads enough rows that
-// its tiles (conv2d_tile_pixels, counted from the image's first pixel) are whole too.
-// y may be residual.plane (identity residual, same size): a band overwrites only its own
-// rows, and the rows the next band reads from it beyond its own are dropped.
-void banded_conv(const Net& net, const Bands& bands, const Plane& x, const ops::ChannelAffine* t,
-                 const ops::Conv2dWeights& w, int64_t u, Plane& y, Residual residual = {}) {
-  const int64_t H = y.height(), W = y.width();
-  const int64_t unit = ops::conv2d_band_rows(W);
-  const int64_t band = (std::max(bands.rows(x, y), unit) + unit - 1) / unit * unit;
-  const int64_t tile = ops::conv2d_tile_pixels();
-  struct Range {
-    int64_t r0, r1, a, b;  // kept output rows [r0, r1), input rows [a, b)
-  };
-  std::vector<Range> ranges;
-  int64_t widest = 0;
-  for (int64_t r0 = 0; r0 < H; r0 += band) {
-    const int64_t r1 = std::min(H, r0 + band);
-    int64_t a = r0 == 0 ? 0 : (r0 - 1) / u, b = std::min(x.height(), r1 / u + 1);
-    if (residual.shortcut) {  // u = 1: whole tiles of the 1×1 convolution's pixels
-      a = std::min(a, r0 * W / tile * tile / W);
-      b = std::max(b, std::min(H, ((r1 * W + tile - 1) / tile * tile + W - 1) / W));
-    }
-    ranges.push_back({r0, r1, a, b});
-    widest = std::max(widest, b - a);
-  }
-  // Buffers for the widest band, reused by every band (fresh ones would be page-faulted in
-  // for each band).
-  ThreadPool* pool = &net.cx.pool();
-  Tensor in({x.channels() * widest * x.width()});
-  Tensor out({y.channels() * widest * u * W});
-  Tensor shortcut_in;
-  if (residual.shortcut) shortcut_in = Tensor({residual.plane->channels() * widest * W});
-  for (const auto& [r0, r1, a, b] : ranges) {
-    ops::Conv2dParams p = ops::Conv2dParams::same(3);
-    p.upsample = u;
-    p.origin_row = a * u;
-    x.read(a, b, in.data(), pool);
-    ops::ConvWrite mode = ops::ConvWrite::Overwrite;
-    if (residual.plane && !residual.shortcut) {
-      residual.plane->read(a * u, b * u, out.data(), pool);
-      mode = ops::ConvWrite::Accumulate;
-    }
-    ops::conv2d({in.data(), x.channels(), b - a, x.width(), t}, w, p, out.data(), mode, net.cx);
-    if (residual.shortcut) {
-      ops::Conv2dParams pointwise = ops::Conv2dParams::same(1);
-      pointwise.origin_row = a;
-      residual.plane->read(a, b, shortcut_in.data(), pool);
-      ops::conv2d({shortcut_in.data(), residual.plane->channels(), b - a, W, nullptr},
-                  *residual.shortcut, pointwise, out.data(), ops::ConvWrite::Accumulate, net.cx);
-    }
-    y.write(out.data(), (b - a) * u, r0 - a * u, r1 - r0, r0, pool);
-    net.cx.stop_if_cancelled();
-  }
-}
-
-// resnet_block (blocks.cpp) on planes: the same layers in the same order.
-Plane banded_resnet(const Net& net, const Bands& bands, const std::string& p, Plane x,
-                    int64_t out_channels) {
-  net.cx.stop_if_cancelled();
-  const int64_t in_channels = x.channels();
-  const ops::ChannelAffine norm1 = group_norm(net, p + "norm1", x, /*silu=*/true);
-  Plane h = bands.make(out_channels, x.height(), x.width());
-  banded_conv(net, bands, x, &norm1, load_conv(net, p + "conv1", out_channels, in_channels, 3), 1,
-              h);
-  const ops::ChannelAffine norm2 = group_norm(net, p + "norm2", h, /*silu=*/true);
-  const ops::Conv2dWeights conv2 = load_conv(net, p + "conv2", out_channels, out_channels, 3);
-  if (in_channels == out_channels) {
-    banded_conv(net, bands, h, &norm2, conv2, 1, x, {&x, nullptr});
-    return x;
-  }
-  const ops::Conv2dWeights shortcut =
-      load_conv(net, p + "conv_shortcut", out_channels, in_channels, 1);
-  Plane y = bands.make(out_channels, x.height(), x.width());
-  banded_conv(net, bands, h, &norm2, conv2, 1, y, {&x, &shortcut});
-  return y;
-}
-
 // The up blocks and the output layers of run_decoder on planes, from the mid block's output.
-Tensor banded_up_blocks(const Net& net, const DecodeMemory& memory, Tensor mid,
+Tensor banded_up_blocks(const Net& net, const VaeMemory& memory, Tensor mid,
                         const std::function<void()>& step) {
   const Bands bands{memory, memory.dir()};
   const std::vector<int64_t>& channels = net.config.decoder_channels();
@@ -183,7 +74,7 @@ Tensor banded_up_blocks(const Net& net, const DecodeMemory& memory, Tensor mid,
 }  // namespace
 
 Tensor run_decoder(const WeightUnit& weights, const VaeConfig& config, const Tensor& z, Compute& cx,
-                   const Observer& observe, const DecodeMemory& memory) {
+                   const Observer& observe, const VaeMemory& memory) {
   const Net net{weights, config, cx, observe};
   const std::vector<int64_t>& channels = config.decoder_channels();
   const int64_t levels = int64_t(channels.size());

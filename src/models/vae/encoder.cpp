@@ -14,7 +14,13 @@
 // runs a 3×3 convolution of stride 2 without padding (diffusers Downsample2D, padding=0).
 #include "models/vae/encoder.h"
 
+#include <cstring>
+#include <functional>
+#include <vector>
+
 #include "core/error.h"
+#include "models/vae/bands.h"
+#include "models/vae/vae.h"
 
 namespace klein::vae {
 
@@ -28,10 +34,66 @@ Tensor downsample(const Net& net, const std::string& name, const Tensor& x) {
   return ops::conv2d(x, load_conv(net, name, C, C, 3), p, net.cx);
 }
 
+// conv_in and the down blocks over the whole image, to the deepest level's [C, H/8, W/8].
+Tensor down_blocks(const Net& net, const Tensor& pixels, const std::function<void()>& step) {
+  const std::vector<int64_t>& channels = net.config.block_out_channels;
+  const int64_t levels = int64_t(channels.size());
+  Tensor x =
+      ops::conv2d(pixels, load_conv(net, "encoder.conv_in", channels[0], net.config.in_channels, 3),
+                  ops::Conv2dParams::same(3), net.cx);
+  for (int64_t i = 0; i < levels; ++i) {
+    const std::string p = "encoder.down_blocks." + std::to_string(i) + ".";
+    for (int64_t j = 0; j < net.config.layers_per_block; ++j) {
+      x = resnet_block(net, p + "resnets." + std::to_string(j) + ".", std::move(x),
+                       channels[size_t(i)]);
+      step();
+    }
+    if (i + 1 < levels) {
+      x = downsample(net, p + "downsamplers.0.conv", x);
+      step();
+    }
+    net.report("encoder_down_blocks_" + std::to_string(i), x);
+  }
+  return x;
+}
+
+// conv_in and the down blocks of run_encoder on planes (bands.h), to the deepest level's
+// tensor [C, H/8, W/8].
+Tensor banded_down_blocks(const Net& net, const VaeMemory& memory, const Tensor& pixels,
+                          const std::function<void()>& step) {
+  const Bands bands{memory, memory.dir()};
+  const std::vector<int64_t>& channels = net.config.block_out_channels;
+  const int64_t levels = int64_t(channels.size());
+  Tensor copy(pixels.shape());
+  std::memcpy(copy.data(), pixels.data(), size_t(pixels.numel()) * sizeof(float));
+  const Plane image = Plane::from_tensor(std::move(copy));
+  Plane x = bands.make(channels[0], image.height(), image.width());
+  banded_conv(net, bands, image, nullptr,
+              load_conv(net, "encoder.conv_in", channels[0], net.config.in_channels, 3), 1, x);
+  for (int64_t i = 0; i < levels; ++i) {
+    const std::string p = "encoder.down_blocks." + std::to_string(i) + ".";
+    for (int64_t j = 0; j < net.config.layers_per_block; ++j) {
+      x = banded_resnet(net, bands, p + "resnets." + std::to_string(j) + ".", std::move(x),
+                        channels[size_t(i)]);
+      step();
+    }
+    if (i + 1 < levels) {
+      const int64_t C = x.channels();
+      Plane y = bands.make(C, ops::conv2d_output_size(x.height(), 3, 2, 0, 1, 1),
+                           ops::conv2d_output_size(x.width(), 3, 2, 0, 1, 1));
+      banded_downsample(net, bands, x, load_conv(net, p + "downsamplers.0.conv", C, C, 3), y);
+      x = std::move(y);
+      step();
+    }
+    if (net.observe) net.report("encoder_down_blocks_" + std::to_string(i), x.to_tensor());
+  }
+  return x.to_tensor();
+}
+
 }  // namespace
 
 Tensor run_encoder(const WeightUnit& weights, const VaeConfig& config, const Tensor& pixels,
-                   Compute& cx, const Observer& observe) {
+                   Compute& cx, const Observer& observe, const VaeMemory& memory) {
   const Net net{weights, config, cx, observe};
   const std::vector<int64_t>& channels = config.block_out_channels;
   const int64_t levels = int64_t(channels.size());
@@ -45,22 +107,9 @@ Tensor run_encoder(const WeightUnit& weights, const VaeConfig& config, const Ten
   int64_t done = 0;
   auto step = [&] { cx.report_step(++done, steps); };
 
-  Tensor x = ops::conv2d(
-      pixels, load_conv(net, "encoder.conv_in", channels[0], config.in_channels, 3), same3x3, cx);
-
-  for (int64_t i = 0; i < levels; ++i) {
-    const std::string p = "encoder.down_blocks." + std::to_string(i) + ".";
-    for (int64_t j = 0; j < config.layers_per_block; ++j) {
-      x = resnet_block(net, p + "resnets." + std::to_string(j) + ".", std::move(x),
-                       channels[size_t(i)]);
-      step();
-    }
-    if (i + 1 < levels) {
-      x = downsample(net, p + "downsamplers.0.conv", x);
-      step();
-    }
-    net.report("encoder_down_blocks_" + std::to_string(i), x);
-  }
+  Tensor x = encode_is_banded(config, pixels.dim(1), pixels.dim(2), memory)
+                 ? banded_down_blocks(net, memory, pixels, step)
+                 : down_blocks(net, pixels, step);
 
   x = mid_block(net, "encoder.mid_block.", std::move(x));
   net.report("encoder_mid_block", x);

@@ -52,9 +52,8 @@ size_t whole_decode_bytes(const VaeConfig& c, int64_t height, int64_t width) {
 // Banded (decoder.cpp): the latent-resolution part as above (conv_in, the mid block), then
 // at most three planes in memory at once (a ResNet's input, intermediate and output) of at
 // most plane_limit each, and the band tensors: a band's input, output and residual rows of
-// about DecodeMemory::band_bytes each, with the convolution's own buffers.
-size_t banded_decode_bytes(const VaeConfig& c, int64_t height, int64_t width,
-                           const DecodeMemory& m) {
+// about VaeMemory::band_bytes each, with the convolution's own buffers.
+size_t banded_decode_bytes(const VaeConfig& c, int64_t height, int64_t width, const VaeMemory& m) {
   const std::vector<int64_t>& channels = c.decoder_channels();
   const int64_t down = int64_t(1) << (channels.size() - 1);
   const int64_t pixels = std::max<int64_t>(1, height / down) * std::max<int64_t>(1, width / down);
@@ -74,12 +73,12 @@ size_t banded_decode_bytes(const VaeConfig& c, int64_t height, int64_t width,
 
 }  // namespace
 
-bool decode_is_banded(const VaeConfig& c, int64_t height, int64_t width, const DecodeMemory& m) {
+bool decode_is_banded(const VaeConfig& c, int64_t height, int64_t width, const VaeMemory& m) {
   return whole_decode_bytes(c, height, width) > m.whole_limit;
 }
 
 size_t decode_activation_bytes(const VaeConfig& c, int64_t height, int64_t width,
-                               const DecodeMemory& m) {
+                               const VaeMemory& m) {
   return decode_is_banded(c, height, width, m) ? banded_decode_bytes(c, height, width, m)
                                                : whole_decode_bytes(c, height, width);
 }
@@ -88,7 +87,7 @@ size_t decode_activation_bytes(const VaeConfig& c, int64_t height, int64_t width
 // plane_limit: a ResNet's input, intermediate and (when the channel count changes) output; an
 // upsampler's input and output.
 uint64_t decode_scratch_bytes(const VaeConfig& c, int64_t height, int64_t width,
-                              const DecodeMemory& m) {
+                              const VaeMemory& m) {
   if (!decode_is_banded(c, height, width, m)) return 0;
   const std::vector<int64_t>& channels = c.decoder_channels();
   const int64_t levels = int64_t(channels.size());
@@ -115,13 +114,9 @@ uint64_t decode_scratch_bytes(const VaeConfig& c, int64_t height, int64_t width,
   return peak;
 }
 
-void check_decode_scratch(const VaeConfig& c, int64_t height, int64_t width,
-                          const DecodeMemory& m) {
-  const uint64_t bytes = decode_scratch_bytes(c, height, width, m);
-  if (bytes > 0) check_scratch_space(m.dir(), bytes);
-}
+namespace {
 
-size_t encode_activation_bytes(const VaeConfig& c, int64_t height, int64_t width) {
+size_t whole_encode_bytes(const VaeConfig& c, int64_t height, int64_t width) {
   const std::vector<int64_t>& channels = c.block_out_channels;
   const int64_t levels = int64_t(channels.size());
   int64_t pixels = height * width;
@@ -141,8 +136,74 @@ size_t encode_activation_bytes(const VaeConfig& c, int64_t height, int64_t width
   const int64_t top = channels.back();
   peak = std::max(peak, size_t(2 * top * pixels));
   if (c.mid_block_attention) peak = std::max(peak, attention_floats(top, pixels));
+  return peak * sizeof(float) + conv_overhead(top);
+}
+
+// Banded (encoder.cpp, bands.h): the pixels' copy, three planes in memory of at most
+// plane_limit each and three bands of about band_bytes, or the deepest level's part (the mid
+// block) in memory.
+size_t banded_encode_bytes(const VaeConfig& c, int64_t height, int64_t width, const VaeMemory& m) {
+  const std::vector<int64_t>& channels = c.block_out_channels;
+  const int64_t down = int64_t(1) << (channels.size() - 1);
+  const int64_t pixels = std::max<int64_t>(1, height / down) * std::max<int64_t>(1, width / down);
+  const int64_t top = channels.back();
+  size_t deepest = size_t(2 * top * pixels);
+  if (c.mid_block_attention) deepest = std::max(deepest, attention_floats(top, pixels));
+  size_t widest_plane = 0;
+  for (size_t i = 0; i < channels.size(); ++i)
+    widest_plane =
+        std::max(widest_plane, size_t(channels[i] * ((height * width) >> (2 * i))) * sizeof(float));
+  const size_t image = size_t(c.in_channels * height * width) * sizeof(float);
+  const size_t banded = image + 3 * std::min(widest_plane, m.plane_limit) + 3 * m.band_bytes;
+  return std::max(deepest * sizeof(float), banded) + conv_overhead(top);
+}
+
+}  // namespace
+
+bool encode_is_banded(const VaeConfig& c, int64_t height, int64_t width, const VaeMemory& m) {
+  return whole_encode_bytes(c, height, width) > m.whole_limit;
+}
+
+size_t encode_activation_bytes(const VaeConfig& c, int64_t height, int64_t width,
+                               const VaeMemory& m) {
+  const size_t own = encode_is_banded(c, height, width, m)
+                         ? banded_encode_bytes(c, height, width, m)
+                         : whole_encode_bytes(c, height, width);
   // The pipeline keeps the reference pixels [3, H, W] while encoding.
-  return (peak + size_t(c.in_channels * height * width)) * sizeof(float) + conv_overhead(top);
+  return own + size_t(c.in_channels * height * width) * sizeof(float);
+}
+
+uint64_t encode_scratch_bytes(const VaeConfig& c, int64_t height, int64_t width,
+                              const VaeMemory& m) {
+  if (!encode_is_banded(c, height, width, m)) return 0;
+  const std::vector<int64_t>& channels = c.block_out_channels;
+  int64_t pixels = height * width;
+  auto file = [&](int64_t planes_channels, int64_t at) {
+    const uint64_t bytes = uint64_t(planes_channels * at) * sizeof(float);
+    return bytes > m.plane_limit ? bytes : 0;
+  };
+  uint64_t peak = file(channels.front(), pixels);  // conv_in's output
+  int64_t in = channels.front();
+  for (size_t i = 0; i < channels.size(); ++i) {
+    const int64_t out = channels[i];
+    for (int64_t j = 0; j < c.layers_per_block; ++j) {
+      peak = std::max(peak,
+                      file(in, pixels) + file(out, pixels) + (in == out ? 0 : file(out, pixels)));
+      in = out;
+    }
+    if (i + 1 < channels.size()) {
+      peak = std::max(peak, file(out, pixels) + file(out, pixels / 4));
+      pixels /= 4;
+    }
+  }
+  return peak;
+}
+
+void check_scratch(const VaeConfig& c, const std::vector<std::pair<int64_t, int64_t>>& encodes,
+                   int64_t height, int64_t width, const VaeMemory& m) {
+  uint64_t bytes = decode_scratch_bytes(c, height, width, m);
+  for (const auto& [h, w] : encodes) bytes = std::max(bytes, encode_scratch_bytes(c, h, w, m));
+  if (bytes > 0) check_scratch_space(m.dir(), bytes);
 }
 
 }  // namespace klein::vae

@@ -18,7 +18,7 @@ void report(const Observer& observe, const std::string& name, const Tensor& valu
 
 }  // namespace
 
-Vae::Vae(WeightStore& store, Compute& cx, DecodeMemory memory)
+Vae::Vae(WeightStore& store, Compute& cx, VaeMemory memory)
     : store_(store), cx_(cx), memory_(std::move(memory)) {
   const UnitRef unit = store_.acquire("vae.latent_stats");
   stats_ = load_latent_stats(*unit, config());
@@ -68,7 +68,7 @@ Tensor Vae::encode_mean(const Tensor& pixels, const Observer& observe) const {
   Tensor moments;
   {
     const UnitRef unit = store_.acquire("vae.encoder");
-    moments = run_encoder(*unit, config(), pixels, cx_, observe);
+    moments = run_encoder(*unit, config(), pixels, cx_, observe, memory_);
   }
   // The pipeline takes the distribution's mode, the mean: the first latent_channels channels.
   const int64_t latent = config().latent_channels;

@@ -20,7 +20,7 @@ class Vae {
  public:
   // Reads the latent statistics ("vae.latent_stats") now; everything else per call.
   // The convolutions' arithmetic is the context's (Compute::arithmetic) when a call runs.
-  Vae(WeightStore& store, Compute& cx, DecodeMemory memory = {});
+  Vae(WeightStore& store, Compute& cx, VaeMemory memory = {});
 
   const VaeConfig& config() const { return store_.config().vae; }
   const LatentStats& latent_stats() const { return stats_; }
@@ -51,7 +51,7 @@ class Vae {
   WeightStore& store_;
   Compute& cx_;
   LatentStats stats_;
-  DecodeMemory memory_;
+  VaeMemory memory_;
 };
 
 }  // namespace klein::vae
@@ -62,17 +62,24 @@ namespace klein::vae {
 // of decoding to / encoding from an image of height x width pixels: the largest set of tensors
 // alive at once, following decoder.cpp and encoder.cpp. For memory budgets before a run.
 size_t decode_activation_bytes(const VaeConfig& config, int64_t height, int64_t width,
-                               const DecodeMemory& memory = {});
+                               const VaeMemory& memory = {});
 // Whether decoding to height x width runs banded under `memory` (blocks.h).
 bool decode_is_banded(const VaeConfig& config, int64_t height, int64_t width,
-                      const DecodeMemory& memory = {});
-size_t encode_activation_bytes(const VaeConfig& config, int64_t height, int64_t width);
-// Bytes of scratch files a banded decode holds at once (0 when it runs whole or in memory).
+                      const VaeMemory& memory = {});
+size_t encode_activation_bytes(const VaeConfig& config, int64_t height, int64_t width,
+                               const VaeMemory& memory = {});
+bool encode_is_banded(const VaeConfig& config, int64_t height, int64_t width,
+                      const VaeMemory& memory = {});
+// Bytes of scratch files a banded decode / encode holds at once (0 when it runs whole or in
+// memory).
 uint64_t decode_scratch_bytes(const VaeConfig& config, int64_t height, int64_t width,
-                              const DecodeMemory& memory = {});
-// Before a generation: when the decode will use scratch files, checks that they can be made in
-// memory.dir() and that it has the room (core/plane.h); throws klein::Error otherwise.
-void check_decode_scratch(const VaeConfig& config, int64_t height, int64_t width,
-                          const DecodeMemory& memory = {});
+                              const VaeMemory& memory = {});
+uint64_t encode_scratch_bytes(const VaeConfig& config, int64_t height, int64_t width,
+                              const VaeMemory& memory = {});
+// Before a generation that encodes images of the sizes `encodes` ((height, width) pairs) and
+// decodes one of height x width: when scratch files will be used, checks that they can be
+// made in memory.dir() and that it has the room (core/plane.h); throws klein::Error otherwise.
+void check_scratch(const VaeConfig& config, const std::vector<std::pair<int64_t, int64_t>>& encodes,
+                   int64_t height, int64_t width, const VaeMemory& memory = {});
 
 }  // namespace klein::vae
