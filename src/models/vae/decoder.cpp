@@ -16,8 +16,8 @@
 // reads), and each ResNet holds its input and one intermediate. The peak is therefore in
 // up_blocks.3.resnets.0: its 256-channel input plus a 128-channel intermediate, 1.5 GiB at
 // 1024x1024 (measured peak RSS of a whole decode with the weights: 1.8 GiB, bench_vae).
-// Past VaeMemory::whole_limit the up blocks run banded instead (below, and blocks.h):
-// 1024x1024 in 0.6 GiB, 2048x2048 in 1.0 GiB, the same image bit for bit.
+// Past VaeMemory::whole_limit the up blocks run banded instead (banded_up_blocks, bands.h):
+// 1024x1024 in 0.6 GiB, 2048x2048 in 0.9 GiB, the same image bit for bit.
 #include "models/vae/decoder.h"
 
 #include <algorithm>
