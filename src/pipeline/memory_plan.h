@@ -40,7 +40,7 @@ struct MemoryPlanInputs {
   bool text_encoder = true;                                // false: the context comes from elsewhere
   bool image = true;                                       // false: the text encoder alone
   uint64_t adapter_bytes = 0;                              // LoRA updates, held throughout
-  vae::VaeMemory vae_memory;                               // how the VAE decode is laid out
+  vae::VaeMemory vae_memory;                               // how the VAE encodes and decodes
 };
 
 // Bytes of one phase.
@@ -50,7 +50,7 @@ struct PhaseNeed {
   uint64_t weights_resident = 0;     // all of the phase's units
   uint64_t activations = 0;
   uint64_t weights_one_unit = 0;     // paged without read-ahead: the largest unit
-  uint64_t scratch = 0;              // disk, not memory: the banded VAE decode's scratch files
+  uint64_t scratch = 0;              // disk, not memory: a banded VAE pass's scratch files
   std::string scratch_dir;           // where they go
   uint64_t paged() const { return weights_paged + activations; }
   uint64_t resident() const { return weights_resident + activations; }
