@@ -103,9 +103,12 @@ void print_text(const ModelSummary& s) {
   std::printf("  scheduler:\n");
   print_config(config.at("scheduler"), "    ");
   for (const auto& c : s.components) print_component(c, config.at(component_key(c.component)));
-  std::printf("\ntokenizer: %s\n", s.tokenizer_dir.empty()
-                                       ? ("none (" + s.tokenizer_problem + ")").c_str()
-                                       : s.tokenizer_dir.c_str());
+  if (!s.tokenizer)
+    std::printf("\ntokenizer: none (%s)\n", s.tokenizer_problem.c_str());
+  else if (s.tokenizer->kind == TokenizerSource::Kind::Gguf)
+    std::printf("\ntokenizer: %s (in its GGUF metadata)\n", s.tokenizer->path.c_str());
+  else
+    std::printf("\ntokenizer: %s\n", s.tokenizer->path.c_str());
   std::printf("\ntotal: %s\n", counts_line(s.total).c_str());
 }
 

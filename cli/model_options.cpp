@@ -16,7 +16,8 @@ void add_model_options(CLI::App& cmd, ModelPaths& paths) {
       ->group(group);
   cmd.add_option("--text-encoder", paths.text_encoder,
                  "Qwen3 text encoder safetensors file or its .index.json, or a llama.cpp GGUF "
-                 "(its tokenizer is used when no -m or --tokenizer is given); overrides the one in -m")
+                 "(its tokenizer, when it carries one, is used unless --tokenizer is given); "
+                 "overrides the one in -m")
       ->group(group);
   cmd.add_option("--vae", paths.vae,
                  "VAE safetensors file (BFL or diffusers names); overrides the one in -m")
@@ -30,7 +31,8 @@ void add_model_options(CLI::App& cmd, ModelPaths& paths) {
       ->group(group);
   cmd.add_option("--tokenizer", paths.tokenizer,
                  "tokenizer directory (vocab.json + merges.txt + tokenizer_config.json, or "
-                 "tokenizer.json); overrides the one in -m")
+                 "tokenizer.json); overrides every other: a container's, a GGUF text "
+                 "encoder's and the tokenizer/ of -m")
       ->group(group);
 }
 

@@ -15,6 +15,7 @@
 #include "pipeline/model_tokenizer.h"
 #include "tokenizer/klein_prompt.h"
 #include "tokenizer/tokenizer.h"
+#include "weights/gguf_source.h"
 
 namespace klein::cli {
 namespace {
@@ -28,21 +29,27 @@ struct TokenizeOptions {
   bool json = false;
 };
 
-// The tokenizer of MODEL: the files stored in a klein container, MODEL/tokenizer/ of a
-// diffusers directory, or MODEL itself when it holds the files.
+// The tokenizer of MODEL, which names it as one of the model options would: a klein container
+// or a diffusers directory as -m, a llama.cpp GGUF text encoder as --text-encoder, a directory
+// of tokenizer files as --tokenizer. tokenizer_source then reads it from where every other
+// command would.
 Tokenizer tokenizer_of(const fs::path& model) {
-  ModelPaths paths;
-  paths.model = model;
-  if (container::is_container(model)) return load_model_tokenizer(paths);
   auto holds_tokenizer = [](const fs::path& dir) {
     std::error_code ec;
     return fs::exists(dir / "vocab.json", ec) || fs::exists(dir / "tokenizer.json", ec);
   };
-  if (holds_tokenizer(model / "tokenizer")) return load_model_tokenizer(paths);
-  check(holds_tokenizer(model), model.string(),
-        ": no tokenizer found (expected a klein container, or vocab.json or tokenizer.json in ",
-        (model / "tokenizer").string(), " or in the directory itself)");
-  paths.tokenizer = model;
+  ModelPaths paths;
+  if (is_gguf(model)) {
+    paths.text_encoder = model;
+  } else if (container::is_container(model) || holds_tokenizer(model / "tokenizer")) {
+    paths.model = model;
+  } else {
+    check(holds_tokenizer(model), model.string(),
+          ": no tokenizer found (expected a klein container, a llama.cpp GGUF text encoder, or "
+          "vocab.json or tokenizer.json in ", (model / "tokenizer").string(),
+          " or in the directory itself)");
+    paths.tokenizer = model;
+  }
   return load_model_tokenizer(paths);
 }
 
@@ -106,8 +113,9 @@ static Registration reg("tokenize", 30, [](CLI::App& app) {
       "tokenize", "Print the Qwen3 token ids of a text, or the text encoder's input for a prompt");
   cmd->add_option("-m,--model", options->model,
                   "a klein container (the tokenizer stored in it), a FLUX.2-klein diffusers "
-                  "directory (its tokenizer/), or a directory holding the tokenizer files "
-                  "(vocab.json + merges.txt, or tokenizer.json)")
+                  "directory (its tokenizer/), a llama.cpp GGUF text encoder (the tokenizer in "
+                  "its metadata), or a directory holding the tokenizer files (vocab.json + "
+                  "merges.txt, or tokenizer.json)")
       ->required();
   cmd->add_flag("--template", options->use_template,
                 "wrap TEXT in the chat template as the pipeline does and print the 512 padded "

@@ -308,12 +308,16 @@ StoreOrigin ContainerStore::origin() const {
 }
 
 TokenizerBytes read_tokenizer_files(const ModelPaths& paths) {
-  if (paths.tokenizer.empty() && !paths.model.empty() && container::is_container(paths.model))
-    return container_tokenizer(container::ContainerFile(paths.model));
-  // A llama.cpp text-encoder GGUF carries its tokenizer: used when no directory is given.
-  if (paths.tokenizer.empty() && paths.model.empty() && is_gguf(paths.text_encoder))
-    return gguf_tokenizer(gguf::File(paths.text_encoder));
-  const fs::path dir = find_tokenizer_dir(paths);
+  const TokenizerSource source = tokenizer_source(paths);
+  switch (source.kind) {
+    case TokenizerSource::Kind::Container:
+      return container_tokenizer(container::ContainerFile(source.path));
+    case TokenizerSource::Kind::Gguf:
+      return gguf_tokenizer(gguf::File(source.path));
+    case TokenizerSource::Kind::Directory:
+      break;
+  }
+  const fs::path& dir = source.path;
   TokenizerBytes out;
   out.origin = dir.string();
   auto take = [&](const char* name, std::optional<std::string>& into) {

@@ -104,8 +104,8 @@ class ContainerStore final : public WeightStore {
 uint64_t stored_tensor_bytes(const std::string& name, DType type, uint8_t layout,
                              uint32_t block_size, const Shape& shape);
 
-// The tokenizer files of a model given as paths: from the container when -m is a
-// container, else from the tokenizer directory (find_tokenizer_dir).
+// The tokenizer files of a model given as paths, from where tokenizer_source says: a
+// directory, a GGUF text encoder's metadata (as the files Qwen3 ships) or a container.
 TokenizerBytes read_tokenizer_files(const ModelPaths& paths);
 
 }  // namespace klein

@@ -344,18 +344,54 @@ std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths) {
   return std::make_unique<SourceStore>(std::move(comps), std::move(config), identity);
 }
 
-fs::path find_tokenizer_dir(const ModelPaths& paths) {
-  if (!paths.tokenizer.empty()) {
-    check(fs::exists(paths.tokenizer / "vocab.json") || fs::exists(paths.tokenizer / "tokenizer.json"),
-          "--tokenizer ", paths.tokenizer.string(), ": no vocab.json or tokenizer.json there");
-    return paths.tokenizer;
+const char* tokenizer_kind_name(TokenizerSource::Kind kind) {
+  switch (kind) {
+    case TokenizerSource::Kind::Directory:
+      return "directory";
+    case TokenizerSource::Kind::Gguf:
+      return "gguf";
+    case TokenizerSource::Kind::Container:
+      return "container";
   }
-  check(!paths.model.empty(), "no tokenizer given: use -m DIR or --tokenizer DIR");
-  check(!container::is_container(paths.model), paths.model.string(), " is a klein container: "
-        "its tokenizer is stored inside it (read_tokenizer_files), not in a directory");
-  const fs::path dir = paths.model / "tokenizer";
-  check(fs::is_directory(dir), paths.model.string(), ": no tokenizer/ directory (give --tokenizer DIR)");
-  return dir;
+  return "?";
+}
+
+TokenizerSource tokenizer_source(const ModelPaths& paths) {
+  using Kind = TokenizerSource::Kind;
+  auto holds_tokenizer = [](const fs::path& dir) {
+    std::error_code ec;
+    return fs::exists(dir / "vocab.json", ec) || fs::exists(dir / "tokenizer.json", ec);
+  };
+  if (!paths.tokenizer.empty()) {
+    check(holds_tokenizer(paths.tokenizer), "--tokenizer ", paths.tokenizer.string(),
+          ": no vocab.json or tokenizer.json there");
+    return {Kind::Directory, paths.tokenizer};
+  }
+  if (!paths.model.empty() && container::is_container(paths.model))
+    return {Kind::Container, paths.model};
+  // A GGUF text encoder without tokenizer metadata is legal (llama.cpp needs one, other
+  // writers may leave it out); the directory is asked next, and the errors say it lacked one.
+  const bool gguf_text_encoder = is_gguf(paths.text_encoder);
+  if (gguf_text_encoder && gguf::File(paths.text_encoder).value("tokenizer.ggml.model"))
+    return {Kind::Gguf, paths.text_encoder};
+  const std::string gguf_lacks =
+      gguf_text_encoder ? "--text-encoder " + paths.text_encoder.string() +
+                              " carries no tokenizer (no tokenizer.ggml.model in its metadata)"
+                        : "";
+  if (!paths.model.empty()) {
+    const fs::path dir = paths.model / "tokenizer";
+    const std::string also = gguf_lacks.empty() ? "" : " and " + gguf_lacks;
+    check(fs::is_directory(dir), paths.model.string(), ": no tokenizer/ directory", also,
+          " (give --tokenizer DIR)");
+    check(holds_tokenizer(dir), dir.string(), ": no vocab.json or tokenizer.json there", also,
+          " (give --tokenizer DIR)");
+    return {Kind::Directory, dir};
+  }
+  check(gguf_lacks.empty(), gguf_lacks, "; give --tokenizer DIR");
+  check(paths.text_encoder.empty(), "--text-encoder ", paths.text_encoder.string(),
+        " carries no tokenizer (of single files only a llama.cpp GGUF text encoder does); "
+        "give --tokenizer DIR");
+  fail("no tokenizer given: use -m DIR or --tokenizer DIR");
 }
 
 }  // namespace klein

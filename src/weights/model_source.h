@@ -7,6 +7,16 @@
 //                 --tokenizer DIR (vocab.json + merges.txt + tokenizer_config.json, or
 //                 tokenizer.json).
 // Either way the result is one WeightStore with canonical names and a checked ModelConfig.
+//
+// The tokenizer comes from one place, chosen by one rule (tokenizer_source), whichever of
+// these options are given together:
+//   1. --tokenizer DIR, when given;
+//   2. else the klein container given with -m (it stores the tokenizer it was converted with);
+//   3. else a llama.cpp GGUF --text-encoder that carries its tokenizer (tokenizer.ggml.model
+//      in its metadata), even when -m DIR has a tokenizer/ too: the tokenizer travels with
+//      the text encoder whose vocabulary it indexes;
+//   4. else the tokenizer/ of the -m diffusers directory.
+// Single safetensors files carry no tokenizer: with them, give --tokenizer DIR or -m DIR.
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -17,7 +27,7 @@
 namespace klein {
 
 struct ModelPaths {
-  std::filesystem::path model;            // -m: diffusers directory (or container, later)
+  std::filesystem::path model;            // -m: diffusers directory or klein container
   std::filesystem::path diffusion_model;  // single-file overrides
   std::filesystem::path text_encoder;
   std::filesystem::path vae;
@@ -45,8 +55,23 @@ inline std::unique_ptr<WeightStore> open_model(const std::filesystem::path& mode
   return open_model(p);
 }
 
-// The tokenizer directory of a model given as paths (tokenizer/ of a diffusers directory,
-// or --tokenizer). Throws naming what is missing.
-std::filesystem::path find_tokenizer_dir(const ModelPaths& paths);
+// Where a model's tokenizer comes from (the rule above).
+struct TokenizerSource {
+  enum class Kind {
+    Directory,  // vocab.json + merges.txt (+ tokenizer_config.json) or tokenizer.json
+    Gguf,       // the metadata of a llama.cpp text-encoder GGUF (tokenizer.ggml.*)
+    Container,  // the tokenizer files stored in a klein container
+  };
+  Kind kind = Kind::Directory;
+  std::filesystem::path path;  // the directory, the GGUF file or the container
+};
+
+// "directory", "gguf" or "container", for messages and machine-readable output.
+const char* tokenizer_kind_name(TokenizerSource::Kind kind);
+
+// Applies the rule above. Checks what it can without reading the tokenizer: a directory holds
+// vocab.json or tokenizer.json; otherwise throws naming the option or file that lacks a
+// tokenizer and what to give instead.
+TokenizerSource tokenizer_source(const ModelPaths& paths);
 
 }  // namespace klein

@@ -156,11 +156,7 @@ ModelSummary describe_model(const ModelPaths& paths) {
   ModelSummary s = summarize(*source);
   s.model = paths.model;
   try {
-    if (paths.tokenizer.empty() && paths.model.empty() && is_gguf(paths.text_encoder) &&
-        gguf::File(paths.text_encoder).value("tokenizer.ggml.model"))
-      s.tokenizer_dir = paths.text_encoder;  // the tokenizer is in its metadata
-    else
-      s.tokenizer_dir = find_tokenizer_dir(paths);
+    s.tokenizer = tokenizer_source(paths);
   } catch (const Error& e) {
     // A missing tokenizer does not stop a description of the weights; say why it is absent.
     s.tokenizer_problem = e.what();
@@ -200,7 +196,9 @@ json to_json(const ModelSummary& s) {
       {"config", to_json(s.config)},
       {"components", components},
       {"tokenizer",
-       {{"dir", path_or_null(s.tokenizer_dir)},
+       // "dir" also names a GGUF file, whose metadata holds the tokenizer ("source": "gguf").
+       {{"dir", s.tokenizer ? json(s.tokenizer->path.string()) : json(nullptr)},
+        {"source", s.tokenizer ? json(tokenizer_kind_name(s.tokenizer->kind)) : json(nullptr)},
         {"problem", s.tokenizer_problem.empty() ? json(nullptr) : json(s.tokenizer_problem)}}},
       {"total", counts_json(s.total)},
   };

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,7 +53,7 @@ struct ModelSummary {
   std::filesystem::path model;  // -m, if given
   ModelConfig config;
   std::vector<ComponentSummary> components;  // transformer, text encoder, VAE
-  std::filesystem::path tokenizer_dir;       // empty when there is none...
+  std::optional<TokenizerSource> tokenizer;  // where it comes from; absent when none...
   std::string tokenizer_problem;             // ...and then why
   TensorCounts total;
 };

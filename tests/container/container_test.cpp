@@ -319,7 +319,7 @@ TEST_F(Containers, TokenizerFilesComeFromTheContainer) {
   EXPECT_EQ(*t.merges_txt, read_text_file(dir / "merges.txt"));
   EXPECT_EQ(*t.tokenizer_config_json, read_text_file(dir / "tokenizer_config.json"));
   EXPECT_FALSE(t.tokenizer_json);
-  EXPECT_ERROR_HAS(find_tokenizer_dir(p), "tokenizer is stored inside it");
+  EXPECT_EQ(tokenizer_source(p).kind, TokenizerSource::Kind::Container);
 }
 
 TEST_F(Containers, ConversionRecordNamesSourcesAndProgram) {

@@ -6,6 +6,7 @@
 // model without Python.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -26,5 +27,13 @@ struct GgufKey {
 // multiple of 32).
 void write_gguf(const std::filesystem::path& path, const std::vector<GgufKey>& metadata,
                 const std::vector<StTensor>& tensors);
+
+// The tiny Qwen3 under llama.cpp's names, with its tokenizer in the metadata as llama.cpp's
+// converter writes it: tokens in id order padded to the vocabulary size, their types
+// (1 normal, 3 control = special added, 4 user-defined = other added, 5 unused padding).
+// `transform`, when given, sees each tensor under its transformers name before it is renamed
+// and may change its type and bytes.
+void write_llama_cpp_text_encoder(const std::filesystem::path& path,
+                                  const std::function<void(StTensor&)>& transform = {});
 
 }  // namespace klein::testing

@@ -30,6 +30,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::StTensor;
+using testing::write_llama_cpp_text_encoder;
 
 std::string test_name() { return ::testing::UnitTest::GetInstance()->current_test_info()->name(); }
 
@@ -315,75 +316,6 @@ TEST_F(BflLayout, SummaryReportsTheLayoutAndTheFileTensors) {
 }
 
 // --- GGUF files of the same tensors (F32/F16/BF16, which run without converting) ---------
-
-// The tiny Qwen3 under llama.cpp's names, with its tokenizer in the metadata as llama.cpp's
-// converter writes it: tokens in id order padded to the vocabulary size, their types
-// (1 normal, 3 control = special added, 4 user-defined = other added, 5 unused padding).
-// `transform`, when given, sees each tensor under its transformers name before it is renamed
-// and may change its type and bytes.
-void write_llama_cpp_text_encoder(const fs::path& path,
-                                  const std::function<void(StTensor&)>& transform = {}) {
-  std::vector<StTensor> tensors;
-  for (const char* shard : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"})
-    for (StTensor t : testing::read_all(testing::tiny_model() / "text_encoder" / shard)) {
-      if (transform) transform(t);
-      static const std::vector<std::pair<std::string, std::string>> layer = {
-          {"self_attn.q_proj.weight", "attn_q.weight"}, {"self_attn.k_proj.weight", "attn_k.weight"},
-          {"self_attn.v_proj.weight", "attn_v.weight"}, {"self_attn.o_proj.weight", "attn_output.weight"},
-          {"self_attn.q_norm.weight", "attn_q_norm.weight"}, {"self_attn.k_norm.weight", "attn_k_norm.weight"},
-          {"input_layernorm.weight", "attn_norm.weight"}, {"post_attention_layernorm.weight", "ffn_norm.weight"},
-          {"mlp.gate_proj.weight", "ffn_gate.weight"}, {"mlp.up_proj.weight", "ffn_up.weight"},
-          {"mlp.down_proj.weight", "ffn_down.weight"}};
-      std::smatch m;
-      static const std::regex re(R"(^model\.layers\.(\d+)\.(.*)$)");
-      if (t.name == "lm_head.weight") continue;  // tied: llama.cpp writes no output.weight
-      if (t.name == "model.embed_tokens.weight") {
-        t.name = "token_embd.weight";
-      } else if (t.name == "model.norm.weight") {
-        t.name = "output_norm.weight";
-      } else {
-        ASSERT_TRUE(std::regex_match(t.name, m, re)) << t.name;
-        std::string to;
-        for (const auto& [hf, gg] : layer)
-          if (m[2] == hf) to = gg;
-        ASSERT_FALSE(to.empty()) << t.name;
-        t.name = "blk." + m[1].str() + "." + to;
-      }
-      tensors.push_back(std::move(t));
-    }
-  const fs::path dir = testing::tiny_model() / "tokenizer";
-  const auto vocab = nlohmann::json::parse(read_text_file(dir / "vocab.json"));
-  const auto config = nlohmann::json::parse(read_text_file(dir / "tokenizer_config.json"));
-  const size_t size = 151936;
-  std::vector<std::string> tokens(size);
-  std::vector<int32_t> types(size, 5);
-  for (size_t i = 0; i < size; ++i) tokens[i] = "[PAD" + std::to_string(i) + "]";
-  for (const auto& [text, id] : vocab.items()) {
-    tokens[id.get<size_t>()] = text;
-    types[id.get<size_t>()] = 1;
-  }
-  for (const auto& [id, t] : config["added_tokens_decoder"].items()) {
-    tokens[std::stoul(id)] = t["content"].get<std::string>();
-    types[std::stoul(id)] = t["special"].get<bool>() ? 3 : 4;
-  }
-  std::vector<std::string> merges;
-  const std::string text = read_text_file(dir / "merges.txt");
-  for (size_t at = 0; at < text.size();) {
-    size_t end = text.find('\n', at);
-    if (end == std::string::npos) end = text.size();
-    const std::string line = text.substr(at, end - at);
-    if (!line.empty() && line[0] != '#') merges.push_back(line);
-    at = end + 1;
-  }
-  testing::write_gguf(path,
-                      {{"general.architecture", std::string("qwen3")},
-                       {"tokenizer.ggml.model", std::string("gpt2")},
-                       {"tokenizer.ggml.tokens", tokens},
-                       {"tokenizer.ggml.token_type", types},
-                       {"tokenizer.ggml.merges", merges},
-                       {"tokenizer.ggml.eos_token_id", uint32_t(151645)}},
-                      tensors);
-}
 
 TEST_F(BflLayout, GgufTransformerLoadsBitIdentical) {
   // stable-diffusion.cpp's prefix; ComfyUI-GGUF writes the names without it.
