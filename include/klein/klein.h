@@ -168,7 +168,7 @@ typedef struct klein_generate_params {
   int width, height;           /* pixels, multiples of 16; 0: the first reference's, else 1024 */
   int steps;                   /* 0: the model's default (4 for klein, 50 for klein-base) */
   float guidance;              /* < 0: the model's default (1 for klein, 4 for klein-base) */
-  uint64_t seed;               /* used when has_seed != 0; otherwise drawn at random */
+  uint64_t seed;               /* used when has_seed != 0; otherwise drawn at random, < 2^32 */
   int has_seed;
   const char* const* references; /* image files for editing, in order; NULL or count 0 */
   int reference_count;

@@ -1,6 +1,7 @@
 #include "pipeline/noise.h"
 
 #include <cmath>
+#include <random>
 
 namespace klein {
 
@@ -31,6 +32,12 @@ std::vector<float> gaussian_noise(uint64_t seed, int64_t n) {
     if (2 * pair + 1 < n) out[size_t(2 * pair + 1)] = float(radius * std::sin(two_pi * u2));
   }
   return out;
+}
+
+uint64_t random_seed() {
+  // One draw covers the range: random_device yields an unsigned int (32 bits here).
+  static_assert(std::random_device::max() >= kRandomSeedBound - 1);
+  return uint64_t(std::random_device{}()) % kRandomSeedBound;
 }
 
 }  // namespace klein

@@ -12,6 +12,8 @@
 //   z0 = sqrt(-2 ln u1) cos(2 pi u2),  z1 = sqrt(-2 ln u1) sin(2 pi u2)
 // rounded to float32. Element i of the noise tensor [1, 128, H/16, W/16] (C order) is value i
 // of this sequence. Every value depends only on (seed, i), never on threads or order.
+//
+// Any 64-bit seed is valid. A seed drawn at random is below 2^32 (random_seed).
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -23,5 +25,16 @@ std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::array<u
 
 // n standard normal values of the sequence above.
 std::vector<float> gaussian_noise(uint64_t seed, int64_t n);
+
+// Seeds drawn at random are below this bound. A seed is only useful if it survives the trip
+// from the image to the user and back: a JSON number read by JavaScript (and by many other
+// clients) is a double, exact only up to 2^53 - 1, so a random 64-bit seed came back as
+// another number, and so another image. 32 bits are what AUTOMATIC1111 draws too, and a batch
+// that counts up from a drawn seed (seed, seed + 1, ...) stays far below 2^53.
+constexpr uint64_t kRandomSeedBound = uint64_t(1) << 32;
+
+// A seed from the operating system's random source, in [0, kRandomSeedBound): the one way a
+// front end or the pipeline picks a seed the user did not give.
+uint64_t random_seed();
 
 }  // namespace klein

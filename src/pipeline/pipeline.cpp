@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <sstream>
 
 #include "core/error.h"
@@ -58,11 +57,6 @@ class Dumper {
  private:
   fs::path dir_;
 };
-
-uint64_t fresh_seed() {
-  std::random_device rd;
-  return (uint64_t(rd()) << 32) ^ rd();
-}
 
 // The initial packed noise [N, 128]: from the file if given (checked against the size),
 // else drawn from the seed.
@@ -240,7 +234,7 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
   // The noise file replaces the seed: a seed would describe noise that was not used.
   check(o.noise_file.empty() || !o.seed, "--noise and --seed exclude each other: the noise file "
         "is the initial noise");
-  if (o.noise_file.empty()) r.seed = o.seed.value_or(fresh_seed());
+  if (o.noise_file.empty()) r.seed = o.seed ? *o.seed : random_seed();
   g.guided = flux2::uses_guidance(config, r.guidance);
   r.guided = g.guided;
   if (config.is_distilled && ((o.guidance && *o.guidance != 1.0f) || !o.negative_prompt.empty()))

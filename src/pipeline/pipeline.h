@@ -60,7 +60,7 @@ struct GenerateOptions {
   std::string negative_prompt;                    // CFG only (klein-base); "" by default
   int64_t width = 0, height = 0;                  // 0: the first reference's size, else 1024
   int64_t steps = 0;                              // 0: 4 for distilled klein, 50 for base
-  std::optional<uint64_t> seed;                   // none: drawn from the OS (unless noise_file)
+  std::optional<uint64_t> seed;                   // none: random_seed() (unless noise_file)
   std::optional<float> guidance;                  // none: 4.0 for base, 1.0 for distilled
   std::vector<std::filesystem::path> references;  // reference images for editing, in order
   // Image-to-image (Flux2KleinImg2ImgPipeline): start from this picture instead of pure noise.

@@ -1,7 +1,10 @@
 // The page `klein serve` shows at /: a form over the routes the server already has (txt2img,
 // or the OpenAI edits route when reference images are chosen; progress with its preview;
 // interrupt). Query parameters fill the form (prompt, negative, width, height, steps, seed,
-// guidance) and run=1 starts it, so a link can reproduce an image. No external URLs.
+// guidance) and run=1 starts it, so a link can reproduce an image. Each result shows the seed
+// that made it, a button that puts that seed in the form, and a link that saves the server's
+// PNG as it came (with its metadata). Seeds stay strings on the page: a user's seed may be any
+// 64-bit value, which a JavaScript number would round. No external URLs.
 #include "server/page.h"
 
 namespace klein {
@@ -15,14 +18,24 @@ const char* const kServerPage = R"html(<!doctype html>
 <style>
   body { font: 15px/1.4 system-ui, sans-serif; margin: 0 auto; max-width: 980px; padding: 1em; color: #222; }
   h1 { font-size: 1.3em; margin: 0 0 .6em; }
-  form { display: grid; grid-template-columns: 8em 1fr; gap: .4em .8em; align-items: center; }
-  textarea { width: 100%; min-height: 4em; }
-  .row { display: flex; gap: .6em; flex-wrap: wrap; }
-  .row input { width: 6em; }
+  [hidden] { display: none !important; }
+  input, textarea, button { font: inherit; }
+  form { display: grid; grid-template-columns: max-content 1fr; gap: .5em 1em; align-items: center; }
+  textarea { width: 100%; min-height: 4em; box-sizing: border-box; }
+  #negative { width: 100%; box-sizing: border-box; }
+  .row { display: flex; gap: .4em .8em; flex-wrap: wrap; align-items: flex-end; }
+  .field { display: flex; flex-direction: column; }
+  .field label { font-size: .9em; }
+  .field input { width: 6em; }
+  .field #seed { width: 13em; }
+  .hint { color: #666; font-size: .85em; }
   #status { margin: .8em 0; min-height: 1.4em; }
   progress { width: 100%; }
   #images { display: flex; gap: 1em; flex-wrap: wrap; margin-top: 1em; }
-  #images img, #preview { max-width: 100%; image-rendering: pixelated; border: 1px solid #ccc; }
+  figure { margin: 0; min-width: 0; max-width: 100%; }
+  figure img, #preview { display: block; max-width: 100%; image-rendering: pixelated; border: 1px solid #ccc; }
+  figure img { min-width: 256px; }
+  figcaption { display: flex; gap: .6em; align-items: center; flex-wrap: wrap; margin-top: .4em; }
   #preview { width: 256px; }
   .error { color: #b00020; }
 </style>
@@ -32,15 +45,21 @@ const char* const kServerPage = R"html(<!doctype html>
 <form id="form">
   <label for="prompt">Prompt</label>
   <textarea id="prompt" required></textarea>
-  <label for="negative">Negative</label>
-  <input id="negative" placeholder="(klein-base only)">
-  <label>Size, steps</label>
+  <label for="negative">Negative prompt</label>
+  <input id="negative" placeholder="what to avoid (klein-base only)">
+  <span>Settings</span>
   <div class="row">
-    <input id="width" type="number" min="16" step="16" value="512" title="width">
-    <input id="height" type="number" min="16" step="16" value="512" title="height">
-    <input id="steps" type="number" min="1" placeholder="default" title="steps">
-    <input id="seed" type="number" min="-1" value="-1" title="seed (-1: random)">
-    <input id="guidance" type="number" min="0" step="0.1" placeholder="default" title="guidance">
+    <div class="field"><label for="width">Width</label>
+      <input id="width" type="number" min="16" step="16" value="512"></div>
+    <div class="field"><label for="height">Height</label>
+      <input id="height" type="number" min="16" step="16" value="512"></div>
+    <div class="field"><label for="steps">Steps</label>
+      <input id="steps" type="number" min="1" placeholder="default"></div>
+    <div class="field"><label for="seed">Seed <span class="hint">(empty or -1: random)</span></label>
+      <input id="seed" type="text" inputmode="numeric" pattern="-1|[0-9]{1,20}" placeholder="random"
+             autocomplete="off"></div>
+    <div class="field"><label for="guidance">Guidance</label>
+      <input id="guidance" type="number" min="0" step="0.1" placeholder="default"></div>
   </div>
   <label for="refs">References</label>
   <input id="refs" type="file" accept="image/png,image/jpeg" multiple
@@ -53,7 +72,7 @@ const char* const kServerPage = R"html(<!doctype html>
 </form>
 <div id="status"></div>
 <progress id="bar" max="1" value="0" hidden></progress>
-<img id="preview" alt="preview" hidden>
+<img id="preview" alt="step preview" hidden>
 <div id="images"></div>
 <script>
 "use strict";
@@ -89,23 +108,33 @@ async function poll(state) {
     await new Promise((done) => setTimeout(done, 400));
   }
 }
+// The seed field as the digits to send, or "" for a random seed. The digits go into the
+// request as they are: Number() would round a seed above 2^53.
+function seedText() {
+  const text = $("seed").value.trim();
+  if (text === "" || text === "-1") return "";
+  if (!/^[0-9]{1,20}$/.test(text))
+    throw new Error("seed: a whole number from 0 to 18446744073709551615, or empty for a random one");
+  return text;
+}
 // Text to image through txt2img; with reference files, editing through the OpenAI edits
-// route (multipart). Either way: [base64 PNGs], seed, width, height, steps.
+// route (multipart). Either way: [base64 PNGs], [seeds as strings], width, height, steps.
 async function request() {
   const refs = $("refs").files;
-  const seed = Number($("seed").value);
+  const seed = seedText();
   if (refs.length === 0) {
     const body = { prompt: $("prompt").value, negative_prompt: $("negative").value,
-                   width: Number($("width").value), height: Number($("height").value), seed };
+                   width: Number($("width").value), height: Number($("height").value) };
     if ($("steps").value) body.steps = Number($("steps").value);
     if ($("guidance").value) body.cfg_scale = Number($("guidance").value);
-    const r = await fetch("/sdapi/v1/txt2img", { method: "POST", headers: headers(),
-                                                  body: JSON.stringify(body) });
+    let text = JSON.stringify(body);
+    if (seed) text = text.slice(0, -1) + ',"seed":' + seed + "}";
+    const r = await fetch("/sdapi/v1/txt2img", { method: "POST", headers: headers(), body: text });
     const reply = await r.json();
     if (!r.ok) throw new Error(reply.detail || reply.error || r.statusText);
     const info = JSON.parse(reply.info);
-    return { images: reply.images, seed: info.seed, width: info.width, height: info.height,
-             steps: info.steps };
+    return { images: reply.images, seeds: info.all_seeds_str, width: info.width,
+             height: info.height, steps: info.steps };
   }
   const form = new FormData();
   form.append("prompt", $("prompt").value);
@@ -114,7 +143,7 @@ async function request() {
     form.append("size", $("width").value + "x" + $("height").value);
   if ($("steps").value) form.append("steps", $("steps").value);
   if ($("guidance").value) form.append("guidance", $("guidance").value);
-  if (seed >= 0) form.append("seed", String(seed));
+  if (seed) form.append("seed", seed);
   for (const f of refs) form.append("image[]", f, f.name);
   const h = headers();
   delete h["Content-Type"];  // the browser sets the multipart boundary
@@ -124,27 +153,61 @@ async function request() {
   const first = atob(reply.data[0].b64_json);
   // The PNG header holds the size: width and height at bytes 16..23, big-endian.
   const word = (at) => [0, 1, 2, 3].reduce((v, i) => v * 256 + first.charCodeAt(at + i), 0);
-  return { images: reply.data.map((d) => d.b64_json), seed: reply.data[0].seed,
+  return { images: reply.data.map((d) => d.b64_json), seeds: reply.data.map((d) => d.seed_str),
            width: word(16), height: word(20), steps: $("steps").value || "default" };
+}
+// One result: the image, its seed, a button that puts the seed in the form and a link that
+// saves the PNG exactly as the server sent it (a blob of its bytes, metadata included).
+let blobs = [];
+function showResult(png, seed) {
+  const bytes = Uint8Array.from(atob(png), (c) => c.charCodeAt(0));
+  const url = URL.createObjectURL(new Blob([bytes], { type: "image/png" }));
+  blobs.push(url);
+  const figure = document.createElement("figure");
+  figure.className = "result";
+  const img = document.createElement("img");
+  img.src = url;
+  img.alt = "image of seed " + seed;
+  const caption = document.createElement("figcaption");
+  const label = document.createElement("span");
+  label.append("Seed ");
+  const value = document.createElement("output");
+  value.className = "seed";
+  value.textContent = seed;
+  label.append(value);
+  const reuse = document.createElement("button");
+  reuse.type = "button";
+  reuse.className = "reuse";
+  reuse.textContent = "Reuse seed";
+  reuse.title = "put " + seed + " in the seed field";
+  reuse.addEventListener("click", () => { $("seed").value = seed; $("seed").focus(); });
+  const save = document.createElement("a");
+  save.className = "download";
+  save.href = url;
+  save.download = "klein-" + seed + ".png";
+  save.textContent = "Download PNG";
+  save.title = "the PNG as the server made it, with the prompt and settings in its metadata";
+  caption.append(label, reuse, save);
+  figure.append(img, caption);
+  $("images").append(figure);
 }
 async function generate() {
   const state = { running: true };
   $("go").disabled = true;
   $("stop").disabled = false;
   $("images").replaceChildren();
+  delete document.body.dataset.done;
+  for (const url of blobs) URL.revokeObjectURL(url);
+  blobs = [];
   setStatus("waiting for the model...");
   const polling = poll(state);
   const started = performance.now();
   try {
     const info = await request();
-    for (const png of info.images) {
-      const img = document.createElement("img");
-      img.className = "result";
-      img.src = "data:image/png;base64," + png;
-      $("images").append(img);
-    }
-    setStatus("seed " + info.seed + ", " + info.width + "x" + info.height + ", " + info.steps +
-              " steps, " + ((performance.now() - started) / 1000).toFixed(1) + " s");
+    info.images.forEach((png, i) => showResult(png, info.seeds[i]));
+    setStatus((info.seeds.length > 1 ? "seeds " + info.seeds.join(", ") : "seed " + info.seeds[0]) +
+              ", " + info.width + "x" + info.height + ", " + info.steps + " steps, " +
+              ((performance.now() - started) / 1000).toFixed(1) + " s");
     document.body.dataset.done = "ok";
   } catch (e) {
     setStatus(e.message, true);

@@ -10,13 +10,13 @@
 #include <fstream>
 #include <map>
 #include <optional>
-#include <random>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "formats/image/image.h"
+#include "pipeline/noise.h"
 #include "pipeline/preview.h"
 #include "server/page.h"
 #include "server/requests.h"
@@ -196,7 +196,7 @@ struct Server::Impl {
     } idle{*this};
     Made made;
     GenerateOptions& o = request.options;
-    if (!o.seed) o.seed = std::random_device{}() | (uint64_t(std::random_device{}()) << 32);
+    if (!o.seed) o.seed = random_seed();  // below 2^32: seed + i stays exact for every client
     const uint64_t first_seed = *o.seed;
     LiveProgress progress(*this);
     const StepHook preview = [this](const StepView& v) {
@@ -306,12 +306,13 @@ struct Server::Impl {
     return body;
   }
 
-  // OpenAI: {"created": t, "data": [{"b64_json": ..., "revised_prompt": ...}]}
+  // OpenAI: {"created": t, "data": [{"b64_json": ..., "revised_prompt": ...}]}; seed and
+  // seed_str are extensions.
   static json openai_reply(const Made& made, const std::string& prompt) {
     json data = json::array();
     for (size_t i = 0; i < made.png.size(); ++i)
       data.push_back({{"b64_json", made.png[i]}, {"revised_prompt", prompt},
-                      {"seed", made.seeds[i]}});  // seed: an extension
+                      {"seed", made.seeds[i]}, {"seed_str", std::to_string(made.seeds[i])}});
     return {{"created", int64_t(std::time(nullptr))}, {"data", data}};
   }
 
@@ -374,10 +375,14 @@ struct Server::Impl {
     }
     const Made made = generate(std::move(r));
     const GenerateResult& first = made.first;
+    json seed_strings = json::array();
+    for (uint64_t seed : made.seeds) seed_strings.push_back(std::to_string(seed));
     json info = {{"prompt", body.value("prompt", "")},
                  {"negative_prompt", body.value("negative_prompt", "")},
                  {"seed", made.seeds.front()},
                  {"all_seeds", made.seeds},
+                 {"seed_str", seed_strings.front()},  // extensions: the seeds as strings
+                 {"all_seeds_str", seed_strings},
                  {"width", first.width},
                  {"height", first.height},
                  {"steps", first.steps},

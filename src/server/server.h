@@ -19,6 +19,10 @@
 //                                  last step's preview (base64 PNG, one pixel per 8x8)
 //   POST /sdapi/v1/interrupt       cancels the running request (it gets 503)
 //
+// Replies give each seed as a number and as a string (OpenAI data[i].seed_str, A1111 info's
+// seed_str and all_seeds_str): a seed the user gave may be any 64-bit value, and a JSON
+// number above 2^53 - 1 is not exact in JavaScript (random seeds are below 2^32).
+//
 // Requests wait their turn (one generation at a time on the shared compute context); more
 // than max_queue waiting get 429. With an API key every request but /health needs
 // "Authorization: Bearer KEY" (401 otherwise). Bad requests get 400 with a message naming

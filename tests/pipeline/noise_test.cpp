@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "pipeline/noise.h"
 
@@ -34,6 +36,22 @@ TEST(Noise, IsStandardNormalAndReproducible) {
   auto prefix = gaussian_noise(42, 7);
   EXPECT_TRUE(std::equal(prefix.begin(), prefix.end(), a.begin()));
   EXPECT_NE(gaussian_noise(43, 7), prefix);
+}
+
+// Random seeds survive a JSON round trip through JavaScript (exact up to 2^53 - 1), batches
+// counting up from them included, and they use the whole 32-bit range.
+TEST(Seeds, RandomSeedsAreBelow2To32AndUseTheRange) {
+  static_assert(kRandomSeedBound == uint64_t(1) << 32);  // as AUTOMATIC1111 draws them
+  uint64_t highest = 0;
+  std::set<uint64_t> seen;
+  for (int i = 0; i < 10000; ++i) {
+    const uint64_t seed = random_seed();
+    ASSERT_LT(seed, kRandomSeedBound);
+    highest = std::max(highest, seed);
+    seen.insert(seed);
+  }
+  EXPECT_GE(highest, uint64_t(1) << 31);  // 10000 draws all below 2^31: odds 2^-10000
+  EXPECT_GE(seen.size(), 9990u);
 }
 
 }  // namespace
