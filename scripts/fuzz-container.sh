@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the container parser fuzz target with clang (libFuzzer + AddressSanitizer +
-# UndefinedBehaviorSanitizer) in its own build directory and runs it for a bounded time.
+# UndefinedBehaviorSanitizer) in the instrumented build tree and runs it for a bounded time.
 # Usage: scripts/fuzz-container.sh [seconds, default 60] [extra libFuzzer args...]
-# Environment: BUILD_DIR (default build-fuzz), CC/CXX (default clang/clang++).
+# Environment: BUILD_DIR (default build-asan, the tree the sanitizer suite uses too:
+# scripts/configure-sanitize.sh), CC/CXX (default clang/clang++).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,15 +11,11 @@ bash scripts/install-packages.sh clang  # libFuzzer comes with Debian's clang
 
 seconds="${1:-60}"
 shift || true
-build="${BUILD_DIR:-build-fuzz}"
-cc="${CC:-clang}"
-cxx="${CXX:-clang++}"
+build="${BUILD_DIR:-build-asan}"
 
 # The target (CMakeLists.txt, clang only) compiles the parsers' sources itself with
 # -fsanitize=fuzzer; KLEIN_SANITIZE adds ASan and UBSan.
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
-  -DKLEIN_SANITIZE=ON -DKLEIN_FUZZ=ON -DKLEIN_BUILD_TESTS=OFF -DKLEIN_BUILD_BENCH=OFF >/dev/null
+bash scripts/configure-sanitize.sh "$build"
 cmake --build "$build" --target fuzz_container
 
 # Seed corpus: a well-formed header + index written from docs/container.md (two units, three
@@ -62,5 +59,6 @@ assert len(header) == 128, len(header)
 open(sys.argv[1], "wb").write(header + index)
 PY
 
+echo "== fuzz_container: ${seconds}s"
 "$build/fuzz_container" "$corpus" -max_total_time="$seconds" -max_len=4096 -timeout=10 \
   -rss_limit_mb=2048 -print_final_stats=1 "$@"

@@ -6,7 +6,8 @@
 # a leak of a klein::Error into anything else, a hang (-timeout) or an allocation beyond
 # -rss_limit_mb fails the run; the input that did it is left in the build directory.
 # Usage: scripts/fuzz-parsers.sh [seconds per target, default 30] [targets...]
-# Environment: BUILD_DIR (default build-fuzz), CC/CXX (default clang/clang++).
+# Environment: BUILD_DIR (default build-asan, the tree the sanitizer suite uses too:
+# scripts/configure-sanitize.sh), CC/CXX (default clang/clang++).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,11 +17,9 @@ seconds="${1:-30}"
 shift || true
 targets=("$@")
 ((${#targets[@]})) || targets=(safetensors npy image tokenizer config server gguf)
-build="${BUILD_DIR:-build-fuzz}"
+build="${BUILD_DIR:-build-asan}"
 
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_C_COMPILER="${CC:-clang}" -DCMAKE_CXX_COMPILER="${CXX:-clang++}" \
-  -DKLEIN_SANITIZE=ON -DKLEIN_FUZZ=ON -DKLEIN_BUILD_TESTS=OFF -DKLEIN_BUILD_BENCH=OFF >/dev/null
+bash scripts/configure-sanitize.sh "$build"
 cmake --build "$build" --target "${targets[@]/#/fuzz_}"
 
 # Seeds: small valid inputs of each parser, written here (and fuzz/corpus for images).

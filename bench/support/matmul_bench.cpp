@@ -148,7 +148,7 @@ std::vector<MatmulBenchRow> run_matmul_bench(const MatmulBenchOptions& options, 
   for (const MatmulShape& s : shapes) by_nk[{s.N, s.K}].push_back(s.M);
   std::vector<MatmulBenchRow> rows;
   for (const auto& [nk, ms] : by_nk) {
-    const auto [N, K] = nk;
+    const int64_t N = nk.first, K = nk.second;  // (clang 14 cannot capture a structured binding)
     const std::vector<float> wf = bench_float_weights(N, K, uint32_t(N * 31 + K));
     std::map<int64_t, double> sgemm_gops;
     for (DType type : options.types) {
