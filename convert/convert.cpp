@@ -359,19 +359,7 @@ class TensorConverter {
 
 // The tokenizer files are stored as they are; they must load first, so that a container is
 // never written with a tokenizer that fails only when it is used (the error names the files).
-void check_tokenizer(const TokenizerBytes& bytes) {
-  auto view = [](const std::optional<std::string>& s) -> std::optional<std::string_view> {
-    if (!s) return std::nullopt;
-    return std::string_view(*s);
-  };
-  TokenizerFiles files;
-  files.origin = bytes.origin;
-  files.vocab_json = view(bytes.vocab_json);
-  files.merges_txt = view(bytes.merges_txt);
-  files.tokenizer_config_json = view(bytes.tokenizer_config_json);
-  files.tokenizer_json = view(bytes.tokenizer_json);
-  (void)Tokenizer(files);
-}
+void check_tokenizer(const TokenizerBytes& bytes) { (void)Tokenizer(bytes.files()); }
 
 }  // namespace
 

@@ -47,6 +47,25 @@ struct TokenizerFiles {
   std::optional<std::string_view> tokenizer_json;
 };
 
+// The same files held as owned strings (read from a directory, a container or a GGUF's
+// metadata), and the view of them a Tokenizer is built from.
+struct TokenizerBytes {
+  std::string origin;  // where they came from, for error messages
+  std::optional<std::string> vocab_json;
+  std::optional<std::string> merges_txt;
+  std::optional<std::string> tokenizer_config_json;
+  std::optional<std::string> tokenizer_json;
+
+  TokenizerFiles files() const {
+    auto view = [](const std::optional<std::string>& s) -> std::optional<std::string_view> {
+      if (!s) return std::nullopt;
+      return std::string_view(*s);
+    };
+    return {origin, view(vocab_json), view(merges_txt), view(tokenizer_config_json),
+            view(tokenizer_json)};
+  }
+};
+
 // A token matched as a whole in the raw text before any other processing.
 struct AddedToken {
   int32_t id = -1;

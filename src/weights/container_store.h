@@ -21,6 +21,7 @@
 #include <string>
 
 #include "formats/container/reader.h"
+#include "tokenizer/tokenizer.h"  // TokenizerBytes
 #include "weights/model_source.h"
 #include "weights/residency_tracker.h"
 #include "weights/unit_lease.h"
@@ -31,16 +32,6 @@ namespace klein {
 struct ContainerOptions {
   bool check_on_first_acquire = true;  // XXH3 of a unit every time it is paged in
   Residency residency = Residency::Paged;
-};
-
-// The contents of a model's tokenizer files (absent ones are nullopt); klein::TokenizerFiles
-// can view them.
-struct TokenizerBytes {
-  std::string origin;  // where they came from, for error messages
-  std::optional<std::string> vocab_json;
-  std::optional<std::string> merges_txt;
-  std::optional<std::string> tokenizer_config_json;
-  std::optional<std::string> tokenizer_json;
 };
 
 class ContainerStore final : public WeightStore {

@@ -153,7 +153,7 @@ TEST(CApi, InpaintingMakesTheCliPixels) {
 // LoRAs through the library: the CLI's pixels with the same files and scales.
 TEST(CApi, LorasMakeTheCliPixels) {
   const fs::path out = testing::temp_dir("capi-lora");
-  const fs::path loras = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "lora";
+  const fs::path loras = testing::lora_fixtures();
   const std::string bfl = (loras / "bfl.safetensors").string();
   const std::string kohya = (loras / "kohya.safetensors").string();
   Opened m;

@@ -1,9 +1,9 @@
 #include <gtest/gtest.h>
 
+#include "bench/support/synthetic.h"
 #include "support/testing.h"
 #include "weights/expected.h"
 #include "weights/model_source.h"
-#include "bench/support/synthetic.h"
 
 namespace klein {
 namespace {
@@ -56,8 +56,7 @@ TEST(SyntheticModel, TokenizerDirectoryOfEitherLayout) {
   SyntheticModelOptions o = small_model("synth-tokenizer-json");
   o.tokenizer_dir = o.out_dir.parent_path() / "tokenizer";
   fs::create_directories(o.tokenizer_dir);
-  fs::create_symlink(fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "tokenizer-json" /
-                         "merge-pairs" / "tokenizer.json",
+  fs::create_symlink(testing::tokenizer_json_fixture("merge-pairs"),
                      o.tokenizer_dir / "tokenizer.json");
   write_synthetic_model(o);
   EXPECT_TRUE(fs::exists(o.out_dir / "tokenizer" / "tokenizer.json"));

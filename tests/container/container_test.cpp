@@ -637,11 +637,7 @@ TEST(Convert, CliConvertVerifyInspect) {
   const fs::path dir = testing::temp_dir("cli");
   const fs::path out = dir / "tiny.klein";
   std::string log;
-  ASSERT_EQ(
-      testing::run_klein(
-          "convert -m " + testing::tiny_model().string() + " -o " + out.string() + " -t f16", &log),
-      0)
-      << log;
+  ASSERT_TRUE(testing::convert_tiny(out, "-t f16", &log));
   EXPECT_NE(log.find("transformer.double.1"), std::string::npos) << log;
   EXPECT_NE(log.find("MB/s"), std::string::npos) << log;
   EXPECT_EQ(testing::run_klein("verify -q " + out.string(), &log), 0) << log;

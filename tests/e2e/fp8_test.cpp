@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <string>
 
-#include "core/files.h"
 #include <nlohmann/json.hpp>
+#include "core/files.h"
 #include "e2e/golden_dump.h"
 #include "support/testing.h"
 #include "weights/model_source.h"
@@ -27,8 +27,7 @@ const fs::path kSource = KLEIN_SOURCE_DIR;
 using testing::shell_arg;
 using testing::tiny_components;
 
-const std::string kRun = " -p \"a red cube on a table\" -s 4 -W 64 -H 64 --seed 7 --no-cache "
-                         "--threads 2 -q";
+const std::string kRun = testing::kComparedRun;
 
 // The fixtures, made once for the program.
 class Fp8Fixtures : public ::testing::Test {

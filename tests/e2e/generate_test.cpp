@@ -424,8 +424,7 @@ TEST(ContainerCli, ContainerChangedDuringTheRunIsAnErrorNotACrash) {
   const fs::path out = testing::temp_dir("container-meddle");
   const fs::path original = out / "tiny.klein";
   std::string log;
-  ASSERT_EQ(testing::run_klein("convert -m " + testing::tiny_model().string() + " -t q8 -o " +
-                                   original.string(), &log), 0) << log;
+  ASSERT_TRUE(testing::convert_tiny(original, "-t q8"));
   const std::string text = read_text_file(original);
   const std::string args = " -p x -W 512 -H 512 -s 8 --seed 1 --no-cache --threads 2 -o ";
 
@@ -532,8 +531,7 @@ TEST(ContainerCli, ConvertVerifyGenerateMatchesTheSource) {
   const fs::path out = testing::temp_dir("container-e2e");
   const fs::path ctr = out / "tiny-bf16.klein";
   std::string log;
-  ASSERT_EQ(testing::run_klein("convert -m " + testing::tiny_model().string() + " -t bf16 -o " +
-                                   ctr.string(), &log), 0) << log;
+  ASSERT_TRUE(testing::convert_tiny(ctr, "-t bf16"));
   ASSERT_EQ(testing::run_klein("verify " + ctr.string(), &log), 0) << log;
   const std::string noise =
       (testing::tiny_vectors() / "e2e" / "t2i_h64_w64" / "noise.npy").string();
@@ -598,11 +596,7 @@ TEST(ContainerCli, QuantizedGenerationsStayWithinTheirBounds) {
     const fs::path ctr = out / (std::string("tiny-") + b.type + ".klein");
     const fs::path png = out / (std::string(b.type) + ".png");
     std::string log;
-    ASSERT_EQ(testing::run_klein("convert -m " + testing::tiny_model().string() + " -t " +
-                                     b.type + " -o " + ctr.string(),
-                                 &log),
-              0)
-        << log;
+    ASSERT_TRUE(testing::convert_tiny(ctr, std::string("-t ") + b.type));
     ASSERT_EQ(testing::run_klein("generate -m " + ctr.string() +
                                      " -p \"A cat holding a sign that says hello world\" -W 64" +
                                      " -H 64 --noise " + (ref_dir / "noise.npy").string() +

@@ -28,8 +28,7 @@ const fs::path kSource = KLEIN_SOURCE_DIR;
 
 using testing::shell_arg;
 
-const std::string kRun = " -p \"a red cube on a table\" -s 4 -W 64 -H 64 --seed 7 --no-cache "
-                         "--threads 2 -q";
+const std::string kRun = testing::kComparedRun;
 
 // The fixture directory, made once per test program; empty when gguf-py is not available.
 const fs::path& fixtures() {
@@ -50,10 +49,11 @@ const fs::path& fixtures() {
   return dir;
 }
 
-#define NEED_FIXTURES()                                                                         \
-  if (fixtures().empty())                                                                       \
-  GTEST_SKIP() << "GGUF_PY does not name gguf-py (the gguf-py directory of a llama.cpp checkout); " \
-                  "python3-numpy is needed too"
+#define NEED_FIXTURES()                                                                    \
+  if (fixtures().empty())                                                                  \
+  GTEST_SKIP()                                                                             \
+      << "GGUF_PY does not name gguf-py (the gguf-py directory of a llama.cpp checkout); " \
+         "python3-numpy is needed too"
 
 std::string vae() {
   return shell_arg(testing::tiny_model() / "vae" / "diffusion_pytorch_model.safetensors");
@@ -95,7 +95,8 @@ TEST(GgufModel, ConvertedGivesTheGenerationOfItsDecodedWeights) {
   // (prompt embedding included, so the tokenizer from the metadata gave the same ids).
   convert(gguf_model(), "f32", dir / "f32.klein");
   generate(" -m " + shell_arg(dir / "f32.klein"), dir, "f32");
-  testing::expect_dump_matches(dir / "f32", dir / "reference", {"prompt_embeds", "final_latents", "image"}, 4);
+  testing::expect_dump_matches(dir / "f32", dir / "reference",
+                               {"prompt_embeds", "final_latents", "image"}, 4);
   testing::expect_png_matches(dir / "f32.png", dir / "reference.png", 64, 64);
   // Q8: the Q8_0 tensors are repacked, the rest quantized from the decoded values; the
   // reference quantized by the same converter gives the same image.
@@ -116,7 +117,8 @@ TEST(GgufModel, ConvertedGivesTheGenerationOfItsDecodedWeights) {
   const auto report = nlohmann::json::parse(read_text_file(dir / "report" / "report.json"));
   std::set<std::string> exact;
   for (const auto& t : report["tensors"])
-    if (t["type"] == "q8" && t["rmse"].get<double>() == 0.0) exact.insert(t["name"].get<std::string>());
+    if (t["type"] == "q8" && t["rmse"].get<double>() == 0.0)
+      exact.insert(t["name"].get<std::string>());
   // The fixture stores every 7th matrix as Q8_0, the embedding among them.
   EXPECT_GE(exact.size(), 20u);
   EXPECT_TRUE(exact.count("text_encoder.model.embed_tokens.weight"));

@@ -6,6 +6,12 @@
 
 namespace klein::testing {
 
+// The generate arguments of the end-to-end comparisons where the weights change but the run
+// does not (FP8, GGUF and LoRA sources against their reference weights): a fixed prompt, 4
+// steps at 64x64, seed 7, no cache, 2 threads, quiet.
+inline constexpr const char* kComparedRun =
+    " -p \"a red cube on a table\" -s 4 -W 64 -H 64 --seed 7 --no-cache --threads 2 -q";
+
 // <testdata>/<set>/vectors/<kind>: a golden set next to klein-tiny (say klein-tiny-edit,
 // inpaint).
 std::filesystem::path golden_vectors(const std::string& set, const std::string& kind);

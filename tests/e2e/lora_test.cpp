@@ -19,13 +19,17 @@ namespace {
 namespace fs = std::filesystem;
 
 const fs::path kSource = KLEIN_SOURCE_DIR;
-const fs::path kLoras = kSource / "tests" / "data" / "lora";
 
 using testing::shell_arg;
 using testing::tiny_components;
 
-const std::string kRun = " -p \"a red cube on a table\" -s 4 -W 64 -H 64 --seed 7 --no-cache "
-                         "--threads 2 -q";
+// One of the LoRA fixtures (tools/lora/lora_fixture.py make, run once by the test program).
+fs::path lora_file(const std::string& name) {
+  const std::string file = name.find('.') == std::string::npos ? name + ".safetensors" : name;
+  return testing::lora_fixtures() / file;
+}
+
+const std::string kRun = testing::kComparedRun;
 
 // The reference: the LoRAs merged into the tiny transformer by the fixture script.
 fs::path reference_merge(const fs::path& dir, const std::string& loras) {
@@ -54,8 +58,8 @@ TEST_P(LoraMatchesMerge, AtEveryStep) {
     const size_t space = rest.find(' ');
     const std::string one = rest.substr(0, space);
     rest = space == std::string::npos ? "" : rest.substr(space + 1);
-    merge_args += " " + shell_arg(kLoras / one);
-    lora_args += " --lora " + shell_arg(kLoras / one);
+    merge_args += " " + shell_arg(lora_file(one));
+    lora_args += " --lora " + shell_arg(lora_file(one));
   }
   const fs::path merged = reference_merge(dir, merge_args);
   ASSERT_TRUE(fs::exists(merged));
@@ -87,34 +91,30 @@ TEST_P(LoraMatchesMerge, AtEveryStep) {
   EXPECT_NE(read_text_file(dir / "lora.png").find("LoRA: "), std::string::npos);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    TinyModel, LoraMatchesMerge,
-    ::testing::Values(
-        // diffusers/PEFT (BF16), BFL/ai-toolkit (fused QKV, final-layer swap, alpha) and kohya
-        // (lora_down/up, alpha, a user scale) at once.
-        LoraCase{"all", "peft.safetensors bfl.safetensors kohya.safetensors:0.7"},
-        LoraCase{"bfl_negative", "bfl.safetensors:-0.5"}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(TinyModel, LoraMatchesMerge,
+                         ::testing::Values(
+                             // diffusers/PEFT (BF16), BFL/ai-toolkit (fused QKV, final-layer swap,
+                             // alpha) and kohya (lora_down/up, alpha, a user scale) at once.
+                             LoraCase{"all",
+                                      "peft.safetensors bfl.safetensors kohya.safetensors:0.7"},
+                             LoraCase{"bfl_negative", "bfl.safetensors:-0.5"}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // On a quantized container the updates run beside the Q8 weights: the result is the merged
 // reference's within the container's quantization error, and not the plain container's.
 TEST(LoraOnContainer, AddsTheUpdatesBesideQuantizedWeights) {
   const fs::path dir = testing::temp_dir("lora-container");
-  const fs::path merged = reference_merge(dir, shell_arg(kLoras / "bfl.safetensors"));
+  const fs::path merged = reference_merge(dir, shell_arg(lora_file("bfl")));
   const fs::path container = dir / "tiny-q8.klein";
   std::string log;
-  ASSERT_EQ(testing::run_klein("convert -m " + shell_arg(testing::tiny_model()) + " -t q8 -q -o " +
-                                   shell_arg(container),
-                               &log),
-            0)
-      << log;
+  ASSERT_TRUE(testing::convert_tiny(container, "-t q8 -q"));
   ASSERT_EQ(testing::run_klein("generate" + tiny_components(merged) + kRun + " --dump " +
                                    shell_arg(dir / "merged") + " -o " + shell_arg(dir / "m.png"),
                                &log),
             0)
       << log;
   ASSERT_EQ(testing::run_klein("generate -m " + shell_arg(container) + " --lora " +
-                                   shell_arg(kLoras / "bfl.safetensors") + kRun + " --dump " +
+                                   shell_arg(lora_file("bfl")) + kRun + " --dump " +
                                    shell_arg(dir / "lora") + " -o " + shell_arg(dir / "l.png"),
                                &log),
             0)
@@ -137,7 +137,7 @@ TEST(LoraOnContainer, AddsTheUpdatesBesideQuantizedWeights) {
 // merge's result, records the LoRA, and -q prints nothing.
 TEST(LoraMergedByConvert, MatchesTheReferenceMerge) {
   const fs::path dir = testing::temp_dir("lora-convert");
-  const fs::path bfl = kLoras / "bfl.safetensors", kohya = kLoras / "kohya.safetensors";
+  const fs::path bfl = lora_file("bfl"), kohya = lora_file("kohya");
   const fs::path merged =
       reference_merge(dir, shell_arg(bfl) + " " + shell_arg(kohya.string() + ":0.7"));
   const fs::path container = dir / "merged.klein";
@@ -184,7 +184,7 @@ TEST(LoraErrors, RefusedBeforeAnyWork) {
     EXPECT_FALSE(fs::exists(out));
   };
   refused(shell_arg(dir / "missing.safetensors"), "missing.safetensors: no such file");
-  refused(shell_arg(kLoras / "bfl.safetensors") + ":abc", "no such file");
+  refused(shell_arg(lora_file("bfl")) + ":abc", "no such file");
 
   // Made with the fixture script's writer: a module for another model's width, a
   // text-encoder LoRA, a module with A but no B, a DoRA magnitude.
@@ -197,15 +197,20 @@ TEST(LoraErrors, RefusedBeforeAnyWork) {
     return shell_arg(dir / name);
   };
   refused(write("wide.safetensors",
-                "'transformer.transformer_blocks.0.attn.to_q.lora_A.weight': ('F32', [2, 512], [0.0]*1024),"
-                "'transformer.transformer_blocks.0.attn.to_q.lora_B.weight': ('F32', [512, 2], [0.0]*1024)"),
+                "'transformer.transformer_blocks.0.attn.to_q.lora_A.weight': ('F32', [2, 512], "
+                "[0.0]*1024),"
+                "'transformer.transformer_blocks.0.attn.to_q.lora_B.weight': ('F32', [512, 2], "
+                "[0.0]*1024)"),
           "made for another model");
   refused(write("te.safetensors",
-                "'lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_down.weight': ('F32', [1, 4], [0.0]*4),"
-                "'lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_up.weight': ('F32', [4, 1], [0.0]*4)"),
+                "'lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_down.weight': ('F32', [1, 4], "
+                "[0.0]*4),"
+                "'lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_up.weight': ('F32', [4, 1], "
+                "[0.0]*4)"),
           "adapts the text encoder");
   refused(write("half.safetensors",
-                "'diffusion_model.single_blocks.0.linear2.lora_A.weight': ('F32', [2, 1024], [0.0]*2048)"),
+                "'diffusion_model.single_blocks.0.linear2.lora_A.weight': ('F32', [2, 1024], "
+                "[0.0]*2048)"),
           "single_blocks.0.linear2 has A");
   refused(write("dora.safetensors",
                 "'transformer.proj_out.lora_A.weight': ('F32', [1, 256], [0.0]*256),"

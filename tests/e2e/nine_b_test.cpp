@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/npy.h"
+#include "flux2/official_forward.h"
 #include "formats/image/image.h"
 #include "models/flux2/positions.h"
 #include "models/flux2/transformer.h"
@@ -73,14 +74,6 @@ double tolerance(const std::string& file) {
 std::vector<int32_t> read_i32(const fs::path& path) {
   const std::vector<int64_t> wide = read_npy(path).to_i64();
   return {wide.begin(), wide.end()};
-}
-
-// A [rows, width] tensor from a [1, rows, width] .npy.
-Tensor load_rows(const fs::path& path) {
-  NpyArray a = read_npy(path);
-  Tensor t = a.to_tensor();
-  t.reshape({numel(a.shape) / a.shape.back(), a.shape.back()});
-  return t;
 }
 
 class NineBShape : public ::testing::Test {
@@ -138,37 +131,9 @@ struct ForwardCase {
 // One forward pass of the transformer on the stored inputs; the target rows' velocity.
 std::vector<float> forward(WeightStore& store, const ForwardCase& c, Compute& cx,
                            const flux2::Observer& observe = {}) {
-  using namespace flux2;
-  const auto path = [&](const std::string& what) {
-    return vectors() / "transformer" / (c.name + "_" + what + ".npy");
-  };
-  Transformer model(store);
-  const Tensor context = load_rows(path("encoder_hidden_states"));
-  const Tensor hidden = load_rows(path("hidden_states"));  // [N_img + N_ref, 128]
-  const float timestep = read_npy(path("timestep")).to_f32()[0];
-  const int64_t n_img = c.layout.target_tokens();
-  std::vector<Tensor> ref_tokens;
-  std::vector<ReferenceTokens> refs;
-  int64_t row = n_img;
-  for (const LatentGrid& g : c.layout.references) {
-    Tensor t({g.tokens(), hidden.dim(1)});
-    std::memcpy(t.data(), hidden.row(row), size_t(t.numel()) * sizeof(float));
-    row += g.tokens();
-    ref_tokens.push_back(std::move(t));
-  }
-  for (size_t i = 0; i < ref_tokens.size(); ++i)
-    refs.push_back({&ref_tokens[i], c.layout.references[i]});
-  EXPECT_EQ(row, hidden.dim(0));
-  const RopeTable rope(joint_position_ids(c.layout), model.config().rope_axes,
-                       model.config().rope_theta);
-  const Tensor text = model.embed_text(context, cx);
-  const Tensor embedded_refs = model.embed_references(refs, cx);
-  Activations act(model.config(), c.layout);
-  Modulation mod(model.config());
-  model.modulate(timestep, mod, cx);
-  std::vector<float> velocity(size_t(n_img * model.config().out_channels));
-  model.forward(hidden.data(), text, &embedded_refs, mod, rope, act, velocity.data(), cx, observe);
-  return velocity;
+  flux2::Transformer model(store);
+  return testing::official_forward(model, (vectors() / "transformer" / (c.name + "_")).string(),
+                                   c.layout, cx, observe);
 }
 
 TEST_F(NineBShape, TransformerMatchesEveryBlockOfTheOfficialForward) {

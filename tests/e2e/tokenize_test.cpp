@@ -50,7 +50,7 @@ Ids read_ids_npy(const std::string& name) {
 }
 
 // The tiny model as a diffusers directory whose tokenizer/ holds only tokenizer.json (the
-// fixture of tests/data/tokenizer-json); every other part is a link to the original.
+// fixture tools/tokenizer_json writes at test time); every other part is a link to the original.
 fs::path tiny_model_with_only_tokenizer_json(const fs::path& dir) {
   fs::create_directories(dir);
   for (const auto& entry : fs::directory_iterator(testing::tiny_model())) {
@@ -58,8 +58,7 @@ fs::path tiny_model_with_only_tokenizer_json(const fs::path& dir) {
     fs::create_symlink(entry.path(), dir / entry.path().filename());
   }
   fs::create_directory(dir / "tokenizer");
-  fs::create_symlink(fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "tokenizer-json" /
-                         "merge-pairs" / "tokenizer.json",
+  fs::create_symlink(testing::tokenizer_json_fixture("merge-pairs"),
                      dir / "tokenizer" / "tokenizer.json");
   return dir;
 }
@@ -97,11 +96,7 @@ TEST(TokenizeCli, ContainerFromVocabAndMerges) {
   const fs::path out = testing::temp_dir("tokenize-container");
   const fs::path container = out / "tiny.klein";
   std::string log;
-  ASSERT_EQ(
-      testing::run_klein(
-          "convert -m " + testing::tiny_model().string() + " -t q8 -o " + container.string(), &log),
-      0)
-      << log;
+  ASSERT_TRUE(testing::convert_tiny(container, "-t q8"));
   EXPECT_EQ(stored_tokenizer_files(container),
             (std::vector<std::string>{"merges.txt", "tokenizer_config.json", "vocab.json"}));
   expect_pipeline_inputs(container);

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/npy.h"
+#include "flux2/official_forward.h"
 #include "models/flux2/positions.h"
 #include "models/flux2/transformer.h"
 #include "support/testing.h"
@@ -19,6 +20,8 @@
 
 namespace klein::flux2 {
 namespace {
+
+using testing::load_rows;
 
 constexpr double kTolerance = 1e-4;  // max|diff| / max|ref|, README "Tolerances observed"
 
@@ -49,15 +52,6 @@ std::filesystem::path vector_path(const std::string& case_name, const std::strin
   return ::testing::AssertionFailure() << ref.filename() << ": scaled diff " << s;
 }
 
-// A context [T, width] from a [1, T, width] .npy.
-Tensor load_rows(const std::filesystem::path& path) {
-  NpyArray a = read_npy(path);
-  Tensor t = a.to_tensor();
-  const Shape& s = a.shape;
-  t.reshape({numel(s) / s.back(), s.back()});
-  return t;
-}
-
 struct Case {
   std::string name;
   TokenLayout layout;
@@ -72,40 +66,11 @@ class TransformerTest : public testing::TinyModelSuite {
   // Runs the case's forward pass; the target velocity goes to `velocity`.
   static std::vector<float> run(const Case& c, Compute& cx, const Observer& observe = {}) {
     Transformer model(*store_);
-    const int64_t T = c.layout.text_tokens, N_img = c.layout.target_tokens();
-    const Tensor context = load_rows(vector_path(c.name, "encoder_hidden_states"));
-    const Tensor hidden = load_rows(vector_path(c.name, "hidden_states"));  // [N_img + N_ref, 128]
-    const float timestep = read_npy(vector_path(c.name, "timestep")).to_f32()[0];
-
-    // The reference tokens are the rows after the target's.
-    std::vector<Tensor> ref_tokens;
-    std::vector<ReferenceTokens> refs;
-    int64_t row = N_img;
-    for (const LatentGrid& g : c.layout.references) {
-      Tensor t({g.tokens(), hidden.dim(1)});
-      std::memcpy(t.data(), hidden.row(row), size_t(t.numel()) * sizeof(float));
-      row += g.tokens();
-      ref_tokens.push_back(std::move(t));
-    }
-    for (size_t i = 0; i < ref_tokens.size(); ++i)
-      refs.push_back({&ref_tokens[i], c.layout.references[i]});
-
-    const RopeTable rope(joint_position_ids(c.layout), model.config().rope_axes,
-                         model.config().rope_theta);
-    const Tensor text = model.embed_text(context, cx);
-    EXPECT_EQ(text.dim(0), T);
-    const Tensor embedded_refs = model.embed_references(refs, cx);
-    Activations act(model.config(), c.layout);
-    Modulation mod(model.config());
-    model.modulate(timestep, mod, cx);
-    std::vector<float> velocity(size_t(N_img * model.config().out_channels));
-    model.forward(hidden.data(), text, &embedded_refs, mod, rope, act, velocity.data(), cx,
-                  observe);
-    return velocity;
+    return testing::official_forward(
+        model, (testing::tiny_vectors() / "transformer" / (c.name + "_")).string(), c.layout, cx,
+        observe);
   }
-
 };
-
 
 TEST(PositionIds, MatchThePipelineIds) {
   for (const Case& c : {t2i_64x64(), t2i_64x96(), i2i_ref0()}) {
@@ -151,8 +116,8 @@ TEST_F(TransformerTest, TimestepEmbeddingAndModulationMatch) {
   Transformer model(*store_);
   Modulation mod(model.config());
   model.modulate(read_npy(vector_path(c.name, "timestep")).to_f32()[0], mod, cx);
-  EXPECT_TRUE(close_to(mod.temb.data(), mod.temb.numel(),
-                       vector_path(c.name, "time_guidance_embed")));
+  EXPECT_TRUE(
+      close_to(mod.temb.data(), mod.temb.numel(), vector_path(c.name, "time_guidance_embed")));
   EXPECT_TRUE(close_to(mod.img.data(), mod.img.numel(),
                        vector_path(c.name, "double_stream_modulation_img")));
   EXPECT_TRUE(close_to(mod.txt.data(), mod.txt.numel(),
@@ -178,12 +143,14 @@ TEST_F(TransformerTest, TextToImage64x64MatchesEveryIntermediate) {
     seen[std::string(name)].assign(data, data + numel(s));
   };
   const std::vector<float> v = run(c, cx, record);
-  const std::vector<std::string> expected = {
-      "x_embedder",
-      "transformer_blocks.0.txt", "transformer_blocks.0.img",
-      "transformer_blocks.1.txt", "transformer_blocks.1.img",
-      "single_transformer_blocks.0", "single_transformer_blocks.1",
-      "norm_out"};
+  const std::vector<std::string> expected = {"x_embedder",
+                                             "transformer_blocks.0.txt",
+                                             "transformer_blocks.0.img",
+                                             "transformer_blocks.1.txt",
+                                             "transformer_blocks.1.img",
+                                             "single_transformer_blocks.0",
+                                             "single_transformer_blocks.1",
+                                             "norm_out"};
   for (const std::string& name : expected) {
     SCOPED_TRACE(name);
     ASSERT_TRUE(seen.count(name)) << "observer never saw " << name;

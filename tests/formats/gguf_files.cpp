@@ -7,21 +7,12 @@
 #include <regex>
 
 #include "core/files.h"
+#include "support/gguf_bytes.h"
 #include "support/testing.h"
 
 namespace klein::testing {
 
 namespace {
-
-struct Out {
-  std::string bytes;
-  void u32(uint32_t v) { bytes.append(reinterpret_cast<const char*>(&v), 4); }
-  void u64(uint64_t v) { bytes.append(reinterpret_cast<const char*>(&v), 8); }
-  void str(const std::string& s) {
-    u64(s.size());
-    bytes += s;
-  }
-};
 
 struct GgmlType {
   uint32_t id;
@@ -42,11 +33,8 @@ GgmlType ggml_type(const std::string& dtype) {
 
 void write_gguf(const std::filesystem::path& path, const std::vector<GgufKey>& metadata,
                 const std::vector<StTensor>& tensors) {
-  Out o;
-  o.bytes = "GGUF";
-  o.u32(3);
-  o.u64(tensors.size());
-  o.u64(metadata.size());
+  GgufBytes o;
+  o.header(tensors.size(), metadata.size());
   for (const GgufKey& k : metadata) {
     o.str(k.key);
     if (auto* s = std::get_if<std::string>(&k.value)) {
@@ -77,17 +65,13 @@ void write_gguf(const std::filesystem::path& path, const std::vector<GgufKey>& m
     EXPECT_TRUE(whole_blocks &&
                 int64_t(t.bytes.size()) == numel(t.shape) / type.block_elems * type.block_bytes)
         << "write_gguf: " << t.name << " holds " << t.bytes.size() << " bytes for its shape";
-    o.str(t.name);
-    o.u32(uint32_t(t.shape.size()));
-    for (auto it = t.shape.rbegin(); it != t.shape.rend(); ++it) o.u64(uint64_t(*it));
-    o.u32(type.id);
-    o.u64(offset);
+    o.tensor(t.name, std::vector<uint64_t>(t.shape.rbegin(), t.shape.rend()), type.id, offset);
     offset = (offset + t.bytes.size() + 31) / 32 * 32;
   }
-  o.bytes.resize((o.bytes.size() + 31) / 32 * 32, '\0');
+  o.pad();
   for (const StTensor& t : tensors) {
     o.bytes.append(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
-    o.bytes.resize((o.bytes.size() + 31) / 32 * 32, '\0');
+    o.pad();
   }
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   ASSERT_TRUE(out) << "cannot write " << path;
@@ -101,11 +85,16 @@ void write_llama_cpp_text_encoder(const std::filesystem::path& path,
     for (StTensor t : read_all(tiny_model() / "text_encoder" / shard)) {
       if (transform) transform(t);
       static const std::vector<std::pair<std::string, std::string>> layer = {
-          {"self_attn.q_proj.weight", "attn_q.weight"}, {"self_attn.k_proj.weight", "attn_k.weight"},
-          {"self_attn.v_proj.weight", "attn_v.weight"}, {"self_attn.o_proj.weight", "attn_output.weight"},
-          {"self_attn.q_norm.weight", "attn_q_norm.weight"}, {"self_attn.k_norm.weight", "attn_k_norm.weight"},
-          {"input_layernorm.weight", "attn_norm.weight"}, {"post_attention_layernorm.weight", "ffn_norm.weight"},
-          {"mlp.gate_proj.weight", "ffn_gate.weight"}, {"mlp.up_proj.weight", "ffn_up.weight"},
+          {"self_attn.q_proj.weight", "attn_q.weight"},
+          {"self_attn.k_proj.weight", "attn_k.weight"},
+          {"self_attn.v_proj.weight", "attn_v.weight"},
+          {"self_attn.o_proj.weight", "attn_output.weight"},
+          {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+          {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+          {"input_layernorm.weight", "attn_norm.weight"},
+          {"post_attention_layernorm.weight", "ffn_norm.weight"},
+          {"mlp.gate_proj.weight", "ffn_gate.weight"},
+          {"mlp.up_proj.weight", "ffn_up.weight"},
           {"mlp.down_proj.weight", "ffn_down.weight"}};
       std::smatch m;
       static const std::regex re(R"(^model\.layers\.(\d+)\.(.*)$)");
@@ -149,13 +138,13 @@ void write_llama_cpp_text_encoder(const std::filesystem::path& path,
     at = end + 1;
   }
   write_gguf(path,
-                      {{"general.architecture", std::string("qwen3")},
-                       {"tokenizer.ggml.model", std::string("gpt2")},
-                       {"tokenizer.ggml.tokens", tokens},
-                       {"tokenizer.ggml.token_type", types},
-                       {"tokenizer.ggml.merges", merges},
-                       {"tokenizer.ggml.eos_token_id", uint32_t(151645)}},
-                      tensors);
+             {{"general.architecture", std::string("qwen3")},
+              {"tokenizer.ggml.model", std::string("gpt2")},
+              {"tokenizer.ggml.tokens", tokens},
+              {"tokenizer.ggml.token_type", types},
+              {"tokenizer.ggml.merges", merges},
+              {"tokenizer.ggml.eos_token_id", uint32_t(151645)}},
+             tensors);
 }
 
 }  // namespace klein::testing

@@ -190,11 +190,7 @@ TEST_F(TokenizerSources, GgufWithoutTokenizerLeavesItToTheDirectoryOfM) {
 TEST_F(TokenizerSources, ContainerOfMCarriesItsOwn) {
   const fs::path container = dir_ / "tiny.klein";
   std::string log;
-  ASSERT_EQ(testing::run_klein("convert -m " + shell_arg(testing::tiny_model()) +
-                                   " -t keep -q -o " + shell_arg(container),
-                               &log),
-            0)
-      << log;
+  ASSERT_TRUE(testing::convert_tiny(container, "-t keep -q"));
   ModelPaths p;
   p.model = container;
   EXPECT_EQ(tokenizer_source(p).kind, Kind::Container);

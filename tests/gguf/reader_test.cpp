@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "support/gguf_bytes.h"
 #include "support/testing.h"
 
 namespace klein {
@@ -17,32 +18,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::AllOf;
-using ::testing::HasSubstr;
 using testing::error_of;
+using ::testing::HasSubstr;
 
 // Writes GGUF bytes: the header fields as given, so that each test can break one.
-struct Builder {
-  std::string bytes;
-  void u32(uint32_t v) { bytes.append(reinterpret_cast<const char*>(&v), 4); }
-  void u64(uint64_t v) { bytes.append(reinterpret_cast<const char*>(&v), 8); }
-  void str(const std::string& s) {
-    u64(s.size());
-    bytes += s;
-  }
-  void header(uint64_t tensors, uint64_t kvs, uint32_t version = 3) {
-    bytes += "GGUF";
-    u32(version);
-    u64(tensors);
-    u64(kvs);
-  }
-  void tensor(const std::string& name, std::vector<uint64_t> ne, uint32_t type, uint64_t offset) {
-    str(name);
-    u32(uint32_t(ne.size()));
-    for (uint64_t n : ne) u64(n);
-    u32(type);
-    u64(offset);
-  }
-  void pad(size_t align = 32) { bytes.resize((bytes.size() + align - 1) / align * align, '\0'); }
+struct Builder : testing::GgufBytes {
   fs::path write(const std::string& name) const {
     const fs::path p = testing::temp_dir("gguf-reader") / name;
     std::ofstream(p, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
@@ -74,8 +54,8 @@ TEST(GgufReader, ReadsMetadataAndTensors) {
   b.u32(4);  // u32 items
   b.u64(3);
   for (uint32_t v : {1u, 2u, 3u}) b.u32(v);
-  b.tensor("w", {4, 2}, 0, 0);       // F32, our shape [2, 4]
-  b.tensor("h", {2, 1, 3}, 1, 32);   // F16, our shape [3, 1, 2]
+  b.tensor("w", {4, 2}, 0, 0);      // F32, our shape [2, 4]
+  b.tensor("h", {2, 1, 3}, 1, 32);  // F16, our shape [3, 1, 2]
   b.pad();
   const size_t data = b.bytes.size();
   const float w[8] = {0, 1, 2, 3, 4, 5, 6, 7};
@@ -112,7 +92,8 @@ TEST(GgufReader, ReadsMetadataAndTensors) {
 TEST(GgufReader, RefusesWhatIsNotGguf) {
   Builder b;
   b.bytes = "GGML and then some";
-  EXPECT_THAT(open_error(b.write("magic.gguf")), AllOf(HasSubstr("magic.gguf"), HasSubstr("not a GGUF file")));
+  EXPECT_THAT(open_error(b.write("magic.gguf")),
+              AllOf(HasSubstr("magic.gguf"), HasSubstr("not a GGUF file")));
   Builder v1;
   v1.header(0, 0, 1);
   EXPECT_THAT(open_error(v1.write("v1.gguf")), HasSubstr("version 1"));
@@ -142,7 +123,8 @@ TEST(GgufReader, RefusesTruncatedHeaders) {
   }
   Builder data_cut;
   data_cut.bytes = b.bytes.substr(0, b.bytes.size() - 1);
-  EXPECT_THAT(open_error(data_cut.write("data.gguf")), AllOf(HasSubstr("tensor w"), HasSubstr("past the end")));
+  EXPECT_THAT(open_error(data_cut.write("data.gguf")),
+              AllOf(HasSubstr("tensor w"), HasSubstr("past the end")));
 }
 
 TEST(GgufReader, RefusesHugeCountsBeforeAllocating) {
@@ -168,11 +150,13 @@ TEST(GgufReader, RefusesHugeCountsBeforeAllocating) {
   Builder d;
   d.header(1, 0);
   d.tensor("big", {1ull << 39, 1ull << 39}, 0, 0);
-  EXPECT_THAT(open_error(d.write("dims.gguf")), AllOf(HasSubstr("tensor big"), HasSubstr("absurdly large")));
+  EXPECT_THAT(open_error(d.write("dims.gguf")),
+              AllOf(HasSubstr("tensor big"), HasSubstr("absurdly large")));
 }
 
 TEST(GgufReader, RefusesBadTensorInfos) {
-  auto one = [](std::vector<uint64_t> ne, uint32_t type, uint64_t offset, size_t data, const char* name) {
+  auto one = [](std::vector<uint64_t> ne, uint32_t type, uint64_t offset, size_t data,
+                const char* name) {
     Builder b;
     b.header(1, 0);
     b.tensor("blk.0.w", ne, type, offset);
@@ -180,11 +164,14 @@ TEST(GgufReader, RefusesBadTensorInfos) {
     b.bytes.append(data, '\0');
     return open_error(b.write(name));
   };
-  EXPECT_THAT(one({32}, 99, 0, 128, "type.gguf"), AllOf(HasSubstr("blk.0.w"), HasSubstr("unknown GGML type 99")));
+  EXPECT_THAT(one({32}, 99, 0, 128, "type.gguf"),
+              AllOf(HasSubstr("blk.0.w"), HasSubstr("unknown GGML type 99")));
   EXPECT_THAT(one({32}, 0, 8, 256, "misaligned.gguf"),
               AllOf(HasSubstr("blk.0.w"), HasSubstr("not a multiple of the alignment 32")));
-  EXPECT_THAT(one({48}, 8, 0, 256, "block.gguf"), AllOf(HasSubstr("blk.0.w"), HasSubstr("Q8_0 block of 32")));
-  EXPECT_THAT(one({32}, 0, 1ull << 40, 256, "offset.gguf"), AllOf(HasSubstr("blk.0.w"), HasSubstr("past the end")));
+  EXPECT_THAT(one({48}, 8, 0, 256, "block.gguf"),
+              AllOf(HasSubstr("blk.0.w"), HasSubstr("Q8_0 block of 32")));
+  EXPECT_THAT(one({32}, 0, 1ull << 40, 256, "offset.gguf"),
+              AllOf(HasSubstr("blk.0.w"), HasSubstr("past the end")));
   EXPECT_THAT(one({32}, 0, 0xffffffffffffffe0ull, 256, "wrap.gguf"), HasSubstr("blk.0.w"));
   EXPECT_THAT(one({1, 1, 1, 1, 1}, 0, 0, 256, "dims.gguf"), HasSubstr("5 dimensions"));
 
@@ -209,7 +196,8 @@ TEST(GgufReader, RefusesBadMetadata) {
   t.header(0, 1);
   t.str("x");
   t.u32(13);
-  EXPECT_THAT(open_error(t.write("vtype.gguf")), AllOf(HasSubstr("metadata x"), HasSubstr("unknown value type 13")));
+  EXPECT_THAT(open_error(t.write("vtype.gguf")),
+              AllOf(HasSubstr("metadata x"), HasSubstr("unknown value type 13")));
   Builder al;
   al.header(0, 1);
   al.str("general.alignment");

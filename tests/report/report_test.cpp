@@ -718,12 +718,9 @@ TEST_F(TinyReport, CliPolicyIsVerifiedAndConvertAcceptsIt) {
   EXPECT_TRUE(j["policy"]["verified"].get<bool>());
   EXPECT_TRUE(j["policy"]["measured_psnr_db"].is_number());
   ASSERT_TRUE(fs::exists(out / "policy.txt"));
-  ASSERT_EQ(testing::run_klein("convert -m " + testing::tiny_model().string() +
-                                   " -t q4 --policy " + (out / "policy.txt").string() + " -o " +
-                                   (*dir_ / "from-policy.klein").string(),
-                               &log),
-            0)
-      << log;
+  ASSERT_TRUE(testing::convert_tiny(*dir_ / "from-policy.klein",
+                                    "-t q4 --policy " + testing::shell_arg(out / "policy.txt"),
+                                    &log));
   // The measured size is that of this conversion, but for the recorded policy text (the
   // file's comments now carry the measurement).
   EXPECT_NEAR(double(fs::file_size(*dir_ / "from-policy.klein")),

@@ -242,7 +242,7 @@ TEST(Serve, OpenAiAndA1111RequestsMakeTheCliPixels) {
 // pixels with --lora; unknown names are refused, and requests cannot name files.
 TEST(Serve, LoraTagsInThePromptMakeTheCliPixels) {
   const fs::path out = testing::temp_dir("serve-lora");
-  const fs::path dir = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "lora";
+  const fs::path dir = testing::lora_fixtures();
   ServeProcess serve("--lora-dir " + dir.string());
   httplib::Client c = serve.client();
   auto listed = c.Get("/sdapi/v1/loras");

@@ -51,6 +51,39 @@ fs::path temp_dir(const std::string& name) {
   return dir;
 }
 
+namespace {
+
+// Runs `script ARGS OUT` of tools/ (Debian's python3, which scripts/test.sh installs) into a
+// fresh temp_dir(name) and returns OUT, or a test failure and a path that does not exist.
+fs::path run_fixture_script(const std::string& name, const fs::path& script,
+                            const std::string& args) {
+  const fs::path out = temp_dir(name);
+  const std::string cmd = "/usr/bin/python3 " +
+                          shell_arg(fs::path(KLEIN_SOURCE_DIR) / "tools" / script) + " " + args +
+                          " " + shell_arg(out) + " > /dev/null";
+  if (std::system(cmd.c_str()) == 0) return out;
+  ADD_FAILURE() << "the fixture script failed: " << cmd;
+  return fs::path("/nonexistent-fixture") / name;
+}
+
+}  // namespace
+
+fs::path tokenizer_json_fixture(const std::string& variant) {
+  // Qwen/Qwen3-0.6B's tokenizer.json (11 422 654 bytes), which the pair variant equals.
+  static const fs::path dir = run_fixture_script(
+      "tokenizer-json-fixtures", fs::path("tokenizer_json") / "make_fixture.py",
+      "--expect-pairs-sha256 aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4 " +
+          shell_arg(tiny_model() / "tokenizer"));
+  return dir / variant / "tokenizer.json";
+}
+
+fs::path lora_fixtures() {
+  static const fs::path dir = run_fixture_script(
+      "lora-fixtures", fs::path("lora") / "lora_fixture.py",
+      "make " + shell_arg(tiny_model() / "transformer" / "diffusion_pytorch_model.safetensors"));
+  return dir;
+}
+
 void write_text(const fs::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << text;
@@ -71,9 +104,9 @@ double scaled_diff(const float* got, const float* ref, int64_t n) {
                                        double tol) {
   NpyArray ref = read_npy(ref_path);
   if (ref.numel() != n)
-    return ::testing::AssertionFailure() << ref_path.filename() << ": got " << n
-                                         << " values, reference has " << ref.numel() << " "
-                                         << shape_str(ref.shape);
+    return ::testing::AssertionFailure()
+           << ref_path.filename() << ": got " << n << " values, reference has " << ref.numel()
+           << " " << shape_str(ref.shape);
   std::vector<float> r = ref.to_f32();
   double s = scaled_diff(got, r.data(), n);
   if (s <= tol) return ::testing::AssertionSuccess();
@@ -86,9 +119,9 @@ double scaled_diff(const float* got, const float* ref, int64_t n) {
       worst = i;
     }
   }
-  return ::testing::AssertionFailure() << ref_path.filename() << ": scaled diff " << s << " > "
-                                       << tol << "; worst at flat index " << worst << ": got "
-                                       << got[worst] << ", reference " << r[size_t(worst)];
+  return ::testing::AssertionFailure()
+         << ref_path.filename() << ": scaled diff " << s << " > " << tol << "; worst at flat index "
+         << worst << ": got " << got[worst] << ", reference " << r[size_t(worst)];
 }
 
 ::testing::AssertionResult matches_npy(const Tensor& got, const fs::path& ref, double tol) {
@@ -134,6 +167,18 @@ Tensor random_tensor(Shape shape, uint32_t seed) {
   const std::vector<float> v = random_values(t.numel(), seed);
   std::copy(v.begin(), v.end(), t.data());
   return t;
+}
+
+::testing::AssertionResult convert_tiny(const fs::path& out, const std::string& args,
+                                        std::string* log) {
+  std::string output;
+  const std::string command =
+      "convert -m " + shell_arg(tiny_model()) + " " + args + " -o " + shell_arg(out);
+  const int rc = run_klein(command, &output);
+  if (log != nullptr) *log = output;
+  if (rc == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "klein " << command << " exited with " << rc << ":\n"
+                                       << output;
 }
 
 std::string shell_arg(const std::filesystem::path& p) { return "'" + p.string() + "'"; }

@@ -20,6 +20,18 @@ std::filesystem::path tiny_vectors();  // tiny_dir()/vectors
 // A fresh empty directory under the build's temp area, removed by nobody (ctest is short-lived).
 std::filesystem::path temp_dir(const std::string& name);
 
+// The tiny model's tokenizer as the one-file tokenizer.json of the Hugging Face tokenizers
+// library, `variant` "merge-strings" or "merge-pairs" (the layout of the Qwen3 repositories),
+// written once per test program by tools/tokenizer_json/make_fixture.py from vocab.json,
+// merges.txt and tokenizer_config.json; the pair variant must come out with the SHA-256 of the
+// published Qwen3 file. A test failure when the script fails.
+std::filesystem::path tokenizer_json_fixture(const std::string& variant);
+
+// The directory of the tiny transformer's LoRA fixtures (peft.safetensors, bfl.safetensors,
+// kohya.safetensors: one per key spelling, random values from fixed seeds), written once per
+// test program by `tools/lora/lora_fixture.py make`.
+std::filesystem::path lora_fixtures();
+
 // A file written with exactly these bytes (a test failure when it cannot be).
 void write_text(const std::filesystem::path& path, const std::string& text);
 
@@ -28,8 +40,8 @@ double scaled_diff(const float* got, const float* ref, int64_t n);
 
 // Asserts that `got` matches the reference .npy (same element count) within `tol` scaled
 // difference, and reports the worst element on failure.
-::testing::AssertionResult matches_npy(const float* got, int64_t n, const std::filesystem::path& ref,
-                                       double tol);
+::testing::AssertionResult matches_npy(const float* got, int64_t n,
+                                       const std::filesystem::path& ref, double tol);
 ::testing::AssertionResult matches_npy(const Tensor& got, const std::filesystem::path& ref,
                                        double tol);
 
@@ -44,6 +56,11 @@ Tensor random_tensor(Shape shape, uint32_t seed);
 
 // Runs the klein CLI with arguments; returns the exit code and captures stdout+stderr.
 int run_klein(const std::string& args, std::string* output = nullptr);
+
+// `klein convert -m <the tiny model> ARGS -o OUT`: success, or a failure that shows the
+// command's output. `log`, when given, receives the output either way.
+::testing::AssertionResult convert_tiny(const std::filesystem::path& out, const std::string& args,
+                                        std::string* log = nullptr);
 
 // A path quoted for the shell of run_klein.
 std::string shell_arg(const std::filesystem::path& p);

@@ -1,6 +1,6 @@
-// tokenizer.json, the file the official repositories ship: the fixtures of
-// tests/data/tokenizer-json (the tiny model's tokenizer in the exact layout the Hugging Face
-// tokenizers library writes, merges as strings and as pairs; tools/tokenizer_json) give the
+// tokenizer.json, the file the official repositories ship: the fixtures that
+// tools/tokenizer_json writes at test time (the tiny model's tokenizer in the exact layout the
+// Hugging Face tokenizers library writes, merges as strings and as pairs) give the
 // golden ids from a directory holding only that file, with or without tokenizer_config.json;
 // malformed files fail with messages that name the file.
 #include <gtest/gtest.h>
@@ -24,10 +24,7 @@ using json = nlohmann::json;
 using Ids = std::vector<int32_t>;
 namespace fs = std::filesystem;
 
-fs::path fixture(const std::string& variant) {
-  return fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "tokenizer-json" / variant /
-         "tokenizer.json";
-}
+fs::path fixture(const std::string& variant) { return testing::tokenizer_json_fixture(variant); }
 
 json read_vector_json(const std::string& name) {
   return json::parse(read_text_file(testing::tiny_vectors() / "tokenizer" / name));

@@ -29,10 +29,16 @@
 Needs numpy (Debian: python3-numpy).
 """
 import json
+import os
 import struct
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from flux2_names import DOUBLE as _DOUBLE, DOUBLE_NORMS as _DOUBLE_NORMS  # noqa: E402
+from flux2_names import SHARED as _SHARED, SINGLE as _SINGLE, SINGLE_NORMS as _SINGLE_NORMS  # noqa: E402
+from safetensors_raw import read_raw, write_raw  # noqa: E402
 
 # --- the two formats ---------------------------------------------------------------------
 
@@ -106,40 +112,21 @@ def encode(x, fmt):
 
 def read_safetensors(path):
     """name -> (dtype, float32 array) for BF16/F32 tensors, in file order."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    body = data[8 + n:]
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        b, e = info["data_offsets"]
-        raw = body[b:e]
-        if info["dtype"] == "BF16":
+    for name, (dtype, shape, raw) in read_raw(path).items():
+        if dtype == "BF16":
             v = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
-        elif info["dtype"] == "F32":
+        elif dtype == "F32":
             v = np.frombuffer(raw, np.float32)
         else:
-            raise SystemExit(f"{path}: {name}: dtype {info['dtype']} not handled")
-        out[name] = (info["dtype"], v.reshape(info["shape"]))
+            raise SystemExit(f"{path}: {name}: dtype {dtype} not handled")
+        out[name] = (dtype, v.reshape(shape))
     return out
 
 
 def write_safetensors(path, tensors):
     """tensors: name -> (dtype, shape, bytes), in order."""
-    header, offset = {}, 0
-    for name, (dtype, shape, raw) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(raw)]}
-        offset += len(raw)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for _, (_, _, raw) in tensors.items():
-            f.write(raw)
+    write_raw(path, tensors)
 
 
 def bf16_bytes(v):
@@ -150,27 +137,6 @@ def bf16_bytes(v):
 
 
 # --- diffusers -> BFL names ----------------------------------------------------------------
-
-_SHARED = {
-    "x_embedder": "img_in", "context_embedder": "txt_in",
-    "time_guidance_embed.timestep_embedder.linear_1": "time_in.in_layer",
-    "time_guidance_embed.timestep_embedder.linear_2": "time_in.out_layer",
-    "double_stream_modulation_img.linear": "double_stream_modulation_img.lin",
-    "double_stream_modulation_txt.linear": "double_stream_modulation_txt.lin",
-    "single_stream_modulation.linear": "single_stream_modulation.lin",
-    "proj_out": "final_layer.linear", "norm_out.linear": "final_layer.adaLN_modulation.1",
-}
-_DOUBLE = {
-    "attn.to_out.0": "img_attn.proj", "attn.to_add_out": "txt_attn.proj",
-    "ff.linear_in": "img_mlp.0", "ff.linear_out": "img_mlp.2",
-    "ff_context.linear_in": "txt_mlp.0", "ff_context.linear_out": "txt_mlp.2",
-}
-_DOUBLE_NORMS = {
-    "attn.norm_q": "img_attn.norm.query_norm", "attn.norm_k": "img_attn.norm.key_norm",
-    "attn.norm_added_q": "txt_attn.norm.query_norm", "attn.norm_added_k": "txt_attn.norm.key_norm",
-}
-_SINGLE = {"attn.to_qkv_mlp_proj": "linear1", "attn.to_out": "linear2"}
-_SINGLE_NORMS = {"attn.norm_q": "norm.query_norm", "attn.norm_k": "norm.key_norm"}
 
 
 def to_bfl(src):

@@ -28,10 +28,15 @@ Pure Python (no torch/numpy on the machines that run it): the safetensors reader
 handles F32, F16 and BF16 little-endian tensors.
 """
 import json
+import os
 import random
 import struct
 import sys
 from array import array
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import flux2_names  # noqa: E402
+from safetensors_raw import read_raw, write_raw  # noqa: E402
 
 # --- safetensors -----------------------------------------------------------------------------
 
@@ -47,18 +52,8 @@ def _float_to_bf16(x):
 
 def read_safetensors(path):
     """name -> (dtype, shape, list of floats)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    body = data[8 + n:]
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        raw = body[begin:end]
-        dtype = info["dtype"]
+    for name, (dtype, shape, raw) in read_raw(path).items():
         if dtype == "F32":
             values = array("f", raw).tolist()
         elif dtype == "BF16":
@@ -67,13 +62,13 @@ def read_safetensors(path):
             values = [struct.unpack("<e", raw[i:i + 2])[0] for i in range(0, len(raw), 2)]
         else:
             raise SystemExit(f"{path}: {name}: dtype {dtype} not handled")
-        out[name] = (dtype, list(info["shape"]), values)
+        out[name] = (dtype, shape, values)
     return out
 
 
 def write_safetensors(path, tensors):
     """tensors: name -> (dtype "F32" or "BF16", shape, list of floats), in insertion order."""
-    header, blobs, offset = {}, [], 0
+    raw = {}
     for name, (dtype, shape, values) in tensors.items():
         if dtype == "F32":
             blob = array("f", values).tobytes()
@@ -81,16 +76,8 @@ def write_safetensors(path, tensors):
             blob = array("H", [_float_to_bf16(v) for v in values]).tobytes()
         else:
             raise SystemExit(f"cannot write {dtype}")
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
+        raw[name] = (dtype, shape, blob)
+    write_raw(path, raw)
 
 
 # --- making the LoRA files -------------------------------------------------------------------
@@ -207,20 +194,8 @@ def synth(config_path, out_path, rank):
 
 # --- the reference merge ---------------------------------------------------------------------
 
-_BFL_DOUBLE = {
-    "img_attn.proj": "attn.to_out.0", "txt_attn.proj": "attn.to_add_out",
-    "img_mlp.0": "ff.linear_in", "img_mlp.2": "ff.linear_out",
-    "txt_mlp.0": "ff_context.linear_in", "txt_mlp.2": "ff_context.linear_out",
-}
-_BFL_SHARED = {
-    "img_in": "x_embedder", "txt_in": "context_embedder",
-    "time_in.in_layer": "time_guidance_embed.timestep_embedder.linear_1",
-    "time_in.out_layer": "time_guidance_embed.timestep_embedder.linear_2",
-    "final_layer.linear": "proj_out", "final_layer.adaLN_modulation.1": "norm_out.linear",
-    "single_stream_modulation.lin": "single_stream_modulation.linear",
-    "double_stream_modulation_img.lin": "double_stream_modulation_img.linear",
-    "double_stream_modulation_txt.lin": "double_stream_modulation_txt.linear",
-}
+_BFL_DOUBLE = {bfl: diffusers for diffusers, bfl in flux2_names.DOUBLE.items()}
+_BFL_SHARED = {bfl: diffusers for diffusers, bfl in flux2_names.SHARED.items()}
 _KOHYA_TAILS = {
     "img_attn_qkv": "img_attn.qkv", "txt_attn_qkv": "txt_attn.qkv",
     "img_attn_proj": "img_attn.proj", "txt_attn_proj": "txt_attn.proj",

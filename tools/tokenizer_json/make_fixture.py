@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the tokenizer.json fixtures of tests/data/tokenizer-json/ from the slow-layout files
+"""Writes the tokenizer.json fixtures of the tests (two variants) from the slow-layout files
 of the tiny test model (vocab.json, merges.txt, tokenizer_config.json).
 
 The files have the layout the Hugging Face `tokenizers` library writes for Qwen2/Qwen3
@@ -14,14 +14,19 @@ repositories:
                                  e.g. the Qwen3 repositories)
 
 From the tiny model's files (which are Qwen3's), merge-pairs/tokenizer.json comes out byte for
-byte the tokenizer.json of Qwen/Qwen3-0.6B (11 422 654 bytes, SHA-256 aeb13307...4492dae4).
+byte the tokenizer.json of Qwen/Qwen3-0.6B (11 422 654 bytes, SHA-256 aeb13307...4492dae4);
+with --expect-pairs-sha256 HEX the script fails unless it does.
+
+The tests write these files at test time (tests/support/testing.cpp: tokenizer_json_fixture,
+which passes Qwen3-0.6B's SHA-256), so the repository holds only the slow-layout inputs.
 
 Pure Python 3 standard library. When the `tokenizers` package is importable, each file is
 also loaded with it and must serialise back to the same text (it is not needed to write them).
 
-  python3 tools/tokenizer_json/make_fixture.py \\
-      ../shared/testdata/klein-tiny/model/tokenizer tests/data/tokenizer-json
+  python3 tools/tokenizer_json/make_fixture.py [--expect-pairs-sha256 HEX] \\
+      ../shared/testdata/klein-tiny/model/tokenizer OUT_DIR
 """
+import hashlib
 import json
 import os
 import sys
@@ -123,9 +128,13 @@ def check_with_tokenizers(path, text):
 
 
 def main():
-    if len(sys.argv) != 3:
+    args = sys.argv[1:]
+    expect_pairs_sha256 = None
+    if len(args) == 4 and args[0] == "--expect-pairs-sha256":
+        expect_pairs_sha256, args = args[1].lower(), args[2:]
+    if len(args) != 2:
         sys.exit(__doc__)
-    source_dir, out_dir = sys.argv[1], sys.argv[2]
+    source_dir, out_dir = args
     with open(os.path.join(source_dir, "vocab.json"), encoding="utf-8") as f:
         vocab = json.load(f)
     vocab = dict(sorted(vocab.items(), key=lambda kv: kv[1]))  # id order, as tokenizers writes
@@ -139,6 +148,10 @@ def main():
         with open(path, "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
         check_with_tokenizers(path, text)
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        if pairs and expect_pairs_sha256 and digest != expect_pairs_sha256:
+            sys.exit(f"{path}: SHA-256 {digest}, expected {expect_pairs_sha256} (the published "
+                     "file's)")
         print(f"{path}: {len(vocab)} tokens, {len(merges)} merges, {len(added)} added tokens, "
               f"{len(text.encode('utf-8'))} bytes")
 
