@@ -183,8 +183,8 @@ int peak_run(std::string what, int64_t side, const std::string& plan) {
     return 2;
   }
   const bool banded = what == "decode"
-                          ? vae::decode_is_banded(store().config().vae, side, side, memory)
-                          : vae::encode_is_banded(store().config().vae, side, side, memory);
+                          ? vae::decode_memory(store().config().vae, side, side, memory).banded
+                          : vae::encode_memory(store().config().vae, side, side, memory).banded;
   vae::Vae model(store(), cx(), memory);
   const double weights_rss = peak_rss_mib();
   using clock = std::chrono::steady_clock;

@@ -1,5 +1,5 @@
 // Direct stride-1 convolution rows with AVX-512 (compiled with -mavx512f; called only when the
-// CPU has it). About half of the 5 T multiply-adds of a 1024x1024 decode run through here.
+// CPU has it), on float32 and, with AVX-512 BF16, on bf16 channel pairs. About half of the 5 T multiply-adds of a 1024x1024 decode run through here.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -49,38 +49,65 @@ inline void row_in_tiles(int64_t out_channels, int64_t x_begin, int64_t x_end, T
   }
 }
 
+// What a register tile multiplies: float32 pixels and weights (one FMA per product), or
+// bf16 channel pairs (AVX-512 BF16 without AMX: a dword holds one pixel's two channels or a
+// weight pair, and VDPBF16PS sums 32 products into float32, twice the FMA form's).
+struct Float32Pixels {
+  using Band = DirectBand;
+  using Value = float;
+  using Vector = __m512;
+  static int64_t depth(const Band& b) { return b.channels; }
+  static Vector weight(const float* w) { return _mm512_set1_ps(*w); }
+  static Vector load(const float* p) { return _mm512_loadu_ps(p); }
+  static Vector load(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+  static __m512 madd(__m512 acc, Vector w, Vector x) { return _mm512_fmadd_ps(w, x, acc); }
+};
+
+struct Bf16Pairs {
+  using Band = Bf16Band;
+  using Value = uint32_t;
+  using Vector = __m512bh;
+  static int64_t depth(const Band& b) { return b.pairs; }
+  static Vector weight(const uint32_t* w) { return __m512bh(_mm512_set1_epi32(int(*w))); }
+  static Vector load(const uint32_t* p) { return __m512bh(_mm512_loadu_si512(p)); }
+  static Vector load(__mmask16 m, const uint32_t* p) {
+    return __m512bh(_mm512_maskz_loadu_epi32(m, p));
+  }
+  static __m512 madd(__m512 acc, Vector w, Vector x) { return _mm512_dpbf16_ps(acc, x, w); }
+};
+
 // Output channels [co, co + 4) x pixels [x, x + 16·V) of one row, the last vector masked.
-// Per (c, ky, kx): 4 weight broadcasts and V loads feed 4·V FMAs, so the loop is bound by
-// the FMA ports, not by loads.
-template <int V>
-void tile(const DirectBand& b, const float* w, const float* in, __mmask16 last, float* out,
-          int64_t ld, int64_t channels_out) {
+// Per (input channel or pair, ky, kx): 4 weight broadcasts and V loads feed 4·V multiply-adds,
+// so the loop is bound by the FMA ports, not by loads.
+template <class P, int V>
+void tile(const typename P::Band& b, const typename P::Value* w, const typename P::Value* in,
+          __mmask16 last, float* out, int64_t ld, int64_t channels_out) {
   // Fully unrolled so the accumulators live in registers.
   __m512 acc[kDirectBlock][V];
 #pragma GCC unroll 8
   for (int j = 0; j < kDirectBlock; ++j)
 #pragma GCC unroll 8
     for (int v = 0; v < V; ++v) acc[j][v] = _mm512_setzero_ps();
-  const int64_t plane = b.rows * b.width, k = b.kernel;
-  for (int64_t c = 0; c < b.channels; ++c, in += plane) {
+  const int64_t plane = b.rows * b.width, k = b.kernel, depth = P::depth(b);
+  for (int64_t c = 0; c < depth; ++c, in += plane) {
     // The rows of channel c + 2 are each a separate short stream (C x k of them per tile),
     // too many for the hardware prefetcher: fetch them ahead explicitly.
-    if (c + 2 < b.channels)
+    if (c + 2 < depth)
       for (int64_t ky = 0; ky < k; ++ky)
         for (int64_t i = 0; i < V * kLanes + k; i += kLanes)
           _mm_prefetch(reinterpret_cast<const char*>(in + 2 * plane + ky * b.width + i), _MM_HINT_T0);
     for (int64_t ky = 0; ky < k; ++ky) {
-      const float* row = in + ky * b.width;
+      const typename P::Value* row = in + ky * b.width;
       for (int64_t kx = 0; kx < k; ++kx, w += kDirectBlock) {
-        __m512 wv[kDirectBlock];
+        typename P::Vector wv[kDirectBlock];
 #pragma GCC unroll 8
-        for (int j = 0; j < kDirectBlock; ++j) wv[j] = _mm512_set1_ps(w[j]);
+        for (int j = 0; j < kDirectBlock; ++j) wv[j] = P::weight(w + j);
 #pragma GCC unroll 8
         for (int v = 0; v < V; ++v) {
-          const __m512 x = v + 1 < V ? _mm512_loadu_ps(row + kx + v * kLanes)
-                                     : _mm512_maskz_loadu_ps(last, row + kx + v * kLanes);
+          const typename P::Vector x = v + 1 < V ? P::load(row + kx + v * kLanes)
+                                                 : P::load(last, row + kx + v * kLanes);
 #pragma GCC unroll 8
-          for (int j = 0; j < kDirectBlock; ++j) acc[j][v] = _mm512_fmadd_ps(wv[j], x, acc[j][v]);
+          for (int j = 0; j < kDirectBlock; ++j) acc[j][v] = P::madd(acc[j][v], wv[j], x);
         }
       }
     }
@@ -88,17 +115,17 @@ void tile(const DirectBand& b, const float* w, const float* in, __mmask16 last, 
   store_tile<V>(acc, last, out, ld, channels_out);
 }
 
-using TileFn = void (*)(const DirectBand&, const float*, const float*, __mmask16, float*, int64_t,
-                        int64_t);
-constexpr TileFn kTiles[kMaxVectors + 1] = {nullptr,  &tile<1>, &tile<2>, &tile<3>,
-                                            &tile<4>, &tile<5>, &tile<6>};
-
-}  // namespace
-
-void direct_conv_row_avx512(const DirectBand& band, const float* packed, int64_t out_channels,
-                            int64_t oy, int64_t x_begin, int64_t x_end, float* result, int64_t ld) {
-  const int64_t group = band.channels * band.kernel * band.kernel * kDirectBlock;
-  const float* in_row = band.data + oy * band.width;
+// One output row of either kind: `group` packed weights per block of kDirectBlock channels.
+template <class P>
+void direct_conv_row(const typename P::Band& band, const typename P::Value* packed,
+                     int64_t out_channels, int64_t oy, int64_t x_begin, int64_t x_end,
+                     float* result, int64_t ld) {
+  using TileFn = void (*)(const typename P::Band&, const typename P::Value*,
+                          const typename P::Value*, __mmask16, float*, int64_t, int64_t);
+  static constexpr TileFn kTiles[kMaxVectors + 1] = {
+      nullptr, &tile<P, 1>, &tile<P, 2>, &tile<P, 3>, &tile<P, 4>, &tile<P, 5>, &tile<P, 6>};
+  const int64_t group = P::depth(band) * band.kernel * band.kernel * kDirectBlock;
+  const typename P::Value* in_row = band.data + oy * band.width;
   row_in_tiles(out_channels, x_begin, x_end,
                [&](int vectors, int64_t x, __mmask16 last, int64_t co) {
                  kTiles[vectors](band, packed + co / kDirectBlock * group, in_row + x, last,
@@ -106,65 +133,17 @@ void direct_conv_row_avx512(const DirectBand& band, const float* packed, int64_t
                });
 }
 
-// ---- the same on bf16 pairs (AVX-512 BF16 without AMX) -------------------------------------
-
-namespace {
-
-// Output channels [co, co + 4) x pixels [x, x + 16·V) of one row from a band of channel pairs:
-// per (pair, ky, kx), 4 dword broadcasts (the pair's two weights) and V loads of 16 pixels'
-// pairs feed 4·V VDPBF16PS, each 32 products summed into float32, twice the FMA form's.
-template <int V>
-void tile_bf16(const Bf16Band& b, const uint32_t* w, const uint32_t* in, __mmask16 last,
-               float* out, int64_t ld, int64_t channels_out) {
-  __m512 acc[kDirectBlock][V];
-#pragma GCC unroll 8
-  for (int j = 0; j < kDirectBlock; ++j)
-#pragma GCC unroll 8
-    for (int v = 0; v < V; ++v) acc[j][v] = _mm512_setzero_ps();
-  const int64_t plane = b.rows * b.width, k = b.kernel;
-  for (int64_t cp = 0; cp < b.pairs; ++cp, in += plane) {
-    if (cp + 2 < b.pairs)
-      for (int64_t ky = 0; ky < k; ++ky)
-        for (int64_t i = 0; i < V * kLanes + k; i += kLanes)
-          _mm_prefetch(reinterpret_cast<const char*>(in + 2 * plane + ky * b.width + i), _MM_HINT_T0);
-    for (int64_t ky = 0; ky < k; ++ky) {
-      const uint32_t* row = in + ky * b.width;
-      for (int64_t kx = 0; kx < k; ++kx, w += kDirectBlock) {
-        __m512bh wv[kDirectBlock];
-#pragma GCC unroll 8
-        for (int j = 0; j < kDirectBlock; ++j)
-          wv[j] = __m512bh(_mm512_set1_epi32(int(w[j])));
-#pragma GCC unroll 8
-        for (int v = 0; v < V; ++v) {
-          const __m512bh x = __m512bh(v + 1 < V ? _mm512_loadu_si512(row + kx + v * kLanes)
-                                                : _mm512_maskz_loadu_epi32(last, row + kx + v * kLanes));
-#pragma GCC unroll 8
-          for (int j = 0; j < kDirectBlock; ++j) acc[j][v] = _mm512_dpbf16_ps(acc[j][v], x, wv[j]);
-        }
-      }
-    }
-  }
-  store_tile<V>(acc, last, out, ld, channels_out);
-}
-
-using TileBf16Fn = void (*)(const Bf16Band&, const uint32_t*, const uint32_t*, __mmask16, float*,
-                            int64_t, int64_t);
-constexpr TileBf16Fn kTilesBf16[kMaxVectors + 1] = {nullptr,        &tile_bf16<1>, &tile_bf16<2>,
-                                                    &tile_bf16<3>, &tile_bf16<4>, &tile_bf16<5>,
-                                                    &tile_bf16<6>};
-
 }  // namespace
+
+void direct_conv_row_avx512(const DirectBand& band, const float* packed, int64_t out_channels,
+                            int64_t oy, int64_t x_begin, int64_t x_end, float* result, int64_t ld) {
+  direct_conv_row<Float32Pixels>(band, packed, out_channels, oy, x_begin, x_end, result, ld);
+}
 
 void direct_conv_row_bf16_avx512(const Bf16Band& band, const uint32_t* packed,
                                  int64_t out_channels, int64_t oy, int64_t x_begin, int64_t x_end,
                                  float* result, int64_t ld) {
-  const int64_t group = band.pairs * band.kernel * band.kernel * kDirectBlock;
-  const uint32_t* in_row = band.data + oy * band.width;
-  row_in_tiles(out_channels, x_begin, x_end,
-               [&](int vectors, int64_t x, __mmask16 last, int64_t co) {
-                 kTilesBf16[vectors](band, packed + co / kDirectBlock * group, in_row + x, last,
-                                     result + co * ld + x, ld, out_channels - co);
-               });
+  direct_conv_row<Bf16Pairs>(band, packed, out_channels, oy, x_begin, x_end, result, ld);
 }
 
 }  // namespace klein::ops::detail

@@ -140,9 +140,9 @@ MemoryEstimate estimate_memory(const WeightStore& store, const MemoryPlanInputs&
     PhaseNeed p{"vae encode"};
     p.weights_paged = p.weights_resident = p.weights_one_unit = store.unit_bytes("vae.encoder");
     for (const auto& [w, h] : in.references) {
-      p.activations =
-          std::max<uint64_t>(p.activations, vae::encode_activation_bytes(vae, h, w, in.vae_memory));
-      p.scratch = std::max(p.scratch, vae::encode_scratch_bytes(vae, h, w, in.vae_memory));
+      const vae::VaeMemoryEstimate m = vae::encode_memory(vae, h, w, in.vae_memory);
+      p.activations = std::max<uint64_t>(p.activations, m.activation_bytes);
+      p.scratch = std::max(p.scratch, m.scratch_bytes);
     }
     if (p.scratch > 0) p.scratch_dir = in.vae_memory.dir();
     p.activations += context;
@@ -153,9 +153,9 @@ MemoryEstimate estimate_memory(const WeightStore& store, const MemoryPlanInputs&
   e.phases.push_back(denoise);
   PhaseNeed d{"vae decode"};
   d.weights_paged = d.weights_resident = d.weights_one_unit = store.unit_bytes("vae.decoder");
-  d.activations = vae::decode_activation_bytes(vae, in.height, in.width, in.vae_memory) +
-                  f32_bytes(int64_t(3) * in.height * in.width);  // the image
-  d.scratch = vae::decode_scratch_bytes(vae, in.height, in.width, in.vae_memory);
+  const vae::VaeMemoryEstimate m = vae::decode_memory(vae, in.height, in.width, in.vae_memory);
+  d.activations = m.activation_bytes + f32_bytes(int64_t(3) * in.height * in.width);  // + image
+  d.scratch = m.scratch_bytes;
   if (d.scratch > 0) d.scratch_dir = in.vae_memory.dir();
   e.phases.push_back(d);
   return e;

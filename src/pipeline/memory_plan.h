@@ -9,7 +9,7 @@
 //                  and all steps' modulation vectors are computed, the planned activations
 //                  (flux2::Activations::plan_bytes) and the per-generation tensors
 //   VAE            the decoder (the encoder first when there are references) and its
-//                  activation bound at the image size (vae::decode_activation_bytes)
+//                  activation bound at the image size (vae::decode_memory)
 // Paged, a network needs its two largest units at once (one computing, the next read ahead);
 // resident, all of its units. The need of a mode is the largest phase plus the process's
 // fixed part (program, tokenizer, libraries). Paged is the default (a few per cent slower,

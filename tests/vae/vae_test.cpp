@@ -228,11 +228,11 @@ void expect_banded_matches_whole(WeightStore& store, Compute& cx, const Tensor& 
   const fs::path dir = testing::temp_dir("vae-banded");
   Recorder whole;
   const Tensor expected = vae::Vae(store, cx).decode(tokens, rows, cols, whole.observer());
-  EXPECT_FALSE(vae::decode_is_banded(store.config().vae, rows * 16, cols * 16));
+  EXPECT_FALSE(vae::decode_memory(store.config().vae, rows * 16, cols * 16).banded);
   const std::vector<vae::VaeMemory> variants = banded_variants(dir.string());
   for (size_t v = 0; v < variants.size(); ++v) {
     SCOPED_TRACE("variant " + std::to_string(v));
-    ASSERT_TRUE(vae::decode_is_banded(store.config().vae, rows * 16, cols * 16, variants[v]));
+    ASSERT_TRUE(vae::decode_memory(store.config().vae, rows * 16, cols * 16, variants[v]).banded);
     Recorder banded;
     const Tensor image =
         vae::Vae(store, cx, variants[v]).decode(tokens, rows, cols, banded.observer());
@@ -273,12 +273,12 @@ void expect_banded_encode_matches_whole(WeightStore& store, Compute& cx, const T
   const fs::path dir = testing::temp_dir("vae-banded-encode");
   Recorder whole;
   const Tensor expected = vae::Vae(store, cx).encode(pixels, whole.observer());
-  EXPECT_FALSE(vae::encode_is_banded(store.config().vae, pixels.dim(1), pixels.dim(2)));
+  EXPECT_FALSE(vae::encode_memory(store.config().vae, pixels.dim(1), pixels.dim(2)).banded);
   const std::vector<vae::VaeMemory> variants = banded_variants(dir.string());
   for (size_t v = 0; v < variants.size(); ++v) {
     SCOPED_TRACE("encode variant " + std::to_string(v));
     ASSERT_TRUE(
-        vae::encode_is_banded(store.config().vae, pixels.dim(1), pixels.dim(2), variants[v]));
+        vae::encode_memory(store.config().vae, pixels.dim(1), pixels.dim(2), variants[v]).banded);
     Recorder banded;
     const Tensor tokens = vae::Vae(store, cx, variants[v]).encode(pixels, banded.observer());
     expect_identical(tokens, expected, "tokens");
@@ -380,33 +380,33 @@ TEST(VaeRealShapes, BandedEncodeMatchesWholeImage) {
 TEST(VaeRealShapes, BandedVaeMemoryIsBounded) {
   testing::RandomVaeStore store;
   const VaeConfig& c = store.config().vae;
-  EXPECT_FALSE(vae::decode_is_banded(c, 512, 512));
-  EXPECT_TRUE(vae::decode_is_banded(c, 1024, 1024));
-  const size_t at_1024 = vae::decode_activation_bytes(c, 1024, 1024);
-  const size_t at_2048 = vae::decode_activation_bytes(c, 2048, 2048);
+  EXPECT_FALSE(vae::decode_memory(c, 512, 512).banded);
+  EXPECT_TRUE(vae::decode_memory(c, 1024, 1024).banded);
+  const size_t at_1024 = vae::decode_memory(c, 1024, 1024).activation_bytes;
+  const size_t at_2048 = vae::decode_memory(c, 2048, 2048).activation_bytes;
   EXPECT_LT(at_1024, size_t(640) << 20);
   EXPECT_LT(at_2048, size_t(1100) << 20);  // the mid-block attention at 256x256 latents
   vae::VaeMemory whole;
   whole.whole_limit = SIZE_MAX;
-  EXPECT_GT(vae::decode_activation_bytes(c, 1024, 1024, whole), size_t(1400) << 20);
+  EXPECT_GT(vae::decode_memory(c, 1024, 1024, whole).activation_bytes, size_t(1400) << 20);
   // Scratch files: at 2048x2048 the most at once is in up_blocks.3.resnets.0, its 256-channel
   // input, 128-channel intermediate and 128-channel output at 4 Mi pixels: 2 KiB a pixel, 8 GiB.
-  EXPECT_EQ(vae::decode_scratch_bytes(c, 2048, 2048), uint64_t(8) << 30);
-  EXPECT_EQ(vae::decode_scratch_bytes(c, 512, 512), 0u);  // whole, in memory
+  EXPECT_EQ(vae::decode_memory(c, 2048, 2048).scratch_bytes, uint64_t(8) << 30);
+  EXPECT_EQ(vae::decode_memory(c, 512, 512).scratch_bytes, 0u);  // whole, in memory
   vae::VaeMemory in_memory;
   in_memory.plane_limit = SIZE_MAX;
-  EXPECT_EQ(vae::decode_scratch_bytes(c, 2048, 2048, in_memory), 0u);
+  EXPECT_EQ(vae::decode_memory(c, 2048, 2048, in_memory).scratch_bytes, 0u);
   // The encoder: whole up to 512x512 (two 128-channel tensors at full resolution, 256 MiB),
   // banded from 1024x1024 (1 GiB whole), then two 128-channel files at full resolution (the
   // first level's ResNets: 1 GiB at 1024x1024).
-  EXPECT_FALSE(vae::encode_is_banded(c, 512, 512));
-  EXPECT_TRUE(vae::encode_is_banded(c, 1024, 1024));
-  EXPECT_LT(vae::encode_activation_bytes(c, 1024, 1024), size_t(700) << 20);
-  EXPECT_EQ(vae::encode_scratch_bytes(c, 1024, 1024), uint64_t(1) << 30);
-  EXPECT_EQ(vae::encode_scratch_bytes(c, 512, 512), 0u);
+  EXPECT_FALSE(vae::encode_memory(c, 512, 512).banded);
+  EXPECT_TRUE(vae::encode_memory(c, 1024, 1024).banded);
+  EXPECT_LT(vae::encode_memory(c, 1024, 1024).activation_bytes, size_t(700) << 20);
+  EXPECT_EQ(vae::encode_memory(c, 1024, 1024).scratch_bytes, uint64_t(1) << 30);
+  EXPECT_EQ(vae::encode_memory(c, 512, 512).scratch_bytes, 0u);
   vae::VaeMemory whole_encode;
   whole_encode.whole_limit = SIZE_MAX;
-  EXPECT_GT(vae::encode_activation_bytes(c, 1024, 1024, whole_encode), size_t(1000) << 20);
+  EXPECT_GT(vae::encode_memory(c, 1024, 1024, whole_encode).activation_bytes, size_t(1000) << 20);
 }
 
 // The bf16 decoder against the float32 one at klein's real channel counts.

@@ -100,7 +100,7 @@ Tensor run_decoder(const WeightUnit& weights, const VaeConfig& config, const Ten
   step();
 
   const int64_t scale = int64_t(1) << (levels - 1);  // image pixels per latent position
-  if (decode_is_banded(config, z.dim(1) * scale, z.dim(2) * scale, memory)) {
+  if (decode_memory(config, z.dim(1) * scale, z.dim(2) * scale, memory).banded) {
     Tensor image = banded_up_blocks(net, memory, std::move(x), step);
     net.report("decoder_conv_out", image);
     step();

@@ -111,7 +111,7 @@ Tensor run_encoder(const WeightUnit& weights, const VaeConfig& config, const Ten
   int64_t done = 0;
   auto step = [&] { cx.report_step(++done, steps); };
 
-  Tensor x = encode_is_banded(config, pixels.dim(1), pixels.dim(2), memory)
+  Tensor x = encode_memory(config, pixels.dim(1), pixels.dim(2), memory).banded
                  ? banded_down_blocks(net, memory, pixels, step)
                  : down_blocks(net, pixels, step);
 

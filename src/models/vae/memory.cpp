@@ -20,10 +20,6 @@ size_t conv_overhead(int64_t widest) {
 
 size_t attention_floats(int64_t channels, int64_t pixels) { return size_t(5 * channels * pixels); }
 
-}  // namespace
-
-namespace {
-
 size_t whole_decode_bytes(const VaeConfig& c, int64_t height, int64_t width) {
   const std::vector<int64_t>& channels = c.decoder_channels();
   const int64_t levels = int64_t(channels.size());
@@ -71,24 +67,11 @@ size_t banded_decode_bytes(const VaeConfig& c, int64_t height, int64_t width, co
   return std::max(latent_part * sizeof(float), planes + bands) + conv_overhead(top);
 }
 
-}  // namespace
-
-bool decode_is_banded(const VaeConfig& c, int64_t height, int64_t width, const VaeMemory& m) {
-  return whole_decode_bytes(c, height, width) > m.whole_limit;
-}
-
-size_t decode_activation_bytes(const VaeConfig& c, int64_t height, int64_t width,
-                               const VaeMemory& m) {
-  return decode_is_banded(c, height, width, m) ? banded_decode_bytes(c, height, width, m)
-                                               : whole_decode_bytes(c, height, width);
-}
-
 // The planes banded_up_blocks (decoder.cpp) holds at once, counting those larger than
 // plane_limit: a ResNet's input, intermediate and (when the channel count changes) output; an
 // upsampler's input and output.
-uint64_t decode_scratch_bytes(const VaeConfig& c, int64_t height, int64_t width,
-                              const VaeMemory& m) {
-  if (!decode_is_banded(c, height, width, m)) return 0;
+uint64_t banded_decode_scratch(const VaeConfig& c, int64_t height, int64_t width,
+                               const VaeMemory& m) {
   const std::vector<int64_t>& channels = c.decoder_channels();
   const int64_t levels = int64_t(channels.size());
   const int64_t down = int64_t(1) << (levels - 1);
@@ -113,8 +96,6 @@ uint64_t decode_scratch_bytes(const VaeConfig& c, int64_t height, int64_t width,
   }
   return peak;
 }
-
-namespace {
 
 size_t whole_encode_bytes(const VaeConfig& c, int64_t height, int64_t width) {
   const std::vector<int64_t>& channels = c.block_out_channels;
@@ -158,24 +139,8 @@ size_t banded_encode_bytes(const VaeConfig& c, int64_t height, int64_t width, co
   return std::max(deepest * sizeof(float), banded) + conv_overhead(top);
 }
 
-}  // namespace
-
-bool encode_is_banded(const VaeConfig& c, int64_t height, int64_t width, const VaeMemory& m) {
-  return whole_encode_bytes(c, height, width) > m.whole_limit;
-}
-
-size_t encode_activation_bytes(const VaeConfig& c, int64_t height, int64_t width,
+uint64_t banded_encode_scratch(const VaeConfig& c, int64_t height, int64_t width,
                                const VaeMemory& m) {
-  const size_t own = encode_is_banded(c, height, width, m)
-                         ? banded_encode_bytes(c, height, width, m)
-                         : whole_encode_bytes(c, height, width);
-  // The pipeline keeps the reference pixels [3, H, W] while encoding.
-  return own + size_t(c.in_channels * height * width) * sizeof(float);
-}
-
-uint64_t encode_scratch_bytes(const VaeConfig& c, int64_t height, int64_t width,
-                              const VaeMemory& m) {
-  if (!encode_is_banded(c, height, width, m)) return 0;
   const std::vector<int64_t>& channels = c.block_out_channels;
   int64_t pixels = height * width;
   auto file = [&](int64_t planes_channels, int64_t at) {
@@ -199,10 +164,35 @@ uint64_t encode_scratch_bytes(const VaeConfig& c, int64_t height, int64_t width,
   return peak;
 }
 
+}  // namespace
+
+VaeMemoryEstimate decode_memory(const VaeConfig& c, int64_t height, int64_t width,
+                                const VaeMemory& m) {
+  VaeMemoryEstimate e;
+  e.banded = whole_decode_bytes(c, height, width) > m.whole_limit;
+  e.activation_bytes =
+      e.banded ? banded_decode_bytes(c, height, width, m) : whole_decode_bytes(c, height, width);
+  e.scratch_bytes = e.banded ? banded_decode_scratch(c, height, width, m) : 0;
+  return e;
+}
+
+VaeMemoryEstimate encode_memory(const VaeConfig& c, int64_t height, int64_t width,
+                                const VaeMemory& m) {
+  VaeMemoryEstimate e;
+  e.banded = whole_encode_bytes(c, height, width) > m.whole_limit;
+  e.activation_bytes =
+      e.banded ? banded_encode_bytes(c, height, width, m) : whole_encode_bytes(c, height, width);
+  // The pipeline keeps the reference pixels [3, H, W] while encoding.
+  e.activation_bytes += size_t(c.in_channels * height * width) * sizeof(float);
+  e.scratch_bytes = e.banded ? banded_encode_scratch(c, height, width, m) : 0;
+  return e;
+}
+
 void check_scratch(const VaeConfig& c, const std::vector<std::pair<int64_t, int64_t>>& encodes,
                    int64_t height, int64_t width, const VaeMemory& m) {
-  uint64_t bytes = decode_scratch_bytes(c, height, width, m);
-  for (const auto& [h, w] : encodes) bytes = std::max(bytes, encode_scratch_bytes(c, h, w, m));
+  uint64_t bytes = decode_memory(c, height, width, m).scratch_bytes;
+  for (const auto& [h, w] : encodes)
+    bytes = std::max(bytes, encode_memory(c, h, w, m).scratch_bytes);
   if (bytes > 0) check_scratch_space(m.dir(), bytes);
 }
 

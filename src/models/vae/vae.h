@@ -58,24 +58,20 @@ class Vae {
 
 namespace klein::vae {
 
-// The activation memory (bytes, float32 tensors and convolution scratch, weights not included)
-// of decoding to / encoding from an image of height x width pixels: the largest set of tensors
-// alive at once, following decoder.cpp and encoder.cpp. For memory budgets before a run.
-size_t decode_activation_bytes(const VaeConfig& config, int64_t height, int64_t width,
-                               const VaeMemory& memory = {});
-// Whether decoding to height x width runs banded under `memory` (blocks.h).
-bool decode_is_banded(const VaeConfig& config, int64_t height, int64_t width,
-                      const VaeMemory& memory = {});
-size_t encode_activation_bytes(const VaeConfig& config, int64_t height, int64_t width,
-                               const VaeMemory& memory = {});
-bool encode_is_banded(const VaeConfig& config, int64_t height, int64_t width,
-                      const VaeMemory& memory = {});
-// Bytes of scratch files a banded decode / encode holds at once (0 when it runs whole or in
-// memory).
-uint64_t decode_scratch_bytes(const VaeConfig& config, int64_t height, int64_t width,
-                              const VaeMemory& memory = {});
-uint64_t encode_scratch_bytes(const VaeConfig& config, int64_t height, int64_t width,
-                              const VaeMemory& memory = {});
+// What decoding to / encoding from an image of height x width pixels takes under `memory`
+// (blocks.h), following decoder.cpp and encoder.cpp; for memory budgets before a run.
+struct VaeMemoryEstimate {
+  bool banded = false;  // runs in bands (the whole-image form would pass memory.whole_limit)
+  // The activation memory: the largest set of float32 tensors and convolution scratch alive at
+  // once, weights not included (for an encode, the input pixels the pipeline keeps included).
+  size_t activation_bytes = 0;
+  // Bytes of scratch files held at once (0 when it runs whole or in memory).
+  uint64_t scratch_bytes = 0;
+};
+VaeMemoryEstimate decode_memory(const VaeConfig& config, int64_t height, int64_t width,
+                                const VaeMemory& memory = {});
+VaeMemoryEstimate encode_memory(const VaeConfig& config, int64_t height, int64_t width,
+                                const VaeMemory& memory = {});
 // Before a generation that encodes images of the sizes `encodes` ((height, width) pairs) and
 // decodes one of height x width: when scratch files will be used, checks that they can be
 // made in memory.dir() and that it has the room (core/plane.h); throws klein::Error otherwise.
