@@ -93,17 +93,9 @@ TEST_P(Fp8Checkpoint, GeneratesTheReferenceImage) {
   const std::string name = GetParam();
   const fs::path out = testing::temp_dir("fp8-generate-" + name);
   std::string log;
-  ASSERT_EQ(testing::run_klein("generate" + tiny_components(reference(name)) + kRun + " --dump " +
-                                   shell_arg(out / "ref") + " -o " + shell_arg(out / "ref.png"),
-                               &log),
-            0)
-      << log;
+  ASSERT_TRUE(testing::generate_compared_run(tiny_components(reference(name)), out, "ref"));
   // Straight from the fp8 file.
-  ASSERT_EQ(testing::run_klein("generate" + tiny_components(fp8(name)) + kRun + " --dump " +
-                                   shell_arg(out / "fp8") + " -o " + shell_arg(out / "fp8.png"),
-                               &log),
-            0)
-      << log;
+  ASSERT_TRUE(testing::generate_compared_run(tiny_components(fp8(name)), out, "fp8"));
   testing::expect_dump_matches(out / "fp8", out / "ref", {"final_latents"}, 4);
   testing::expect_png_matches(out / "fp8.png", out / "ref.png", 64, 64);
   // From its conversion.
@@ -112,12 +104,8 @@ TEST_P(Fp8Checkpoint, GeneratesTheReferenceImage) {
                                &log),
             0)
       << log;
-  ASSERT_EQ(testing::run_klein("generate -m " + shell_arg(out / "fp8.klein") + kRun + " --dump " +
-                                   shell_arg(out / "converted") + " -o " +
-                                   shell_arg(out / "converted.png"),
-                               &log),
-            0)
-      << log;
+  ASSERT_TRUE(
+      testing::generate_compared_run(" -m " + shell_arg(out / "fp8.klein"), out, "converted"));
   testing::expect_dump_matches(out / "converted", out / "ref", {"final_latents"}, 4);
   testing::expect_png_matches(out / "converted.png", out / "ref.png", 64, 64);
 }

@@ -70,15 +70,6 @@ std::string reference_model() {
          vae() + " --tokenizer " + shell_arg(testing::tiny_model() / "tokenizer") + " --variant 4b";
 }
 
-void generate(const std::string& model, const fs::path& out, const std::string& name) {
-  std::string log;
-  ASSERT_EQ(testing::run_klein("generate" + model + kRun + " --dump " + shell_arg(out / name) +
-                                   " -o " + shell_arg(out / (name + ".png")),
-                               &log),
-            0)
-      << log;
-}
-
 void convert(const std::string& model, const std::string& type, const fs::path& container) {
   std::string log;
   ASSERT_EQ(
@@ -90,11 +81,11 @@ void convert(const std::string& model, const std::string& type, const fs::path& 
 TEST(GgufModel, ConvertedGivesTheGenerationOfItsDecodedWeights) {
   NEED_FIXTURES();
   const fs::path dir = testing::temp_dir("gguf-e2e");
-  generate(reference_model(), dir, "reference");
+  ASSERT_TRUE(testing::generate_compared_run(reference_model(), dir, "reference"));
   // F32: every tensor kept as gguf-py decodes it; the generation is the reference's exactly
   // (prompt embedding included, so the tokenizer from the metadata gave the same ids).
   convert(gguf_model(), "f32", dir / "f32.klein");
-  generate(" -m " + shell_arg(dir / "f32.klein"), dir, "f32");
+  ASSERT_TRUE(testing::generate_compared_run(" -m " + shell_arg(dir / "f32.klein"), dir, "f32"));
   testing::expect_dump_matches(dir / "f32", dir / "reference",
                                {"prompt_embeds", "final_latents", "image"}, 4);
   testing::expect_png_matches(dir / "f32.png", dir / "reference.png", 64, 64);
@@ -102,8 +93,9 @@ TEST(GgufModel, ConvertedGivesTheGenerationOfItsDecodedWeights) {
   // reference quantized by the same converter gives the same image.
   convert(gguf_model(), "q8", dir / "q8.klein");
   convert(reference_model(), "q8", dir / "ref-q8.klein");
-  generate(" -m " + shell_arg(dir / "q8.klein"), dir, "q8");
-  generate(" -m " + shell_arg(dir / "ref-q8.klein"), dir, "ref-q8");
+  ASSERT_TRUE(testing::generate_compared_run(" -m " + shell_arg(dir / "q8.klein"), dir, "q8"));
+  ASSERT_TRUE(
+      testing::generate_compared_run(" -m " + shell_arg(dir / "ref-q8.klein"), dir, "ref-q8"));
   testing::expect_png_matches(dir / "q8.png", dir / "ref-q8.png", 64, 64);
   // klein report measures the Q8 container against the GGUF itself (its blocks decoded): the
   // Q8_0 tensors were repacked, not requantized, so they have no error at all.

@@ -43,4 +43,16 @@ void expect_png_matches(const fs::path& got_path, const fs::path& want_path, int
   EXPECT_LE(worst, 1);
 }
 
+::testing::AssertionResult generate_compared_run(const std::string& model_args,
+                                                 const std::filesystem::path& dir,
+                                                 const std::string& name) {
+  const std::string command = "generate" + model_args + kComparedRun + " --dump " +
+                              shell_arg(dir / name) + " -o " + shell_arg(dir / (name + ".png"));
+  std::string log;
+  const int rc = run_klein(command, &log);
+  if (rc == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "klein " << command << " exited with " << rc << ":\n"
+                                       << log;
+}
+
 }  // namespace klein::testing

@@ -1,5 +1,7 @@
 #pragma once
 // Comparing what `klein generate --dump` wrote with an official pipeline's golden files.
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -11,6 +13,12 @@ namespace klein::testing {
 // steps at 64x64, seed 7, no cache, 2 threads, quiet.
 inline constexpr const char* kComparedRun =
     " -p \"a red cube on a table\" -s 4 -W 64 -H 64 --seed 7 --no-cache --threads 2 -q";
+
+// `klein generate MODEL_ARGS <kComparedRun> --dump DIR/NAME -o DIR/NAME.png`: success, or a
+// failure that shows the command's output.
+::testing::AssertionResult generate_compared_run(const std::string& model_args,
+                                                 const std::filesystem::path& dir,
+                                                 const std::string& name);
 
 // <testdata>/<set>/vectors/<kind>: a golden set next to klein-tiny (say klein-tiny-edit,
 // inpaint).

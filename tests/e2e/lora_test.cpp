@@ -65,18 +65,9 @@ TEST_P(LoraMatchesMerge, AtEveryStep) {
   ASSERT_TRUE(fs::exists(merged));
 
   std::string log;
-  ASSERT_EQ(
-      testing::run_klein("generate" + tiny_components(merged) + kRun + " --dump " +
-                             shell_arg(dir / "merged") + " -o " + shell_arg(dir / "merged.png"),
-                         &log),
-      0)
-      << log;
-  ASSERT_EQ(testing::run_klein("generate -m " + shell_arg(testing::tiny_model()) + lora_args +
-                                   kRun + " --dump " + shell_arg(dir / "lora") + " -o " +
-                                   shell_arg(dir / "lora.png"),
-                               &log),
-            0)
-      << log;
+  ASSERT_TRUE(testing::generate_compared_run(tiny_components(merged), dir, "merged"));
+  ASSERT_TRUE(testing::generate_compared_run(" -m " + shell_arg(testing::tiny_model()) + lora_args,
+                                             dir, "lora"));
   testing::expect_dump_matches(dir / "lora", dir / "merged", {"final_latents"}, 4);
   testing::expect_png_matches(dir / "lora.png", dir / "merged.png", 64, 64);
 
@@ -108,22 +99,10 @@ TEST(LoraOnContainer, AddsTheUpdatesBesideQuantizedWeights) {
   const fs::path container = dir / "tiny-q8.klein";
   std::string log;
   ASSERT_TRUE(testing::convert_tiny(container, "-t q8 -q"));
-  ASSERT_EQ(testing::run_klein("generate" + tiny_components(merged) + kRun + " --dump " +
-                                   shell_arg(dir / "merged") + " -o " + shell_arg(dir / "m.png"),
-                               &log),
-            0)
-      << log;
-  ASSERT_EQ(testing::run_klein("generate -m " + shell_arg(container) + " --lora " +
-                                   shell_arg(lora_file("bfl")) + kRun + " --dump " +
-                                   shell_arg(dir / "lora") + " -o " + shell_arg(dir / "l.png"),
-                               &log),
-            0)
-      << log;
-  ASSERT_EQ(testing::run_klein("generate -m " + shell_arg(container) + kRun + " --dump " +
-                                   shell_arg(dir / "plain") + " -o " + shell_arg(dir / "p.png"),
-                               &log),
-            0)
-      << log;
+  ASSERT_TRUE(testing::generate_compared_run(tiny_components(merged), dir, "merged"));
+  ASSERT_TRUE(testing::generate_compared_run(
+      " -m " + shell_arg(container) + " --lora " + shell_arg(lora_file("bfl")), dir, "lora"));
+  ASSERT_TRUE(testing::generate_compared_run(" -m " + shell_arg(container), dir, "plain"));
   const Tensor ref = read_npy(dir / "merged" / "final_latents.npy").to_tensor();
   const Tensor lora = read_npy(dir / "lora" / "final_latents.npy").to_tensor();
   const Tensor plain = read_npy(dir / "plain" / "final_latents.npy").to_tensor();
@@ -150,16 +129,8 @@ TEST(LoraMergedByConvert, MatchesTheReferenceMerge) {
       0)
       << log;
   EXPECT_EQ(log, "");
-  ASSERT_EQ(testing::run_klein("generate" + tiny_components(merged) + kRun + " --dump " +
-                                   shell_arg(dir / "reference") + " -o " + shell_arg(dir / "r.png"),
-                               &log),
-            0)
-      << log;
-  ASSERT_EQ(testing::run_klein("generate -m " + shell_arg(container) + kRun + " --dump " +
-                                   shell_arg(dir / "container") + " -o " + shell_arg(dir / "c.png"),
-                               &log),
-            0)
-      << log;
+  ASSERT_TRUE(testing::generate_compared_run(tiny_components(merged), dir, "reference"));
+  ASSERT_TRUE(testing::generate_compared_run(" -m " + shell_arg(container), dir, "container"));
   testing::expect_dump_matches(dir / "container", dir / "reference", {"final_latents"}, 4);
   ASSERT_EQ(testing::run_klein("inspect " + shell_arg(container) + " --json", &log), 0) << log;
   EXPECT_NE(log.find("merged_loras"), std::string::npos) << log.substr(0, 2000);

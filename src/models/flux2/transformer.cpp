@@ -327,6 +327,19 @@ std::array<const float*, 6> six_chunks(const Tensor& m, int64_t D) {
   return {p, p + D, p + 2 * D, p + 3 * D, p + 4 * D, p + 5 * D};
 }
 
+// The names of one stream's weights in a double block (diffusers' spelling).
+struct StreamWeights {
+  const char *to_q, *to_k, *to_v, *norm_q, *norm_k, *to_out, *ff_in, *ff_out;
+};
+constexpr StreamWeights kTextWeights{
+    "attn.add_q_proj.weight",   "attn.add_k_proj.weight",   "attn.add_v_proj.weight",
+    "attn.norm_added_q.weight", "attn.norm_added_k.weight", "attn.to_add_out.weight",
+    "ff_context.linear_in.weight", "ff_context.linear_out.weight"};
+constexpr StreamWeights kImageWeights{
+    "attn.to_q.weight",   "attn.to_k.weight",   "attn.to_v.weight",
+    "attn.norm_q.weight", "attn.norm_k.weight", "attn.to_out.0.weight",
+    "ff.linear_in.weight", "ff.linear_out.weight"};
+
 }  // namespace
 
 // The double-stream block: text and image are normalised, projected and finished with their
@@ -337,27 +350,21 @@ void Transformer::double_block(const WeightUnit& w, const Modulation& mod, const
                 hd = config_.head_dim;
   const float eps = float(config_.eps);
   const int64_t T = a.layout.text_tokens, N = a.layout.image_tokens();
-  const auto mi = six_chunks(mod.img, D), mt = six_chunks(mod.txt, D);
-  const Stream text{0, T,
-                    linear_weight(w, "attn.add_q_proj.weight", D, D),
-                    linear_weight(w, "attn.add_k_proj.weight", D, D),
-                    linear_weight(w, "attn.add_v_proj.weight", D, D),
-                    vector_weight(w, "attn.norm_added_q.weight", hd),
-                    vector_weight(w, "attn.norm_added_k.weight", hd),
-                    linear_weight(w, "attn.to_add_out.weight", D, D),
-                    linear_weight(w, "ff_context.linear_in.weight", 2 * F, D),
-                    linear_weight(w, "ff_context.linear_out.weight", D, F),
-                    mt[0], mt[1], mt[2], mt[3], mt[4], mt[5]};
-  const Stream image{T, N,
-                     linear_weight(w, "attn.to_q.weight", D, D),
-                     linear_weight(w, "attn.to_k.weight", D, D),
-                     linear_weight(w, "attn.to_v.weight", D, D),
-                     vector_weight(w, "attn.norm_q.weight", hd),
-                     vector_weight(w, "attn.norm_k.weight", hd),
-                     linear_weight(w, "attn.to_out.0.weight", D, D),
-                     linear_weight(w, "ff.linear_in.weight", 2 * F, D),
-                     linear_weight(w, "ff.linear_out.weight", D, F),
-                     mi[0], mi[1], mi[2], mi[3], mi[4], mi[5]};
+  auto stream = [&](int64_t row0, int64_t rows, const StreamWeights& n, const Tensor& m) {
+    const auto c = six_chunks(m, D);
+    return Stream{row0, rows,
+                  linear_weight(w, n.to_q, D, D),
+                  linear_weight(w, n.to_k, D, D),
+                  linear_weight(w, n.to_v, D, D),
+                  vector_weight(w, n.norm_q, hd),
+                  vector_weight(w, n.norm_k, hd),
+                  linear_weight(w, n.to_out, D, D),
+                  linear_weight(w, n.ff_in, 2 * F, D),
+                  linear_weight(w, n.ff_out, D, F),
+                  c[0], c[1], c[2], c[3], c[4], c[5]};
+  };
+  const Stream text = stream(0, T, kTextWeights, mod.txt);
+  const Stream image = stream(T, N, kImageWeights, mod.img);
 
   for (const Stream* s : {&text, &image}) {
     const int64_t r = s->row0, n = s->rows;

@@ -164,27 +164,36 @@ uint64_t banded_encode_scratch(const VaeConfig& c, int64_t height, int64_t width
   return peak;
 }
 
+// Either direction: the whole-image form unless its activations pass whole_limit, else bands
+// (banded and scratch computed only then).
+template <class Banded, class Scratch>
+VaeMemoryEstimate estimate(size_t whole_bytes, const VaeMemory& m, Banded banded_bytes,
+                           Scratch banded_scratch) {
+  VaeMemoryEstimate e;
+  e.banded = whole_bytes > m.whole_limit;
+  e.activation_bytes = e.banded ? banded_bytes() : whole_bytes;
+  e.scratch_bytes = e.banded ? banded_scratch() : 0;
+  return e;
+}
+
 }  // namespace
 
 VaeMemoryEstimate decode_memory(const VaeConfig& c, int64_t height, int64_t width,
                                 const VaeMemory& m) {
-  VaeMemoryEstimate e;
-  e.banded = whole_decode_bytes(c, height, width) > m.whole_limit;
-  e.activation_bytes =
-      e.banded ? banded_decode_bytes(c, height, width, m) : whole_decode_bytes(c, height, width);
-  e.scratch_bytes = e.banded ? banded_decode_scratch(c, height, width, m) : 0;
-  return e;
+  return estimate(
+      whole_decode_bytes(c, height, width), m,
+      [&] { return banded_decode_bytes(c, height, width, m); },
+      [&] { return banded_decode_scratch(c, height, width, m); });
 }
 
 VaeMemoryEstimate encode_memory(const VaeConfig& c, int64_t height, int64_t width,
                                 const VaeMemory& m) {
-  VaeMemoryEstimate e;
-  e.banded = whole_encode_bytes(c, height, width) > m.whole_limit;
-  e.activation_bytes =
-      e.banded ? banded_encode_bytes(c, height, width, m) : whole_encode_bytes(c, height, width);
+  VaeMemoryEstimate e = estimate(
+      whole_encode_bytes(c, height, width), m,
+      [&] { return banded_encode_bytes(c, height, width, m); },
+      [&] { return banded_encode_scratch(c, height, width, m); });
   // The pipeline keeps the reference pixels [3, H, W] while encoding.
   e.activation_bytes += size_t(c.in_channels * height * width) * sizeof(float);
-  e.scratch_bytes = e.banded ? banded_encode_scratch(c, height, width, m) : 0;
   return e;
 }
 
