@@ -18,6 +18,7 @@
 
 #include "core/tensor.h"
 #include "ops/compute.h"
+#include "ops/rope.h"
 
 namespace klein::flux2 {
 
@@ -54,29 +55,14 @@ std::vector<PositionId> image_position_ids(const TokenLayout& layout);
 // Text then image: one id per row of the joint sequence.
 std::vector<PositionId> joint_position_ids(const TokenLayout& layout);
 
-// cos/sin of every (token, head-dim index) of a sequence: built once per generation (it
-// depends only on the ids), applied to Q and K of every block at every step.
-class RopeTable {
+// cos/sin of every (token, head-dim index) of the joint sequence (ops/rope.h, angles in
+// float64): built once per generation (it depends only on the ids), applied to Q and K of
+// every block at every step.
+class RopeTable : public ops::RopeTable {
  public:
   RopeTable() = default;
   // axes: the head-dim width of each of the 4 axes (even, summing to the head dim).
   RopeTable(std::span<const PositionId> ids, const std::array<int64_t, 4>& axes, double theta);
-
-  int64_t tokens() const { return cos_.shape().empty() ? 0 : cos_.dim(0); }
-  int64_t head_dim() const { return cos_.shape().empty() ? 0 : cos_.dim(1); }
-  const Tensor& cos() const { return cos_; }  // [tokens, head_dim]
-  const Tensor& sin() const { return sin_; }  // [tokens, head_dim]
-
-  // Rotates every head of `rows` activation rows, in place: x is [rows, heads·head_dim]
-  // (row stride ld), and x's row r uses table row first_row + r.
-  //   y[2m]   = x[2m]·cos − x[2m+1]·sin
-  //   y[2m+1] = x[2m+1]·cos + x[2m]·sin
-  void apply(float* x, int64_t ld, int64_t first_row, int64_t rows, int64_t heads,
-             Compute& cx) const;
-
- private:
-  Tensor cos_;
-  Tensor sin_;
 };
 
 }  // namespace klein::flux2

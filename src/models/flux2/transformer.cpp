@@ -32,6 +32,7 @@
 #include "ops/linear.h"
 #include "ops/low_rank.h"
 #include "ops/norm.h"
+#include "ops/timestep.h"
 
 namespace klein::flux2 {
 
@@ -59,21 +60,6 @@ const Weight& vector_weight(const WeightUnit& unit, std::string_view name, int64
 }
 
 // --- row-wise pieces -------------------------------------------------------------------------
-
-// out = [cos(τ f_0) … cos(τ f_{h−1}), sin(τ f_0) … sin(τ f_{h−1})], f_i = 10000^(−i/h), in the
-// official float32 steps (exponent, exp, product each rounded to float32). At τ ≈ 1000 the
-// arguments are ~1000 rad, so the float32 product is what must match, not the exact angle.
-void timestep_sinusoid(float tau, float* out, int64_t channels) {
-  const int64_t half = channels / 2;
-  const float log_period = float(-std::log(10000.0));
-  for (int64_t i = 0; i < half; ++i) {
-    const float exponent = log_period * float(i) / float(half);
-    const float frequency = float(std::exp(double(exponent)));
-    const float angle = tau * frequency;
-    out[i] = float(std::cos(double(angle)));
-    out[half + i] = float(std::sin(double(angle)));
-  }
-}
 
 // y = (1 + scale) ⊙ LN(x) + shift for `rows` rows of width D (both contiguous).
 void modulated_norm(const float* x, float* y, int64_t rows, int64_t D, const float* shift,
@@ -270,7 +256,7 @@ void Transformer::modulate(float timestep, Modulation& m, Compute& cx) {
 
   // temb = linear_2 · silu(linear_1 · sinusoid(1000·t))                            [D]
   const float tau = timestep * 1000.0f;
-  timestep_sinusoid(tau, m.sinusoid.data(), channels);
+  ops::timestep_sinusoid(tau, m.sinusoid.data(), channels);
   const std::string embedder = "time_guidance_embed.timestep_embedder.";
   linear(m.sinusoid.data(), 1, linear_weight(w, embedder + "linear_1.weight", D, channels),
               m.hidden.data(), cx);

@@ -1,0 +1,362 @@
+// The Z-Image transformer forward (diffusers ZImageTransformer2DModel, basic mode), float32
+// activations.
+//
+// Architecture (Z-Image-Turbo; the tiny test model has dim 256, 2 heads, 2 main layers):
+//   D = dim                3840 = 30 heads × 128
+//   F = feed-forward       10240 = int(D / 3 · 8); w2(silu(w1 h) ⊙ w3 h)
+//   A = adaLN width        256 = min(D, 256): the timestep embedding every modulation reads
+//   patch tokens           2×2 patches of the 16-channel latent: 64 features, (dy·2 + dx)·16 + c
+//   blocks                 2 noise-refiner (image rows, modulated), 2 context-refiner (caption
+//                          rows, not modulated), 30 main layers (all rows, modulated)
+//   block                  x += g_a ⊙ RMSNorm(Attn(RMSNorm(x) ⊙ s_a))
+//                          x += g_f ⊙ RMSNorm(FFN(RMSNorm(x) ⊙ s_f))
+//                          modulated: [s_a | g_a | s_f | g_f] = Linear(adaln), s = 1 + scale,
+//                          g = tanh(gate); not modulated: s = g = 1
+//   attention              Q, K, V, out without bias; RMSNorm per head on Q and K (eps 1e-5);
+//                          RoPE on interleaved pairs, 3 axes (32, 48, 48), θ = 256, angles in
+//                          float32; softmax(Q Kᵀ / √128) V over every row, pads included
+//   final layer            LayerNorm (no affine, eps 1e-6) ⊙ (1 + Linear(silu(adaln))), then
+//                          Linear D → 64, on the image rows
+//   timestep               τ = t · 1000; sinusoid of 256 (cos half first); Linear 256 → 1024,
+//                          SiLU, Linear 1024 → A
+// Every RMSNorm of the blocks and the caption embedder uses norm_eps (1e-5).
+#include "models/zimage/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "models/zimage/units.h"
+#include "ops/attention.h"
+#include "ops/linear.h"
+#include "ops/norm.h"
+#include "ops/timestep.h"
+
+namespace klein::zimage {
+
+namespace {
+
+// --- checked weights -------------------------------------------------------------------------
+
+const Weight& matrix(const WeightUnit& unit, std::string_view name, int64_t out, int64_t in) {
+  const Weight& w = unit.get(name);
+  if (w.shape.size() != 2 || w.shape[0] != out || w.shape[1] != in)
+    fail("tensor ", w.name, ": expected shape ", shape_str({out, in}), ", got ",
+         shape_str(w.shape));
+  return w;
+}
+
+// A small float tensor (norm weight, bias, pad token) of n values, as float32.
+std::vector<float> vector_of(const WeightUnit& unit, std::string_view name, int64_t n) {
+  const Weight& w = unit.get(name);
+  if (w.numel() != n || (w.shape.size() != 1 && !(w.shape.size() == 2 && w.shape[0] == 1)))
+    fail("tensor ", w.name, ": expected ", n, " values, got shape ", shape_str(w.shape));
+  if (!dtype_is_float(w.dtype) || w.layout != 0)
+    fail("tensor ", w.name, ": expected a plain float type, got ", dtype_name(w.dtype));
+  return weight_to_floats(w);
+}
+
+// y = x·Wᵀ + b for M rows.
+void linear_bias(const float* x, int64_t M, const WeightUnit& unit, const std::string& name,
+                 int64_t out, int64_t in, float* y, Compute& cx) {
+  ops::linear(x, M, matrix(unit, name + ".weight", out, in), y, cx);
+  const std::vector<float> b = vector_of(unit, name + ".bias", out);
+  ops::add_bias(y, M, out, out, b.data());
+}
+
+void rms_norm(const float* x, float* y, int64_t rows, int64_t dim, const std::vector<float>& w,
+              float eps, Compute& cx) {
+  ops::rms_norm(x, y, rows, dim, w.data(), eps, cx);
+}
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+}  // namespace
+
+std::vector<int64_t> position_ids(const SequenceLayout& l) {
+  std::vector<int64_t> ids;
+  ids.reserve(size_t(l.rows() * 3));
+  const int64_t cols = l.width / l.patch, caption_rows = l.caption_rows();
+  for (int64_t n = 0; n < l.image_rows(); ++n) {
+    if (n < l.image_tokens())
+      ids.insert(ids.end(), {caption_rows + 1, n / cols, n % cols});
+    else
+      ids.insert(ids.end(), {0, 0, 0});
+  }
+  for (int64_t i = 0; i < caption_rows; ++i) ids.insert(ids.end(), {1 + i, 0, 0});
+  return ids;
+}
+
+Activations::Activations(const TransformerConfig& c, const SequenceLayout& l) : layout(l) {
+  check(l.height > 0 && l.width > 0 && l.height % c.patch == 0 && l.width % c.patch == 0,
+        "Z-Image transformer: the latent grid ", l.height, "x", l.width,
+        " must be positive multiples of the patch size ", c.patch);
+  check(l.caption > 0, "Z-Image transformer: the caption needs at least one token");
+  const std::vector<int64_t> ids = position_ids(l);
+  const int64_t caption_rows = l.caption_rows();
+  check(caption_rows + 1 < c.axes_lens[0] && l.height / c.patch <= c.axes_lens[1] &&
+            l.width / c.patch <= c.axes_lens[2],
+        "Z-Image transformer: positions beyond the model's RoPE range (", c.axes_lens[0], ", ",
+        c.axes_lens[1], ", ", c.axes_lens[2], "): caption of ", l.caption, " tokens, ",
+        l.height / c.patch, "x", l.width / c.patch, " image tokens");
+  rope = ops::RopeTable(ids, c.axes_dims, c.rope_theta, ops::RopeAngle::Float32);
+  const int64_t S = l.rows(), D = c.dim, F = c.ffn_hidden();
+  const int64_t chunk = std::min(kChunkRows, S);
+  seq = Tensor({S, D});
+  normed = Tensor({S, D});
+  q = Tensor({S, D});
+  k = Tensor({S, D});
+  v = Tensor({S, D});
+  attn = Tensor({S, D});
+  gate = Tensor({chunk, F});
+  up = Tensor({chunk, F});
+  ffn = Tensor({chunk, D});
+  caption = Tensor({caption_rows, D});
+}
+
+Transformer::Transformer(WeightStore& store, const TransformerConfig& config)
+    : store_(store), config_(config) {}
+
+Tensor Transformer::embed_timestep(float t, Compute& cx) {
+  UnitRef shared = store_.acquire("transformer.shared");
+  float sinusoid[256];
+  ops::timestep_sinusoid(t * float(config_.t_scale), sinusoid, 256);
+  Tensor hidden({1, 1024});
+  linear_bias(sinusoid, 1, *shared, "t_embedder.mlp.0", 1024, 256, hidden.data(), cx);
+  for (int64_t i = 0; i < 1024; ++i) hidden.data()[i] = silu(hidden.data()[i]);
+  Tensor adaln({config_.adaln_dim()});
+  linear_bias(hidden.data(), 1, *shared, "t_embedder.mlp.2", config_.adaln_dim(), 1024,
+              adaln.data(), cx);
+  return adaln;
+}
+
+Tensor Transformer::modulation(const WeightUnit& w, const Tensor& adaln, Compute& cx) {
+  const int64_t D = config_.dim;
+  Tensor mod({4 * D});
+  linear_bias(adaln.data(), 1, w, "adaLN_modulation.0", 4 * D, config_.adaln_dim(), mod.data(), cx);
+  float* m = mod.data();
+  for (int64_t i = 0; i < D; ++i) {
+    m[i] = 1.0f + m[i];                      // scale_msa
+    m[D + i] = std::tanh(m[D + i]);          // gate_msa
+    m[2 * D + i] = 1.0f + m[2 * D + i];      // scale_mlp
+    m[3 * D + i] = std::tanh(m[3 * D + i]);  // gate_mlp
+  }
+  return mod;
+}
+
+void Transformer::embed_caption(const Tensor& cap_feats, Activations& a, Compute& cx,
+                                const Observer& observe) {
+  const SequenceLayout& l = a.layout;
+  const int64_t D = config_.dim, C = config_.cap_feat_dim, L = l.caption, Lc = l.caption_rows();
+  check(cap_feats.shape() == Shape{L, C}, "Z-Image transformer: caption features of shape ",
+        shape_str(cap_feats.shape()), ", expected ", shape_str({L, C}));
+  const int64_t row0 = l.image_rows();
+  float* rows = a.seq.row(row0);
+  {
+    UnitRef shared = store_.acquire("transformer.shared");
+    // RMSNorm + Linear on the real rows; the pad rows (copies of the last) become the pad token.
+    Tensor normed({L, C});
+    rms_norm(cap_feats.data(), normed.data(), L, C, vector_of(*shared, "cap_embedder.0.weight", C),
+             float(config_.norm_eps), cx);
+    linear_bias(normed.data(), L, *shared, "cap_embedder.1", D, C, rows, cx);
+    for (int64_t r = L; r < Lc; ++r)
+      std::memcpy(a.seq.row(row0 + r), a.seq.row(row0 + L - 1), size_t(D) * sizeof(float));
+    if (observe) observe("cap_embedder", rows, {Lc, D});
+    const std::vector<float> pad = vector_of(*shared, "cap_pad_token", D);
+    for (int64_t r = L; r < Lc; ++r)
+      std::memcpy(a.seq.row(row0 + r), pad.data(), size_t(D) * sizeof(float));
+    if (observe) observe("cap_seq_in", rows, {Lc, D});
+  }
+  for (int64_t i = 0; i < config_.n_refiner_layers; ++i) {
+    UnitRef w = store_.acquire(context_refiner_unit(i));
+    block(*w, nullptr, row0, Lc, a, cx);
+    if (observe) observe("context_refiner_" + std::to_string(i), rows, {Lc, D});
+  }
+  std::memcpy(a.caption.data(), rows, size_t(Lc * D) * sizeof(float));
+}
+
+Tensor Transformer::forward(const Tensor& latents, const Tensor& adaln, Activations& a, Compute& cx,
+                            const Observer& observe) {
+  const SequenceLayout& l = a.layout;
+  const int64_t D = config_.dim, C = config_.in_channels, P = config_.patch_features();
+  const int64_t p = config_.patch, H = l.height, W = l.width, cols = W / p;
+  const int64_t N = l.image_tokens(), Nx = l.image_rows(), S = l.rows();
+  check(latents.shape() == Shape{C, H, W}, "Z-Image transformer: latents of shape ",
+        shape_str(latents.shape()), ", expected ", shape_str({C, H, W}));
+  check(adaln.numel() == config_.adaln_dim(), "Z-Image transformer: modulation input of ",
+        adaln.numel(), " values, expected ", config_.adaln_dim());
+  if (observe) observe("t_embedder", adaln.data(), {1, config_.adaln_dim()});
+  const std::string key = std::to_string(p) + "-" + std::to_string(config_.frame_patch);
+
+  // Patchify: token (y, x) holds latent[c, p·y + dy, p·x + dx] at feature (dy·p + dx)·C + c;
+  // the pad rows repeat the last token.
+  Tensor tokens({Nx, P});
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t y = n / cols, x = n % cols;
+    float* t = tokens.row(n);
+    for (int64_t dy = 0; dy < p; ++dy)
+      for (int64_t dx = 0; dx < p; ++dx)
+        for (int64_t c = 0; c < C; ++c)
+          t[(dy * p + dx) * C + c] = latents.data()[(c * H + p * y + dy) * W + p * x + dx];
+  }
+  for (int64_t n = N; n < Nx; ++n)
+    std::memcpy(tokens.row(n), tokens.row(N - 1), size_t(P) * sizeof(float));
+
+  {
+    UnitRef shared = store_.acquire("transformer.shared");
+    linear_bias(tokens.data(), Nx, *shared, "all_x_embedder." + key, D, P, a.seq.data(), cx);
+    if (observe) observe("x_embedder", a.seq.data(), {Nx, D});
+    const std::vector<float> pad = vector_of(*shared, "x_pad_token", D);
+    for (int64_t r = N; r < Nx; ++r)
+      std::memcpy(a.seq.row(r), pad.data(), size_t(D) * sizeof(float));
+    if (observe) observe("x_seq_in", a.seq.data(), {Nx, D});
+  }
+  std::memcpy(a.seq.row(Nx), a.caption.data(), size_t(a.caption.numel()) * sizeof(float));
+
+  for (int64_t i = 0; i < config_.n_refiner_layers; ++i) {
+    UnitRef w = store_.acquire(noise_refiner_unit(i));
+    const Tensor mod = modulation(*w, adaln, cx);
+    block(*w, mod.data(), 0, Nx, a, cx);
+    if (observe) observe("noise_refiner_" + std::to_string(i), a.seq.data(), {Nx, D});
+  }
+  if (observe) observe("unified_in", a.seq.data(), {S, D});
+  for (int64_t i = 0; i < config_.n_layers; ++i) {
+    UnitRef w = store_.acquire(layer_unit(i));
+    const Tensor mod = modulation(*w, adaln, cx);
+    block(*w, mod.data(), 0, S, a, cx);
+    if (observe) observe("layers_" + std::to_string(i), a.seq.data(), {S, D});
+  }
+
+  // Final layer on the image rows: LayerNorm ⊙ (1 + Linear(silu(adaln))), then Linear D → P.
+  Tensor out_tokens({N, P});
+  {
+    UnitRef shared = store_.acquire("transformer.shared");
+    const std::string f = "all_final_layer." + key;
+    Tensor act({config_.adaln_dim()});
+    for (int64_t i = 0; i < act.numel(); ++i) act.data()[i] = silu(adaln.data()[i]);
+    Tensor scale({D});
+    linear_bias(act.data(), 1, *shared, f + ".adaLN_modulation.1", D, config_.adaln_dim(),
+                scale.data(), cx);
+    ops::layer_norm(a.seq.data(), a.normed.data(), N, D, 1e-6f, cx);
+    for (int64_t r = 0; r < N; ++r) {
+      float* row = a.normed.row(r);
+      for (int64_t i = 0; i < D; ++i) row[i] *= 1.0f + scale.data()[i];
+    }
+    linear_bias(a.normed.data(), N, *shared, f + ".linear", P, D, out_tokens.data(), cx);
+    if (observe) observe("final_layer", out_tokens.data(), {N, P});
+  }
+
+  // Un-patchify.
+  Tensor out({C, H, W});
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t y = n / cols, x = n % cols;
+    const float* t = out_tokens.row(n);
+    for (int64_t dy = 0; dy < p; ++dy)
+      for (int64_t dx = 0; dx < p; ++dx)
+        for (int64_t c = 0; c < C; ++c)
+          out.data()[(c * H + p * y + dy) * W + p * x + dx] = t[(dy * p + dx) * C + c];
+  }
+  return out;
+}
+
+// x += g_a ⊙ RMSNorm_a2(Attn(RMSNorm_a1(x) ⊙ s_a)); x += g_f ⊙ RMSNorm_f2(FFN(RMSNorm_f1(x) ⊙
+// s_f)).
+void Transformer::block(const WeightUnit& w, const float* mod, int64_t row0, int64_t rows,
+                        Activations& a, Compute& cx) {
+  const int64_t D = config_.dim;
+  const float eps = float(config_.norm_eps);
+  float* x = a.seq.row(row0);
+  float* h = a.normed.row(row0);
+
+  rms_norm(x, h, rows, D, vector_of(w, "attention_norm1.weight", D), eps, cx);
+  if (mod)
+    cx.pool().parallel_for(
+        rows,
+        [&](int64_t r0, int64_t r1, int) {
+          for (int64_t r = r0; r < r1; ++r)
+            for (int64_t i = 0; i < D; ++i) h[r * D + i] *= mod[i];
+        },
+        16);
+  attention(w, row0, rows, a, cx);
+  // The attention output, normalised, gated into the stream.
+  float* o = a.normed.row(row0);
+  rms_norm(a.q.row(row0), o, rows, D, vector_of(w, "attention_norm2.weight", D), eps, cx);
+  const float* gate = mod ? mod + D : nullptr;
+  cx.pool().parallel_for(
+      rows,
+      [&](int64_t r0, int64_t r1, int) {
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t i = 0; i < D; ++i) x[r * D + i] += (gate ? gate[i] : 1.0f) * o[r * D + i];
+      },
+      16);
+
+  feed_forward(w, mod ? mod + 2 * D : nullptr, mod ? mod + 3 * D : nullptr, row0, rows, a, cx);
+}
+
+// Attention of rows [row0, row0 + rows) among themselves, reading act.normed; the projected
+// output goes to act.q's rows (free once attention is done).
+void Transformer::attention(const WeightUnit& w, int64_t row0, int64_t rows, Activations& a,
+                            Compute& cx) {
+  const int64_t D = config_.dim, H = config_.n_heads, hd = config_.head_dim();
+  const float* h = a.normed.row(row0);
+  float* q = a.q.row(row0);
+  float* k = a.k.row(row0);
+  float* v = a.v.row(row0);
+  ops::linear(h, rows, matrix(w, "attention.to_q.weight", D, D), q, cx);
+  ops::linear(h, rows, matrix(w, "attention.to_k.weight", D, D), k, cx);
+  ops::linear(h, rows, matrix(w, "attention.to_v.weight", D, D), v, cx);
+  // RMSNorm per head (rows · H rows of head_dim), then RoPE.
+  rms_norm(q, q, rows * H, hd, vector_of(w, "attention.norm_q.weight", hd), 1e-5f, cx);
+  rms_norm(k, k, rows * H, hd, vector_of(w, "attention.norm_k.weight", hd), 1e-5f, cx);
+  a.rope.apply(q, D, row0, rows, H, cx);
+  a.rope.apply(k, D, row0, rows, H, cx);
+
+  ops::AttentionParams p;
+  p.q_len = p.kv_len = rows;
+  p.heads = p.kv_heads = H;
+  p.head_dim = hd;
+  p.scale = float(1.0 / std::sqrt(double(hd)));
+  float* out = a.attn.row(row0);
+  ops::attention(q, D, k, D, v, D, out, D, p, cx);
+  ops::linear(out, rows, matrix(w, "attention.to_out.0.weight", D, D), q, cx);
+}
+
+// x += g_f ⊙ RMSNorm_f2(w2(silu(w1 h) ⊙ w3 h)), h = RMSNorm_f1(x) ⊙ s_f, in chunks of rows.
+void Transformer::feed_forward(const WeightUnit& w, const float* scale, const float* gate,
+                               int64_t row0, int64_t rows, Activations& a, Compute& cx) {
+  const int64_t D = config_.dim, F = config_.ffn_hidden();
+  const float eps = float(config_.norm_eps);
+  const Weight& w1 = matrix(w, "feed_forward.w1.weight", F, D);
+  const Weight& w3 = matrix(w, "feed_forward.w3.weight", F, D);
+  const Weight& w2 = matrix(w, "feed_forward.w2.weight", D, F);
+  const std::vector<float> norm1 = vector_of(w, "ffn_norm1.weight", D);
+  const std::vector<float> norm2 = vector_of(w, "ffn_norm2.weight", D);
+  float* x = a.seq.row(row0);
+  float* h = a.normed.row(row0);
+  rms_norm(x, h, rows, D, norm1, eps, cx);
+  if (scale)
+    cx.pool().parallel_for(
+        rows,
+        [&](int64_t r0, int64_t r1, int) {
+          for (int64_t r = r0; r < r1; ++r)
+            for (int64_t i = 0; i < D; ++i) h[r * D + i] *= scale[i];
+        },
+        16);
+  const int64_t chunk = a.gate.dim(0);
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t m = std::min(chunk, rows - r0);
+    ops::linear(h + r0 * D, m, w1, a.gate.data(), cx);
+    ops::linear(h + r0 * D, m, w3, a.up.data(), cx);
+    ops::swiglu(a.gate.data(), a.up.data(), a.gate.data(), m * F, cx);
+    ops::linear(a.gate.data(), m, w2, a.ffn.data(), cx);
+    rms_norm(a.ffn.data(), a.ffn.data(), m, D, norm2, eps, cx);
+    const float* f = a.ffn.data();
+    float* xr = x + r0 * D;
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t i = 0; i < D; ++i) xr[r * D + i] += (gate ? gate[i] : 1.0f) * f[r * D + i];
+  }
+}
+
+}  // namespace klein::zimage

@@ -1,0 +1,112 @@
+#pragma once
+// The Z-Image transformer (diffusers ZImageTransformer2DModel, basic mode): one forward over
+// the image tokens of one latent and the caption tokens of one prompt, returning the model's
+// output for every latent value. The math is in transformer.cpp.
+//
+// One sequence of S rows is planned per generation and every stream lives in it:
+//   rows [0, Nx)       image tokens (patch tokens of the latent, padded to a multiple of 32)
+//   rows [Nx, Nx + Lc) caption tokens (text-encoder rows, padded to a multiple of 32)
+// The noise refiner runs on the image rows, the context refiner on the caption rows, then the
+// main layers on all of them: the official "unified" sequence [image | caption] is these rows
+// as they stand, so nothing is copied between the phases.
+//
+// What depends on what:
+//   per prompt       embed_caption (caption rows through the embedder and context refiner)
+//   per step         embed_timestep (t only): the modulation input of every block
+//   per forward      the image rows through the noise refiner, the main layers, the final layer
+// CFG runs the prompt and the negative prompt as two sequences (the official batch of two
+// masks the batch padding, which makes each item equal to its run alone).
+#include <cstdint>
+#include <functional>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+#include "models/zimage/config.h"
+#include "ops/compute.h"
+#include "ops/rope.h"
+#include "weights/weight_store.h"
+
+namespace klein::zimage {
+
+// Rows are padded to multiples of this (the official SEQ_MULTI_OF).
+constexpr int64_t kSequenceMultiple = 32;
+
+inline int64_t padded(int64_t n) {
+  return (n + kSequenceMultiple - 1) / kSequenceMultiple * kSequenceMultiple;
+}
+
+// Sizes of one sequence: the latent grid [C, height, width] and the caption length.
+struct SequenceLayout {
+  int64_t height = 0, width = 0;  // latent pixels (multiples of the patch size)
+  int64_t caption = 0;            // real caption tokens (before padding)
+  int64_t patch = 2;
+
+  int64_t image_tokens() const { return (height / patch) * (width / patch); }
+  int64_t image_rows() const { return padded(image_tokens()); }
+  int64_t caption_rows() const { return padded(caption); }
+  int64_t rows() const { return image_rows() + caption_rows(); }
+};
+
+// Position ids (t, h, w) of the rows, [rows, 3] row-major, as the official patchify gives
+// them: image token (y, x) is (Lc + 1, y, x) with Lc the padded caption length and image pad
+// rows (0, 0, 0); caption row i is (1 + i, 0, 0), pad rows included.
+std::vector<int64_t> position_ids(const SequenceLayout& layout);
+
+// Intermediate values for tests: ("t_embedder", "x_embedder", "x_seq_in", "noise_refiner_{i}",
+// "cap_embedder", "cap_seq_in", "context_refiner_{i}", "layers_{i}", "final_layer"). The data
+// is only valid during the call.
+using Observer = std::function<void(std::string_view name, const float* data, const Shape& shape)>;
+
+// The buffers of one sequence, planned once per generation and reused by every block.
+//   seq            [S, D]   the residual stream (image rows, then caption rows)
+//   normed         [S, D]   a block's normalised (and modulated) input
+//   q, k, v, attn  [S, D]   attention, heads side by side
+//   gate, up       [chunk, F] the feed-forward's two projections, `chunk_rows` rows at a time
+//   ffn            [chunk, D] the feed-forward's output before its norm
+//   caption        [Lc, D]  the caption rows after the context refiner (embed_caption)
+struct Activations {
+  static constexpr int64_t kChunkRows = 512;
+  Activations(const TransformerConfig& config, const SequenceLayout& layout);
+
+  SequenceLayout layout;
+  ops::RopeTable rope;
+  Tensor seq, normed, q, k, v, attn, gate, up, ffn, caption;
+};
+
+class Transformer {
+ public:
+  Transformer(WeightStore& store, const TransformerConfig& config);
+
+  const TransformerConfig& config() const { return config_; }
+
+  // The modulation input [adaln_dim] for model time t (0 = noise, 1 = clean; the pipeline's
+  // (1000 - timestep) / 1000): t_embedder(t · t_scale).
+  Tensor embed_timestep(float t, Compute& cx);
+  // The caption rows of `act` (kept in act.caption, copied into the sequence by every forward):
+  // cap_feats [L, cap_feat_dim] (L = the layout's caption) padded by
+  // repeating the last row, RMSNorm + Linear, pad rows set to cap_pad_token, then the context
+  // refiner. They depend on the prompt only.
+  void embed_caption(const Tensor& cap_feats, Activations& act, Compute& cx,
+                     const Observer& observe = {});
+  // The model output for latents [C, height, width] at the modulation `adaln` (embed_timestep),
+  // after embed_caption on the same `act`: [C, height, width].
+  Tensor forward(const Tensor& latents, const Tensor& adaln, Activations& act, Compute& cx,
+                 const Observer& observe = {});
+
+ private:
+  // One block on rows [row0, row0 + rows) of act.seq; `mod` is the block's
+  // [scale_msa | gate_msa | scale_mlp | gate_mlp] or null for an unmodulated block.
+  void block(const WeightUnit& w, const float* mod, int64_t row0, int64_t rows, Activations& a,
+             Compute& cx);
+  void attention(const WeightUnit& w, int64_t row0, int64_t rows, Activations& a, Compute& cx);
+  void feed_forward(const WeightUnit& w, const float* scale, const float* gate, int64_t row0,
+                    int64_t rows, Activations& a, Compute& cx);
+  // A block's modulation [4D] for `adaln`, tanh applied to the gates and 1 added to the scales.
+  Tensor modulation(const WeightUnit& w, const Tensor& adaln, Compute& cx);
+
+  WeightStore& store_;
+  TransformerConfig config_;
+};
+
+}  // namespace klein::zimage

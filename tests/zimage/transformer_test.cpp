@@ -1,0 +1,245 @@
+// The Z-Image transformer against the official ZImageTransformer2DModel forwards of
+// ../shared/testdata/zimage-tiny (vectors/transformer: every intermediate of one forward, and a
+// CFG batch of two items with different caption lengths, each run alone here). The weights are
+// read from the tiny model's diffusers safetensors file through the family's unit layout.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/files.h"
+#include "core/npy.h"
+#include "formats/safetensors.h"
+#include "models/zimage/config.h"
+#include "models/zimage/transformer.h"
+#include "models/zimage/units.h"
+#include "support/testing.h"
+
+namespace klein::zimage {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double kTolerance = 1e-4;  // the set's README: transformer group target (scaled)
+
+fs::path zimage_dir() { return testing::tiny_dir().parent_path() / "zimage-tiny"; }
+fs::path transformer_vector(const std::string& name) {
+  return zimage_dir() / "vectors" / "transformer" / (name + ".npy");
+}
+
+// The transformer's safetensors file as a store of the family's units (views into the mapping).
+class TransformerFileStore final : public WeightStore {
+ public:
+  explicit TransformerFileStore(const fs::path& path) : file_(path) {
+    for (const SafetensorsEntry& e : file_.entries()) {
+      const std::string canonical = "transformer." + e.name;
+      const std::optional<UnitOf> u = transformer_unit_of(canonical);
+      if (!u) throw Error("no unit for " + canonical);
+      auto& unit = units_[u->unit];
+      if (!unit) unit = std::make_shared<Unit>(u->unit, u->prefix);
+      const TensorView v = file_.view(e);
+      unit->put({.name = canonical,
+                 .dtype = v.dtype,
+                 .shape = v.shape,
+                 .data = v.data,
+                 .nbytes = v.nbytes});
+    }
+  }
+  UnitRef acquire(const std::string& unit) override {
+    auto it = units_.find(unit);
+    if (it == units_.end()) throw Error("no unit " + unit);
+    return it->second;
+  }
+  bool has_unit(const std::string& unit) const override { return units_.count(unit) > 0; }
+  std::vector<std::string> units() const override {
+    std::vector<std::string> out;
+    for (const auto& [name, unit] : units_) out.push_back(name);
+    return out;
+  }
+  const ModelConfig& config() const override { return config_; }
+  std::string identity() const override { return file_.path().string(); }
+
+ private:
+  struct Unit final : WeightUnit {
+    Unit(const std::string& name, const std::string& prefix) : WeightUnit(name, prefix) {}
+    void put(Weight w) { add(std::move(w)); }
+  };
+  SafetensorsFile file_;
+  std::map<std::string, std::shared_ptr<Unit>> units_;
+  ModelConfig config_;
+};
+
+class ZImageTransformer : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const fs::path model = zimage_dir() / "model" / "transformer";
+    config_ = parse_transformer_config(nlohmann::json::parse(read_text_file(model / "config.json")),
+                                       "config.json");
+    store_ = std::make_unique<TransformerFileStore>(model / "diffusion_pytorch_model.safetensors");
+  }
+  static void TearDownTestSuite() { store_.reset(); }
+
+  static inline TransformerConfig config_;
+  static inline std::unique_ptr<TransformerFileStore> store_;
+};
+
+::testing::AssertionResult close_to(const float* got, int64_t n, const fs::path& ref) {
+  const std::vector<float> r = read_npy(ref).to_f32();
+  if (int64_t(r.size()) < n)
+    return ::testing::AssertionFailure() << ref.filename() << " has " << r.size() << " values, "
+                                         << "the engine gave " << n;
+  const double s = testing::scaled_diff(got, r.data(), n);
+  std::printf("  %-44s scaled diff %.3g\n", ref.filename().string().c_str(), s);
+  if (s <= kTolerance) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << ref.filename() << ": scaled diff " << s;
+}
+
+// A [C, H, W] latent from the case's stacked input x [B, C, 1, H, W], item `item`.
+Tensor latent_of(const std::string& stem, int64_t item) {
+  const NpyArray x = read_npy(transformer_vector(stem + "_x"));
+  const int64_t C = x.shape[1], H = x.shape[3], W = x.shape[4];
+  Tensor t({C, H, W});
+  const std::vector<float> all = x.to_f32();
+  std::memcpy(t.data(), all.data() + item * C * H * W, size_t(C * H * W) * sizeof(float));
+  return t;
+}
+
+TEST(ZImageConfig, ReadsTheTinyModelAndRefusesWhatItCannotRun) {
+  const auto j =
+      nlohmann::json::parse(read_text_file(zimage_dir() / "model" / "transformer" / "config.json"));
+  const TransformerConfig c = parse_transformer_config(j, "config.json");
+  EXPECT_EQ(c.dim, 256);
+  EXPECT_EQ(c.head_dim(), 128);
+  EXPECT_EQ(c.ffn_hidden(), 682);  // int(256 / 3 * 8)
+  EXPECT_EQ(c.adaln_dim(), 256);
+  EXPECT_EQ(c.cap_feat_dim, 32);
+  EXPECT_EQ(c.axes_lens[0], 1536);
+  TransformerConfig real;  // the defaults are Z-Image-Turbo's
+  EXPECT_EQ(real.ffn_hidden(), 10240);
+  EXPECT_EQ(real.adaln_dim(), 256);
+
+  auto bad = j;
+  bad["all_patch_size"] = {4};
+  EXPECT_NE(
+      testing::error_of([&] { parse_transformer_config(bad, "c.json"); }).find("patch sizes 4"),
+      std::string::npos);
+  bad = j;
+  bad["siglip_feat_dim"] = 1152;
+  EXPECT_NE(testing::error_of([&] { parse_transformer_config(bad, "c.json"); }).find("Omni"),
+            std::string::npos);
+  bad = j;
+  bad["axes_dims"] = {32, 32, 32};
+  EXPECT_NE(testing::error_of([&] { parse_transformer_config(bad, "c.json"); }).find("axes_dims"),
+            std::string::npos);
+}
+
+// Every tensor of the checkpoint is expected, with its shape, and has a unit.
+TEST_F(ZImageTransformer, CheckpointHoldsExactlyTheExpectedTensors) {
+  const ShapeMap expected = expected_transformer(config_);
+  SafetensorsFile file(zimage_dir() / "model" / "transformer" /
+                       "diffusion_pytorch_model.safetensors");
+  EXPECT_EQ(file.entries().size(), expected.size());
+  for (const SafetensorsEntry& e : file.entries()) {
+    const auto it = expected.find("transformer." + e.name);
+    ASSERT_NE(it, expected.end()) << e.name;
+    EXPECT_EQ(it->second, e.shape) << e.name;
+  }
+  EXPECT_EQ(transformer_unit_of("transformer.layers.1.feed_forward.w2.weight")->unit,
+            "transformer.layer.1");
+  EXPECT_EQ(transformer_unit_of("transformer.x_pad_token")->unit, "transformer.shared");
+  EXPECT_FALSE(transformer_unit_of("transformer.layers.x.w"));
+  EXPECT_EQ(store_->units().size(), size_t(1 + 2 * 2 + 2));
+}
+
+// Position ids and RoPE tables of the first case, then every intermediate and the output.
+TEST_F(ZImageTransformer, MatchesEveryIntermediateOfTheOfficialForward) {
+  const std::string stem = "fwd_h64_w96";
+  const Tensor cap = read_npy(transformer_vector(stem + "_cap_feats0")).to_tensor();
+  const Tensor latent = latent_of(stem, 0);
+  SequenceLayout layout{latent.dim(1), latent.dim(2), cap.dim(0), config_.patch};
+  EXPECT_EQ(layout.image_rows(), 32);
+  EXPECT_EQ(layout.caption_rows(), 32);
+
+  const std::vector<int64_t> ids = position_ids(layout);
+  const std::vector<int64_t> x_ids = read_npy(transformer_vector(stem + "_x_pos_ids")).to_i64();
+  const std::vector<int64_t> cap_ids = read_npy(transformer_vector(stem + "_cap_pos_ids")).to_i64();
+  ASSERT_EQ(ids.size(), x_ids.size() + cap_ids.size());
+  EXPECT_TRUE(std::equal(x_ids.begin(), x_ids.end(), ids.begin()));
+  EXPECT_TRUE(std::equal(cap_ids.begin(), cap_ids.end(), ids.begin() + int64_t(x_ids.size())));
+
+  Compute cx(2);
+  Activations act(config_, layout);
+  // The official tables hold one value per complex pair; ours one per head-dim index.
+  for (const char* part : {"cos", "sin"}) {
+    const Tensor& ours = std::string(part) == "cos" ? act.rope.cos() : act.rope.sin();
+    const std::vector<float> ref =
+        read_npy(transformer_vector(stem + "_unified_rope_" + part)).to_f32();
+    ASSERT_EQ(int64_t(ref.size()) * 2, ours.numel());
+    std::vector<float> pairs(ref.size());
+    for (size_t i = 0; i < pairs.size(); ++i) pairs[i] = ours.data()[2 * i];
+    EXPECT_TRUE(close_to(pairs.data(), int64_t(pairs.size()),
+                         transformer_vector(stem + "_unified_rope_" + part)));
+  }
+
+  Transformer model(*store_, config_);
+  int checked = 0;
+  const Observer observe = [&](std::string_view name, const float* data, const Shape& shape) {
+    const fs::path ref = transformer_vector(stem + "_" + std::string(name));
+    ASSERT_TRUE(fs::exists(ref)) << ref;
+    const NpyArray r = read_npy(ref);
+    if (name != "final_layer") EXPECT_EQ(numel(r.shape), numel(shape)) << name;
+    EXPECT_TRUE(close_to(data, numel(shape), ref)) << name;
+    ++checked;
+  };
+  const float t = read_npy(transformer_vector(stem + "_t")).to_f32()[0];
+  model.embed_caption(cap, act, cx, observe);
+  const Tensor adaln = model.embed_timestep(t, cx);
+  const Tensor out = model.forward(latent, adaln, act, cx, observe);
+  // cap_embedder, cap_seq_in, 2 context refiners; t_embedder, x_embedder, x_seq_in,
+  // 2 noise refiners, unified_in, 2 layers, final_layer.
+  EXPECT_EQ(checked, 4 + 9);
+  EXPECT_TRUE(close_to(out.data(), out.numel(), transformer_vector(stem + "_out0")));
+}
+
+// The CFG batch: two items with different caption lengths and the same latents and t, each
+// run alone (the official batch masks only the batch padding).
+TEST_F(ZImageTransformer, EachItemOfTheCfgBatchAlone) {
+  const std::string stem = "fwd_cfgbatch_h80_w64";
+  const std::vector<float> t = read_npy(transformer_vector(stem + "_t")).to_f32();
+  Compute cx(2);
+  Transformer model(*store_, config_);
+  for (int item = 0; item < 2; ++item) {
+    SCOPED_TRACE(item);
+    const Tensor cap =
+        read_npy(transformer_vector(stem + "_cap_feats" + std::to_string(item))).to_tensor();
+    const Tensor latent = latent_of(stem, item);
+    Activations act(config_, {latent.dim(1), latent.dim(2), cap.dim(0), config_.patch});
+    model.embed_caption(cap, act, cx);
+    const Tensor out = model.forward(latent, model.embed_timestep(t[size_t(item)], cx), act, cx);
+    EXPECT_TRUE(close_to(out.data(), out.numel(),
+                         transformer_vector(stem + "_out" + std::to_string(item))));
+  }
+}
+
+// A second forward on the same activations (the next step) gives the same output as a fresh
+// plan: the caption rows are restored, nothing leaks from the first.
+TEST_F(ZImageTransformer, ActivationsServeEveryStep) {
+  const std::string stem = "fwd_h64_w96";
+  const Tensor cap = read_npy(transformer_vector(stem + "_cap_feats0")).to_tensor();
+  const Tensor latent = latent_of(stem, 0);
+  const float t = read_npy(transformer_vector(stem + "_t")).to_f32()[0];
+  Compute cx(2);
+  Transformer model(*store_, config_);
+  const SequenceLayout layout{latent.dim(1), latent.dim(2), cap.dim(0), config_.patch};
+  Activations act(config_, layout);
+  model.embed_caption(cap, act, cx);
+  (void)model.forward(latent, model.embed_timestep(0.25f, cx), act, cx);
+  const Tensor second = model.forward(latent, model.embed_timestep(t, cx), act, cx);
+  EXPECT_TRUE(close_to(second.data(), second.numel(), transformer_vector(stem + "_out0")));
+}
+
+}  // namespace
+}  // namespace klein::zimage
