@@ -41,12 +41,17 @@ std::string klein_chat_text(std::string_view prompt) {
 
 KleinPromptTokens tokenize_klein_prompt(const Tokenizer& tokenizer, std::string_view prompt,
                                         int max_tokens) {
+  return tokenize_chat_text(tokenizer, klein_chat_text(prompt), max_tokens);
+}
+
+KleinPromptTokens tokenize_chat_text(const Tokenizer& tokenizer, const std::string& chat_text,
+                                     int max_tokens) {
   check(max_tokens > 0, "the maximum prompt length must be positive, got ", max_tokens);
   KleinPromptTokens out;
   out.pad_id = tokenizer.token_id(kPadToken);
   check(out.pad_id >= 0, "the tokenizer has no ", kPadToken, " token to pad prompts with");
 
-  const std::vector<int32_t> all = tokenizer.encode(klein_chat_text(prompt));
+  const std::vector<int32_t> all = tokenizer.encode(chat_text);
   const int total = int(all.size());
   out.real_tokens = std::min(total, max_tokens);
   out.dropped = total - out.real_tokens;

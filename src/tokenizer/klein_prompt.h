@@ -34,4 +34,8 @@ std::string klein_chat_text(std::string_view prompt);
 KleinPromptTokens tokenize_klein_prompt(const Tokenizer& tokenizer, std::string_view prompt,
                                         int max_tokens = kKleinMaxTokens);
 
+// The same for an already rendered chat text (another pipeline's template).
+KleinPromptTokens tokenize_chat_text(const Tokenizer& tokenizer, const std::string& chat_text,
+                                     int max_tokens = kKleinMaxTokens);
+
 }  // namespace klein

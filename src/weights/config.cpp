@@ -86,9 +86,11 @@ TransformerConfig parse_transformer_config(const json& j, const std::string& whe
   return c;
 }
 
-TextEncoderConfig parse_text_encoder_config(const json& j, const std::string& where) {
+TextEncoderConfig parse_text_encoder_config(const json& j, const std::string& where,
+                                            const std::vector<int64_t>& output_layers) {
   require_object(j, where);
   TextEncoderConfig c;
+  c.output_layers = output_layers;
   std::string model_type;
   read(j, "model_type", model_type, where);
   check(model_type.empty() || model_type == "qwen3", where, ": model_type \"", model_type,

@@ -40,9 +40,10 @@ struct TextEncoderConfig {
   int64_t head_dim = 128;
   double rms_eps = 1e-6;
   double rope_theta = 1e6;
-  // The pipeline reads the residual stream after these decoder layers (1-based) and
-  // concatenates them per token; nothing after the last one is ever computed.
-  std::array<int64_t, 3> output_layers = {9, 18, 27};
+  // The pipeline reads the residual stream after these decoder layers (1-based, increasing)
+  // and concatenates them per token; nothing after the last one is ever computed. FLUX.2-klein
+  // reads three; Z-Image reads one, the output of the last layer but one.
+  std::vector<int64_t> output_layers = {9, 18, 27};
 
   int64_t layers_needed() const { return output_layers.back(); }
   int64_t context_dim() const { return hidden * int64_t(output_layers.size()); }
@@ -94,7 +95,11 @@ struct ModelConfig {
 
 // Parsers for the diffusers/transformers config.json files; `where` names the file in errors.
 TransformerConfig parse_transformer_config(const nlohmann::json& j, const std::string& where);
-TextEncoderConfig parse_text_encoder_config(const nlohmann::json& j, const std::string& where);
+// `output_layers`: the decoder layers the pipeline reads (TextEncoderConfig::output_layers);
+// the file must have at least the last one.
+TextEncoderConfig parse_text_encoder_config(const nlohmann::json& j, const std::string& where,
+                                            const std::vector<int64_t>& output_layers = {9, 18,
+                                                                                         27});
 VaeConfig parse_vae_config(const nlohmann::json& j, const std::string& where);
 SchedulerConfig parse_scheduler_config(const nlohmann::json& j, const std::string& where);
 

@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include <cstring>
-#include <map>
 #include <memory>
 #include <string>
 
@@ -17,6 +16,7 @@
 #include "models/zimage/transformer.h"
 #include "models/zimage/units.h"
 #include "support/testing.h"
+#include "zimage/file_store.h"
 
 namespace klein::zimage {
 namespace {
@@ -30,60 +30,19 @@ fs::path transformer_vector(const std::string& name) {
   return zimage_dir() / "vectors" / "transformer" / (name + ".npy");
 }
 
-// The transformer's safetensors file as a store of the family's units (views into the mapping).
-class TransformerFileStore final : public WeightStore {
- public:
-  explicit TransformerFileStore(const fs::path& path) : file_(path) {
-    for (const SafetensorsEntry& e : file_.entries()) {
-      const std::string canonical = "transformer." + e.name;
-      const std::optional<UnitOf> u = transformer_unit_of(canonical);
-      if (!u) throw Error("no unit for " + canonical);
-      auto& unit = units_[u->unit];
-      if (!unit) unit = std::make_shared<Unit>(u->unit, u->prefix);
-      const TensorView v = file_.view(e);
-      unit->put({.name = canonical,
-                 .dtype = v.dtype,
-                 .shape = v.shape,
-                 .data = v.data,
-                 .nbytes = v.nbytes});
-    }
-  }
-  UnitRef acquire(const std::string& unit) override {
-    auto it = units_.find(unit);
-    if (it == units_.end()) throw Error("no unit " + unit);
-    return it->second;
-  }
-  bool has_unit(const std::string& unit) const override { return units_.count(unit) > 0; }
-  std::vector<std::string> units() const override {
-    std::vector<std::string> out;
-    for (const auto& [name, unit] : units_) out.push_back(name);
-    return out;
-  }
-  const ModelConfig& config() const override { return config_; }
-  std::string identity() const override { return file_.path().string(); }
-
- private:
-  struct Unit final : WeightUnit {
-    Unit(const std::string& name, const std::string& prefix) : WeightUnit(name, prefix) {}
-    void put(Weight w) { add(std::move(w)); }
-  };
-  SafetensorsFile file_;
-  std::map<std::string, std::shared_ptr<Unit>> units_;
-  ModelConfig config_;
-};
-
 class ZImageTransformer : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     const fs::path model = zimage_dir() / "model" / "transformer";
     config_ = parse_transformer_config(nlohmann::json::parse(read_text_file(model / "config.json")),
                                        "config.json");
-    store_ = std::make_unique<TransformerFileStore>(model / "diffusion_pytorch_model.safetensors");
+    store_ = std::make_unique<testing::ComponentFileStore>(
+        model / "diffusion_pytorch_model.safetensors", "transformer", transformer_unit_of);
   }
   static void TearDownTestSuite() { store_.reset(); }
 
   static inline TransformerConfig config_;
-  static inline std::unique_ptr<TransformerFileStore> store_;
+  static inline std::unique_ptr<testing::ComponentFileStore> store_;
 };
 
 ::testing::AssertionResult close_to(const float* got, int64_t n, const fs::path& ref) {
