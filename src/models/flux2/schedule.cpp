@@ -9,20 +9,6 @@ namespace klein::flux2 {
 
 namespace {
 
-// numpy.linspace(start, stop, n) in float64: i·step + start, with the last value set to
-// `stop` exactly (numpy does the same, so the rounding of every value matches).
-std::vector<double> linspace(double start, double stop, int64_t n) {
-  std::vector<double> y(static_cast<size_t>(n));
-  if (n == 1) {
-    y[0] = start;
-    return y;
-  }
-  const double step = (stop - start) / double(n - 1);
-  for (int64_t i = 0; i < n; ++i) y[size_t(i)] = double(i) * step + start;
-  y[size_t(n - 1)] = stop;
-  return y;
-}
-
 // The scheduler's time shifts, evaluated the way numpy evaluates them on a float32 array
 // with Python float scalars: every scalar is rounded to float32 and every operation is a
 // float32 operation.
@@ -34,12 +20,6 @@ float exponential_shift(float exp_mu, float s) {
 float linear_shift(float mu, float s) {
   const float odds = 1.0f / s - 1.0f;
   return mu / (mu + odds);
-}
-
-float fixed_shift(double shift, float s) {
-  const float scaled = float(shift) * s;
-  const float denominator = 1.0f + float(shift - 1.0) * s;
-  return scaled / denominator;
 }
 
 }  // namespace
@@ -72,7 +52,7 @@ Schedule make_schedule(const SchedulerConfig& config, int64_t image_tokens, int6
         config.num_train_timesteps);
 
   Schedule s;
-  const std::vector<double> unshifted = linspace(1.0, 1.0 / double(steps), steps);
+  const std::vector<double> unshifted = flow::numpy_linspace(1.0, 1.0 / double(steps), steps);
   s.sigmas.reserve(size_t(steps + 1));
   if (config.use_dynamic_shifting) {
     s.mu = empirical_mu(image_tokens, steps);
@@ -88,7 +68,7 @@ Schedule make_schedule(const SchedulerConfig& config, int64_t image_tokens, int6
           "scheduler: time_shift_type is \"linear\"; FLUX.2-klein was published with the "
           "exponential shift, images may differ from the official pipeline");
   } else {
-    for (double u : unshifted) s.sigmas.push_back(fixed_shift(config.shift, float(u)));
+    for (double u : unshifted) s.sigmas.push_back(flow::static_shift(config.shift, float(u)));
     std::ostringstream w;
     w << "scheduler: use_dynamic_shifting is false, using the fixed shift " << config.shift
       << " instead of the resolution-dependent one; FLUX.2-klein expects dynamic shifting";
@@ -98,17 +78,6 @@ Schedule make_schedule(const SchedulerConfig& config, int64_t image_tokens, int6
   for (float sigma : s.sigmas) s.timesteps.push_back(sigma * train_steps);
   s.sigmas.push_back(0.0f);
   return s;
-}
-
-void euler_step(float* latents, const float* velocity, int64_t n, float sigma, float sigma_next) {
-  // Separate roundings of dt, dt·v and the sum, like the scheduler's float32 torch ops. The
-  // baseline build does not contract a·b + c into an FMA; a fused build would differ in the
-  // last bit (the e2e test compares the stored steps).
-  const float dt = sigma_next - sigma;
-  for (int64_t i = 0; i < n; ++i) {
-    const float delta = dt * velocity[i];
-    latents[i] = latents[i] + delta;
-  }
 }
 
 }  // namespace klein::flux2

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "models/flow/flow_matching.h"
 #include "weights/config.h"
 
 namespace klein::flux2 {
@@ -42,8 +43,6 @@ struct Schedule {
 // a warning says so, since the distilled model was trained for the μ-shifted schedule.
 Schedule make_schedule(const SchedulerConfig& config, int64_t image_tokens, int64_t steps);
 
-// x ← x + (σ_next − σ) · v over n values, in float32 with the official rounding (the
-// difference, then the product, then the sum, each rounded).
-void euler_step(float* latents, const float* velocity, int64_t n, float sigma, float sigma_next);
+using flow::euler_step;
 
 }  // namespace klein::flux2

@@ -1,0 +1,48 @@
+#pragma once
+// The Z-Image pipeline's schedule, guidance and Euler update (diffusers ZImagePipeline with
+// FlowMatchEulerDiscreteScheduler), in the official float32 steps:
+//   s_i   = torch.linspace(1, 1/n, n) in float32 (torch's two-sided formula)
+//   σ_i   = shift·s / (1 + (shift − 1)·s)          static shift (use_dynamic_shifting false:
+//                                                  the schedule does not depend on the size)
+//   σ_n   = 0;  timestep_i = σ_i · 1000
+//   t_i   = (1000 − timestep_i) / 1000             the transformer's model time (0 = noise)
+//   CFG   on when guidance > 0 (not > 1), skipped at steps whose t_i > cfg_truncation;
+//         pred = pos + g·(pos − neg), rescaled to c·‖pos‖ when cfg_normalization c > 0 and
+//         ‖pred‖ > c·‖pos‖ (L2 over the whole latent)
+//   v     = −pred (the model predicts the negative velocity)
+//   x    ← x + (σ_{i+1} − σ_i)·v
+#include <cstdint>
+#include <vector>
+
+#include "models/flow/flow_matching.h"
+#include "weights/config.h"
+
+namespace klein::zimage {
+
+struct Schedule {
+  std::vector<float> sigmas;     // steps + 1, the last 0
+  std::vector<float> timesteps;  // steps: σ · num_train_timesteps
+  int64_t steps() const { return int64_t(timesteps.size()); }
+  // The transformer's time input at step i: (1000 − timestep) / 1000 in float32.
+  float model_time(int64_t i) const;
+};
+
+// Refuses a scheduler configuration it does not reproduce (dynamic shifting), naming it.
+Schedule make_schedule(const SchedulerConfig& config, int64_t steps);
+
+struct Guidance {
+  float scale = 0;          // > 0: CFG with the negative prompt
+  float normalization = 0;  // cfg_normalization: 0 off (False), 1 for True, or the factor c
+  float truncation = 1;     // cfg_truncation: steps with model time above it run unguided
+};
+
+// Whether step i runs the negative prompt too.
+bool guided_at(const Guidance& g, const Schedule& s, int64_t i);
+
+// The velocity the Euler update uses, from the model's outputs over n values: −pred with
+// guidance (neg given), −pos without (neg null). Returns whether pred was rescaled.
+bool velocity(const float* pos, const float* neg, int64_t n, const Guidance& g, float* v);
+
+using flow::euler_step;
+
+}  // namespace klein::zimage
