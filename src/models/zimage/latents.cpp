@@ -1,0 +1,29 @@
+#include "models/zimage/latents.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace klein::zimage {
+
+LatentScale parse_latent_scale(const nlohmann::json& j, const std::string& where) {
+  auto factor = [&](const char* key) {
+    check(j.is_object() && j.contains(key) && j.at(key).is_number(), where, ": expected \"", key,
+          "\", a number (Z-Image scales its latents by the VAE's factors)");
+    return j.at(key).get<float>();
+  };
+  LatentScale s;
+  s.scaling = factor("scaling_factor");
+  s.shift = factor("shift_factor");
+  check(s.scaling != 0.0f, where, ": scaling_factor must not be 0");
+  return s;
+}
+
+Tensor decoder_input(const Tensor& latents, const LatentScale& scale) {
+  Tensor z(latents.shape());
+  for (int64_t i = 0; i < latents.numel(); ++i)
+    z.data()[i] = latents.data()[i] / scale.scaling + scale.shift;
+  return z;
+}
+
+}  // namespace klein::zimage
