@@ -20,6 +20,7 @@
 #include "models/zimage/units.h"
 #include "support/testing.h"
 #include "weights/config.h"
+#include "zimage/cases.h"
 #include "zimage/file_store.h"
 
 namespace klein::zimage {
@@ -102,13 +103,7 @@ Tensor latent(const fs::path& path) {
 TEST_P(ZImageSteps, EveryStepFromTheStoredLatents) {
   const fs::path dir = zimage_dir() / "vectors" / "e2e" / GetParam();
   const json c = json::parse(read_text_file(dir / "case.json"));
-  Guidance g;
-  g.scale = c["guidance_scale"].get<float>();
-  // The pipeline's defaults where the case does not set them: False and 1.0.
-  const json normalization = c.value("cfg_normalization", json(false));
-  g.normalization = normalization.is_boolean() ? (normalization.get<bool>() ? 1.0f : 0.0f)
-                                               : normalization.get<float>();
-  g.truncation = c.value("cfg_truncation", 1.0f);
+  const Guidance g = case_guidance(c);
   const Schedule s = make_schedule(scheduler_config(), c["steps"].get<int64_t>());
   const std::vector<float> sigmas = c["sigmas"].get<std::vector<float>>();
   EXPECT_EQ(s.sigmas, sigmas);
