@@ -1,5 +1,6 @@
 // libFuzzer target: the model configuration JSON (config.json of each network, the scheduler,
-// and the container's stored configuration) and the precision policy text (globs, PCRE2
+// the container's stored configuration, and Z-Image's transformer, text encoder and VAE
+// factors) and the precision policy text (globs, PCRE2
 // patterns, types), as `klein convert --policy` reads it.
 #include <cstdint>
 #include <string>
@@ -9,6 +10,9 @@
 #include "convert/policy.h"
 #include "core/error.h"
 #include "fuzz/fuzz_support.h"
+#include "models/zimage/config.h"
+#include "models/zimage/latents.h"
+#include "models/zimage/prompt.h"
 #include "weights/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -26,6 +30,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     each([&] { (void)klein::parse_vae_config(j, "fuzz"); });
     each([&] { (void)klein::parse_scheduler_config(j, "fuzz"); });
     each([&] { (void)klein::model_config_from_json(j, "fuzz"); });
+    each([&] { (void)klein::zimage::parse_transformer_config(j, "fuzz"); });
+    each([&] { (void)klein::zimage::parse_text_encoder_config(j, "fuzz"); });
+    each([&] { (void)klein::zimage::parse_latent_scale(j, "fuzz"); });
   }
   try {
     const auto policy = klein::convert::PrecisionPolicy::with_user_rules(parts[1], "fuzz");

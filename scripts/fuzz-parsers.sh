@@ -121,6 +121,12 @@ gguf(f"{root}/gguf/plain", [
     ("q4k", [256], 12, b"\x00\x3c\x00\x38" + bytes(range(140))),
     ("blk.0.attn_q.weight", [32, 2], 1, b"\x00\x3c" * 64)])
 open(f"{root}/config/scheduler", "wb").write(json.dumps(scheduler).encode() + b"\x01" + b"*.weight q8\n")
+zimage = {"all_patch_size": [2], "all_f_patch_size": [1], "in_channels": 16, "dim": 256,
+          "n_layers": 2, "n_refiner_layers": 2, "n_heads": 2, "n_kv_heads": 2, "norm_eps": 1e-5,
+          "qk_norm": True, "rope_theta": 256.0, "t_scale": 1000.0, "axes_dims": [32, 48, 48],
+          "axes_lens": [1536, 512, 512], "cap_feat_dim": 32, "siglip_feat_dim": None,
+          "num_hidden_layers": 6, "scaling_factor": 0.3611, "shift_factor": 0.1159}
+open(f"{root}/config/zimage", "wb").write(json.dumps(zimage).encode() + b"\x01" + b"*.weight q4\n")
 PY
 
 for t in "${targets[@]}"; do
