@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_fields.h"
 
 namespace klein {
 
@@ -13,37 +14,9 @@ using json = nlohmann::json;
 
 namespace {
 
-// Reads key as T if present (null counts as absent), else keeps the default; a value of the
-// wrong type is an error naming the file and key.
 template <class T>
 void read(const json& j, const char* key, T& out, const std::string& where) {
-  if (!j.contains(key) || j[key].is_null()) return;
-  // Integers must be JSON integers: a float where an integer belongs is refused, not
-  // truncated (1e102 would not even fit).
-  const json& v = j[key];
-  auto integers = [](const json& x) { return x.is_number_integer(); };
-  bool ok = true;
-  if constexpr (std::is_same_v<T, bool>) {
-    ok = v.is_boolean();
-  } else if constexpr (std::is_integral_v<T>) {
-    ok = integers(v);
-  } else if constexpr (std::is_floating_point_v<T>) {
-    ok = v.is_number();
-  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
-    ok = v.is_array() && std::all_of(v.begin(), v.end(), integers);
-  }
-  if (!ok) {
-    const char* expected = std::is_same_v<T, bool>         ? "true or false"
-                           : std::is_integral_v<T>         ? "an integer"
-                           : std::is_floating_point_v<T>   ? "a number"
-                                                           : "a list of integers";
-    fail(where, ": key \"", key, "\" has the wrong type (", v.type_name(), "); expected ", expected);
-  }
-  try {
-    out = j[key].get<T>();
-  } catch (const json::exception&) {
-    fail(where, ": key \"", key, "\" has the wrong type (", j[key].type_name(), ")");
-  }
+  read_json_field(j, key, out, where);
 }
 
 void require_object(const json& j, const std::string& where) {

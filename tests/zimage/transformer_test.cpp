@@ -13,6 +13,7 @@
 #include "core/npy.h"
 #include "formats/safetensors.h"
 #include "models/zimage/config.h"
+#include "models/zimage/latents.h"
 #include "models/zimage/transformer.h"
 #include "models/zimage/units.h"
 #include "support/testing.h"
@@ -95,6 +96,30 @@ TEST(ZImageConfig, ReadsTheTinyModelAndRefusesWhatItCannotRun) {
             std::string::npos);
 }
 
+// A float where an integer belongs is refused by name, never converted: 7.7e124 as "dim" was
+// undefined behaviour in the conversion to int64 (found by fuzz/fuzz_config under UBSan). The
+// same for an integer list of the wrong length and a VAE factor outside float's range.
+TEST(ZImageConfig, RefusesNumbersOfTheWrongKind) {
+  for (const char* text : {R"({"dim": 7.7e124})", R"({"n_layers": 2.5})",
+                           R"({"axes_dims": [32, 48.0, 48]})", R"({"n_heads": 18446744073709551615})"}) {
+    const std::string error = testing::error_of(
+        [&] { parse_transformer_config(nlohmann::json::parse(text), "transformer/config.json"); });
+    EXPECT_NE(error.find("transformer/config.json"), std::string::npos) << text << ": " << error;
+    EXPECT_TRUE(error.find("wrong type") != std::string::npos ||
+                error.find("too large") != std::string::npos)
+        << text << ": " << error;
+  }
+  EXPECT_NE(testing::error_of([] {
+              parse_transformer_config(nlohmann::json::parse(R"({"axes_dims": [64, 64]})"), "c.json");
+            }).find("list of 3 integers"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([] {
+              parse_latent_scale(nlohmann::json::parse(R"({"scaling_factor": 1e300, "shift_factor": 0})"),
+                                 "vae/config.json");
+            }).find("out of range"),
+            std::string::npos);
+}
+
 // Every tensor of the checkpoint is expected, with its shape, and has a unit.
 TEST_F(ZImageTransformer, CheckpointHoldsExactlyTheExpectedTensors) {
   const ShapeMap expected = expected_transformer(config_);
@@ -149,7 +174,9 @@ TEST_F(ZImageTransformer, MatchesEveryIntermediateOfTheOfficialForward) {
     const fs::path ref = transformer_vector(stem + "_" + std::string(name));
     ASSERT_TRUE(fs::exists(ref)) << ref;
     const NpyArray r = read_npy(ref);
-    if (name != "final_layer") EXPECT_EQ(numel(r.shape), numel(shape)) << name;
+    if (name != "final_layer") {
+      EXPECT_EQ(numel(r.shape), numel(shape)) << name;
+    }
     EXPECT_TRUE(close_to(data, numel(shape), ref)) << name;
     ++checked;
   };

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_fields.h"
 
 namespace klein::zimage {
 
@@ -10,12 +11,7 @@ namespace {
 
 template <class T>
 void read(const nlohmann::json& j, const char* key, T& out, const std::string& where) {
-  if (!j.contains(key)) return;  // the class default, as diffusers does
-  try {
-    out = j.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    fail(where, ": \"", key, "\" has an unexpected type (", j.at(key).dump(), ")");
-  }
+  read_json_field(j, key, out, where);  // a missing key keeps the class default, as diffusers does
 }
 
 // all_patch_size / all_f_patch_size: one entry each.

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_fields.h"
 
 namespace klein::zimage {
 
@@ -10,7 +11,9 @@ LatentScale parse_latent_scale(const nlohmann::json& j, const std::string& where
   auto factor = [&](const char* key) {
     check(j.is_object() && j.contains(key) && j.at(key).is_number(), where, ": expected \"", key,
           "\", a number (Z-Image scales its latents by the VAE's factors)");
-    return j.at(key).get<float>();
+    float value = 0.0f;
+    read_json_field(j, key, value, where);  // refuses a number outside float's range
+    return value;
   };
   LatentScale s;
   s.scaling = factor("scaling_factor");
