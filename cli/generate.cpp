@@ -255,7 +255,7 @@ void run(Args& a) {
   StepHook preview;
   if (!a.preview.empty())
     preview = [&a](const StepView& s) {
-      save_image(a.preview, step_preview(s.latents_in, s.velocity, s.sigma, s.grid));
+      save_image(a.preview, s.preview());
     };
   GenerateResult r = session.generate(g, progress, preview);
   if (a.dry_run) return;  // the plan is printed (or emitted as JSON); nothing to write
@@ -330,11 +330,34 @@ Registration reg("generate", 10, [](CLI::App& app) {
                  "to 100, got ", g);
            a->gen.guidance = g;
          },
-         "Guidance scale (klein-base only; default 4)");
-  cmd->add_option("-n,--negative", a->gen.negative_prompt, "Negative prompt (klein-base only)");
+         "Guidance scale: klein-base (default 4; distilled klein has none), Z-Image (default 0 "
+         "for Turbo; > 0 turns classifier-free guidance on)");
+  cmd->add_option("-n,--negative", a->gen.negative_prompt,
+                  "Negative prompt (with classifier-free guidance: klein-base, Z-Image)");
+  cmd->add_option_function<float>(
+         "--cfg-normalization",
+         [a](float c) {
+           check(std::isfinite(c) && c >= 0, "--cfg-normalization: expected a number of 0 (off) "
+                 "or more, got ", c);
+           a->gen.cfg_normalization = c;
+         },
+         "Z-Image with guidance: scale the guided prediction back to C x the positive one's "
+         "norm when it is longer (ZImagePipeline's cfg_normalization; True is 1; default 0, off)")
+      ->type_name("C");
+  cmd->add_option_function<float>(
+         "--cfg-truncation",
+         [a](float t) {
+           check(std::isfinite(t), "--cfg-truncation: expected a number, got ", t);
+           a->gen.cfg_truncation = t;
+         },
+         "Z-Image with guidance: steps whose model time (0 at noise, rising to 1) is above T run "
+         "unguided (ZImagePipeline's cfg_truncation; default 1, guidance at every step)")
+      ->type_name("T");
   cmd->add_option("--threads", a->threads, "Worker threads (default: the usable CPUs)")
       ->check(CLI::Range(0, kMaxThreads));
-  cmd->add_option("--noise", a->noise, "Initial noise as float32 .npy [1, 128, H/16, W/16]")
+  cmd->add_option("--noise", a->noise,
+                  "Initial noise as float32 .npy: [1, 128, H/16, W/16] for klein, [1, 16, H/8, W/8] "
+                  "for Z-Image")
       ->check(CLI::ExistingFile);
   cmd->add_option("--dump", a->dump, "Write every stage as .npy files into this directory");
   cmd->add_option("--jpeg-quality", a->jpeg_quality, "JPEG quality 1-100")->check(CLI::Range(1, 100));

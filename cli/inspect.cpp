@@ -10,6 +10,7 @@
 #include "core/memory.h"
 #include "convert/inspect.h"
 #include "formats/container/reader.h"
+#include "weights/family.h"
 #include "weights/summary.h"
 
 namespace klein::cli {
@@ -95,11 +96,11 @@ void print_text(const ModelSummary& s) {
     std::printf("\n  variant: undecided (%s)", s.config.undecided_variant.c_str());
   else if (!variant.empty())
     std::printf("\n  variant: %s (docs/MODELS.md)", variant.c_str());
-  std::printf("\n  %s\n", s.config.is_distilled ? "distilled: no classifier-free guidance"
-                                                : "base model: classifier-free guidance");
-  if (s.config.reference_cache)
-    std::printf("  reference K/V cache: references computed once, their keys and values reused "
-                "at every step (Flux2KleinKVPipeline)\n");
+  const ModelFamily& family = model_family(s.config);
+  std::printf("\n  family: %s (%s)\n", std::string(family.title()).c_str(),
+              family.describe_transformer(s.config).c_str());
+  for (const std::string& line : family.describe_pipeline(s.config))
+    std::printf("  %s\n", line.c_str());
   std::printf("  scheduler:\n");
   print_config(config.at("scheduler"), "    ");
   for (const auto& c : s.components) print_component(c, config.at(component_key(c.component)));

@@ -7,7 +7,9 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "quant/matmul.h"
+#include "weights/config.h"
 #include "weights/container_store.h"
+#include "weights/family.h"
 
 namespace klein::convert {
 
@@ -128,17 +130,14 @@ std::string describe_container_text(const json& d) {
   line("  checksum (identity): " + d["header_xxh3"].get<std::string>());
   if (d.contains("config")) {
     const json& c = d["config"];
-    const json& t = c["transformer"];
     const json& e = c["text_encoder"];
-    const std::string variant = c.value("variant", std::string());
-    line("model: " + c.value("name", std::string("?")) +
-         (variant.empty() ? "" : ", variant " + variant) +
-         (c.value("is_distilled", true) ? " (distilled)" : " (base)") +
-         (c.value("reference_cache", false) ? ", reference K/V cache" : ""));
-    line("  transformer: " + std::to_string(t["num_layers"].get<int64_t>()) + " double + " +
-         std::to_string(t["num_single_layers"].get<int64_t>()) + " single blocks, inner dim " +
-         std::to_string(t["num_attention_heads"].get<int64_t>() *
-                        t["attention_head_dim"].get<int64_t>()));
+    const ModelConfig config = model_config_from_json(c, "the container's configuration");
+    const ModelFamily& family = model_family(config);
+    const std::string variant = variant_name(config);
+    line("model: " + config.name + " (" + std::string(family.title()) + ")" +
+         (variant.empty() ? "" : ", variant " + variant));
+    for (const std::string& l : family.describe_pipeline(config)) line("  " + l);
+    line("  transformer: " + family.describe_transformer(config));
     line("  text encoder: Qwen3, hidden " + std::to_string(e["hidden_size"].get<int64_t>()) + ", " +
          std::to_string(e["num_hidden_layers"].get<int64_t>()) + " layers in the checkpoint");
   }

@@ -10,7 +10,7 @@
 #include "convert/policy.h"
 #include "core/error.h"
 #include "fuzz/fuzz_support.h"
-#include "models/zimage/config.h"
+#include "models/zimage/checkpoint/config.h"
 #include "models/zimage/latents.h"
 #include "models/zimage/prompt.h"
 #include "weights/config.h"

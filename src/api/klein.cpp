@@ -257,7 +257,7 @@ klein_status klein_generate(klein_session* session, const klein_generate_params*
       klein::StepHook preview;
       if (params->preview)
         preview = [params, session](const klein::StepView& s) {
-          const klein::Image image = klein::step_preview(s.latents_in, s.velocity, s.sigma, s.grid);
+          const klein::Image image = s.preview();
           const klein_preview info{int(s.step + 1), int(s.steps), image.width, image.height,
                                    image.rgb.data()};
           if (params->preview(&info, params->user_data) != 0) session->cx->cancel();

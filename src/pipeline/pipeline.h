@@ -36,6 +36,8 @@
 
 namespace klein {
 
+class FamilyStages;
+
 // The arithmetic of the activations.
 //   Exact  float32 everywhere (what the golden tests compare against).
 //   Fast   bf16 tiles on CPUs with AMX for the transformer (attention and float-weight
@@ -87,6 +89,12 @@ struct GenerateOptions {
   vae::VaeMemory vae_memory;
   // LoRA adapters of the transformer, applied beside its weights (weights/lora.h), in order.
   std::vector<LoraFile> loras;
+  // Z-Image's guidance options (ZImagePipeline's cfg_normalization and cfg_truncation): with
+  // normalization c > 0 the guided prediction is scaled back to c·‖positive‖ when it is
+  // longer; steps whose model time (0 at noise, rising to 1) exceeds the truncation run
+  // unguided. None: the pipeline's defaults (off, 1.0). FLUX.2-klein refuses them.
+  std::optional<float> cfg_normalization;
+  std::optional<float> cfg_truncation;
 };
 
 // Peak RSS during one phase.
@@ -164,18 +172,26 @@ struct Generation {
   bool inpaint = false;
   std::vector<float> mask_latents;
   Tensor init_latents, init_noise;
+
+  // What a family's stages keep between stages beyond the fields above (stages.h).
+  struct FamilyState {
+    virtual ~FamilyState() = default;
+  };
+  std::shared_ptr<FamilyState> family;
 };
 
 // What the denoising loop shows a caller after each step (the Euler update done), besides
 // Progress::step: the latents, for previews. Called on the session's thread.
 struct StepView {
   int64_t step = 0, steps = 0;
-  const Tensor& latents;     // [N, 128] packed, after the step
+  const Tensor& latents;     // after the step: FLUX.2 [N, 128] packed, Z-Image [16, h, w]
   const Tensor& latents_in;  // the same before the step
-  float timestep = 0;        // the transformer's timestep input at this step (σ · 1000)
-  flux2::LatentGrid grid;
+  float timestep = 0;        // the scheduler's timestep at this step (σ · 1000)
+  flux2::LatentGrid grid;    // tokens of 16x16 pixels
   const Tensor& velocity;    // what the Euler update used (after guidance)
   float sigma = 0;           // σ of the update: x0 is estimated as latents_in − σ·velocity
+  // A quick look at the image this step points to (preview.h), in the family's latent space.
+  std::function<Image()> preview;
 };
 using StepHook = std::function<void(const StepView&)>;
 
@@ -205,6 +221,7 @@ class Session {
 
   Compute& compute() { return cx_; }
   WeightStore& weights() { return weights_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
 
   Generation start(const GenerateOptions& options, Progress& progress);
   void encode_prompt(Generation& g, Progress& progress, const TextLayerHook& on_layer = {});
@@ -215,14 +232,16 @@ class Session {
   GenerateResult generate(const GenerateOptions& options, Progress& progress,
                           const StepHook& on_step = {});
 
- private:
+  // For the stages (stages.h): run a phase, timed and with its peak memory; record a warning.
   template <class Fn>
   void timed(Generation& g, Progress& progress, const std::string& name, int total, Fn&& fn);
   void warn(Generation& g, Progress& progress, const std::string& message);
 
+ private:
   WeightStore& weights_;
   const Tokenizer& tokenizer_;
   Compute& cx_;
+  const FamilyStages& stages_;
 };
 
 // The A1111-style "parameters" text and a JSON description of a generation, for the

@@ -34,6 +34,18 @@ constexpr std::array<std::array<float, 3>, kChannels> kFactors = {{
 }};
 constexpr std::array<float, 3> kBias = {-0.0329f, -0.0718f, -0.0851f};
 
+// The same fit for the FLUX.1 VAE's 16 channels (ComfyUI's Flux latent format), in the scaled
+// space the transformer works in ((z − shift) · scale): Z-Image's latents.
+constexpr int kFlux1Channels = 16;
+constexpr std::array<std::array<float, 3>, kFlux1Channels> kFlux1Factors = {{
+    {-0.0346f, 0.0244f, 0.0681f},  {0.0034f, 0.0210f, 0.0687f},   {0.0275f, -0.0668f, -0.0433f},
+    {-0.0174f, 0.0160f, 0.0617f},  {0.0859f, 0.0721f, 0.0329f},   {0.0004f, 0.0383f, 0.0115f},
+    {0.0405f, 0.0861f, 0.0915f},   {-0.0236f, -0.0185f, -0.0259f}, {-0.0245f, 0.0250f, 0.1180f},
+    {0.1008f, 0.0755f, -0.0421f},  {-0.0515f, 0.0201f, 0.0011f},  {0.0428f, -0.0012f, -0.0036f},
+    {0.0817f, 0.0765f, 0.0749f},   {-0.1264f, -0.0522f, -0.1103f}, {-0.0280f, -0.0881f, -0.0499f},
+    {-0.1262f, -0.0982f, -0.0778f},
+}};
+
 uint8_t to_byte(float v) {
   const float u = std::clamp((v + 1.0f) * 0.5f, 0.0f, 1.0f);
   return uint8_t(std::lround(u * 255.0f));
@@ -70,6 +82,31 @@ Image step_preview(const Tensor& latents_in, const Tensor& velocity, float sigma
   for (int64_t i = 0; i < x0.numel(); ++i)
     x0.data()[i] = latents_in.data()[i] - sigma * velocity.data()[i];
   return latent_preview(x0, grid);
+}
+
+Image flux1_latent_preview(const Tensor& latents) {
+  check(latents.shape().size() == 3 && latents.dim(0) == kFlux1Channels,
+        "preview: expected latents [16, h, w], got ", shape_str(latents.shape()));
+  const int64_t h = latents.dim(1), w = latents.dim(2), plane = h * w;
+  Image image(static_cast<int>(w), static_cast<int>(h));
+  for (int64_t i = 0; i < plane; ++i) {
+    std::array<float, 3> rgb = kBias;
+    for (int k = 0; k < kFlux1Channels; ++k)
+      for (int j = 0; j < 3; ++j)
+        rgb[size_t(j)] += kFlux1Factors[size_t(k)][size_t(j)] * latents.data()[k * plane + i];
+    uint8_t* p = image.pixel(int(i % w), int(i / w));
+    for (int j = 0; j < 3; ++j) p[j] = to_byte(rgb[size_t(j)]);
+  }
+  return image;
+}
+
+Image flux1_step_preview(const Tensor& latents_in, const Tensor& velocity, float sigma) {
+  check(latents_in.shape() == velocity.shape(), "preview: latents ",
+        shape_str(latents_in.shape()), " and velocity ", shape_str(velocity.shape()), " differ");
+  Tensor x0(latents_in.shape());
+  for (int64_t i = 0; i < x0.numel(); ++i)
+    x0.data()[i] = latents_in.data()[i] - sigma * velocity.data()[i];
+  return flux1_latent_preview(x0);
 }
 
 }  // namespace klein

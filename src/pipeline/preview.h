@@ -19,4 +19,10 @@ Image latent_preview(const Tensor& tokens, flux2::LatentGrid grid);
 Image step_preview(const Tensor& latents_in, const Tensor& velocity, float sigma,
                    flux2::LatentGrid grid);
 
+// Z-Image's latents [16, h, w] (the FLUX.1 VAE's channels, scaled as the transformer sees
+// them): one pixel per latent position (8x8 pixels of the image), by the published fit of that
+// VAE's latent space; and the clean estimate of one step.
+Image flux1_latent_preview(const Tensor& latents);
+Image flux1_step_preview(const Tensor& latents_in, const Tensor& velocity, float sigma);
+
 }  // namespace klein

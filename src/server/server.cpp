@@ -201,7 +201,7 @@ struct Server::Impl {
     LiveProgress progress(*this);
     const StepHook preview = [this](const StepView& v) {
       const std::string b64 =
-          base64_encode(png_bytes(step_preview(v.latents_in, v.velocity, v.sigma, v.grid)));
+          base64_encode(png_bytes(v.preview()));
       const std::lock_guard lock(live_mutex);
       live.preview = b64;
     };

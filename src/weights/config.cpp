@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/json_fields.h"
+#include "weights/family.h"
 
 namespace klein {
 
@@ -105,6 +106,9 @@ VaeConfig parse_vae_config(const json& j, const std::string& where) {
   read(j, "use_quant_conv", c.use_quant_conv, where);
   read(j, "use_post_quant_conv", c.use_post_quant_conv, where);
   read(j, "mid_block_add_attention", c.mid_block_attention, where);
+  read(j, "scaling_factor", c.scaling_factor, where);
+  read(j, "shift_factor", c.shift_factor, where);
+  check(c.scaling_factor != 0.0, where, ": scaling_factor must not be 0");
   std::string act = "silu";
   read(j, "act_fn", act, where);
   check(act == "silu", where, ": act_fn \"", act, "\" is not supported (expected silu)");
@@ -127,32 +131,18 @@ SchedulerConfig parse_scheduler_config(const json& j, const std::string& where) 
   return c;
 }
 
-std::string variant_name(const ModelConfig& c) {
-  const int64_t width = c.transformer.inner_dim(), hidden = c.text_encoder.hidden;
-  std::string size;
-  if (width == 3072 && hidden == 2560) size = "4b";
-  if (width == 4096 && hidden == 4096) size = "9b";
-  if (size.empty()) return "";
-  return size + (c.reference_cache ? "-kv" : c.is_distilled ? "" : "-base");
-}
+std::string variant_name(const ModelConfig& c) { return model_family(c).variant_name(c); }
 
 json to_json(const ModelConfig& c) {
-  const auto& t = c.transformer;
   const auto& e = c.text_encoder;
   const auto& v = c.vae;
   return json{
+      {"family", c.family},
       {"name", c.name},
       {"variant", variant_name(c)},  // derived (not read back): what --variant would say
       {"is_distilled", c.is_distilled},
       {"reference_cache", c.reference_cache},
-      {"transformer",
-       {{"in_channels", t.in_channels}, {"out_channels", t.out_channels},
-        {"num_layers", t.num_double_blocks}, {"num_single_layers", t.num_single_blocks},
-        {"attention_head_dim", t.head_dim}, {"num_attention_heads", t.num_heads},
-        {"joint_attention_dim", t.context_dim}, {"mlp_ratio", t.mlp_ratio},
-        {"axes_dims_rope", t.rope_axes}, {"rope_theta", t.rope_theta}, {"eps", t.eps},
-        {"timestep_guidance_channels", t.timestep_channels},
-        {"guidance_embeds", t.guidance_embeds}}},
+      {"transformer", model_family(c).transformer_config_json(c)},
       {"text_encoder",
        {{"model_type", "qwen3"}, {"vocab_size", e.vocab_size}, {"hidden_size", e.hidden},
         {"intermediate_size", e.intermediate}, {"num_hidden_layers", e.num_layers},
@@ -168,7 +158,9 @@ json to_json(const ModelConfig& c) {
         {"norm_num_groups", v.norm_groups}, {"batch_norm_eps", v.batch_norm_eps},
         {"patch_size", v.patch_size}, {"use_quant_conv", v.use_quant_conv},
         {"use_post_quant_conv", v.use_post_quant_conv},
-        {"mid_block_add_attention", v.mid_block_attention}, {"act_fn", "silu"}}},
+        {"mid_block_add_attention", v.mid_block_attention}, {"act_fn", "silu"},
+        {"scaling_factor", v.scaling_factor},
+        {"shift_factor", v.shift_factor}}},
       {"scheduler",
        {{"num_train_timesteps", c.scheduler.num_train_timesteps},
         {"use_dynamic_shifting", c.scheduler.use_dynamic_shifting},
@@ -179,17 +171,30 @@ json to_json(const ModelConfig& c) {
 ModelConfig model_config_from_json(const json& j, const std::string& where) {
   require_object(j, where);
   ModelConfig c;
+  read(j, "family", c.family, where);  // absent in containers from before Z-Image: klein
+  const ModelFamily& family = model_family(c.family, where);
   read(j, "name", c.name, where);
   read(j, "is_distilled", c.is_distilled, where);
   read(j, "reference_cache", c.reference_cache, where);  // absent in older containers
   check(j.contains("transformer") && j.contains("text_encoder") && j.contains("vae") &&
             j.contains("scheduler"),
         where, ": model configuration lacks one of transformer, text_encoder, vae, scheduler");
-  c.transformer = parse_transformer_config(j["transformer"], where + " (transformer)");
-  c.text_encoder = parse_text_encoder_config(j["text_encoder"], where + " (text_encoder)");
+  family.read_transformer_config(j["transformer"], nullptr, where + " (transformer)", where, c);
+  c.text_encoder = parse_text_encoder_config(
+      j["text_encoder"], where + " (text_encoder)",
+      family.text_output_layers(text_encoder_layers(j["text_encoder"], where + " (text_encoder)")));
   c.vae = parse_vae_config(j["vae"], where + " (vae)");
+  c.vae.latent_batch_norm = family.vae_latent_batch_norm();
   c.scheduler = parse_scheduler_config(j["scheduler"], where + " (scheduler)");
   return c;
+}
+
+int64_t text_encoder_layers(const json& j, const std::string& where) {
+  TextEncoderConfig defaults;
+  int64_t n = defaults.num_layers;
+  read(j, "num_hidden_layers", n, where);
+  check(n > 0, where, ": num_hidden_layers must be positive, got ", n);
+  return n;
 }
 
 }  // namespace klein

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 
 namespace klein {
 
@@ -63,6 +63,14 @@ struct VaeConfig {
   bool use_quant_conv = true;
   bool use_post_quant_conv = true;
   bool mid_block_attention = true;
+  // How the transformer's latents relate to the VAE's: FLUX.2's VAE keeps BatchNorm
+  // statistics of the patchified latents (vae.bn.*); the FLUX.1 VAE that Z-Image uses has
+  // none and scales instead: z = latents / scaling_factor + shift_factor before decoding.
+  // Which one is the family's (ModelFamily::vae_latent_batch_norm); the factors are read
+  // from config.json when it has them.
+  bool latent_batch_norm = true;
+  double scaling_factor = 1.0;
+  double shift_factor = 0.0;
 
   const std::vector<int64_t>& decoder_channels() const {
     return decoder_block_out_channels.empty() ? block_out_channels : decoder_block_out_channels;
@@ -79,7 +87,13 @@ struct SchedulerConfig {
 };
 
 struct ModelConfig {
-  TransformerConfig transformer;
+  // The model family (weights/family.h): "flux2-klein" or "z-image". It decides how the
+  // transformer's tensors are named and grouped and which pipeline runs the model.
+  std::string family = "flux2-klein";
+  TransformerConfig transformer;       // FLUX.2-klein's transformer
+  // The transformer configuration of the other families, as their config.json has it
+  // (checked when read); each family's code parses it into its own typed configuration.
+  nlohmann::json family_transformer;
   TextEncoderConfig text_encoder;
   VaeConfig vae;
   SchedulerConfig scheduler;
@@ -110,5 +124,8 @@ nlohmann::json to_json(const ModelConfig& c);
 // other sizes (test models). docs/MODELS.md.
 std::string variant_name(const ModelConfig& c);
 ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& where);
+// num_hidden_layers of a text encoder's config.json (the class default when absent), checked,
+// for choosing the layers the pipeline reads before the rest is parsed.
+int64_t text_encoder_layers(const nlohmann::json& j, const std::string& where);
 
 }  // namespace klein

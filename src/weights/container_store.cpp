@@ -11,6 +11,7 @@
 #include "quant/matmul.h"
 #include "quant/types.h"
 #include "weights/expected.h"
+#include "weights/family.h"
 #include "weights/gguf_source.h"
 #include "weights/naming.h"
 
@@ -85,12 +86,13 @@ ContainerStore::ContainerStore(const fs::path& path, ContainerOptions options)
   check(meta.contains("config"), where, ": the container metadata has no model configuration");
   config_ = model_config_from_json(meta["config"], where + " (metadata config)");
 
+  const ModelFamily& family = model_family(config_);
   ShapeMap shapes[3];
   for (const auto& u : file_.index().units) {
     UnitState s;
     s.entry = &u;
     for (const auto& t : file_.tensors_of(u)) {
-      const auto belongs = unit_of(t.name);
+      const auto belongs = unit_of(family, t.name);
       check(belongs && belongs->unit == u.name, where, ": tensor ", t.name, " is stored in unit ",
             u.name, " but belongs to ", belongs ? belongs->unit : std::string("no unit"));
       s.prefix = belongs->prefix;
@@ -103,11 +105,8 @@ ContainerStore::ContainerStore(const fs::path& path, ContainerOptions options)
     order_.push_back(u.name);
     units_[u.name] = std::move(s);
   }
-  check_tensors(expected_transformer(config_.transformer), shapes[int(Component::Transformer)],
-                Component::Transformer, where);
-  check_tensors(expected_text_encoder(config_.text_encoder), shapes[int(Component::TextEncoder)],
-                Component::TextEncoder, where);
-  check_tensors(expected_vae(config_.vae), shapes[int(Component::Vae)], Component::Vae, where);
+  for (Component c : {Component::Transformer, Component::TextEncoder, Component::Vae})
+    check_tensors(expected_tensors(config_, c), shapes[int(c)], c, where);
 }
 
 ContainerStore::~ContainerStore() {

@@ -154,8 +154,10 @@ ShapeMap expected_vae(const VaeConfig& c) {
   }
   add_norm(m, "vae.decoder.conv_norm_out", ch);
   add_conv(m, "vae.decoder.conv_out", c.out_channels, ch, 3);
-  m["vae.bn.running_mean"] = {c.packed_channels()};
-  m["vae.bn.running_var"] = {c.packed_channels()};
+  if (c.latent_batch_norm) {
+    m["vae.bn.running_mean"] = {c.packed_channels()};
+    m["vae.bn.running_var"] = {c.packed_channels()};
+  }
   return m;
 }
 
@@ -199,8 +201,6 @@ TextEncoderConfig infer_text_encoder_config(const ShapeMap& t, const std::string
   c.num_heads = shape_of(t, p + "self_attn.q_proj.weight", where)[0] / c.head_dim;
   c.num_kv_heads = shape_of(t, p + "self_attn.k_proj.weight", where)[0] / c.head_dim;
   c.intermediate = shape_of(t, p + "mlp.gate_proj.weight", where)[0];
-  check(c.num_layers >= c.layers_needed(), where, ": the text encoder has ", c.num_layers,
-        " layers but the pipeline reads the output of layer ", c.layers_needed());
   return c;
 }
 
@@ -222,6 +222,8 @@ VaeConfig infer_vae_config(const ShapeMap& t, const std::string& where) {
   c.use_quant_conv = t.count("vae.quant_conv.weight") > 0;
   c.use_post_quant_conv = t.count("vae.post_quant_conv.weight") > 0;
   c.mid_block_attention = t.count("vae.decoder.mid_block.attentions.0.to_q.weight") > 0;
+  c.latent_batch_norm = t.count("vae.bn.running_mean") > 0;
+  if (!c.latent_batch_norm) return c;
   const int64_t packed = shape_of(t, "vae.bn.running_mean", where)[0];
   check(packed == 4 * c.latent_channels, where, ": bn.running_mean has ", packed,
         " channels; expected 4 x latent channels = ", 4 * c.latent_channels);

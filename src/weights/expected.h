@@ -19,6 +19,8 @@ ShapeMap expected_text_encoder(const TextEncoderConfig& c);
 ShapeMap expected_vae(const VaeConfig& c);
 
 TransformerConfig infer_transformer_config(const ShapeMap& tensors, const std::string& where);
+// output_layers is left at its default: the family decides it (family.h), then the caller
+// checks that the encoder has that many layers.
 TextEncoderConfig infer_text_encoder_config(const ShapeMap& tensors, const std::string& where);
 VaeConfig infer_vae_config(const ShapeMap& tensors, const std::string& where);
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <set>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -13,6 +14,7 @@
 #include "formats/container/reader.h"
 #include "weights/container_store.h"
 #include "weights/expected.h"
+#include "weights/family.h"
 #include "weights/gguf_source.h"
 #include "weights/fp8.h"
 #include "weights/source_store.h"
@@ -47,6 +49,9 @@ struct Discovered {
   Located transformer, text_encoder, vae;
   fs::path scheduler_config;
   fs::path model_index;
+  // From model_index.json's pipeline class; null for single files, whose transformer's
+  // tensor names decide.
+  const ModelFamily* family = nullptr;
 };
 
 Discovered discover(const ModelPaths& paths) {
@@ -60,11 +65,9 @@ Discovered discover(const ModelPaths& paths) {
     check(fs::exists(d.model_index), m.string(), ": no model_index.json: not a diffusers model "
           "directory (expected model_index.json, transformer/, text_encoder/, vae/, tokenizer/)");
     json index = read_json(d.model_index);
-    if (index.contains("_class_name") && index["_class_name"].is_string()) {
-      const std::string cls = index["_class_name"];
-      check(cls.find("Flux2") != std::string::npos, d.model_index.string(), ": pipeline class ",
-            cls, " is not a FLUX.2 pipeline");
-    }
+    d.family = model_families().front();  // directories from before the class was written
+    if (index.contains("_class_name") && index["_class_name"].is_string())
+      d.family = &family_of_pipeline(index["_class_name"], d.model_index.string());
     auto sub = [&](const char* name, const char* stem) {
       Located l;
       l.config = m / name / "config.json";
@@ -105,7 +108,29 @@ ShapeMap canonical_shapes(const SourceComponent& c) {
   return m;
 }
 
-SourceComponent open_component(Component kind, const Located& where) {
+// The family of a single transformer file: the first that recognises its tensor names, else
+// FLUX.2-klein (whose mapping names what it does not know).
+const ModelFamily& family_of_transformer(const std::vector<NamedShape>& names) {
+  for (const ModelFamily* f : model_families())
+    if (f != model_families().front() && f->recognises_transformer(names)) return *f;
+  return *model_families().front();
+}
+
+// Maps a component's tensors to canonical names: the transformer's by its family (found from
+// the names when `family` is null), the others as every family has them.
+void map_names(SourceComponent& c, const std::vector<NamedShape>& names, const std::string& where,
+               const ModelFamily*& family) {
+  if (c.component == Component::Transformer) {
+    if (!family) family = &family_of_transformer(names);
+    c.layout = family->transformer_layout(names);
+    c.tensors = family->map_transformer(names, where);
+  } else {
+    c.layout = detect_layout(c.component, names);
+    c.tensors = map_component(c.component, names, where);
+  }
+}
+
+SourceComponent open_component(Component kind, const Located& where, const ModelFamily*& family) {
   const fs::path& weights = where.weights;
   SourceComponent c;
   c.component = kind;
@@ -114,8 +139,7 @@ SourceComponent open_component(Component kind, const Located& where) {
     c.gguf = std::make_unique<gguf::File>(weights);
     std::map<std::string, std::string> name_in_file;
     const std::vector<NamedShape> names = gguf_tensor_names(kind, *c.gguf, name_in_file);
-    c.layout = detect_layout(kind, names);
-    c.tensors = map_component(kind, names, weights.string());
+    map_names(c, names, weights.string(), family);
     for (TensorSource& t : c.tensors) t.source = name_in_file.at(t.source);
     return c;
   }
@@ -127,37 +151,11 @@ SourceComponent open_component(Component kind, const Located& where) {
   std::vector<NamedShape> names;
   for (const auto& t : c.files->tensors())
     if (!companions.count(t.entry->name)) names.push_back({t.entry->name, t.entry->shape});
-  c.layout = detect_layout(kind, names);
-  c.tensors = map_component(kind, names, weights.string());
+  map_names(c, names, weights.string(), family);
   return c;
 }
 
-// Field-by-field comparison of a config.json with what the tensors imply.
-template <class T>
-void same(const T& from_file, const T& from_shapes, const char* key, const fs::path& where) {
-  check(from_file == from_shapes, where.string(), ": \"", key, "\" does not match the weights "
-        "(config says ", from_file, ", tensor shapes say ", from_shapes, ")");
-}
-
 std::string vec_str(const std::vector<int64_t>& v) { return shape_str(v); }
-
-// The components must belong together: the transformer reads the text encoder's stacked
-// hidden states and the VAE's packed latents.
-void check_pairing(const ModelConfig& c, const Discovered& d) {
-  const auto& t = c.transformer;
-  const auto& e = c.text_encoder;
-  check(t.context_dim == e.context_dim(), "the transformer (", d.transformer.weights.string(),
-        ") expects a text context ", t.context_dim, " wide, but the text encoder (",
-        d.text_encoder.weights.string(), ", hidden size ", e.hidden, ") gives 3 x ", e.hidden, " = ",
-        e.context_dim(), ". FLUX.2-klein-4B pairs with Qwen3-4B (hidden 2560), klein-9B with "
-        "Qwen3-8B (hidden 4096).");
-  check(t.in_channels == c.vae.packed_channels(), "the transformer (",
-        d.transformer.weights.string(), ") works on latents of ", t.in_channels,
-        " channels, but the VAE (", d.vae.weights.string(), ") gives ", c.vae.latent_channels,
-        " x 2 x 2 = ", c.vae.packed_channels(), " (a VAE of another model family?)");
-  check(t.out_channels == t.in_channels, d.transformer.weights.string(), ": out_channels ",
-        t.out_channels, " differs from in_channels ", t.in_channels);
-}
 
 // What identifies a source file's contents for the prompt cache without reading gigabytes:
 // the path, device and inode, size, modification time and change time. The change time is
@@ -177,52 +175,9 @@ std::string file_identity(const fs::path& p) {
 }  // namespace
 
 const std::vector<std::string>& variant_names() {
-  static const std::vector<std::string> names = {"4b", "4b-base", "9b", "9b-base", "9b-kv"};
+  static const std::vector<std::string> names = model_families().front()->variant_names();
   return names;
 }
-
-namespace {
-
-std::string join_names() {
-  std::string list;
-  for (const auto& n : variant_names()) list += (list.empty() ? "" : ", ") + n;
-  return list;
-}
-
-// What a --variant name says: base (CFG) or distilled, the K/V pipeline, and the size.
-struct Variant {
-  bool distilled = true;
-  bool reference_cache = false;
-  bool nine_b = false;
-};
-
-Variant parse_variant(const std::string& name) {
-  const auto& names = variant_names();
-  if (std::find(names.begin(), names.end(), name) == names.end())
-    fail("--variant ", name, ": expected one of ", join_names());
-  return {name.find("-base") == std::string::npos, name == "9b-kv", name.rfind("9b", 0) == 0};
-}
-
-// Applies --variant to a configuration: checks it against what the weights or files already
-// decide (the klein-4B's widths; a model_index.json's pipeline) and sets the rest.
-void apply_variant(const std::string& name, bool declared, ModelConfig& config,
-                   const std::string& where) {
-  if (name.empty()) return;
-  const Variant v = parse_variant(name);
-  // klein-4B: inner width 3072 (24 heads x 128), Qwen3-4B text encoder (hidden 2560).
-  const bool is_4b = config.transformer.inner_dim() == 3072 && config.text_encoder.hidden == 2560;
-  check(!(v.nine_b && is_4b), "--variant ", name, ": ", where, " holds klein-4B weights "
-        "(inner width 3072, text encoder hidden size 2560)");
-  if (declared)
-    check(config.is_distilled == v.distilled && config.reference_cache == v.reference_cache,
-          "--variant ", name, ": ", where, " declares a ",
-          config.reference_cache ? "K/V-cache" : config.is_distilled ? "distilled" : "base",
-          " model; --variant is for checkpoints that do not say");
-  config.is_distilled = v.distilled;
-  config.reference_cache = v.reference_cache;
-}
-
-}  // namespace
 
 std::unique_ptr<WeightStore> open_model(const ModelPaths& paths) {
   // A container holds every component (and the tokenizer).
@@ -232,7 +187,7 @@ std::unique_ptr<WeightStore> open_model(const ModelPaths& paths) {
           "--diffusion-model, --text-encoder and --vae cannot be combined with it");
     auto store = std::make_unique<ContainerStore>(paths.model);
     ModelConfig config = store->config();
-    apply_variant(paths.variant, true, config, paths.model.string());
+    model_family(config).apply_variant(paths.variant, true, paths.model.string(), config);
     return store;
   }
   return open_source_model(paths);
@@ -242,53 +197,59 @@ std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths) {
   check(paths.model.empty() || !container::is_container(paths.model), paths.model.string(),
         ": a klein container, not an original checkpoint");
   const Discovered d = discover(paths);
+  const ModelFamily* family = d.family;
   std::vector<SourceComponent> comps;
-  comps.push_back(open_component(Component::Transformer, d.transformer));
-  comps.push_back(open_component(Component::TextEncoder, d.text_encoder));
-  comps.push_back(open_component(Component::Vae, d.vae));
+  comps.push_back(open_component(Component::Transformer, d.transformer, family));
+  comps.push_back(open_component(Component::TextEncoder, d.text_encoder, family));
+  comps.push_back(open_component(Component::Vae, d.vae, family));
   const ShapeMap t_shapes = canonical_shapes(comps[0]);
   const ShapeMap e_shapes = canonical_shapes(comps[1]);
   const ShapeMap v_shapes = canonical_shapes(comps[2]);
+  const ModelFamily::Files files{d.transformer.weights.string(), d.text_encoder.weights.string(),
+                                 d.vae.weights.string()};
 
   ModelConfig config;
+  config.family = std::string(family->id());
   config.name = !paths.model.empty() ? fs::absolute(paths.model).lexically_normal().filename().string()
                                      : d.transformer.weights.filename().string();
   // Configs: from config.json when there is one (cross-checked against the shapes),
   // otherwise from the shapes alone.
-  const TransformerConfig t_inferred = infer_transformer_config(t_shapes, d.transformer.weights.string());
-  const TextEncoderConfig e_inferred = infer_text_encoder_config(e_shapes, d.text_encoder.weights.string());
-  const VaeConfig v_inferred = infer_vae_config(v_shapes, d.vae.weights.string());
   if (!d.transformer.config.empty()) {
     const auto& f = d.transformer.config;
-    config.transformer = parse_transformer_config(read_json(f), f.string());
-    const auto& a = config.transformer;
-    const auto& b = t_inferred;
-    same(a.num_double_blocks, b.num_double_blocks, "num_layers", f);
-    same(a.num_single_blocks, b.num_single_blocks, "num_single_layers", f);
-    same(a.head_dim, b.head_dim, "attention_head_dim", f);
-    same(a.num_heads, b.num_heads, "num_attention_heads", f);
-    same(a.context_dim, b.context_dim, "joint_attention_dim", f);
-    same(a.in_channels, b.in_channels, "in_channels", f);
-    same(a.mlp_hidden(), b.mlp_hidden(), "mlp_ratio (as MLP width)", f);
+    family->read_transformer_config(read_json(f), &t_shapes, f.string(), files.transformer,
+                                    config);
   } else {
-    config.transformer = t_inferred;
+    family->infer_transformer_config(t_shapes, files.transformer, config);
   }
+  const TextEncoderConfig e_inferred = infer_text_encoder_config(e_shapes, files.text_encoder);
   if (!d.text_encoder.config.empty()) {
     const auto& f = d.text_encoder.config;
-    config.text_encoder = parse_text_encoder_config(read_json(f), f.string());
+    const json j = read_json(f);
+    config.text_encoder = parse_text_encoder_config(
+        j, f.string(), family->text_output_layers(text_encoder_layers(j, f.string())));
     const auto& a = config.text_encoder;
     const auto& b = e_inferred;
-    same(a.hidden, b.hidden, "hidden_size", f);
-    same(a.vocab_size, b.vocab_size, "vocab_size", f);
-    same(a.num_heads, b.num_heads, "num_attention_heads", f);
-    same(a.num_kv_heads, b.num_kv_heads, "num_key_value_heads", f);
-    same(a.head_dim, b.head_dim, "head_dim", f);
-    same(a.intermediate, b.intermediate, "intermediate_size", f);
+    auto same = [&](int64_t file, int64_t weights, const char* key) {
+      check(file == weights, f.string(), ": \"", key, "\" does not match the weights (config "
+            "says ", file, ", tensor shapes say ", weights, ")");
+    };
+    same(a.hidden, b.hidden, "hidden_size");
+    same(a.vocab_size, b.vocab_size, "vocab_size");
+    same(a.num_heads, b.num_heads, "num_attention_heads");
+    same(a.num_kv_heads, b.num_kv_heads, "num_key_value_heads");
+    same(a.head_dim, b.head_dim, "head_dim");
+    same(a.intermediate, b.intermediate, "intermediate_size");
     check(b.num_layers >= a.layers_needed(), f.string(), ": the weights hold ", b.num_layers,
           " layers; the pipeline needs ", a.layers_needed());
   } else {
     config.text_encoder = e_inferred;
+    config.text_encoder.output_layers = family->text_output_layers(e_inferred.num_layers);
+    check(e_inferred.num_layers >= config.text_encoder.layers_needed(), files.text_encoder,
+          ": the text encoder has ", e_inferred.num_layers,
+          " layers but the pipeline reads the output of layer ",
+          config.text_encoder.layers_needed());
   }
+  const VaeConfig v_inferred = infer_vae_config(v_shapes, files.vae);
   if (!d.vae.config.empty()) {
     const auto& f = d.vae.config;
     config.vae = parse_vae_config(read_json(f), f.string());
@@ -297,46 +258,32 @@ std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths) {
     if (a.block_out_channels != b.block_out_channels)
       fail(f.string(), ": \"block_out_channels\" ", vec_str(a.block_out_channels),
            " does not match the weights ", vec_str(b.block_out_channels));
-    same(a.latent_channels, b.latent_channels, "latent_channels", f);
-    same(a.layers_per_block, b.layers_per_block, "layers_per_block", f);
+    for (auto [file, weights, key] : {std::tuple{a.latent_channels, b.latent_channels, "latent_channels"},
+                                      std::tuple{a.layers_per_block, b.layers_per_block, "layers_per_block"}})
+      check(file == weights, f.string(), ": \"", key, "\" does not match the weights (config "
+            "says ", file, ", tensor shapes say ", weights, ")");
   } else {
     config.vae = v_inferred;
   }
+  config.vae.latent_batch_norm = family->vae_latent_batch_norm();
   if (!d.scheduler_config.empty())
     config.scheduler = parse_scheduler_config(read_json(d.scheduler_config), d.scheduler_config.string());
-  if (!d.model_index.empty()) {
-    json index = read_json(d.model_index);
-    if (index.contains("is_distilled") && index["is_distilled"].is_boolean())
-      config.is_distilled = index["is_distilled"];
-    if (index.contains("_class_name") && index["_class_name"].is_string())
-      config.reference_cache = index["_class_name"] == "Flux2KleinKVPipeline";
-  }
-  apply_variant(paths.variant, !d.model_index.empty(), config,
-                d.model_index.empty() ? d.transformer.weights.string() : d.model_index.string());
-  if (d.model_index.empty() && paths.variant.empty()) {
-    // No model_index.json: distilled, base or K/V is not in the weights. BFL's file names say
-    // it (flux-2-klein-4b, flux-2-klein-base-9b, ...; diffusers' conversion script reads them
-    // the same way); anything else is left undecided for the caller to refuse.
-    std::string name = d.transformer.weights.filename().string();
-    for (char& ch : name) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-    if (name.find("klein") != std::string::npos) {
-      config.is_distilled = name.find("base") == std::string::npos;
-      config.reference_cache = name.find("kv") != std::string::npos;
-    } else {
-      config.undecided_variant =
-          d.transformer.weights.string() + ": without a model_index.json nothing says whether "
-          "this klein is distilled, base or the K/V-cache model (the weights are the same "
-          "shape, and the file name is not one of BFL's, such as flux-2-klein-base-4b); give "
-          "--variant " + join_names();
-    }
-  }
+  if (!d.model_index.empty()) family->read_model_index(read_json(d.model_index), config);
+  family->apply_variant(paths.variant, !d.model_index.empty(),
+                        d.model_index.empty() ? files.transformer : d.model_index.string(), config);
+  if (d.model_index.empty() && paths.variant.empty())
+    family->decide_undeclared_variant(files.transformer, config);
 
-  check_tensors(expected_transformer(config.transformer), t_shapes, Component::Transformer,
-                d.transformer.weights.string());
-  check_tensors(expected_text_encoder(config.text_encoder), e_shapes, Component::TextEncoder,
-                d.text_encoder.weights.string());
-  check_tensors(expected_vae(config.vae), v_shapes, Component::Vae, d.vae.weights.string());
-  check_pairing(config, d);
+  for (Component c : {Component::Transformer, Component::TextEncoder, Component::Vae}) {
+    const ShapeMap& shapes = c == Component::Transformer    ? t_shapes
+                             : c == Component::TextEncoder ? e_shapes
+                                                           : v_shapes;
+    check_tensors(expected_tensors(config, c), shapes, c,
+                  c == Component::Transformer    ? files.transformer
+                  : c == Component::TextEncoder ? files.text_encoder
+                                                : files.vae);
+  }
+  family->check_pairing(config, files);
 
   std::string identity;
   for (const auto& c : comps)

@@ -287,16 +287,9 @@ std::vector<TensorSource> map_component(Component c, const std::vector<NamedShap
   return {};
 }
 
-std::optional<UnitOf> unit_of(const std::string& name) {
+std::optional<UnitOf> component_unit_of(const std::string& name) {
   int64_t i;
   std::string rest;
-  if (split_index(name, "transformer.transformer_blocks.", i, rest))
-    return UnitOf{"transformer.double." + std::to_string(i),
-                  "transformer.transformer_blocks." + std::to_string(i) + "."};
-  if (split_index(name, "transformer.single_transformer_blocks.", i, rest))
-    return UnitOf{"transformer.single." + std::to_string(i),
-                  "transformer.single_transformer_blocks." + std::to_string(i) + "."};
-  if (starts_with(name, "transformer.")) return UnitOf{"transformer.shared", "transformer."};
   if (split_index(name, "text_encoder.model.layers.", i, rest))
     return UnitOf{"text_encoder.layer." + std::to_string(i),
                   "text_encoder.model.layers." + std::to_string(i) + "."};
@@ -311,6 +304,24 @@ std::optional<UnitOf> unit_of(const std::string& name) {
   if (name == "vae.bn.running_mean" || name == "vae.bn.running_var")
     return UnitOf{"vae.latent_stats", "vae."};
   return std::nullopt;
+}
+
+std::optional<UnitOf> klein_transformer_unit_of(const std::string& name) {
+  int64_t i;
+  std::string rest;
+  if (split_index(name, "transformer.transformer_blocks.", i, rest))
+    return UnitOf{"transformer.double." + std::to_string(i),
+                  "transformer.transformer_blocks." + std::to_string(i) + "."};
+  if (split_index(name, "transformer.single_transformer_blocks.", i, rest))
+    return UnitOf{"transformer.single." + std::to_string(i),
+                  "transformer.single_transformer_blocks." + std::to_string(i) + "."};
+  if (starts_with(name, "transformer.")) return UnitOf{"transformer.shared", "transformer."};
+  return std::nullopt;
+}
+
+std::optional<UnitOf> unit_of(const std::string& name) {
+  if (starts_with(name, "transformer.")) return klein_transformer_unit_of(name);
+  return component_unit_of(name);
 }
 
 }  // namespace klein

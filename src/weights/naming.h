@@ -14,9 +14,15 @@ struct UnitOf {
   std::string unit;    // "transformer.double.3"
   std::string prefix;  // "transformer.transformer_blocks.3."
 };
-// The unit a canonical tensor belongs to, or nothing for tensors inference never reads
-// (lm_head, BatchNorm's num_batches_tracked).
+// The unit a canonical tensor of FLUX.2-klein belongs to, or nothing for tensors inference
+// never reads (lm_head, BatchNorm's num_batches_tracked). For a model of any family, use
+// unit_of(family, name) (family.h).
 std::optional<UnitOf> unit_of(const std::string& canonical);
+// The same for the components every family shares (text_encoder.*, vae.*): nothing for the
+// transformer's names, which are the family's.
+std::optional<UnitOf> component_unit_of(const std::string& canonical);
+// FLUX.2-klein's transformer units (transformer.shared, .double.{i}, .single.{i}).
+std::optional<UnitOf> klein_transformer_unit_of(const std::string& canonical);
 
 // Where a canonical tensor's values come from in a source checkpoint.
 struct TensorSource {

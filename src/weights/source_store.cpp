@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "weights/gguf_source.h"
+#include "weights/family.h"
 #include "weights/fp8.h"
 
 namespace klein {
@@ -64,7 +65,7 @@ SourceStore::SourceStore(std::vector<SourceComponent> components, ModelConfig co
     : components_(std::move(components)), config_(std::move(config)), identity_(std::move(identity)) {
   for (const auto& c : components_)
     for (const auto& t : c.tensors) {
-      auto u = unit_of(t.canonical);
+      auto u = unit_of(model_family(config_), t.canonical);
       if (!u) continue;  // never read by inference
       units_[u->unit].push_back({&c, &t});
       prefixes_[u->unit] = u->prefix;
@@ -306,7 +307,7 @@ StoreOrigin SourceStore::origin() const {
       o.needs_conversion = gguf_needs_conversion(
           *c.gguf, c.component == Component::Transformer ? "--diffusion-model" : "--text-encoder");
     for (const auto& t : c.tensors) {
-      if (!unit_of(t.canonical)) o.unused_tensors.push_back(t.canonical);
+      if (!unit_of(model_family(config_), t.canonical)) o.unused_tensors.push_back(t.canonical);
       if (const auto* l = c.files ? c.files->find(t.source) : nullptr;
           l && dtype_is_fp8(l->entry->dtype))
         o.stored_types[t.canonical] = l->entry->dtype;

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "formats/container/reader.h"
+#include "weights/family.h"
 #include "weights/gguf_source.h"
 #include "weights/source_store.h"
 
@@ -93,7 +94,7 @@ ComponentSummary summarize_component(const SourceComponent& c, const ModelConfig
   for (const auto& t : c.tensors) {
     const std::optional<Weight> stored = c.stored(t.source);
     check(stored.has_value(), "internal: tensor ", t.source, " vanished");
-    if (auto u = unit_of(t.canonical)) {
+    if (auto u = unit_of(model_family(config), t.canonical)) {
       const Shape shape = canonical_shape(t, stored->shape);
       if (dtype_is_float(stored->dtype) || !c.gguf) {
         units[u->unit].add(stored->dtype, shape);

@@ -19,7 +19,7 @@
 #include "models/zimage/prompt.h"
 #include "models/zimage/sampler.h"
 #include "models/zimage/transformer.h"
-#include "models/zimage/units.h"
+#include "models/zimage/checkpoint/units.h"
 #include "support/testing.h"
 #include "zimage/cases.h"
 #include "zimage/file_store.h"

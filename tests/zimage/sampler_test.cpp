@@ -14,10 +14,10 @@
 
 #include "core/files.h"
 #include "core/npy.h"
-#include "models/zimage/config.h"
+#include "models/zimage/checkpoint/config.h"
 #include "models/zimage/sampler.h"
 #include "models/zimage/transformer.h"
-#include "models/zimage/units.h"
+#include "models/zimage/checkpoint/units.h"
 #include "support/testing.h"
 #include "weights/config.h"
 #include "zimage/cases.h"

@@ -12,10 +12,10 @@
 #include "core/files.h"
 #include "core/npy.h"
 #include "formats/safetensors.h"
-#include "models/zimage/config.h"
+#include "models/zimage/checkpoint/config.h"
 #include "models/zimage/latents.h"
 #include "models/zimage/transformer.h"
-#include "models/zimage/units.h"
+#include "models/zimage/checkpoint/units.h"
 #include "support/testing.h"
 #include "zimage/file_store.h"
 

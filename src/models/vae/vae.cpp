@@ -20,6 +20,7 @@ void report(const Observer& observe, const std::string& name, const Tensor& valu
 
 Vae::Vae(WeightStore& store, Compute& cx, VaeMemory memory)
     : store_(store), cx_(cx), memory_(std::move(memory)) {
+  if (!config().latent_batch_norm) return;  // the FLUX.1 VAE (Z-Image): the decoder alone
   const UnitRef unit = store_.acquire("vae.latent_stats");
   stats_ = load_latent_stats(*unit, config());
 }

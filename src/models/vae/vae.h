@@ -18,7 +18,8 @@ namespace klein::vae {
 
 class Vae {
  public:
-  // Reads the latent statistics ("vae.latent_stats") now; everything else per call.
+  // Reads the latent statistics ("vae.latent_stats") now, when the VAE has them (FLUX.2's;
+  // with FLUX.1's only decode_latent and encode_mean apply); everything else per call.
   // The convolutions' arithmetic is the context's (Compute::arithmetic) when a call runs.
   Vae(WeightStore& store, Compute& cx, VaeMemory memory = {});
 

@@ -28,7 +28,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "models/zimage/units.h"
+#include "models/zimage/checkpoint/units.h"
 #include "ops/attention.h"
 #include "ops/linear.h"
 #include "ops/norm.h"

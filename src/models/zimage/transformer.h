@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "models/zimage/config.h"
+#include "models/zimage/checkpoint/config.h"
 #include "ops/compute.h"
 #include "ops/rope.h"
 #include "weights/weight_store.h"

@@ -37,5 +37,7 @@ struct TransformerConfig {
 // run (another patch size, no q/k norm, the Omni variant's SigLIP branch, head widths that do
 // not match the RoPE axes) are refused with the setting's name.
 TransformerConfig parse_transformer_config(const nlohmann::json& j, const std::string& where);
+// The configuration as config.json spells it (parse_transformer_config reads it back).
+nlohmann::json to_json(const TransformerConfig& c);
 
 }  // namespace klein::zimage

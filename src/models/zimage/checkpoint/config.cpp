@@ -1,4 +1,4 @@
-#include "models/zimage/config.h"
+#include "models/zimage/checkpoint/config.h"
 
 #include <nlohmann/json.hpp>
 
@@ -58,6 +58,16 @@ TransformerConfig parse_transformer_config(const nlohmann::json& j, const std::s
   check(c.axes_dims[0] + c.axes_dims[1] + c.axes_dims[2] == c.head_dim(), where,
         ": axes_dims must sum to the head width dim / n_heads = ", c.head_dim());
   return c;
+}
+
+nlohmann::json to_json(const TransformerConfig& c) {
+  return {{"all_patch_size", {c.patch}},  {"all_f_patch_size", {c.frame_patch}},
+          {"in_channels", c.in_channels}, {"dim", c.dim},
+          {"n_layers", c.n_layers},       {"n_refiner_layers", c.n_refiner_layers},
+          {"n_heads", c.n_heads},         {"norm_eps", c.norm_eps},
+          {"rope_theta", c.rope_theta},   {"t_scale", c.t_scale},
+          {"axes_dims", c.axes_dims},     {"axes_lens", c.axes_lens},
+          {"cap_feat_dim", c.cap_feat_dim}, {"qk_norm", true}};
 }
 
 }  // namespace klein::zimage

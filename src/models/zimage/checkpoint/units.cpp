@@ -1,4 +1,4 @@
-#include "models/zimage/units.h"
+#include "models/zimage/checkpoint/units.h"
 
 #include <regex>
 

@@ -11,7 +11,7 @@
 #include <optional>
 #include <string>
 
-#include "models/zimage/config.h"
+#include "models/zimage/checkpoint/config.h"
 #include "weights/expected.h"
 #include "weights/naming.h"
 

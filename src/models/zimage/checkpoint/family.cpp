@@ -1,0 +1,189 @@
+#include "models/zimage/checkpoint/family.h"
+
+#include <set>
+
+#include "core/error.h"
+#include "models/zimage/checkpoint/config.h"
+#include "models/zimage/checkpoint/units.h"
+
+namespace klein::zimage {
+
+namespace {
+
+using json = nlohmann::json;
+
+bool starts_with(const std::string& s, std::string_view p) { return s.rfind(p, 0) == 0; }
+
+// Source names without the prefixes single files carry.
+std::string strip_prefix(const std::string& name) {
+  for (std::string_view p : {"model.diffusion_model.", "diffusion_model.", "transformer."})
+    if (starts_with(name, p)) return name.substr(p.size());
+  return name;
+}
+
+const Shape& shape_of(const ShapeMap& m, const std::string& name, const std::string& where) {
+  auto it = m.find(name);
+  check(it != m.end(), where, ": missing tensor ", name);
+  return it->second;
+}
+
+// Distinct i of names "<prefix><i>.".
+int64_t count_indexed(const ShapeMap& m, const std::string& prefix) {
+  std::set<int64_t> seen;
+  for (const auto& [name, shape] : m) {
+    if (!starts_with(name, prefix)) continue;
+    const size_t dot = name.find('.', prefix.size());
+    const std::string num = name.substr(prefix.size(), dot - prefix.size());
+    if (!num.empty() && num.find_first_not_of("0123456789") == std::string::npos)
+      seen.insert(std::stoll(num));
+  }
+  return int64_t(seen.size());
+}
+
+class ZImage final : public ModelFamily {
+ public:
+  std::string_view id() const override { return "z-image"; }
+  std::string_view title() const override { return "Z-Image"; }
+  std::vector<std::string> pipeline_classes() const override { return {"ZImagePipeline"}; }
+  bool recognises_transformer(const std::vector<NamedShape>& tensors) const override {
+    for (const auto& t : tensors) {
+      const std::string n = strip_prefix(t.name);
+      if (starts_with(n, "cap_embedder.") || starts_with(n, "context_refiner.")) return true;
+    }
+    return false;
+  }
+
+  Layout transformer_layout(const std::vector<NamedShape>&) const override {
+    return Layout::Diffusers;
+  }
+  std::vector<TensorSource> map_transformer(const std::vector<NamedShape>& tensors,
+                                            const std::string& where) const override {
+    std::vector<TensorSource> out;
+    std::vector<std::string> unknown;
+    bool fused_qkv = false;
+    for (const auto& t : tensors) {
+      const std::string canonical = "transformer." + strip_prefix(t.name);
+      if (transformer_unit_of(canonical)) {
+        out.push_back({canonical, t.name});
+      } else {
+        unknown.push_back(t.name);
+        fused_qkv = fused_qkv || t.name.find("attention.qkv.") != std::string::npos;
+      }
+    }
+    if (!unknown.empty()) {
+      std::string list;
+      for (size_t i = 0; i < unknown.size() && i < 5; ++i) list += "\n  " + unknown[i];
+      if (unknown.size() > 5) list += "\n  ... and " + std::to_string(unknown.size() - 5) + " more";
+      fail(where, ": ", unknown.size(), " tensor(s) are not Z-Image transformer tensors in the "
+           "diffusers layout", fused_qkv ? " (fused attention.qkv: the original or ComfyUI "
+           "layout, which this engine does not read yet; use the diffusers directory)" : "",
+           ":", list);
+    }
+    return out;
+  }
+  std::optional<UnitOf> transformer_unit_of(const std::string& canonical) const override {
+    return zimage::transformer_unit_of(canonical);
+  }
+  ShapeMap expected_transformer(const ModelConfig& c) const override {
+    return zimage::expected_transformer(parse_transformer_config(c.family_transformer,
+                                                                 "the Z-Image configuration"));
+  }
+
+  void read_transformer_config(const json& j, const ShapeMap* shapes, const std::string& where,
+                               const std::string& weights_file, ModelConfig& c) const override {
+    const TransformerConfig a = parse_transformer_config(j, where);
+    c.family_transformer = to_json(a);
+    if (!shapes) return;
+    const TransformerConfig b = infer(*shapes, weights_file);
+    auto same = [&](int64_t file, int64_t weights, const char* key) {
+      check(file == weights, where, ": \"", key, "\" does not match the weights (config says ",
+            file, ", tensor shapes say ", weights, ")");
+    };
+    same(a.dim, b.dim, "dim");
+    same(a.n_heads, b.n_heads, "n_heads");
+    same(a.n_layers, b.n_layers, "n_layers");
+    same(a.n_refiner_layers, b.n_refiner_layers, "n_refiner_layers");
+    same(a.cap_feat_dim, b.cap_feat_dim, "cap_feat_dim");
+    same(a.in_channels, b.in_channels, "in_channels");
+  }
+  void infer_transformer_config(const ShapeMap& shapes, const std::string& where,
+                                ModelConfig& c) const override {
+    c.family_transformer = to_json(infer(shapes, where));
+  }
+  json transformer_config_json(const ModelConfig& c) const override {
+    return c.family_transformer;
+  }
+
+  std::vector<int64_t> text_output_layers(int64_t num_layers) const override {
+    // hidden_states[-2]: the output of the last layer but one.
+    check(num_layers >= 2, "the text encoder has ", num_layers,
+          " layer(s); Z-Image reads the output of the last layer but one");
+    return {num_layers - 1};
+  }
+  bool vae_latent_batch_norm() const override { return false; }
+
+  void read_model_index(const json&, ModelConfig&) const override {}
+  std::vector<std::string> variant_names() const override { return {}; }
+  std::string variant_name(const ModelConfig&) const override { return ""; }
+  void apply_variant(const std::string& variant, bool, const std::string& where,
+                     ModelConfig&) const override {
+    check(variant.empty(), "--variant ", variant, ": ", where,
+          " is a Z-Image model; --variant names FLUX.2-klein variants");
+  }
+  void decide_undeclared_variant(const std::string&, ModelConfig&) const override {}
+
+  std::vector<std::string> describe_pipeline(const ModelConfig&) const override {
+    return {"ZImagePipeline: the prompt's Qwen3 features, flow-matching Euler steps; Turbo runs "
+            "without guidance, the base model with classifier-free guidance (--guidance > 0)"};
+  }
+  std::string describe_transformer(const ModelConfig& c) const override {
+    const TransformerConfig t = parse_transformer_config(c.family_transformer, "configuration");
+    return std::to_string(t.n_refiner_layers) + " noise-refiner + " +
+           std::to_string(t.n_refiner_layers) + " context-refiner + " + std::to_string(t.n_layers) +
+           " main layers, width " + std::to_string(t.dim);
+  }
+
+  void check_pairing(const ModelConfig& c, const Files& f) const override {
+    const TransformerConfig t = parse_transformer_config(c.family_transformer, f.transformer);
+    check(t.cap_feat_dim == c.text_encoder.context_dim(), "the transformer (", f.transformer,
+          ") reads text features ", t.cap_feat_dim, " wide, but the text encoder (", f.text_encoder,
+          ") has hidden size ", c.text_encoder.hidden, ". Z-Image pairs with Qwen3-4B (2560).");
+    check(!c.vae.latent_batch_norm && t.in_channels == c.vae.latent_channels, "the transformer (",
+          f.transformer, ") works on latents of ", t.in_channels, " channels, but the VAE (", f.vae,
+          ") has ", c.vae.latent_channels,
+          c.vae.latent_batch_norm ? " and latent BatchNorm statistics (FLUX.2's VAE?)" : "",
+          "; Z-Image uses the FLUX.1 VAE (16 channels)");
+  }
+
+ private:
+  static TransformerConfig infer(const ShapeMap& t, const std::string& where) {
+    TransformerConfig c;
+    const Shape& pad = shape_of(t, "transformer.x_pad_token", where);
+    const Shape& cap = shape_of(t, "transformer.cap_embedder.1.weight", where);
+    check(pad.size() == 2 && cap.size() == 2, where, ": x_pad_token and cap_embedder.1.weight "
+          "must be 2-D");
+    c.dim = pad[1];
+    c.cap_feat_dim = cap[1];
+    c.n_layers = count_indexed(t, "transformer.layers.");
+    c.n_refiner_layers = count_indexed(t, "transformer.noise_refiner.");
+    const Shape& q = shape_of(t, "transformer.layers.0.attention.norm_q.weight", where);
+    check(q.size() == 1 && q[0] > 0 && c.dim % q[0] == 0, where, ": width ", c.dim,
+          " is not a multiple of the head width ", q.empty() ? 0 : q[0]);
+    c.n_heads = c.dim / q[0];
+    const std::string key = std::to_string(c.patch) + "-" + std::to_string(c.frame_patch);
+    const Shape& x = shape_of(t, "transformer.all_x_embedder." + key + ".weight", where);
+    check(x.size() == 2 && x[1] % (c.patch * c.patch * c.frame_patch) == 0, where,
+          ": all_x_embedder has ", shape_str(x));
+    c.in_channels = x[1] / (c.patch * c.patch * c.frame_patch);
+    return c;
+  }
+};
+
+}  // namespace
+
+const ModelFamily& checkpoint_family() {
+  static const ZImage family;
+  return family;
+}
+
+}  // namespace klein::zimage

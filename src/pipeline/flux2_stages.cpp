@@ -1,0 +1,463 @@
+// The FLUX.2-klein stages (pipeline.h describes them; stages.h how a family provides them).
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "core/npy.h"
+#include "formats/image/preprocess.h"
+#include "formats/image/resize.h"
+#include "models/flux2/positions.h"
+#include "models/flux2/sampler.h"
+#include "models/flux2/schedule.h"
+#include "models/qwen3/prompt_cache.h"
+#include "models/qwen3/text_encoder.h"
+#include "models/vae/vae.h"
+#include "pipeline/dump.h"
+#include "pipeline/noise.h"
+#include "pipeline/preview.h"
+#include "pipeline/stages.h"
+#include "tokenizer/klein_prompt.h"
+
+namespace klein {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Output size when neither a size nor a reference is given (the pipeline's
+// default_sample_size 128 × VAE scale 8).
+constexpr int64_t kDefaultSide = 1024;
+constexpr double kDefaultStrength = 0.8;  // Flux2KleinImg2ImgPipeline's default
+constexpr int64_t kPixelsPerToken = 16;
+
+// The initial packed noise [N, 128]: from the file if given (checked against the size),
+// else drawn from the seed.
+Tensor initial_noise(const GenerateOptions& o, uint64_t seed, flux2::LatentGrid grid,
+                     int64_t channels) {
+  const Shape expected = {1, channels, grid.rows, grid.cols};
+  Tensor chw({channels, grid.rows, grid.cols});
+  if (!o.noise_file.empty()) {
+    NpyArray a = read_npy(o.noise_file);
+    check(a.dtype == DType::F32 && a.shape == expected, "--noise ", o.noise_file.string(),
+          ": expected float32 ", shape_str(expected), " for this size, got ", dtype_name(a.dtype),
+          " ", shape_str(a.shape));
+    std::memcpy(chw.data(), a.bytes.data(), a.bytes.size());
+    for (int64_t i = 0; i < chw.numel(); ++i)
+      check(std::isfinite(chw.data()[i]), "--noise ", o.noise_file.string(), ": value ", i,
+            " is ", chw.data()[i], "; the initial noise must be finite");
+  } else {
+    auto values = gaussian_noise(seed, chw.numel());
+    std::memcpy(chw.data(), values.data(), values.size() * sizeof(float));
+  }
+  return flux2::pack_latents(chw);
+}
+
+class Flux2Stages final : public FamilyStages {
+ public:
+  void start(Session& session, Generation& g, Progress& progress) const override;
+  void encode_prompt(Session& session, Generation& g, Progress& progress,
+                     const TextLayerHook& on_layer) const override;
+  void prepare_latents(Session& session, Generation& g, Progress& progress) const override;
+  void denoise(Session& session, Generation& g, Progress& progress,
+               const StepHook& on_step) const override;
+  void decode(Session& session, Generation& g, Progress& progress) const override;
+};
+
+}  // namespace
+
+// Sizes, steps, guidance, seed and precision as the official pipeline picks them, the
+// references loaded and checked, and the memory plan: all before any network runs.
+void Flux2Stages::start(Session& session, Generation& g, Progress& progress) const {
+  const GenerateOptions& o = g.options;
+  const ModelConfig& config = session.weights().config();
+  GenerateResult& r = g.result;
+  check(!o.cfg_normalization && !o.cfg_truncation, "--cfg-normalization and --cfg-truncation "
+        "are Z-Image's guidance options; FLUX.2-klein's classifier-free guidance has neither");
+
+  // LoRAs: every file read and checked against this transformer before any other work.
+  if (!o.loras.empty())
+    session.timed(g, progress, "load LoRA", 0, [&](Phase&) {
+      g.adapters = std::make_shared<const Adapters>(Adapters::load(o.loras, config.transformer));
+    });
+  if (!o.references.empty())
+    session.timed(g, progress, "load references", 0, [&](Phase&) {
+      for (const auto& path : o.references) g.reference_pixels.push_back(load_reference(path));
+    });
+  // Image-to-image: the init image, scaled down to a megapixel when larger; its size floored
+  // to multiples of 16 is the output's unless the caller gives one.
+  check(!o.strength || !o.init_image.empty(),
+        "--strength needs --init-image (the picture whose content it keeps)");
+  Image init;
+  std::optional<ImageSize> init_size;
+  check(o.mask.empty() || !o.init_image.empty(),
+        "--mask needs --init-image (the picture the mask applies to)");
+  g.inpaint = !o.mask.empty();
+  if (!o.init_image.empty()) {
+    check(g.inpaint || o.references.empty(), "--init-image and --reference exclude each other "
+          "without --mask: image-to-image passes no reference images to the transformer");
+    const double s = o.strength.value_or(kDefaultStrength);
+    check(std::isfinite(s) && s > 0 && s <= 1, "strength: expected a number in (0, 1], got ", s);
+    r.strength = s;
+    session.timed(g, progress, "load init image", 0, [&](Phase&) {
+      init = load_image(o.init_image);
+      // The image-to-image pipeline checks the init image like a reference; inpainting not.
+      if (!g.inpaint) check_reference_size(o.init_image.string(), init.width, init.height);
+      const ImageSize t = reference_resize_target(init.width, init.height);
+      if (t.width != init.width || t.height != init.height)
+        init = resize_lanczos(init, t.width, t.height);
+    });
+    init_size = init_image_size(init);
+    check(init_size->width >= kPixelsPerToken && init_size->height >= kPixelsPerToken,
+          o.init_image.string(), ": ", init.width, "x", init.height,
+          " is too small for an init image (at least 16x16 pixels)");
+  }
+  if (g.inpaint)  // the inpainting pipeline always takes the init image's size
+    check((o.width <= 0 || o.width == init_size->width) &&
+              (o.height <= 0 || o.height == init_size->height),
+          "inpainting keeps the init image's size, ", init_size->width, "x", init_size->height,
+          "; -W/-H ask for ", o.width, "x", o.height);
+  int64_t width = o.width, height = o.height;
+  const Tensor* first = g.reference_pixels.empty() ? nullptr : &g.reference_pixels[0];
+  if (width <= 0) width = init_size ? init_size->width : first ? first->dim(2) : kDefaultSide;
+  if (height <= 0) height = init_size ? init_size->height : first ? first->dim(1) : kDefaultSide;
+  check(width >= kPixelsPerToken && height >= kPixelsPerToken, "image size ", width, "x", height,
+        " is too small (at least 16x16)");
+  check(width <= 8192 && height <= 8192, "image size ", width, "x", height,
+        " is too large (at most 8192 on a side)");
+  if (width % kPixelsPerToken || height % kPixelsPerToken) {
+    const int64_t w16 = floor_to_multiple(width, kPixelsPerToken);
+    const int64_t h16 = floor_to_multiple(height, kPixelsPerToken);
+    session.warn(g, progress, "width and height must be multiples of 16: producing " +
+                          std::to_string(w16) + "x" + std::to_string(h16) + " instead of " +
+                          std::to_string(width) + "x" + std::to_string(height));
+    width = w16;
+    height = h16;
+  }
+  r.width = width;
+  r.height = height;
+  g.grid = {height / kPixelsPerToken, width / kPixelsPerToken};
+  if (init_size && g.inpaint) {
+    // Scaled to the size (the processor's "default" mode; unchanged when it already fits).
+    if (init.width != width || init.height != height)
+      init = resize_lanczos(init, int(width), int(height));
+    g.init_pixels = image_to_tensor(init);
+    Image mask_image;
+    session.timed(g, progress, "load mask", 0, [&](Phase&) { mask_image = load_image(o.mask); });
+    g.mask_latents = resample_bilinear(binary_mask(mask_image, int(width), int(height)),
+                                       int(height), int(width), int(g.grid.rows),
+                                       int(g.grid.cols));
+  } else if (init_size) {
+    g.init_pixels = image_to_tensor(crop_centered(init, int(width), int(height)));
+  }
+  check(o.steps >= 0 && o.steps <= kMaxSteps, "steps: expected 1 to ", kMaxSteps, ", got ",
+        o.steps);
+  r.steps = o.steps > 0 ? o.steps : flux2::default_steps(config);
+  if (r.strength) {
+    // How many of the last steps run, as each official pipeline counts them (in double
+    // precision, like Python): image-to-image int(steps · s); inpainting
+    // steps - int(steps - min(steps · s, steps)), which rounds the other way.
+    const double scaled = double(r.steps) * *r.strength;
+    const int64_t run =
+        g.inpaint ? r.steps - int64_t(std::max(double(r.steps) - std::min(scaled, double(r.steps)), 0.0))
+                  : std::min(int64_t(scaled), r.steps);
+    check(run >= 1, "strength ", *r.strength, " with ", r.steps,
+          " steps runs no step (int(steps x strength) = 0): raise --strength or --steps");
+    g.first_step = r.steps - run;
+  }
+  r.guidance = o.guidance.value_or(config.is_distilled ? 1.0f : 4.0f);
+  check(std::isfinite(r.guidance), "guidance: expected a finite number, got ", r.guidance);
+  // The noise file replaces the seed: a seed would describe noise that was not used.
+  check(o.noise_file.empty() || !o.seed, "--noise and --seed exclude each other: the noise file "
+        "is the initial noise");
+  if (o.noise_file.empty()) r.seed = o.seed ? *o.seed : random_seed();
+  g.guided = flux2::uses_guidance(config, r.guidance);
+  r.guided = g.guided;
+  if (config.is_distilled && ((o.guidance && *o.guidance != 1.0f) || !o.negative_prompt.empty()))
+    session.warn(g, progress, "this model is distilled (no classifier-free guidance): the guidance and "
+                      "the negative prompt have no effect and are not recorded in the image");
+  r.fast = runs_fast(o.precision, session.weights());
+
+  // Memory: how much this generation needs, resident or paged, against the budget.
+  if (o.plan_memory) {
+    MemoryPlanInputs need;
+    need.width = width;
+    need.height = height;
+    for (const auto& ref : g.reference_pixels) need.references.emplace_back(ref.dim(2), ref.dim(1));
+    if (init_size) need.references.emplace_back(width, height);  // encoded like a reference
+    need.steps = r.steps;
+    need.guided = g.guided;
+    need.adapter_bytes = g.adapters ? g.adapters->bytes() : 0;
+    need.vae_memory = o.vae_memory;
+    r.memory = plan_memory(estimate_memory(session.weights(), need), o.max_memory,
+                           available_memory_bytes(), o.residency);
+    session.weights().set_residency(r.memory->residency);
+    session.weights().set_read_ahead(r.memory->read_ahead);
+    progress.memory_plan(*r.memory);
+  }
+  // A banded encode's or decode's scratch files: a bad TMPDIR is found now, not after the
+  // denoising.
+  if (!o.plan_only) {
+    std::vector<std::pair<int64_t, int64_t>> encodes;  // (height, width)
+    for (const auto& ref : g.reference_pixels) encodes.emplace_back(ref.dim(1), ref.dim(2));
+    if (init_size) encodes.emplace_back(height, width);
+    vae::check_scratch(config.vae, encodes, height, width, o.vae_memory);
+  }
+}
+
+// Text: prompt (and the negative prompt for CFG) → contexts. The encoder's weights are
+// acquired layer by layer and released before denoising starts. The text encoder always
+// runs in float32: its 27 layers amplify rounding (8e-2 of the context on the tiny model in
+// bf16, against 1e-5).
+void Flux2Stages::encode_prompt(Session& session, Generation& g, Progress& progress,
+                                const TextLayerHook& on_layer) const {
+  const GenerateOptions& o = g.options;
+  session.timed(g, progress, "text encoder", 0, [&](Phase& phase) {
+    const Compute::Use exact(session.compute(), Arithmetic::exact());
+    // A step per layer; with a negative prompt the layers run twice.
+    const int passes = g.guided ? 2 : 1;
+    int pass = 0;
+    const Compute::Reporting layers(session.compute(), [&](int64_t done, int64_t total) {
+      phase.step(int(pass * total + done), int(passes * total));
+    });
+    qwen3::TextEncoder encoder(session.weights(), session.compute());
+    std::optional<qwen3::PromptCache> cache;
+    if (o.prompt_cache_dir) cache.emplace(*o.prompt_cache_dir);
+    auto encode = [&](const std::string& text, bool& from_cache,
+                      const TextLayerHook& observe) {
+      KleinPromptTokens tokens = tokenize_klein_prompt(session.tokenizer(), text);
+      if (!tokens.warning.empty()) session.warn(g, progress, tokens.warning);
+      if (observe) {
+        from_cache = false;
+        return encoder.encode(tokens.ids, tokens.mask, observe);
+      }
+      auto c = qwen3::encode_with_cache(encoder, cache ? &*cache : nullptr, tokens.ids, tokens.mask);
+      if (!c.store_error.empty()) session.warn(g, progress, "prompt cache: " + c.store_error);
+      from_cache = c.from_cache;
+      return std::move(c.context);
+    };
+    g.context = encode(o.prompt, g.result.context_from_cache, on_layer);
+    bool unused;
+    pass = 1;
+    if (g.guided) g.negative = encode(o.negative_prompt, unused, {});
+  });
+  session.weights().release("text_encoder.");
+  const Dumper dump(o.dump_dir);
+  dump.f32("prompt_embeds", g.context, {1, g.context.dim(0), g.context.dim(1)});
+}
+
+// The initial latents (seeded noise or --noise) and the references' clean latent tokens,
+// fixed for the whole loop.
+void Flux2Stages::prepare_latents(Session& session, Generation& g, Progress& progress) const {
+  const GenerateOptions& o = g.options;
+  const Dumper dump(o.dump_dir);
+  g.noise = initial_noise(o, g.result.seed.value_or(0), g.grid,
+                         session.weights().config().transformer.in_channels);
+  dump.f32("noise", flux2::unpack_latents(g.noise, g.grid),
+           {1, g.noise.dim(1), g.grid.rows, g.grid.cols});
+  if (g.init_pixels.numel() > 0) {
+    // Image-to-image: the init image's latents, noised to the σ where the kept steps start.
+    Tensor image;
+    session.timed(g, progress, "vae encode", 0, [&](Phase& phase) {
+      const Compute::Use arithmetic(session.compute(), arithmetic_for(g.result.fast));
+      const Compute::Reporting blocks(session.compute(), [&](int64_t done, int64_t total) {
+        phase.step(int(done), int(total));
+      });
+      vae::Vae vae(session.weights(), session.compute(), g.options.vae_memory);
+      image = vae.encode(g.init_pixels);
+    });
+    session.weights().release("vae.encoder");
+    g.init_pixels = Tensor();
+    check(image.shape() == g.noise.shape(), "internal: init image latents ",
+          shape_str(image.shape()), " against noise ", shape_str(g.noise.shape()));
+    if (g.inpaint)  // the two pipelines record these latents in different layouts
+      dump.f32("image_latents", image, {1, image.dim(0), image.dim(1)});
+    else
+      dump.f32("image_latents", flux2::unpack_latents(image, g.grid),
+               {1, image.dim(1), g.grid.rows, g.grid.cols});
+    if (g.inpaint) {
+      g.init_noise = Tensor(g.noise.shape());
+      std::memcpy(g.init_noise.data(), g.noise.data(), size_t(g.noise.numel()) * sizeof(float));
+      dump.f32("mask_latents", g.mask_latents.data(), {1, int64_t(g.mask_latents.size()), 1});
+    }
+    const flux2::Schedule schedule =
+        flux2::make_schedule(session.weights().config().scheduler, g.grid.tokens(), g.result.steps);
+    const float sigma = schedule.sigmas[size_t(g.first_step)];
+    float* x = g.noise.data();
+    const float* x0 = image.data();
+    for (int64_t i = 0; i < g.noise.numel(); ++i) x[i] = sigma * x[i] + (1.0f - sigma) * x0[i];
+    dump.f32("initial_latents", g.noise, {1, g.noise.dim(0), g.noise.dim(1)});
+    if (g.inpaint) g.init_latents = std::move(image);
+  }
+
+  g.layout = flux2::TokenLayout{};
+  g.layout.text_tokens = g.context.dim(0);
+  g.layout.target = g.grid;
+  if (g.inpaint) {  // the init image is the first condition, before any reference
+    Tensor condition(g.init_latents.shape());
+    std::memcpy(condition.data(), g.init_latents.data(),
+                size_t(condition.numel()) * sizeof(float));
+    g.reference_tokens.push_back(std::move(condition));
+    g.layout.references.push_back(g.grid);
+  }
+  if (!g.reference_pixels.empty()) {
+    const int n = int(g.reference_pixels.size());
+    session.timed(g, progress, "vae encode", 0, [&](Phase& phase) {
+      const Compute::Use arithmetic(session.compute(), arithmetic_for(g.result.fast));
+      vae::Vae vae(session.weights(), session.compute(), g.options.vae_memory);
+      // A step per encoder block of every reference.
+      int i = 0;
+      const Compute::Reporting blocks(session.compute(), [&](int64_t done, int64_t total) {
+        phase.step(int(i * total + done), int(n * total));
+      });
+      for (; i < n; ++i) {
+        const Tensor& pixels = g.reference_pixels[size_t(i)];
+        g.reference_tokens.push_back(vae.encode(pixels));
+        g.layout.references.push_back(
+            {pixels.dim(1) / kPixelsPerToken, pixels.dim(2) / kPixelsPerToken});
+      }
+    });
+    session.weights().release("vae.encoder");
+    g.reference_pixels.clear();
+  }
+  if (dump.on()) {
+    dump.ids("txt_ids", flux2::text_position_ids(g.layout.text_tokens));
+    if (session.weights().config().reference_cache && !g.layout.references.empty()) {
+      // The K/V pipeline: references first at step 0 (as its reference pass sees them), the
+      // target alone at every step.
+      flux2::TokenLayout target = g.layout, references = g.layout;
+      target.references.clear();
+      references.target = {};
+      std::vector<flux2::PositionId> step0 = flux2::image_position_ids(references);
+      const std::vector<flux2::PositionId> image = flux2::image_position_ids(target);
+      step0.insert(step0.end(), image.begin(), image.end());
+      dump.ids("step0_img_ids", step0);
+      dump.ids("img_ids", image);
+    } else {
+      dump.ids("img_ids", flux2::image_position_ids(g.layout));
+    }
+    if (!g.reference_tokens.empty()) {
+      Tensor all({g.layout.reference_tokens(), g.noise.dim(1)});
+      float* p = all.data();
+      for (const auto& t : g.reference_tokens) {
+        std::memcpy(p, t.data(), size_t(t.numel()) * sizeof(float));
+        p += t.numel();
+      }
+      dump.f32(g.inpaint ? "condition_tokens" : "ref_tokens", all, {1, all.dim(0), all.dim(1)});
+    }
+  }
+}
+
+// The sampler loop, with the transformer (attention and float-weight projections) in the
+// generation's arithmetic.
+void Flux2Stages::denoise(Session& session, Generation& g, Progress& progress,
+                          const StepHook& on_step) const {
+  GenerateResult& r = g.result;
+  const Dumper dump(g.options.dump_dir);
+  session.timed(g, progress, "denoise", int(r.steps - g.first_step), [&](Phase& phase) {
+    flux2::SamplerInputs in;
+    in.context = &g.context;
+    in.negative_context = g.guided ? &g.negative : nullptr;
+    in.noise = &g.noise;
+    in.target = g.grid;
+    for (size_t i = 0; i < g.reference_tokens.size(); ++i)
+      in.references.push_back({&g.reference_tokens[i], g.layout.references[i]});
+    in.schedule = flux2::make_schedule(session.weights().config().scheduler, g.grid.tokens(), r.steps);
+    if (g.inpaint) {
+      // Inpainting: the schedule from where the kept steps start; after each Euler update
+      // the unmasked part goes back to the init image, noised to the next step's σ (clean
+      // after the last step).
+      auto& timesteps = in.schedule.timesteps;
+      auto& sigmas = in.schedule.sigmas;
+      timesteps.erase(timesteps.begin(), timesteps.begin() + g.first_step);
+      sigmas.erase(sigmas.begin(), sigmas.begin() + g.first_step);
+      const int64_t run = int64_t(timesteps.size());
+      in.after_update = [&g, &sigmas, run](int64_t step, Tensor& latents) {
+        const int64_t channels = latents.dim(1);
+        const bool last = step == run - 1;
+        const float sigma = last ? 0.0f : sigmas[size_t(step + 1)];
+        const float* x0 = g.init_latents.data();
+        const float* noise = g.init_noise.data();
+        float* x = latents.data();
+        for (int64_t t = 0; t < latents.dim(0); ++t) {
+          const float m = g.mask_latents[size_t(t)];
+          for (int64_t c = 0; c < channels; ++c) {
+            const int64_t i = t * channels + c;
+            const float proper = last ? x0[i] : sigma * noise[i] + (1.0f - sigma) * x0[i];
+            x[i] = (1.0f - m) * proper + m * x[i];
+          }
+        }
+      };
+    } else if (g.first_step > 0) {
+      // Image-to-image: the transformer sees the last timesteps, but the official pipeline
+      // resets the scheduler's step index to 0 before its loop, so each Euler update takes
+      // σ from the start of the schedule (steps 0..run), not from where the timesteps are.
+      // Followed as it is: that is the image Flux2KleinImg2ImgPipeline makes.
+      auto& timesteps = in.schedule.timesteps;
+      timesteps.erase(timesteps.begin(), timesteps.begin() + g.first_step);
+      in.schedule.sigmas.resize(timesteps.size() + 1);
+    }
+    for (const auto& w : in.schedule.warnings) session.warn(g, progress, w);
+    in.guidance = r.guidance;
+    in.adapters = g.adapters.get();
+    in.on_step = [&](const flux2::StepInfo& s) {
+      if (dump.on()) {
+        const std::string p = "step" + std::to_string(s.step) + "_";
+        const Shape tokens = {1, s.latents_in.dim(0), s.latents_in.dim(1)};
+        dump.f32(p + "timestep", &s.timestep, {1});
+        dump.f32(p + "latents_in", s.latents_in, tokens);
+        dump.f32(p + "velocity", s.velocity, tokens);
+        dump.f32(p + "latents_out", s.latents_out, tokens);
+      }
+      phase.step(int(s.step + 1), int(s.steps));
+      if (on_step)
+        on_step(StepView{s.step, s.steps, s.latents_out, s.latents_in, s.timestep, g.grid,
+                         s.velocity, s.sigma,
+                         [&] { return step_preview(s.latents_in, s.velocity, s.sigma, g.grid); }});
+    };
+    const Compute::Use arithmetic(session.compute(), arithmetic_for(r.fast));
+    flux2::SamplerResult out = flux2::sample(session.weights(), in, session.compute());
+    for (const auto& w : out.warnings) session.warn(g, progress, w);
+    g.latents = std::move(out.latents);
+    r.denoise_setup_seconds = out.setup_seconds;
+    r.step_seconds = out.step_seconds;
+  });
+  session.weights().release("transformer.");
+  dump.f32("final_latents", g.latents, {1, g.latents.dim(0), g.latents.dim(1)});
+  g.context = Tensor();
+  g.negative = Tensor();
+  g.noise = Tensor();
+  g.reference_tokens.clear();
+  g.init_latents = Tensor();
+  g.init_noise = Tensor();
+}
+
+// Latents → pixels.
+void Flux2Stages::decode(Session& session, Generation& g, Progress& progress) const {
+  const Dumper dump(g.options.dump_dir);
+  Tensor decoded;
+  session.timed(g, progress, "vae decode", 0, [&](Phase& phase) {
+    const Compute::Use arithmetic(session.compute(), arithmetic_for(g.result.fast));
+    const Compute::Reporting blocks(session.compute(), [&](int64_t done, int64_t total) {
+      phase.step(int(done), int(total));
+    });
+    vae::Vae vae(session.weights(), session.compute(), g.options.vae_memory);
+    Tensor z = vae.tokens_to_latent(g.latents, g.grid.rows, g.grid.cols);
+    dump.f32("vae_input", z, {1, z.dim(0), z.dim(1), z.dim(2)});
+    decoded = vae.decode_latent(z);
+  });
+  session.weights().release("vae.");
+  g.latents = Tensor();
+  g.result.weights = session.weights().residency_stats();
+  dump.image(decoded);
+  g.result.image = tensor_to_image(decoded);
+  g.decoded = std::move(decoded);
+  check_model_files_unchanged(g);
+}
+
+const FamilyStages& flux2_stages() {
+  static const Flux2Stages stages;
+  return stages;
+}
+
+}  // namespace klein

@@ -1,0 +1,302 @@
+// The Z-Image stages (diffusers ZImagePipeline), text to image:
+//
+//   prompt → chat template (no think block) → tokens (≤ 512) → Qwen3 layers 1..N-1 → the
+//   valid tokens' features [T, hidden]; the negative prompt too when guidance > 0
+//   seed or --noise → latents [16, H/8, W/8]
+//   for each σ: model time (1000 − σ·1000)/1000 → transformer (positive, and negative where
+//   CFG applies) → guided velocity → Euler step
+//   latents / scaling_factor + shift_factor → the FLUX.1 VAE decoder → pixels
+//
+// The maths is in models/zimage; this file runs it through the Session's phases (timed, with
+// progress, cancellation and --dump) and refuses what ZImagePipeline does not do.
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "core/error.h"
+#include "core/npy.h"
+#include "models/qwen3/prompt_cache.h"
+#include "models/qwen3/text_encoder.h"
+#include "formats/image/preprocess.h"
+#include "models/vae/vae.h"
+#include "models/zimage/checkpoint/config.h"
+#include "models/zimage/latents.h"
+#include "models/zimage/prompt.h"
+#include "models/zimage/sampler.h"
+#include "models/zimage/transformer.h"
+#include "pipeline/dump.h"
+#include "pipeline/noise.h"
+#include "pipeline/preview.h"
+#include "pipeline/stages.h"
+
+namespace klein {
+
+namespace {
+
+constexpr int64_t kDefaultSide = 1024;  // the pipeline's default size
+constexpr int64_t kPixelsPerToken = 16;  // VAE 8 x patch 2: sizes are multiples of 16
+constexpr int64_t kPixelsPerLatent = 8;
+// Z-Image-Turbo as the pipeline's own example runs it: 8 steps (8 transformer calls; the
+// model card's "9 steps" counts the final σ = 0), no guidance.
+constexpr int64_t kDefaultSteps = 8;
+constexpr float kDefaultGuidance = 0.0f;
+
+struct State final : Generation::FamilyState {
+  zimage::TransformerConfig transformer;
+  zimage::Guidance guidance;
+  zimage::Schedule schedule;
+};
+
+State& state_of(Generation& g) { return static_cast<State&>(*g.family); }
+
+zimage::TransformerConfig transformer_config(const WeightStore& weights) {
+  return zimage::parse_transformer_config(weights.config().family_transformer,
+                                          weights.config().name + " (transformer configuration)");
+}
+
+// Refuses an option ZImagePipeline has no counterpart for, naming it.
+void refuse(bool given, const char* option, const char* why) {
+  check(!given, option, ": not available with Z-Image (", why, ")");
+}
+
+class ZImageStages final : public FamilyStages {
+ public:
+  void start(Session& session, Generation& g, Progress& progress) const override {
+    const GenerateOptions& o = g.options;
+    WeightStore& weights = session.weights();
+    GenerateResult& r = g.result;
+    refuse(!o.references.empty(), "--reference", "ZImagePipeline takes no reference images");
+    refuse(!o.init_image.empty() || o.strength, "--init-image/--strength",
+           "ZImagePipeline is text-to-image");
+    refuse(!o.mask.empty(), "--mask", "ZImagePipeline is text-to-image");
+    refuse(!o.loras.empty(), "--lora", "LoRA adapters are read for FLUX.2-klein transformers only");
+    refuse(o.plan_only || o.max_memory || o.residency, "--dry-run/--max-memory/--residency",
+           "the memory plan covers FLUX.2-klein only so far; Z-Image runs paged");
+
+    auto state = std::make_shared<State>();
+    state->transformer = transformer_config(weights);
+
+    int64_t width = o.width > 0 ? o.width : kDefaultSide;
+    int64_t height = o.height > 0 ? o.height : kDefaultSide;
+    check(width >= kPixelsPerToken && height >= kPixelsPerToken, "image size ", width, "x",
+          height, " is too small (at least 16x16)");
+    check(width <= 8192 && height <= 8192, "image size ", width, "x", height,
+          " is too large (at most 8192 on a side)");
+    if (width % kPixelsPerToken || height % kPixelsPerToken) {
+      const int64_t w16 = floor_to_multiple(width, kPixelsPerToken);
+      const int64_t h16 = floor_to_multiple(height, kPixelsPerToken);
+      session.warn(g, progress, "width and height must be multiples of 16: producing " +
+                                    std::to_string(w16) + "x" + std::to_string(h16) +
+                                    " instead of " + std::to_string(width) + "x" +
+                                    std::to_string(height));
+      width = w16;
+      height = h16;
+    }
+    r.width = width;
+    r.height = height;
+    g.grid = {height / kPixelsPerToken, width / kPixelsPerToken};
+    // The RoPE positions of the image must stay within the model's axes_lens.
+    const auto& lens = state->transformer.axes_lens;
+    check(g.grid.rows < lens[1] && g.grid.cols < lens[2], "image size ", width, "x", height,
+          " is too large for this model (", lens[1] * kPixelsPerToken, "x",
+          lens[2] * kPixelsPerToken, " at most: axes_lens)");
+
+    check(o.steps >= 0 && o.steps <= kMaxSteps, "steps: expected 1 to ", kMaxSteps, ", got ",
+          o.steps);
+    r.steps = o.steps > 0 ? o.steps : kDefaultSteps;
+    state->schedule = zimage::make_schedule(weights.config().scheduler, r.steps);
+
+    zimage::Guidance& guidance = state->guidance;
+    guidance.scale = o.guidance.value_or(kDefaultGuidance);
+    check(std::isfinite(guidance.scale) && guidance.scale >= 0, "guidance: expected a number of "
+          "0 or more (Z-Image: 0 runs without classifier-free guidance), got ", guidance.scale);
+    guidance.normalization = o.cfg_normalization.value_or(0.0f);
+    check(std::isfinite(guidance.normalization) && guidance.normalization >= 0,
+          "--cfg-normalization: expected a number of 0 (off) or more, got ",
+          guidance.normalization);
+    guidance.truncation = o.cfg_truncation.value_or(1.0f);
+    check(std::isfinite(guidance.truncation), "--cfg-truncation: expected a number, got ",
+          guidance.truncation);
+    r.guidance = guidance.scale;
+    g.guided = r.guided = guidance.scale > 0;
+    if (!g.guided && (!o.negative_prompt.empty() || o.cfg_normalization || o.cfg_truncation))
+      session.warn(g, progress, "guidance is 0 (no classifier-free guidance): the negative "
+                                "prompt and the CFG options have no effect");
+
+    check(o.noise_file.empty() || !o.seed, "--noise and --seed exclude each other: the noise "
+          "file is the initial noise");
+    if (o.noise_file.empty()) r.seed = o.seed ? *o.seed : random_seed();
+    r.fast = runs_fast(o.precision, weights);
+    if (o.plan_memory) {
+      weights.set_residency(Residency::Paged);
+      weights.set_read_ahead(true);
+    }
+    if (!o.plan_only) vae::check_scratch(weights.config().vae, {}, height, width, o.vae_memory);
+    g.family = std::move(state);
+  }
+
+  // The prompt's features: the last layer but one, valid tokens only. Float32 always, as
+  // for FLUX.2-klein.
+  void encode_prompt(Session& session, Generation& g, Progress& progress,
+                     const TextLayerHook& on_layer) const override {
+    const GenerateOptions& o = g.options;
+    session.timed(g, progress, "text encoder", 0, [&](Phase& phase) {
+      Compute& cx = session.compute();
+      const Compute::Use exact(cx, Arithmetic::exact());
+      const int passes = g.guided ? 2 : 1;
+      int pass = 0;
+      const Compute::Reporting layers(cx, [&](int64_t done, int64_t total) {
+        phase.step(int(pass * total + done), int(passes * total));
+      });
+      qwen3::TextEncoder encoder(session.weights(), cx);
+      std::optional<qwen3::PromptCache> cache;
+      if (o.prompt_cache_dir) cache.emplace(*o.prompt_cache_dir);
+      auto encode = [&](const std::string& text, bool& from_cache, const TextLayerHook& observe) {
+        const KleinPromptTokens tokens = zimage::tokenize_prompt(session.tokenizer(), text);
+        if (!tokens.warning.empty()) session.warn(g, progress, tokens.warning);
+        const std::vector<int32_t> ids(tokens.ids.begin(), tokens.ids.begin() + tokens.real_tokens);
+        const std::vector<int32_t> mask(ids.size(), 1);
+        if (observe) {
+          from_cache = false;
+          return encoder.encode(ids, mask, observe);
+        }
+        auto c = qwen3::encode_with_cache(encoder, cache ? &*cache : nullptr, ids, mask);
+        if (!c.store_error.empty()) session.warn(g, progress, "prompt cache: " + c.store_error);
+        from_cache = c.from_cache;
+        return std::move(c.context);
+      };
+      g.context = encode(o.prompt, g.result.context_from_cache, on_layer);
+      pass = 1;
+      bool unused;
+      if (g.guided) g.negative = encode(o.negative_prompt, unused, {});
+    });
+    session.weights().release("text_encoder.");
+    const Dumper dump(o.dump_dir);
+    dump.f32("prompt_embeds", g.context, {g.context.dim(0), g.context.dim(1)});
+    if (g.guided)
+      dump.f32("negative_prompt_embeds", g.negative, {g.negative.dim(0), g.negative.dim(1)});
+  }
+
+  // The initial latents [16, H/8, W/8]: --noise ([1, 16, H/8, W/8] float32), else drawn from
+  // the seed.
+  void prepare_latents(Session&, Generation& g, Progress&) const override {
+    const GenerateOptions& o = g.options;
+    const int64_t C = state_of(g).transformer.in_channels;
+    const int64_t h = g.result.height / kPixelsPerLatent, w = g.result.width / kPixelsPerLatent;
+    g.noise = Tensor({C, h, w});
+    if (!o.noise_file.empty()) {
+      const Shape expected = {1, C, h, w};
+      const NpyArray a = read_npy(o.noise_file);
+      check(a.dtype == DType::F32 && a.shape == expected, "--noise ", o.noise_file.string(),
+            ": expected float32 ", shape_str(expected), " for this size, got ",
+            dtype_name(a.dtype), " ", shape_str(a.shape));
+      std::memcpy(g.noise.data(), a.bytes.data(), a.bytes.size());
+      for (int64_t i = 0; i < g.noise.numel(); ++i)
+        check(std::isfinite(g.noise.data()[i]), "--noise ", o.noise_file.string(), ": value ", i,
+              " is ", g.noise.data()[i], "; the initial noise must be finite");
+    } else {
+      const std::vector<float> values = gaussian_noise(*g.result.seed, g.noise.numel());
+      std::memcpy(g.noise.data(), values.data(), values.size() * sizeof(float));
+    }
+    Dumper(o.dump_dir).f32("noise", g.noise, {1, C, h, w});
+  }
+
+  void denoise(Session& session, Generation& g, Progress& progress,
+               const StepHook& on_step) const override {
+    State& st = state_of(g);
+    GenerateResult& r = g.result;
+    const Dumper dump(g.options.dump_dir);
+    session.timed(g, progress, "denoise", int(r.steps), [&](Phase& phase) {
+      Compute& cx = session.compute();
+      const Compute::Use arithmetic(cx, arithmetic_for(r.fast));
+      const auto setup_start = std::chrono::steady_clock::now();
+      zimage::Transformer model(session.weights(), st.transformer);
+      Tensor x = std::move(g.noise);
+      const int64_t H = x.dim(1), W = x.dim(2);
+      zimage::Activations positive(st.transformer,
+                                   {H, W, g.context.dim(0), st.transformer.patch});
+      model.embed_caption(g.context, positive, cx);
+      std::unique_ptr<zimage::Activations> negative;
+      if (g.guided) {
+        negative = std::make_unique<zimage::Activations>(
+            st.transformer, zimage::SequenceLayout{H, W, g.negative.dim(0), st.transformer.patch});
+        model.embed_caption(g.negative, *negative, cx);
+      }
+      r.denoise_setup_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
+      const zimage::Schedule& s = st.schedule;
+      Tensor v(x.shape()), x_in(x.shape());
+      for (int64_t i = 0; i < s.steps(); ++i) {
+        cx.stop_if_cancelled();
+        const auto step_start = std::chrono::steady_clock::now();
+        std::memcpy(x_in.data(), x.data(), size_t(x.numel()) * sizeof(float));
+        const Tensor adaln = model.embed_timestep(s.model_time(i), cx);
+        const Tensor pos = model.forward(x, adaln, positive, cx);
+        const bool guided = g.guided && zimage::guided_at(st.guidance, s, i);
+        Tensor neg;
+        if (guided) neg = model.forward(x, adaln, *negative, cx);
+        zimage::velocity(pos.data(), guided ? neg.data() : nullptr, pos.numel(), st.guidance,
+                         v.data());
+        const float sigma = s.sigmas[size_t(i)];
+        zimage::euler_step(x.data(), v.data(), x.numel(), sigma, s.sigmas[size_t(i + 1)]);
+        r.step_seconds.push_back(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
+        if (dump.on()) {
+          const std::string p = "step" + std::to_string(i) + "_";
+          const Shape shape = {1, x.dim(0), H, W};
+          const float t = s.model_time(i);
+          dump.f32(p + "t_model", &t, {1});
+          dump.f32(p + "latents_in", x_in, shape);
+          dump.f32(p + "velocity", v, shape);
+          dump.f32(p + "latents_out", x, shape);
+        }
+        phase.step(int(i + 1), int(s.steps()));
+        if (on_step)
+          on_step(StepView{i, s.steps(), x, x_in, s.timesteps[size_t(i)], g.grid, v, sigma,
+                           [&] { return flux1_step_preview(x_in, v, sigma); }});
+      }
+      g.latents = std::move(x);
+    });
+    session.weights().release("transformer.");
+    dump.f32("final_latents", g.latents,
+             {1, g.latents.dim(0), g.latents.dim(1), g.latents.dim(2)});
+    g.context = Tensor();
+    g.negative = Tensor();
+  }
+
+  void decode(Session& session, Generation& g, Progress& progress) const override {
+    const Dumper dump(g.options.dump_dir);
+    WeightStore& weights = session.weights();
+    Tensor decoded;
+    session.timed(g, progress, "vae decode", 0, [&](Phase& phase) {
+      Compute& cx = session.compute();
+      const Compute::Use arithmetic(cx, arithmetic_for(g.result.fast));
+      const Compute::Reporting blocks(cx, [&](int64_t done, int64_t total) {
+        phase.step(int(done), int(total));
+      });
+      const VaeConfig& config = weights.config().vae;
+      const Tensor z = zimage::decoder_input(
+          g.latents, zimage::LatentScale{float(config.scaling_factor), float(config.shift_factor)});
+      dump.f32("vae_input", z, {1, z.dim(0), z.dim(1), z.dim(2)});
+      vae::Vae vae(weights, cx, g.options.vae_memory);
+      decoded = vae.decode_latent(z);
+    });
+    weights.release("vae.");
+    g.latents = Tensor();
+    g.result.weights = weights.residency_stats();
+    dump.image(decoded);
+    g.result.image = tensor_to_image(decoded);
+    g.decoded = std::move(decoded);
+    check_model_files_unchanged(g);
+  }
+};
+
+}  // namespace
+
+const FamilyStages& zimage_stages() {
+  static const ZImageStages stages;
+  return stages;
+}
+
+}  // namespace klein

@@ -1,0 +1,231 @@
+#include "weights/family.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include "core/error.h"
+#include "models/zimage/checkpoint/family.h"
+
+namespace klein {
+
+using json = nlohmann::json;
+
+namespace {
+
+bool starts_with(const std::string& s, std::string_view p) { return s.rfind(p, 0) == 0; }
+
+// Field-by-field comparison of a config.json with what the tensors imply.
+template <class T>
+void same(const T& from_file, const T& from_shapes, const char* key, const std::string& where) {
+  check(from_file == from_shapes, where, ": \"", key, "\" does not match the weights (config says ",
+        from_file, ", tensor shapes say ", from_shapes, ")");
+}
+
+// FLUX.2-klein (4B, 9B; distilled, base, K/V): the naming, shapes and configuration of
+// naming.h, expected.h and config.h.
+class Flux2Klein final : public ModelFamily {
+ public:
+  std::string_view id() const override { return "flux2-klein"; }
+  std::string_view title() const override { return "FLUX.2-klein"; }
+  std::vector<std::string> pipeline_classes() const override {
+    return {"Flux2KleinPipeline", "Flux2KleinKVPipeline", "Flux2KleinImg2ImgPipeline",
+            "Flux2KleinInpaintPipeline"};
+  }
+  bool recognises_transformer(const std::vector<NamedShape>&) const override {
+    return true;  // the default: its mapping names whatever is not a klein tensor
+  }
+
+  Layout transformer_layout(const std::vector<NamedShape>& tensors) const override {
+    return detect_layout(Component::Transformer, tensors);
+  }
+  std::vector<TensorSource> map_transformer(const std::vector<NamedShape>& tensors,
+                                            const std::string& where) const override {
+    return map_component(Component::Transformer, tensors, where);
+  }
+  std::optional<UnitOf> transformer_unit_of(const std::string& canonical) const override {
+    return klein_transformer_unit_of(canonical);
+  }
+  ShapeMap expected_transformer(const ModelConfig& c) const override {
+    return klein::expected_transformer(c.transformer);
+  }
+
+  void read_transformer_config(const json& j, const ShapeMap* shapes, const std::string& f,
+                               const std::string& weights_file, ModelConfig& c) const override {
+    c.transformer = parse_transformer_config(j, f);
+    if (!shapes) return;
+    const TransformerConfig b = klein::infer_transformer_config(*shapes, weights_file);
+    const auto& a = c.transformer;
+    same(a.num_double_blocks, b.num_double_blocks, "num_layers", f);
+    same(a.num_single_blocks, b.num_single_blocks, "num_single_layers", f);
+    same(a.head_dim, b.head_dim, "attention_head_dim", f);
+    same(a.num_heads, b.num_heads, "num_attention_heads", f);
+    same(a.context_dim, b.context_dim, "joint_attention_dim", f);
+    same(a.in_channels, b.in_channels, "in_channels", f);
+    same(a.mlp_hidden(), b.mlp_hidden(), "mlp_ratio (as MLP width)", f);
+  }
+  void infer_transformer_config(const ShapeMap& shapes, const std::string& where,
+                                ModelConfig& c) const override {
+    c.transformer = klein::infer_transformer_config(shapes, where);
+  }
+  json transformer_config_json(const ModelConfig& c) const override {
+    const auto& t = c.transformer;
+    return {{"in_channels", t.in_channels}, {"out_channels", t.out_channels},
+            {"num_layers", t.num_double_blocks}, {"num_single_layers", t.num_single_blocks},
+            {"attention_head_dim", t.head_dim}, {"num_attention_heads", t.num_heads},
+            {"joint_attention_dim", t.context_dim}, {"mlp_ratio", t.mlp_ratio},
+            {"axes_dims_rope", t.rope_axes}, {"rope_theta", t.rope_theta}, {"eps", t.eps},
+            {"timestep_guidance_channels", t.timestep_channels},
+            {"guidance_embeds", t.guidance_embeds}};
+  }
+
+  std::vector<int64_t> text_output_layers(int64_t) const override { return {9, 18, 27}; }
+  bool vae_latent_batch_norm() const override { return true; }
+
+  void read_model_index(const json& index, ModelConfig& c) const override {
+    if (index.contains("is_distilled") && index["is_distilled"].is_boolean())
+      c.is_distilled = index["is_distilled"];
+    if (index.contains("_class_name") && index["_class_name"].is_string())
+      c.reference_cache = index["_class_name"] == "Flux2KleinKVPipeline";
+  }
+
+  std::vector<std::string> variant_names() const override {
+    return {"4b", "4b-base", "9b", "9b-base", "9b-kv"};
+  }
+  std::string variant_name(const ModelConfig& c) const override {
+    const int64_t width = c.transformer.inner_dim(), hidden = c.text_encoder.hidden;
+    std::string size;
+    if (width == 3072 && hidden == 2560) size = "4b";
+    if (width == 4096 && hidden == 4096) size = "9b";
+    if (size.empty()) return "";
+    return size + (c.reference_cache ? "-kv" : c.is_distilled ? "" : "-base");
+  }
+
+  // Applies --variant: checks it against what the weights or files already decide (the
+  // klein-4B's widths; a model_index.json's pipeline) and sets the rest.
+  void apply_variant(const std::string& name, bool declared, const std::string& where,
+                     ModelConfig& config) const override {
+    if (name.empty()) return;
+    const auto names = variant_names();
+    check(std::find(names.begin(), names.end(), name) != names.end(), "--variant ", name,
+          ": expected one of ", joined_variants());
+    const bool distilled = name.find("-base") == std::string::npos;
+    const bool reference_cache = name == "9b-kv";
+    const bool nine_b = name.rfind("9b", 0) == 0;
+    // klein-4B: inner width 3072 (24 heads x 128), Qwen3-4B text encoder (hidden 2560).
+    const bool is_4b =
+        config.transformer.inner_dim() == 3072 && config.text_encoder.hidden == 2560;
+    check(!(nine_b && is_4b), "--variant ", name, ": ", where, " holds klein-4B weights "
+          "(inner width 3072, text encoder hidden size 2560)");
+    if (declared)
+      check(config.is_distilled == distilled && config.reference_cache == reference_cache,
+            "--variant ", name, ": ", where, " declares a ",
+            config.reference_cache ? "K/V-cache" : config.is_distilled ? "distilled" : "base",
+            " model; --variant is for checkpoints that do not say");
+    config.is_distilled = distilled;
+    config.reference_cache = reference_cache;
+  }
+
+  // No model_index.json: distilled, base or K/V is not in the weights. BFL's file names say
+  // it (flux-2-klein-4b, flux-2-klein-base-9b, ...; diffusers' conversion script reads them
+  // the same way); anything else is left undecided for the caller to refuse.
+  void decide_undeclared_variant(const std::string& transformer_file,
+                                 ModelConfig& config) const override {
+    std::string name = std::filesystem::path(transformer_file).filename().string();
+    for (char& ch : name) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    if (name.find("klein") != std::string::npos) {
+      config.is_distilled = name.find("base") == std::string::npos;
+      config.reference_cache = name.find("kv") != std::string::npos;
+    } else {
+      config.undecided_variant =
+          transformer_file + ": without a model_index.json nothing says whether this klein is "
+          "distilled, base or the K/V-cache model (the weights are the same shape, and the file "
+          "name is not one of BFL's, such as flux-2-klein-base-4b); give --variant " +
+          joined_variants();
+    }
+  }
+
+  std::vector<std::string> describe_pipeline(const ModelConfig& c) const override {
+    std::vector<std::string> lines = {c.is_distilled ? "distilled: no classifier-free guidance"
+                                                     : "base model: classifier-free guidance"};
+    if (c.reference_cache)
+      lines.push_back("reference K/V cache: references computed once, their keys and values "
+                      "reused at every step (Flux2KleinKVPipeline)");
+    return lines;
+  }
+  std::string describe_transformer(const ModelConfig& c) const override {
+    const auto& t = c.transformer;
+    return std::to_string(t.num_double_blocks) + " double + " + std::to_string(t.num_single_blocks) +
+           " single blocks, inner width " + std::to_string(t.inner_dim());
+  }
+
+  void check_pairing(const ModelConfig& c, const Files& f) const override {
+    const auto& t = c.transformer;
+    const auto& e = c.text_encoder;
+    check(t.context_dim == e.context_dim(), "the transformer (", f.transformer,
+          ") expects a text context ", t.context_dim, " wide, but the text encoder (",
+          f.text_encoder, ", hidden size ", e.hidden, ") gives 3 x ", e.hidden, " = ",
+          e.context_dim(), ". FLUX.2-klein-4B pairs with Qwen3-4B (hidden 2560), klein-9B with "
+          "Qwen3-8B (hidden 4096).");
+    check(c.vae.latent_batch_norm && t.in_channels == c.vae.packed_channels(), "the transformer (",
+          f.transformer, ") works on latents of ", t.in_channels, " channels, but the VAE (",
+          f.vae, ") gives ", c.vae.latent_channels, " x 2 x 2 = ", c.vae.packed_channels(),
+          c.vae.latent_batch_norm ? "" : " and has no latent BatchNorm statistics",
+          " (a VAE of another model family?)");
+    check(t.out_channels == t.in_channels, f.transformer, ": out_channels ", t.out_channels,
+          " differs from in_channels ", t.in_channels);
+  }
+
+ private:
+  std::string joined_variants() const {
+    std::string list;
+    for (const auto& n : variant_names()) list += (list.empty() ? "" : ", ") + n;
+    return list;
+  }
+};
+
+}  // namespace
+
+const std::vector<const ModelFamily*>& model_families() {
+  static const Flux2Klein klein;
+  static const std::vector<const ModelFamily*> all = {&klein, &zimage::checkpoint_family()};
+  return all;
+}
+
+const ModelFamily& model_family(std::string_view id, const std::string& where) {
+  std::string known;
+  for (const ModelFamily* f : model_families()) {
+    if (f->id() == id) return *f;
+    known += std::string(known.empty() ? "" : ", ") + std::string(f->id());
+  }
+  fail(where, where.empty() ? "" : ": ", "unknown model family \"", id, "\" (this build knows ",
+       known, ")");
+}
+
+const ModelFamily& family_of_pipeline(const std::string& class_name, const std::string& where) {
+  std::string known;
+  for (const ModelFamily* f : model_families())
+    for (const std::string& c : f->pipeline_classes()) {
+      if (c == class_name) return *f;
+      known += (known.empty() ? "" : ", ") + c;
+    }
+  fail(where, ": pipeline class ", class_name, " is not one this engine runs (", known, ")");
+}
+
+std::optional<UnitOf> unit_of(const ModelFamily& family, const std::string& canonical) {
+  if (starts_with(canonical, "transformer.")) return family.transformer_unit_of(canonical);
+  return component_unit_of(canonical);
+}
+
+ShapeMap expected_tensors(const ModelConfig& c, Component component) {
+  switch (component) {
+    case Component::Transformer:
+      return model_family(c).expected_transformer(c);
+    case Component::TextEncoder:
+      return expected_text_encoder(c.text_encoder);
+    case Component::Vae:
+      return expected_vae(c.vae);
+  }
+  return {};
+}
+
+}  // namespace klein

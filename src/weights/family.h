@@ -1,0 +1,108 @@
+#pragma once
+// A model family as the weights layer sees it.
+//
+// Every family the engine runs shares the components around its transformer: a Qwen3 text
+// encoder and a diffusers VAE, whose names, shapes and configuration naming.h, expected.h
+// and config.h know. What a family brings is its transformer: how checkpoints name, group
+// and shape its tensors, its configuration, which text-encoder layers its pipeline reads,
+// how its latents meet the VAE, and what its model_index.json says beyond the components.
+//
+// The families are listed once, in family.cpp (model_families()): FLUX.2-klein's entry is
+// there, beside the klein naming it wraps; Z-Image's is in its own folder
+// (models/zimage/checkpoint/). Nothing else in the weights layer asks which family a model
+// is: the stores, the container and the summaries call the entry of the model's family.
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "weights/config.h"
+#include "weights/expected.h"
+#include "weights/naming.h"
+
+namespace klein {
+
+class ModelFamily {
+ public:
+  virtual ~ModelFamily() = default;
+
+  // "flux2-klein", "z-image": ModelConfig::family, stored in containers.
+  virtual std::string_view id() const = 0;
+  // "FLUX.2-klein", "Z-Image": for messages.
+  virtual std::string_view title() const = 0;
+  // The diffusers pipeline classes (model_index.json "_class_name") of this family.
+  virtual std::vector<std::string> pipeline_classes() const = 0;
+  // Whether a transformer file's tensors (names as stored) are this family's: how a single
+  // file is recognised without a model_index.json.
+  virtual bool recognises_transformer(const std::vector<NamedShape>& tensors) const = 0;
+
+  // The transformer's tensors: the layout of a source file, its names mapped to canonical
+  // ones ("transformer." + diffusers name; unknown tensors are an error naming them and
+  // `where`), the unit of a canonical name, and every tensor's shape for a configuration.
+  virtual Layout transformer_layout(const std::vector<NamedShape>& tensors) const = 0;
+  virtual std::vector<TensorSource> map_transformer(const std::vector<NamedShape>& tensors,
+                                                    const std::string& where) const = 0;
+  virtual std::optional<UnitOf> transformer_unit_of(const std::string& canonical) const = 0;
+  virtual ShapeMap expected_transformer(const ModelConfig& c) const = 0;
+
+  // The transformer's configuration into `c`: from its config.json (`where` names it), checked
+  // against the tensors' canonical shapes when `shapes` is given (`weights_file` names their
+  // file); from the shapes alone for a single file; and back to JSON for a container (read
+  // again by the first).
+  virtual void read_transformer_config(const nlohmann::json& j, const ShapeMap* shapes,
+                                       const std::string& where, const std::string& weights_file,
+                                       ModelConfig& c) const = 0;
+  virtual void infer_transformer_config(const ShapeMap& shapes, const std::string& where,
+                                        ModelConfig& c) const = 0;
+  virtual nlohmann::json transformer_config_json(const ModelConfig& c) const = 0;
+
+  // The decoder layers (1-based) of a text encoder of `num_layers` layers that the pipeline
+  // reads (TextEncoderConfig::output_layers).
+  virtual std::vector<int64_t> text_output_layers(int64_t num_layers) const = 0;
+  // VaeConfig::latent_batch_norm for this family's VAE.
+  virtual bool vae_latent_batch_norm() const = 0;
+
+  // What a model_index.json says beyond its components (klein: distilled or base, the K/V
+  // pipeline); then --variant, for checkpoints that do not say (`declared`: they did), or,
+  // without either, what the transformer file's name says (`transformer_file`).
+  virtual void read_model_index(const nlohmann::json& index, ModelConfig& c) const = 0;
+  virtual void apply_variant(const std::string& variant, bool declared, const std::string& where,
+                             ModelConfig& c) const = 0;
+  virtual void decide_undeclared_variant(const std::string& transformer_file,
+                                         ModelConfig& c) const = 0;
+  // The variant names --variant accepts (empty: none), and the one a configuration is ("" when
+  // it is none of them: test models).
+  virtual std::vector<std::string> variant_names() const = 0;
+  virtual std::string variant_name(const ModelConfig& c) const = 0;
+
+  // For `klein inspect`: how the pipeline runs this model (one line each: guidance, caches),
+  // and the transformer in a few words ("5 double + 20 single blocks, inner width 3072").
+  virtual std::vector<std::string> describe_pipeline(const ModelConfig& c) const = 0;
+  virtual std::string describe_transformer(const ModelConfig& c) const = 0;
+
+  // The three components belong together (the transformer reads the text encoder's output
+  // and the VAE's latents); the messages name the files.
+  struct Files {
+    std::string transformer, text_encoder, vae;
+  };
+  virtual void check_pairing(const ModelConfig& c, const Files& files) const = 0;
+};
+
+// Every family, FLUX.2-klein first.
+const std::vector<const ModelFamily*>& model_families();
+// The family with this id; throws naming the id and the known ones (`where`: whose id).
+const ModelFamily& model_family(std::string_view id, const std::string& where = "");
+inline const ModelFamily& model_family(const ModelConfig& c) { return model_family(c.family); }
+// The family whose pipeline a model_index.json "_class_name" is; throws naming the file
+// (`where`) and the pipelines the engine runs.
+const ModelFamily& family_of_pipeline(const std::string& class_name, const std::string& where);
+
+// The unit of any canonical tensor of a model of this family: the transformer's by the
+// family, the text encoder's and the VAE's as every family shares them.
+std::optional<UnitOf> unit_of(const ModelFamily& family, const std::string& canonical);
+// Every tensor a component of this configuration must hold, with its shape.
+ShapeMap expected_tensors(const ModelConfig& c, Component component);
+
+}  // namespace klein
