@@ -29,8 +29,9 @@ Registration reg("synth", 90, [](CLI::App& app) {
   cmd->add_option("--variant", args->variant,
                   "4b: FLUX.2-klein-4B (distilled); 4b-base: its base model (50 steps, CFG); "
                   "4b-kv: the 4B declared for the reference K/V cache pipeline; 9b, 9b-base, "
-                  "9b-kv: FLUX.2-klein-9B (Qwen3-8B; about 36 GB) likewise")
-      ->check(CLI::IsMember({"4b", "4b-base", "4b-kv", "9b", "9b-base", "9b-kv"}))
+                  "9b-kv: FLUX.2-klein-9B (Qwen3-8B; about 36 GB) likewise; zimage-turbo: "
+                  "Z-Image-Turbo (6B, Qwen3-4B, FLUX.1 VAE; about 20 GB)")
+      ->check(CLI::IsMember({"4b", "4b-base", "4b-kv", "9b", "9b-base", "9b-kv", "zimage-turbo"}))
       ->capture_default_str();
   cmd->add_flag("-q,--quiet", args->quiet, "No progress output");
   cmd->callback([args] {

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "formats/gguf_types.h"
 #include "quant/types.h"
+#include "weights/family.h"
 
 namespace klein::convert {
 
@@ -21,19 +22,15 @@ namespace {
 
 // Built-in defaults. Kept as policy text so that the record of a conversion and
 // `klein convert --print-policy` show exactly the rules that ran.
-const char* const kDefaultPolicy =
+// The rules every family shares; each family's transformer rules (ModelFamily::
+// precision_defaults) follow, then the text encoder's and the VAE's.
+const char* const kSharedHead =
     R"(# Built-in defaults (after the user's rules; first match wins).
 # Biases, norm weights, BatchNorm statistics: tiny, and every value matters.
 @1d                                        >=bf16
-# The embedders: what every token's stream starts from.
-transformer.x_embedder.*                   >=bf16
-transformer.context_embedder.*             >=bf16
-transformer.time_guidance_embed.*          >=bf16
-# Shared modulation: scales and shifts of every block; output layer.
-transformer.*_modulation*                  >=bf16
-transformer.norm_out.*                     >=bf16
-transformer.proj_out.*                     >=bf16
-# Token embedding table: rows are looked up, never multiplied; q8 keeps them close.
+)";
+const char* const kSharedTail =
+    R"(# Token embedding table: rows are looked up, never multiplied; q8 keeps them close.
 text_encoder.model.embed_tokens.weight     >=q8
 # VAE: small, convolutions want floats.
 vae.*                                      >=bf16
@@ -210,7 +207,11 @@ std::vector<PolicyRule> parse_policy(std::string_view text, const std::string& o
 }
 
 const std::string& default_policy_text() {
-  static const std::string text = kDefaultPolicy;
+  static const std::string text = [] {
+    std::string t = kSharedHead;
+    for (const ModelFamily* f : model_families()) t += f->precision_defaults();
+    return t + kSharedTail;
+  }();
   return text;
 }
 

@@ -8,7 +8,9 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "formats/safetensors_writer.h"
+#include "models/zimage/checkpoint/config.h"
 #include "weights/expected.h"
+#include "weights/family.h"
 
 namespace klein {
 
@@ -143,12 +145,33 @@ json diffusers_config(const char* cls, const nlohmann::json& fields) {
   return j;
 }
 
+// Z-Image-Turbo (Tongyi-MAI/Z-Image-Turbo's config files): the transformer's defaults
+// (zimage::TransformerConfig: 30 + 2 + 2 layers of width 3840, 30 heads), Qwen3-4B read at
+// its last layer but one, the FLUX.1 VAE (16 latent channels, no quant convs, scaling 0.3611,
+// shift 0.1159) and a static shift of 3.
+ModelConfig zimage_turbo_config() {
+  ModelConfig c;
+  c.family = "z-image";
+  c.family_transformer = zimage::to_json(zimage::TransformerConfig{});
+  c.text_encoder.output_layers = {c.text_encoder.num_layers - 1};
+  c.vae.latent_channels = 16;
+  c.vae.use_quant_conv = false;
+  c.vae.use_post_quant_conv = false;
+  c.vae.latent_batch_norm = false;
+  c.vae.scaling_factor = 0.3611;
+  c.vae.shift_factor = 0.1159;
+  c.scheduler.use_dynamic_shifting = false;
+  c.scheduler.shift = 3.0;
+  return c;
+}
+
 }  // namespace
 
 ModelConfig klein_variant_config(const std::string& variant) {
+  if (variant == "zimage-turbo") return zimage_turbo_config();
   static const char* const known[] = {"4b", "4b-base", "4b-kv", "9b", "9b-base", "9b-kv"};
   check(std::find(std::begin(known), std::end(known), variant) != std::end(known), "variant ",
-        variant, ": expected 4b, 4b-base, 4b-kv, 9b, 9b-base or 9b-kv");
+        variant, ": expected 4b, 4b-base, 4b-kv, 9b, 9b-base, 9b-kv or zimage-turbo");
   ModelConfig c;  // the defaults are klein-4B's: 5 + 20 blocks of width 3072, Qwen3-4B
   if (variant.rfind("9b", 0) == 0) {
     // klein-9B (diffusers' scripts/convert_flux2_to_diffusers.py, "klein-9b"): 8 double and
@@ -187,14 +210,14 @@ void write_synthetic_model(const SyntheticModelOptions& o, const SyntheticProgre
   ShapeMap text = expected_text_encoder(c.text_encoder);
   // The published encoder has every layer and the final norm, though inference stops early.
   TextEncoderConfig all_layers = c.text_encoder;
-  all_layers.output_layers = {c.text_encoder.num_layers, c.text_encoder.num_layers,
-                              c.text_encoder.num_layers};
+  all_layers.output_layers = {c.text_encoder.num_layers};
   text = expected_text_encoder(all_layers);
   text["text_encoder.model.norm.weight"] = {c.text_encoder.hidden};
 
-  auto tdecls = decls_from(expected_transformer(c.transformer), "transformer.");
+  const ModelFamily& family = model_family(c);
+  auto tdecls = decls_from(expected_tensors(c, Component::Transformer), "transformer.");
   auto vdecls = decls_from(expected_vae(c.vae), "vae.");
-  vdecls.push_back({"bn.num_batches_tracked", DType::I64, {}});
+  if (c.vae.latent_batch_norm) vdecls.push_back({"bn.num_batches_tracked", DType::I64, {}});
   // Two text-encoder shards split by layer, as the published checkpoint is.
   std::vector<SafetensorsDecl> shard1, shard2;
   for (auto& d : decls_from(text, "text_encoder.")) {
@@ -207,18 +230,12 @@ void write_synthetic_model(const SyntheticModelOptions& o, const SyntheticProgre
   for (const auto* list : {&tdecls, &vdecls, &shard1, &shard2})
     for (const auto& d : *list) total += d.nbytes();
 
-  write_json(dir / "model_index.json",
-             json{{"_class_name", c.reference_cache ? "Flux2KleinKVPipeline" : "Flux2KleinPipeline"},
-                  {"_diffusers_version", "0.36.0"},
-                  {"is_distilled", c.is_distilled},
-                  {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
-                  {"text_encoder", {"transformers", "Qwen3ForCausalLM"}},
-                  {"tokenizer", {"transformers", "Qwen2TokenizerFast"}},
-                  {"transformer", {"diffusers", "Flux2Transformer2DModel"}},
-                  {"vae", {"diffusers", "AutoencoderKLFlux2"}}});
+  write_json(dir / "model_index.json", family.diffusers_model_index(c));
   write_json(dir / "transformer" / "config.json",
-             diffusers_config("Flux2Transformer2DModel", cfg["transformer"]));
-  write_json(dir / "vae" / "config.json", diffusers_config("AutoencoderKLFlux2", cfg["vae"]));
+             diffusers_config(family.diffusers_transformer_class().c_str(), cfg["transformer"]));
+  write_json(dir / "vae" / "config.json",
+             diffusers_config(c.vae.latent_batch_norm ? "AutoencoderKLFlux2" : "AutoencoderKL",
+                              cfg["vae"]));
   json sched = diffusers_config("FlowMatchEulerDiscreteScheduler", cfg["scheduler"]);
   sched["base_image_seq_len"] = 256;
   sched["max_image_seq_len"] = 4096;

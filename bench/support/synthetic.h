@@ -1,5 +1,5 @@
 #pragma once
-// A full-size synthetic FLUX.2-klein checkpoint: random weights with the exact names, shapes,
+// A full-size synthetic checkpoint of a FLUX.2-klein or Z-Image variant: random weights with the exact names, shapes,
 // dtypes and file layout of the published diffusers directory (configs included, the text
 // encoder in two shards with an index), so that speed and memory can be measured on the real
 // shapes without the real weights. Its images are meaningless by design.
@@ -29,8 +29,9 @@ struct SyntheticModelOptions {
   uint64_t seed = 0;
 };
 
-// The configuration of a published klein variant, for synthetic models: "4b", "4b-base",
-// "4b-kv", "9b", "9b-base", "9b-kv" (docs/MODELS.md gives the sources of every number).
+// The configuration of a published variant, for synthetic models: klein's "4b", "4b-base",
+// "4b-kv", "9b", "9b-base", "9b-kv", and "zimage-turbo" (docs/MODELS.md gives the sources of
+// every number).
 // Throws klein::Error for other names.
 ModelConfig klein_variant_config(const std::string& variant);
 

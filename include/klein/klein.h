@@ -164,10 +164,13 @@ typedef int (*klein_preview_fn)(const klein_preview* preview, void* user_data);
 
 typedef struct klein_generate_params {
   const char* prompt;          /* required */
-  const char* negative_prompt; /* klein-base with guidance > 1 only; NULL: "" */
+  const char* negative_prompt; /* with classifier-free guidance (klein-base with guidance > 1,
+                                  Z-Image with guidance > 0) only; NULL: "" */
   int width, height;           /* pixels, multiples of 16; 0: the first reference's, else 1024 */
-  int steps;                   /* 0: the model's default (4 for klein, 50 for klein-base) */
-  float guidance;              /* < 0: the model's default (1 for klein, 4 for klein-base) */
+  int steps;                   /* 0: the model's default (4 for klein, 50 for klein-base,
+                                  8 for Z-Image) */
+  float guidance;              /* < 0: the model's default (1 for klein, 4 for klein-base,
+                                  0 for Z-Image) */
   uint64_t seed;               /* used when has_seed != 0; otherwise drawn at random, < 2^32 */
   int has_seed;
   const char* const* references; /* image files for editing, in order; NULL or count 0 */
@@ -183,6 +186,11 @@ typedef struct klein_generate_params {
   const char* const* loras; /* safetensors files; NULL when lora_count is 0 */
   const float* lora_scales; /* one per file; NULL: all 1 */
   int lora_count;
+  /* Z-Image with guidance > 0 (ZImagePipeline's options; FLUX.2-klein refuses them): */
+  float cfg_normalization; /* < 0: not given (off); c >= 0: the guided prediction is scaled
+                              back to c x the positive one's norm when longer (0: off) */
+  float cfg_truncation;    /* NAN: not given (1); steps whose model time (0 at noise, rising
+                              to 1) is above it run unguided */
 } klein_generate_params;
 
 KLEIN_API void klein_generate_params_init(klein_generate_params* params);

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -114,6 +115,13 @@ klein::GenerateOptions to_options(const klein_session& s, const klein_generate_p
   o.height = p.height;
   o.steps = p.steps;
   if (p.guidance >= 0) o.guidance = p.guidance;
+  check(!std::isinf(p.cfg_normalization) && !std::isnan(p.cfg_normalization),
+        "params.cfg_normalization: expected a number (negative: not given), got ",
+        p.cfg_normalization);
+  if (p.cfg_normalization >= 0) o.cfg_normalization = p.cfg_normalization;
+  check(!std::isinf(p.cfg_truncation), "params.cfg_truncation: expected a number (NAN: not "
+        "given), got ", p.cfg_truncation);
+  if (!std::isnan(p.cfg_truncation)) o.cfg_truncation = p.cfg_truncation;
   if (p.has_seed) o.seed = p.seed;
   for (int i = 0; i < p.reference_count; ++i) {
     check(p.references[i] != nullptr, "params.references[", i, "] is NULL");
@@ -236,6 +244,8 @@ void klein_generate_params_init(klein_generate_params* params) {
   if (!params) return;
   *params = klein_generate_params{};
   params->guidance = -1;
+  params->cfg_normalization = -1;
+  params->cfg_truncation = std::numeric_limits<float>::quiet_NaN();
 }
 
 klein_status klein_generate(klein_session* session, const klein_generate_params* params,

@@ -47,6 +47,15 @@ void read_common(const json& body, const ServerOptions& s, GenerateOptions& o,
     o.guidance = float(*v);
   }
   if (auto v = get<std::string>(body, "negative_prompt")) o.negative_prompt = *v;
+  // Z-Image's guidance options (a FLUX.2-klein model refuses them when the generation starts).
+  if (auto v = get<double>(body, "cfg_normalization")) {
+    if (!(*v >= 0 && *v <= 100)) throw bad_request("\"cfg_normalization\": expected 0 (off) to 100");
+    o.cfg_normalization = float(*v);
+  }
+  if (auto v = get<double>(body, "cfg_truncation")) {
+    if (!(*v >= -100 && *v <= 100)) throw bad_request("\"cfg_truncation\": expected -100 to 100");
+    o.cfg_truncation = float(*v);
+  }
   if (body.contains("seed") && !body["seed"].is_null()) {
     const json& seed = body["seed"];
     if (seed.is_number_unsigned()) {

@@ -158,6 +158,30 @@ class Flux2Klein final : public ModelFamily {
            " single blocks, inner width " + std::to_string(t.inner_dim());
   }
 
+  std::string precision_defaults() const override {
+    return R"(# FLUX.2-klein. The embedders: what every token's stream starts from.
+transformer.x_embedder.*                   >=bf16
+transformer.context_embedder.*             >=bf16
+transformer.time_guidance_embed.*          >=bf16
+# Shared modulation: scales and shifts of every block; output layer.
+transformer.*_modulation*                  >=bf16
+transformer.norm_out.*                     >=bf16
+transformer.proj_out.*                     >=bf16
+)";
+  }
+
+  json diffusers_model_index(const ModelConfig& c) const override {
+    return {{"_class_name", c.reference_cache ? "Flux2KleinKVPipeline" : "Flux2KleinPipeline"},
+            {"_diffusers_version", "0.36.0"},
+            {"is_distilled", c.is_distilled},
+            {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
+            {"text_encoder", {"transformers", "Qwen3ForCausalLM"}},
+            {"tokenizer", {"transformers", "Qwen2TokenizerFast"}},
+            {"transformer", {"diffusers", "Flux2Transformer2DModel"}},
+            {"vae", {"diffusers", "AutoencoderKLFlux2"}}};
+  }
+  std::string diffusers_transformer_class() const override { return "Flux2Transformer2DModel"; }
+
   void check_pairing(const ModelConfig& c, const Files& f) const override {
     const auto& t = c.transformer;
     const auto& e = c.text_encoder;

@@ -82,6 +82,16 @@ class ModelFamily {
   virtual std::vector<std::string> describe_pipeline(const ModelConfig& c) const = 0;
   virtual std::string describe_transformer(const ModelConfig& c) const = 0;
 
+  // The precision policy's built-in rules for this family's transformer (convert/policy.h):
+  // what stays at a float type when the target is quantized (embedders, modulation, the
+  // output layer; rows that are copied rather than multiplied). Policy lines with comments.
+  virtual std::string precision_defaults() const = 0;
+
+  // The model_index.json of a diffusers directory of this configuration, and the class name
+  // of its transformer's config.json (for synthetic checkpoints: bench/support/synthetic.h).
+  virtual nlohmann::json diffusers_model_index(const ModelConfig& c) const = 0;
+  virtual std::string diffusers_transformer_class() const = 0;
+
   // The three components belong together (the transformer reads the text encoder's output
   // and the VAE's latents); the messages name the files.
   struct Files {

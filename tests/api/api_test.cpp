@@ -34,9 +34,9 @@ Image cli_image(const fs::path& out, uint64_t seed, int width, int height, int s
 struct Opened {
   klein_model* model = nullptr;
   klein_session* session = nullptr;
-  Opened() {
+  explicit Opened(const fs::path& path = testing::tiny_model()) {
     char* error = nullptr;
-    EXPECT_EQ(klein_model_open(testing::tiny_model().c_str(), nullptr, &model, &error), KLEIN_OK)
+    EXPECT_EQ(klein_model_open(path.c_str(), nullptr, &model, &error), KLEIN_OK)
         << (error ? error : "");
     klein_string_free(error);
     klein_session_options o;
@@ -208,6 +208,53 @@ TEST(CApi, ProgressCallbackCancels) {
 
 // The preview callback sees every step at an eighth of the size, the same pictures the CLI's
 // --preview writes, and cancels by returning non-zero.
+// A Z-Image model through the library: CFG with its two options makes the CLI's pixels and
+// metadata, and the step preview is one pixel per 8x8 of the image.
+TEST(CApi, ZImageWithItsGuidanceOptionsMakesTheCliPixels) {
+  const fs::path model = testing::tiny_dir().parent_path() / "zimage-tiny" / "model";
+  const fs::path out = testing::temp_dir("capi-zimage");
+  Opened m(model);
+  klein_generate_params p = params(4, 64, 48, 3);
+  p.guidance = 3;
+  p.negative_prompt = "blurry";
+  p.cfg_normalization = 1;
+  p.cfg_truncation = 0.5f;
+  int previews = 0;
+  p.user_data = &previews;
+  p.preview = [](const klein_preview* preview, void* user) -> int {
+    EXPECT_EQ(preview->width, 8);
+    EXPECT_EQ(preview->height, 6);
+    ++*static_cast<int*>(user);
+    return 0;
+  };
+  klein_image* image = nullptr;
+  ASSERT_EQ(klein_generate(m.session, &p, &image), KLEIN_OK) << klein_session_error(m.session);
+  EXPECT_EQ(previews, 3);
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate -m " + model.string() + " -p \"" + kPrompt +
+                                   "\" --seed 4 -W 64 -H 48 -s 3 -g 3 -n blurry "
+                                   "--cfg-normalization 1 --cfg-truncation 0.5 --no-cache -q -o " +
+                                   (out / "cli.png").string(),
+                               &log),
+            0)
+      << log;
+  const Image cli = load_image(out / "cli.png");
+  ASSERT_EQ(cli.rgb.size(), size_t(64 * 48 * 3));
+  EXPECT_EQ(0, std::memcmp(cli.rgb.data(), image->pixels, cli.rgb.size()));
+  const std::string metadata = image->metadata;
+  EXPECT_NE(metadata.find("\"cfg_normalization\":1.0"), std::string::npos) << metadata;
+  EXPECT_NE(metadata.find("\"cfg_truncation\":0.5"), std::string::npos) << metadata;
+  klein_image_free(image);
+
+  // The same options on a FLUX.2-klein model are refused by name.
+  Opened klein_model;
+  p = params(4, 64, 48, 1);
+  p.cfg_truncation = 0.5f;
+  EXPECT_EQ(klein_generate(klein_model.session, &p, &image), KLEIN_ERROR);
+  EXPECT_NE(std::string(klein_session_error(klein_model.session)).find("cfg-truncation"),
+            std::string::npos);
+}
+
 TEST(CApi, PreviewCallbackSeesEveryStepAndCancels) {
   const fs::path out = testing::temp_dir("capi-preview");
   Opened m;

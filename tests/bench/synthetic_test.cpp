@@ -3,6 +3,7 @@
 #include "bench/support/synthetic.h"
 #include "support/testing.h"
 #include "weights/expected.h"
+#include "weights/family.h"
 #include "weights/model_source.h"
 
 namespace klein {
@@ -99,6 +100,37 @@ TEST(SyntheticModel, VariantConfigurations) {
   ModelConfig other = small;
   other.transformer.num_heads = 2;
   EXPECT_EQ(variant_name(other), "");
+}
+
+// Z-Image-Turbo: a 6.15 B transformer (the published checkpoint's size) over Qwen3-4B read at
+// its last layer but one, and the FLUX.1 VAE without latent statistics. A small configuration
+// of its layout is written with the files a ZImagePipeline directory has, and opens as
+// Z-Image through the normal discovery path.
+TEST(SyntheticModel, ZImageTurbo) {
+  const ModelConfig turbo = klein_variant_config("zimage-turbo");
+  EXPECT_EQ(turbo.family, "z-image");
+  double n = 0;
+  for (const auto& [_, shape] : expected_tensors(turbo, Component::Transformer))
+    n += double(numel(shape));
+  EXPECT_NEAR(n / 1e9, 6.15, 0.05);
+  EXPECT_EQ(turbo.text_encoder.output_layers, std::vector<int64_t>{35});
+  EXPECT_FALSE(turbo.vae.latent_batch_norm);
+
+  SyntheticModelOptions o = small_model("synth-zimage");
+  o.config = turbo;
+  o.config.family_transformer = {{"dim", 256},       {"n_heads", 2},          {"n_layers", 2},
+                                 {"n_refiner_layers", 1}, {"cap_feat_dim", 64}};
+  o.config.text_encoder = small_model("unused").config.text_encoder;
+  o.config.text_encoder.output_layers = {27};
+  o.config.vae.block_out_channels = {32, 32, 64, 64};
+  write_synthetic_model(o);
+  auto store = open_model(o.out_dir);
+  EXPECT_EQ(store->config().family, "z-image");
+  EXPECT_EQ(store->config().text_encoder.output_layers, std::vector<int64_t>{27});
+  EXPECT_TRUE(store->has_unit("transformer.layer.1"));
+  EXPECT_TRUE(store->has_unit("transformer.context_refiner.0"));
+  EXPECT_FALSE(store->has_unit("vae.latent_stats"));
+  EXPECT_FLOAT_EQ(float(store->config().vae.scaling_factor), 0.3611f);
 }
 
 }  // namespace

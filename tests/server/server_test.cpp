@@ -54,7 +54,8 @@ TEST(Base64, Rfc4648Vectors) {
 // A `klein serve` process on a free port, stopped with SIGTERM at the end.
 class ServeProcess {
  public:
-  explicit ServeProcess(const std::string& extra = "") {
+  explicit ServeProcess(const std::string& extra = "",
+                        const fs::path& model = testing::tiny_model()) {
     int out[2];
     EXPECT_EQ(::pipe(out), 0);
     pid_ = ::fork();
@@ -62,8 +63,8 @@ class ServeProcess {
       ::dup2(out[1], STDOUT_FILENO);
       ::close(out[0]);
       ::close(out[1]);
-      const std::string command = std::string(KLEIN_BINARY) + " serve -m " +
-                                  testing::tiny_model().string() + " --port 0 --threads 2 " + extra;
+      const std::string command = std::string(KLEIN_BINARY) + " serve -m " + model.string() +
+                                  " --port 0 --threads 2 " + extra;
       ::execl("/bin/sh", "sh", "-c", ("exec " + command).c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
@@ -272,6 +273,34 @@ TEST(Serve, LoraTagsInThePromptMakeTheCliPixels) {
   EXPECT_NE(bad_scale.dump().find("the scale must be a number"), std::string::npos);
 }
 
+// A Z-Image model served: the request's guidance options reach its pipeline, and the pixels
+// are the CLI's for the same settings.
+TEST(Serve, ZImageRequestsMakeTheCliPixels) {
+  const fs::path model = testing::tiny_dir().parent_path() / "zimage-tiny" / "model";
+  const fs::path out = testing::temp_dir("serve-zimage");
+  ServeProcess serve("", model);
+  httplib::Client c = serve.client();
+  const json gen = post_json(c, "/v1/images/generations",
+                             {{"prompt", kPrompt}, {"size", "48x32"}, {"seed", 9}, {"steps", 3},
+                              {"guidance", 3}, {"negative_prompt", "blurry"},
+                              {"cfg_normalization", 1}, {"cfg_truncation", 0.5}});
+  ASSERT_EQ(gen["data"].size(), 1u);
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate -m " + model.string() + " -p \"" + kPrompt +
+                                   "\" --no-cache -q --seed 9 -W 48 -H 32 -s 3 -g 3 -n blurry "
+                                   "--cfg-normalization 1 --cfg-truncation 0.5 -o " +
+                                   (out / "cli.png").string(),
+                               &log),
+            0)
+      << log;
+  EXPECT_EQ(png_of(gen["data"][0]["b64_json"]).rgb, load_image(out / "cli.png").rgb);
+  // Without the options the image differs: they took effect.
+  const json plain = post_json(c, "/v1/images/generations",
+                               {{"prompt", kPrompt}, {"size", "48x32"}, {"seed", 9}, {"steps", 3},
+                                {"guidance", 3}, {"negative_prompt", "blurry"}});
+  EXPECT_NE(png_of(plain["data"][0]["b64_json"]).rgb, png_of(gen["data"][0]["b64_json"]).rgb);
+}
+
 TEST(Serve, BadRequestsAreNamedAndKeysChecked) {
   ServeProcess serve("--api-key sesame --max-side 512");
   httplib::Client c = serve.client();
@@ -296,6 +325,14 @@ TEST(Serve, BadRequestsAreNamedAndKeysChecked) {
           "b64_json");
   refused("/v1/images/generations", {{"prompt", "x"}, {"n", 9}}, "\\\"n\\\"");
   refused("/v1/images/generations", {{"prompt", "x"}, {"seed", "seven"}}, "\\\"seed\\\"");
+  refused("/v1/images/generations", {{"prompt", "x"}, {"cfg_normalization", -1}},
+          "cfg_normalization");
+  refused("/v1/images/generations", {{"prompt", "x"}, {"cfg_truncation", "high"}},
+          "cfg_truncation");
+  // Z-Image's options are refused by a FLUX.2-klein model, by name.
+  refused("/v1/images/generations",
+          {{"prompt", "x"}, {"size", "64x64"}, {"steps", 1}, {"cfg_truncation", 0.5}},
+          "--cfg-normalization and --cfg-truncation are Z-Image's");
   refused("/sdapi/v1/img2img", {{"prompt", "x"}}, "init_images");
   refused("/sdapi/v1/img2img", {{"prompt", "x"}, {"init_images", {"@@@"}}}, "not valid base64");
   refused("/sdapi/v1/img2img", {{"prompt", "x"}, {"init_images", {base64_encode("not an image")}}},

@@ -143,6 +143,29 @@ class ZImage final : public ModelFamily {
            " main layers, width " + std::to_string(t.dim);
   }
 
+  std::string precision_defaults() const override {
+    return R"(# Z-Image. The embedders, and the pad tokens (rows copied into the stream).
+transformer.all_x_embedder.*               >=bf16
+transformer.cap_embedder.*                 >=bf16
+transformer.t_embedder.*                   >=bf16
+transformer.*_pad_token                    >=bf16
+# Each block's modulation (adaLN_modulation, small) and the output layer.
+transformer.*adaLN_modulation*             >=bf16
+transformer.all_final_layer.*              >=bf16
+)";
+  }
+
+  json diffusers_model_index(const ModelConfig&) const override {
+    return {{"_class_name", "ZImagePipeline"},
+            {"_diffusers_version", "0.36.0"},
+            {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
+            {"text_encoder", {"transformers", "Qwen3Model"}},
+            {"tokenizer", {"transformers", "Qwen2Tokenizer"}},
+            {"transformer", {"diffusers", "ZImageTransformer2DModel"}},
+            {"vae", {"diffusers", "AutoencoderKL"}}};
+  }
+  std::string diffusers_transformer_class() const override { return "ZImageTransformer2DModel"; }
+
   void check_pairing(const ModelConfig& c, const Files& f) const override {
     const TransformerConfig t = parse_transformer_config(c.family_transformer, f.transformer);
     check(t.cap_feat_dim == c.text_encoder.context_dim(), "the transformer (", f.transformer,
