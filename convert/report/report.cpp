@@ -7,6 +7,7 @@
 #include "formats/container/reader.h"
 #include "pipeline/model_tokenizer.h"
 #include "weights/container_store.h"
+#include "weights/family.h"
 #include "weights/source_store.h"
 
 namespace klein::report {
@@ -108,6 +109,13 @@ Report build_report(const ReportOptions& o, Progress& progress) {
   ModelPaths candidate_paths;
   candidate_paths.model = o.candidate;
   std::unique_ptr<WeightStore> candidate = open_model(candidate_paths);
+  // The report runs FLUX.2-klein's transformer block by block (its probes and policy search);
+  // another family is refused before any work.
+  const std::string& family = reference->config().family;
+  check(family == "flux2-klein", o.reference.model.string(), " is a ",
+        model_family(reference->config()).title(),
+        " model: klein report measures FLUX.2-klein models only so far (compare Z-Image "
+        "containers with klein generate --dump)");
   Compute cx(o.threads);
 
   Report r;

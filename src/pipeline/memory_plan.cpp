@@ -17,21 +17,6 @@ namespace {
 // Measured: 35 MiB of RSS once the full-size model's container and tokenizer are open.
 constexpr uint64_t kFixedBytes = uint64_t(96) << 20;
 
-struct UnitSizes {
-  uint64_t total = 0;
-  uint64_t largest = 0, second = 0;
-  void add(uint64_t bytes) {
-    total += bytes;
-    if (bytes > largest) {
-      second = largest;
-      largest = bytes;
-    } else if (bytes > second) {
-      second = bytes;
-    }
-  }
-  uint64_t two_largest() const { return largest + second; }
-};
-
 uint64_t f32_bytes(int64_t n) { return uint64_t(n) * sizeof(float); }
 
 PhaseNeed text_encoder_need(const WeightStore& store) {
@@ -132,8 +117,9 @@ MemoryEstimate estimate_memory(const WeightStore& store, const MemoryPlanInputs&
   MemoryEstimate e;
   e.fixed = kFixedBytes + in.adapter_bytes;
   const VaeConfig& vae = store.config().vae;
-  const uint64_t context = f32_bytes((in.guided ? 2 : 1) * kKleinMaxTokens *
-                                     store.config().transformer.context_dim);
+  const int64_t context_width =
+      in.context_width > 0 ? in.context_width : store.config().transformer.context_dim;
+  const uint64_t context = f32_bytes((in.guided ? 2 : 1) * kKleinMaxTokens * context_width);
   if (in.text_encoder) e.phases.push_back(text_encoder_need(store));
   if (!in.image) return e;
   if (!in.references.empty()) {
@@ -148,7 +134,7 @@ MemoryEstimate estimate_memory(const WeightStore& store, const MemoryPlanInputs&
     p.activations += context;
     e.phases.push_back(p);
   }
-  auto [setup, denoise] = denoise_needs(store, in);
+  auto [setup, denoise] = in.denoise ? in.denoise(store, in) : denoise_needs(store, in);
   e.phases.push_back(setup);
   e.phases.push_back(denoise);
   PhaseNeed d{"vae decode"};

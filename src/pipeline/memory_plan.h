@@ -19,6 +19,7 @@
 // 1 GiB; slower when the weights are not in the page cache). Below what paging one unit at a
 // time needs, a budget the user gave is refused.
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -30,18 +31,6 @@
 #include "weights/weight_store.h"
 
 namespace klein {
-
-// What the estimate needs to know about the generation.
-struct MemoryPlanInputs {
-  int64_t width = 0, height = 0;                           // output size in pixels
-  std::vector<std::pair<int64_t, int64_t>> references;     // (width, height) of each reference
-  int64_t steps = 4;
-  bool guided = false;                                     // CFG: a second context
-  bool text_encoder = true;                                // false: the context comes from elsewhere
-  bool image = true;                                       // false: the text encoder alone
-  uint64_t adapter_bytes = 0;                              // LoRA updates, held throughout
-  vae::VaeMemory vae_memory;                               // how the VAE encodes and decodes
-};
 
 // Bytes of one phase.
 struct PhaseNeed {
@@ -56,6 +45,45 @@ struct PhaseNeed {
   uint64_t resident() const { return weights_resident + activations; }
   uint64_t one_unit() const { return weights_one_unit + activations; }
 };
+
+// The sizes of a network's units: all of them (resident), the two largest (paged with the
+// next one read ahead) and the largest (paged one at a time).
+struct UnitSizes {
+  uint64_t total = 0;
+  uint64_t largest = 0, second = 0;
+  void add(uint64_t bytes) {
+    total += bytes;
+    if (bytes > largest) {
+      second = largest;
+      largest = bytes;
+    } else if (bytes > second) {
+      second = bytes;
+    }
+  }
+  uint64_t two_largest() const { return largest + second; }
+};
+
+struct MemoryPlanInputs;
+// A family's denoising phases: the set-up (embeddings, modulation) and the steps.
+using DenoiseNeed =
+    std::function<std::pair<PhaseNeed, PhaseNeed>(const WeightStore&, const MemoryPlanInputs&)>;
+
+// What the estimate needs to know about the generation.
+struct MemoryPlanInputs {
+  int64_t width = 0, height = 0;                           // output size in pixels
+  std::vector<std::pair<int64_t, int64_t>> references;     // (width, height) of each reference
+  int64_t steps = 4;
+  bool guided = false;                                     // CFG: a second context
+  bool text_encoder = true;                                // false: the context comes from elsewhere
+  bool image = true;                                       // false: the text encoder alone
+  uint64_t adapter_bytes = 0;                              // LoRA updates, held throughout
+  vae::VaeMemory vae_memory;                               // how the VAE encodes and decodes
+  // Another family's denoising phases and the width of its context rows (Z-Image's stages
+  // give them); unset: FLUX.2-klein's.
+  DenoiseNeed denoise;
+  int64_t context_width = 0;
+};
+
 
 struct MemoryEstimate {
   uint64_t fixed = 0;  // program, libraries, tokenizer

@@ -21,11 +21,13 @@
 #include "formats/image/preprocess.h"
 #include "models/vae/vae.h"
 #include "models/zimage/checkpoint/config.h"
+#include "models/zimage/checkpoint/units.h"
 #include "models/zimage/latents.h"
 #include "models/zimage/prompt.h"
 #include "models/zimage/sampler.h"
 #include "models/zimage/transformer.h"
 #include "pipeline/dump.h"
+#include "pipeline/memory_plan.h"
 #include "pipeline/noise.h"
 #include "pipeline/preview.h"
 #include "pipeline/stages.h"
@@ -60,6 +62,40 @@ void refuse(bool given, const char* option, const char* why) {
   check(!given, option, ": not available with Z-Image (", why, ")");
 }
 
+// The denoising phases for the memory plan. Set-up: the captions through the context
+// refiner with the shared unit (the caption embedder) held. Steps: the shared unit (the
+// embedders and the final layer, read every step) and the blocks, two at a time when paged;
+// the buffers of one sequence per context (zimage::Activations, captions at their 512-token
+// maximum), the latents (noise, x, x before the step, velocity, both predictions) and the
+// contexts.
+std::pair<PhaseNeed, PhaseNeed> denoise_need(const zimage::TransformerConfig& c,
+                                             const WeightStore& store, const MemoryPlanInputs& in) {
+  UnitSizes refiners, blocks;
+  for (int64_t i = 0; i < c.n_refiner_layers; ++i) {
+    refiners.add(store.unit_bytes(zimage::context_refiner_unit(i)));
+    blocks.add(store.unit_bytes(zimage::context_refiner_unit(i)));
+    blocks.add(store.unit_bytes(zimage::noise_refiner_unit(i)));
+  }
+  for (int64_t i = 0; i < c.n_layers; ++i) blocks.add(store.unit_bytes(zimage::layer_unit(i)));
+  const uint64_t shared = store.unit_bytes("transformer.shared");
+  PhaseNeed setup{"denoise set-up"}, steps{"denoise"};
+  setup.weights_paged = shared + refiners.two_largest();
+  setup.weights_resident = shared + refiners.total;
+  setup.weights_one_unit = shared + refiners.largest;
+  steps.weights_paged = shared + blocks.two_largest();
+  steps.weights_resident = shared + blocks.total;
+  steps.weights_one_unit = shared + blocks.largest;
+  const int64_t contexts = in.guided ? 2 : 1;
+  const int64_t h = in.height / kPixelsPerLatent, w = in.width / kPixelsPerLatent;
+  const zimage::SequenceLayout layout{h, w, kKleinMaxTokens, c.patch};
+  const uint64_t activations =
+      uint64_t(contexts) * zimage::Activations::plan_bytes(c, layout) +
+      uint64_t(6 * c.in_channels * h * w + contexts * kKleinMaxTokens * c.cap_feat_dim) *
+          sizeof(float);
+  setup.activations = steps.activations = activations;
+  return {setup, steps};
+}
+
 class ZImageStages final : public FamilyStages {
  public:
   void start(Session& session, Generation& g, Progress& progress) const override {
@@ -71,8 +107,6 @@ class ZImageStages final : public FamilyStages {
            "ZImagePipeline is text-to-image");
     refuse(!o.mask.empty(), "--mask", "ZImagePipeline is text-to-image");
     refuse(!o.loras.empty(), "--lora", "LoRA adapters are read for FLUX.2-klein transformers only");
-    refuse(o.plan_only || o.max_memory || o.residency, "--dry-run/--max-memory/--residency",
-           "the memory plan covers FLUX.2-klein only so far; Z-Image runs paged");
 
     auto state = std::make_shared<State>();
     state->transformer = transformer_config(weights);
@@ -129,8 +163,22 @@ class ZImageStages final : public FamilyStages {
     if (o.noise_file.empty()) r.seed = o.seed ? *o.seed : random_seed();
     r.fast = runs_fast(o.precision, weights);
     if (o.plan_memory) {
-      weights.set_residency(Residency::Paged);
-      weights.set_read_ahead(true);
+      MemoryPlanInputs need;
+      need.width = width;
+      need.height = height;
+      need.steps = r.steps;
+      need.guided = g.guided;
+      need.vae_memory = o.vae_memory;
+      need.context_width = state->transformer.cap_feat_dim;
+      const zimage::TransformerConfig transformer = state->transformer;
+      need.denoise = [transformer](const WeightStore& store, const MemoryPlanInputs& in) {
+        return denoise_need(transformer, store, in);
+      };
+      r.memory = plan_memory(estimate_memory(weights, need), o.max_memory,
+                             available_memory_bytes(), o.residency);
+      weights.set_residency(r.memory->residency);
+      weights.set_read_ahead(r.memory->read_ahead);
+      progress.memory_plan(*r.memory);
     }
     if (!o.plan_only) vae::check_scratch(weights.config().vae, {}, height, width, o.vae_memory);
     g.family = std::move(state);

@@ -131,6 +131,18 @@ TEST(ZImageCli, ContainerGivesTheSameGeneration) {
               read_npy(from_container / "dump" / name).to_f32())
         << f;
   }
+
+  // klein report measures FLUX.2-klein only so far: refused by name, no report written.
+  const fs::path report = dir / "report.json";
+  EXPECT_NE(testing::run_klein("report -m " + testing::shell_arg(zimage_model()) + " --candidate " +
+                                   testing::shell_arg(container) + " -o " +
+                                   testing::shell_arg(report),
+                               &log),
+            0);
+  EXPECT_NE(log.find("is a Z-Image model: klein report measures FLUX.2-klein models only"),
+            std::string::npos)
+      << log;
+  EXPECT_FALSE(fs::exists(report));
 }
 
 // What ZImagePipeline has no counterpart for is refused by name, before the model runs, and
@@ -146,7 +158,7 @@ TEST(ZImageCli, RefusesWhatTheFamilyCannotDo) {
            {"-r " + testing::shell_arg(some_png), "--reference: not available with Z-Image"},
            {"--init-image " + testing::shell_arg(some_png), "--init-image/--strength: not available"},
            {"--variant 4b", "--variant names FLUX.2-klein variants"},
-           {"--max-memory 2G", "the memory plan covers FLUX.2-klein only"},
+           {"--max-memory 1M", "--max-memory"},
            {"-g -1", "-g/--guidance"}}) {
     std::string log;
     const fs::path out = dir / "out.png";

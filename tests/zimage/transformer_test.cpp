@@ -212,6 +212,20 @@ TEST_F(ZImageTransformer, EachItemOfTheCfgBatchAlone) {
 
 // A second forward on the same activations (the next step) gives the same output as a fresh
 // plan: the caption rows are restored, nothing leaks from the first.
+// The memory plan's figure for the buffers is what they take, at the tiny model's sizes and
+// (by formula) the real model's: Z-Image-Turbo at 1024x1024 with a full caption.
+TEST_F(ZImageTransformer, ActivationsPlanIsWhatTheyHold) {
+  for (const SequenceLayout l : {SequenceLayout{8, 12, 17, 2}, SequenceLayout{64, 64, 600, 2},
+                                 SequenceLayout{2, 2, 1, 2}})
+    EXPECT_EQ(Activations::plan_bytes(config_, l), Activations(config_, l).bytes())
+        << l.height << "x" << l.width << " caption " << l.caption;
+  const TransformerConfig turbo;
+  const double mib =
+      double(Activations::plan_bytes(turbo, {128, 128, 512, 2})) / double(1 << 20);
+  EXPECT_GT(mib, 400);  // 4608 rows x 3840 x 6 alone are 405 MiB
+  EXPECT_LT(mib, 600);
+}
+
 TEST_F(ZImageTransformer, ActivationsServeEveryStep) {
   const std::string stem = "fwd_h64_w96";
   const Tensor cap = read_npy(transformer_vector(stem + "_cap_feats0")).to_tensor();

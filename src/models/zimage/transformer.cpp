@@ -116,6 +116,22 @@ Activations::Activations(const TransformerConfig& c, const SequenceLayout& l) : 
   caption = Tensor({caption_rows, D});
 }
 
+size_t Activations::plan_bytes(const TransformerConfig& c, const SequenceLayout& l) {
+  const int64_t S = l.rows(), D = c.dim, F = c.ffn_hidden();
+  const int64_t chunk = std::min(kChunkRows, S);
+  const int64_t floats = 6 * S * D + chunk * (2 * F + D) + l.caption_rows() * D +
+                         2 * S * c.head_dim();  // + cos and sin
+  return size_t(floats) * sizeof(float);
+}
+
+size_t Activations::bytes() const {
+  size_t n = 0;
+  for (const Tensor* t :
+       {&seq, &normed, &q, &k, &v, &attn, &gate, &up, &ffn, &caption, &rope.cos(), &rope.sin()})
+    n += size_t(t->numel()) * sizeof(float);
+  return n;
+}
+
 Transformer::Transformer(WeightStore& store, const TransformerConfig& config)
     : store_(store), config_(config) {}
 

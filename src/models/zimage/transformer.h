@@ -68,6 +68,10 @@ using Observer = std::function<void(std::string_view name, const float* data, co
 struct Activations {
   static constexpr int64_t kChunkRows = 512;
   Activations(const TransformerConfig& config, const SequenceLayout& layout);
+  // What the constructor allocates for this layout (the RoPE tables included), for memory
+  // plans before a run; and what an instance holds.
+  static size_t plan_bytes(const TransformerConfig& config, const SequenceLayout& layout);
+  size_t bytes() const;
 
   SequenceLayout layout;
   ops::RopeTable rope;
