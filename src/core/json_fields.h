@@ -80,4 +80,13 @@ void read_json_field(const nlohmann::json& j, const char* key, T& out, const std
   out = v.get<T>();
 }
 
+// A configuration value checked against what the tensor shapes say: an error naming the file
+// and the key when they differ.
+inline void check_config_matches_weights(const std::string& where, const char* key,
+                                         int64_t config_value, int64_t weights_value) {
+  check(config_value == weights_value, where, ": \"", key,
+        "\" does not match the weights (config says ", config_value, ", tensor shapes say ",
+        weights_value, ")");
+}
+
 }  // namespace klein

@@ -121,21 +121,9 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
   const Tensor* first = g.reference_pixels.empty() ? nullptr : &g.reference_pixels[0];
   if (width <= 0) width = init_size ? init_size->width : first ? first->dim(2) : kDefaultSide;
   if (height <= 0) height = init_size ? init_size->height : first ? first->dim(1) : kDefaultSide;
-  check(width >= kPixelsPerToken && height >= kPixelsPerToken, "image size ", width, "x", height,
-        " is too small (at least 16x16)");
-  check(width <= 8192 && height <= 8192, "image size ", width, "x", height,
-        " is too large (at most 8192 on a side)");
-  if (width % kPixelsPerToken || height % kPixelsPerToken) {
-    const int64_t w16 = floor_to_multiple(width, kPixelsPerToken);
-    const int64_t h16 = floor_to_multiple(height, kPixelsPerToken);
-    session.warn(g, progress, "width and height must be multiples of 16: producing " +
-                          std::to_string(w16) + "x" + std::to_string(h16) + " instead of " +
-                          std::to_string(width) + "x" + std::to_string(height));
-    width = w16;
-    height = h16;
-  }
-  r.width = width;
-  r.height = height;
+  settle_output_size(session, g, progress, width, height, kPixelsPerToken);
+  width = r.width;
+  height = r.height;
   g.grid = {height / kPixelsPerToken, width / kPixelsPerToken};
   if (init_size && g.inpaint) {
     // Scaled to the size (the processor's "default" mode; unchanged when it already fits).

@@ -68,6 +68,25 @@ void Session::decode(Generation& g, Progress& progress) {
   stages_.decode(*this, g, progress);
 }
 
+void settle_output_size(Session& s, Generation& g, Progress& progress, int64_t width,
+                        int64_t height, int64_t multiple) {
+  check(width >= 16 && height >= 16, "image size ", width, "x", height,
+        " is too small (at least 16x16)");
+  check(width <= 8192 && height <= 8192, "image size ", width, "x", height,
+        " is too large (at most 8192 on a side)");
+  if (width % multiple || height % multiple) {
+    const int64_t w = floor_to_multiple(width, multiple), h = floor_to_multiple(height, multiple);
+    s.warn(g, progress, "width and height must be multiples of " + std::to_string(multiple) +
+                            ": producing " + std::to_string(w) + "x" + std::to_string(h) +
+                            " instead of " + std::to_string(width) + "x" +
+                            std::to_string(height));
+    width = w;
+    height = h;
+  }
+  g.result.width = width;
+  g.result.height = height;
+}
+
 void check_model_files_unchanged(const Generation& g) {
   for (const auto& [file, stamp] : g.model_files)
     check(FileStamp::of(file) == stamp, file.string(), " was modified while this generation "

@@ -31,6 +31,11 @@ const FamilyStages& zimage_stages();
 // The stages of the configuration's family; throws naming a family without stages.
 const FamilyStages& stages_for(const ModelConfig& config);
 
+// The output size from the requested one: at least 16 and at most 8192 pixels a side, floored to
+// a multiple of `multiple` with a warning naming both sizes. Sets g.result's width and height.
+void settle_output_size(Session& s, Generation& g, Progress& progress, int64_t width,
+                        int64_t height, int64_t multiple);
+
 // Refuses to finish when a model file has changed since start (rewritten or replaced under
 // the mapping: the image could mix two models).
 void check_model_files_unchanged(const Generation& g);

@@ -113,22 +113,9 @@ class ZImageStages final : public FamilyStages {
 
     int64_t width = o.width > 0 ? o.width : kDefaultSide;
     int64_t height = o.height > 0 ? o.height : kDefaultSide;
-    check(width >= kPixelsPerToken && height >= kPixelsPerToken, "image size ", width, "x",
-          height, " is too small (at least 16x16)");
-    check(width <= 8192 && height <= 8192, "image size ", width, "x", height,
-          " is too large (at most 8192 on a side)");
-    if (width % kPixelsPerToken || height % kPixelsPerToken) {
-      const int64_t w16 = floor_to_multiple(width, kPixelsPerToken);
-      const int64_t h16 = floor_to_multiple(height, kPixelsPerToken);
-      session.warn(g, progress, "width and height must be multiples of 16: producing " +
-                                    std::to_string(w16) + "x" + std::to_string(h16) +
-                                    " instead of " + std::to_string(width) + "x" +
-                                    std::to_string(height));
-      width = w16;
-      height = h16;
-    }
-    r.width = width;
-    r.height = height;
+    settle_output_size(session, g, progress, width, height, kPixelsPerToken);
+    width = r.width;
+    height = r.height;
     g.grid = {height / kPixelsPerToken, width / kPixelsPerToken};
     // The RoPE positions of the image must stay within the model's axes_lens.
     const auto& lens = state->transformer.axes_lens;

@@ -4,6 +4,7 @@
 #include <cctype>
 
 #include "core/error.h"
+#include "core/json_fields.h"
 #include "models/zimage/checkpoint/family.h"
 
 namespace klein {
@@ -15,10 +16,8 @@ namespace {
 bool starts_with(const std::string& s, std::string_view p) { return s.rfind(p, 0) == 0; }
 
 // Field-by-field comparison of a config.json with what the tensors imply.
-template <class T>
-void same(const T& from_file, const T& from_shapes, const char* key, const std::string& where) {
-  check(from_file == from_shapes, where, ": \"", key, "\" does not match the weights (config says ",
-        from_file, ", tensor shapes say ", from_shapes, ")");
+void same(int64_t from_file, int64_t from_shapes, const char* key, const std::string& where) {
+  check_config_matches_weights(where, key, from_file, from_shapes);
 }
 
 // FLUX.2-klein (4B, 9B; distilled, base, K/V): the naming, shapes and configuration of

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "core/json_fields.h"
 #include "formats/container/reader.h"
 #include "weights/container_store.h"
 #include "weights/expected.h"
@@ -230,8 +231,7 @@ std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths) {
     const auto& a = config.text_encoder;
     const auto& b = e_inferred;
     auto same = [&](int64_t file, int64_t weights, const char* key) {
-      check(file == weights, f.string(), ": \"", key, "\" does not match the weights (config "
-            "says ", file, ", tensor shapes say ", weights, ")");
+      check_config_matches_weights(f.string(), key, file, weights);
     };
     same(a.hidden, b.hidden, "hidden_size");
     same(a.vocab_size, b.vocab_size, "vocab_size");
@@ -260,8 +260,7 @@ std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths) {
            " does not match the weights ", vec_str(b.block_out_channels));
     for (auto [file, weights, key] : {std::tuple{a.latent_channels, b.latent_channels, "latent_channels"},
                                       std::tuple{a.layers_per_block, b.layers_per_block, "layers_per_block"}})
-      check(file == weights, f.string(), ": \"", key, "\" does not match the weights (config "
-            "says ", file, ", tensor shapes say ", weights, ")");
+      check_config_matches_weights(f.string(), key, file, weights);
   } else {
     config.vae = v_inferred;
   }

@@ -3,6 +3,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/json_fields.h"
 #include "models/zimage/checkpoint/config.h"
 #include "models/zimage/checkpoint/units.h"
 
@@ -96,8 +97,7 @@ class ZImage final : public ModelFamily {
     if (!shapes) return;
     const TransformerConfig b = infer(*shapes, weights_file);
     auto same = [&](int64_t file, int64_t weights, const char* key) {
-      check(file == weights, where, ": \"", key, "\" does not match the weights (config says ",
-            file, ", tensor shapes say ", weights, ")");
+      check_config_matches_weights(where, key, file, weights);
     };
     same(a.dim, b.dim, "dim");
     same(a.n_heads, b.n_heads, "n_heads");
