@@ -1,6 +1,7 @@
 #include "models/zimage/checkpoint/family.h"
 
 #include <set>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/json_fields.h"
@@ -96,15 +97,15 @@ class ZImage final : public ModelFamily {
     c.family_transformer = to_json(a);
     if (!shapes) return;
     const TransformerConfig b = infer(*shapes, weights_file);
-    auto same = [&](int64_t file, int64_t weights, const char* key) {
+    const std::tuple<int64_t, int64_t, const char*> fields[] = {
+        {a.dim, b.dim, "dim"},
+        {a.n_heads, b.n_heads, "n_heads"},
+        {a.n_layers, b.n_layers, "n_layers"},
+        {a.n_refiner_layers, b.n_refiner_layers, "n_refiner_layers"},
+        {a.cap_feat_dim, b.cap_feat_dim, "cap_feat_dim"},
+        {a.in_channels, b.in_channels, "in_channels"}};
+    for (const auto& [file, weights, key] : fields)
       check_config_matches_weights(where, key, file, weights);
-    };
-    same(a.dim, b.dim, "dim");
-    same(a.n_heads, b.n_heads, "n_heads");
-    same(a.n_layers, b.n_layers, "n_layers");
-    same(a.n_refiner_layers, b.n_refiner_layers, "n_refiner_layers");
-    same(a.cap_feat_dim, b.cap_feat_dim, "cap_feat_dim");
-    same(a.in_channels, b.in_channels, "in_channels");
   }
   void infer_transformer_config(const ShapeMap& shapes, const std::string& where,
                                 ModelConfig& c) const override {
