@@ -25,9 +25,10 @@ void add_model_options(CLI::App& cmd, ModelPaths& paths) {
   std::string names;
   for (const auto& n : variant_names()) names += (names.empty() ? "" : ", ") + n;
   cmd.add_option("--variant", paths.variant,
-                 "which klein a checkpoint without model_index.json is (" + names +
+                 "which model a checkpoint is where its files do not say (" + names +
                      "): base models run 50 steps with CFG, 9b-kv caches its references' "
-                     "keys and values; must agree where the checkpoint says")
+                     "keys and values, zimage-turbo runs 8 steps without guidance; must "
+                     "agree where the checkpoint says")
       ->group(group);
   cmd.add_option("--tokenizer", paths.tokenizer,
                  "tokenizer directory (vocab.json + merges.txt + tokenizer_config.json, or "

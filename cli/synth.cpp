@@ -12,7 +12,7 @@ namespace {
 
 Registration reg("synth", 90, [](CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "synth", "Write a synthetic klein model (random weights, exact layout) for benchmarks");
+      "synth", "Write a synthetic model (random weights, exact layout) for benchmarks");
   struct Args {
     std::string out, tokenizer;
     uint64_t seed = 0;

@@ -138,7 +138,7 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
   j["negative_prompt"] = r.guided ? o.negative_prompt : std::string();
   j["steps"] = r.steps;
   j["sampler"] = "euler_flow_matching";
-  j["guidance"] = r.guided ? r.guidance : 1.0f;
+  j["guidance"] = r.guided ? r.guidance : r.no_guidance;
   if (r.guided && o.cfg_normalization) j["cfg_normalization"] = *o.cfg_normalization;
   if (r.guided && o.cfg_truncation) j["cfg_truncation"] = *o.cfg_truncation;
   j["seed"] = r.seed ? nlohmann::json(*r.seed) : nlohmann::json(nullptr);  // none: --noise

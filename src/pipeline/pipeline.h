@@ -112,6 +112,9 @@ struct GenerateResult {
   int64_t width = 0, height = 0, steps = 0;
   float guidance = 1;
   bool guided = false;  // guidance took effect: CFG with the negative prompt (base models, > 1)
+  // The guidance value that means none in the family's convention (klein 1, Z-Image 0): what
+  // the metadata records when no guidance took effect, so that giving it back gives the image.
+  float no_guidance = 1;
   bool context_from_cache = false;
   bool fast = false;  // the precision used: true = Fast (see Precision)
   std::vector<std::pair<std::string, double>> timings;  // phase → seconds, in order

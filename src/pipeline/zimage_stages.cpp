@@ -40,9 +40,10 @@ constexpr int64_t kDefaultSide = 1024;  // the pipeline's default size
 constexpr int64_t kPixelsPerToken = 16;  // VAE 8 x patch 2: sizes are multiples of 16
 constexpr int64_t kPixelsPerLatent = 8;
 // Z-Image-Turbo as the pipeline's own example runs it: 8 steps (8 transformer calls; the
-// model card's "9 steps" counts the final σ = 0), no guidance.
-constexpr int64_t kDefaultSteps = 8;
-constexpr float kDefaultGuidance = 0.0f;
+// model card's "9 steps" counts the final σ = 0), no guidance. The base model (--variant
+// zimage): the pipeline's own defaults, 50 steps with guidance 5.
+constexpr int64_t kTurboSteps = 8, kBaseSteps = 50;
+constexpr float kTurboGuidance = 0.0f, kBaseGuidance = 5.0f;
 
 struct State final : Generation::FamilyState {
   zimage::TransformerConfig transformer;
@@ -125,11 +126,12 @@ class ZImageStages final : public FamilyStages {
 
     check(o.steps >= 0 && o.steps <= kMaxSteps, "steps: expected 1 to ", kMaxSteps, ", got ",
           o.steps);
-    r.steps = o.steps > 0 ? o.steps : kDefaultSteps;
+    const bool turbo = weights.config().is_distilled;
+    r.steps = o.steps > 0 ? o.steps : turbo ? kTurboSteps : kBaseSteps;
     state->schedule = zimage::make_schedule(weights.config().scheduler, r.steps);
 
     zimage::Guidance& guidance = state->guidance;
-    guidance.scale = o.guidance.value_or(kDefaultGuidance);
+    guidance.scale = o.guidance.value_or(turbo ? kTurboGuidance : kBaseGuidance);
     check(std::isfinite(guidance.scale) && guidance.scale >= 0, "guidance: expected a number of "
           "0 or more (Z-Image: 0 runs without classifier-free guidance), got ", guidance.scale);
     guidance.normalization = o.cfg_normalization.value_or(0.0f);
@@ -140,6 +142,7 @@ class ZImageStages final : public FamilyStages {
     check(std::isfinite(guidance.truncation), "--cfg-truncation: expected a number, got ",
           guidance.truncation);
     r.guidance = guidance.scale;
+    r.no_guidance = 0;
     g.guided = r.guided = guidance.scale > 0;
     if (!g.guided && (!o.negative_prompt.empty() || o.cfg_normalization || o.cfg_truncation))
       session.warn(g, progress, "guidance is 0 (no classifier-free guidance): the negative "

@@ -184,7 +184,7 @@ ModelConfig model_config_from_json(const json& j, const std::string& where) {
       j["text_encoder"], where + " (text_encoder)",
       family.text_output_layers(text_encoder_layers(j["text_encoder"], where + " (text_encoder)")));
   c.vae = parse_vae_config(j["vae"], where + " (vae)");
-  c.vae.latent_batch_norm = family.vae_latent_batch_norm();
+  family.set_vae_latents(c.vae, true);
   c.scheduler = parse_scheduler_config(j["scheduler"], where + " (scheduler)");
   return c;
 }

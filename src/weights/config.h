@@ -66,8 +66,8 @@ struct VaeConfig {
   // How the transformer's latents relate to the VAE's: FLUX.2's VAE keeps BatchNorm
   // statistics of the patchified latents (vae.bn.*); the FLUX.1 VAE that Z-Image uses has
   // none and scales instead: z = latents / scaling_factor + shift_factor before decoding.
-  // Which one is the family's (ModelFamily::vae_latent_batch_norm); the factors are read
-  // from config.json when it has them.
+  // Which one is the family's (ModelFamily::set_vae_latents); the factors are read from
+  // config.json when it has them, else they are the family's.
   bool latent_batch_norm = true;
   double scaling_factor = 1.0;
   double shift_factor = 0.0;

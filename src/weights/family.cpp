@@ -78,7 +78,8 @@ class Flux2Klein final : public ModelFamily {
   }
 
   std::vector<int64_t> text_output_layers(int64_t) const override { return {9, 18, 27}; }
-  bool vae_latent_batch_norm() const override { return true; }
+  void set_vae_latents(VaeConfig& v, bool) const override { v.latent_batch_norm = true; }
+  SchedulerConfig default_scheduler() const override { return {}; }
 
   void read_model_index(const json& index, ModelConfig& c) const override {
     if (index.contains("is_distilled") && index["is_distilled"].is_boolean())

@@ -61,8 +61,12 @@ class ModelFamily {
   // The decoder layers (1-based) of a text encoder of `num_layers` layers that the pipeline
   // reads (TextEncoderConfig::output_layers).
   virtual std::vector<int64_t> text_output_layers(int64_t num_layers) const = 0;
-  // VaeConfig::latent_batch_norm for this family's VAE.
-  virtual bool vae_latent_batch_norm() const = 0;
+  // How this family's latents meet its VAE: VaeConfig::latent_batch_norm, and the scaling and
+  // shift factors where the VAE came without a config.json (`from_config` false: a single
+  // file, whose factors are the family's published ones).
+  virtual void set_vae_latents(VaeConfig& v, bool from_config) const = 0;
+  // The scheduler of a checkpoint without scheduler/scheduler_config.json (single files).
+  virtual SchedulerConfig default_scheduler() const = 0;
 
   // What a model_index.json says beyond its components (klein: distilled or base, the K/V
   // pipeline); then --variant, for checkpoints that do not say (`declared`: they did), or,

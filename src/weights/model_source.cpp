@@ -176,7 +176,12 @@ std::string file_identity(const fs::path& p) {
 }  // namespace
 
 const std::vector<std::string>& variant_names() {
-  static const std::vector<std::string> names = model_families().front()->variant_names();
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all;
+    for (const ModelFamily* f : model_families())
+      for (const std::string& n : f->variant_names()) all.push_back(n);
+    return all;
+  }();
   return names;
 }
 
@@ -189,6 +194,9 @@ std::unique_ptr<WeightStore> open_model(const ModelPaths& paths) {
     auto store = std::make_unique<ContainerStore>(paths.model);
     ModelConfig config = store->config();
     model_family(config).apply_variant(paths.variant, true, paths.model.string(), config);
+    check(variant_name(config) == variant_name(store->config()), "--variant ", paths.variant,
+          ": ", paths.model.string(), " was converted as ", variant_name(store->config()),
+          "; a container keeps the variant it was converted with (convert again with --variant)");
     return store;
   }
   return open_source_model(paths);
@@ -264,9 +272,11 @@ std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths) {
   } else {
     config.vae = v_inferred;
   }
-  config.vae.latent_batch_norm = family->vae_latent_batch_norm();
-  if (!d.scheduler_config.empty())
-    config.scheduler = parse_scheduler_config(read_json(d.scheduler_config), d.scheduler_config.string());
+  family->set_vae_latents(config.vae, !d.vae.config.empty());
+  config.scheduler = d.scheduler_config.empty()
+                         ? family->default_scheduler()
+                         : parse_scheduler_config(read_json(d.scheduler_config),
+                                                  d.scheduler_config.string());
   if (!d.model_index.empty()) family->read_model_index(read_json(d.model_index), config);
   family->apply_variant(paths.variant, !d.model_index.empty(),
                         d.model_index.empty() ? files.transformer : d.model_index.string(), config);

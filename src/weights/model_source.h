@@ -38,7 +38,7 @@ struct ModelPaths {
   std::string variant;
 };
 
-// The variant names --variant accepts.
+// The variant names --variant accepts, of every family.
 const std::vector<std::string>& variant_names();
 
 class SourceStore;

@@ -245,7 +245,14 @@ std::vector<TensorSource> map_vae(const std::vector<NamedShape>& tensors, const 
 
 }  // namespace
 
-const char* layout_name(Layout l) { return l == Layout::Bfl ? "BFL" : "diffusers"; }
+const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::Bfl: return "BFL";
+    case Layout::Original: return "original";
+    case Layout::Diffusers: break;
+  }
+  return "diffusers";
+}
 
 Layout detect_layout(Component c, const std::vector<NamedShape>& tensors) {
   switch (c) {

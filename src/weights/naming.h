@@ -43,9 +43,10 @@ enum class Component { Transformer, TextEncoder, Vae };
 const char* component_name(Component c);
 
 // How a component's source names its tensors: the diffusers / transformers names (the
-// diffusers directory, and single files saved from it), or the original BFL names of the
-// flux2 repository (single-file checkpoints, with or without a ComfyUI prefix).
-enum class Layout { Diffusers, Bfl };
+// diffusers directory, and single files saved from it), the original BFL names of the
+// flux2 repository (single-file checkpoints, with or without a ComfyUI prefix), or another
+// family's original names (Z-Image's, which ComfyUI's single files keep).
+enum class Layout { Diffusers, Bfl, Original };
 const char* layout_name(Layout l);
 Layout detect_layout(Component c, const std::vector<NamedShape>& tensors);
 

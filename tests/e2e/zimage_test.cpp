@@ -90,9 +90,17 @@ TEST_P(ZImageCli, MatchesTheOfficialPipelineAtEveryStage) {
                               info["height"].get<int>());
 
   // The metadata records what took effect.
-  std::string parameters;
-  for (const auto& [k, v] : read_image_metadata(out / "image.png"))
+  std::string parameters, record;
+  for (const auto& [k, v] : read_image_metadata(out / "image.png")) {
     if (k == "parameters") parameters = v;
+    if (k == "klein") record = v;
+  }
+  // The engine's own record keeps Z-Image's convention, so that giving its guidance back
+  // gives the same image: 0 when no guidance ran (1 would run CFG in ZImagePipeline).
+  ASSERT_FALSE(record.empty());
+  EXPECT_EQ(json::parse(record)["guidance"].get<double>(),
+            guided ? info["guidance_scale"].get<double>() : 0.0)
+      << record;
   EXPECT_NE(parameters.find("Steps: " + std::to_string(steps)), std::string::npos) << parameters;
   EXPECT_EQ(parameters.find("Negative prompt") != std::string::npos,
             guided && info.contains("negative_prompt") && info["negative_prompt"].is_string())
@@ -145,6 +153,57 @@ TEST(ZImageCli, ContainerGivesTheSameGeneration) {
   EXPECT_FALSE(fs::exists(report));
 }
 
+// The record of a generation (the PNG's "klein" metadata).
+json generation_record(const fs::path& png) {
+  for (const auto& [k, v] : read_image_metadata(png))
+    if (k == "klein") return json::parse(v);
+  ADD_FAILURE() << png << " has no klein metadata";
+  return {};
+}
+
+// Turbo and the base model share the layout and model_index.json: --variant picks the
+// defaults (8 steps without guidance, or the pipeline's 50 steps with guidance 5), and a
+// container keeps the variant it was converted with.
+TEST(ZImageCli, VariantPicksTheDefaults) {
+  const fs::path dir = testing::temp_dir("zimage-variant");
+  const std::string model = testing::shell_arg(zimage_model());
+  auto generate = [&](const std::string& m, const std::string& args, const fs::path& out) {
+    std::string log;
+    EXPECT_EQ(testing::run_klein("generate -m " + m + " -p x -W 32 -H 32 --seed 1 --no-cache -q " +
+                                     args + " -o " + testing::shell_arg(out),
+                                 &log),
+              0)
+        << log;
+    return generation_record(out);
+  };
+  const json turbo = generate(model, "", dir / "turbo.png");
+  EXPECT_EQ(turbo["steps"], 8);
+  EXPECT_EQ(turbo["guidance"].get<double>(), 0.0);
+  const json base = generate(model, "--variant zimage", dir / "base.png");
+  EXPECT_EQ(base["steps"], 50);
+  EXPECT_EQ(base["guidance"].get<double>(), 5.0);
+
+  std::string log;
+  const fs::path container = dir / "z-base.klein";
+  ASSERT_EQ(testing::run_klein("convert -m " + model + " --variant zimage -t bf16 -q -o " +
+                                   testing::shell_arg(container),
+                               &log),
+            0)
+      << log;
+  ASSERT_EQ(testing::run_klein("inspect -m " + testing::shell_arg(container), &log), 0) << log;
+  EXPECT_NE(log.find("Z-Image (base): 50 steps"), std::string::npos) << log;
+  EXPECT_EQ(generate(testing::shell_arg(container), "-s 2", dir / "c.png")["guidance"].get<double>(),
+            5.0);
+  const fs::path refused = dir / "refused.png";
+  EXPECT_NE(testing::run_klein("generate -m " + testing::shell_arg(container) +
+                                   " --variant zimage-turbo -p x -W 32 -H 32 -q -o " +
+                                   testing::shell_arg(refused),
+                               &log),
+            0);
+  EXPECT_NE(log.find("was converted as zimage"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(refused));
+}
+
 // What ZImagePipeline has no counterpart for is refused by name, before the model runs, and
 // no image is written.
 TEST(ZImageCli, RefusesWhatTheFamilyCannotDo) {
@@ -157,7 +216,7 @@ TEST(ZImageCli, RefusesWhatTheFamilyCannotDo) {
   for (const Refusal& r : std::vector<Refusal>{
            {"-r " + testing::shell_arg(some_png), "--reference: not available with Z-Image"},
            {"--init-image " + testing::shell_arg(some_png), "--init-image/--strength: not available"},
-           {"--variant 4b", "--variant names FLUX.2-klein variants"},
+           {"--variant 4b", "is a Z-Image model; expected zimage-turbo or zimage"},
            {"--max-memory 1M", "--max-memory"},
            {"-g -1", "-g/--guidance"}}) {
     std::string log;

@@ -197,8 +197,9 @@ std::vector<StTensor> bfl_vae(const std::string& prefix) {
   return out;
 }
 
-// Every unit of `got` holds exactly the canonical tensors of `want`, bit for bit.
-void expect_same_weights(WeightStore& want, WeightStore& got) {
+// Every unit of `got` holds exactly the canonical tensors of `want` (at least `at_least` of
+// them: the tiny klein has over 500, zimage-tiny 409), bit for bit.
+void expect_same_weights(WeightStore& want, WeightStore& got, size_t at_least = 500) {
   ASSERT_EQ(want.units(), got.units());
   size_t compared = 0;
   for (const auto& name : want.units()) {
@@ -214,7 +215,7 @@ void expect_same_weights(WeightStore& want, WeightStore& got) {
       ++compared;
     }
   }
-  EXPECT_GT(compared, 500u);
+  EXPECT_GE(compared, at_least);
 }
 
 class BflLayout : public ::testing::Test {
@@ -617,6 +618,199 @@ TEST_F(BflLayout, GgufQuantizedBlocksConvertToTheirDecodedWeights) {
   for (const std::string& name : q8_0)
     EXPECT_TRUE(reported.count(name)) << name << " is not in the report";
   EXPECT_GE(requantized_with_error.size(), 20u);
+}
+
+// --- Z-Image: the original names of Tongyi-MAI's checkpoints, as ComfyUI ships them -------
+
+fs::path zimage_model() { return testing::tiny_dir().parent_path() / "zimage-tiny" / "model"; }
+
+// zimage-tiny's transformer under the original names: the inverse of diffusers' single-file
+// conversion (convert_z_image_transformer_checkpoint_to_diffusers), written here from its
+// rename table: q, k, v fused into attention.qkv, attention.out / q_norm / k_norm, x_embedder
+// and final_layer without their "all_" and patch suffix, plus the final norm the original
+// model has and never uses.
+std::vector<StTensor> original_zimage_transformer(const std::string& prefix) {
+  TensorMap d = by_name(
+      testing::read_all(zimage_model() / "transformer/diffusion_pytorch_model.safetensors"));
+  std::vector<StTensor> out;
+  auto put = [&](StTensor t) {
+    t.name = prefix + t.name;
+    out.push_back(std::move(t));
+  };
+  for (const std::string group : {"noise_refiner.", "context_refiner.", "layers."}) {
+    for (int i = 0; i < 2; ++i) {
+      const std::string a = group + std::to_string(i) + ".attention.";
+      const StTensor q = take(d, a + "to_q.weight"), k = take(d, a + "to_k.weight"),
+                     v = take(d, a + "to_v.weight");
+      put(fused(a + "qkv.weight", q, k, v));
+      put(renamed(take(d, a + "to_out.0.weight"), a + "out.weight"));
+      put(renamed(take(d, a + "norm_q.weight"), a + "q_norm.weight"));
+      put(renamed(take(d, a + "norm_k.weight"), a + "k_norm.weight"));
+    }
+  }
+  for (const std::string end : {"weight", "bias"}) {
+    put(renamed(take(d, "all_x_embedder.2-1." + end), "x_embedder." + end));
+    put(renamed(take(d, "all_final_layer.2-1.linear." + end), "final_layer.linear." + end));
+    put(renamed(take(d, "all_final_layer.2-1.adaLN_modulation.1." + end),
+                "final_layer.adaLN_modulation.1." + end));
+  }
+  StTensor norm = d.at("layers.0.attention_norm1.weight");  // [dim], any values
+  put(renamed(norm, "norm_final.weight"));
+  for (auto& [name, t] : d) put(std::move(t));  // the rest: the same names in both
+  return out;
+}
+
+// The FLUX.1 VAE of zimage-tiny under BFL names, as ComfyUI's ae.safetensors holds it.
+std::vector<StTensor> bfl_zimage_vae() {
+  std::vector<StTensor> out;
+  for (StTensor t : testing::read_all(zimage_model() / "vae/diffusion_pytorch_model.safetensors")) {
+    const bool attention_linear =
+        t.name.find(".attentions.0.to_") != std::string::npos && t.name.ends_with(".weight");
+    t.name = bfl_vae_name(t.name, 4);
+    if (attention_linear) t.shape = {t.shape[0], t.shape[1], 1, 1};
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+TEST_F(BflLayout, ZImageOriginalNamesLoadBitIdentical) {
+  for (const std::string prefix : {"", "model.diffusion_model."}) {
+    SCOPED_TRACE("prefix '" + prefix + "'");
+    testing::write_safetensors(dir_ / "z_image_turbo_bf16.safetensors",
+                               original_zimage_transformer(prefix));
+    ModelPaths paths;
+    paths.model = zimage_model();
+    paths.diffusion_model = dir_ / "z_image_turbo_bf16.safetensors";
+    const std::unique_ptr<WeightStore> single = open_model(paths),
+                                       diffusers = open_model(zimage_model());
+    expect_same_weights(*diffusers, *single, 409);
+    EXPECT_EQ(single->config().family, "z-image");
+    // No config.json came with the file: the shapes must give the same configuration.
+    EXPECT_EQ(single->config().family_transformer, diffusers->config().family_transformer);
+    const ModelSummary s = describe_model(paths);
+    EXPECT_EQ(s.components[0].layout, Layout::Original);
+  }
+}
+
+TEST_F(BflLayout, ZImageGgufWithTheOriginalNamesLoadsBitIdentical) {
+  // ComfyUI-GGUF keeps the state dict's names; float tensors run without converting.
+  testing::write_gguf(dir_ / "z_image_turbo.gguf", {{"general.architecture", std::string("lumina2")}},
+                      original_zimage_transformer(""));
+  ModelPaths paths;
+  paths.model = zimage_model();
+  paths.diffusion_model = dir_ / "z_image_turbo.gguf";
+  expect_same_weights(*open_model(zimage_model()), *open_model(paths), 409);
+}
+
+TEST_F(BflLayout, ZImageFromSingleFilesGetsTheFamilysVaeScaleAndScheduler) {
+  testing::write_safetensors(dir_ / "z_image_turbo_bf16.safetensors",
+                             original_zimage_transformer("model.diffusion_model."));
+  testing::write_safetensors(dir_ / "ae.safetensors", bfl_zimage_vae());
+  ModelPaths paths;
+  paths.diffusion_model = dir_ / "z_image_turbo_bf16.safetensors";
+  paths.text_encoder = zimage_model() / "text_encoder/model.safetensors.index.json";
+  paths.vae = dir_ / "ae.safetensors";
+  const std::unique_ptr<WeightStore> single = open_model(paths),
+                                     diffusers = open_model(zimage_model());
+  expect_same_weights(*diffusers, *single, 409);
+  // Without config.json files, the FLUX.1 VAE's factors and Z-Image-Turbo's scheduler are the
+  // family's; the diffusers directory's files say the same.
+  const ModelConfig& a = diffusers->config();
+  const ModelConfig& b = single->config();
+  EXPECT_FALSE(b.vae.latent_batch_norm);
+  EXPECT_EQ(b.vae.scaling_factor, a.vae.scaling_factor);
+  EXPECT_EQ(b.vae.shift_factor, a.vae.shift_factor);
+  EXPECT_EQ(b.vae.latent_channels, 16);
+  EXPECT_FALSE(b.vae.use_quant_conv);
+  EXPECT_EQ(b.scheduler.use_dynamic_shifting, a.scheduler.use_dynamic_shifting);
+  EXPECT_EQ(b.scheduler.shift, a.scheduler.shift);
+  EXPECT_EQ(b.scheduler.num_train_timesteps, a.scheduler.num_train_timesteps);
+}
+
+// Turbo and the base model have the same tensors: a single file is what its name says, and a
+// name that does not say leaves it to --variant.
+TEST_F(BflLayout, ZImageVariantOfASingleFileFromItsNameOrVariant) {
+  ModelPaths paths;
+  paths.text_encoder = zimage_model() / "text_encoder/model.safetensors.index.json";
+  paths.vae = zimage_model() / "vae/diffusion_pytorch_model.safetensors";
+  for (const char* name : {"z_image_turbo_bf16.safetensors", "z_image_bf16.safetensors"}) {
+    testing::write_safetensors(dir_ / name, original_zimage_transformer(""));
+    paths.diffusion_model = dir_ / name;
+    paths.variant = "";
+    const ModelConfig c = open_model(paths)->config();
+    if (std::string(name).find("turbo") != std::string::npos) {
+      EXPECT_TRUE(c.undecided_variant.empty()) << c.undecided_variant;
+      EXPECT_TRUE(c.is_distilled);
+    } else {
+      EXPECT_THAT(c.undecided_variant, ::testing::HasSubstr("give --variant zimage-turbo or "
+                                                            "--variant zimage"));
+    }
+    paths.variant = "zimage";
+    const ModelConfig base = open_model(paths)->config();
+    EXPECT_TRUE(base.undecided_variant.empty());
+    EXPECT_FALSE(base.is_distilled);
+    EXPECT_EQ(variant_name(base), "zimage");
+  }
+}
+
+TEST_F(BflLayout, ZImageFusedQkvOfTheWrongShapeIsNamed) {
+  std::vector<StTensor> tensors = original_zimage_transformer("");
+  for (StTensor& t : tensors)
+    if (t.name == "layers.1.attention.qkv.weight") {
+      t.shape[0] -= 1;
+      t.bytes.resize(t.bytes.size() - size_t(t.shape[1]) * 2);
+    }
+  testing::write_safetensors(dir_ / "z.safetensors", tensors);
+  ModelPaths paths;
+  paths.model = zimage_model();
+  paths.diffusion_model = dir_ / "z.safetensors";
+  EXPECT_THAT(testing::error_of([&] { open_model(paths); }),
+              ::testing::AllOf(::testing::HasSubstr("layers.1.attention.qkv.weight"),
+                               ::testing::HasSubstr("3 x dim rows")));
+}
+
+// A ComfyUI-GGUF Z-Image transformer of GGML blocks (Q8_0 and Q4_0 in turn, fused
+// attention.qkv among them) converts to what its blocks stand for: the container generates
+// exactly what the decoded values, given as safetensors under the same names, do.
+TEST_F(BflLayout, ZImageGgufOfQuantizedBlocksConvertsToItsDecodedWeights) {
+  std::vector<StTensor> gguf, reference;
+  size_t quantized_tensors = 0;
+  for (const StTensor& t : original_zimage_transformer("")) {
+    std::string type = "F32";
+    if (t.shape.size() == 2 && t.shape[1] % kBlock == 0)
+      type = quantized_tensors++ % 2 ? "Q4_0" : "Q8_0";
+    Stored stored = stored_as(t, type);
+    gguf.push_back(std::move(stored.gguf));
+    reference.push_back(std::move(stored.reference));
+  }
+  ASSERT_GE(quantized_tensors, 30u);
+  testing::write_gguf(dir_ / "z_image_turbo-Q4_0.gguf",
+                      {{"general.architecture", std::string("lumina2")}}, gguf);
+  testing::write_safetensors(dir_ / "z_image_turbo-ref.safetensors", reference);
+
+  auto arg = [](const fs::path& p) { return " '" + p.string() + "'"; };
+  const std::string run = " -p \"a red cube\" -s 2 -W 32 -H 48 --seed 3 --no-cache --threads 2 -q";
+  std::string log;
+  ASSERT_EQ(testing::run_klein("convert -m" + arg(zimage_model()) + " --diffusion-model" +
+                                   arg(dir_ / "z_image_turbo-Q4_0.gguf") + " -t f32 -q -o" +
+                                   arg(dir_ / "z.klein"),
+                               &log),
+            0)
+      << log;
+  ASSERT_EQ(testing::run_klein("generate -m" + arg(dir_ / "z.klein") + run + " --dump" +
+                                   arg(dir_ / "from-gguf") + " -o" + arg(dir_ / "a.png"),
+                               &log),
+            0)
+      << log;
+  ASSERT_EQ(testing::run_klein("generate -m" + arg(zimage_model()) + " --diffusion-model" +
+                                   arg(dir_ / "z_image_turbo-ref.safetensors") + run +
+                                   " --dump" + arg(dir_ / "ref") + " -o" + arg(dir_ / "b.png"),
+                               &log),
+            0)
+      << log;
+  for (const char* f : {"final_latents.npy", "image.npy"})
+    EXPECT_TRUE(read_text_file(dir_ / "from-gguf" / f) == read_text_file(dir_ / "ref" / f))
+        << f << " differs from the reference's";
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "models/zimage/checkpoint/family.h"
 
+#include <cctype>
+#include <filesystem>
 #include <set>
 #include <tuple>
 
@@ -42,6 +44,29 @@ int64_t count_indexed(const ShapeMap& m, const std::string& prefix) {
   return int64_t(seen.size());
 }
 
+// The original Z-Image names (Tongyi-MAI's repository; ComfyUI's single files and GGUF files
+// keep them) that diffusers renames (its single-file conversion,
+// convert_z_image_transformer_checkpoint_to_diffusers): the diffusers name, or nothing for a
+// name both spell the same. The fused attention.qkv and the unused final norm are handled by
+// map_transformer.
+constexpr std::string_view kFusedQkv = ".attention.qkv.weight";
+constexpr std::string_view kUnusedFinalNorm = "norm_final.weight";
+std::optional<std::string> original_name(const std::string& name) {
+  static const std::pair<std::string_view, std::string_view> prefixes[] = {
+      {"final_layer.", "all_final_layer.2-1."}, {"x_embedder.", "all_x_embedder.2-1."}};
+  for (const auto& [from, to] : prefixes)
+    if (starts_with(name, from)) return std::string(to) + name.substr(from.size());
+  static const std::pair<std::string_view, std::string_view> parts[] = {
+      {".attention.out.", ".attention.to_out.0."},
+      {".attention.q_norm.", ".attention.norm_q."},
+      {".attention.k_norm.", ".attention.norm_k."}};
+  for (const auto& [from, to] : parts)
+    if (const size_t at = name.find(from); at != std::string::npos)
+      return name.substr(0, at) + std::string(to) + name.substr(at + from.size());
+  if (name.ends_with(kFusedQkv) || name == kUnusedFinalNorm) return name;
+  return std::nullopt;
+}
+
 class ZImage final : public ModelFamily {
  public:
   std::string_view id() const override { return "z-image"; }
@@ -55,31 +80,46 @@ class ZImage final : public ModelFamily {
     return false;
   }
 
-  Layout transformer_layout(const std::vector<NamedShape>&) const override {
+  Layout transformer_layout(const std::vector<NamedShape>& tensors) const override {
+    for (const auto& t : tensors)
+      if (original_name(strip_prefix(t.name))) return Layout::Original;
     return Layout::Diffusers;
   }
   std::vector<TensorSource> map_transformer(const std::vector<NamedShape>& tensors,
                                             const std::string& where) const override {
     std::vector<TensorSource> out;
     std::vector<std::string> unknown;
-    bool fused_qkv = false;
     for (const auto& t : tensors) {
-      const std::string canonical = "transformer." + strip_prefix(t.name);
-      if (transformer_unit_of(canonical)) {
-        out.push_back({canonical, t.name});
-      } else {
-        unknown.push_back(t.name);
-        fused_qkv = fused_qkv || t.name.find("attention.qkv.") != std::string::npos;
+      const std::string name = strip_prefix(t.name);
+      if (name == kUnusedFinalNorm) {  // no unit: dropped, as diffusers drops it
+        out.push_back({"transformer." + name, t.name});
+        continue;
       }
+      if (name.ends_with(kFusedQkv)) {
+        // [3 x dim, dim]: the rows of to_q, to_k and to_v, one after the other.
+        const std::string block = name.substr(0, name.size() - kFusedQkv.size());
+        check(t.shape.size() == 2 && t.shape[0] % 3 == 0, where, ": ", t.name, " has shape ",
+              shape_str(t.shape), "; a fused q/k/v projection has 3 x dim rows");
+        const int64_t d = t.shape[0] / 3;
+        const char* parts[] = {".attention.to_q.weight", ".attention.to_k.weight",
+                               ".attention.to_v.weight"};
+        for (int64_t i = 0; i < 3; ++i)
+          out.push_back({"transformer." + block + parts[i], t.name, i * d, (i + 1) * d});
+        continue;
+      }
+      const std::string canonical =
+          "transformer." + original_name(name).value_or(name);
+      if (transformer_unit_of(canonical))
+        out.push_back({canonical, t.name});
+      else
+        unknown.push_back(t.name);
     }
     if (!unknown.empty()) {
       std::string list;
       for (size_t i = 0; i < unknown.size() && i < 5; ++i) list += "\n  " + unknown[i];
       if (unknown.size() > 5) list += "\n  ... and " + std::to_string(unknown.size() - 5) + " more";
-      fail(where, ": ", unknown.size(), " tensor(s) are not Z-Image transformer tensors in the "
-           "diffusers layout", fused_qkv ? " (fused attention.qkv: the original or ComfyUI "
-           "layout, which this engine does not read yet; use the diffusers directory)" : "",
-           ":", list);
+      fail(where, ": ", unknown.size(), " tensor(s) are not Z-Image transformer tensors (diffusers "
+           "or original names):", list);
     }
     return out;
   }
@@ -121,21 +161,56 @@ class ZImage final : public ModelFamily {
           " layer(s); Z-Image reads the output of the last layer but one");
     return {num_layers - 1};
   }
-  bool vae_latent_batch_norm() const override { return false; }
-
-  void read_model_index(const json&, ModelConfig&) const override {}
-  std::vector<std::string> variant_names() const override { return {}; }
-  std::string variant_name(const ModelConfig&) const override { return ""; }
-  void apply_variant(const std::string& variant, bool, const std::string& where,
-                     ModelConfig&) const override {
-    check(variant.empty(), "--variant ", variant, ": ", where,
-          " is a Z-Image model; --variant names FLUX.2-klein variants");
+  // The FLUX.1 VAE: its latents are scaled and shifted, with the factors of its published
+  // config.json (Z-Image-Turbo's vae/config.json has the same).
+  void set_vae_latents(VaeConfig& v, bool from_config) const override {
+    v.latent_batch_norm = false;
+    if (from_config) return;
+    v.scaling_factor = 0.3611;
+    v.shift_factor = 0.1159;
   }
-  void decide_undeclared_variant(const std::string&, ModelConfig&) const override {}
+  // Z-Image-Turbo's scheduler_config.json: a static shift of 3.
+  SchedulerConfig default_scheduler() const override {
+    SchedulerConfig s;
+    s.use_dynamic_shifting = false;
+    s.shift = 3.0;
+    return s;
+  }
 
-  std::vector<std::string> describe_pipeline(const ModelConfig&) const override {
-    return {"ZImagePipeline: the prompt's Qwen3 features, flow-matching Euler steps; Turbo runs "
-            "without guidance, the base model with classifier-free guidance (--guidance > 0)"};
+  // Z-Image-Turbo (distilled: few steps, no guidance) and Z-Image (the base model: CFG, many
+  // steps) have the same layout and the same model_index.json; only the defaults differ
+  // (ModelConfig::is_distilled). A directory is Turbo, the model published first, unless
+  // --variant says otherwise; a single file is what its name says.
+  void read_model_index(const json&, ModelConfig& c) const override { c.is_distilled = true; }
+  std::vector<std::string> variant_names() const override { return {"zimage-turbo", "zimage"}; }
+  std::string variant_name(const ModelConfig& c) const override {
+    return c.is_distilled ? "zimage-turbo" : "zimage";
+  }
+  void apply_variant(const std::string& variant, bool, const std::string& where,
+                     ModelConfig& c) const override {
+    if (variant.empty()) return;
+    check(variant == "zimage-turbo" || variant == "zimage", "--variant ", variant, ": ", where,
+          " is a Z-Image model; expected zimage-turbo or zimage");
+    c.is_distilled = variant == "zimage-turbo";
+  }
+  void decide_undeclared_variant(const std::string& transformer_file,
+                                 ModelConfig& c) const override {
+    std::string name = std::filesystem::path(transformer_file).filename().string();
+    for (char& ch : name) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    if (name.find("turbo") != std::string::npos) {
+      c.is_distilled = true;
+    } else {
+      c.undecided_variant =
+          transformer_file + ": without a model_index.json nothing says whether this is "
+          "Z-Image-Turbo or the Z-Image base model (the weights are the same shape, and the file "
+          "name does not say \"turbo\"); give --variant zimage-turbo or --variant zimage";
+    }
+  }
+
+  std::vector<std::string> describe_pipeline(const ModelConfig& c) const override {
+    return {"ZImagePipeline: the prompt's Qwen3 features, flow-matching Euler steps",
+            c.is_distilled ? "Z-Image-Turbo: 8 steps without guidance by default"
+                           : "Z-Image (base): 50 steps with classifier-free guidance 5 by default"};
   }
   std::string describe_transformer(const ModelConfig& c) const override {
     const TransformerConfig t = parse_transformer_config(c.family_transformer, "configuration");
