@@ -25,6 +25,7 @@
 #include "ops/compute.h"
 #include "ops/attention.h"
 #include "ops/blas.h"
+#include "ops/gemm.h"
 
 namespace {
 
@@ -141,6 +142,55 @@ void sizes(benchmark::internal::Benchmark* b) {
 BENCHMARK_CAPTURE(BM_attention, legacy, Path::Legacy)->Name("attention/legacy")->Apply(sizes);
 BENCHMARK_CAPTURE(BM_attention, exact, Path::Exact)->Name("attention/exact")->Apply(sizes);
 BENCHMARK_CAPTURE(BM_attention, bf16, Path::Bf16)->Name("attention/bf16")->Apply(sizes);
+
+// One thread, the products of the generation path: ours (ops::gemm) against OpenBLAS's
+// sgemm on the same operands. Shapes: attention's Q·Kᵀ of a 256-query tile against 1024
+// keys and P·V (rows of Q, K, V 24·128 floats apart, as in the transformer), a float
+// projection panel (1024 tokens x 64 rows of W, K 3072), a VAE convolution tile (512
+// channels, 512 pixels, K = 512·9).
+struct GemmShape {
+  const char* name;
+  int64_t M, N, K, lda, ldb;
+  bool b_transposed;
+};
+const GemmShape kGemmShapes[] = {{"qk", 256, 1024, 128, kHeads * kHeadDim, kHeads * kHeadDim, true},
+                                 {"pv", 256, 128, 1024, 1024, kHeads * kHeadDim, false},
+                                 {"linear", 1024, 64, 3072, 3072, 3072, true},
+                                 {"conv", 512, 512, 4608, 4608, 512, false}};
+
+void BM_gemm(benchmark::State& state, bool ours) {
+  const GemmShape& s = kGemmShapes[state.range(0)];
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> a(size_t(s.M * s.lda)), b(size_t((s.b_transposed ? s.N : s.K) * s.ldb)),
+      c(size_t(s.M * s.N)), pack(ops::gemm_pack_floats());
+  for (auto* v : {&a, &b})
+    for (float& x : *v) x = d(rng);
+  ops::ensure_blas_single_threaded();
+  const quant::Isa isa = quant::best_isa() == quant::Isa::Amx ? quant::Isa::Avx512 : quant::best_isa();
+  for (auto _ : state) {
+    if (ours)
+      ops::gemm({.M = s.M, .N = s.N, .K = s.K, .a = a.data(), .lda = s.lda, .b = b.data(),
+                 .ldb = s.ldb, .b_transposed = s.b_transposed, .c = c.data(), .ldc = s.N},
+                isa, pack.data());
+    else
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, s.b_transposed ? CblasTrans : CblasNoTrans,
+                  int(s.M), int(s.N), int(s.K), 1.0f, a.data(), int(s.lda), b.data(), int(s.ldb),
+                  0.0f, c.data(), int(s.N));
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2e-9 * double(s.M * s.N * s.K),
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(s.name) + (ours ? " " + std::string(quant::isa_name(isa)) : ""));
+}
+
+void gemm_shapes(benchmark::internal::Benchmark* b) {
+  for (int64_t i = 0; i < int64_t(std::size(kGemmShapes)); ++i) b->Arg(i);
+  b->ArgName("shape")->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
+BENCHMARK_CAPTURE(BM_gemm, ours, true)->Name("gemm/ours")->Apply(gemm_shapes);
+BENCHMARK_CAPTURE(BM_gemm, openblas, false)->Name("gemm/openblas")->Apply(gemm_shapes);
 
 }  // namespace
 

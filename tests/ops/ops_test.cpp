@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "core/cpu.h"
 #include "ops/attention.h"
+#include "ops/gemm.h"
 #include "ops/linear.h"
 #include "ops/norm.h"
 #include "quant/matmul.h"
@@ -183,6 +185,71 @@ TEST(Activations, SwigluMatchesDoubleOnEveryIsa) {
       ASSERT_NEAR(out[size_t(i)], ref, tol) << quant::isa_name(isa) << " at gate " << g;
       ASSERT_EQ(in_place[size_t(i)], out[size_t(i)]) << quant::isa_name(isa) << " in place";
     }
+  }
+}
+
+// ops::gemm on every instruction set the CPU has, against a float64 sum: every edge of the
+// micro-kernels (rows and columns not multiples of MR and NR, K across the KC blocks, one
+// row, one column), both forms of B, alpha, accumulation, and strided operands. The sums are
+// float32 with fused multiply-adds, so the bound is K float32 roundings of the partial sums.
+TEST(Gemm, MatchesFloat64OnEveryEdgeAndIsa) {
+  struct Shape {
+    int64_t M, N, K;
+  };
+  const Shape shapes[] = {{1, 1, 1},    {1, 37, 5},   {13, 1, 300}, {6, 16, 7},   {12, 32, 33},
+                          {7, 17, 256}, {25, 70, 257}, {64, 300, 128}, {300, 9, 600}, {3, 520, 40}};
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  for (quant::Isa isa : quant::available_isas()) {
+    std::vector<float> pack(gemm_pack_floats());
+    for (const Shape& s : shapes)
+      for (bool transposed : {false, true})
+        for (bool accumulate : {false, true}) {
+          const int64_t lda = s.K + 3, ldb = (transposed ? s.K : s.N) + 5, ldc = s.N + 2;
+          std::vector<float> a(size_t(s.M * lda)), b(size_t((transposed ? s.N : s.K) * ldb)),
+              c(size_t(s.M * ldc));
+          for (auto* v : {&a, &b, &c})
+            for (float& x : *v) x = d(rng);
+          // Without accumulation C is not read: NaN there must not show.
+          if (!accumulate) std::fill(c.begin(), c.end(), std::nanf(""));
+          const std::vector<float> c0 = c;
+          GemmArgs g;
+          g.M = s.M;
+          g.N = s.N;
+          g.K = s.K;
+          g.a = a.data();
+          g.lda = lda;
+          g.b = b.data();
+          g.ldb = ldb;
+          g.b_transposed = transposed;
+          g.c = c.data();
+          g.ldc = ldc;
+          g.alpha = 0.75f;
+          g.accumulate = accumulate;
+          gemm(g, isa, pack.data());
+          for (int64_t i = 0; i < s.M; ++i) {
+            for (int64_t j = 0; j < s.N; ++j) {
+              double sum = 0, magnitude = 0;
+              for (int64_t k = 0; k < s.K; ++k) {
+                const double x = a[size_t(i * lda + k)];
+                const double y = transposed ? b[size_t(j * ldb + k)] : b[size_t(k * ldb + j)];
+                sum += x * y;
+                magnitude += std::fabs(x * y);
+              }
+              const double want = 0.75 * sum + (accumulate ? c0[size_t(i * ldc + j)] : 0.0);
+              const double tol = 0.75 * magnitude * double(s.K) * 6e-8 + 1e-6;
+              ASSERT_NEAR(c[size_t(i * ldc + j)], want, tol)
+                  << quant::isa_name(isa) << " " << s.M << "x" << s.N << "x" << s.K
+                  << (transposed ? " B transposed" : "") << (accumulate ? " accumulate" : "")
+                  << " at (" << i << ", " << j << ")";
+            }
+            // Nothing written outside the N columns of a row (the padding of ldc).
+            for (int64_t j = s.N; j < ldc; ++j)
+              ASSERT_TRUE(std::memcmp(&c[size_t(i * ldc + j)], &c0[size_t(i * ldc + j)],
+                                      sizeof(float)) == 0)
+                  << quant::isa_name(isa) << " wrote column " << j << " of row " << i;
+          }
+        }
   }
 }
 

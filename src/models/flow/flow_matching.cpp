@@ -3,11 +3,8 @@
 namespace klein::flow {
 
 std::vector<double> numpy_linspace(double start, double stop, int64_t n) {
+  if (n == 1) return {start};
   std::vector<double> y(static_cast<size_t>(n));
-  if (n == 1) {
-    y[0] = start;
-    return y;
-  }
   const double step = (stop - start) / double(n - 1);
   for (int64_t i = 0; i < n; ++i) y[size_t(i)] = double(i) * step + start;
   y[size_t(n - 1)] = stop;
@@ -15,11 +12,8 @@ std::vector<double> numpy_linspace(double start, double stop, int64_t n) {
 }
 
 std::vector<float> torch_linspace(float start, float end, int64_t n) {
+  if (n == 1) return {start};
   std::vector<float> y(static_cast<size_t>(n));
-  if (n == 1) {
-    y[0] = start;
-    return y;
-  }
   const float step = (end - start) / float(n - 1);
   const int64_t halfway = n / 2;
   for (int64_t i = 0; i < n; ++i)

@@ -1,0 +1,151 @@
+#include "ops/gemm.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "ops/gemm_kernels.h"
+
+namespace klein::ops {
+
+namespace detail {
+
+namespace {
+
+// The portable kernel: 4 rows x 8 columns, "vectors" of 4 floats that the compiler may map
+// to whatever the target has.
+struct Scalar {
+  struct Reg {
+    float v[4];
+  };
+  static Reg load(const float* p) { return {{p[0], p[1], p[2], p[3]}}; }
+  static Reg splat(const float* p) { return {{*p, *p, *p, *p}}; }
+  static Reg fma(Reg a, Reg b, Reg c) {
+    for (int l = 0; l < 4; ++l) c.v[l] += a.v[l] * b.v[l];
+    return c;
+  }
+  static void store(float* p, Reg r) {
+    for (int l = 0; l < 4; ++l) p[l] = r.v[l];
+  }
+};
+
+}  // namespace
+
+GemmKernel gemm_kernel_scalar() { return make_gemm_kernel<Scalar, 4>(); }
+
+}  // namespace detail
+
+namespace {
+
+using detail::GemmKernel;
+
+// op(B) is packed KC rows by NC columns at a time (256 KiB, in L2), A MC rows by KC at a time
+// (96 KiB). Both are multiples of every kernel's tile (MR: 4, 6, 8, 12; NR: 8, 16, 32). A
+// packed panel of B (KC x NR) stays in L1 while the packed rows of A pass it; packing A also
+// takes its rows off strides such as 4096 bytes, where they would compete for L1 sets.
+constexpr int64_t kKc = 256, kMc = 96;
+// op(B) packs up to this many floats at a time (512 KiB): all of N when K is short (Q·Kᵀ of
+// 1024 keys, K = 128), so each block of A is packed once.
+constexpr int64_t kPackB = 128 * 1024;
+
+GemmKernel kernel_for(quant::Isa isa) {
+  switch (isa) {
+#if defined(KLEIN_X86)
+    case quant::Isa::Avx512:
+    case quant::Isa::Amx: return detail::gemm_kernel_avx512();
+    case quant::Isa::Avx2: return detail::gemm_kernel_avx2();
+#endif
+#if defined(KLEIN_ARM64)
+    case quant::Isa::Neon: return detail::gemm_kernel_neon();
+#endif
+    default: return detail::gemm_kernel_scalar();
+  }
+}
+
+// Columns [j0, j0 + nc) and rows [k0, k0 + kc) of op(B) as panels of nr columns: panel p
+// holds kc rows of nr floats, zero beyond the last column.
+void pack_b(const GemmArgs& g, int64_t k0, int64_t kc, int64_t j0, int64_t nc, int64_t nr,
+            float* pack) {
+  for (int64_t p = 0; p < nc; p += nr) {
+    const int64_t n = std::min(nr, nc - p);
+    float* panel = pack + p * kc;
+    if (g.b_transposed) {
+      // Column j of op(B) is row j of B: read along it, write down the panel's column.
+      for (int64_t j = 0; j < n; ++j) {
+        const float* src = g.b + (j0 + p + j) * g.ldb + k0;
+        for (int64_t k = 0; k < kc; ++k) panel[k * nr + j] = src[k];
+      }
+      for (int64_t j = n; j < nr; ++j)
+        for (int64_t k = 0; k < kc; ++k) panel[k * nr + j] = 0.0f;
+    } else {
+      for (int64_t k = 0; k < kc; ++k) {
+        float* dst = panel + k * nr;
+        std::memcpy(dst, g.b + (k0 + k) * g.ldb + j0 + p, size_t(n) * sizeof(float));
+        std::fill(dst + n, dst + nr, 0.0f);
+      }
+    }
+  }
+}
+
+// Rows [i0, i0 + mc) and columns [k0, k0 + kc) of A as micro-panels of mr rows: value k of
+// row i of a micro-panel at [k·mr + i], zero rows past the last.
+void pack_a(const GemmArgs& g, int64_t i0, int64_t mc, int64_t k0, int64_t kc, int64_t mr,
+            float* pack) {
+  for (int64_t r = 0; r < mc; r += mr) {
+    const int64_t rows = std::min(mr, mc - r);
+    float* panel = pack + r * kc;
+    const float* src = g.a + (i0 + r) * g.lda + k0;
+    for (int64_t k = 0; k < kc; ++k, panel += mr) {
+      for (int64_t i = 0; i < rows; ++i) panel[i] = src[i * g.lda + k];
+      for (int64_t i = rows; i < mr; ++i) panel[i] = 0.0f;
+    }
+  }
+}
+
+}  // namespace
+
+size_t gemm_pack_floats() { return size_t(kPackB + kKc * kMc); }
+
+void gemm(const GemmArgs& g, quant::Isa isa, float* pack) {
+  check(g.M >= 0 && g.N >= 0 && g.K >= 0, "gemm: negative size");
+  if (g.M == 0 || g.N == 0) return;
+  if (g.K == 0) {  // an empty sum
+    if (!g.accumulate)
+      for (int64_t i = 0; i < g.M; ++i) std::fill(g.c + i * g.ldc, g.c + i * g.ldc + g.N, 0.0f);
+    return;
+  }
+  const GemmKernel kern = kernel_for(isa);
+  float* const packed_b = pack;
+  float* const packed_a = pack + kPackB;
+  const int64_t kc_max = std::min(kKc, g.K);
+  const int64_t nc_max = std::max<int64_t>(kern.nr, kPackB / kc_max / kern.nr * kern.nr);
+  for (int64_t j0 = 0; j0 < g.N; j0 += nc_max) {
+    const int64_t nc = std::min(nc_max, g.N - j0);
+    for (int64_t k0 = 0; k0 < g.K; k0 += kKc) {
+      const int64_t kc = std::min(kKc, g.K - k0);
+      pack_b(g, k0, kc, j0, nc, kern.nr, packed_b);
+      detail::GemmMicroArgs m;
+      m.kc = kc;
+      m.step = kern.mr;
+      m.ldc = g.ldc;
+      m.alpha = g.alpha;
+      m.accumulate = g.accumulate || k0 > 0;
+      for (int64_t i0 = 0; i0 < g.M; i0 += kMc) {
+        const int64_t mc = std::min(kMc, g.M - i0);
+        pack_a(g, i0, mc, k0, kc, kern.mr, packed_a);
+        for (int64_t p = 0; p < nc; p += kern.nr) {
+          m.n = std::min(kern.nr, nc - p);
+          m.panel = packed_b + p * kc;
+          for (int64_t r = 0; r < mc; r += kern.mr) {
+            m.mr = std::min(kern.mr, mc - r);
+            m.a = packed_a + r * kc;
+            m.c = g.c + (i0 + r) * g.ldc + j0 + p;
+            kern.micro(m);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace klein::ops

@@ -1,0 +1,47 @@
+#pragma once
+// Our own float32 matrix multiply, for the float parts of the generation path (attention's
+// Q·Kᵀ and P·V, projections with float weights, the LoRA side path, the VAE's convolutions as
+// im2col products), so that their speed is ours on every CPU rather than what a BLAS
+// library guesses about it.
+//
+//   C = alpha · A · op(B)  (+ C when accumulate)
+//   A [M, K] row-major (row stride lda); op(B) = B [K, N] (row stride ldb), or Bᵀ for
+//   B [N, K] when b_transposed; C [M, N] row-major (ldc). Without accumulate, C is written
+//   and never read (it may hold anything).
+//
+// One call runs on the calling thread: the callers split the work among the pool's workers,
+// as they did with BLAS. Each call needs a packing buffer of gemm_pack_floats() floats (from
+// the caller's arena: nothing is allocated here).
+//
+// The method is the usual one: op(B) is packed, KC rows by NC columns at a time, into panels
+// NR columns wide, and a register-blocked micro-kernel multiplies MR rows of A with one panel,
+// broadcasting A's values and keeping the MR x NR sums in registers (AVX-512: 12 x 32,
+// AVX2: 6 x 16, NEON: 8 x 8, scalar: 4 x 8). Each sum runs over k in order with fused
+// multiply-adds; a K longer than KC adds its blocks in order.
+#include <cstddef>
+#include <cstdint>
+
+#include "quant/matmul.h"
+
+namespace klein::ops {
+
+struct GemmArgs {
+  int64_t M = 0, N = 0, K = 0;
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  bool b_transposed = false;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  float alpha = 1;
+  bool accumulate = false;
+};
+
+// Floats of packing buffer one gemm call needs (the same for every shape).
+size_t gemm_pack_floats();
+
+// C = alpha·A·op(B) (+ C) with the kernels of `isa` (Scalar, Avx2, Avx512/Amx or Neon).
+void gemm(const GemmArgs& g, quant::Isa isa, float* pack);
+
+}  // namespace klein::ops

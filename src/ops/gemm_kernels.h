@@ -1,0 +1,117 @@
+#pragma once
+// Internal to gemm.cpp: the micro-kernels per instruction set. Each multiplies mr <= MR rows
+// of packed A (kc steps of `step` floats: value k of row i at a[k·step + i]) with one packed
+// panel of B (kc rows of NR floats, zero beyond the panel's n columns) and writes the first n
+// columns of the mr x NR result:
+//   c[i·ldc + j] = (accumulate ? c[i·ldc + j] : 0) + alpha · Σ_k a[k·step + i] · panel[k·NR + j]
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+namespace klein::ops::detail {
+
+struct GemmMicroArgs {
+  int64_t mr = 0, n = 0, kc = 0;
+  const float* a = nullptr;
+  int64_t step = 0;
+  const float* panel = nullptr;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  float alpha = 1;
+  bool accumulate = false;
+};
+
+using GemmMicro = void (*)(const GemmMicroArgs&);
+
+struct GemmKernel {
+  int64_t mr = 0, nr = 0;
+  GemmMicro micro = nullptr;
+};
+
+GemmKernel gemm_kernel_scalar();
+GemmKernel gemm_kernel_avx2();
+GemmKernel gemm_kernel_avx512();
+GemmKernel gemm_kernel_neon();
+
+// Everything below is compiled into each kernel's file with that file's instruction set:
+// internal linkage, so that the linker never hands one file's copy (AVX-512 code, say) to
+// another's caller.
+namespace {
+
+// Writes the mr x n corner of an mr x nr block of sums (row stride nr) into C: the edge of a
+// micro-kernel whose panel is not full.
+void gemm_store_partial(const float* sums, int64_t nr, const GemmMicroArgs& m) {
+  for (int64_t i = 0; i < m.mr; ++i) {
+    float* c = m.c + i * m.ldc;
+    const float* s = sums + i * nr;
+    if (m.accumulate)
+      for (int64_t j = 0; j < m.n; ++j) c[j] += m.alpha * s[j];
+    else
+      for (int64_t j = 0; j < m.n; ++j) c[j] = m.alpha * s[j];
+  }
+}
+
+// The micro-kernel for a vector type: MR rows x 2 vectors of columns, the sums in 2·MR
+// registers. V provides Reg (a vector of floats), load(p), splat(p) (*p in every lane),
+// fma(a, b, c) = a·b + c and store(p, r). Instantiated once per instruction set
+// (gemm_<isa>.cpp), with that file's compiler flags.
+template <class V, int MR>
+void gemm_micro(const GemmMicroArgs& m) {
+  using Reg = typename V::Reg;
+  constexpr int64_t W = int64_t(sizeof(Reg) / sizeof(float)), NR = 2 * W;
+  const float zero_value = 0.0f;
+  const Reg zero = V::splat(&zero_value);
+  Reg lo[MR], hi[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) lo[i] = hi[i] = zero;
+  // Locals, so that the compiler keeps the sums in registers across the loop.
+  const float* a = m.a;
+  const int64_t step = m.step, kc = m.kc;
+  const float* b = m.panel;
+  for (int64_t k = 0; k < kc; ++k, b += NR, a += step) {
+    const Reg b0 = V::load(b), b1 = V::load(b + W);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const Reg x = V::splat(a + i);
+      lo[i] = V::fma(x, b0, lo[i]);
+      hi[i] = V::fma(x, b1, hi[i]);
+    }
+  }
+  const Reg alpha = V::splat(&m.alpha);
+  if (m.n == NR) {
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      float* c = m.c + i * m.ldc;
+      if (m.accumulate) {
+        V::store(c, V::fma(alpha, lo[i], V::load(c)));
+        V::store(c + W, V::fma(alpha, hi[i], V::load(c + W)));
+      } else {
+        V::store(c, V::fma(alpha, lo[i], zero));
+        V::store(c + W, V::fma(alpha, hi[i], zero));
+      }
+    }
+    return;
+  }
+  float sums[MR * NR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    V::store(sums + i * NR, lo[i]);
+    V::store(sums + i * NR + W, hi[i]);
+  }
+  gemm_store_partial(sums, NR, m);
+}
+
+// The kernel of vector type V with at most MaxMr rows: one instantiation per row count.
+template <class V, int MaxMr>
+GemmKernel make_gemm_kernel() {
+  static constexpr auto table = []<int... I>(std::integer_sequence<int, I...>) {
+    return std::array<GemmMicro, MaxMr>{&gemm_micro<V, I + 1>...};
+  }(std::make_integer_sequence<int, MaxMr>());
+  return {MaxMr, int64_t(2 * sizeof(typename V::Reg) / sizeof(float)),
+          [](const GemmMicroArgs& m) { table[std::size_t(m.mr - 1)](m); }};
+}
+
+}  // namespace
+
+}  // namespace klein::ops::detail
