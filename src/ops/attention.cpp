@@ -1,7 +1,5 @@
 #include "ops/attention.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,7 +8,7 @@
 #include "core/cpu.h"
 #include "core/error.h"
 #include "ops/attention_kernels.h"
-#include "ops/blas.h"
+#include "ops/gemm.h"
 
 namespace klein::ops {
 
@@ -53,8 +51,9 @@ using detail::SoftmaxChunk;
 
 // A block of kQueryTile query rows of one head is one task of the exact path; keys come in
 // chunks of at most kMaxKeyChunk, so the [rows, chunk] scores and the [rows, head_dim]
-// accumulator stay in L2 while the keys and values stream past. sgemm packs the keys and
-// values of a chunk again for every task: 256 rows make that a small part of the work.
+// accumulator stay in L2 while the keys and values stream past. Both products are our gemm
+// (ops/gemm.h), which packs the keys and values of a chunk again for every task: 256 rows
+// make that a small part of the work.
 constexpr int64_t kQueryTile = 256;
 constexpr int64_t kMaxKeyChunk = 1024;
 // The bf16 path packs the keys and values of this many bytes of kv heads at a time.
@@ -86,10 +85,12 @@ void scale_rows_scalar(float* acc, int64_t ld, int64_t rows, int64_t n, const fl
 struct ExactKernels {
   void (*softmax)(const SoftmaxChunk&) = detail::softmax_chunk_f32_scalar;
   void (*scale_rows)(float*, int64_t, int64_t, int64_t, const float*) = scale_rows_scalar;
+  quant::Isa isa = quant::Isa::Scalar;  // of the products
 };
 
 ExactKernels exact_kernels(const Compute& cx) {
   ExactKernels k;
+  k.isa = cx.isa();
 #if defined(KLEIN_X86)
   if (cx.avx512()) {
     k.softmax = detail::softmax_chunk_f32_avx512;
@@ -109,12 +110,14 @@ struct TileScratch {
         acc(arena.take<float>(size_t(kQueryTile * head_dim))),
         row_max(arena.take<float>(size_t(kQueryTile))),
         row_sum(arena.take<float>(size_t(kQueryTile))),
-        correction(arena.take<float>(size_t(kQueryTile))) {}
+        correction(arena.take<float>(size_t(kQueryTile))),
+        pack(arena.take<float>(gemm_pack_floats())) {}
   float* scores;      // [kQueryTile, chunk]
   float* acc;         // [kQueryTile, head_dim]
   float* row_max;     // running max per query
   float* row_sum;     // running softmax denominator per query
   float* correction;  // per query, for the current chunk
+  float* pack;        // gemm's packing buffer
 };
 
 // One (head, query tile) of the exact path: the key chunks with an online softmax.
@@ -137,8 +140,10 @@ void attend_tile(const float* q, int64_t ldq, const float* k, int64_t ldk, const
   for (int64_t k0 = 0; k0 < kv_end; k0 += chunk) {
     const int64_t cols = std::min(chunk, kv_end - k0);
     float* S = s.scores;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(cols), int(D), 1.0f, qh,
-                int(ldq), kh + k0 * ldk, int(ldk), 0.0f, S, int(chunk));
+    // S = Q · Kᵀ                                                           [rows, cols]
+    gemm({.M = rows, .N = cols, .K = D, .a = qh, .lda = ldq, .b = kh + k0 * ldk, .ldb = ldk,
+          .b_transposed = true, .c = S, .ldc = chunk},
+         kern.isa, s.pack);
     SoftmaxChunk c;
     c.scores = S;
     c.ld = chunk;
@@ -152,8 +157,10 @@ void attend_tile(const float* q, int64_t ldq, const float* k, int64_t ldk, const
     c.correction = s.correction;
     kern.softmax(c);
     if (k0 > 0) kern.scale_rows(s.acc, D, rows, D, s.correction);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(D), int(cols), 1.0f, S,
-                int(chunk), vh + k0 * ldv, int(ldv), k0 > 0 ? 1.0f : 0.0f, s.acc, int(D));
+    // acc (+)= P · V                                                       [rows, D]
+    gemm({.M = rows, .N = D, .K = cols, .a = S, .lda = chunk, .b = vh + k0 * ldv, .ldb = ldv,
+          .c = s.acc, .ldc = D, .accumulate = k0 > 0},
+         kern.isa, s.pack);
   }
   for (int64_t i = 0; i < rows; ++i) {
     float* o = out + (q0 + i) * ldo + head * D;
@@ -170,7 +177,6 @@ void attend_tile(const float* q, int64_t ldq, const float* k, int64_t ldk, const
 void attention_exact(const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
                      int64_t ldv, float* out, int64_t ldo, const AttentionParams& p,
                      const float* bias, Compute& cx) {
-  ensure_blas_single_threaded();
   const ExactKernels kern = exact_kernels(cx);
   const int64_t chunk = key_chunk(p.kv_len, 16);
   const int64_t q_tiles = (p.q_len + kQueryTile - 1) / kQueryTile;

@@ -39,14 +39,17 @@ namespace {
 
 using detail::GemmKernel;
 
-// op(B) is packed KC rows by NC columns at a time (256 KiB, in L2), A MC rows by KC at a time
-// (96 KiB). Both are multiples of every kernel's tile (MR: 4, 6, 8, 12; NR: 8, 16, 32). A
-// packed panel of B (KC x NR) stays in L1 while the packed rows of A pass it; packing A also
-// takes its rows off strides such as 4096 bytes, where they would compete for L1 sets.
+// op(B) is packed KC rows by NC columns at a time (in L2), A MC rows by KC at a time (96 KiB).
+// MC is a multiple of every kernel's MR (4, 6, 8, 12). A packed panel of B (KC x NR) stays in
+// L1 while the rows of A pass it. Packing costs about as much per value as a few
+// multiply-adds, and A's values are used N times: so A is packed only when N is large
+// (kPackAColumns), where it also takes A's rows off strides such as 4096 bytes, which compete
+// for L1 sets; otherwise the kernel reads A where it is.
 constexpr int64_t kKc = 256, kMc = 96;
 // op(B) packs up to this many floats at a time (512 KiB): all of N when K is short (Q·Kᵀ of
 // 1024 keys, K = 128), so each block of A is packed once.
-constexpr int64_t kPackB = 128 * 1024;
+constexpr int64_t kPackB = 64 * 1024;
+constexpr int64_t kPackAColumns = 256;
 
 GemmKernel kernel_for(quant::Isa isa) {
   switch (isa) {
@@ -64,16 +67,23 @@ GemmKernel kernel_for(quant::Isa isa) {
 
 // Columns [j0, j0 + nc) and rows [k0, k0 + kc) of op(B) as panels of nr columns: panel p
 // holds kc rows of nr floats, zero beyond the last column.
-void pack_b(const GemmArgs& g, int64_t k0, int64_t kc, int64_t j0, int64_t nc, int64_t nr,
-            float* pack) {
+void pack_b(const GemmArgs& g, int64_t k0, int64_t kc, int64_t j0, int64_t nc,
+            const GemmKernel& kern, float* pack) {
+  const int64_t nr = kern.nr;
   for (int64_t p = 0; p < nc; p += nr) {
     const int64_t n = std::min(nr, nc - p);
     float* panel = pack + p * kc;
     if (g.b_transposed) {
-      // Column j of op(B) is row j of B: read along it, write down the panel's column.
+      // Column j of op(B) is row j of B: read along it, write down the panel's column; in
+      // 8 x 8 blocks where the kernel has a transpose.
+      const float* rows = g.b + (j0 + p) * g.ldb + k0;
+      const int64_t j8 = kern.transpose8 ? n / 8 * 8 : 0, k8 = kc / 8 * 8;
+      for (int64_t j = 0; j < j8; j += 8)
+        for (int64_t k = 0; k < k8; k += 8)
+          kern.transpose8(rows + j * g.ldb + k, g.ldb, panel + k * nr + j, nr);
       for (int64_t j = 0; j < n; ++j) {
-        const float* src = g.b + (j0 + p + j) * g.ldb + k0;
-        for (int64_t k = 0; k < kc; ++k) panel[k * nr + j] = src[k];
+        const float* src = rows + j * g.ldb;
+        for (int64_t k = j < j8 ? k8 : 0; k < kc; ++k) panel[k * nr + j] = src[k];
       }
       for (int64_t j = n; j < nr; ++j)
         for (int64_t k = 0; k < kc; ++k) panel[k * nr + j] = 0.0f;
@@ -123,22 +133,24 @@ void gemm(const GemmArgs& g, quant::Isa isa, float* pack) {
     const int64_t nc = std::min(nc_max, g.N - j0);
     for (int64_t k0 = 0; k0 < g.K; k0 += kKc) {
       const int64_t kc = std::min(kKc, g.K - k0);
-      pack_b(g, k0, kc, j0, nc, kern.nr, packed_b);
+      pack_b(g, k0, kc, j0, nc, kern, packed_b);
       detail::GemmMicroArgs m;
       m.kc = kc;
-      m.step = kern.mr;
       m.ldc = g.ldc;
       m.alpha = g.alpha;
       m.accumulate = g.accumulate || k0 > 0;
+      const bool pack_rows = g.N >= kPackAColumns;
+      m.row = pack_rows ? 1 : g.lda;
+      m.step = pack_rows ? kern.mr : 1;
       for (int64_t i0 = 0; i0 < g.M; i0 += kMc) {
         const int64_t mc = std::min(kMc, g.M - i0);
-        pack_a(g, i0, mc, k0, kc, kern.mr, packed_a);
+        if (pack_rows) pack_a(g, i0, mc, k0, kc, kern.mr, packed_a);
         for (int64_t p = 0; p < nc; p += kern.nr) {
           m.n = std::min(kern.nr, nc - p);
           m.panel = packed_b + p * kc;
           for (int64_t r = 0; r < mc; r += kern.mr) {
             m.mr = std::min(kern.mr, mc - r);
-            m.a = packed_a + r * kc;
+            m.a = pack_rows ? packed_a + r * kc : g.a + (i0 + r) * g.lda + k0;
             m.c = g.c + (i0 + r) * g.ldc + j0 + p;
             kern.micro(m);
           }

@@ -17,6 +17,10 @@ struct Avx512 {
 
 }  // namespace
 
-GemmKernel gemm_kernel_avx512() { return make_gemm_kernel<Avx512, 12>(); }
+GemmKernel gemm_kernel_avx512() {
+  GemmKernel k = make_gemm_kernel<Avx512, 12>();
+  k.transpose8 = transpose8_avx2;  // every AVX-512 CPU has AVX2
+  return k;
+}
 
 }  // namespace klein::ops::detail

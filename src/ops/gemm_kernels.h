@@ -1,9 +1,9 @@
 #pragma once
 // Internal to gemm.cpp: the micro-kernels per instruction set. Each multiplies mr <= MR rows
-// of packed A (kc steps of `step` floats: value k of row i at a[k·step + i]) with one packed
-// panel of B (kc rows of NR floats, zero beyond the panel's n columns) and writes the first n
-// columns of the mr x NR result:
-//   c[i·ldc + j] = (accumulate ? c[i·ldc + j] : 0) + alpha · Σ_k a[k·step + i] · panel[k·NR + j]
+// of A (value k of row i at a[i·row + k·step]: packed, row = 1 and step = MR; as the caller
+// holds it, row = lda and step = 1) with one packed panel of B (kc rows of NR floats, zero
+// beyond the panel's n columns) and writes the first n columns of the mr x NR result:
+//   c[i·ldc + j] = (accumulate ? c[i·ldc + j] : 0) + alpha · Σ_k a[i·row + k·step] · panel[k·NR + j]
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -14,7 +14,7 @@ namespace klein::ops::detail {
 struct GemmMicroArgs {
   int64_t mr = 0, n = 0, kc = 0;
   const float* a = nullptr;
-  int64_t step = 0;
+  int64_t row = 0, step = 0;
   const float* panel = nullptr;
   float* c = nullptr;
   int64_t ldc = 0;
@@ -24,10 +24,17 @@ struct GemmMicroArgs {
 
 using GemmMicro = void (*)(const GemmMicroArgs&);
 
+// dst[k·ldd + j] = src[j·lds + k] for j, k < 8: the 8 x 8 blocks in which a transposed B is
+// packed (null: value by value).
+using Transpose8 = void (*)(const float* src, int64_t lds, float* dst, int64_t ldd);
+
 struct GemmKernel {
   int64_t mr = 0, nr = 0;
   GemmMicro micro = nullptr;
+  Transpose8 transpose8 = nullptr;
 };
+
+void transpose8_avx2(const float* src, int64_t lds, float* dst, int64_t ldd);
 
 GemmKernel gemm_kernel_scalar();
 GemmKernel gemm_kernel_avx2();
@@ -67,13 +74,13 @@ void gemm_micro(const GemmMicroArgs& m) {
   for (int i = 0; i < MR; ++i) lo[i] = hi[i] = zero;
   // Locals, so that the compiler keeps the sums in registers across the loop.
   const float* a = m.a;
-  const int64_t step = m.step, kc = m.kc;
+  const int64_t row = m.row, step = m.step, kc = m.kc;
   const float* b = m.panel;
   for (int64_t k = 0; k < kc; ++k, b += NR, a += step) {
     const Reg b0 = V::load(b), b1 = V::load(b + W);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      const Reg x = V::splat(a + i);
+      const Reg x = V::splat(a + i * row);
       lo[i] = V::fma(x, b0, lo[i]);
       hi[i] = V::fma(x, b1, hi[i]);
     }

@@ -1,13 +1,11 @@
 #include "ops/linear.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "core/error.h"
-#include "ops/blas.h"
+#include "ops/gemm.h"
 #include "quant/types.h"
 #include "quant/matmul.h"
 
@@ -15,7 +13,7 @@ namespace klein::ops {
 
 namespace {
 
-// Rows of W converted to float32 per task: enough to keep sgemm efficient, small enough to
+// Rows of W converted to float32 per task: enough to keep gemm efficient, small enough to
 // stay in L2 (64 rows x 3072 x 4 B = 768 KiB at the widest common K).
 constexpr int64_t kPanelRows = 64;
 
@@ -36,8 +34,10 @@ void linear_float_rows(const float* x, int64_t M, int64_t ldx, const quant::Matr
       to_f32(w.type, base + size_t(n0 * K) * elem, converted, size_t(rows * K));
       panel = converted;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(rows), int(K), 1.0f, x,
-                int(ldx), panel, int(K), 0.0f, y + n0, int(ldy));
+    // y[:, n0 : n0 + rows] = x · panelᵀ
+    gemm({.M = M, .N = rows, .K = K, .a = x, .lda = ldx, .b = panel, .ldb = K,
+          .b_transposed = true, .c = y + n0, .ldc = ldy},
+         cx.isa(), scratch.take<float>(gemm_pack_floats()));
   });
 }
 
@@ -46,12 +46,11 @@ void linear_float_rows(const float* x, int64_t M, int64_t ldx, const quant::Matr
 void linear(const float* x, int64_t M, int64_t ldx, const quant::Matrix& w, float* y,
             int64_t ldy, Compute& cx) {
   if (M == 0) return;
-  ensure_blas_single_threaded();
   const quant::MatmulOptions options = cx.matmul_options();
   if (dtype_is_float(w.type) && w.layout == quant::Layout::RowMajor) {
     // On AMX CPUs quant multiplies BF16 weights exactly on tiles (activations in three bf16
     // parts), and any float weight rounded to bf16 when the context's arithmetic says
-    // float_on_tiles. Elsewhere OpenBLAS on converted panels is the faster float32 kernel.
+    // float_on_tiles. Elsewhere our float32 gemm on converted panels.
     if (quant::runs_on_tiles(w, M, options))
       return quant::matmul(x, M, ldx, w, y, ldy, cx.pool(), options);
     return linear_float_rows(x, M, ldx, w, y, ldy, cx);

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "ops/blas.h"
+#include "ops/gemm.h"
 
 namespace klein::ops {
 
@@ -12,19 +13,22 @@ void add_low_rank(const float* x, int64_t M, int64_t ldx, const float* down, con
                   int64_t N, int64_t K, int64_t rank, float scale, float* y, int64_t ldy,
                   Compute& cx) {
   if (M == 0 || N == 0) return;
-  ensure_blas_single_threaded();
   constexpr int64_t kChunk = 32;
   const int64_t chunks = (M + kChunk - 1) / kChunk;
   cx.pool().for_each_task(chunks, [&](int64_t c, int worker) {
     const int64_t m0 = c * kChunk, rows = std::min(kChunk, M - m0);
     Arena::Scope scratch(cx.arena(worker));
     float* t = scratch.take<float>(size_t(rows * rank));
-    // t = x · downᵀ                                                             [rows, r]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(rank), int(K), 1.0f,
-                x + m0 * ldx, int(ldx), down, int(K), 0.0f, t, int(rank));
+    float* pack = scratch.take<float>(gemm_pack_floats());
+    // t = x · downᵀ                                                           [rows, r]
+    gemm({.M = rows, .N = rank, .K = K, .a = x + m0 * ldx, .lda = ldx, .b = down, .ldb = K,
+          .b_transposed = true, .c = t, .ldc = rank},
+         cx.isa(), pack);
     // y += scale · t · upᵀ                                                      [rows, N]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(N), int(rank), scale, t,
-                int(rank), up, int(rank), 1.0f, y + m0 * ldy, int(ldy));
+    gemm({.M = rows, .N = N, .K = rank, .a = t, .lda = rank, .b = up, .ldb = rank,
+          .b_transposed = true, .c = y + m0 * ldy, .ldc = ldy, .alpha = scale,
+          .accumulate = true},
+         cx.isa(), pack);
   });
 }
 
