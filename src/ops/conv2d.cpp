@@ -1,6 +1,5 @@
 #include "ops/conv2d.h"
 
-#include <cblas.h>
 
 #include <algorithm>
 #include <bit>
@@ -9,7 +8,7 @@
 
 #include "core/cpu.h"
 #include "core/error.h"
-#include "ops/blas.h"
+#include "ops/gemm.h"
 #include "ops/conv2d_kernels.h"
 
 namespace klein::ops {
@@ -20,7 +19,7 @@ namespace {
 // image size while giving every thread several GEMM tiles.
 constexpr int64_t kBandPixels = 8192;
 // Output pixels per GEMM tile. A constant, not derived from the thread count, so every output
-// value comes from the same BLAS call whatever the thread count. Each call packs the whole
+// value comes from the same gemm call whatever the thread count. Each call packs the whole
 // weight matrix once, so wider tiles spread that cost; the tile's column matrix is
 // K x kTileColumns floats (9 MiB at K = 4608).
 constexpr int64_t kTileColumns = 512;
@@ -123,7 +122,7 @@ void fill_band(const ConvInput& in, const ConvGeometry& g, int64_t r0, int64_t r
 
 // The column matrix of band pixels [p0, p0 + n) (pixel p = output row p / OW of the band,
 // column p % OW): row (c·k + ky)·k + kx holds the band value each pixel multiplies with
-// weight [·, c, ky, kx]. columns [K, n], contiguous, so BLAS packs it with unit strides.
+// weight [·, c, ky, kx]. columns [K, n], contiguous, so gemm packs it with unit strides.
 void gather_tile(const ConvGeometry& g, const float* band, int64_t band_rows, int64_t p0, int64_t n,
                  float* columns) {
   const int64_t k = g.kernel, ow = g.out_width, bw = g.band_width();
@@ -144,12 +143,23 @@ void gather_tile(const ConvGeometry& g, const float* band, int64_t band_rows, in
       }
 }
 
-// result [Cout, n] (row stride ldc) = W [Cout, K] · b [K, n] (row stride ldb) + beta · result.
-void gemm(const Conv2dWeights& w, const float* b, int64_t n, int64_t ldb, float* result,
-          int64_t ldc, float beta) {
+// The weights W [Cout, K] packed once per call for every tile's gemm (ops/gemm.h), in the
+// calling thread's arena.
+const float* pack_weights(const Conv2dWeights& w, Arena::Scope& scratch, const Compute& cx) {
   const int64_t K = w.in_channels * w.kernel * w.kernel;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(w.out_channels), int(n), int(K), 1.0f,
-              w.weight.data(), int(K), b, int(ldb), beta, result, int(ldc));
+  float* packed = scratch.take<float>(gemm_packed_a_floats(w.out_channels, K, cx.isa()));
+  gemm_pack_a(w.weight.data(), K, w.out_channels, K, cx.isa(), packed);
+  return packed;
+}
+
+// result [Cout, n] (row stride ldc) = W · b [K, n] (row stride ldb) (+ result), W as
+// pack_weights packed it; the packing buffer from the worker's arena.
+void gemm(const Conv2dWeights& w, const float* packed_w, const float* b, int64_t n, int64_t ldb,
+          float* result, int64_t ldc, bool accumulate, Compute& cx, int worker) {
+  Arena::Scope scratch(cx.arena(worker));
+  ops::gemm({.M = w.out_channels, .N = n, .K = w.in_channels * w.kernel * w.kernel, .b = b,
+             .ldb = ldb, .c = result, .ldc = ldc, .accumulate = accumulate, .a_packed = packed_w},
+            cx.isa(), scratch.take<float>(gemm_pack_floats()));
 }
 
 // Rows [r0, r0 + rows) of every output channel from a band result [Cout, rows·OW].
@@ -171,8 +181,8 @@ void write_band(const float* result, const ConvGeometry& g, const Conv2dWeights&
 
 // Result [Cout, rows·OW] of one band as im2col + GEMM, one task per tile of pixels (its
 // column matrix in the worker's arena).
-void gemm_band(const ConvGeometry& g, const Conv2dWeights& w, const float* band_input, int64_t rows,
-               float* result, Compute& cx) {
+void gemm_band(const ConvGeometry& g, const Conv2dWeights& w, const float* packed_w,
+               const float* band_input, int64_t rows, float* result, Compute& cx) {
   const int64_t tile_columns = kTileColumns;
   const int64_t n = rows * g.out_width;
   cx.pool().for_each_task((n + tile_columns - 1) / tile_columns, [&](int64_t t, int worker) {
@@ -180,7 +190,7 @@ void gemm_band(const ConvGeometry& g, const Conv2dWeights& w, const float* band_
     float* cols = scratch.take<float>(size_t(g.column_rows() * tile_columns));
     const int64_t p0 = t * tile_columns, width = std::min(tile_columns, n - p0);
     gather_tile(g, band_input, g.band_rows(rows), p0, width, cols);
-    gemm(w, cols, width, width, result + p0, n, 0.0f);
+    gemm(w, packed_w, cols, width, width, result + p0, n, false, cx, worker);
   });
 }
 
@@ -442,15 +452,17 @@ bool is_pointwise(const ConvInput& in, const ConvGeometry& g, const Conv2dParams
 void pointwise_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWeights& w, float* out,
                     ConvWrite mode, Compute& cx) {
   const int64_t n = g.out_pixels();
-  const float beta = mode == ConvWrite::Accumulate ? 1.0f : 0.0f;
+  const bool accumulate = mode == ConvWrite::Accumulate;
+  Arena::Scope scratch(cx.arena(0));
+  const float* packed_w = pack_weights(w, scratch, cx);
   // Tiles of kTileColumns pixels of the full output; this call may start inside one.
   const int64_t lead = (kTileColumns - g.origin_row * g.out_width % kTileColumns) % kTileColumns;
   const int64_t first = std::min(lead, n);
   const int64_t tiles = (first > 0 ? 1 : 0) + (n - first + kTileColumns - 1) / kTileColumns;
-  cx.pool().for_each_task(tiles, [&](int64_t t, int) {
+  cx.pool().for_each_task(tiles, [&](int64_t t, int worker) {
     const int64_t p0 = first > 0 ? (t == 0 ? 0 : first + (t - 1) * kTileColumns) : t * kTileColumns;
     const int64_t width = first > 0 && t == 0 ? first : std::min(kTileColumns, n - p0);
-    gemm(w, in.data + p0, width, n, out + p0, n, beta);
+    gemm(w, packed_w, in.data + p0, width, n, out + p0, n, accumulate, cx, worker);
   });
   if (w.bias.empty()) return;
   cx.pool().parallel_for(g.out_channels, [&](int64_t c0, int64_t c1, int) {
@@ -505,7 +517,6 @@ int64_t conv2d_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t p
 void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, float* out,
             ConvWrite mode, Compute& cx) {
   ConvGeometry g = geometry_of(in, w, p);
-  ensure_blas_single_threaded();
   const bool in_place = out == in.data;
   if (in_place) {
     check(g.stride == 1 && g.upsample == 1 && g.out_height == g.in_height &&
@@ -532,6 +543,7 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
   // with them, docs/SPEED.md).
   Arena::Scope scratch(cx.arena(0));
   float* packed = nullptr;
+  const float* packed_gemm = nullptr;
   uint32_t* packed_bf16 = nullptr;
   float* band_input = nullptr;
   uint32_t* band_bf16 = nullptr;
@@ -544,6 +556,8 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
     if (direct) {
       packed = scratch.take<float>(direct_weights_size(w));
       pack_direct_weights(w, packed);
+    } else {
+      packed_gemm = pack_weights(w, scratch, cx);
     }
     band_input = scratch.take<float>(size_t(g.in_channels * g.band_rows(band) * g.band_width()));
   }
@@ -568,7 +582,7 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
     else if (direct)
       direct_band(g, band_input, rows, packed, result, cx);
     else
-      gemm_band(g, w, band_input, rows, result, cx);
+      gemm_band(g, w, packed_gemm, band_input, rows, result, cx);
     pending_row = r0;
     pending_rows = rows;
     current = 1 - current;

@@ -2,7 +2,8 @@
 // 2-D convolution over [C, H, W] float32 activations (batch 1), computed in bands of output
 // rows so that working memory stays a few tens of MiB at any image size. Per band the input
 // rows are prepared once (below), then either a direct SIMD kernel reads them (stride 1) or
-// they are expanded tile by tile into an im2col matrix for a BLAS GEMM.
+// they are expanded tile by tile into an im2col matrix for a GEMM (ops/gemm.h, the weights
+// packed once per call).
 //
 // Two input transforms are fused into the gathering of columns, so their results never
 // exist as full tensors:
@@ -51,8 +52,8 @@ struct Conv2dParams {
   // bands of conv2d_band_rows rows and GEMM tiles laid out from row 0 of the larger output,
   // so an output value comes from the same arithmetic as in the whole-image call, bit for bit,
   // when the call holds the whole band of that row (and, for a 1x1 convolution without
-  // transform, the whole conv2d_tile_pixels tile of its pixel). BLAS sums depend on a
-  // column's place in the call, so without this a band would differ in the last bits.
+  // transform, the whole conv2d_tile_pixels tile of its pixel). A GEMM's sums may depend on a
+  // column's place in the call (BLAS libraries' do), so the layout is kept for any GEMM.
   int64_t origin_row = 0;
 
   // Stride 1 with kernel/2 zeros on every side: output size = input size.

@@ -97,24 +97,40 @@ void pack_b(const GemmArgs& g, int64_t k0, int64_t kc, int64_t j0, int64_t nc,
   }
 }
 
-// Rows [i0, i0 + mc) and columns [k0, k0 + kc) of A as micro-panels of mr rows: value k of
-// row i of a micro-panel at [k·mr + i], zero rows past the last.
-void pack_a(const GemmArgs& g, int64_t i0, int64_t mc, int64_t k0, int64_t kc, int64_t mr,
-            float* pack) {
+// Rows [i0, i0 + mc) and columns [k0, k0 + kc) of A (row stride lda) as micro-panels of mr
+// rows: value k of row i of a micro-panel at [k·mr + i], zero rows past the last.
+void pack_a(const float* a, int64_t lda, int64_t i0, int64_t mc, int64_t k0, int64_t kc,
+            int64_t mr, float* pack) {
   for (int64_t r = 0; r < mc; r += mr) {
     const int64_t rows = std::min(mr, mc - r);
     float* panel = pack + r * kc;
-    const float* src = g.a + (i0 + r) * g.lda + k0;
+    const float* src = a + (i0 + r) * lda + k0;
     for (int64_t k = 0; k < kc; ++k, panel += mr) {
-      for (int64_t i = 0; i < rows; ++i) panel[i] = src[i * g.lda + k];
+      for (int64_t i = 0; i < rows; ++i) panel[i] = src[i * lda + k];
       for (int64_t i = rows; i < mr; ++i) panel[i] = 0.0f;
     }
   }
 }
 
+int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
 }  // namespace
 
 size_t gemm_pack_floats() { return size_t(kPackB + kKc * kMc); }
+
+// The whole of A packed for a_packed: the columns [k0, k0 + KC) of every row, KC block after
+// KC block, each block holding M (rounded up to MR) rows as pack_a writes them.
+size_t gemm_packed_a_floats(int64_t M, int64_t K, quant::Isa isa) {
+  return size_t(round_up(M, kernel_for(isa).mr) * K);
+}
+
+void gemm_pack_a(const float* a, int64_t lda, int64_t M, int64_t K, quant::Isa isa, float* out) {
+  const int64_t mr = kernel_for(isa).mr, rows = round_up(M, mr);
+  for (int64_t k0 = 0; k0 < K; k0 += kKc) {
+    const int64_t kc = std::min(kKc, K - k0);
+    pack_a(a, lda, 0, M, k0, kc, mr, out + k0 * rows);
+  }
+}
 
 void gemm(const GemmArgs& g, quant::Isa isa, float* pack) {
   check(g.M >= 0 && g.N >= 0 && g.K >= 0, "gemm: negative size");
@@ -139,18 +155,21 @@ void gemm(const GemmArgs& g, quant::Isa isa, float* pack) {
       m.ldc = g.ldc;
       m.alpha = g.alpha;
       m.accumulate = g.accumulate || k0 > 0;
-      const bool pack_rows = g.N >= kPackAColumns;
-      m.row = pack_rows ? 1 : g.lda;
-      m.step = pack_rows ? kern.mr : 1;
+      const bool packed = g.a_packed != nullptr;
+      const bool pack_rows = !packed && g.N >= kPackAColumns;
+      m.row = packed || pack_rows ? 1 : g.lda;
+      m.step = packed || pack_rows ? kern.mr : 1;
       for (int64_t i0 = 0; i0 < g.M; i0 += kMc) {
         const int64_t mc = std::min(kMc, g.M - i0);
-        if (pack_rows) pack_a(g, i0, mc, k0, kc, kern.mr, packed_a);
+        if (pack_rows) pack_a(g.a, g.lda, i0, mc, k0, kc, kern.mr, packed_a);
         for (int64_t p = 0; p < nc; p += kern.nr) {
           m.n = std::min(kern.nr, nc - p);
           m.panel = packed_b + p * kc;
           for (int64_t r = 0; r < mc; r += kern.mr) {
             m.mr = std::min(kern.mr, mc - r);
-            m.a = pack_rows ? packed_a + r * kc : g.a + (i0 + r) * g.lda + k0;
+            m.a = packed      ? g.a_packed + k0 * round_up(g.M, kern.mr) + (i0 + r) * kc
+                  : pack_rows ? packed_a + r * kc
+                              : g.a + (i0 + r) * g.lda + k0;
             m.c = g.c + (i0 + r) * g.ldc + j0 + p;
             kern.micro(m);
           }

@@ -36,6 +36,9 @@ struct GemmArgs {
   int64_t ldc = 0;
   float alpha = 1;
   bool accumulate = false;
+  // A as gemm_pack_a packed it (then a and lda are not read): for an A that many calls
+  // share, such as a convolution's weights across its pixel tiles.
+  const float* a_packed = nullptr;
 };
 
 // Floats of packing buffer one gemm call needs (the same for every shape).
@@ -43,5 +46,10 @@ size_t gemm_pack_floats();
 
 // C = alpha·A·op(B) (+ C) with the kernels of `isa` (Scalar, Avx2, Avx512/Amx or Neon).
 void gemm(const GemmArgs& g, quant::Isa isa, float* pack);
+
+// A [M, K] (row stride lda) packed once for every gemm of `isa` that multiplies it
+// (GemmArgs::a_packed): gemm_packed_a_floats(M, K, isa) floats.
+size_t gemm_packed_a_floats(int64_t M, int64_t K, quant::Isa isa);
+void gemm_pack_a(const float* a, int64_t lda, int64_t M, int64_t K, quant::Isa isa, float* out);
 
 }  // namespace klein::ops

@@ -227,6 +227,17 @@ TEST(Gemm, MatchesFloat64OnEveryEdgeAndIsa) {
           g.alpha = 0.75f;
           g.accumulate = accumulate;
           gemm(g, isa, pack.data());
+          // A packed beforehand (a convolution's weights): the same sums, bit for bit.
+          std::vector<float> packed_a(gemm_packed_a_floats(s.M, s.K, isa)), again = c0;
+          gemm_pack_a(a.data(), lda, s.M, s.K, isa, packed_a.data());
+          GemmArgs h = g;
+          h.a = nullptr;
+          h.a_packed = packed_a.data();
+          h.c = again.data();
+          gemm(h, isa, pack.data());
+          ASSERT_EQ(std::memcmp(again.data(), c.data(), c.size() * sizeof(float)), 0)
+              << quant::isa_name(isa) << " " << s.M << "x" << s.N << "x" << s.K
+              << ": packed A gives other values";
           for (int64_t i = 0; i < s.M; ++i) {
             for (int64_t j = 0; j < s.N; ++j) {
               double sum = 0, magnitude = 0;
