@@ -46,8 +46,8 @@ using detail::GemmKernel;
 // (kPackAColumns), where it also takes A's rows off strides such as 4096 bytes, which compete
 // for L1 sets; otherwise the kernel reads A where it is.
 constexpr int64_t kKc = 256, kMc = 96;
-// op(B) packs up to this many floats at a time (512 KiB): all of N when K is short (Q·Kᵀ of
-// 1024 keys, K = 128), so each block of A is packed once.
+// op(B) packs up to this many floats at a time (256 KiB, with the packed A inside this CPU's
+// 512 KiB L2): all of N when K is short (Q·Kᵀ of 512 keys, K = 128).
 constexpr int64_t kPackB = 64 * 1024;
 constexpr int64_t kPackAColumns = 256;
 

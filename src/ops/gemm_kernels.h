@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 namespace klein::ops::detail {
@@ -46,19 +47,6 @@ GemmKernel gemm_kernel_neon();
 // another's caller.
 namespace {
 
-// Writes the mr x n corner of an mr x nr block of sums (row stride nr) into C: the edge of a
-// micro-kernel whose panel is not full.
-void gemm_store_partial(const float* sums, int64_t nr, const GemmMicroArgs& m) {
-  for (int64_t i = 0; i < m.mr; ++i) {
-    float* c = m.c + i * m.ldc;
-    const float* s = sums + i * nr;
-    if (m.accumulate)
-      for (int64_t j = 0; j < m.n; ++j) c[j] += m.alpha * s[j];
-    else
-      for (int64_t j = 0; j < m.n; ++j) c[j] = m.alpha * s[j];
-  }
-}
-
 // The micro-kernel for a vector type: MR rows x 2 vectors of columns, the sums in 2·MR
 // registers. V provides Reg (a vector of floats), load(p), splat(p) (*p in every lane),
 // fma(a, b, c) = a·b + c and store(p, r). Instantiated once per instruction set
@@ -86,27 +74,19 @@ void gemm_micro(const GemmMicroArgs& m) {
     }
   }
   const Reg alpha = V::splat(&m.alpha);
-  if (m.n == NR) {
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      float* c = m.c + i * m.ldc;
-      if (m.accumulate) {
-        V::store(c, V::fma(alpha, lo[i], V::load(c)));
-        V::store(c + W, V::fma(alpha, hi[i], V::load(c + W)));
-      } else {
-        V::store(c, V::fma(alpha, lo[i], zero));
-        V::store(c + W, V::fma(alpha, hi[i], zero));
-      }
-    }
-    return;
-  }
-  float sums[MR * NR];
+  // C = alpha·sums (+ C) with the same vector operations whether the panel is full or not
+  // (a partial one goes through a row buffer), so a column's value does not depend on where
+  // the call's panels end.
+  const bool full = m.n == NR;
+  float buffer[NR] = {};
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
-    V::store(sums + i * NR, lo[i]);
-    V::store(sums + i * NR + W, hi[i]);
+    float* c = full ? m.c + i * m.ldc : buffer;
+    if (!full && m.accumulate) std::memcpy(buffer, m.c + i * m.ldc, size_t(m.n) * sizeof(float));
+    V::store(c, V::fma(alpha, lo[i], m.accumulate ? V::load(c) : zero));
+    V::store(c + W, V::fma(alpha, hi[i], m.accumulate ? V::load(c + W) : zero));
+    if (!full) std::memcpy(m.c + i * m.ldc, buffer, size_t(m.n) * sizeof(float));
   }
-  gemm_store_partial(sums, NR, m);
 }
 
 // The kernel of vector type V with at most MaxMr rows: one instantiation per row count.
