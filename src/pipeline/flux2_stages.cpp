@@ -232,6 +232,8 @@ void Flux2Stages::encode_prompt(Session& session, Generation& g, Progress& progr
   session.weights().release("text_encoder.");
   const Dumper dump(o.dump_dir);
   dump.f32("prompt_embeds", g.context, {1, g.context.dim(0), g.context.dim(1)});
+  if (g.guided)
+    dump.f32("negative_prompt_embeds", g.negative, {1, g.negative.dim(0), g.negative.dim(1)});
 }
 
 // The initial latents (seeded noise or --noise) and the references' clean latent tokens,
