@@ -41,7 +41,10 @@ run() {
   KLEIN_EXPECT_CPU=$expect qemu-aarch64 -cpu "$cpu" -L "$sysroot" "$build/tests/test_quant" \
     --gtest_brief=1 "$@"
 }
-matmul_tests='--gtest_filter=MatmulTest.*:ActivationQuantization.*:Isa.*'
+matmul_tests='--gtest_filter=*MatmulTest.*:*ActivationQuantization.*:Isa.*'
+export KLEIN_TEST_ISA_LOG="$build/isa-paths.log"
+rm -f "$KLEIN_TEST_ISA_LOG"
 run max "neon neon-dotprod neon-i8mm"
 run cortex-a76 "neon neon-dotprod" "$matmul_tests"
 KLEIN_ISA=neon run max "neon" "$matmul_tests"
+bash scripts/isa-summary.sh "$KLEIN_TEST_ISA_LOG" scalar neon

@@ -31,4 +31,12 @@ if [[ "${1:-}" == "--sanitize" ]]; then
   labels=(-E '^TinyReport[.](CliReportsQ8AndQ4|CliPolicyIsVerifiedAndConvertAcceptsIt|EndToEndQ8IsCloserThanQ4|PolicySearch|EndToEndPsnrIsThatOfTwoDefaultGenerations)$')
   [[ -n "${2:-}" ]] && labels=(-L "$2")
 fi
-ctest --test-dir "$dir" --output-on-failure --timeout 900 -j "$(nproc)" "${labels[@]}"
+# Which instruction-set paths the run exercised: the tests append "ran PATH TEST" or "skipped
+# PATH TEST" to this file (tests/support/isa.h), summed up below.
+export KLEIN_TEST_ISA_LOG="$PWD/$dir/Testing/isa-paths.log"
+mkdir -p "$dir/Testing"
+rm -f "$KLEIN_TEST_ISA_LOG"
+rc=0
+ctest --test-dir "$dir" --output-on-failure --timeout 900 -j "$(nproc)" "${labels[@]}" || rc=$?
+bash scripts/isa-summary.sh "$KLEIN_TEST_ISA_LOG"
+exit "$rc"

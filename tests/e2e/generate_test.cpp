@@ -25,6 +25,8 @@
 #include "formats/safetensors.h"
 #include "pipeline/preview.h"
 #include "support/testing.h"
+#include "core/cpu.h"
+#include "support/isa.h"
 
 namespace klein {
 namespace {
@@ -548,6 +550,10 @@ TEST(ContainerCli, ConvertVerifyGenerateMatchesTheSource) {
 // projections and the VAE's convolutions) stays close to the
 // official float32 pipeline; auto is exact on safetensors. Without AMX, fast is exact.
 TEST(GenerateCli, FastPrecisionStaysCloseToTheOfficialPipeline) {
+  const CpuFeatures& cpu = cpu_features();
+  KLEIN_REQUIRE_PATH(cpu.amx_bf16 || cpu.avx512_bf16, cpu.amx_bf16 ? "amx" : "avx512-bf16",
+                     "--precision fast is the exact path on this CPU (no AMX, no AVX-512 BF16: "
+                     << describe(cpu) << ")");
   const fs::path ref_dir = testing::tiny_vectors() / "e2e" / "t2i_h64_w64";
   const fs::path out = testing::temp_dir("e2e-fast");
   const std::string args = "generate -m " + testing::tiny_model().string() +

@@ -12,6 +12,7 @@
 #include "formats/gguf_types.h"
 #include "quant/blocks.h"
 #include "quant/matmul.h"
+#include "support/isa.h"
 
 namespace klein {
 namespace {
@@ -57,7 +58,10 @@ TEST(GgufQ8, PackedBlocksKeepEveryValue) {
   }
 }
 
-TEST(GgufQ8, KernelsMultiplyMinus128) {
+// On every instruction set (SKIPPED where this CPU lacks it).
+class GgufQ8Kernels : public klein::testing::OnEveryIsa {};
+
+TEST_P(GgufQ8Kernels, MultiplyMinus128) {
   const int64_t M = 40, N = 32, K = 256;
   const std::vector<BlockQ8> b = extreme_blocks(N, K, 3);
   std::vector<uint8_t> packed(storage_bytes(DType::Q8, Layout::Interleaved16, N, K));
@@ -75,7 +79,8 @@ TEST(GgufQ8, KernelsMultiplyMinus128) {
   std::vector<float> wf(size_t(N * K));
   unpack_rows(w, 0, N, wf.data());
   ThreadPool pool(1);
-  for (Isa isa : available_isas()) {
+  {
+    const Isa isa = this->isa();
     std::vector<float> y(size_t(M * N));
     MatmulOptions o;
     o.isa = isa;
@@ -92,6 +97,8 @@ TEST(GgufQ8, KernelsMultiplyMinus128) {
       }
   }
 }
+
+KLEIN_INSTANTIATE_ON_EVERY_ISA(GgufQ8Kernels);
 
 }  // namespace
 }  // namespace klein

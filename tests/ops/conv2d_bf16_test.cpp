@@ -22,6 +22,7 @@
 #include "ops/group_norm.h"
 #include "support/conv_reference.h"
 #include "support/testing.h"
+#include "support/isa.h"
 
 namespace klein {
 namespace {
@@ -76,6 +77,10 @@ Conv2dParams upsample() {  // the VAE decoder's Upsample2D: nearest x2, then a 3
 Conv2dParams with(Conv2dParams p, ConvAlgorithm a) {
   p.algorithm = a;
   return p;
+}
+
+const char* path_of(ConvAlgorithm a) {
+  return a == ConvAlgorithm::Bf16Tiles ? "amx" : "avx512-bf16";
 }
 
 bool available(ConvAlgorithm a) {
@@ -136,7 +141,8 @@ Tensor run(const Case& c, const Tensor& x, const Conv2dWeights& w, const Channel
 }
 
 TEST_P(Conv2dBf16, MatchesExactPathAtVaeGeometries) {
-  if (!available(GetParam())) GTEST_SKIP() << "this CPU has no such BF16 kernel";
+  KLEIN_REQUIRE_PATH(available(GetParam()), path_of(GetParam()),
+                     "this CPU has no " << path_of(GetParam()) << " convolution kernel");
   Compute cx(2);
   double worst = 0;
   for (const Case& c : kVaeCases) {
@@ -167,7 +173,8 @@ Conv2dParams upsample3() {
 // Small shapes with odd channel counts (a zero channel completes the last pair), K not a
 // multiple of 32, output channels not a multiple of 16, and images narrower than a tile.
 TEST_P(Conv2dBf16, MatchesDefinitionOnRoundedOperands) {
-  if (!available(GetParam())) GTEST_SKIP() << "this CPU has no such BF16 kernel";
+  KLEIN_REQUIRE_PATH(available(GetParam()), path_of(GetParam()),
+                     "this CPU has no " << path_of(GetParam()) << " convolution kernel");
   Compute cx(3);
   const Case cases[] = {
       {"same3x3_odd", 5, 7, 13, 11, 3, same3x3(), true, true, ConvWrite::Overwrite},
@@ -207,7 +214,8 @@ TEST_P(Conv2dBf16, MatchesDefinitionOnRoundedOperands) {
 // bf16, bit for bit: an identity 1x1 convolution (weights 1 and 0, no bias) returns them
 // exactly. Inputs span +-200 so the exponential's clamping at 87 is reached.
 TEST_P(Conv2dBf16, TransformedInputsAreRoundedExactly) {
-  if (!available(GetParam())) GTEST_SKIP() << "this CPU has no such BF16 kernel";
+  KLEIN_REQUIRE_PATH(available(GetParam()), path_of(GetParam()),
+                     "this CPU has no " << path_of(GetParam()) << " convolution kernel");
   Compute cx(2);
   const int64_t C = 34, H = 5, W = 37;
   Tensor x({C, H, W});
@@ -242,7 +250,8 @@ TEST_P(Conv2dBf16, TransformedInputsAreRoundedExactly) {
 // Widths around the 16- and 32-pixel blocks and output channels around the 16- and 32-row
 // blocks, on images of one and a few rows.
 TEST_P(Conv2dBf16, BlockEdges) {
-  if (!available(GetParam())) GTEST_SKIP() << "this CPU has no such BF16 kernel";
+  KLEIN_REQUIRE_PATH(available(GetParam()), path_of(GetParam()),
+                     "this CPU has no " << path_of(GetParam()) << " convolution kernel");
   Compute cx(2);
   for (int64_t width : {1, 2, 15, 16, 17, 31, 32, 33, 47, 65, 100})
     for (int64_t out : {1, 3, 15, 16, 17, 31, 32, 33, 48, 50})
@@ -260,7 +269,8 @@ TEST_P(Conv2dBf16, BlockEdges) {
 
 // Accumulate adds onto what the output holds, bias included once.
 TEST_P(Conv2dBf16, Accumulates) {
-  if (!available(GetParam())) GTEST_SKIP() << "this CPU has no such BF16 kernel";
+  KLEIN_REQUIRE_PATH(available(GetParam()), path_of(GetParam()),
+                     "this CPU has no " << path_of(GetParam()) << " convolution kernel");
   Compute cx(2);
   const Tensor x = random_tensor({6, 9, 10}, 1);
   for (int64_t kernel : {1, 3}) {
@@ -278,7 +288,8 @@ TEST_P(Conv2dBf16, Accumulates) {
 // In place over several bands (8192 pixels each: 82 rows of 100 here), as the VAE's ResNets
 // run conv2 when the channel count changes: same values as into a separate output.
 TEST_P(Conv2dBf16, InPlaceOverManyBands) {
-  if (!available(GetParam())) GTEST_SKIP() << "this CPU has no such BF16 kernel";
+  KLEIN_REQUIRE_PATH(available(GetParam()), path_of(GetParam()),
+                     "this CPU has no " << path_of(GetParam()) << " convolution kernel");
   Compute cx(2);
   const int64_t C = 40, H = 200, W = 100;
   const Tensor x = random_tensor({C, H, W}, 4);
@@ -301,7 +312,8 @@ TEST_P(Conv2dBf16, InPlaceOverManyBands) {
 }
 
 TEST_P(Conv2dBf16, ResultsDoNotDependOnThreadCount) {
-  if (!available(GetParam())) GTEST_SKIP() << "this CPU has no such BF16 kernel";
+  KLEIN_REQUIRE_PATH(available(GetParam()), path_of(GetParam()),
+                     "this CPU has no " << path_of(GetParam()) << " convolution kernel");
   const int64_t C = 40, H = 150, W = 70;  // two bands
   const Tensor x = random_tensor({C, H, W}, 13);
   const Conv2dWeights w = random_conv(24, C, 3, 14);

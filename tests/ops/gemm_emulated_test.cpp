@@ -43,6 +43,7 @@ inline void _mm512_storeu_ps(void* p, __m512 r) { std::memcpy(p, r.v, sizeof r.v
 #undef gemm_kernel_avx512
 
 #include "ops/gemm_kernels.h"
+#include "support/isa.h"
 
 namespace klein::ops {
 namespace {
@@ -50,6 +51,7 @@ namespace {
 // C = A · op(B) through the emulated kernel's micro-tiles, as gemm.cpp drives them (A in place
 // and packed, B packed in panels of 32), against a float64 sum.
 TEST(GemmEmulated, Avx512KernelMatchesFloat64) {
+  klein::testing::log_isa_path("ran", "avx512-emulated");
   const detail::GemmKernel kern = detail::gemm_kernel_avx512_emulated();
   ASSERT_EQ(kern.mr, 12);
   ASSERT_EQ(kern.nr, 32);

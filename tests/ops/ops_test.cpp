@@ -13,6 +13,7 @@
 #include "ops/linear.h"
 #include "ops/norm.h"
 #include "quant/matmul.h"
+#include "support/isa.h"
 
 namespace klein::ops {
 namespace {
@@ -55,6 +56,7 @@ TEST(Linear, MatchesNaiveForEveryFloatType) {
 // With the context's arithmetic.float_on_tiles, float weights run on bf16 tiles (AMX CPUs):
 // within the bf16 bound of the exact result, and exact again once it is switched off.
 TEST(Linear, FloatWeightsOnTiles) {
+  KLEIN_REQUIRE_ISA(quant::Isa::Amx);  // elsewhere float_on_tiles changes nothing
   const int64_t M = 70, N = 40, K = 160;
   auto x = random_vector(size_t(M * K), 5);
   auto wf = random_vector(size_t(N * K), 6);
@@ -158,7 +160,9 @@ AttentionRun run_attention(AttentionParams p, Compute& cx, const uint8_t* mask, 
 // SwiGLU against silu(g)·u in double, on every instruction set (the x86 ones share a
 // polynomial exp), including a ragged tail, values past the polynomial's clamps, zeros and
 // tiny values, and the in-place form the text encoder uses (out == gate).
-TEST(Activations, SwigluMatchesDoubleOnEveryIsa) {
+class Activations : public klein::testing::OnEveryIsa {};
+
+TEST_P(Activations, SwigluMatchesDouble) {
   std::vector<float> gate, up;
   for (float g : {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-3f, 1.0f, -1.0f, 20.0f, -20.0f, 86.0f, -86.0f,
                   88.0f, -88.0f, 90.0f, -90.0f, 100.0f, -100.0f, 1e30f, -1e30f}) {
@@ -172,7 +176,8 @@ TEST(Activations, SwigluMatchesDoubleOnEveryIsa) {
     up.push_back(narrow(rng));
   }
   const int64_t n = int64_t(gate.size());
-  for (quant::Isa isa : quant::available_isas()) {
+  {
+    const quant::Isa isa = this->isa();
     Compute cx(1, isa);
     std::vector<float> out(gate.size() + 1, 7.0f), in_place = gate;
     swiglu(gate.data(), up.data(), out.data(), n, cx);
@@ -192,7 +197,9 @@ TEST(Activations, SwigluMatchesDoubleOnEveryIsa) {
 // micro-kernels (rows and columns not multiples of MR and NR, K across the KC blocks, one
 // row, one column), both forms of B, alpha, accumulation, and strided operands. The sums are
 // float32 with fused multiply-adds, so the bound is K float32 roundings of the partial sums.
-TEST(Gemm, MatchesFloat64OnEveryEdgeAndIsa) {
+class Gemm : public klein::testing::OnEveryIsa {};
+
+TEST_P(Gemm, MatchesFloat64OnEveryEdge) {
   struct Shape {
     int64_t M, N, K;
   };
@@ -200,7 +207,8 @@ TEST(Gemm, MatchesFloat64OnEveryEdgeAndIsa) {
                           {7, 17, 256}, {25, 70, 257}, {64, 300, 128}, {300, 9, 600}, {3, 520, 40}};
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  for (quant::Isa isa : quant::available_isas()) {
+  {
+    const quant::Isa isa = this->isa();
     std::vector<float> pack(gemm_pack_floats());
     for (const Shape& s : shapes)
       for (bool transposed : {false, true})
@@ -280,10 +288,11 @@ TEST(Gemm, MatchesFloat64OnEveryEdgeAndIsa) {
   }
 }
 
-// On every instruction set the CPU has (each has its own softmax kernel).
+// On every instruction set the CPU has (each has its own softmax kernel; each logged as run).
 void expect_attention_matches(AttentionParams p, int threads, const uint8_t* mask = nullptr,
                               bool bf16 = false) {
   for (quant::Isa isa : quant::available_isas()) {
+    klein::testing::isa_runs(isa);
     Compute cx(threads, isa);
     cx.arithmetic.bf16_attention = bf16;
     const AttentionRun r = run_attention(p, cx, mask, 5, 2.f);
@@ -371,6 +380,7 @@ AttentionParams bf16_params(int64_t q_len, int64_t kv_len, int64_t heads, int64_
 }
 
 TEST(AttentionBf16, OddSizesMatchDoublePrecision) {
+  KLEIN_REQUIRE_ISA(quant::Isa::Amx);  // the bf16 tile kernel; elsewhere the exact one runs
   // Neither length a multiple of 16 or 32; more query rows than one 128-row task.
   EXPECT_LE(bf16_attention_error(bf16_params(141, 77, 3, 3, 128), 2), kBf16Bound);
   EXPECT_LE(bf16_attention_error(bf16_params(77, 141, 2, 2, 64), 1), kBf16Bound);
@@ -380,11 +390,13 @@ TEST(AttentionBf16, OddSizesMatchDoublePrecision) {
 }
 
 TEST(AttentionBf16, ManyKeyChunks) {
+  KLEIN_REQUIRE_ISA(quant::Isa::Amx);  // the bf16 tile kernel; elsewhere the exact one runs
   // 2500 keys: three chunks of 864, 864 and 772, the online softmax rescaling across them.
   EXPECT_LE(bf16_attention_error(bf16_params(200, 2500, 2, 2, 128), 2), kBf16Bound);
 }
 
 TEST(AttentionBf16, CausalMaskedGroupedHeads) {
+  KLEIN_REQUIRE_ISA(quant::Isa::Amx);  // the bf16 tile kernel; elsewhere the exact one runs
   // The text encoder's case: GQA, causal, right padding hidden.
   AttentionParams p = bf16_params(130, 130, 8, 2, 128);
   p.causal = true;
@@ -399,12 +411,16 @@ TEST(AttentionBf16, CausalMaskedGroupedHeads) {
   EXPECT_LE(bf16_attention_error(p, 2, valid2.data()), kBf16Bound);
 }
 
-TEST(AttentionBf16, StridedRowsAndUnsupportedHeadDim) {
-  // head_dim 48 is not a multiple of 32: the exact path runs, to its own tolerance.
-  AttentionParams p = bf16_params(40, 45, 2, 1, 48);
-  expect_attention_matches(p, 2, nullptr, /*bf16=*/true);
+// Asked for on every CPU: head_dim 48 is not a multiple of 32, so the exact path runs, to its
+// own tolerance.
+TEST(AttentionBf16, UnsupportedHeadDimRunsTheExactPath) {
+  expect_attention_matches(bf16_params(40, 45, 2, 1, 48), 2, nullptr, /*bf16=*/true);
+}
+
+TEST(AttentionBf16, StridedRows) {
+  KLEIN_REQUIRE_ISA(quant::Isa::Amx);  // the bf16 tile kernel; elsewhere the exact one runs
   // Inputs inside wider rows, as when q, k and v come out of one fused projection.
-  p = bf16_params(50, 60, 2, 2, 64);
+  AttentionParams p = bf16_params(50, 60, 2, 2, 64);
   const int64_t W = 3 * 2 * 64, D = 2 * 64;
   auto qkv = random_vector(size_t(60 * W), 21);
   std::vector<float> out(size_t(50 * (D + 8)), 7.f), q, k, v;
@@ -436,6 +452,9 @@ TEST(Norm, LayerNormAndRmsNorm) {
   const float rms = std::sqrt(30.0f / 4);
   EXPECT_NEAR(y[1], 2 * 2 / rms, 1e-6);
 }
+
+KLEIN_INSTANTIATE_ON_EVERY_ISA(Activations);
+KLEIN_INSTANTIATE_ON_EVERY_ISA(Gemm);
 
 }  // namespace
 }  // namespace klein::ops

@@ -16,6 +16,7 @@
 #include "quant/kernels.h"
 #include "quant/matmul.h"
 #include "quant_testing.h"
+#include "support/isa.h"
 
 namespace klein::quant {
 namespace {
@@ -137,7 +138,8 @@ struct Case {
 
 // Runs one case on every available instruction set, for every weight format, and checks each
 // output against the reference bound and (for the quantized types) against the scalar path.
-void check_case(const Case& c, ThreadPool& pool) {
+// Run on `isa` (and, for the comparison, on the scalar path).
+void check_case(const Case& c, ThreadPool& pool, Isa on) {
   const auto [M, N, K] = c.shape;
   const int64_t ldx = K + c.x_pad, ldy = N + c.y_pad;
   const std::vector<float> x = random_matrix(M, ldx, uint32_t(M * 7 + N * 3 + K), c.x_dist, c.x_scale);
@@ -158,7 +160,9 @@ void check_case(const Case& c, ThreadPool& pool) {
     for (bool float_tiles : {false, true}) {
       if (quantized && float_tiles) continue;
       std::vector<float> scalar;
-      for (Isa isa : available_isas()) {
+      const std::vector<Isa> isas =
+          on == Isa::Scalar ? std::vector<Isa>{on} : std::vector<Isa>{Isa::Scalar, on};
+      for (Isa isa : isas) {
         std::vector<float> y(size_t(M * ldy), sentinel);
         MatmulOptions options;
         options.isa = isa;
@@ -212,19 +216,21 @@ void check_case(const Case& c, ThreadPool& pool) {
   }
 }
 
-class MatmulTest : public ::testing::Test {
+// Each test once per instruction set: SKIPPED where this CPU lacks it (tests/support/isa.h).
+class MatmulTest : public klein::testing::OnEveryIsa {
  protected:
   ThreadPool pool{2};
+  void check_case(const Case& c, ThreadPool& p) { quant::check_case(c, p, isa()); }
 };
 
-TEST_F(MatmulTest, SmallAndOddShapes) {
+TEST_P(MatmulTest, SmallAndOddShapes) {
   for (Shape s : {Shape{1, 3, 32}, Shape{1, 16, 64}, Shape{2, 1, 128}, Shape{3, 17, 192},
                   Shape{7, 33, 128}, Shape{12, 16, 64}, Shape{13, 50, 96}, Shape{8, 31, 160},
                   Shape{25, 100, 256}, Shape{100, 3, 128}})
     check_case({s}, pool);
 }
 
-TEST_F(MatmulTest, LargeShapesCrossTileAndChunkBoundaries) {
+TEST_P(MatmulTest, LargeShapesCrossTileAndChunkBoundaries) {
   // M above the row blocks of both paths, K above one float panel and one int8 chunk.
   check_case({{800, 40, 320}}, pool);
   check_case({{20, 40, 4160}}, pool);
@@ -234,18 +240,18 @@ TEST_F(MatmulTest, LargeShapesCrossTileAndChunkBoundaries) {
   check_case({{77, 48, 2112}}, pool);
   // AMX, K above 3072 (chunked K, Y as the accumulator): several wide panels, the last one
   // ragged in N, and a ragged last row block. Large, so only where those plans run.
-  if (isa_available(Isa::Amx)) check_case({{40, 1300, 3104}}, pool);
+  if (isa() == Isa::Amx) check_case({{40, 1300, 3104}}, pool);
 }
 
-TEST_F(MatmulTest, LargestK) {
+TEST_P(MatmulTest, LargestK) {
   check_case({{1, 19, 12288}}, pool);
   check_case({{14, 35, 12288}}, pool);
   check_case({{33, 35, 12288}}, pool);
 }
 
-TEST_F(MatmulTest, Strides) { check_case({{9, 21, 96}, Dist::Gauss, Dist::Gauss, 1, 1, 32, 5}, pool); }
+TEST_P(MatmulTest, Strides) { check_case({{9, 21, 96}, Dist::Gauss, Dist::Gauss, 1, 1, 32, 5}, pool); }
 
-TEST_F(MatmulTest, AdversarialValues) {
+TEST_P(MatmulTest, AdversarialValues) {
   check_case({{5, 20, 64}, Dist::Zeros, Dist::Gauss}, pool);
   check_case({{5, 20, 64}, Dist::Gauss, Dist::Zeros}, pool);
   check_case({{17, 40, 256}, Dist::Outliers, Dist::StudentT3}, pool);
@@ -254,23 +260,25 @@ TEST_F(MatmulTest, AdversarialValues) {
 }
 
 // The same call gives the same bits whatever the number of threads.
-TEST_F(MatmulTest, ThreadCountDoesNotChangeResults) {
+TEST_P(MatmulTest, ThreadCountDoesNotChangeResults) {
   const int64_t M = 50, N = 70, K = 2112;
   const std::vector<float> x = random_matrix(M, K, 1, Dist::Gauss);
   const std::vector<float> w = random_matrix(N, K, 2, Dist::Gauss);
   ThreadPool one(1), three(3);
   for (auto [type, layout] : testing::all_formats()) {
     const Packed p(w.data(), N, K, type, layout);
-    if (!(type == DType::Q8 || type == DType::Q4) && !runs_on_tiles(p.matrix, M)) continue;  // OpenBLAS's
     std::vector<float> a(size_t(M * N)), b(size_t(M * N));
-    matmul(x.data(), M, K, p.matrix, a.data(), N, one);
-    matmul(x.data(), M, K, p.matrix, b.data(), N, three);
+    MatmulOptions options;
+    options.isa = isa();
+    if (!(type == DType::Q8 || type == DType::Q4) && !runs_on_tiles(p.matrix, M, options)) continue;
+    matmul(x.data(), M, K, p.matrix, a.data(), N, one, options);
+    matmul(x.data(), M, K, p.matrix, b.data(), N, three, options);
     EXPECT_EQ(a, b) << dtype_name(type) << " " << layout_name(layout);
   }
 }
 
 // Overall accuracy on model-like data, as a normalised RMS error against the reference.
-TEST_F(MatmulTest, TypicalRelativeError) {
+TEST_P(MatmulTest, TypicalRelativeError) {
   const int64_t M = 32, N = 64, K = 3072;
   const std::vector<float> x = random_matrix(M, K, 11, Dist::Gauss);
   const std::vector<float> w = random_matrix(N, K, 12, Dist::ColumnScaled, 0.02f);
@@ -278,7 +286,8 @@ TEST_F(MatmulTest, TypicalRelativeError) {
     const Packed p(w.data(), N, K, type, layout);
     std::vector<float> ref(size_t(M * N)), y(size_t(M * N));
     matmul_reference(x.data(), M, K, p.matrix, ref.data(), N);
-    for (Isa isa : available_isas()) {
+    {
+      const Isa isa = this->isa();
       {
         MatmulOptions options;
         options.isa = isa;
@@ -300,8 +309,11 @@ TEST_F(MatmulTest, TypicalRelativeError) {
   }
 }
 
-// Every instruction set quantizes activations to the same bytes.
-TEST(ActivationQuantization, BitIdenticalAcrossIsas) {
+// Every vector instruction set quantizes activations to the same bytes as the scalar code
+// (AMX multiplies bf16 tiles and quantizes nothing: not a case here).
+class ActivationQuantization : public klein::testing::OnEveryIsa {};
+
+TEST_P(ActivationQuantization, BitIdenticalToScalar) {
   const int64_t rows = 5, K = 256, nb = K / kBlock;
   std::vector<float> x = random_matrix(rows, K, 9, Dist::Outliers);
   x[7] = 0.5f;  // ties at 127 * 0.5 / max are rare; make some exact values
@@ -326,18 +338,25 @@ TEST(ActivationQuantization, BitIdenticalAcrossIsas) {
     return std::make_pair(q_rows, numbers);
   };
   const auto expected = run(detail::scalar_kernels());
+  switch (isa()) {
 #if defined(KLEIN_X86)
-  if (isa_available(Isa::Avx2)) {
-    EXPECT_EQ(run(detail::avx2_kernels()), expected);
-  }
-  if (isa_available(Isa::Avx512)) {
-    EXPECT_EQ(run(detail::avx512_kernels()), expected);
-  }
+    case Isa::Avx2: EXPECT_EQ(run(detail::avx2_kernels()), expected); break;
+    case Isa::Avx512: EXPECT_EQ(run(detail::avx512_kernels()), expected); break;
 #endif
 #if defined(KLEIN_ARM64)
-  EXPECT_EQ(run(detail::neon_kernels()), expected);
+    case Isa::Neon: EXPECT_EQ(run(detail::neon_kernels()), expected); break;
 #endif
+    default: FAIL() << "no activation quantizer for " << isa_name(isa());
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Isa, ActivationQuantization, ::testing::ValuesIn([] {
+                           std::vector<Isa> isas = klein::testing::compiled_isas();
+                           std::erase(isas, Isa::Amx);
+                           std::erase(isas, Isa::Scalar);
+                           return isas;
+                         }()),
+                         klein::testing::isa_param_name);
 
 TEST(MatmulErrors, BadInputsAreReported) {
   ThreadPool pool(1);
@@ -395,6 +414,8 @@ TEST(Isa, RunsOnTilesOnlyWhereTheTilePathApplies) {
   EXPECT_FALSE(runs_on_tiles(matrix(DType::F16, 64), 32));
   EXPECT_FALSE(runs_on_tiles(matrix(DType::BF16, 64), 32, avx512));  // another path forced
 }
+
+KLEIN_INSTANTIATE_ON_EVERY_ISA(MatmulTest);
 
 }  // namespace
 }  // namespace klein::quant

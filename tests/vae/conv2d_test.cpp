@@ -10,6 +10,7 @@
 #include "ops/group_norm.h"
 #include "support/conv_reference.h"
 #include "support/testing.h"
+#include "support/isa.h"
 
 namespace klein {
 namespace {
@@ -107,7 +108,8 @@ TEST(Conv2d, FusedTransformMatchesDefinition) { expect_cases_match_definition(tr
 // Widths that are not multiples of the kernel's vector blocks, channel counts that are not
 // multiples of its channel groups, one-row images.
 TEST(Conv2d, DirectKernelEdges) {
-  if (!ops::conv2d_direct_available()) GTEST_SKIP() << "no direct kernel on this CPU";
+  KLEIN_REQUIRE_PATH(ops::conv2d_direct_available(), "avx512",
+                     "the direct convolution kernel needs AVX-512");
   Compute cx(2);
   for (int64_t width : {1, 15, 16, 17, 95, 96, 97, 193, 250})
     for (int64_t out : {1, 3, 4, 5, 9}) {
@@ -187,6 +189,10 @@ TEST(Conv2d, BandsWithOriginRowAreBitIdentical) {
     Conv2dParams base = c.kernel == 3 ? Conv2dParams::same(3) : Conv2dParams{};
     base.upsample = c.upsample;
     std::vector<ops::ConvAlgorithm> algorithms = algorithms_for(base);
+    // The bf16 kernels where this CPU has them (logged for the run's ISA summary).
+    klein::testing::log_isa_path(ops::conv2d_bf16_tiles_available() ? "ran" : "skipped", "amx");
+    klein::testing::log_isa_path(ops::conv2d_bf16_direct_available() ? "ran" : "skipped",
+                                 "avx512-bf16");
     if (ops::conv2d_bf16_tiles_available()) algorithms.push_back(ops::ConvAlgorithm::Bf16Tiles);
     if (ops::conv2d_bf16_direct_available()) algorithms.push_back(ops::ConvAlgorithm::Bf16Direct);
     const Tensor x = random_tensor({c.in, c.height, c.width}, 31);
@@ -247,7 +253,8 @@ TEST(Conv2d, ResultsDoNotDependOnThreadCount) {
 
 // The two algorithms at the channel counts of the real VAE (512 channels: K = 4608).
 TEST(Conv2d, AlgorithmsAgreeAtVaeShapes) {
-  if (!ops::conv2d_direct_available()) GTEST_SKIP() << "no direct kernel on this CPU";
+  KLEIN_REQUIRE_PATH(ops::conv2d_direct_available(), "avx512",
+                     "the direct convolution kernel needs AVX-512");
   Compute cx(2);
   const int64_t shapes[][2] = {{512, 512}, {256, 128}, {128, 3}};
   for (const auto& [in, out] : shapes) {

@@ -15,6 +15,7 @@
 #include "support/tiny_model_suite.h"
 #include "vae/random_store.h"
 #include "weights/model_source.h"
+#include "support/isa.h"
 
 namespace klein {
 namespace {
@@ -123,7 +124,9 @@ bool bf16_convolutions_available() {
 }
 
 TEST_F(VaeGolden, DecodeWithBf16ConvolutionsEveryIntermediate) {
-  if (!bf16_convolutions_available()) GTEST_SKIP() << "no BF16 convolutions on this CPU";
+  KLEIN_REQUIRE_PATH(bf16_convolutions_available(),
+                     ops::conv2d_bf16_tiles_available() ? "amx" : "avx512-bf16",
+                     "no BF16 convolutions on this CPU (they need AMX or AVX-512 BF16)");
   const Compute::Use tiles(cx_, {.bf16_convolutions = true});
   vae::Vae model(*store_, cx_);
   for (const char* name : {"decode_h64_w64", "decode_h64_w96"}) {
@@ -151,7 +154,9 @@ TEST_F(VaeGolden, DecodeWithBf16ConvolutionsEveryIntermediate) {
 }
 
 TEST_F(VaeGolden, EncodeWithBf16Convolutions) {
-  if (!bf16_convolutions_available()) GTEST_SKIP() << "no BF16 convolutions on this CPU";
+  KLEIN_REQUIRE_PATH(bf16_convolutions_available(),
+                     ops::conv2d_bf16_tiles_available() ? "amx" : "avx512-bf16",
+                     "no BF16 convolutions on this CPU (they need AMX or AVX-512 BF16)");
   const Compute::Use tiles(cx_, {.bf16_convolutions = true});
   vae::Vae model(*store_, cx_);
   Tensor pixels = load(vectors() / "encode_ref0" / "ref0_pixels.npy");
@@ -411,7 +416,9 @@ TEST(VaeRealShapes, BandedVaeMemoryIsBounded) {
 
 // The bf16 decoder against the float32 one at klein's real channel counts.
 TEST(VaeRealShapes, Bf16DecodeCloseToFloat32) {
-  if (!bf16_convolutions_available()) GTEST_SKIP() << "no BF16 convolutions on this CPU";
+  KLEIN_REQUIRE_PATH(bf16_convolutions_available(),
+                     ops::conv2d_bf16_tiles_available() ? "amx" : "avx512-bf16",
+                     "no BF16 convolutions on this CPU (they need AMX or AVX-512 BF16)");
   testing::RandomVaeStore store;
   Compute cx(2);
   vae::Vae model(store, cx);
