@@ -10,7 +10,7 @@ if (($# > 0)); then
 elif [[ "$(uname -m)" == aarch64 || "$(uname -m)" == arm64 ]]; then
   paths=(scalar neon)
 else
-  paths=(scalar avx2 avx512 avx512-bf16 amx avx512-emulated)
+  paths=(scalar avx2 avx512 avx512-bf16 amx avx512-emulated amx-emulated)
 fi
 [[ -f "$log" ]] || : > "$log"
 echo "Instruction-set paths in this run${KLEIN_ISA:+ (KLEIN_ISA=$KLEIN_ISA)}:"
