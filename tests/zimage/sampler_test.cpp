@@ -144,7 +144,9 @@ TEST_P(ZImageSteps, EveryStepFromTheStoredLatents) {
     Tensor v(x.shape());
     const bool rescaled =
         velocity(pos.data(), guided ? neg.data() : nullptr, pos.numel(), g, v.data());
-    if (info.contains("renormalized")) EXPECT_EQ(rescaled, info["renormalized"].get<bool>());
+    if (info.contains("renormalized")) {
+      EXPECT_EQ(rescaled, info["renormalized"].get<bool>());
+    }
     EXPECT_TRUE(testing::matches_npy(v, dir / (k + "velocity.npy"), 1e-4));
     euler_step(x.data(), v.data(), x.numel(), s.sigmas[size_t(i)], s.sigmas[size_t(i + 1)]);
     EXPECT_TRUE(testing::matches_npy(x, dir / (k + "latents_out.npy"), 1e-4));
