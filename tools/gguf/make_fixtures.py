@@ -14,17 +14,21 @@ decodes them to, which the engine's GGUF reader must reproduce bit for bit.
   make_fixtures.py model KLEIN_TINY_MODEL_DIR OUTDIR
       OUTDIR/transformer.gguf        the tiny transformer under BFL names, as ComfyUI-GGUF
                                      files name a FLUX.2 transformer, with a mix of types
-      OUTDIR/transformer-ref.safetensors   the same tensors as gguf-py decodes them (F32,
-                                     same names: a BFL single-file checkpoint)
       OUTDIR/text_encoder.gguf       the tiny Qwen3 under llama.cpp's names (token_embd,
                                      blk.N.attn_q ... output_norm) with its tokenizer in the
                                      metadata (tokenizer.ggml.*), as llama.cpp's converter
                                      writes a Qwen3 model (gpt2 tokenizer model, no Q/K
-                                     permutation: Qwen2/Qwen3 use NEOX rope)
-      OUTDIR/text_encoder-ref.safetensors  its tensors decoded by gguf-py, under the
-                                     transformers names (model.layers.N.self_attn.q_proj ...)
-      These are tens of MB, so they are written at test time (tests/e2e, when gguf-py is
-      available), not kept in the repository.
+                                     permutation: Qwen2/Qwen3 use NEOX rope); the
+                                     embedding Q4_0 to keep the file small
+      OUTDIR/decoded.json            what gguf-py decodes both files to, per tensor of a klein
+                                     container (transformer.<diffusers name>,
+                                     text_encoder.<transformers name>; the fused BFL QKV split
+                                     into its thirds, the final layer's halves swapped back):
+                                     shape and XXH3-64 of the float32 little-endian values.
+      The decoded values themselves (70 MB of float32) are not kept: a container converted
+      from the GGUF files with -t f32 must hold exactly these bytes, which the test checks
+      tensor by tensor before it uses that container as the reference.
+      Needs python3-xxhash besides numpy.
 
 gguf-py is pure Python + numpy: point GGUF_PY at the gguf-py directory of a llama.cpp checkout
 (or put it on PYTHONPATH). numpy: Debian's python3-numpy. gguf-py's vocab module imports
@@ -188,54 +192,96 @@ def make_types(model_dir, out_dir):
 # --- the tiny model under the names of GGUF files ------------------------------------------
 
 
+# diffusers names -> BFL names of the transformer's unfused tensors: the shared ones, a double
+# block's (after "transformer_blocks.N." / "double_blocks.N.") and a single block's (after
+# "single_transformer_blocks.N.attn." / "single_blocks.N."). The fused QKV and the final
+# layer's swapped halves are handled where they are used.
+SHARED = {
+    "x_embedder.weight": "img_in.weight",
+    "context_embedder.weight": "txt_in.weight",
+    "time_guidance_embed.timestep_embedder.linear_1.weight": "time_in.in_layer.weight",
+    "time_guidance_embed.timestep_embedder.linear_2.weight": "time_in.out_layer.weight",
+    "double_stream_modulation_img.linear.weight": "double_stream_modulation_img.lin.weight",
+    "double_stream_modulation_txt.linear.weight": "double_stream_modulation_txt.lin.weight",
+    "single_stream_modulation.linear.weight": "single_stream_modulation.lin.weight",
+    "proj_out.weight": "final_layer.linear.weight",
+}
+DOUBLE_BLOCK = {
+    "attn.norm_q.weight": "img_attn.norm.query_norm.scale",
+    "attn.norm_k.weight": "img_attn.norm.key_norm.scale",
+    "attn.norm_added_q.weight": "txt_attn.norm.query_norm.scale",
+    "attn.norm_added_k.weight": "txt_attn.norm.key_norm.scale",
+    "attn.to_out.0.weight": "img_attn.proj.weight",
+    "attn.to_add_out.weight": "txt_attn.proj.weight",
+    "ff.linear_in.weight": "img_mlp.0.weight",
+    "ff.linear_out.weight": "img_mlp.2.weight",
+    "ff_context.linear_in.weight": "txt_mlp.0.weight",
+    "ff_context.linear_out.weight": "txt_mlp.2.weight",
+}
+SINGLE_BLOCK = {
+    "to_qkv_mlp_proj.weight": "linear1.weight",
+    "to_out.weight": "linear2.weight",
+    "norm_q.weight": "norm.query_norm.scale",
+    "norm_k.weight": "norm.key_norm.scale",
+}
+# The fused QKV of a double block: BFL tensor -> its diffusers thirds, in order.
+FUSED_QKV = {
+    "img_attn.qkv.weight": ["attn.to_q.weight", "attn.to_k.weight", "attn.to_v.weight"],
+    "txt_attn.qkv.weight": ["attn.add_q_proj.weight", "attn.add_k_proj.weight", "attn.add_v_proj.weight"],
+}
+
+
+def swap_halves(m):
+    half = m.shape[0] // 2
+    return np.concatenate([m[half:], m[:half]])
+
+
+def count(names, pattern):
+    n = 0
+    while pattern.format(n) in names:
+        n += 1
+    return n
+
+
+def unfused_pairs(double_blocks, single_blocks):
+    """(diffusers name, BFL name) of every tensor that is renamed only."""
+    pairs = list(SHARED.items())
+    for i in range(double_blocks):
+        pairs += [(f"transformer_blocks.{i}." + x, f"double_blocks.{i}." + y) for x, y in DOUBLE_BLOCK.items()]
+    for i in range(single_blocks):
+        pairs += [(f"single_transformer_blocks.{i}.attn." + x, f"single_blocks.{i}." + y)
+                  for x, y in SINGLE_BLOCK.items()]
+    return pairs
+
+
 def bfl_transformer(d):
     """diffusers names -> BFL names (fused QKV, final layer's halves swapped), as in
     tests/formats/single_file_test.cpp."""
     d = dict(d)
-    out = {}
-    shared = {
-        "x_embedder.weight": "img_in.weight",
-        "context_embedder.weight": "txt_in.weight",
-        "time_guidance_embed.timestep_embedder.linear_1.weight": "time_in.in_layer.weight",
-        "time_guidance_embed.timestep_embedder.linear_2.weight": "time_in.out_layer.weight",
-        "double_stream_modulation_img.linear.weight": "double_stream_modulation_img.lin.weight",
-        "double_stream_modulation_txt.linear.weight": "double_stream_modulation_txt.lin.weight",
-        "single_stream_modulation.linear.weight": "single_stream_modulation.lin.weight",
-        "proj_out.weight": "final_layer.linear.weight",
-    }
-    for a, b in shared.items():
-        out[b] = d.pop(a)
-    norm_out = d.pop("norm_out.linear.weight")
-    half = norm_out.shape[0] // 2
-    out["final_layer.adaLN_modulation.1.weight"] = np.concatenate([norm_out[half:], norm_out[:half]])
-    i = 0
-    while f"transformer_blocks.{i}.attn.to_q.weight" in d:
-        p, b = f"transformer_blocks.{i}.", f"double_blocks.{i}."
-        out[b + "img_attn.qkv.weight"] = np.concatenate([d.pop(p + f"attn.to_{x}.weight") for x in "qkv"])
-        out[b + "txt_attn.qkv.weight"] = np.concatenate([d.pop(p + f"attn.add_{x}_proj.weight") for x in "qkv"])
-        for a, c in {
-            "attn.norm_q.weight": "img_attn.norm.query_norm.scale",
-            "attn.norm_k.weight": "img_attn.norm.key_norm.scale",
-            "attn.norm_added_q.weight": "txt_attn.norm.query_norm.scale",
-            "attn.norm_added_k.weight": "txt_attn.norm.key_norm.scale",
-            "attn.to_out.0.weight": "img_attn.proj.weight",
-            "attn.to_add_out.weight": "txt_attn.proj.weight",
-            "ff.linear_in.weight": "img_mlp.0.weight",
-            "ff.linear_out.weight": "img_mlp.2.weight",
-            "ff_context.linear_in.weight": "txt_mlp.0.weight",
-            "ff_context.linear_out.weight": "txt_mlp.2.weight",
-        }.items():
-            out[b + c] = d.pop(p + a)
-        i += 1
-    i = 0
-    while f"single_transformer_blocks.{i}.attn.to_out.weight" in d:
-        p, b = f"single_transformer_blocks.{i}.attn.", f"single_blocks.{i}."
-        out[b + "linear1.weight"] = d.pop(p + "to_qkv_mlp_proj.weight")
-        out[b + "linear2.weight"] = d.pop(p + "to_out.weight")
-        out[b + "norm.query_norm.scale"] = d.pop(p + "norm_q.weight")
-        out[b + "norm.key_norm.scale"] = d.pop(p + "norm_k.weight")
-        i += 1
+    doubles = count(d, "transformer_blocks.{}.attn.to_q.weight")
+    singles = count(d, "single_transformer_blocks.{}.attn.to_out.weight")
+    out = {b: d.pop(a) for a, b in unfused_pairs(doubles, singles)}
+    out["final_layer.adaLN_modulation.1.weight"] = swap_halves(d.pop("norm_out.linear.weight"))
+    for i in range(doubles):
+        for fused, parts in FUSED_QKV.items():
+            out[f"double_blocks.{i}." + fused] = np.concatenate([d.pop(f"transformer_blocks.{i}." + x) for x in parts])
     assert not d, f"unconverted: {sorted(d)}"
+    return out
+
+
+def diffusers_transformer(bfl):
+    """BFL names -> the diffusers names of a klein container: the inverse of bfl_transformer
+    (the fused QKV rows split into thirds, the final layer's halves swapped back)."""
+    bfl = dict(bfl)
+    doubles = count(bfl, "double_blocks.{}.img_attn.qkv.weight")
+    singles = count(bfl, "single_blocks.{}.linear1.weight")
+    out = {a: bfl.pop(b) for a, b in unfused_pairs(doubles, singles)}
+    out["norm_out.linear.weight"] = swap_halves(bfl.pop("final_layer.adaLN_modulation.1.weight"))
+    for i in range(doubles):
+        for fused, parts in FUSED_QKV.items():
+            for x, rows in zip(parts, np.split(bfl.pop(f"double_blocks.{i}." + fused), 3)):
+                out[f"transformer_blocks.{i}." + x] = rows
+    assert not bfl, f"unmapped: {sorted(bfl)}"
     return out
 
 
@@ -299,8 +345,16 @@ def qwen3_tokenizer(writer, tokenizer_dir, vocab_size):
     gguf.SpecialVocab(tokenizer_dir, load_merges=True).add_to_gguf(writer)
 
 
+def digest(tensors, prefix):
+    import xxhash
+    return {prefix + name: {"shape": list(v.shape),
+                            "xxh3": xxhash.xxh3_64_hexdigest(np.ascontiguousarray(v, dtype="<f4").tobytes())}
+            for name, v in tensors.items()}
+
+
 def make_model(model_dir, out_dir):
-    tr = bfl_transformer(read_model_dir(os.path.join(model_dir, "transformer")))
+    source = read_model_dir(os.path.join(model_dir, "transformer"))
+    tr = bfl_transformer(source)
     path = os.path.join(out_dir, "transformer.gguf")
     w = gguf.GGUFWriter(path, "flux")
     w.add_uint32("general.quantization_version", 2)
@@ -315,7 +369,9 @@ def make_model(model_dir, out_dir):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    write_safetensors(os.path.join(out_dir, "transformer-ref.safetensors"), decoded(path))
+    back = diffusers_transformer(decoded(path))
+    assert sorted(back) == sorted(source), "the BFL names do not map back onto the diffusers ones"
+    digests = digest(back, "transformer.")
 
     te_dir = os.path.join(model_dir, "text_encoder")
     te = read_model_dir(te_dir)
@@ -339,6 +395,9 @@ def make_model(model_dir, out_dir):
             continue  # tied to the embedding: llama.cpp writes no output.weight then
         if v.ndim == 1:
             add_quantized(w, llama_cpp_name(name), v, Q.F32)
+        elif name == "model.embed_tokens.weight":
+            # 151936 x 64, most of the file: Q4_0 (half the bytes of Q8_0) keeps the fixture small.
+            add_quantized(w, llama_cpp_name(name), v, Q.Q4_0)
         else:
             add_quantized(w, llama_cpp_name(name), v, MODEL_TYPES[n % len(MODEL_TYPES)])
             n += 1
@@ -347,8 +406,19 @@ def make_model(model_dir, out_dir):
     w.write_tensors_to_file()
     w.close()
     hf = {v: k for k, v in ((k, llama_cpp_name(k)) for k in te if k != "lm_head.weight")}
-    write_safetensors(os.path.join(out_dir, "text_encoder-ref.safetensors"),
-                      {hf[k]: v for k, v in decoded(path).items()})
+    digests.update(digest({hf[k]: v for k, v in decoded(path).items()}, "text_encoder."))
+    with open(os.path.join(out_dir, "decoded.json"), "w", encoding="utf-8") as f:
+        json.dump({"made_by": "tools/gguf/make_fixtures.py model (gguf-py " + gguf_version() + ")",
+                   "tensors": digests}, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+def gguf_version():
+    try:
+        from importlib.metadata import version
+        return version("gguf")
+    except Exception:
+        return "from GGUF_PY"
 
 
 def main():
