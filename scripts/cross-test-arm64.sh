@@ -41,7 +41,8 @@ run() {
   KLEIN_EXPECT_CPU=$expect qemu-aarch64 -cpu "$cpu" -L "$sysroot" "$build/tests/test_quant" \
     --gtest_brief=1 "$@"
 }
-matmul_tests='--gtest_filter=*MatmulTest.*:*ActivationQuantization.*:Isa.*'
+# (the NEON cases only: each runs the scalar path too, for the comparison)
+matmul_tests='--gtest_filter=*MatmulTest.*/neon:*ActivationQuantization.*:Isa.*'
 export KLEIN_TEST_ISA_LOG="$build/isa-paths.log"
 rm -f "$KLEIN_TEST_ISA_LOG"
 run max "neon neon-dotprod neon-i8mm"
