@@ -28,7 +28,12 @@ if [[ "${1:-}" == "--sanitize" ]]; then
   # a dozen times through the same converter, pipeline and kernels that the other tests run
   # under the sanitizers, and together they took 270 of the 1400 test seconds. The report's
   # own code (metrics, writers, policy search) is run by the other 19 report tests.
-  labels=(-E '^TinyReport[.](CliReportsQ8AndQ4|CliPolicyIsVerifiedAndConvertAcceptsIt|EndToEndQ8IsCloserThanQ4|PolicySearch|EndToEndPsnrIsThatOfTwoDefaultGenerations)$')
+  # Nor two end-to-end repeats of paths other tests run under the sanitizers: the GGUF
+  # generation comparison (four conversions and generations of the tiny model, 55 s here; the
+  # GGUF reader and converter run under ASan in GgufModel.ConvertedHoldsTheValuesGgufPyDecodes
+  # and BflLayout.Gguf*) and klein-base's 50-step defaults case (27 s; its CFG path runs in the
+  # 6-step case).
+  labels=(-E '^(TinyReport[.](CliReportsQ8AndQ4|CliPolicyIsVerifiedAndConvertAcceptsIt|EndToEndQ8IsCloserThanQ4|PolicySearch|EndToEndPsnrIsThatOfTwoDefaultGenerations)|GgufModel[.]ConvertedGivesTheGenerationOfItsDecodedWeights)$|^TinyModel/KleinBase[.]MatchesTheOfficialPipelineAtEveryStep/base_defaults_h48_w48 ')
   [[ -n "${2:-}" ]] && labels=(-L "$2")
 fi
 # Which instruction-set paths the run exercised: the tests append "ran PATH TEST" or "skipped
