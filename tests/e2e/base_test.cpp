@@ -7,9 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <nlohmann/json.hpp>
 
-#include "core/files.h"
 #include "e2e/golden_dump.h"
 #include "support/testing.h"
 
@@ -26,17 +24,8 @@ fs::path base_set(const std::string& name) {
 // The tiny model's components under a model_index.json with "is_distilled": false, as
 // gen_base.py gives them to the official pipeline.
 fs::path base_model() {
-  const fs::path dir = testing::temp_dir("base-model");
-  for (const auto& entry : fs::directory_iterator(testing::tiny_model())) {
-    const fs::path link = dir / entry.path().filename();
-    if (entry.path().filename() != "model_index.json" && !fs::exists(fs::symlink_status(link)))
-      fs::create_directory_symlink(entry.path(), link);
-  }
-  auto index = nlohmann::json::parse(read_text_file(testing::tiny_model() / "model_index.json"));
-  EXPECT_EQ(index["is_distilled"], true);
-  index["is_distilled"] = false;
-  testing::write_text(dir / "model_index.json", index.dump(2));
-  return dir;
+  return testing::tiny_model_declared_as("base-model", "\"is_distilled\": true",
+                                         "\"is_distilled\": false");
 }
 
 struct BaseCase {

@@ -79,19 +79,8 @@ INSTANTIATE_TEST_SUITE_P(
 // The tiny model declared as a K/V checkpoint: the official pipeline's class name in
 // model_index.json, the components linked from the tiny model.
 fs::path kv_model() {
-  const fs::path dir = testing::temp_dir("kv-model");
-  for (const auto& entry : fs::directory_iterator(testing::tiny_model())) {
-    const fs::path link = dir / entry.path().filename();
-    if (entry.path().filename() != "model_index.json" && !fs::exists(fs::symlink_status(link)))
-      fs::create_directory_symlink(entry.path(), link);
-  }
-  std::string index = read_text_file(testing::tiny_model() / "model_index.json");
-  const std::string from = "\"Flux2KleinPipeline\"";
-  const size_t at = index.find(from);
-  EXPECT_NE(at, std::string::npos);
-  if (at != std::string::npos) index.replace(at, from.size(), "\"Flux2KleinKVPipeline\"");
-  testing::write_text(dir / "model_index.json", index);
-  return dir;
+  return testing::tiny_model_declared_as("kv-model", "\"Flux2KleinPipeline\"",
+                                         "\"Flux2KleinKVPipeline\"");
 }
 
 struct KvCase {

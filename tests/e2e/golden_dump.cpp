@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "core/files.h"
 #include "core/npy.h"
 #include "formats/image/image.h"
 #include "support/testing.h"
@@ -11,6 +12,22 @@
 namespace klein::testing {
 
 namespace fs = std::filesystem;
+
+fs::path tiny_model_declared_as(const std::string& name, const std::string& from,
+                                const std::string& to) {
+  const fs::path dir = temp_dir(name);
+  for (const auto& entry : fs::directory_iterator(tiny_model())) {
+    const fs::path link = dir / entry.path().filename();
+    if (entry.path().filename() != "model_index.json" && !fs::exists(fs::symlink_status(link)))
+      fs::create_directory_symlink(entry.path(), link);
+  }
+  std::string index = read_text_file(tiny_model() / "model_index.json");
+  const size_t at = index.find(from);
+  EXPECT_NE(at, std::string::npos) << from << " is not in the tiny model's model_index.json";
+  if (at != std::string::npos) index.replace(at, from.size(), to);
+  write_text(dir / "model_index.json", index);
+  return dir;
+}
 
 fs::path golden_vectors(const std::string& set, const std::string& kind) {
   return tiny_dir().parent_path() / set / "vectors" / kind;

@@ -20,6 +20,12 @@ inline constexpr const char* kComparedRun =
                                                  const std::filesystem::path& dir,
                                                  const std::string& name);
 
+// The tiny model's components (linked) under a model_index.json in which `from` is replaced by
+// `to` (a test failure when `from` is not there): the same weights declared as another
+// checkpoint, e.g. a K/V or a base model. A fresh directory named `name`.
+std::filesystem::path tiny_model_declared_as(const std::string& name, const std::string& from,
+                                             const std::string& to);
+
 // <testdata>/<set>/vectors/<kind>: a golden set next to klein-tiny (say klein-tiny-edit,
 // inpaint).
 std::filesystem::path golden_vectors(const std::string& set, const std::string& kind);
