@@ -317,6 +317,7 @@ inline void _tile_dpbf16ps(int c, int a, int b) {
 #include "ops/attention.h"
 #include "ops/compute.h"
 #include "support/isa.h"
+#include "attention_reference.h"
 
 namespace klein::ops {
 namespace {
@@ -410,33 +411,23 @@ std::vector<float> emulated_attention(const Case& c, const Inputs& in, float sca
   return out;
 }
 
-std::vector<double> float64_attention(const Case& c, const Inputs& in, double scale) {
-  const int64_t D = c.head_dim, group = c.heads / c.kv_heads;
-  std::vector<double> out(size_t(c.q_len * c.heads * D), 0.0);
-  for (int64_t h = 0; h < c.heads; ++h)
-    for (int64_t i = 0; i < c.q_len; ++i) {
-      std::vector<double> s(size_t(c.kv_len), -INFINITY);
-      double mx = -INFINITY;
-      for (int64_t j = 0; j < c.kv_len; ++j) {
-        if ((c.causal && j > i) || (!in.bias.empty() && in.bias[size_t(j)] != 0.0f)) continue;
-        double dot = 0;
-        for (int64_t d = 0; d < D; ++d)
-          dot += double(in.q[size_t((i * c.heads + h) * D + d)]) *
-                 in.k[size_t((j * c.kv_heads + h / group) * D + d)];
-        s[size_t(j)] = dot * scale;
-        mx = std::max(mx, s[size_t(j)]);
-      }
-      if (mx == -INFINITY) continue;  // nothing visible: zeros
-      double sum = 0;
-      for (double& x : s) sum += (x = std::exp(x - mx));
-      for (int64_t d = 0; d < D; ++d) {
-        double a = 0;
-        for (int64_t j = 0; j < c.kv_len; ++j)
-          a += s[size_t(j)] * in.v[size_t((j * c.kv_heads + h / group) * D + d)];
-        out[size_t((i * c.heads + h) * D + d)] = a / sum;
-      }
-    }
-  return out;
+// The reference of tests/ops/attention_reference.h, given the case's mask as key_valid.
+std::vector<double> float64_attention(const Case& c, const Inputs& in, float scale) {
+  AttentionParams p;
+  p.q_len = c.q_len;
+  p.kv_len = c.kv_len;
+  p.heads = c.heads;
+  p.kv_heads = c.kv_heads;
+  p.head_dim = c.head_dim;
+  p.scale = scale;
+  p.causal = c.causal;
+  std::vector<uint8_t> valid;
+  if (!in.bias.empty()) {
+    for (float b : in.bias) valid.push_back(b == 0.0f);
+    p.key_valid = valid.data();
+  }
+  const std::vector<float> out = naive_attention(in.q, in.k, in.v, p);
+  return {out.begin(), out.end()};
 }
 
 // max|got - ref| / max|ref|
