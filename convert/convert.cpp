@@ -385,7 +385,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   check_tokenizer(tokenizer);
   json merged_loras = json::array();
   if (!o.loras.empty()) note("reading " + std::to_string(o.loras.size()) + " LoRA file(s)");
-  const Adapters adapters = Adapters::load(o.loras, config.transformer);
+  const Adapters adapters = Adapters::load(o.loras, config);
   for (const LoraFile& f : o.loras) {
     uint64_t bytes = 0;
     merged_loras.push_back({{"file", f.path.filename().string()},

@@ -27,11 +27,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const klein::Error&) {
   }
   try {
-    klein::TransformerConfig tiny;  // klein-tiny's shapes: 2 heads, 2 + 2 blocks
-    tiny.num_heads = 2;
-    tiny.num_double_blocks = 2;
-    tiny.num_single_blocks = 2;
-    tiny.context_dim = 192;
+    klein::ModelConfig tiny;  // klein-tiny's shapes: 2 heads, 2 + 2 blocks
+    tiny.transformer.num_heads = 2;
+    tiny.transformer.num_double_blocks = 2;
+    tiny.transformer.num_single_blocks = 2;
+    tiny.transformer.context_dim = 192;
+    const klein::LoraFile lora{path, 0.5f};
+    (void)klein::Adapters::load(std::span(&lora, 1), tiny);
+  } catch (const klein::Error&) {
+  }
+  try {  // the same file as a LoRA of a tiny Z-Image transformer (its own module names)
+    klein::ModelConfig tiny;
+    tiny.family = "z-image";
+    tiny.family_transformer = nlohmann::json::parse(
+        R"({"all_patch_size": [2], "all_f_patch_size": [1], "in_channels": 16, "dim": 256,
+            "n_layers": 2, "n_refiner_layers": 2, "n_heads": 2, "n_kv_heads": 2,
+            "norm_eps": 1e-5, "qk_norm": true, "rope_theta": 256.0, "t_scale": 1000.0,
+            "axes_dims": [32, 48, 48], "axes_lens": [1536, 512, 512], "cap_feat_dim": 32})");
     const klein::LoraFile lora{path, 0.5f};
     (void)klein::Adapters::load(std::span(&lora, 1), tiny);
   } catch (const klein::Error&) {

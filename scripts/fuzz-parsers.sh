@@ -50,6 +50,12 @@ safetensors(f"{root}/safetensors/lora", [  # a LoRA of the tiny transformer's pr
     ("transformer.proj_out.lora_A.weight", "BF16", [1, 256], b"\x00\x3c" * 256),
     ("transformer.proj_out.lora_B.weight", "BF16", [128, 1], b"\x00\x3c" * 128),
     ("diffusion_model.double_blocks.0.img_attn.qkv.alpha", "F32", [], struct.pack("<f", 1.0))])
+safetensors(f"{root}/safetensors/lora-zimage", [  # the tiny Z-Image's fused qkv, kohya names
+    ("diffusion_model.layers.0.attention.qkv.lora_A.weight", "BF16", [1, 256], b"\x00\x3c" * 256),
+    ("diffusion_model.layers.0.attention.qkv.lora_B.weight", "BF16", [768, 1], b"\x00\x3c" * 768),
+    ("lora_unet_layers_1_feed_forward_w2.lora_down.weight", "F32", [1, 682], b"\0" * 4 * 682),
+    ("lora_unet_layers_1_feed_forward_w2.lora_up.weight", "F32", [256, 1], b"\0" * 4 * 256),
+    ("lora_unet_layers_1_feed_forward_w2.alpha", "F32", [], struct.pack("<f", 1.0))])
 
 def npy(path, descr, shape, raw):
     header = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, repr(tuple(shape)))

@@ -78,7 +78,7 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
   // LoRAs: every file read and checked against this transformer before any other work.
   if (!o.loras.empty())
     session.timed(g, progress, "load LoRA", 0, [&](Phase&) {
-      g.adapters = std::make_shared<const Adapters>(Adapters::load(o.loras, config.transformer));
+      g.adapters = std::make_shared<const Adapters>(Adapters::load(o.loras, config));
     });
   if (!o.references.empty())
     session.timed(g, progress, "load references", 0, [&](Phase&) {

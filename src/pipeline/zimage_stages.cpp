@@ -107,7 +107,11 @@ class ZImageStages final : public FamilyStages {
     refuse(!o.init_image.empty() || o.strength, "--init-image/--strength",
            "ZImagePipeline is text-to-image");
     refuse(!o.mask.empty(), "--mask", "ZImagePipeline is text-to-image");
-    refuse(!o.loras.empty(), "--lora", "LoRA adapters are read for FLUX.2-klein transformers only");
+    // LoRAs: every file read and checked against this transformer before any other work.
+    if (!o.loras.empty())
+      session.timed(g, progress, "load LoRA", 0, [&](Phase&) {
+        g.adapters = std::make_shared<const Adapters>(Adapters::load(o.loras, weights.config()));
+      });
 
     auto state = std::make_shared<State>();
     state->transformer = transformer_config(weights);
@@ -160,6 +164,7 @@ class ZImageStages final : public FamilyStages {
       need.guided = g.guided;
       need.vae_memory = o.vae_memory;
       need.context_width = state->transformer.cap_feat_dim;
+      need.adapter_bytes = g.adapters ? g.adapters->bytes() : 0;
       const zimage::TransformerConfig transformer = state->transformer;
       need.denoise = [transformer](const WeightStore& store, const MemoryPlanInputs& in) {
         return denoise_need(transformer, store, in);
@@ -249,7 +254,7 @@ class ZImageStages final : public FamilyStages {
       Compute& cx = session.compute();
       const Compute::Use arithmetic(cx, arithmetic_for(r.fast));
       const auto setup_start = std::chrono::steady_clock::now();
-      zimage::Transformer model(session.weights(), st.transformer);
+      zimage::Transformer model(session.weights(), st.transformer, g.adapters.get());
       Tensor x = std::move(g.noise);
       const int64_t H = x.dim(1), W = x.dim(2);
       zimage::Activations positive(st.transformer,

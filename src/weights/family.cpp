@@ -47,6 +47,10 @@ class Flux2Klein final : public ModelFamily {
   ShapeMap expected_transformer(const ModelConfig& c) const override {
     return klein::expected_transformer(c.transformer);
   }
+  std::vector<TensorSource> lora_targets(const std::string& module, const Shape& up,
+                                         const std::string& where) const override {
+    return klein_lora_targets(module, up, where);
+  }
 
   void read_transformer_config(const json& j, const ShapeMap* shapes, const std::string& f,
                                const std::string& weights_file, ModelConfig& c) const override {

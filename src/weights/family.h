@@ -86,6 +86,16 @@ class ModelFamily {
   virtual std::vector<std::string> describe_pipeline(const ModelConfig& c) const = 0;
   virtual std::string describe_transformer(const ModelConfig& c) const = 0;
 
+  // LoRA files (weights/lora.h): the transformer weights that one module of a LoRA file
+  // changes. `module` is the module as the file names it, its lora_A/lora_B/alpha suffix taken
+  // off (prefixes such as "transformer." or "diffusion_model." kept); `up` is its B's shape
+  // [out, r]. Each result is a canonical weight with the rows of B that update it: several
+  // for a fused projection (row_begin/row_end), swap_halves where the checkpoint's halves are
+  // swapped. Empty when the module names no part of this family's transformer; a name that
+  // maps but is not a linear weight is refused by the caller against expected_transformer.
+  virtual std::vector<TensorSource> lora_targets(const std::string& module, const Shape& up,
+                                                 const std::string& where) const = 0;
+
   // The precision policy's built-in rules for this family's transformer (convert/policy.h):
   // what stays at a float type when the target is quantized (embedders, modulation, the
   // output layer; rows that are copied rather than multiplied). Policy lines with comments.

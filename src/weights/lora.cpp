@@ -4,14 +4,12 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
-#include <regex>
 #include <sstream>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "formats/safetensors.h"
-#include "weights/expected.h"
-#include "weights/naming.h"
+#include "weights/family.h"
 
 namespace klein {
 
@@ -40,47 +38,6 @@ std::optional<Key> split_key(const std::string& name) {
   for (const auto& [suffix, part] : suffixes)
     if (ends_with(name, suffix)) return Key{name.substr(0, name.size() - strlen(suffix)), part};
   return std::nullopt;
-}
-
-// A kohya module ("lora_unet_double_blocks_0_img_attn_qkv") in the BFL spelling.
-std::optional<std::string> kohya_to_bfl(const std::string& module) {
-  static const std::map<std::string, std::string> block_tails = {
-      {"img_attn_qkv", "img_attn.qkv"}, {"img_attn_proj", "img_attn.proj"},
-      {"txt_attn_qkv", "txt_attn.qkv"}, {"txt_attn_proj", "txt_attn.proj"},
-      {"img_mlp_0", "img_mlp.0"},       {"img_mlp_2", "img_mlp.2"},
-      {"txt_mlp_0", "txt_mlp.0"},       {"txt_mlp_2", "txt_mlp.2"},
-      {"linear1", "linear1"},           {"linear2", "linear2"},
-  };
-  static const std::map<std::string, std::string> shared = {
-      {"img_in", "img_in"},
-      {"txt_in", "txt_in"},
-      {"time_in_in_layer", "time_in.in_layer"},
-      {"time_in_out_layer", "time_in.out_layer"},
-      {"final_layer_linear", "final_layer.linear"},
-      {"final_layer_adaLN_modulation_1", "final_layer.adaLN_modulation.1"},
-      {"double_stream_modulation_img_lin", "double_stream_modulation_img.lin"},
-      {"double_stream_modulation_txt_lin", "double_stream_modulation_txt.lin"},
-      {"single_stream_modulation_lin", "single_stream_modulation.lin"},
-  };
-  static const std::regex block(R"(^(double|single)_blocks_(\d+)_(.+)$)");
-  const std::string rest = module.substr(strlen("lora_unet_"));
-  std::smatch m;
-  if (std::regex_match(rest, m, block)) {
-    auto it = block_tails.find(m[3]);
-    if (it == block_tails.end()) return std::nullopt;
-    return m[1].str() + "_blocks." + m[2].str() + "." + it->second;
-  }
-  if (auto it = shared.find(rest); it != shared.end()) return it->second;
-  return std::nullopt;
-}
-
-// The BFL spelling of transformer modules (after prefixes are stripped).
-bool is_bfl_module(const std::string& m) {
-  for (const char* p : {"double_blocks.", "single_blocks.", "img_in", "txt_in", "time_in.",
-                        "final_layer.", "double_stream_modulation_img.lin",
-                        "double_stream_modulation_txt.lin", "single_stream_modulation.lin"})
-    if (starts_with(m, p)) return true;
-  return false;
 }
 
 struct Module {
@@ -144,8 +101,9 @@ std::string lora_label(const LoraFile& f) {
   return s.str();
 }
 
-Adapters Adapters::load(std::span<const LoraFile> files, const TransformerConfig& config) {
-  const ShapeMap expected = expected_transformer(config);
+Adapters Adapters::load(std::span<const LoraFile> files, const ModelConfig& config) {
+  const ModelFamily& family = model_family(config);
+  const ShapeMap expected = family.expected_transformer(config);
   Adapters out;
   for (const LoraFile& lf : files) {
     check(std::filesystem::exists(lf.path), "--lora ", lf.path.string(), ": no such file");
@@ -158,18 +116,10 @@ Adapters Adapters::load(std::span<const LoraFile> files, const TransformerConfig
         fail(where, ": tensor ", e.name, " is not a LoRA A, B or alpha tensor (DoRA "
              "magnitudes, biases and full weight differences are not supported)");
       }
-      std::string m = key->module;
+      const std::string& m = key->module;
       if (starts_with(m, "lora_te") || m.find("text_encoder") != std::string::npos)
         fail(where, ": tensor ", e.name, " adapts the text encoder; only transformer LoRAs "
              "are supported");
-      if (starts_with(m, "lora_unet_")) {
-        auto bfl = kohya_to_bfl(m);
-        check(bfl.has_value(), where, ": tensor ", e.name, " is not a FLUX.2 transformer module");
-        m = *bfl;
-      }
-      for (const char* p : {"base_model.model.", "transformer.", "model.diffusion_model.",
-                            "diffusion_model."})
-        if (starts_with(m, p)) m = m.substr(strlen(p));
       Module& mod = modules[m];
       const SafetensorsEntry*& slot =
           key->part == Part::Down ? mod.down : key->part == Part::Up ? mod.up : mod.alpha;
@@ -179,6 +129,7 @@ Adapters Adapters::load(std::span<const LoraFile> files, const TransformerConfig
     }
     check(!modules.empty(), where, ": no LoRA tensors");
 
+    std::map<std::pair<std::string, int64_t>, std::string> changed;  // (weight, row): module
     for (const auto& [name, mod] : modules) {
       check(mod.down || mod.up, where, ": module ", name, " has an alpha but no A or B");
       check(mod.down && mod.up, where, ": module ", name, " has ", mod.down ? "A" : "B",
@@ -197,15 +148,18 @@ Adapters Adapters::load(std::span<const LoraFile> files, const TransformerConfig
         check(std::isfinite(alpha), where, ": ", mod.alpha->name, " is not finite");
         scale *= alpha / float(rank);
       }
-      const Layout layout = is_bfl_module(name) ? Layout::Bfl : Layout::Diffusers;
+      const std::vector<TensorSource> targets = family.lora_targets(name, b, where);
+      check(!targets.empty(), where, ": module ", name, " is not a ", family.title(),
+            " transformer module");
       const Tensor down = read_f32(file, *mod.down);
       const Tensor up = read_f32(file, *mod.up);
       check(all_finite(down) && all_finite(up), where, ": module ", name,
             " holds NaN or Inf values");
-      for (const TensorSource& src : map_transformer_tensor({name + ".weight", b}, layout, where)) {
+      for (const TensorSource& src : targets) {
         auto it = expected.find(src.canonical);
         check(it != expected.end() && it->second.size() == 2, where, ": module ", name,
-              " changes ", src.canonical, ", which is not a linear weight of this transformer");
+              " changes ", src.canonical, ", which is not a linear weight of this ",
+              family.title(), " transformer");
         const Shape target = it->second;
         const int64_t begin = src.row_end < 0 ? 0 : src.row_begin;
         const int64_t end = src.row_end < 0 ? b[0] : src.row_end;
@@ -213,6 +167,9 @@ Adapters Adapters::load(std::span<const LoraFile> files, const TransformerConfig
               " is a [", end - begin, ", ", a[1], "] update (rank ", rank, "), but ",
               src.canonical, " is ", shape_str(target),
               ": this LoRA was made for another model");
+        const auto [seen, fresh] = changed.emplace(std::pair{src.canonical, begin}, name);
+        check(fresh, where, ": modules ", seen->second, " and ", name, " both change ",
+              src.canonical, " (two spellings of the same module)");
         LoraUpdate u;
         u.target = src.canonical;
         u.down = copy(down);

@@ -6,15 +6,14 @@
 //
 // A module M of a file holds M.lora_A.weight [r, in] and M.lora_B.weight [out, r]
 // ("lora_down"/"lora_up" are the same), optionally M.alpha (a scalar: the update is scaled by
-// alpha / r; without it by 1). Module spellings:
-//   diffusers / PEFT   transformer.transformer_blocks.0.attn.to_q   ("transformer." and
-//                      "base_model.model." optional)
-//   BFL / ai-toolkit   diffusion_model.double_blocks.0.img_attn.qkv: the fused QKV becomes
-//                      to_q, to_k and to_v (A shared, B in thirds); final_layer.adaLN_
-//                      modulation.1 swaps B's halves as the weight does
-//   kohya              lora_unet_double_blocks_0_img_attn_qkv (the BFL module, '_' for '.')
-// Anything else (text-encoder LoRAs, DoRA magnitudes, biases, full weight differences) is
-// refused with the tensor's name: an adapter half-applied would be a silently wrong image.
+// alpha / r; without it by 1). Which weights a module changes is the model family's
+// (ModelFamily::lora_targets): FLUX.2-klein reads the diffusers/PEFT, BFL / ai-toolkit and
+// kohya spellings (weights/lora_names.cpp), Z-Image the diffusers/PEFT, original (ComfyUI,
+// musubi-tuner) and kohya ones (models/zimage/checkpoint/family.cpp); a fused projection's
+// B is split by rows among the weights it becomes.
+// Anything else (text-encoder LoRAs, DoRA magnitudes, biases, full weight differences, a
+// module of another family's transformer) is refused with the tensor's name: an adapter
+// half-applied would be a silently wrong image.
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -47,9 +46,9 @@ struct LoraUpdate {
 
 class Adapters {
  public:
-  // Reads every file, maps each module to the transformer's weights and checks every shape
-  // against the configuration. Errors name the file and the tensor.
-  static Adapters load(std::span<const LoraFile> files, const TransformerConfig& config);
+  // Reads every file, maps each module to the transformer's weights (by the model's family)
+  // and checks every shape against the configuration. Errors name the file and the tensor.
+  static Adapters load(std::span<const LoraFile> files, const ModelConfig& config);
 
   bool empty() const { return updates_.empty(); }
   // The updates of one weight, in file order (empty when it has none).

@@ -65,4 +65,11 @@ std::vector<TensorSource> map_component(Component c, const std::vector<NamedShap
 std::vector<TensorSource> map_transformer_tensor(const NamedShape& tensor, Layout layout,
                                                 const std::string& where);
 
+// The klein transformer weights one LoRA module changes (ModelFamily::lora_targets): its
+// diffusers/PEFT ("transformer.transformer_blocks.0.attn.to_q"), BFL / ai-toolkit
+// ("diffusion_model.double_blocks.0.img_attn.qkv": to_q, to_k and to_v, B in thirds) and kohya
+// ("lora_unet_double_blocks_0_img_attn_qkv") spellings (lora_names.cpp). `up` is B's shape.
+std::vector<TensorSource> klein_lora_targets(const std::string& module, const Shape& up,
+                                             const std::string& where);
+
 }  // namespace klein

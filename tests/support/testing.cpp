@@ -84,6 +84,14 @@ fs::path lora_fixtures() {
   return dir;
 }
 
+fs::path zimage_lora_fixtures() {
+  static const fs::path dir = run_fixture_script(
+      "zimage-lora-fixtures", fs::path("lora") / "lora_fixture.py",
+      "make-zimage " + shell_arg(tiny_dir().parent_path() / "zimage-tiny" / "model" /
+                                 "transformer" / "diffusion_pytorch_model.safetensors"));
+  return dir;
+}
+
 void write_text(const fs::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << text;

@@ -31,6 +31,9 @@ std::filesystem::path tokenizer_json_fixture(const std::string& variant);
 // kohya.safetensors: one per key spelling, random values from fixed seeds), written once per
 // test program by `tools/lora/lora_fixture.py make`.
 std::filesystem::path lora_fixtures();
+// The same for the tiny Z-Image transformer (zimage-peft, zimage-comfy, zimage-kohya:
+// `tools/lora/lora_fixture.py make-zimage`).
+std::filesystem::path zimage_lora_fixtures();
 
 // A file written with exactly these bytes (a test failure when it cannot be).
 void write_text(const std::filesystem::path& path, const std::string& text);

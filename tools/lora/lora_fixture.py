@@ -14,6 +14,16 @@
       config.json describes (diffusers/PEFT names, BF16, random values of magnitude ~0.01).
       Sizes and timings are real; what it does to an image is not meaningful.
 
+  lora_fixture.py make-zimage TRANSFORMER.safetensors OUTDIR
+      The same for the tiny Z-Image transformer: zimage-peft (diffusers/PEFT names, BF16),
+      zimage-comfy (the original names ComfyUI and musubi-tuner write: fused attention.qkv,
+      attention.out, x_embedder; one .alpha) and zimage-kohya (lora_unet_layers_0_..., alphas).
+
+  lora_fixture.py merge-zimage BASE.safetensors OUT.safetensors LORA[:SCALE] ...
+      As merge below, with diffusers' Z-Image key conversion
+      (_convert_non_diffusers_z_image_lora_to_diffusers); a fused qkv's A is shared by
+      to_q/to_k/to_v and its B splits in thirds, as the original checkpoints' qkv weight does.
+
   lora_fixture.py merge BASE.safetensors OUT.safetensors LORA[:SCALE] ...
       The reference: every LoRA merged into the base transformer's float32 weights,
       W' = W + scale * alpha/r * B @ A, accumulated in float64 and rounded once to float32 (the
@@ -244,7 +254,8 @@ def _targets(module, rows):
     return [(module + ".weight", (0, rows), False)]  # already diffusers
 
 
-def merge(base_path, out_path, lora_args):
+def merge(base_path, out_path, lora_args, targets_of=None):
+    targets_of = targets_of or (lambda module, rows: _targets(_bfl_module(module), rows))
     base = read_safetensors(base_path)
     merged = {name: [dtype, shape, list(values)] for name, (dtype, shape, values) in base.items()}
     accum = {}  # name -> float64 deltas
@@ -268,7 +279,7 @@ def merge(base_path, out_path, lora_args):
             (r, cols), a = p["A"]
             (rows, _), b = p["B"]
             s = scale * (p["alpha"][1][0] / r if "alpha" in p else 1.0)
-            for name, (r0, r1), swap in _targets(_bfl_module(module), rows):
+            for name, (r0, r1), swap in targets_of(module, rows):
                 key = name if name in merged else "transformer." + name
                 n = r1 - r0
                 delta = accum.setdefault(key, [0.0] * (len(merged[key][2])))
@@ -291,6 +302,116 @@ def merge(base_path, out_path, lora_args):
     write_safetensors(out_path, {k: (v[0], v[1], v[2]) for k, v in merged.items()})
 
 
+# --- Z-Image ---------------------------------------------------------------------------------
+
+
+def make_zimage(transformer_path, outdir):
+    """Three LoRA files for the tiny Z-Image transformer (diffusers names, no prefix)."""
+    base = read_safetensors(transformer_path)
+
+    def shape(name):
+        return tuple(base[name][1])
+
+    rank = 4
+    d = shape("layers.0.attention.to_q.weight")[0]
+    # diffusers / PEFT spelling, BF16.
+    rng = random.Random(11)
+    peft = {}
+    for module in ["layers.0.attention.to_q", "layers.1.attention.to_out.0",
+                   "layers.0.feed_forward.w1", "layers.1.feed_forward.w2",
+                   "noise_refiner.0.attention.to_v", "context_refiner.1.feed_forward.w3",
+                   "layers.0.adaLN_modulation.0", "all_final_layer.2-1.linear"]:
+        rows, cols = shape(module + ".weight")
+        a, b = _random_pair(rng, rows, cols, rank)
+        peft[f"transformer.{module}.lora_A.weight"] = ("BF16", [rank, cols], a)
+        peft[f"transformer.{module}.lora_B.weight"] = ("BF16", [rows, rank], b)
+    write_safetensors(f"{outdir}/zimage-peft.safetensors", peft)
+
+    # The original names (ComfyUI, musubi-tuner): fused qkv, attention.out, an alpha.
+    rng = random.Random(12)
+    original = {
+        "layers.1.attention.qkv": (3 * d, d),
+        "noise_refiner.1.attention.qkv": (3 * d, d),
+        "layers.0.attention.out": (d, d),
+        "context_refiner.0.feed_forward.w2": shape("context_refiner.0.feed_forward.w2.weight"),
+        "x_embedder": shape("all_x_embedder.2-1.weight"),
+    }
+    comfy = {}
+    for module, (rows, cols) in original.items():
+        a, b = _random_pair(rng, rows, cols, rank)
+        comfy[f"diffusion_model.{module}.lora_A.weight"] = ("F32", [rank, cols], a)
+        comfy[f"diffusion_model.{module}.lora_B.weight"] = ("F32", [rows, rank], b)
+    comfy["diffusion_model.layers.1.attention.qkv.alpha"] = ("F32", [], [2.0])
+    write_safetensors(f"{outdir}/zimage-comfy.safetensors", comfy)
+
+    # kohya spelling: underscores, lora_down / lora_up, an alpha per module.
+    rng = random.Random(13)
+    kohya_modules = {
+        "lora_unet_layers_0_attention_to_k": "layers.0.attention.to_k",
+        "lora_unet_noise_refiner_1_feed_forward_w1": "noise_refiner.1.feed_forward.w1",
+        "lora_unet_context_refiner_0_attention_to_out_0": "context_refiner.0.attention.to_out.0",
+        "lora_unet_layers_1_adaLN_modulation_0": "layers.1.adaLN_modulation.0",
+        "lora_unet_t_embedder_mlp_2": "t_embedder.mlp.2",
+        "lora_unet_cap_embedder_1": "cap_embedder.1",
+        "lora_unet_all_final_layer_2-1_adaLN_modulation_1": "all_final_layer.2-1.adaLN_modulation.1",
+    }
+    kohya = {}
+    for i, (module, weight) in enumerate(kohya_modules.items()):
+        rows, cols = shape(weight + ".weight")
+        a, b = _random_pair(rng, rows, cols, rank)
+        kohya[f"{module}.lora_down.weight"] = ("F32", [rank, cols], a)
+        kohya[f"{module}.lora_up.weight"] = ("F32", [rows, rank], b)
+        kohya[f"{module}.alpha"] = ("F32", [], [float(2 + i % 3)])
+    write_safetensors(f"{outdir}/zimage-kohya.safetensors", kohya)
+
+
+def _zimage_module(module):
+    """A Z-Image LoRA module in diffusers spelling, as diffusers' loader reads it
+    (loaders/lora_conversion_utils.py: _convert_non_diffusers_z_image_lora_to_diffusers): the
+    prefix dropped, kohya's underscores split except in to_q/to_k/to_v/to_out/feed_forward,
+    the over-split module names joined again, `.out` read as `.to_out.0`."""
+    for prefix in ("diffusion_model.", "transformer."):
+        if module.startswith(prefix):
+            module = module[len(prefix):]
+    if module.startswith("lora_unet_"):
+        parts = module[len("lora_unet_"):].split("_")
+        merged, i = [], 0
+        while i < len(parts):
+            if i + 1 < len(parts) and (parts[i], parts[i + 1]) in (
+                    ("to", "q"), ("to", "k"), ("to", "v"), ("to", "out"), ("feed", "forward")):
+                merged.append(parts[i] + "_" + parts[i + 1])
+                i += 2
+            else:
+                merged.append(parts[i])
+                i += 1
+        module = ".".join(merged)
+        for dotted, kept in (("context.refiner.", "context_refiner."),
+                             ("noise.refiner.", "noise_refiner."),
+                             ("adaLN.modulation.", "adaLN_modulation."),
+                             ("all.final.layer.", "all_final_layer."),
+                             ("all.x.embedder.", "all_x_embedder."),
+                             ("cap.embedder.", "cap_embedder."), ("t.embedder.", "t_embedder.")):
+            module = module.replace(dotted, kept)
+    if module.endswith(".out") and ".to_out" not in module:
+        module = module[:-len(".out")] + ".to_out.0"
+    # The original single-file names of the embedder and the final layer (diffusers'
+    # convert_z_image_transformer_checkpoint_to_diffusers).
+    for old, new in (("x_embedder", "all_x_embedder.2-1"), ("final_layer.", "all_final_layer.2-1.")):
+        if module.startswith(old):
+            module = new + module[len(old):]
+    return module
+
+
+def _zimage_targets(module, rows):
+    """(weight name, row range of B, swap halves): a fused qkv ([q; k; v] rows, as the
+    original checkpoints store it) updates to_q, to_k and to_v with A shared and B in thirds."""
+    if module.endswith(".attention.qkv"):
+        block, d = module[:-len(".qkv")], rows // 3
+        return [(f"{block}.{n}.weight", (k * d, (k + 1) * d), False)
+                for k, n in enumerate(["to_q", "to_k", "to_v"])]
+    return [(module + ".weight", (0, rows), False)]
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3])
@@ -298,5 +419,10 @@ if __name__ == "__main__":
         synth(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif len(sys.argv) >= 5 and sys.argv[1] == "merge":
         merge(sys.argv[2], sys.argv[3], sys.argv[4:])
+    elif len(sys.argv) == 4 and sys.argv[1] == "make-zimage":
+        make_zimage(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) >= 5 and sys.argv[1] == "merge-zimage":
+        merge(sys.argv[2], sys.argv[3], sys.argv[4:],
+              lambda module, rows: _zimage_targets(_zimage_module(module), rows))
     else:
         raise SystemExit(__doc__)

@@ -19,7 +19,8 @@
 //                          Linear D → 64, on the image rows
 //   timestep               τ = t · 1000; sinusoid of 256 (cos half first); Linear 256 → 1024,
 //                          SiLU, Linear 1024 → A
-// Every RMSNorm of the blocks and the caption embedder uses norm_eps (1e-5).
+// Every RMSNorm of the blocks and the caption embedder uses norm_eps (1e-5). LoRA updates
+// (weights/lora.h) are added beside every linear weight they name: y = x·Wᵀ + s·(x·Aᵀ)·Bᵀ.
 #include "models/zimage/transformer.h"
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include "models/zimage/checkpoint/units.h"
 #include "ops/attention.h"
 #include "ops/linear.h"
+#include "ops/low_rank.h"
 #include "ops/norm.h"
 #include "ops/timestep.h"
 
@@ -58,10 +60,21 @@ std::vector<float> vector_of(const WeightUnit& unit, std::string_view name, int6
   return weight_to_floats(w);
 }
 
+// y = x·Wᵀ for M rows (x and y contiguous), plus s · (x·Aᵀ)·Bᵀ for every LoRA update of W
+// (weights/lora.h; `adapters` may be null).
+void linear(const float* x, int64_t M, const Weight& w, float* y, const Adapters* adapters,
+            Compute& cx) {
+  ops::linear(x, M, w, y, cx);
+  if (!adapters) return;
+  for (const LoraUpdate& u : adapters->on(w.name))
+    ops::add_low_rank(x, M, w.cols(), u.down.data(), u.up.data(), w.rows(), w.cols(),
+                      u.down.dim(0), u.scale, y, w.rows(), cx);
+}
+
 // y = x·Wᵀ + b for M rows.
 void linear_bias(const float* x, int64_t M, const WeightUnit& unit, const std::string& name,
-                 int64_t out, int64_t in, float* y, Compute& cx) {
-  ops::linear(x, M, matrix(unit, name + ".weight", out, in), y, cx);
+                 int64_t out, int64_t in, float* y, const Adapters* adapters, Compute& cx) {
+  linear(x, M, matrix(unit, name + ".weight", out, in), y, adapters, cx);
   const std::vector<float> b = vector_of(unit, name + ".bias", out);
   ops::add_bias(y, M, out, out, b.data());
 }
@@ -132,26 +145,29 @@ size_t Activations::bytes() const {
   return n;
 }
 
-Transformer::Transformer(WeightStore& store, const TransformerConfig& config)
-    : store_(store), config_(config) {}
+Transformer::Transformer(WeightStore& store, const TransformerConfig& config,
+                         const Adapters* adapters)
+    : store_(store), config_(config), adapters_(adapters) {}
 
 Tensor Transformer::embed_timestep(float t, Compute& cx) {
   UnitRef shared = store_.acquire("transformer.shared");
   float sinusoid[256];
   ops::timestep_sinusoid(t * float(config_.t_scale), sinusoid, 256);
   Tensor hidden({1, 1024});
-  linear_bias(sinusoid, 1, *shared, "t_embedder.mlp.0", 1024, 256, hidden.data(), cx);
+  linear_bias(sinusoid, 1, *shared, "t_embedder.mlp.0", 1024, 256, hidden.data(), adapters_,
+              cx);
   for (int64_t i = 0; i < 1024; ++i) hidden.data()[i] = silu(hidden.data()[i]);
   Tensor adaln({config_.adaln_dim()});
   linear_bias(hidden.data(), 1, *shared, "t_embedder.mlp.2", config_.adaln_dim(), 1024,
-              adaln.data(), cx);
+              adaln.data(), adapters_, cx);
   return adaln;
 }
 
 Tensor Transformer::modulation(const WeightUnit& w, const Tensor& adaln, Compute& cx) {
   const int64_t D = config_.dim;
   Tensor mod({4 * D});
-  linear_bias(adaln.data(), 1, w, "adaLN_modulation.0", 4 * D, config_.adaln_dim(), mod.data(), cx);
+  linear_bias(adaln.data(), 1, w, "adaLN_modulation.0", 4 * D, config_.adaln_dim(), mod.data(),
+              adapters_, cx);
   float* m = mod.data();
   for (int64_t i = 0; i < D; ++i) {
     m[i] = 1.0f + m[i];                      // scale_msa
@@ -176,7 +192,7 @@ void Transformer::embed_caption(const Tensor& cap_feats, Activations& a, Compute
     Tensor normed({L, C});
     rms_norm(cap_feats.data(), normed.data(), L, C, vector_of(*shared, "cap_embedder.0.weight", C),
              float(config_.norm_eps), cx);
-    linear_bias(normed.data(), L, *shared, "cap_embedder.1", D, C, rows, cx);
+    linear_bias(normed.data(), L, *shared, "cap_embedder.1", D, C, rows, adapters_, cx);
     for (int64_t r = L; r < Lc; ++r)
       std::memcpy(a.seq.row(row0 + r), a.seq.row(row0 + L - 1), size_t(D) * sizeof(float));
     if (observe) observe("cap_embedder", rows, {Lc, D});
@@ -222,7 +238,8 @@ Tensor Transformer::forward(const Tensor& latents, const Tensor& adaln, Activati
 
   {
     UnitRef shared = store_.acquire("transformer.shared");
-    linear_bias(tokens.data(), Nx, *shared, "all_x_embedder." + key, D, P, a.seq.data(), cx);
+    linear_bias(tokens.data(), Nx, *shared, "all_x_embedder." + key, D, P, a.seq.data(),
+                adapters_, cx);
     if (observe) observe("x_embedder", a.seq.data(), {Nx, D});
     const std::vector<float> pad = vector_of(*shared, "x_pad_token", D);
     for (int64_t r = N; r < Nx; ++r)
@@ -254,13 +271,14 @@ Tensor Transformer::forward(const Tensor& latents, const Tensor& adaln, Activati
     for (int64_t i = 0; i < act.numel(); ++i) act.data()[i] = silu(adaln.data()[i]);
     Tensor scale({D});
     linear_bias(act.data(), 1, *shared, f + ".adaLN_modulation.1", D, config_.adaln_dim(),
-                scale.data(), cx);
+                scale.data(), adapters_, cx);
     ops::layer_norm(a.seq.data(), a.normed.data(), N, D, 1e-6f, cx);
     for (int64_t r = 0; r < N; ++r) {
       float* row = a.normed.row(r);
       for (int64_t i = 0; i < D; ++i) row[i] *= 1.0f + scale.data()[i];
     }
-    linear_bias(a.normed.data(), N, *shared, f + ".linear", P, D, out_tokens.data(), cx);
+    linear_bias(a.normed.data(), N, *shared, f + ".linear", P, D, out_tokens.data(), adapters_,
+                cx);
     if (observe) observe("final_layer", out_tokens.data(), {N, P});
   }
 
@@ -320,9 +338,9 @@ void Transformer::attention(const WeightUnit& w, int64_t row0, int64_t rows, Act
   float* q = a.q.row(row0);
   float* k = a.k.row(row0);
   float* v = a.v.row(row0);
-  ops::linear(h, rows, matrix(w, "attention.to_q.weight", D, D), q, cx);
-  ops::linear(h, rows, matrix(w, "attention.to_k.weight", D, D), k, cx);
-  ops::linear(h, rows, matrix(w, "attention.to_v.weight", D, D), v, cx);
+  linear(h, rows, matrix(w, "attention.to_q.weight", D, D), q, adapters_, cx);
+  linear(h, rows, matrix(w, "attention.to_k.weight", D, D), k, adapters_, cx);
+  linear(h, rows, matrix(w, "attention.to_v.weight", D, D), v, adapters_, cx);
   // RMSNorm per head (rows · H rows of head_dim), then RoPE.
   rms_norm(q, q, rows * H, hd, vector_of(w, "attention.norm_q.weight", hd), 1e-5f, cx);
   rms_norm(k, k, rows * H, hd, vector_of(w, "attention.norm_k.weight", hd), 1e-5f, cx);
@@ -336,7 +354,7 @@ void Transformer::attention(const WeightUnit& w, int64_t row0, int64_t rows, Act
   p.scale = float(1.0 / std::sqrt(double(hd)));
   float* out = a.attn.row(row0);
   ops::attention(q, D, k, D, v, D, out, D, p, cx);
-  ops::linear(out, rows, matrix(w, "attention.to_out.0.weight", D, D), q, cx);
+  linear(out, rows, matrix(w, "attention.to_out.0.weight", D, D), q, adapters_, cx);
 }
 
 // x += g_f ⊙ RMSNorm_f2(w2(silu(w1 h) ⊙ w3 h)), h = RMSNorm_f1(x) ⊙ s_f, in chunks of rows.
@@ -363,10 +381,10 @@ void Transformer::feed_forward(const WeightUnit& w, const float* scale, const fl
   const int64_t chunk = a.gate.dim(0);
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t m = std::min(chunk, rows - r0);
-    ops::linear(h + r0 * D, m, w1, a.gate.data(), cx);
-    ops::linear(h + r0 * D, m, w3, a.up.data(), cx);
+    linear(h + r0 * D, m, w1, a.gate.data(), adapters_, cx);
+    linear(h + r0 * D, m, w3, a.up.data(), adapters_, cx);
     ops::swiglu(a.gate.data(), a.up.data(), a.gate.data(), m * F, cx);
-    ops::linear(a.gate.data(), m, w2, a.ffn.data(), cx);
+    linear(a.gate.data(), m, w2, a.ffn.data(), adapters_, cx);
     rms_norm(a.ffn.data(), a.ffn.data(), m, D, norm2, eps, cx);
     const float* f = a.ffn.data();
     float* xr = x + r0 * D;

@@ -25,6 +25,7 @@
 #include "models/zimage/checkpoint/config.h"
 #include "ops/compute.h"
 #include "ops/rope.h"
+#include "weights/lora.h"
 #include "weights/weight_store.h"
 
 namespace klein::zimage {
@@ -80,7 +81,9 @@ struct Activations {
 
 class Transformer {
  public:
-  Transformer(WeightStore& store, const TransformerConfig& config);
+  // `adapters`: LoRA updates applied beside every linear weight they name (may be null).
+  Transformer(WeightStore& store, const TransformerConfig& config,
+              const Adapters* adapters = nullptr);
 
   const TransformerConfig& config() const { return config_; }
 
@@ -111,6 +114,7 @@ class Transformer {
 
   WeightStore& store_;
   TransformerConfig config_;
+  const Adapters* adapters_ = nullptr;
 };
 
 }  // namespace klein::zimage

@@ -67,6 +67,42 @@ std::optional<std::string> original_name(const std::string& name) {
   return std::nullopt;
 }
 
+// A kohya / musubi LoRA module ("lora_unet_layers_0_attention_to_q") in the dotted spelling:
+// every '_' becomes '.', except inside the names that keep theirs (to_q, to_k, to_v, to_out,
+// feed_forward, the refiners, adaLN_modulation, the embedders and the final layer), as
+// diffusers' _convert_non_diffusers_z_image_lora_to_diffusers reads them.
+std::string kohya_module(const std::string& module) {
+  static const std::string_view kept[] = {
+      "noise_refiner", "context_refiner", "adaLN_modulation", "all_final_layer",
+      "all_x_embedder", "cap_embedder", "t_embedder", "feed_forward", "to_q", "to_k", "to_v",
+      "to_out"};
+  const std::string rest = module.substr(std::string_view("lora_unet_").size());
+  std::string out;
+  size_t i = 0;
+  while (i < rest.size()) {
+    bool matched = false;
+    for (std::string_view k : kept) {
+      const size_t end = i + k.size();
+      if (rest.compare(i, k.size(), k) == 0 && (end == rest.size() || rest[end] == '_')) {
+        out += k;
+        i = end;
+        matched = true;
+        break;
+      }
+    }
+    if (!matched) {
+      const size_t end = std::min(rest.find('_', i), rest.size());
+      out += rest.substr(i, end - i);
+      i = end;
+    }
+    if (i < rest.size()) {  // the '_' between two parts
+      out += '.';
+      ++i;
+    }
+  }
+  return out;
+}
+
 class ZImage final : public ModelFamily {
  public:
   std::string_view id() const override { return "z-image"; }
@@ -125,6 +161,19 @@ class ZImage final : public ModelFamily {
   }
   std::optional<UnitOf> transformer_unit_of(const std::string& canonical) const override {
     return zimage::transformer_unit_of(canonical);
+  }
+  // LoRA modules: diffusers/PEFT ("transformer.layers.0.attention.to_q"), the original names
+  // ComfyUI and musubi-tuner write ("diffusion_model.layers.0.attention.qkv": to_q, to_k and
+  // to_v, B in thirds; "attention.out" for to_out.0) and kohya's underscores.
+  std::vector<TensorSource> lora_targets(const std::string& module, const Shape& up,
+                                         const std::string& where) const override {
+    std::string name = module;
+    if (starts_with(name, "base_model.model.")) name = name.substr(17);
+    name = strip_prefix(name);
+    if (starts_with(name, "lora_unet_")) name = kohya_module(name);
+    name += ".weight";
+    if (name.ends_with(kFusedQkv)) return map_transformer({{name, up}}, where);
+    return {{"transformer." + original_name(name).value_or(name), module}};
   }
   ShapeMap expected_transformer(const ModelConfig& c) const override {
     return zimage::expected_transformer(parse_transformer_config(c.family_transformer,
