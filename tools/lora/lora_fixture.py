@@ -100,6 +100,20 @@ def _random_pair(rng, rows, cols, rank):
     return a, b
 
 
+def _lora_tensors(rng, modules, rank, dtype, key, down="lora_A", up="lora_B", alpha=None):
+    """The A and B of every module {module: (rows, cols)}, drawn in order, under key(module)
+    + ".lora_A.weight" / ".lora_B.weight" (or the given part names), with alpha(i) after the
+    i-th module's pair when given."""
+    out = {}
+    for i, (module, (rows, cols)) in enumerate(modules.items()):
+        a, b = _random_pair(rng, rows, cols, rank)
+        out[f"{key(module)}.{down}.weight"] = (dtype, [rank, cols], a)
+        out[f"{key(module)}.{up}.weight"] = (dtype, [rows, rank], b)
+        if alpha:
+            out[f"{key(module)}.alpha"] = ("F32", [], [alpha(i)])
+    return out
+
+
 def make(transformer_path, outdir):
     base = read_safetensors(transformer_path)
 
@@ -108,18 +122,14 @@ def make(transformer_path, outdir):
 
     rank = 4
     # diffusers / PEFT spelling, stored as BF16.
-    rng = random.Random(1)
-    peft = {}
-    for module in ["transformer_blocks.0.attn.to_q", "transformer_blocks.1.attn.to_add_out",
-                   "transformer_blocks.0.ff.linear_in", "transformer_blocks.1.ff_context.linear_out",
-                   "single_transformer_blocks.0.attn.to_qkv_mlp_proj",
-                   "single_transformer_blocks.1.attn.to_out", "norm_out.linear", "proj_out",
-                   "context_embedder"]:
-        rows, cols = shape(module + ".weight")
-        a, b = _random_pair(rng, rows, cols, rank)
-        peft[f"transformer.{module}.lora_A.weight"] = ("BF16", [rank, cols], a)
-        peft[f"transformer.{module}.lora_B.weight"] = ("BF16", [rows, rank], b)
-    write_safetensors(f"{outdir}/peft.safetensors", peft)
+    peft = {m: tuple(shape(m + ".weight")) for m in [
+        "transformer_blocks.0.attn.to_q", "transformer_blocks.1.attn.to_add_out",
+        "transformer_blocks.0.ff.linear_in", "transformer_blocks.1.ff_context.linear_out",
+        "single_transformer_blocks.0.attn.to_qkv_mlp_proj",
+        "single_transformer_blocks.1.attn.to_out", "norm_out.linear", "proj_out",
+        "context_embedder"]}
+    write_safetensors(f"{outdir}/peft.safetensors", _lora_tensors(
+        random.Random(1), peft, rank, "BF16", lambda m: "transformer." + m))
 
     # BFL / ai-toolkit spelling: fused qkv, linear1/linear2, the final layer's modulation.
     rng = random.Random(2)
@@ -136,11 +146,7 @@ def make(transformer_path, outdir):
         "img_in": tuple(shape("x_embedder.weight")),
     }
     del f_in
-    bfl = {}
-    for module, (rows, cols) in bfl_modules.items():
-        a, b = _random_pair(rng, rows, cols, rank)
-        bfl[f"diffusion_model.{module}.lora_A.weight"] = ("F32", [rank, cols], a)
-        bfl[f"diffusion_model.{module}.lora_B.weight"] = ("F32", [rows, rank], b)
+    bfl = _lora_tensors(rng, bfl_modules, rank, "F32", lambda m: "diffusion_model." + m)
     bfl["diffusion_model.double_blocks.1.img_attn.qkv.alpha"] = ("F32", [], [2.0])
     write_safetensors(f"{outdir}/bfl.safetensors", bfl)
 
@@ -154,13 +160,9 @@ def make(transformer_path, outdir):
         "lora_unet_single_blocks_1_linear2": tuple(shape("single_transformer_blocks.1.attn.to_out.weight")),
         "lora_unet_time_in_in_layer": tuple(shape("time_guidance_embed.timestep_embedder.linear_1.weight")),
     }
-    kohya = {}
-    for i, (module, (rows, cols)) in enumerate(kohya_modules.items()):
-        a, b = _random_pair(rng, rows, cols, rank)
-        kohya[f"{module}.lora_down.weight"] = ("F32", [rank, cols], a)
-        kohya[f"{module}.lora_up.weight"] = ("F32", [rows, rank], b)
-        kohya[f"{module}.alpha"] = ("F32", [], [float(2 + i % 3)])
-    write_safetensors(f"{outdir}/kohya.safetensors", kohya)
+    write_safetensors(f"{outdir}/kohya.safetensors", _lora_tensors(
+        rng, kohya_modules, rank, "F32", lambda m: m, "lora_down", "lora_up",
+        lambda i: float(2 + i % 3)))
 
 
 def synth(config_path, out_path, rank):
@@ -315,17 +317,13 @@ def make_zimage(transformer_path, outdir):
     rank = 4
     d = shape("layers.0.attention.to_q.weight")[0]
     # diffusers / PEFT spelling, BF16.
-    rng = random.Random(11)
-    peft = {}
-    for module in ["layers.0.attention.to_q", "layers.1.attention.to_out.0",
-                   "layers.0.feed_forward.w1", "layers.1.feed_forward.w2",
-                   "noise_refiner.0.attention.to_v", "context_refiner.1.feed_forward.w3",
-                   "layers.0.adaLN_modulation.0", "all_final_layer.2-1.linear"]:
-        rows, cols = shape(module + ".weight")
-        a, b = _random_pair(rng, rows, cols, rank)
-        peft[f"transformer.{module}.lora_A.weight"] = ("BF16", [rank, cols], a)
-        peft[f"transformer.{module}.lora_B.weight"] = ("BF16", [rows, rank], b)
-    write_safetensors(f"{outdir}/zimage-peft.safetensors", peft)
+    peft = {m: shape(m + ".weight") for m in [
+        "layers.0.attention.to_q", "layers.1.attention.to_out.0", "layers.0.feed_forward.w1",
+        "layers.1.feed_forward.w2", "noise_refiner.0.attention.to_v",
+        "context_refiner.1.feed_forward.w3", "layers.0.adaLN_modulation.0",
+        "all_final_layer.2-1.linear"]}
+    write_safetensors(f"{outdir}/zimage-peft.safetensors", _lora_tensors(
+        random.Random(11), peft, rank, "BF16", lambda m: "transformer." + m))
 
     # The original names (ComfyUI, musubi-tuner): fused qkv, attention.out, an alpha.
     rng = random.Random(12)
@@ -336,11 +334,7 @@ def make_zimage(transformer_path, outdir):
         "context_refiner.0.feed_forward.w2": shape("context_refiner.0.feed_forward.w2.weight"),
         "x_embedder": shape("all_x_embedder.2-1.weight"),
     }
-    comfy = {}
-    for module, (rows, cols) in original.items():
-        a, b = _random_pair(rng, rows, cols, rank)
-        comfy[f"diffusion_model.{module}.lora_A.weight"] = ("F32", [rank, cols], a)
-        comfy[f"diffusion_model.{module}.lora_B.weight"] = ("F32", [rows, rank], b)
+    comfy = _lora_tensors(rng, original, rank, "F32", lambda m: "diffusion_model." + m)
     comfy["diffusion_model.layers.1.attention.qkv.alpha"] = ("F32", [], [2.0])
     write_safetensors(f"{outdir}/zimage-comfy.safetensors", comfy)
 
@@ -355,14 +349,9 @@ def make_zimage(transformer_path, outdir):
         "lora_unet_cap_embedder_1": "cap_embedder.1",
         "lora_unet_all_final_layer_2-1_adaLN_modulation_1": "all_final_layer.2-1.adaLN_modulation.1",
     }
-    kohya = {}
-    for i, (module, weight) in enumerate(kohya_modules.items()):
-        rows, cols = shape(weight + ".weight")
-        a, b = _random_pair(rng, rows, cols, rank)
-        kohya[f"{module}.lora_down.weight"] = ("F32", [rank, cols], a)
-        kohya[f"{module}.lora_up.weight"] = ("F32", [rows, rank], b)
-        kohya[f"{module}.alpha"] = ("F32", [], [float(2 + i % 3)])
-    write_safetensors(f"{outdir}/zimage-kohya.safetensors", kohya)
+    kohya = {m: shape(w + ".weight") for m, w in kohya_modules.items()}
+    write_safetensors(f"{outdir}/zimage-kohya.safetensors", _lora_tensors(
+        rng, kohya, rank, "F32", lambda m: m, "lora_down", "lora_up", lambda i: float(2 + i % 3)))
 
 
 def _zimage_module(module):
