@@ -14,7 +14,7 @@ Each case writes vectors/base/<name>/: noise ([1,128,H/16,W/16], passed as laten
 negative_prompt_embeds, img_ids, per step the timestep, the latents entering the step, the guided
 velocity the scheduler receives and the latents after the Euler step; final_latents, image.npy/.png.
 """
-import argparse, json, os, sys, tempfile, time
+import json, os, sys, tempfile, time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__)); sys.path.insert(0, HERE)
@@ -34,15 +34,9 @@ def base_model_dir(model):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--spec", required=True); ap.add_argument("--model", required=True); ap.add_argument("--out", required=True)
-    for s in ("diffusers", "transformers", "hub", "accelerate"): ap.add_argument(f"--{s}-src", required=True)
-    ap.add_argument("--threads", type=int, default=2)
-    a = ap.parse_args()
     import refgen_env
-    refgen_env.setup(a.diffusers_src, a.transformers_src, a.hub_src, hub_version="0.99.0", accelerate_src=a.accelerate_src)
-    import torch, diffusers
-    torch.set_num_threads(a.threads)
+    a = refgen_env.pipeline_args()
+    import torch, diffusers  # noqa: F401  (set up by pipeline_args)
     from diffusers.pipelines.flux2.pipeline_flux2_klein import Flux2KleinPipeline
     spec = json.load(open(a.spec, encoding="utf-8"))
     pipe = Flux2KleinPipeline.from_pretrained(base_model_dir(a.model), torch_dtype=torch.float32)
