@@ -411,8 +411,9 @@ std::vector<float> emulated_attention(const Case& c, const Inputs& in, float sca
   return out;
 }
 
-// The reference of tests/ops/attention_reference.h, given the case's mask as key_valid.
-std::vector<double> float64_attention(const Case& c, const Inputs& in, float scale) {
+// The attention parameters of a case, its mask (when it has one) as key_valid, held in `valid`.
+AttentionParams params_of(const Case& c, const Inputs& in, float scale,
+                          std::vector<uint8_t>& valid) {
   AttentionParams p;
   p.q_len = c.q_len;
   p.kv_len = c.kv_len;
@@ -421,12 +422,18 @@ std::vector<double> float64_attention(const Case& c, const Inputs& in, float sca
   p.head_dim = c.head_dim;
   p.scale = scale;
   p.causal = c.causal;
-  std::vector<uint8_t> valid;
+  valid.clear();
   if (!in.bias.empty()) {
     for (float b : in.bias) valid.push_back(b == 0.0f);
     p.key_valid = valid.data();
   }
-  const std::vector<float> out = naive_attention(in.q, in.k, in.v, p);
+  return p;
+}
+
+// The reference of tests/ops/attention_reference.h, given the case's mask as key_valid.
+std::vector<double> float64_attention(const Case& c, const Inputs& in, float scale) {
+  std::vector<uint8_t> valid;
+  const std::vector<float> out = naive_attention(in.q, in.k, in.v, params_of(c, in, scale, valid));
   return {out.begin(), out.end()};
 }
 
@@ -478,18 +485,7 @@ TEST(AmxEmulated, ModelMatchesTheHardware) {
     const Inputs in = make_inputs(c, 99);
     const float scale = float(1.0 / std::sqrt(double(c.head_dim)));
     std::vector<uint8_t> valid;
-    AttentionParams p;
-    p.q_len = c.q_len;
-    p.kv_len = c.kv_len;
-    p.heads = c.heads;
-    p.kv_heads = c.kv_heads;
-    p.head_dim = c.head_dim;
-    p.scale = scale;
-    p.causal = c.causal;
-    if (!in.bias.empty()) {
-      for (float b : in.bias) valid.push_back(b == 0.0f);
-      p.key_valid = valid.data();
-    }
+    const AttentionParams p = params_of(c, in, scale, valid);
     Compute cx(1);
     cx.arithmetic.bf16_attention = true;
     std::vector<float> hw(size_t(c.q_len * c.heads * c.head_dim));
