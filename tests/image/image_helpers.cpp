@@ -113,13 +113,11 @@ bool jpeg_write_all(std::FILE* file, int width, int height, int components, cons
 }  // namespace
 
 PngSpec png_spec(int width, int height, int color_type, int bit_depth, bool interlaced) {
-  PngSpec spec;
-  spec.width = width;
-  spec.height = height;
-  spec.color_type = color_type;
-  spec.bit_depth = bit_depth;
-  spec.interlaced = interlaced;
-  return spec;
+  return PngSpec{.width = width,
+                 .height = height,
+                 .color_type = color_type,
+                 .bit_depth = bit_depth,
+                 .interlaced = interlaced};
 }
 
 void write_png_with_libpng(const fs::path& path, const PngSpec& spec) {

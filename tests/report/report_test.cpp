@@ -377,12 +377,8 @@ TEST_F(TinyReport, EndToEndPsnrIsThatOfTwoDefaultGenerations) {
   EXPECT_TRUE(e.candidate_fast || !cx.amx());  // Q4: fast where the CPU has AMX
 
   const E2eCase& c = e.cases[0].spec;
-  GenerateOptions g;
-  g.prompt = c.prompt;
-  g.seed = c.seed;
-  g.width = c.width;
-  g.height = c.height;
-  g.steps = c.steps;
+  const GenerateOptions g{
+      .prompt = c.prompt, .width = c.width, .height = c.height, .steps = c.steps, .seed = c.seed};
   Image images[2];
   for (int i = 0; i < 2; ++i) {
     Session session(i == 0 ? *reference : *candidate, tokenizer, cx);
