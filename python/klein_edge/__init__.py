@@ -1,0 +1,346 @@
+"""Klein Edge from Python: FLUX.2-klein and Z-Image image generation on the CPU.
+
+    import klein_edge
+    model = klein_edge.Model("klein-4b-q4.klein")
+    model.generate("a red fox in fresh snow", width=512, height=512, seed=42).save("fox.png")
+
+`Model` opens a container or a diffusers directory once; `generate` returns a PIL image whose
+pixels are those `klein generate` writes for the same arguments, with the parameters text
+and the JSON metadata the CLI stores in `image.info` ("parameters", "klein"; `save` writes
+them into a PNG). Errors are `KleinError` (`Cancelled` when a generation was stopped) with
+the engine's message. The package is a thin layer over the C library (include/klein/klein.h,
+loaded with ctypes): it converts arguments and results and adds nothing to the engine.
+"""
+import ctypes
+import math
+import os
+import pathlib
+import tempfile
+import threading
+
+from . import _capi
+
+__version__ = "0.1.0"
+
+__all__ = ["Model", "KleinError", "Cancelled", "library_version", "save", "__version__"]
+
+
+class KleinError(RuntimeError):
+    """A failure the engine reported; the message is the engine's."""
+
+
+class Cancelled(KleinError):
+    """The generation was stopped: by `Model.cancel`, or by a progress or preview callback."""
+
+
+def library_version():
+    """The C library's version string, e.g. "0.1.0 (commit abc1234)"."""
+    return _capi.library().klein_version().decode()
+
+
+def _path_bytes(value, what):
+    try:
+        return os.fsencode(os.fspath(value))
+    except TypeError:
+        raise TypeError(f"{what}: expected a path (str or os.PathLike), got "
+                        f"{type(value).__name__}") from None
+
+
+def _optional_path(value, what):
+    return None if value is None else _path_bytes(value, what)
+
+
+def _text(value, what):
+    if not isinstance(value, str):
+        raise TypeError(f"{what}: expected str, got {type(value).__name__}")
+    return value.encode("utf-8")
+
+
+class _ImageFiles:
+    """Hands image arguments to the engine as files: paths as they are, PIL images written
+    losslessly (PNG, in their own mode) to a temporary folder, so the engine reads them exactly
+    as it reads the same image saved by the caller and given to `klein generate`."""
+
+    def __init__(self):
+        self._dir = None
+        self._count = 0
+
+    def path(self, value, what):
+        if value is None:
+            return None
+        if hasattr(value, "save") and hasattr(value, "mode") and hasattr(value, "size"):
+            if self._dir is None:
+                self._dir = tempfile.TemporaryDirectory(prefix="klein-edge-")
+            self._count += 1
+            file = os.path.join(self._dir.name, f"{self._count}.png")
+            value.save(file, format="PNG")
+            return os.fsencode(file)
+        return _path_bytes(value, what + " (a path or a PIL image)")
+
+    def close(self):
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+
+def _c_array(ctype, values):
+    return (ctype * len(values))(*values) if values else None
+
+
+class Model:
+    """An opened model and a compute session over it.
+
+    path: a klein container or a diffusers directory (None when single files are given).
+    diffusion_model, text_encoder, vae, tokenizer: single files, as `klein generate`'s options.
+    threads: worker threads (0: the usable CPUs). max_memory: the budget in bytes (0: the
+    available memory less a margin). residency: "auto", "paged" or "resident". precision:
+    "auto", "exact" or "fast". prompt_cache_dir: where contexts are cached per prompt.
+
+    One generation runs at a time on a Model (calls from several threads wait their turn);
+    `cancel` may be called from any thread. Close it with `close()` or a `with` block.
+    """
+
+    def __init__(self, path=None, *, diffusion_model=None, text_encoder=None, vae=None,
+                 tokenizer=None, threads=0, max_memory=0, residency="auto", precision="auto",
+                 prompt_cache_dir=None):
+        lib = _capi.library()
+        self._lib = lib
+        self._model = None
+        self._session = None
+        self._lock = threading.Lock()
+        if residency not in _capi.RESIDENCIES:
+            raise ValueError(f"residency: expected one of {', '.join(_capi.RESIDENCIES)}, got "
+                             f"{residency!r}")
+        if precision not in _capi.PRECISIONS:
+            raise ValueError(f"precision: expected one of {', '.join(_capi.PRECISIONS)}, got "
+                             f"{precision!r}")
+        if not isinstance(threads, int) or threads < 0:
+            raise ValueError(f"threads: expected 0 (all usable CPUs) or more, got {threads!r}")
+        if not isinstance(max_memory, int) or max_memory < 0:
+            raise ValueError(f"max_memory: expected bytes, 0 or more, got {max_memory!r}")
+
+        options = _capi.ModelOptions()
+        lib.klein_model_options_init(ctypes.byref(options))
+        options.diffusion_model = _optional_path(diffusion_model, "diffusion_model")
+        options.text_encoder = _optional_path(text_encoder, "text_encoder")
+        options.vae = _optional_path(vae, "vae")
+        options.tokenizer = _optional_path(tokenizer, "tokenizer")
+        model = ctypes.c_void_p()
+        error = ctypes.c_void_p()
+        status = lib.klein_model_open(_optional_path(path, "path"), ctypes.byref(options),
+                                      ctypes.byref(model), ctypes.byref(error))
+        if status != _capi.KLEIN_OK:
+            raise KleinError(_capi.take_string(lib, error) or "cannot open the model")
+        self._model = model
+
+        session_options = _capi.SessionOptions()
+        lib.klein_session_options_init(ctypes.byref(session_options))
+        session_options.threads = threads
+        session_options.max_memory = max_memory
+        session_options.residency = _capi.RESIDENCIES[residency]
+        session_options.precision = _capi.PRECISIONS[precision]
+        session_options.prompt_cache_dir = _optional_path(prompt_cache_dir, "prompt_cache_dir")
+        session = ctypes.c_void_p()
+        status = lib.klein_session_new(model, ctypes.byref(session_options),
+                                       ctypes.byref(session), ctypes.byref(error))
+        if status != _capi.KLEIN_OK:
+            message = _capi.take_string(lib, error)
+            self.close()
+            raise KleinError(message or "cannot start a session")
+        self._session = session
+
+    @property
+    def name(self):
+        """The configuration's name, e.g. "klein-4b"."""
+        self._check_open()
+        return self._lib.klein_model_name(self._model).decode()
+
+    def cancel(self):
+        """Stops the running generation (from any thread); it raises `Cancelled`. A call when
+        nothing runs has no effect on the next generation."""
+        session = self._session
+        if session is not None:
+            self._lib.klein_session_cancel(session)
+
+    def close(self):
+        """Frees the session and unmaps the model. Waits for a running generation."""
+        with self._lock:
+            if self._session is not None:
+                self._lib.klein_session_free(self._session)
+                self._session = None
+            if self._model is not None:
+                self._lib.klein_model_free(self._model)
+                self._model = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_lock", None) is not None:
+            try:
+                self.close()
+            except Exception:  # interpreter shutdown: the library may already be gone
+                pass
+
+    def _check_open(self):
+        if self._model is None:
+            raise KleinError("the model is closed")
+
+    def generate(self, prompt, *, negative_prompt=None, width=None, height=None, steps=None,
+                 guidance=None, seed=None, references=(), init_image=None, mask=None,
+                 strength=None, loras=(), cfg_normalization=None, cfg_truncation=None,
+                 progress=None, preview=None):
+        """Generates one image and returns it as a PIL image (RGB).
+
+        width, height: pixels, multiples of 16 (None: the first reference's size, else 1024).
+        steps, guidance: None for the model's defaults. seed: an integer for a reproducible
+        image (None: drawn at random; the one used is image.info["seed"]).
+        references: images to edit from (PIL images or paths), in order.
+        init_image, mask, strength: image-to-image and inpainting (mask: white repaints).
+        loras: LoRA files of the transformer, as paths or (path, scale) pairs.
+        cfg_normalization, cfg_truncation: Z-Image's guidance options.
+        progress(phase, done, total, seconds): called as phases begin, step and end.
+        preview(step, steps, image): a small PIL image of the latents after each step.
+        A callback that returns True stops the generation (Cancelled); one that raises stops
+        it and its exception is raised from generate.
+        """
+        from PIL import Image as PILImage
+
+        lib = self._lib
+        params = _capi.GenerateParams()
+        lib.klein_generate_params_init(ctypes.byref(params))
+        params.prompt = _text(prompt, "prompt")
+        if negative_prompt is not None:
+            params.negative_prompt = _text(negative_prompt, "negative_prompt")
+        params.width = _int_or(width, 0, "width")
+        params.height = _int_or(height, 0, "height")
+        params.steps = _int_or(steps, 0, "steps")
+        if guidance is not None:
+            params.guidance = float(guidance)
+        if seed is not None:
+            if not isinstance(seed, int) or not 0 <= seed < 2**64:
+                raise ValueError(f"seed: expected an integer from 0 to 2^64 - 1, got {seed!r}")
+            params.seed = seed
+            params.has_seed = 1
+        if strength is not None:
+            params.strength = float(strength)
+        if cfg_normalization is not None:
+            params.cfg_normalization = float(cfg_normalization)
+        if cfg_truncation is not None:
+            params.cfg_truncation = float(cfg_truncation)
+
+        lora_files, lora_scales = [], []
+        for i, item in enumerate(loras):
+            path, scale = (item if isinstance(item, (tuple, list)) else (item, 1.0))
+            lora_files.append(_path_bytes(path, f"loras[{i}]"))
+            scale = float(scale)
+            if not math.isfinite(scale):
+                raise ValueError(f"loras[{i}]: the scale must be a finite number, got {scale}")
+            lora_scales.append(scale)
+
+        # The callbacks run on this thread, inside klein_generate; what they raise is kept and
+        # raised after the engine has unwound.
+        raised = []
+
+        def guard(fn):
+            try:
+                return 1 if fn() else 0
+            except BaseException as e:  # KeyboardInterrupt included: Ctrl-C stops the engine
+                raised.append(e)
+                return 1
+
+        def on_progress(info, _user):
+            p = info.contents
+            return guard(lambda: progress and progress(p.phase.decode(), p.done, p.total,
+                                                       p.seconds))
+
+        def on_preview(info, _user):
+            p = info.contents
+            def call():
+                size = p.width * p.height * 3
+                small = PILImage.frombytes("RGB", (p.width, p.height),
+                                           ctypes.string_at(p.pixels, size))
+                return preview(p.step, p.steps, small)
+            return guard(call)
+
+        # A progress callback is always installed: it is where Python notices Ctrl-C.
+        progress_fn = _capi.PROGRESS_FN(on_progress)
+        params.progress = progress_fn
+        preview_fn = _capi.PREVIEW_FN(on_preview) if preview else _capi.PREVIEW_FN()
+        params.preview = preview_fn
+
+        files = _ImageFiles()
+        try:
+            ref_paths = [files.path(r, f"references[{i}]") for i, r in enumerate(references)]
+            ref_array = _c_array(ctypes.c_char_p, ref_paths)
+            params.references = ref_array
+            params.reference_count = len(ref_paths)
+            params.init_image = files.path(init_image, "init_image")
+            params.mask = files.path(mask, "mask")
+            lora_array = _c_array(ctypes.c_char_p, lora_files)
+            scale_array = _c_array(ctypes.c_float, lora_scales)
+            params.loras = lora_array
+            params.lora_scales = scale_array
+            params.lora_count = len(lora_files)
+
+            result = ctypes.POINTER(_capi.Image)()
+            with self._lock:
+                self._check_open()
+                status = lib.klein_generate(self._session, ctypes.byref(params),
+                                            ctypes.byref(result))
+                message = lib.klein_session_error(self._session).decode("utf-8", "replace")
+        finally:
+            files.close()
+
+        if raised:
+            if result:
+                lib.klein_image_free(result)
+            raise raised[0]
+        if status == _capi.KLEIN_ERROR_CANCELLED:
+            raise Cancelled(message or "cancelled")
+        if status != _capi.KLEIN_OK:
+            raise KleinError(message or f"generation failed (status {status})")
+        try:
+            r = result.contents
+            pixels = ctypes.string_at(r.pixels, r.width * r.height * r.channels)
+            image = PILImage.frombytes("RGB", (r.width, r.height), pixels)
+            image.info["parameters"] = r.parameters.decode("utf-8")
+            image.info["klein"] = r.metadata.decode("utf-8")
+            image.info["seed"] = r.seed
+            image.info["steps"] = r.steps
+            image.info["guidance"] = r.guidance
+        finally:
+            lib.klein_image_free(result)
+        return image
+
+
+def _int_or(value, default, what):
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{what}: expected an integer, got {type(value).__name__}")
+    if not 0 < value < 2**31:
+        raise ValueError(f"{what}: expected a positive integer, got {value}")
+    return value
+
+
+def save(image, path, **kwargs):
+    """Saves a generated image with the metadata `klein generate` stores: for PNG the
+    "parameters" and "klein" text chunks; other formats as PIL writes them."""
+    from PIL import PngImagePlugin
+
+    path = os.fspath(path)
+    if pathlib.Path(path).suffix.lower() == ".png" and "pnginfo" not in kwargs:
+        info = PngImagePlugin.PngInfo()
+        for key in ("parameters", "klein"):
+            if key in image.info:
+                text = image.info[key]
+                if text.isascii():
+                    info.add_text(key, text)
+                else:
+                    info.add_itxt(key, text)
+        kwargs["pnginfo"] = info
+    image.save(path, **kwargs)

@@ -1,0 +1,145 @@
+"""klein_edge against `klein generate`: the same arguments give the same pixels and the same
+metadata (the CLI's images are checked against the official pipelines in tests/e2e)."""
+import threading
+
+import pytest
+from PIL import Image
+
+import klein_edge
+
+PROMPT = "a small red cube"
+
+
+def cli_png(cli, tmp_path, model_path, *args):
+    out = tmp_path / "cli.png"
+    cli("generate", "-m", model_path, "-p", PROMPT, "--no-cache", "-q", "-o", out, *args)
+    return Image.open(out)
+
+
+def same_pixels(a, b):
+    assert a.size == b.size
+    assert a.convert("RGB").tobytes() == b.convert("RGB").tobytes()
+
+
+def test_text_to_image_is_the_cli_image_with_its_metadata(model, cli, tiny_model, tmp_path):
+    image = model.generate(PROMPT, width=64, height=48, steps=3, seed=9)
+    assert image.mode == "RGB" and image.size == (64, 48)
+    expected = cli_png(cli, tmp_path, tiny_model, "--seed", 9, "-W", 64, "-H", 48, "-s", 3)
+    same_pixels(image, expected)
+    assert image.info["parameters"] == expected.info["parameters"]
+    assert image.info["klein"] == expected.info["klein"]
+    assert (image.info["seed"], image.info["steps"]) == (9, 3)
+
+    # save() writes the CLI's text chunks; the pixels survive the PNG.
+    klein_edge.save(image, tmp_path / "py.png")
+    saved = Image.open(tmp_path / "py.png")
+    same_pixels(saved, expected)
+    assert saved.info["parameters"] == expected.info["parameters"]
+    assert saved.info["klein"] == expected.info["klein"]
+
+
+def test_same_seed_same_image_and_a_random_seed_is_reported(model):
+    a = model.generate(PROMPT, width=32, height=32, steps=2, seed=2**63 + 5)
+    b = model.generate(PROMPT, width=32, height=32, steps=2, seed=2**63 + 5)
+    assert a.tobytes() == b.tobytes()
+    assert a.info["seed"] == 2**63 + 5
+    c = model.generate(PROMPT, width=32, height=32, steps=2)
+    assert 0 <= c.info["seed"] < 2**32
+    again = model.generate(PROMPT, width=32, height=32, steps=2, seed=c.info["seed"])
+    assert again.tobytes() == c.tobytes()
+
+
+def test_inpainting_with_a_reference_from_pil_images_and_paths(model, cli, tiny_model,
+                                                               testdata, tmp_path):
+    case = testdata / "klein-tiny-edit" / "vectors" / "inpaint" / "inpaint_ref_s08_h64_w80"
+    init, mask, ref = case / "init.png", case / "mask.png", case / "ref.png"
+    expected = cli_png(cli, tmp_path, tiny_model, "--seed", 5, "-s", 4, "-r", ref,
+                       "--init-image", init, "--mask", mask, "--strength", 0.8)
+    # Images given as PIL images (in their own modes) and as paths make the same pixels.
+    image = model.generate(PROMPT, seed=5, steps=4, references=[Image.open(ref)],
+                           init_image=init, mask=Image.open(mask), strength=0.8)
+    same_pixels(image, expected)
+    image = model.generate(PROMPT, seed=5, steps=4, references=[str(ref)],
+                           init_image=Image.open(init), mask=mask, strength=0.8)
+    same_pixels(image, expected)
+    assert image.info["parameters"] == expected.info["parameters"]
+
+
+def test_loras_with_scales_are_the_cli_loras(model, cli, tiny_model, lora_fixtures, tmp_path):
+    bfl, kohya = lora_fixtures / "bfl.safetensors", lora_fixtures / "kohya.safetensors"
+    image = model.generate(PROMPT, width=64, height=64, steps=4, seed=4,
+                           loras=[bfl, (str(kohya), 0.7)])
+    expected = cli_png(cli, tmp_path, tiny_model, "--seed", 4, "-s", 4, "-W", 64, "-H", 64,
+                       "--lora", bfl, "--lora", f"{kohya}:0.7")
+    same_pixels(image, expected)
+    assert "LoRA: bfl:1 kohya:0.7" in image.info["parameters"]
+    plain = model.generate(PROMPT, width=64, height=64, steps=4, seed=4)
+    assert plain.tobytes() != image.tobytes()
+
+
+def test_zimage_guidance_options_are_the_cli_ones(cli, testdata, tmp_path):
+    path = testdata / "zimage-tiny" / "model"
+    with klein_edge.Model(path, threads=2) as zimage:
+        image = zimage.generate(PROMPT, width=64, height=48, steps=3, seed=4, guidance=3,
+                                negative_prompt="blurry", cfg_normalization=1,
+                                cfg_truncation=0.5)
+    expected = cli_png(cli, tmp_path, path, "--seed", 4, "-W", 64, "-H", 48, "-s", 3, "-g", 3,
+                       "-n", "blurry", "--cfg-normalization", 1, "--cfg-truncation", 0.5)
+    same_pixels(image, expected)
+    assert image.info["klein"] == expected.info["klein"]
+
+
+def test_progress_and_preview_see_every_step(model):
+    phases, previews = [], []
+    model.generate(PROMPT, width=64, height=48, steps=3, seed=1,
+                   progress=lambda phase, done, total, s: phases.append((phase, done, total)),
+                   preview=lambda step, steps, im: previews.append((step, steps, im.size)))
+    denoise = [(d, t) for p, d, t in phases if p == "denoise"]
+    assert denoise[0] == (0, 3) and (1, 3) in denoise and (3, 3) in denoise
+    assert {p for p, _, _ in phases} >= {"text encoder", "denoise", "vae decode"}
+    assert previews == [(1, 3, (8, 6)), (2, 3, (8, 6)), (3, 3, (8, 6))]
+
+
+def test_a_callback_returning_true_cancels_and_the_model_goes_on(model):
+    stop = lambda phase, done, total, s: phase == "denoise" and done == 1
+    with pytest.raises(klein_edge.Cancelled):
+        model.generate(PROMPT, width=32, height=32, steps=4, seed=1, progress=stop)
+    with pytest.raises(klein_edge.Cancelled):
+        model.generate(PROMPT, width=32, height=32, steps=4, seed=1,
+                       preview=lambda step, steps, im: step == 2)
+    assert model.generate(PROMPT, width=32, height=32, steps=2, seed=1).size == (32, 32)
+
+
+def test_cancel_from_another_thread(model):
+    # The generating thread waits (inside its progress callback, after the first step) until
+    # the other thread has called cancel, so the cancel lands during the generation.
+    started, cancelled = threading.Event(), threading.Event()
+
+    def canceller():
+        started.wait(30)
+        model.cancel()
+        cancelled.set()
+
+    def progress(phase, done, total, seconds):
+        if phase == "denoise" and done == 1:
+            started.set()
+            assert cancelled.wait(30)
+
+    thread = threading.Thread(target=canceller)
+    thread.start()
+    with pytest.raises(klein_edge.Cancelled, match="cancelled"):
+        model.generate(PROMPT, width=32, height=32, steps=6, seed=3, progress=progress)
+    thread.join()
+    # A cancel when nothing runs does not stop the next generation.
+    model.cancel()
+    assert model.generate(PROMPT, width=32, height=32, steps=2, seed=3).size == (32, 32)
+
+
+def test_an_exception_in_a_callback_comes_out_of_generate(model):
+    def progress(phase, done, total, seconds):
+        if phase == "denoise" and done == 2:
+            raise ZeroDivisionError("from the callback")
+
+    with pytest.raises(ZeroDivisionError, match="from the callback"):
+        model.generate(PROMPT, width=32, height=32, steps=4, seed=1, progress=progress)
+    assert model.generate(PROMPT, width=32, height=32, steps=2, seed=1).size == (32, 32)
