@@ -15,6 +15,7 @@ import ctypes
 import math
 import os
 import pathlib
+import signal
 import tempfile
 import threading
 
@@ -266,7 +267,8 @@ class Model:
                 return preview(p.step, p.steps, small)
             return guard(call)
 
-        # A progress callback is always installed: it is where Python notices Ctrl-C.
+        # A progress callback is always installed: Python runs its signal handlers only
+        # between its own instructions, and the callbacks are where it gets to run them.
         progress_fn = _capi.PROGRESS_FN(on_progress)
         params.progress = progress_fn
         preview_fn = _capi.PREVIEW_FN(on_preview) if preview else _capi.PREVIEW_FN()
@@ -287,7 +289,7 @@ class Model:
             params.lora_count = len(lora_files)
 
             result = ctypes.POINTER(_capi.Image)()
-            with self._lock:
+            with self._lock, _CtrlC(self) as ctrl_c:
                 self._check_open()
                 status = lib.klein_generate(self._session, ctypes.byref(params),
                                             ctypes.byref(result))
@@ -295,6 +297,8 @@ class Model:
         finally:
             files.close()
 
+        if ctrl_c.pressed and not raised:
+            raised.append(KeyboardInterrupt())
         if raised:
             if result:
                 lib.klein_image_free(result)
@@ -315,6 +319,32 @@ class Model:
         finally:
             lib.klein_image_free(result)
         return image
+
+
+class _CtrlC:
+    """While a generation runs on the main thread with Python's default SIGINT handler, Ctrl-C
+    cancels it (the engine stops at its next check) and generate raises KeyboardInterrupt.
+    Without this the KeyboardInterrupt would surface inside a ctypes callback, where ctypes
+    prints and drops it, and the generation would run on."""
+
+    def __init__(self, model):
+        self._model = model
+        self._previous = None
+        self.pressed = False
+
+    def __enter__(self):
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def _on_sigint(self, signum, frame):
+        self.pressed = True
+        self._model.cancel()
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 def _int_or(value, default, what):

@@ -1,5 +1,10 @@
 """klein_edge against `klein generate`: the same arguments give the same pixels and the same
 metadata (the CLI's images are checked against the official pipelines in tests/e2e)."""
+import os
+import pathlib
+import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -143,3 +148,30 @@ def test_an_exception_in_a_callback_comes_out_of_generate(model):
     with pytest.raises(ZeroDivisionError, match="from the callback"):
         model.generate(PROMPT, width=32, height=32, steps=4, seed=1, progress=progress)
     assert model.generate(PROMPT, width=32, height=32, steps=2, seed=1).size == (32, 32)
+
+
+def test_ctrl_c_stops_the_generation_and_raises_keyboard_interrupt(tiny_model, tmp_path):
+    # A generation of 1000 steps (minutes) in a child Python, interrupted after its first step.
+    script = tmp_path / "interrupt.py"
+    script.write_text(
+        "import sys, time, klein_edge\n"
+        "m = klein_edge.Model(sys.argv[1], threads=1)\n"
+        "def progress(phase, done, total, s):\n"
+        "    if phase == 'denoise' and done == 1:\n"
+        "        print('denoising', flush=True)\n"
+        "try:\n"
+        "    m.generate('x', width=128, height=128, steps=1000, seed=1, progress=progress)\n"
+        "    print('finished')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n"
+        "print(m.generate('x', width=32, height=32, steps=1, seed=1).size)\n")
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(klein_edge.__file__).parents[1]))
+    child = subprocess.Popen([sys.executable, str(script), str(tiny_model)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "denoising", child.stderr.read()
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert out.split() == ["interrupted", "(32,", "32)"], err
