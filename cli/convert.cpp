@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/convert_run.h"
 #include "cli/model_options.h"
 #include "convert/policy.h"
 #include "core/error.h"
@@ -20,18 +21,6 @@
 
 namespace klein::cli {
 namespace {
-
-struct ConvertArgs {
-  ModelPaths paths;
-  std::string output;
-  std::string type;
-  std::string policy;
-  bool print_policy = false;
-  int alignment_kib = 64;
-  int threads = 0;
-  std::vector<std::string> loras;
-  bool quiet = false;
-};
 
 // Ctrl-C, SIGTERM or SIGHUP (a closed terminal): the first asks the converter to stop (it
 // removes its temporary file and returns an error); a second one removes the temporary file
@@ -73,6 +62,8 @@ std::string mb(uint64_t bytes) {
   std::snprintf(buf, sizeof buf, "%.1f MB", double(bytes) / 1e6);
   return buf;
 }
+
+}  // namespace
 
 void run_convert(const ConvertArgs& a) {
   if (a.print_policy) {
@@ -118,8 +109,6 @@ void run_convert(const ConvertArgs& a) {
     std::fprintf(stderr, "  %-5s %5zu tensors  %12llu parameters  %s\n", type.c_str(), t.tensors,
                  static_cast<unsigned long long>(t.parameters), mb(t.bytes).c_str());
 }
-
-}  // namespace
 
 static Registration reg("convert", 10, [](CLI::App& app) {
   auto a = std::make_shared<ConvertArgs>();

@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 packages=(
   build-essential cmake ninja-build pkg-config
   libzstd-dev libpng-dev libjpeg-dev libwebp-dev libopenblas-dev libxxhash-dev libcli11-dev
-  nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev
+  nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libcurl4-openssl-dev
+  libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 if [[ "${KLEIN_CROSS:-0}" == 1 ]]; then

@@ -1,0 +1,250 @@
+// klein pull: a diffusers repository on the Hugging Face Hub -> one klein container. Lists
+// the repository (src/hub), downloads the files a conversion reads (resumable, checked against
+// the repository's hashes) and converts them as `klein convert` does.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/commands.h"
+#include "cli/convert_run.h"
+#include "convert/policy.h"
+#include "core/error.h"
+#include "hub/hub.h"
+
+namespace klein::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct PullArgs {
+  std::string repo;
+  std::string type = "q4";
+  std::string output;
+  std::string keep_source;
+  std::string policy;
+  int threads = 0;
+  bool list = false;
+  bool json = false;
+  bool quiet = false;
+};
+
+std::string size_text(double bytes) {
+  char buf[32];
+  if (bytes >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2f GB", bytes / 1e9);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MB", bytes / 1e6);
+  return buf;
+}
+
+std::string duration_text(double seconds) {
+  char buf[32];
+  const long s = long(seconds + 0.5);
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, s / 60 % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
+  return buf;
+}
+
+void emit(const json& event) {
+  std::printf("%s\n", event.dump().c_str());
+  std::fflush(stdout);
+}
+
+// Progress over all the files: bytes, rate and ETA, on one line of a terminal (rewritten in
+// place), as a line per finished file otherwise, or as JSON events.
+class PullProgress {
+ public:
+  PullProgress(const PullArgs& a, uint64_t total) : a_(a), total_(total) {
+    tty_ = ::isatty(STDERR_FILENO) != 0;
+  }
+  void file(const hub::Transfer& t, size_t index, size_t count, uint64_t done_before) {
+    const uint64_t done = done_before + t.done;
+    received_ += t.this_run - last_this_run_;
+    last_this_run_ = t.this_run;
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const double rate = elapsed > 0 ? double(received_) / elapsed : 0;
+    const double eta = rate > 0 ? double(total_ - done) / rate : 0;
+    const bool finished = t.done == t.file->size;
+    if (a_.json) {
+      emit({{"event", "download"}, {"file", t.file->path}, {"file_done", t.done},
+            {"file_size", t.file->size}, {"done", done}, {"total", total_},
+            {"bytes_per_second", rate}, {"eta_seconds", eta}, {"finished", finished}});
+      return;
+    }
+    if (a_.quiet) return;
+    char line[512];
+    std::snprintf(line, sizeof line, "[%zu/%zu] %-48s %9s / %-9s  %6.1f MB/s  ETA %s",
+                  index + 1, count, t.file->path.c_str(), size_text(double(done)).c_str(),
+                  size_text(double(total_)).c_str(), rate / 1e6, duration_text(eta).c_str());
+    if (tty_)
+      std::fprintf(stderr, "\r%-116s%s", line, finished && index + 1 == count ? "\n" : "");
+    else if (finished)
+      std::fprintf(stderr, "%s\n", line);
+  }
+  void next_file() { last_this_run_ = 0; }
+
+ private:
+  const PullArgs& a_;
+  uint64_t total_;
+  uint64_t received_ = 0;
+  uint64_t last_this_run_ = 0;
+  bool tty_ = false;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+uint64_t directory_bytes(const fs::path& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(dir, ec))
+    if (e.is_regular_file(ec)) total += e.file_size(ec);
+  return total;
+}
+
+void run_pull(const PullArgs& a) {
+  const hub::Endpoint endpoint = hub::Endpoint::from_environment();
+  const hub::Repo repo = hub::parse_repo(a.repo);
+  // What can be checked before gigabytes arrive.
+  if (a.type != "keep") convert::parse_storage_type(a.type, "-t");
+  check(a.policy.empty() || fs::is_regular_file(a.policy), "--policy ", a.policy,
+        ": no such file");
+  const std::string output = a.output.empty() ? repo.name() + "-" + a.type + ".klein" : a.output;
+  auto say = [&](const std::string& text) {
+    if (!a.quiet && !a.json) std::fprintf(stderr, "%s\n", text.c_str());
+  };
+
+  const std::vector<hub::RemoteFile> all = hub::list_files(endpoint, repo);
+  const hub::RemoteFile* index = nullptr;
+  for (const auto& f : all)
+    if (f.path == "model_index.json") index = &f;
+  if (!index) {
+    std::string examples;
+    for (size_t i = 0; i < all.size() && i < 4; ++i) examples += (i ? ", " : "") + all[i].path;
+    fail(repo.id, " has no model_index.json: `klein pull` takes diffusers repositories "
+         "(FLUX.2-klein, Z-Image). It holds ", all.size(), " files", all.empty() ? "" : " (",
+         examples, all.size() > 4 ? ", ..." : "", all.empty() ? "" : ")",
+         "; for single files, download them and run `klein convert --diffusion-model FILE "
+         "--text-encoder FILE --vae FILE --tokenizer DIR`");
+  }
+
+  // The files go to DIR/<name>/ (the model's name comes from its folder), DIR being
+  // --keep-source or a folder beside the output that is removed after the conversion.
+  const bool keep = !a.keep_source.empty();
+  const fs::path base = keep ? fs::path(a.keep_source) : fs::path(output + ".download");
+  const fs::path dir = base / repo.name();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  check(!ec, "cannot create ", dir.string(), ": ", ec.message());
+
+  hub::download(endpoint, repo, *index, dir / index->path, nullptr);
+  std::ifstream in(dir / index->path);
+  const std::string index_text((std::istreambuf_iterator<char>(in)),
+                               std::istreambuf_iterator<char>());
+  const std::vector<hub::RemoteFile> files =
+      hub::files_for_conversion(all, index_text, repo);
+  uint64_t total = 0, all_bytes = 0;
+  for (const auto& f : files) total += f.size;
+  for (const auto& f : all) all_bytes += f.size;
+
+  if (a.list) {
+    for (const auto& f : files)
+      std::printf("%12llu  %s\n", static_cast<unsigned long long>(f.size), f.path.c_str());
+    std::printf("%zu files, %s of the repository's %s\n", files.size(),
+                size_text(double(total)).c_str(), size_text(double(all_bytes)).c_str());
+    if (!keep) fs::remove_all(base, ec);
+    return;
+  }
+  if (a.json)
+    emit({{"event", "plan"}, {"repo", repo.id}, {"revision", repo.revision},
+          {"files", files.size()}, {"bytes", total}, {"repository_bytes", all_bytes},
+          {"directory", dir.string()}, {"output", output}});
+  say("pulling " + repo.id + "@" + repo.revision + ": " + std::to_string(files.size()) +
+      " files, " + size_text(double(total)) + " (of the repository's " +
+      size_text(double(all_bytes)) + ") into " + dir.string() +
+      (keep ? "" : ", removed after the conversion"));
+
+  // Room for what is still to come; the container needs room too, which the converter
+  // checks as it writes.
+  const uint64_t have = directory_bytes(dir);
+  const fs::space_info space = fs::space(dir, ec);
+  if (!ec && total > have)
+    check(space.available >= total - have, "not enough disk space in ", dir.string(), ": ",
+          size_text(double(total - have)), " still to download, ",
+          size_text(double(space.available)), " free (--keep-source DIR puts the download "
+          "elsewhere)");
+
+  try {
+    PullProgress progress(a, total);
+    uint64_t done_before = 0;
+    for (size_t i = 0; i < files.size(); ++i) {
+      progress.next_file();
+      hub::download(endpoint, repo, files[i], dir / files[i].path,
+                    [&](const hub::Transfer& t) { progress.file(t, i, files.size(), done_before); });
+      done_before += files[i].size;
+    }
+  } catch (const Error& e) {
+    fail(e.what(), "\nthe files downloaded so far stay in ", base.string(),
+         ": the same command resumes");
+  }
+
+  ConvertArgs c;
+  c.paths.model = dir;
+  c.output = output;
+  c.type = a.type;
+  c.policy = a.policy;
+  c.threads = a.threads;
+  c.quiet = a.quiet || a.json;
+  say("converting to " + output);
+  run_convert(c);
+  const uint64_t container = fs::file_size(output, ec);
+  const uint64_t sources = directory_bytes(base);
+  if (!keep) fs::remove_all(base, ec);
+  if (a.json)
+    emit({{"event", "done"}, {"output", output}, {"container_bytes", container},
+          {"source_bytes", sources}, {"peak_disk_bytes", container + sources},
+          {"kept_source", keep ? dir.string() : ""}});
+  say("wrote " + output + " (" + size_text(double(container)) + "); the disk held at most " +
+      size_text(double(container + sources)) + " (sources and container)" +
+      (keep ? "; the sources stay in " + dir.string() : ""));
+}
+
+}  // namespace
+
+static Registration reg("pull", 9, [](CLI::App& app) {
+  auto a = std::make_shared<PullArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "pull", "Download a model from the Hugging Face Hub and convert it into a container");
+  cmd->add_option("repo", a->repo,
+                  "OWNER/NAME[@REVISION] of a diffusers repository, e.g. "
+                  "black-forest-labs/FLUX.2-klein-4B or Tongyi-MAI/Z-Image-Turbo")
+      ->required();
+  cmd->add_option("-t,--type", a->type, "storage type, as klein convert -t")->capture_default_str();
+  cmd->add_option("-o,--output", a->output, "the container to write (default NAME-TYPE.klein)");
+  cmd->add_option("--keep-source", a->keep_source,
+                  "download into DIR/NAME and keep the files (default: OUTPUT.download, "
+                  "removed after the conversion)");
+  cmd->add_option("--policy", a->policy, "precision policy file, as klein convert --policy");
+  cmd->add_option("--threads", a->threads, "packing threads (default: all)");
+  cmd->add_flag("--list", a->list, "print the files the conversion needs and their sizes; "
+                                   "download nothing else");
+  cmd->add_flag("--json", a->json, "progress and the result as JSON lines on stdout");
+  cmd->add_flag("-q,--quiet", a->quiet, "no progress output (errors are still printed)");
+  cmd->footer(
+      "Environment: HF_ENDPOINT (a mirror; default https://huggingface.co), HF_TOKEN (an "
+      "access token, for gated or private repositories; else the token file of "
+      "huggingface-cli login). Downloads resume where they stopped: run the same command "
+      "again.");
+  cmd->callback([a] { run_pull(*a); });
+});
+
+}  // namespace klein::cli

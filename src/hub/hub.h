@@ -1,0 +1,85 @@
+#pragma once
+// The Hugging Face Hub as `klein pull` needs it: a repository's file list, the choice of the
+// files a conversion reads, and resumable, verified downloads. Knows URLs, headers and files,
+// not models. HTTP is libcurl; the hashes are OpenSSL's.
+//
+//   GET {endpoint}/api/models/{repo}/tree/{revision}?recursive=true   the file list (JSON,
+//       paged by a `Link: <...>; rel="next"` header): path, size, the git blob id ("oid") and,
+//       for files in LFS, "lfs": {"oid": SHA-256 of the content, "size"}
+//   GET {endpoint}/{repo}/resolve/{revision}/{path}                   a file's bytes (large
+//       files redirect to a content host; the token is sent to the endpoint's host only)
+//
+// Errors: 401/403 with "X-Error-Code: GatedRepo" is a gated repository (the message names its
+// licence page), other 401/404 a repository that does not exist or is private,
+// "RevisionNotFound" and "EntryNotFound" what they say.
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace klein::hub {
+
+struct Endpoint {
+  std::string url = "https://huggingface.co";  // HF_ENDPOINT: a mirror
+  std::string token;                           // HF_TOKEN: for gated and private repositories
+  int attempts = 6;          // per file: a dropped connection is resumed this many times in all
+  long stall_seconds = 60;   // a transfer that receives nothing for this long is dropped
+  double retry_delay = 1.0;  // seconds before the first retry, doubling after each
+
+  // HF_ENDPOINT and HF_TOKEN (or the token file huggingface-cli login writes, $HF_HOME/token
+  // or ~/.cache/huggingface/token) from the environment.
+  static Endpoint from_environment();
+};
+
+struct Repo {
+  std::string id;                 // "owner/name"
+  std::string revision = "main";  // a branch, tag or commit
+  std::string name() const;       // "name"
+  std::string page(const Endpoint& e) const;  // the repository's web page
+};
+
+// "owner/name" or "owner/name@revision"; a clear error for anything else.
+Repo parse_repo(const std::string& text);
+
+struct RemoteFile {
+  std::string path;     // in the repository, '/'-separated
+  uint64_t size = 0;
+  std::string sha256;   // files in LFS: the SHA-256 of the content (hex)
+  std::string git_oid;  // the git blob id: SHA-1 of "blob SIZE\0" and the content (hex)
+};
+
+std::vector<RemoteFile> list_files(const Endpoint& endpoint, const Repo& repo);
+
+// The files `klein convert` reads from a diffusers repository: model_index.json and, in each
+// component folder it names, the configuration, tokenizer and safetensors files (precision
+// variants such as *.fp16.safetensors only when the plain files are absent). model_index is
+// the text of model_index.json. Throws when the repository is not in the diffusers layout.
+std::vector<RemoteFile> files_for_conversion(const std::vector<RemoteFile>& files,
+                                             const std::string& model_index, const Repo& repo);
+
+struct Transfer {
+  const RemoteFile* file;
+  uint64_t done = 0;          // bytes of the file on disk, resumed ones included
+  uint64_t this_run = 0;      // bytes received by this call
+  double seconds = 0;         // since the call began
+};
+using TransferFn = std::function<void(const Transfer&)>;
+
+// Downloads `file` to `dest`. The bytes go to dest + ".part", which a later call resumes with
+// an HTTP Range request (from the start when the server ignores the range); a dropped
+// connection is resumed the same way, up to endpoint.attempts. The whole file is checked
+// against its SHA-256 (or git blob id) and then renamed to dest; a mismatch removes the part
+// file and throws, naming both hashes. A dest that exists with the right size is checked
+// and kept. progress is called as bytes arrive (at most a few times a second); cancel stops
+// the transfer (the part file stays for a resume).
+void download(const Endpoint& endpoint, const Repo& repo, const RemoteFile& file,
+              const std::filesystem::path& dest, const TransferFn& progress,
+              const std::atomic<bool>* cancel = nullptr);
+
+// The hash `download` checks a file against, computed over a file on disk ("" if the
+// RemoteFile has neither hash). Exposed for tests and for checking a kept download.
+bool matches(const RemoteFile& file, const std::filesystem::path& path, std::string* got);
+
+}  // namespace klein::hub

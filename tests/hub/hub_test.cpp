@@ -1,0 +1,467 @@
+// `klein pull` and the Hub client against a fake Hub on the loopback address: the file-list
+// API (paged, with LFS SHA-256s and git blob ids computed here by sha256sum and git), file
+// downloads that redirect large files to a second "content host", a gated repository,
+// a connection dropped mid-file, bytes that do not match their hash. The container pull makes
+// is the one `klein convert` makes from the same files, byte for byte.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "hub/hub.h"
+#include "support/testing.h"
+
+namespace klein {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The first word a shell command prints.
+std::string command_word(const std::string& cmd) {
+  std::string out;
+  if (std::FILE* p = ::popen(cmd.c_str(), "r")) {
+    char buf[256];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    ::pclose(p);
+  }
+  return out.substr(0, out.find_first_of(" \t\n"));
+}
+
+struct Logged {
+  std::string host, path, range;
+  bool authorized;
+};
+
+// A repository served the way the Hub serves one. Files ending in .safetensors are "LFS":
+// listed with their SHA-256 and redirected to the content host.
+class FakeHub {
+ public:
+  std::string repo = "acme/tiny-klein";
+  std::string token;                 // non-empty: a gated repository that needs this token
+  std::set<std::string> drop_once;   // files whose first transfer stops halfway
+  std::set<std::string> corrupt;     // files served with one byte changed
+  std::map<std::string, std::string> files;
+  int page_size = 4;
+
+  explicit FakeHub(const fs::path& model_dir, const fs::path& scratch) {
+    for (const auto& e : fs::recursive_directory_iterator(model_dir))
+      if (e.is_regular_file())
+        files[fs::relative(e.path(), model_dir).generic_string()] = read_file(e.path());
+    // What a real repository has besides: a single-file checkpoint at the root, a precision
+    // variant, a README; none of them is downloaded.
+    files["flux-2-klein-tiny.safetensors"] = std::string(3000, 'x');
+    files["transformer/diffusion_pytorch_model.fp16.safetensors"] = std::string(2000, 'y');
+    files["README.md"] = "# tiny\n";
+    // Hashes from the tools everyone has: sha256sum and git.
+    for (const auto& [path, bytes] : files) {
+      const fs::path f = scratch / "hash-me";
+      std::ofstream(f, std::ios::binary) << bytes;
+      sha256_[path] = command_word("sha256sum " + testing::shell_arg(f));
+      oid_[path] = command_word("git hash-object " + testing::shell_arg(f));
+    }
+    routes();
+    api_port_ = api_.bind_to_any_port("127.0.0.1");
+    cdn_port_ = cdn_.bind_to_any_port("127.0.0.1");
+    threads_.emplace_back([this] { api_.listen_after_bind(); });
+    threads_.emplace_back([this] { cdn_.listen_after_bind(); });
+  }
+  ~FakeHub() {
+    api_.stop();
+    cdn_.stop();
+    for (auto& t : threads_) t.join();
+  }
+
+  std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(api_port_); }
+  std::vector<Logged> log() {
+    const std::lock_guard lock(mutex_);
+    return log_;
+  }
+  std::vector<Logged> downloads_of(const std::string& path) {
+    std::vector<Logged> out;
+    for (const auto& l : log())
+      if (l.path.size() >= path.size() &&
+          l.path.compare(l.path.size() - path.size(), path.size(), path) == 0)
+        out.push_back(l);
+    return out;
+  }
+  const std::string& sha256(const std::string& path) { return sha256_.at(path); }
+
+ private:
+  void record(const std::string& host, const httplib::Request& q) {
+    const std::lock_guard lock(mutex_);
+    log_.push_back({host, q.path, q.get_header_value("Range"), q.has_header("Authorization")});
+  }
+  // Gated: no token 401, a wrong one 403, both with the Hub's error headers.
+  bool refused(const httplib::Request& q, httplib::Response& r) {
+    if (token.empty()) return false;
+    const std::string given = q.get_header_value("Authorization");
+    if (given == "Bearer " + token) return false;
+    r.status = given.empty() ? 401 : 403;
+    r.set_header("X-Error-Code", "GatedRepo");
+    r.set_header("X-Error-Message", "Access to model " + repo + " is restricted.");
+    return true;
+  }
+  void serve(const std::string& path, httplib::Response& r) {
+    std::string bytes = files.at(path);
+    if (corrupt.count(path)) bytes[bytes.size() / 2] ^= 1;
+    bool drop = false;
+    {
+      const std::lock_guard lock(mutex_);
+      drop = drop_once.erase(path) > 0;
+    }
+    auto shared = std::make_shared<std::string>(std::move(bytes));
+    r.set_content_provider(shared->size(), "application/octet-stream",
+                           [shared, drop](size_t offset, size_t length, httplib::DataSink& sink) {
+                             if (drop && offset + length > shared->size() / 2) {
+                               // Half the file, then the connection goes away.
+                               const size_t half = shared->size() / 2;
+                               if (offset < half) sink.write(shared->data() + offset, half - offset);
+                               return false;
+                             }
+                             sink.write(shared->data() + offset, length);
+                             return true;
+                           });
+  }
+  void routes() {
+    api_.Get(R"(/api/models/([^/]+/[^/]+)/tree/([^/]+))",
+             [this](const httplib::Request& q, httplib::Response& r) {
+               record("api", q);
+               if (q.matches[1] != repo) {
+                 r.status = 401;  // what the Hub answers for a missing repository
+                 r.set_header("X-Error-Code", "RepoNotFound");
+                 return;
+               }
+               if (refused(q, r)) return;
+               if (q.matches[2] != "main" && q.matches[2] != "v1.0") {
+                 r.status = 404;
+                 r.set_header("X-Error-Code", "RevisionNotFound");
+                 return;
+               }
+               const size_t cursor =
+                   q.has_param("cursor") ? std::stoul(q.get_param_value("cursor")) : 0;
+               json list = json::array();
+               size_t i = 0;
+               for (const auto& [path, bytes] : files) {
+                 if (i++ < cursor || list.size() >= size_t(page_size)) continue;
+                 json item = {{"type", "file"}, {"path", path}, {"size", bytes.size()},
+                              {"oid", oid_.at(path)}};
+                 if (path.ends_with(".safetensors"))
+                   item["lfs"] = {{"oid", sha256_.at(path)}, {"size", bytes.size()},
+                                  {"pointerSize", 134}};
+                 list.push_back(item);
+               }
+               list.push_back({{"type", "directory"}, {"path", "vae"}, {"oid", "0"}});
+               if (cursor + page_size < files.size())
+                 r.set_header("Link", "<" + endpoint() + "/api/models/" + repo + "/tree/" +
+                                          std::string(q.matches[2]) + "?recursive=true&cursor=" +
+                                          std::to_string(cursor + page_size) +
+                                          ">; rel=\"next\"");
+               r.set_content(list.dump(), "application/json");
+             });
+    api_.Get(R"(/([^/]+/[^/]+)/resolve/([^/]+)/(.+))",
+             [this](const httplib::Request& q, httplib::Response& r) {
+               record("api", q);
+               if (refused(q, r)) return;
+               const std::string path = q.matches[3];
+               if (q.matches[1] != repo || !files.count(path)) {
+                 r.status = 404;
+                 r.set_header("X-Error-Code", "EntryNotFound");
+                 return;
+               }
+               if (path.ends_with(".safetensors")) {
+                 r.set_redirect("http://127.0.0.1:" + std::to_string(cdn_port_) + "/blobs/" + path,
+                                302);
+                 return;
+               }
+               serve(path, r);
+             });
+    cdn_.Get(R"(/blobs/(.+))", [this](const httplib::Request& q, httplib::Response& r) {
+      record("cdn", q);
+      serve(q.matches[1], r);
+    });
+  }
+
+  httplib::Server api_, cdn_;
+  int api_port_ = 0, cdn_port_ = 0;
+  std::vector<std::thread> threads_;
+  std::map<std::string, std::string> sha256_, oid_;
+  std::mutex mutex_;
+  std::vector<Logged> log_;
+};
+
+// Environment for a `klein pull` run: the fake Hub as HF_ENDPOINT, a token or none.
+class HubEnv {
+ public:
+  HubEnv(const std::string& endpoint, const std::string& token) {
+    ::setenv("HF_ENDPOINT", endpoint.c_str(), 1);
+    ::setenv("HF_HOME", "/nonexistent-hf-home", 1);  // no token file
+    // The container records its date: the same one for pull and convert.
+    ::setenv("SOURCE_DATE_EPOCH", "1700000000", 1);
+    if (token.empty())
+      ::unsetenv("HF_TOKEN");
+    else
+      ::setenv("HF_TOKEN", token.c_str(), 1);
+  }
+  ~HubEnv() {
+    ::unsetenv("HF_ENDPOINT");
+    ::unsetenv("HF_TOKEN");
+    ::unsetenv("HF_HOME");
+    ::unsetenv("SOURCE_DATE_EPOCH");
+  }
+};
+
+fs::path tiny_copy(const std::string& name) {
+  // The model's name comes from its folder: convert a copy named as the repository.
+  const fs::path dir = testing::temp_dir("hub-source") / name;
+  fs::create_directories(dir);
+  fs::copy(testing::tiny_model(), dir, fs::copy_options::recursive);
+  return dir;
+}
+
+TEST(Pull, MakesTheContainerConvertMakesAndDownloadsOnlyWhatItNeeds) {
+  const fs::path out = testing::temp_dir("pull-basic");
+  FakeHub hub(testing::tiny_model(), out);
+  HubEnv env(hub.endpoint(), "");
+  std::string log, convert_log;
+  ASSERT_EQ(testing::run_klein("pull acme/tiny-klein -t q4 --json -o " +
+                                   testing::shell_arg(out / "pulled.klein"),
+                               &log),
+            0)
+      << log;
+  ASSERT_EQ(testing::run_klein("convert -m " + testing::shell_arg(tiny_copy("tiny-klein")) +
+                                   " -t q4 -q -o " + testing::shell_arg(out / "converted.klein"),
+                               &convert_log),
+            0)
+      << convert_log;
+  const std::string pulled = read_file(out / "pulled.klein");
+  ASSERT_GT(pulled.size(), 1000u);
+  EXPECT_TRUE(pulled == read_file(out / "converted.klein"))
+      << "the pulled container differs from the converted one";
+  EXPECT_FALSE(fs::exists(out / "pulled.klein.download")) << "the download was not removed";
+
+  // Only the diffusers files: not the root single file, the fp16 variant or the README.
+  std::set<std::string> fetched;
+  for (const auto& l : hub.log())
+    if (l.path.find("/resolve/") != std::string::npos)
+      fetched.insert(l.path.substr(l.path.find("/main/") + 6));
+  EXPECT_EQ(fetched.size(), 14u);
+  EXPECT_FALSE(fetched.count("flux-2-klein-tiny.safetensors"));
+  EXPECT_FALSE(fetched.count("transformer/diffusion_pytorch_model.fp16.safetensors"));
+  EXPECT_FALSE(fetched.count("README.md"));
+  EXPECT_TRUE(fetched.count("text_encoder/model-00002-of-00002.safetensors"));
+  // Every file list page was read (the list is paged by four).
+  int pages = 0;
+  for (const auto& l : hub.log()) pages += l.path.find("/tree/") != std::string::npos;
+  EXPECT_EQ(pages, 5);
+
+  // --json: a plan, progress events, and the result with the peak disk use.
+  json done;
+  bool plan = false, progress = false;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    const json j = json::parse(line, nullptr, false);
+    if (!j.is_object()) continue;
+    plan |= j.value("event", "") == "plan";
+    progress |= j.value("event", "") == "download";
+    if (j.value("event", "") == "done") done = j;
+  }
+  EXPECT_TRUE(plan && progress) << log;
+  ASSERT_TRUE(done.is_object()) << log;
+  EXPECT_EQ(done["container_bytes"].get<uint64_t>(), pulled.size());
+  EXPECT_GT(done["peak_disk_bytes"].get<uint64_t>(), pulled.size());
+}
+
+TEST(Pull, GatedRepositoryNamesTheLicencePageAndTheTokenGoesToTheHubOnly) {
+  const fs::path out = testing::temp_dir("pull-gated");
+  FakeHub hub(testing::tiny_model(), out);
+  hub.token = "hf_secret";
+  std::string log;
+  {
+    HubEnv env(hub.endpoint(), "");
+    EXPECT_NE(testing::run_klein("pull acme/tiny-klein -o " +
+                                     testing::shell_arg(out / "a.klein"), &log), 0);
+    EXPECT_NE(log.find("acme/tiny-klein is a gated repository (HTTP 401): open " +
+                       hub.endpoint() + "/acme/tiny-klein, accept its licence"),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find("no token was given"), std::string::npos) << log;
+  }
+  {
+    HubEnv env(hub.endpoint(), "hf_wrong");
+    EXPECT_NE(testing::run_klein("pull acme/tiny-klein -o " +
+                                     testing::shell_arg(out / "a.klein"), &log), 0);
+    EXPECT_NE(log.find("gated repository (HTTP 403)"), std::string::npos) << log;
+    EXPECT_NE(log.find("the token given has no access yet"), std::string::npos) << log;
+  }
+  EXPECT_FALSE(fs::exists(out / "a.klein"));
+  {
+    HubEnv env(hub.endpoint(), "hf_secret");
+    ASSERT_EQ(testing::run_klein("pull acme/tiny-klein -o " +
+                                     testing::shell_arg(out / "a.klein"), &log), 0) << log;
+    EXPECT_NE(log.find("[14/14] vae/diffusion_pytorch_model.safetensors"), std::string::npos)
+        << log;
+  }
+  EXPECT_TRUE(fs::exists(out / "a.klein"));
+  int cdn = 0;
+  for (const auto& l : hub.log()) {
+    if (l.host == "cdn") {
+      ++cdn;
+      EXPECT_FALSE(l.authorized) << "the token went to the content host: " << l.path;
+    }
+  }
+  EXPECT_EQ(cdn, 4);  // the four safetensors files, redirected
+}
+
+TEST(Pull, ADroppedConnectionResumesWithARangeRequest) {
+  const fs::path out = testing::temp_dir("pull-drop");
+  FakeHub hub(testing::tiny_model(), out);
+  const std::string big = "text_encoder/model-00001-of-00002.safetensors";
+  hub.drop_once = {big, "vae/config.json"};
+  HubEnv env(hub.endpoint(), "");
+  std::string log;
+  ASSERT_EQ(testing::run_klein("pull acme/tiny-klein -q -o " +
+                                   testing::shell_arg(out / "a.klein"), &log), 0)
+      << log;
+  const auto gets = hub.downloads_of("/blobs/" + big);
+  ASSERT_EQ(gets.size(), 2u);
+  EXPECT_EQ(gets[0].range, "");
+  EXPECT_EQ(gets[1].range, "bytes=" + std::to_string(hub.files.at(big).size() / 2) + "-");
+  const auto small = hub.downloads_of("/vae/config.json");
+  ASSERT_EQ(small.size(), 2u);
+  EXPECT_NE(small[1].range, "");
+  ASSERT_EQ(testing::run_klein("convert -m " + testing::shell_arg(tiny_copy("tiny-klein")) +
+                                   " -t q4 -q -o " + testing::shell_arg(out / "b.klein"), &log),
+            0) << log;
+  EXPECT_TRUE(read_file(out / "a.klein") == read_file(out / "b.klein"));
+}
+
+TEST(Pull, BytesThatDoNotMatchTheirHashAreRefusedAndARerunResumes) {
+  const fs::path out = testing::temp_dir("pull-corrupt");
+  FakeHub hub(testing::tiny_model(), out);
+  const std::string bad = "vae/diffusion_pytorch_model.safetensors";
+  hub.corrupt = {bad};
+  HubEnv env(hub.endpoint(), "");
+  std::string log;
+  EXPECT_NE(testing::run_klein("pull acme/tiny-klein -q -o " +
+                                   testing::shell_arg(out / "a.klein"), &log), 0);
+  EXPECT_NE(log.find(bad + ": the downloaded bytes do not match the repository's SHA-256 " +
+                     hub.sha256(bad)),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("the same command resumes"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(out / "a.klein"));
+  const fs::path kept = out / "a.klein.download" / "tiny-klein";
+  EXPECT_FALSE(fs::exists(kept / (bad + ".part")));
+  EXPECT_FALSE(fs::exists(kept / bad));
+
+  // The second run fetches what is missing only.
+  hub.corrupt.clear();
+  const size_t before = hub.log().size();
+  ASSERT_EQ(testing::run_klein("pull acme/tiny-klein -q -o " +
+                                   testing::shell_arg(out / "a.klein"), &log), 0)
+      << log;
+  std::set<std::string> again;
+  const auto all = hub.log();
+  for (size_t i = before; i < all.size(); ++i)
+    if (all[i].path.find("/resolve/") != std::string::npos) again.insert(all[i].path);
+  EXPECT_EQ(again.size(), 1u) << "files already downloaded were fetched again";
+  EXPECT_TRUE(again.count("/acme/tiny-klein/resolve/main/" + bad));
+  EXPECT_TRUE(fs::exists(out / "a.klein"));
+}
+
+TEST(Pull, ClearErrorsBeforeAnyDownload) {
+  const fs::path out = testing::temp_dir("pull-errors");
+  FakeHub hub(testing::tiny_model(), out);
+  HubEnv env(hub.endpoint(), "");
+  std::string log;
+  EXPECT_NE(testing::run_klein("pull acme/other -o " + testing::shell_arg(out / "a.klein"), &log),
+            0);
+  EXPECT_NE(log.find("acme/other: no such repository at " + hub.endpoint()), std::string::npos)
+      << log;
+  EXPECT_NE(testing::run_klein("pull acme/tiny-klein@v2 -o " + testing::shell_arg(out / "a.klein"),
+                               &log),
+            0);
+  EXPECT_NE(log.find("no revision \"v2\""), std::string::npos) << log;
+  EXPECT_NE(testing::run_klein("pull acme/tiny-klein -t q3 -o " + testing::shell_arg(out / "a.klein"),
+                               &log),
+            0);
+  EXPECT_NE(log.find("-t: unknown storage type \"q3\""), std::string::npos) << log;
+  EXPECT_NE(testing::run_klein("pull tiny-klein", &log), 0);
+  EXPECT_NE(log.find("expected OWNER/NAME"), std::string::npos) << log;
+  for (const auto& l : hub.log()) EXPECT_EQ(l.path.find("/resolve/"), std::string::npos) << l.path;
+
+  // A repository without model_index.json (single files, GGUF) is pointed at convert.
+  hub.files.erase("model_index.json");
+  EXPECT_NE(testing::run_klein("pull acme/tiny-klein -o " + testing::shell_arg(out / "a.klein"),
+                               &log),
+            0);
+  EXPECT_NE(log.find("acme/tiny-klein has no model_index.json"), std::string::npos) << log;
+  EXPECT_NE(log.find("klein convert --diffusion-model"), std::string::npos) << log;
+}
+
+TEST(Pull, ListPrintsTheFilesAndARevisionIsAskedFor) {
+  const fs::path out = testing::temp_dir("pull-list");
+  FakeHub hub(testing::tiny_model(), out);
+  HubEnv env(hub.endpoint(), "");
+  std::string log;
+  ASSERT_EQ(testing::run_klein("pull acme/tiny-klein@v1.0 --list -o " +
+                                   testing::shell_arg(out / "a.klein"), &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("14 files"), std::string::npos) << log;
+  EXPECT_NE(log.find("transformer/diffusion_pytorch_model.safetensors"), std::string::npos);
+  EXPECT_EQ(log.find("fp16"), std::string::npos) << log;
+  bool asked = false;
+  for (const auto& l : hub.log()) asked |= l.path == "/acme/tiny-klein/resolve/v1.0/model_index.json";
+  EXPECT_TRUE(asked);
+  EXPECT_FALSE(fs::exists(out / "a.klein"));
+  EXPECT_FALSE(fs::exists(out / "a.klein.download"));
+}
+
+// The client on its own: a file that exists with the right bytes is kept; with other bytes
+// it is fetched again.
+TEST(HubClient, AnExistingFileIsCheckedNotFetchedAgain) {
+  const fs::path out = testing::temp_dir("hub-client");
+  FakeHub hub(testing::tiny_model(), out);
+  hub::Endpoint e;
+  e.url = hub.endpoint();
+  const hub::Repo repo = hub::parse_repo("acme/tiny-klein");
+  const auto files = hub::list_files(e, repo);
+  ASSERT_EQ(files.size(), hub.files.size());
+  const hub::RemoteFile* vae = nullptr;
+  for (const auto& f : files)
+    if (f.path == "vae/config.json") vae = &f;
+  ASSERT_NE(vae, nullptr);
+  EXPECT_TRUE(vae->sha256.empty());
+  EXPECT_EQ(vae->git_oid.size(), 40u);
+  hub::download(e, repo, *vae, out / "config.json", nullptr);
+  EXPECT_EQ(read_file(out / "config.json"), hub.files.at("vae/config.json"));
+  hub::download(e, repo, *vae, out / "config.json", nullptr);
+  EXPECT_EQ(hub.downloads_of("/vae/config.json").size(), 1u);
+  std::ofstream(out / "config.json") << "{}";
+  hub::download(e, repo, *vae, out / "config.json", nullptr);
+  EXPECT_EQ(hub.downloads_of("/vae/config.json").size(), 2u);
+  EXPECT_EQ(read_file(out / "config.json"), hub.files.at("vae/config.json"));
+}
+
+}  // namespace
+}  // namespace klein
