@@ -16,7 +16,7 @@ bash scripts/install-packages.sh clang python3
 seconds="${1:-30}"
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(safetensors npy image tokenizer config server gguf)
+((${#targets[@]})) || targets=(safetensors npy image tokenizer config server gguf hub)
 build="${BUILD_DIR:-build-asan}"
 
 bash scripts/configure-sanitize.sh "$build"
@@ -25,7 +25,7 @@ cmake --build "$build" --target "${targets[@]/#/fuzz_}"
 # Seeds: small valid inputs of each parser, written here (and fuzz/corpus for images).
 seeds="$(pwd)/$build/fuzz-seeds"
 rm -rf "$seeds"
-mkdir -p "$seeds"/{safetensors,npy,image,tokenizer,config,server,gguf}
+mkdir -p "$seeds"/{safetensors,npy,image,tokenizer,config,server,gguf,hub}
 cp fuzz/corpus/seed.png fuzz/corpus/seed.jpg fuzz/corpus/seed-exif.jpg tests/data/images/cmyk.jpg \
   tests/data/images/lossy.webp tests/data/images/alpha.webp tests/data/images/animated.webp "$seeds/image/"
 python3 - "$seeds" <<'PY'
@@ -133,6 +133,20 @@ zimage = {"all_patch_size": [2], "all_f_patch_size": [1], "in_channels": 16, "di
           "axes_lens": [1536, 512, 512], "cap_feat_dim": 32, "siglip_feat_dim": None,
           "num_hidden_layers": 6, "scaling_factor": 0.3611, "shift_factor": 0.1159}
 open(f"{root}/config/zimage", "wb").write(json.dumps(zimage).encode() + b"\x01" + b"*.weight q4\n")
+# The Hub: a file-list page (LFS and plain files, a folder, a precision variant), its Link
+# header and model_index.json, separated by \x01.
+listing = [{"type": "file", "path": "model_index.json", "size": 40, "oid": "a" * 40},
+           {"type": "directory", "path": "vae", "oid": "b" * 40},
+           {"type": "file", "path": "vae/config.json", "size": 9, "oid": "c" * 40},
+           {"type": "file", "path": "vae/diffusion_pytorch_model.safetensors", "size": 99,
+            "oid": "d" * 40, "lfs": {"oid": "e" * 64, "size": 99, "pointerSize": 134}},
+           {"type": "file", "path": "vae/diffusion_pytorch_model.fp16.safetensors", "size": 50,
+            "oid": "f" * 40}]
+index = {"_class_name": "Flux2KleinPipeline", "vae": ["diffusers", "AutoencoderKLFlux2"],
+         "scheduler": [None, None]}
+open(f"{root}/hub/page", "wb").write(json.dumps(listing).encode() + b"\x01" +
+    b'<https://hub/api/models/a/b/tree/main?cursor=x>; rel="next"' + b"\x01" +
+    json.dumps(index).encode())
 PY
 
 # The targets run side by side, one per core (FUZZ_JOBS, default: every core): each is a

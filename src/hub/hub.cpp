@@ -265,24 +265,6 @@ std::string file_url(const Endpoint& e, const Repo& repo, const std::string& pat
          "/" + escape_path(path, true);
 }
 
-// The URL of a `Link: <URL>; rel="next"` header, or "".
-std::string next_link(const std::string& link) {
-  size_t pos = 0;
-  while ((pos = link.find('<', pos)) != std::string::npos) {
-    const size_t end = link.find('>', pos);
-    if (end == std::string::npos) break;
-    const size_t next_part = link.find(',', end);
-    const std::string params = link.substr(end + 1, next_part == std::string::npos
-                                                        ? std::string::npos
-                                                        : next_part - end - 1);
-    if (params.find("rel=\"next\"") != std::string::npos ||
-        params.find("rel=next") != std::string::npos)
-      return link.substr(pos + 1, end - pos - 1);
-    pos = end;
-  }
-  return "";
-}
-
 std::string read_token_file() {
   const char* home = std::getenv("HF_HOME");
   fs::path file;
@@ -343,6 +325,63 @@ Repo parse_repo(const std::string& text) {
 
 // ---- listing and choosing ----------------------------------------------------------------
 
+// The URL of a `Link: <URL>; rel="next"` header, or "".
+std::string next_link(const std::string& link) {
+  size_t pos = 0;
+  while ((pos = link.find('<', pos)) != std::string::npos) {
+    const size_t end = link.find('>', pos);
+    if (end == std::string::npos) break;
+    const size_t next_part = link.find(',', end);
+    const std::string params = link.substr(end + 1, next_part == std::string::npos
+                                                        ? std::string::npos
+                                                        : next_part - end - 1);
+    if (params.find("rel=\"next\"") != std::string::npos ||
+        params.find("rel=next") != std::string::npos)
+      return link.substr(pos + 1, end - pos - 1);
+    pos = end;
+  }
+  return "";
+}
+
+std::vector<RemoteFile> parse_file_list(const std::string& body, const Repo& repo) {
+  std::vector<RemoteFile> files;
+  const json list = json::parse(body, nullptr, false);
+  check(list.is_array(), repo.id, ": the file list from the Hub is not a JSON array");
+  auto text = [](const json& o, const char* key) {
+    const auto it = o.find(key);
+    return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  auto count = [&](const json& o, const char* key, uint64_t fallback) {
+    const auto it = o.find(key);
+    return it != o.end() && it->is_number_unsigned() ? it->get<uint64_t>() : fallback;
+  };
+  for (const json& item : list) {
+    if (!item.is_object() || text(item, "type") != "file") continue;
+    RemoteFile f;
+    f.path = text(item, "path");
+    // Names become files under the download folder: plain relative paths only.
+    bool plain = !f.path.empty() && f.path.front() != '/' && f.path.back() != '/' &&
+                 f.path.find('\\') == std::string::npos && f.path.find('\0') == std::string::npos;
+    for (size_t at = 0; plain && at <= f.path.size();) {
+      const size_t slash = std::min(f.path.find('/', at), f.path.size());
+      const std::string part = f.path.substr(at, slash - at);
+      plain = !part.empty() && part != "." && part != "..";
+      at = slash + 1;
+    }
+    check(plain, repo.id, ": the file list names an unusable path \"", f.path, "\"");
+    f.size = count(item, "size", 0);
+    f.git_oid = text(item, "oid");
+    if (const auto lfs = item.find("lfs"); lfs != item.end() && lfs->is_object()) {
+      f.sha256 = text(*lfs, "oid");
+      f.size = count(*lfs, "size", f.size);
+    }
+    if (!is_hex(f.sha256, 64)) f.sha256.clear();
+    if (!is_hex(f.git_oid, 40)) f.git_oid.clear();
+    files.push_back(std::move(f));
+  }
+  return files;
+}
+
 std::vector<RemoteFile> list_files(const Endpoint& e, const Repo& repo) {
   std::vector<RemoteFile> files;
   std::string url = api_url(e, repo);
@@ -354,24 +393,7 @@ std::vector<RemoteFile> list_files(const Endpoint& e, const Repo& repo) {
     check(code == CURLE_OK, "cannot list ", repo.id, " at ", trim_slash(e.url), ": ",
           q.error(code));
     if (r.status != 200) fail_response(e, repo, q, r, "");
-    const json list = json::parse(r.body, nullptr, false);
-    check(list.is_array(), repo.id, ": the file list from ", url, " is not a JSON array");
-    for (const json& item : list) {
-      if (!item.is_object() || item.value("type", "") != "file") continue;
-      RemoteFile f;
-      f.path = item.value("path", "");
-      check(!f.path.empty() && f.path.find("..") == std::string::npos && f.path[0] != '/',
-            repo.id, ": the file list names an unusable path \"", f.path, "\"");
-      f.size = item.value("size", uint64_t(0));
-      f.git_oid = item.value("oid", "");
-      if (item.contains("lfs") && item["lfs"].is_object()) {
-        f.sha256 = item["lfs"].value("oid", "");
-        f.size = item["lfs"].value("size", f.size);
-      }
-      if (!is_hex(f.sha256, 64)) f.sha256.clear();
-      if (!is_hex(f.git_oid, 40)) f.git_oid.clear();
-      files.push_back(std::move(f));
-    }
+    for (RemoteFile& f : parse_file_list(r.body, repo)) files.push_back(std::move(f));
     url = next_link(r.headers.count("link") ? r.headers.at("link") : "");
   }
   return files;

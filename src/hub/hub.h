@@ -52,6 +52,11 @@ struct RemoteFile {
 
 std::vector<RemoteFile> list_files(const Endpoint& endpoint, const Repo& repo);
 
+// One page of the file-list API (a JSON array), and the next page's URL from a Link header
+// ("" when there is none): the parsers of what the Hub sends, apart for fuzzing.
+std::vector<RemoteFile> parse_file_list(const std::string& body, const Repo& repo);
+std::string next_link(const std::string& link_header);
+
 // The files `klein convert` reads from a diffusers repository: model_index.json and, in each
 // component folder it names, the configuration, tokenizer and safetensors files (precision
 // variants such as *.fp16.safetensors only when the plain files are absent). model_index is
