@@ -66,4 +66,18 @@ KleinPromptTokens tokenize_chat_text(const Tokenizer& tokenizer, const std::stri
   return out;
 }
 
+std::string qwen3_chat_text(std::string_view system, std::string_view user, bool thinking) {
+  std::string text;
+  if (!system.empty()) {
+    text += "<|im_start|>system\n";
+    text += system;
+    text += "<|im_end|>\n";
+  }
+  text += "<|im_start|>user\n";
+  text += user;
+  text += "<|im_end|>\n<|im_start|>assistant\n";
+  if (!thinking) text += "<think>\n\n</think>\n\n";
+  return text;
+}
+
 }  // namespace klein

@@ -29,6 +29,13 @@ struct KleinPromptTokens {
 //   <|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n
 std::string klein_chat_text(std::string_view prompt);
 
+// Qwen3's chat template (tokenizer_config.json's, as transformers renders it) for a system
+// message (none when empty) and a user message, the assistant's turn opened:
+//   <|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n
+//   <|im_start|>assistant\n   and, with thinking off, <think>\n\n</think>\n\n
+// Contents go in verbatim. For prompt upsampling (the text encoder as a chat model).
+std::string qwen3_chat_text(std::string_view system, std::string_view user, bool thinking);
+
 // Renders, tokenizes, truncates on the right to `max_tokens` and right-pads with
 // <|endoftext|>. The prompt is used verbatim (no trimming), like the pipeline does.
 KleinPromptTokens tokenize_klein_prompt(const Tokenizer& tokenizer, std::string_view prompt,

@@ -304,6 +304,8 @@ std::optional<UnitOf> component_unit_of(const std::string& name) {
     return UnitOf{"text_encoder.embed", "text_encoder.model."};
   if (name == "text_encoder.model.norm.weight")
     return UnitOf{"text_encoder.norm", "text_encoder.model."};
+  if (name == "text_encoder.lm_head.weight")  // untied (Qwen3-8B); prompt upsampling reads it
+    return UnitOf{"text_encoder.lm_head", "text_encoder."};
   if (starts_with(name, "vae.encoder.") || starts_with(name, "vae.quant_conv."))
     return UnitOf{"vae.encoder", "vae."};
   if (starts_with(name, "vae.decoder.") || starts_with(name, "vae.post_quant_conv."))

@@ -56,7 +56,7 @@ bool natural_less(const std::string& a, const std::string& b) {
 }
 
 bool read_by_inference(const std::string& unit, const ModelConfig& config) {
-  if (unit == "text_encoder.norm") return false;
+  if (unit == "text_encoder.norm" || unit == "text_encoder.lm_head") return false;
   const std::string layer = "text_encoder.layer.";
   if (unit.rfind(layer, 0) == 0)
     return std::stoll(unit.substr(layer.size())) < config.text_encoder.layers_needed();

@@ -1,0 +1,271 @@
+// Qwen3 as a chat language model against transformers' Qwen3ForCausalLM.generate on the
+// tiny models of ../shared/testdata/upsample-tiny (its README lists every file): the chat
+// text, the prompt ids, the logits of the prefill and of the first cached step, the greedy
+// tokens and the top-64 logits of every step, the sampling support and draws, the decoded
+// text. The tied model is opened as the pipeline opens it (the klein-tiny diffusers
+// directory); the untied one (Qwen3-8B's layout: its own lm_head) from its files.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <tuple>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/npy.h"
+#include "models/qwen3/generate.h"
+#include "models/qwen3/language_model.h"
+#include "ops/compute.h"
+#include "support/isa.h"
+#include "support/testing.h"
+#include "tokenizer/klein_prompt.h"
+#include "tokenizer/tokenizer.h"
+#include "weights/config.h"
+#include "weights/model_source.h"
+#include "weights/naming.h"
+#include "zimage/file_store.h"
+
+namespace klein {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+fs::path upsample_dir() { return testing::tiny_dir().parent_path() / "upsample-tiny"; }
+
+struct Case {
+  std::string name;
+  json spec;
+  std::vector<int32_t> input_ids, generated;
+  fs::path dir;
+
+  explicit Case(const std::string& n) : name(n), dir(upsample_dir() / "cases" / n) {
+    std::ifstream in(dir / "case.json");
+    spec = json::parse(in);
+    for (int64_t v : read_npy(dir / "input_ids.npy").to_i64()) input_ids.push_back(int32_t(v));
+    for (int64_t v : read_npy(dir / "generated_ids.npy").to_i64()) generated.push_back(int32_t(v));
+  }
+  bool tied() const { return spec["model"] == "tied"; }
+};
+
+// The untied model: its text_encoder files, the units the engine names, its config.
+std::unique_ptr<WeightStore> untied_store() {
+  const fs::path te = upsample_dir() / "model-untied" / "text_encoder";
+  std::ifstream in(te / "config.json");
+  ModelConfig config;
+  config.text_encoder = parse_text_encoder_config(json::parse(in), "untied config.json", {9, 18, 27});
+  return std::make_unique<testing::ComponentFileStore>(te / "model.safetensors.index.json",
+                                                       "text_encoder", component_unit_of, config);
+}
+
+struct Models {
+  std::unique_ptr<WeightStore> tied = open_model(testing::tiny_model());
+  std::unique_ptr<WeightStore> untied = untied_store();
+  Tokenizer tokenizer = Tokenizer::from_directory(testing::tiny_model() / "tokenizer");
+  WeightStore& of(const Case& c) { return c.tied() ? *tied : *untied; }
+};
+
+Models& models() {
+  static Models m;
+  return m;
+}
+
+const std::vector<std::string>& all_cases() {
+  static const std::vector<std::string> names = {"t2i", "t2i_think", "edit", "non_ascii", "long",
+                                                 "t2i_sample_icdf", "untied_eos",
+                                                 "untied_sample_torch"};
+  return names;
+}
+
+// A float64 .npy vector (NumPy format 1.0, '<f8'): the engine's reader has no float64.
+std::vector<double> read_f8_npy(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_GT(bytes.size(), 10u);
+  EXPECT_EQ(bytes.substr(0, 8), std::string("\x93NUMPY\x01\x00", 8)) << path;
+  const size_t header = size_t(uint8_t(bytes[8])) | size_t(uint8_t(bytes[9])) << 8;
+  EXPECT_NE(bytes.find("'<f8'"), std::string::npos) << path;
+  std::vector<double> out((bytes.size() - 10 - header) / sizeof(double));
+  std::memcpy(out.data(), bytes.data() + 10 + header, out.size() * sizeof(double));
+  return out;
+}
+
+double max_abs_diff(std::span<const float> a, std::span<const float> b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = std::fabs(double(a[i]) - double(b[i]));
+    if (!(x <= d)) d = x;  // NaN fails
+  }
+  return d;
+}
+
+class LanguageModelCase : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LanguageModelCase, ChatTextAndIdsAreTheOfficialOnes) {
+  const Case c(GetParam());
+  const bool thinking = c.spec["enable_thinking"].is_boolean() && c.spec["enable_thinking"].get<bool>();
+  const std::string text = qwen3_chat_text(c.spec["system"].get<std::string>(),
+                                           c.spec["user"].get<std::string>(), thinking);
+  EXPECT_EQ(text, c.spec["chat_text"].get<std::string>());
+  EXPECT_EQ(models().tokenizer.encode(text), c.input_ids);
+}
+
+// Every case on every instruction set this CPU has (the others SKIPPED).
+class LanguageModelIsa
+    : public ::testing::TestWithParam<std::tuple<std::string, quant::Isa>> {};
+
+TEST_P(LanguageModelIsa, LogitsAndTokensOfEveryStep) {
+  const quant::Isa isa = std::get<1>(GetParam());
+  KLEIN_REQUIRE_ISA(isa);
+  const Case c(std::get<0>(GetParam()));
+  Compute cx(2, isa);
+  qwen3::LanguageModel lm(models().of(c), cx, int64_t(c.input_ids.size() + c.generated.size()));
+  // The whole-vocabulary logits of steps 0 and 1 (the sampling cases have the top 64 only;
+  // t2i_sample_icdf's step 0 is t2i's).
+  const fs::path full_file = c.dir / "logits_full.npy";
+  const bool has_full = fs::exists(full_file);
+  const std::vector<float> ref = has_full ? read_npy(full_file).to_f32() : std::vector<float>();
+  const int64_t vocab = models().of(c).config().text_encoder.vocab_size;
+  const auto topk_ids = read_npy(c.dir / "topk_ids.npy").to_i64();
+  const auto topk_logits = read_npy(c.dir / "topk_logits.npy").to_f32();
+  const int64_t k = 64;
+
+  // Teacher-forced on the official tokens: prefill, then one cached step per token.
+  std::vector<float> logits = lm.prefill(c.input_ids);
+  ASSERT_EQ(int64_t(logits.size()), vocab);
+  if (has_full) {
+    ASSERT_EQ(int64_t(ref.size()), 2 * vocab);
+    EXPECT_LT(max_abs_diff(logits, std::span<const float>(ref.data(), size_t(vocab))), 2e-3);
+  }
+  for (size_t step = 0; step < c.generated.size(); ++step) {
+    if (step == 1 && has_full)
+      EXPECT_LT(max_abs_diff(logits, std::span<const float>(ref.data() + vocab, size_t(vocab))),
+                2e-3);
+    double worst = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t id = topk_ids[step * k + j];
+      worst = std::max(worst, std::fabs(double(logits[size_t(id)]) -
+                                        double(topk_logits[step * k + j])));
+    }
+    EXPECT_LT(worst, 2e-3) << "step " << step;
+    if (c.spec["mode"] == "greedy")
+      EXPECT_EQ(qwen3::argmax(logits), c.generated[step]) << "step " << step;
+    if (step + 1 < c.generated.size()) logits = lm.step(c.generated[step]);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    UpsampleTiny, LanguageModelIsa,
+    ::testing::Combine(::testing::ValuesIn(all_cases()),
+                       ::testing::ValuesIn(testing::compiled_isas())),
+    [](const auto& info) {
+      std::string isa(quant::isa_name(std::get<1>(info.param)));
+      for (char& ch : isa)
+        if (ch == '-') ch = '_';
+      return std::get<0>(info.param) + "_" + isa;
+    });
+
+INSTANTIATE_TEST_SUITE_P(UpsampleTiny, LanguageModelCase, ::testing::ValuesIn(all_cases()),
+                         [](const auto& info) { return info.param; });
+
+// The whole loop, greedy: the official tokens, the stop on eos, the decoded text.
+TEST(LanguageModel, GreedyGenerationStopsOnEosAndDecodesAsTheReference) {
+  for (const std::string name : {"t2i", "untied_eos", "non_ascii"}) {
+    SCOPED_TRACE(name);
+    const Case c(name);
+    Compute cx(2);
+    qwen3::LanguageModel lm(models().of(c), cx, 256);
+    qwen3::TokenPicker greedy({}, 0);
+    const std::vector<int32_t> stop = {151645, 151643};
+    const qwen3::GenerationResult r = qwen3::generate(lm, c.input_ids, 32, greedy, stop);
+    EXPECT_EQ(r.ids, c.generated);
+    EXPECT_EQ(r.stopped, c.spec["stop_reason"] == "eos");
+    EXPECT_EQ(models().tokenizer.decode(r.ids, true),
+              c.spec["decoded"]["skip_special_tokens"].get<std::string>());
+    EXPECT_EQ(models().tokenizer.decode(r.ids, false), c.spec["decoded"]["raw"].get<std::string>());
+  }
+}
+
+// Sampling: the support (temperature, top-k, top-p, softmax) of every step is the official
+// one, and the draws of the reference pick its tokens: the inverse-CDF rule with its uniforms,
+// and torch's multinomial (argmax of p / q with its exponential variates).
+TEST(LanguageModel, SamplingSupportAndDrawsAreTheReferences) {
+  for (const std::string name : {"t2i_sample_icdf", "untied_sample_torch"}) {
+    SCOPED_TRACE(name);
+    const Case c(name);
+    const json& s = c.spec["sampling"];
+    qwen3::SamplingOptions o;
+    o.sample = true;
+    o.temperature = s["temperature"].get<float>();
+    o.top_k = s["top_k"].get<int>();
+    o.top_p = s["top_p"].get<float>();
+    const auto support_ids = read_npy(c.dir / "support_ids.npy").to_i64();
+    const auto support_probs = read_npy(c.dir / "support_probs.npy").to_f32();
+    const auto support_size = read_npy(c.dir / "support_size.npy").to_i64();
+    const bool icdf = c.spec["mode"] == "sample_icdf";
+    std::vector<double> uniforms;
+    std::vector<float> exp_q;
+    if (icdf)
+      uniforms = read_f8_npy(c.dir / "uniforms.npy");
+    else
+      exp_q = read_npy(c.dir / "exp_q.npy").to_f32();
+    Compute cx(2);
+    qwen3::LanguageModel lm(models().of(c), cx, int64_t(c.input_ids.size() + c.generated.size()));
+    std::vector<float> logits = lm.prefill(c.input_ids);
+    for (size_t step = 0; step < c.generated.size(); ++step) {
+      const auto support = qwen3::sampling_support(logits, o);
+      ASSERT_EQ(int64_t(support.size()), support_size[step]) << "step " << step;
+      for (size_t j = 0; j < support.size(); ++j) {
+        EXPECT_EQ(support[j].id, support_ids[step * 64 + j]) << "step " << step << " rank " << j;
+        EXPECT_NEAR(support[j].prob, support_probs[step * 64 + j], 1e-4) << "step " << step;
+      }
+      int32_t picked;
+      if (icdf) {
+        picked = qwen3::draw(support, uniforms[step]);
+      } else {
+        double best = -1;
+        picked = -1;
+        for (size_t j = 0; j < support.size(); ++j) {
+          const double score = double(support[j].prob) / double(exp_q[step * 64 + j]);
+          if (score > best) best = score, picked = support[j].id;
+        }
+      }
+      EXPECT_EQ(picked, c.generated[step]) << "step " << step;
+      if (step + 1 < c.generated.size()) logits = lm.step(c.generated[step]);
+    }
+  }
+}
+
+// Our own draw is reproducible: the same seed the same tokens, another seed others.
+TEST(LanguageModel, SeededSamplingRepeats) {
+  const Case c("t2i");
+  Compute cx(2);
+  qwen3::SamplingOptions o{true, 0.6f, 20, 0.95f};
+  auto run = [&](uint64_t seed) {
+    qwen3::LanguageModel lm(models().of(c), cx, 128);
+    qwen3::TokenPicker picker(o, seed);
+    return qwen3::generate(lm, c.input_ids, 12, picker, {}).ids;
+  };
+  const auto a = run(7), b = run(7), other = run(8);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, other);
+}
+
+TEST(LanguageModel, AContainerWithoutTheLaterLayersIsRefusedByName) {
+  const fs::path out = testing::temp_dir("lm-container");
+  ASSERT_TRUE(testing::convert_tiny(out / "tiny.klein", "-t q8"));
+  const auto store = open_model(out / "tiny.klein");
+  std::string missing;
+  EXPECT_FALSE(qwen3::can_generate(*store, &missing));
+  Compute cx(1);
+  const std::string error =
+      testing::error_of([&] { qwen3::LanguageModel lm(*store, cx, 16); });
+  EXPECT_NE(error.find("cannot run its text encoder as a language model: it has no " + missing),
+            std::string::npos)
+      << error;
+}
+
+}  // namespace
+}  // namespace klein
