@@ -84,6 +84,9 @@ std::pair<int, int64_t> unit_rank(const std::string& u) {
 std::string unit_drop_reason(const std::string& unit, const TextEncoderConfig& e) {
   if (unit == "text_encoder.norm")
     return "final norm of the text encoder: the pipeline reads hidden states before it";
+  if (unit == "text_encoder.lm_head")
+    return "language-model head (Qwen3-8B stores it, Qwen3-4B ties it to the token "
+           "embedding): image generation reads hidden states, never logits";
   const int64_t layer = text_layer_of(unit);
   if (layer >= e.layers_needed())
     return "text encoder layer " + std::to_string(layer) + ": the pipeline reads hidden states " +
