@@ -78,6 +78,7 @@ void run_convert(const ConvertArgs& a) {
   o.source = a.paths;
   o.output = a.output;
   o.keep = a.type == "keep";
+  o.keep_llm = a.keep_llm;
   if (!o.keep) o.target = convert::parse_storage_type(a.type, "-t");
   if (!a.policy.empty()) {
     o.policy_text = read_text_file(a.policy);
@@ -133,6 +134,9 @@ static Registration reg("convert", 10, [](CLI::App& app) {
                   "merge a LoRA into the transformer before storing it, FILE or FILE:SCALE; "
                   "repeat for several (recorded in the container)")
       ->type_name("FILE[:SCALE]");
+  cmd->add_flag("--keep-llm", a->keep_llm,
+                 "keep the text encoder's later layers, final norm and lm_head, which image "
+                 "generation does not read but prompt upsampling (--upsample) does");
   cmd->add_flag("-q,--quiet", a->quiet, "no progress output (errors are still printed)");
   cmd->callback([a] { run_convert(*a); });
 });

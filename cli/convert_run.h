@@ -19,6 +19,7 @@ struct ConvertArgs {
   int threads = 0;
   std::vector<std::string> loras;
   bool quiet = false;
+  bool keep_llm = false;
 };
 
 void run_convert(const ConvertArgs& a);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "cli/upsample_options.h"
 #include "cli/memory_options.h"
 #include "cli/model_options.h"
 #include "core/cpu.h"
@@ -36,6 +37,8 @@ struct Args {
   int jpeg_quality = 95;
   MemoryOptions memory;
   bool no_cache = false, quiet = false, json = false, verbose = false, dry_run = false;
+  bool upsample = false;
+  UpsampleArgs upsample_args;
 };
 
 // Progress on stderr: on a terminal, one line per phase rewritten in place while it runs;
@@ -156,6 +159,10 @@ nlohmann::ordered_json result_json(const Args& a, const GenerateResult& r, const
   j["event"] = "result";
   j["output"] = a.output;
   j["seed"] = r.seed ? nlohmann::json(*r.seed) : nlohmann::json(nullptr);  // none: --noise
+  if (!a.gen.original_prompt.empty()) {
+    j["prompt"] = a.gen.prompt;
+    j["original_prompt"] = a.gen.original_prompt;
+  }
   j["width"] = r.width;
   j["height"] = r.height;
   j["steps"] = r.steps;
@@ -236,6 +243,10 @@ void run(Args& a) {
     check_writable_output(a.preview, "--preview");
   }
 
+  a.upsample_args.edit = !a.references.empty();
+  const std::optional<UpsampleOptions> upsample =
+      a.upsample ? std::optional(a.upsample_args.options("upsample-")) : std::nullopt;
+
   const auto start = std::chrono::steady_clock::now();
   Compute cx(a.threads);
   LoadPhase load;
@@ -252,6 +263,26 @@ void run(Args& a) {
   if (!a.dry_run && lowercase(a.output).ends_with(".webp"))
     progress.warn("-o " + a.output + ": WebP carries no text metadata, so the image will not record "
                   "its prompt and settings (PNG and JPEG do)");
+  if (upsample) {
+    const std::string why = upsample_unavailable(model);
+    check(why.empty(), why);
+    progress.begin("upsample prompt", upsample->max_new_tokens);
+    const auto t0 = std::chrono::steady_clock::now();
+    const UpsampleResult u = upsample_prompt(model, cx, g.prompt, *upsample, [&](int n) {
+      progress.step("upsample prompt", n, upsample->max_new_tokens);
+    });
+    progress.end("upsample prompt",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    g.original_prompt = g.prompt;
+    g.prompt = u.prompt;
+    if (a.json)
+      JsonProgress::emit({{"event", "upsampled"}, {"prompt", u.prompt},
+                          {"original_prompt", g.original_prompt}, {"new_tokens", u.new_tokens},
+                          {"prefill_seconds", u.prefill_seconds},
+                          {"decode_seconds", u.decode_seconds}});
+    else if (!a.quiet)
+      std::fprintf(stderr, "prompt: %s\n", u.prompt.c_str());
+  }
   StepHook preview;
   if (!a.preview.empty())
     preview = [&a](const StepView& s) {
@@ -373,6 +404,11 @@ Registration reg("generate", 10, [](CLI::App& app) {
   cmd->add_flag("--dry-run", a->dry_run,
                 "Print the memory estimate and decision for these options and exit (no -o)");
   cmd->add_flag("--json", a->json, "Progress events and the result as JSON lines on stdout");
+  cmd->add_flag("--upsample", a->upsample,
+                "Rewrite the prompt into a detailed one with the model's text encoder as a "
+                "chat model before encoding it (greedy unless an --upsample-temperature, -top-p, "
+                "-top-k or -seed is given); the image records both prompts");
+  add_upsample_options(*cmd, a->upsample_args, "upsample-");
   cmd->callback([a] { run(*a); });
 });
 

@@ -400,7 +400,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   json dropped = json::array();
   std::vector<std::string> units;
   for (const auto& u : store->units()) {
-    const std::string why = unit_drop_reason(u, config.text_encoder);
+    const std::string why = o.keep_llm ? "" : unit_drop_reason(u, config.text_encoder);
     if (why.empty()) {
       units.push_back(u);
       continue;

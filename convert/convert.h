@@ -39,6 +39,9 @@ struct ConvertOptions {
   // -t keep: every tensor's target is the type that keeps its precision class in the source
   // (keep_precision in convert/policy.h; `target` is then unused); the policy still applies.
   bool keep = false;
+  // Keep what prompt upsampling reads besides: the text encoder's later layers, its final
+  // norm and an untied lm_head (stored by the same policy).
+  bool keep_llm = false;
   std::string policy_text;    // the user's policy rules; empty: the built-in defaults only
   std::string policy_origin;  // where they came from (file name), for errors and the record
   uint64_t alignment = container::kMinAlignment;

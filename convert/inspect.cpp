@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <map>
+#include <set>
 
 #include "convert/policy.h"
 #include "core/error.h"
@@ -107,6 +108,19 @@ json describe_container(const fs::path& path, bool tensors) {
   d["units"] = units;
   if (tensors) d["tensors"] = tensor_list;
   if (meta.contains("config")) d["config"] = meta["config"];
+  // Prompt upsampling runs the text encoder as a language model: every layer and the final
+  // norm (`convert --keep-llm`; an untied lm_head comes with them).
+  {
+    std::set<std::string> names;
+    for (const auto& u : file.index().units) names.insert(u.name);
+    int64_t layers = -1;
+    if (meta.contains("config") && meta["config"].contains("text_encoder"))
+      layers = meta["config"]["text_encoder"].value("num_hidden_layers", int64_t(-1));
+    bool all = layers > 0 && names.count("text_encoder.norm") && names.count("text_encoder.embed");
+    for (int64_t l = 0; all && l < layers; ++l)
+      all = names.count("text_encoder.layer." + std::to_string(l)) > 0;
+    d["can_upsample"] = all;
+  }
   if (meta.contains("conversion")) d["conversion"] = meta["conversion"];
   json tok = json::object();
   if (meta.contains("tokenizer") && meta["tokenizer"].is_object())
@@ -128,6 +142,11 @@ std::string describe_container_text(const json& d) {
        human_bytes(total["bytes"]) + ", " + fmt("%.2f", total["bits_per_weight"]) +
        " bits per weight");
   line("  checksum (identity): " + d["header_xxh3"].get<std::string>());
+  if (d.contains("can_upsample"))
+    line(d["can_upsample"].get<bool>()
+             ? "  prompt upsampling: yes (the whole text encoder and its head are kept)"
+             : "  prompt upsampling: no (convert with --keep-llm to keep the text encoder's "
+               "later layers and head)");
   if (d.contains("config")) {
     const json& c = d["config"];
     const json& e = c["text_encoder"];

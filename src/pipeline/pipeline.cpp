@@ -120,6 +120,8 @@ std::string parameters_text(const GenerateOptions& o, const GenerateResult& r,
     << ", Model: " << model_name;
   if (r.guided && o.cfg_normalization) s << ", CFG normalization: " << *o.cfg_normalization;
   if (r.guided && o.cfg_truncation) s << ", CFG truncation: " << *o.cfg_truncation;
+  if (!o.original_prompt.empty())
+    s << ", Original prompt: " << nlohmann::json(o.original_prompt).dump();
   if (!o.references.empty()) s << ", References: " << o.references.size();
   if (r.strength) s << ", Denoising strength: " << *r.strength;
   if (!o.mask.empty()) s << ", Mask: " << o.mask.filename().string();
@@ -135,6 +137,7 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
                             const std::string& model_name, const std::string& model_checksum) {
   nlohmann::ordered_json j;
   j["prompt"] = o.prompt;
+  if (!o.original_prompt.empty()) j["original_prompt"] = o.original_prompt;
   j["negative_prompt"] = r.guided ? o.negative_prompt : std::string();
   j["steps"] = r.steps;
   j["sampler"] = "euler_flow_matching";

@@ -59,6 +59,9 @@ inline Arithmetic arithmetic_for(bool fast) {
 
 struct GenerateOptions {
   std::string prompt;
+  // When `prompt` was rewritten by prompt upsampling (pipeline/upsample.h): the user's
+  // prompt, recorded in the image's metadata beside the one that was encoded.
+  std::string original_prompt;
   std::string negative_prompt;                    // CFG only (klein-base); "" by default
   int64_t width = 0, height = 0;                  // 0: the first reference's size, else 1024
   int64_t steps = 0;                              // 0: 4 for distilled klein, 50 for base
