@@ -275,13 +275,19 @@ void run(Args& a) {
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     g.original_prompt = g.prompt;
     g.prompt = u.prompt;
-    if (a.json)
-      JsonProgress::emit({{"event", "upsampled"}, {"prompt", u.prompt},
-                          {"original_prompt", g.original_prompt}, {"new_tokens", u.new_tokens},
-                          {"prefill_seconds", u.prefill_seconds},
-                          {"decode_seconds", u.decode_seconds}});
-    else if (!a.quiet)
-      std::fprintf(stderr, "prompt: %s\n", u.prompt.c_str());
+    const std::string seed =
+        upsample->sampling.sample ? "upsample seed " + std::to_string(upsample->seed) : "greedy";
+    if (a.json) {
+      nlohmann::ordered_json e = {{"event", "upsampled"}, {"prompt", u.prompt},
+                                  {"original_prompt", g.original_prompt},
+                                  {"new_tokens", u.new_tokens},
+                                  {"prefill_seconds", u.prefill_seconds},
+                                  {"decode_seconds", u.decode_seconds}};
+      if (upsample->sampling.sample) e["upsample_seed"] = upsample->seed;
+      JsonProgress::emit(e);
+    } else if (!a.quiet) {
+      std::fprintf(stderr, "prompt (%s): %s\n", seed.c_str(), u.prompt.c_str());
+    }
   }
   StepHook preview;
   if (!a.preview.empty())
