@@ -296,8 +296,10 @@ void run(Args& a) {
     };
   GenerateResult r = session.generate(g, progress, preview);
   if (a.dry_run) return;  // the plan is printed (or emitted as JSON); nothing to write
+  const std::string metadata_json = parameters_json(g, r, model.name, model.checksum);
   ImageMetadata meta = {{"parameters", parameters_text(g, r, model.name)},
-                        {"klein", parameters_json(g, r, model.name, model.checksum)}};
+                        {"klein", metadata_json},
+                        {kXmpKey, provenance_xmp(metadata_json)}};
   save_image(a.output, r.image, meta, a.jpeg_quality);
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 

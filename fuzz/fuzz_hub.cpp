@@ -11,10 +11,10 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto parts = klein::fuzz::split<3>(data, size);
   const klein::hub::Repo repo{"owner/name", "main"};
-  (void)klein::hub::next_link(parts[1]);
+  (void)klein::hub::next_link(std::string(parts[1]));
   try {
-    const auto files = klein::hub::parse_file_list(parts[0], repo);
-    for (const auto& f : klein::hub::files_for_conversion(files, parts[2], repo)) {
+    const auto files = klein::hub::parse_file_list(std::string(parts[0]), repo);
+    for (const auto& f : klein::hub::files_for_conversion(files, std::string(parts[2]), repo)) {
       // Every chosen file lands at DIR/<path>: one folder level at most, no way out.
       const std::string p = "/" + f.path + "/";
       if (p.find("/../") != std::string::npos || p.find("/./") != std::string::npos ||

@@ -19,8 +19,10 @@ if [[ "${1:-}" == "--sanitize" ]]; then
 fi
 # The browser the web page's test drives (tests/server), Python for the reference merge of
 # the LoRA tests (tools/lora), numpy for the fp8 fixtures (tools/fp8), and Pillow, pytest and
-# venv for the Python package's tests (python/tests), from Debian.
-bash scripts/install-packages.sh chromium python3 python3-numpy python3-pil python3-pytest python3-venv
+# venv for the Python package's tests (python/tests), and exiftool to read the images' XMP
+# back (tests/cli/provenance_test.cpp), from Debian.
+bash scripts/install-packages.sh chromium python3 python3-numpy python3-pil python3-pytest python3-venv \
+  libimage-exiftool-perl
 [[ -f "$dir/build.ninja" ]] || { echo "no build in ./$dir: run scripts/setup.sh first" >&2; exit 1; }
 cmake --build "$dir"
 labels=()

@@ -33,6 +33,12 @@ struct Image {
 // value in JPEG comments); values are UTF-8.
 using ImageMetadata = std::vector<std::pair<std::string, std::string>>;
 
+// The key of an XMP packet among the metadata (XMP's own PNG keyword): PNG stores it as the
+// uncompressed iTXt chunk XMP readers look for, JPEG as an APP1 segment with the XMP namespace
+// header (at most 65504 bytes); both are read back under the same key. Its value is the
+// packet as the caller wrote it.
+inline constexpr const char* kXmpKey = "XML:com.adobe.xmp";
+
 // Sizes refused before any pixel memory is allocated, so that a small file claiming a huge
 // image (a decompression bomb) fails fast instead of exhausting memory.
 struct ImageLimits {
@@ -55,7 +61,8 @@ Image load_image(const std::filesystem::path& path, const ImageLimits& limits = 
 Image decode_image(std::span<const std::byte> data, const std::string& name,
                    const ImageLimits& limits = {});
 
-// The text metadata of a PNG (tEXt, zTXt, iTXt) or JPEG (COM markers) file, in file order.
+// The text metadata of a PNG (tEXt, zTXt, iTXt) or JPEG (COM markers, an XMP APP1 segment)
+// file, in file order.
 // JPEG comments of the form "key=value" are split; other comments get the key "comment".
 ImageMetadata read_image_metadata(const std::filesystem::path& path,
                                   const ImageLimits& limits = {});

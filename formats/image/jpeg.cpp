@@ -159,8 +159,12 @@ bool read_jpeg_pixels(JpegDecoder& d, JSAMPARRAY rows, JSAMPLE* cmyk_row) {
   return true;
 }
 
+// The header of an XMP APP1 segment (the XMP specification, part 3).
+constexpr char kXmpHeader[] = "http://ns.adobe.com/xap/1.0/";  // written with its NUL
+constexpr size_t kMaxXmp = 65533 - sizeof kXmpHeader;
+
 bool write_jpeg_file(JpegEncoder& e, std::FILE* out, const Image& image, int quality,
-                     const std::string* comments, size_t num_comments) {
+                     const std::string* comments, size_t num_comments, const std::string* xmp) {
   if (setjmp(e.errors.jump)) return false;
   jpeg_create_compress(&e.cinfo);
   jpeg_stdio_dest(&e.cinfo, out);
@@ -171,6 +175,12 @@ bool write_jpeg_file(JpegEncoder& e, std::FILE* out, const Image& image, int qua
   jpeg_set_defaults(&e.cinfo);
   jpeg_set_quality(&e.cinfo, quality, TRUE);
   jpeg_start_compress(&e.cinfo, TRUE);
+  if (xmp) {
+    std::string segment(kXmpHeader, sizeof kXmpHeader);
+    segment += *xmp;
+    jpeg_write_marker(&e.cinfo, JPEG_APP0 + 1, reinterpret_cast<const JOCTET*>(segment.data()),
+                      static_cast<unsigned>(segment.size()));
+  }
   for (size_t i = 0; i < num_comments; ++i)
     jpeg_write_marker(&e.cinfo, JPEG_COM, reinterpret_cast<const JOCTET*>(comments[i].data()),
                       static_cast<unsigned>(comments[i].size()));
@@ -200,6 +210,13 @@ void check_color_space(const std::string& name, const jpeg_decompress_struct& ci
 // whole under the key "comment".
 void append_comments(const jpeg_decompress_struct& cinfo, ImageMetadata& out) {
   for (jpeg_saved_marker_ptr m = cinfo.marker_list; m; m = m->next) {
+    if (m->marker == JPEG_APP0 + 1 && m->data_length >= sizeof kXmpHeader &&
+        std::memcmp(m->data, kXmpHeader, sizeof kXmpHeader) == 0) {
+      out.emplace_back(kXmpKey, std::string(reinterpret_cast<const char*>(m->data) +
+                                                sizeof kXmpHeader,
+                                            m->data_length - sizeof kXmpHeader));
+      continue;
+    }
     if (m->marker != JPEG_COM) continue;
     std::string text(reinterpret_cast<const char*>(m->data), m->data_length);
     if (!is_valid_utf8(text)) text = latin1_to_utf8(text);  // older tools wrote Latin-1
@@ -255,13 +272,20 @@ void encode_jpeg(std::FILE* out, const std::string& name, const Image& image, in
         name, ": ", image.width, "x", image.height, " is larger than JPEG allows (",
         JPEG_MAX_DIMENSION, " per side)");
   std::vector<std::string> comments;
+  const std::string* xmp = nullptr;
   for (const auto& [key, value] : metadata) {
+    if (key == kXmpKey) {
+      check(value.size() <= kMaxXmp, "cannot write ", name, ": the XMP packet (", value.size(),
+            " bytes) is longer than a JPEG segment can hold (", kMaxXmp, " bytes)");
+      xmp = &value;
+      continue;
+    }
     comments.push_back(key + "=" + value);
     check(comments.back().size() <= kMaxComment, "cannot write ", name, ": metadata '", key,
           "' is longer than a JPEG comment can hold (", kMaxComment, " bytes)");
   }
   JpegEncoder e;
-  if (!write_jpeg_file(e, out, image, quality, comments.data(), comments.size()))
+  if (!write_jpeg_file(e, out, image, quality, comments.data(), comments.size(), xmp))
     fail("cannot write ", name, ": ", e.errors.message);
 }
 

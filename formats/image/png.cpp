@@ -210,7 +210,9 @@ void encode_png(std::FILE* out, const std::string& name, const Image& image,
     auto& [key, value] = strings[i];
     std::memset(&text[i], 0, sizeof(png_text));
     // Plain ASCII is valid Latin-1 and readable by every tool as tEXt; the rest needs iTXt.
-    text[i].compression = is_ascii(value) ? PNG_TEXT_COMPRESSION_NONE : PNG_ITXT_COMPRESSION_NONE;
+    // XMP goes in iTXt whatever it holds (its readers look there only).
+    text[i].compression = is_ascii(value) && key != kXmpKey ? PNG_TEXT_COMPRESSION_NONE
+                                                            : PNG_ITXT_COMPRESSION_NONE;
     text[i].key = key.data();
     text[i].text = value.data();
     if (text[i].compression == PNG_TEXT_COMPRESSION_NONE)

@@ -6,15 +6,14 @@
 
 `Model` opens a container or a diffusers directory once; `generate` returns a PIL image whose
 pixels are those `klein generate` writes for the same arguments, with the parameters text
-and the JSON metadata the CLI stores in `image.info` ("parameters", "klein"; `save` writes
-them into a PNG). Errors are `KleinError` (`Cancelled` when a generation was stopped) with
+and the JSON metadata the CLI stores in `image.info` ("parameters", "klein"); `save` writes
+the file as the CLI does, with them and the XMP provenance record). Errors are `KleinError` (`Cancelled` when a generation was stopped) with
 the engine's message. The package is a thin layer over the C library (include/klein/klein.h,
 loaded with ctypes): it converts arguments and results and adds nothing to the engine.
 """
 import ctypes
 import math
 import os
-import pathlib
 import signal
 import tempfile
 import threading
@@ -357,20 +356,23 @@ def _int_or(value, default, what):
     return value
 
 
-def save(image, path, **kwargs):
-    """Saves a generated image with the metadata `klein generate` stores: for PNG the
-    "parameters" and "klein" text chunks; other formats as PIL writes them."""
-    from PIL import PngImagePlugin
-
-    path = os.fspath(path)
-    if pathlib.Path(path).suffix.lower() == ".png" and "pnginfo" not in kwargs:
-        info = PngImagePlugin.PngInfo()
-        for key in ("parameters", "klein"):
-            if key in image.info:
-                text = image.info[key]
-                if text.isascii():
-                    info.add_text(key, text)
-                else:
-                    info.add_itxt(key, text)
-        kwargs["pnginfo"] = info
-    image.save(path, **kwargs)
+def save(image, path):
+    """Writes a generated image as `klein generate` does, through the engine's own writer:
+    PNG or JPEG (quality 95) by the extension, with the parameters text, the JSON metadata and
+    the XMP provenance record (IPTC digital source type) the CLI stores; atomically."""
+    lib = _capi.library()
+    rgb = image.convert("RGB") if image.mode != "RGB" else image
+    pixels = rgb.tobytes()
+    buffer = (ctypes.c_uint8 * len(pixels)).from_buffer_copy(pixels)
+    c_image = _capi.Image()
+    c_image.width, c_image.height = rgb.size
+    c_image.channels = 3
+    c_image.pixels = ctypes.cast(buffer, ctypes.POINTER(ctypes.c_uint8))
+    for key, field in (("parameters", "parameters"), ("klein", "metadata")):
+        if key in image.info:
+            setattr(c_image, field, image.info[key].encode("utf-8"))
+    error = ctypes.c_void_p()
+    status = lib.klein_image_save(ctypes.byref(c_image), _path_bytes(path, "path"),
+                                  ctypes.byref(error))
+    if status != _capi.KLEIN_OK:
+        raise KleinError(_capi.take_string(lib, error) or f"cannot write {path}")

@@ -122,6 +122,8 @@ _FUNCTIONS = [
     ("klein_generate", ctypes.c_int,
      [ctypes.c_void_p, ctypes.POINTER(GenerateParams), ctypes.POINTER(ctypes.POINTER(Image))]),
     ("klein_image_free", None, [ctypes.POINTER(Image)]),
+    ("klein_image_save", ctypes.c_int,
+     [ctypes.POINTER(Image), ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]),
 ]
 
 _library = None

@@ -35,12 +35,16 @@ def test_text_to_image_is_the_cli_image_with_its_metadata(model, cli, tiny_model
     assert image.info["klein"] == expected.info["klein"]
     assert (image.info["seed"], image.info["steps"]) == (9, 3)
 
-    # save() writes the CLI's text chunks; the pixels survive the PNG.
+    # save() writes the file the CLI writes, byte for byte: pixels, text chunks and the XMP
+    # provenance record.
     klein_edge.save(image, tmp_path / "py.png")
+    assert (tmp_path / "py.png").read_bytes() == (tmp_path / "cli.png").read_bytes()
     saved = Image.open(tmp_path / "py.png")
-    same_pixels(saved, expected)
-    assert saved.info["parameters"] == expected.info["parameters"]
-    assert saved.info["klein"] == expected.info["klein"]
+    assert "trainedAlgorithmicMedia" in saved.info["XML:com.adobe.xmp"]
+    klein_edge.save(image, tmp_path / "py.jpg")
+    assert Image.open(tmp_path / "py.jpg").size == (64, 48)
+    with pytest.raises(klein_edge.KleinError, match="py.gif"):
+        klein_edge.save(image, tmp_path / "py.gif")
 
 
 def test_same_seed_same_image_and_a_random_seed_is_reported(model):

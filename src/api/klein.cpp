@@ -318,7 +318,10 @@ klein_status klein_image_save(const klein_image* image, const char* path, char**
     img.rgb.assign(image->pixels, image->pixels + size_t(image->width) * image->height * 3);
     klein::ImageMetadata meta;
     if (image->parameters) meta.emplace_back("parameters", image->parameters);
-    if (image->metadata) meta.emplace_back("klein", image->metadata);
+    if (image->metadata) {
+      meta.emplace_back("klein", image->metadata);
+      meta.emplace_back(klein::kXmpKey, klein::provenance_xmp(image->metadata));
+    }
     klein::save_image(path, img, meta);
   });
   if (status != KLEIN_OK) set_error(error, message);

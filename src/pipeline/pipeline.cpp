@@ -167,4 +167,59 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
   return j.dump();
 }
 
+namespace {
+
+// Text for an XML attribute or element.
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\n': out += "&#10;"; break;
+      case '\r': out += "&#13;"; break;
+      case '\t': out += "&#9;"; break;
+      default:
+        // Other control characters are not allowed in XML 1.0 at all.
+        if (static_cast<unsigned char>(c) >= 0x20) out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string provenance_xmp(const std::string& metadata_json) {
+  const nlohmann::json m = nlohmann::json::parse(metadata_json, nullptr, false);
+  check(m.is_object(), "provenance: the image metadata is not a JSON object");
+  auto text = [&](const char* key) {
+    return m.contains(key) && m[key].is_string() ? m[key].get<std::string>() : std::string();
+  };
+  // IPTC's digital source types: made by a trained model, or a given image changed by one.
+  const bool edit = (m.contains("references") && m["references"].is_array() &&
+                     !m["references"].empty()) || m.contains("init_image");
+  const std::string source = std::string("http://cv.iptc.org/newscodes/digitalsourcetype/") +
+                             (edit ? "compositeWithTrainedAlgorithmicMedia"
+                                   : "trainedAlgorithmicMedia");
+  std::string prompt = text("prompt");
+  if (!text("negative_prompt").empty()) prompt += "\nNegative prompt: " + text("negative_prompt");
+  std::string x;
+  x += "<?xpacket begin=\"\xEF\xBB\xBF\" id=\"W5M0MpCehiHzreSzNTczkc9d\"?>\n";
+  x += "<x:xmpmeta xmlns:x=\"adobe:ns:meta/\">\n";
+  x += " <rdf:RDF xmlns:rdf=\"http://www.w3.org/1999/02/22-rdf-syntax-ns#\">\n";
+  x += "  <rdf:Description rdf:about=\"\"\n";
+  x += "    xmlns:Iptc4xmpExt=\"http://iptc.org/std/Iptc4xmpExt/2008-02-29/\"\n";
+  x += "    xmlns:xmp=\"http://ns.adobe.com/xap/1.0/\"\n";
+  x += "    Iptc4xmpExt:DigitalSourceType=\"" + source + "\"\n";
+  x += "    Iptc4xmpExt:AISystemUsed=\"" + xml_escape(text("model")) + "\"\n";
+  x += "    Iptc4xmpExt:AIPromptInformation=\"" + xml_escape(prompt) + "\"\n";
+  x += "    xmp:CreatorTool=\"" + xml_escape(text("program")) + "\"/>\n";
+  x += " </rdf:RDF>\n";
+  x += "</x:xmpmeta>\n";
+  x += "<?xpacket end=\"r\"?>";
+  return x;
+}
+
 }  // namespace klein

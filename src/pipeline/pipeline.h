@@ -257,4 +257,12 @@ std::string parameters_text(const GenerateOptions& options, const GenerateResult
 std::string parameters_json(const GenerateOptions& options, const GenerateResult& result,
                             const std::string& model_name, const std::string& model_checksum);
 
+// The XMP packet that says an image was made by a generative model, for every image the
+// engine writes (image metadata key kXmpKey): IPTC's digital source type
+// trainedAlgorithmicMedia (compositeWithTrainedAlgorithmicMedia for an edit of given images:
+// references or an init image), IPTC 2025.1's AI System Used (the model) and AI Prompt
+// Information (the prompt, and the negative prompt when one took effect), and the software
+// as xmp:CreatorTool; built from the JSON parameters_json makes.
+std::string provenance_xmp(const std::string& metadata_json);
+
 }  // namespace klein

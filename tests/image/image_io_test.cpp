@@ -77,6 +77,29 @@ TEST(ImageFiles, PngRoundTripKeepsPixelsAndMetadata) {
   EXPECT_EQ(list_dir(dir), std::vector<std::string>{"out.png"});  // no temporary left
 }
 
+// An XMP packet: PNG's iTXt chunk "XML:com.adobe.xmp" even when it is ASCII, JPEG's APP1
+// segment with the XMP header (not a comment); both read back under the same key.
+TEST(ImageFiles, XmpPacketGoesWhereXmpReadersLook) {
+  const fs::path dir = temp_dir("xmp");
+  const Image image = pattern_image(24, 16);
+  const std::string packet = "<x:xmpmeta xmlns:x=\"adobe:ns:meta/\"/>";
+  const ImageMetadata metadata = {{"parameters", "p"}, {kXmpKey, packet}};
+  save_png(dir / "x.png", image, metadata);
+  EXPECT_EQ(read_image_metadata(dir / "x.png"), metadata);
+  const auto png = read_bytes(dir / "x.png");
+  const std::string png_text(png.begin(), png.end());
+  EXPECT_NE(png_text.find(std::string("iTXtXML:com.adobe.xmp\0\0\0", 24)), std::string::npos);
+  save_jpeg(dir / "x.jpg", image, 90, metadata);
+  EXPECT_EQ(read_image_metadata(dir / "x.jpg"), (ImageMetadata{{kXmpKey, packet}, {"parameters", "p"}}));
+  const auto jpg = read_bytes(dir / "x.jpg");
+  const std::string jpg_text(jpg.begin(), jpg.end());
+  const size_t at = jpg_text.find(std::string("http://ns.adobe.com/xap/1.0/\0", 29));
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_EQ(uint8_t(jpg_text[at - 4]), 0xff);
+  EXPECT_EQ(uint8_t(jpg_text[at - 3]), 0xe1);  // APP1
+  EXPECT_EQ(jpg_text.find(kXmpKey), std::string::npos);  // not as a key=value comment
+}
+
 TEST(ImageFiles, FormatIsTakenFromContentNotName) {
   const fs::path dir = temp_dir("sniff");
   const Image image = pattern_image(16, 16);
