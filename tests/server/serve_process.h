@@ -76,6 +76,7 @@ class ServeProcess {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   httplib::Client client() const {
     httplib::Client c("127.0.0.1", port_);
     c.set_read_timeout(120, 0);
