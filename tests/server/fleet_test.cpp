@@ -137,7 +137,7 @@ Exposition scrape(const ServeProcess& serve) {
   return parse_metrics(r->body);
 }
 
-TEST(Metrics, RendersCountersGaugesAndACumulativeHistogram) {
+TEST(ServerMetrics, RendersCountersGaugesAndACumulativeHistogram) {
   Metrics m;
   m.image_done("/v1/images/generations", 0.7);
   m.image_done("/v1/images/generations", 45);
