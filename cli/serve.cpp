@@ -1,10 +1,14 @@
 // klein serve: the model opened once behind the HTTP API of src/server/server.h, until
-// SIGINT or SIGTERM.
+// SIGINT or SIGTERM. The socket is bound first and served while the model opens (/health
+// says "loading", 503), so that a load balancer sees the server before it is ready; a model
+// that fails to open stops the server and the process exits non-zero with the error.
 #include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <exception>
+#include <optional>
 #include <thread>
 
 #include "cli/commands.h"
@@ -47,22 +51,37 @@ void serve(const ServeArgs& a) {
   ::sigaction(SIGTERM, &action, nullptr);
 
   Compute cx(a.threads);
-  Model model = Model::open(a.model);
-  Server server(model, cx, options);
+  std::optional<Model> model;  // outlives the server, whose job threads use it until joined
+  Server server(cx, options);
   const int port = server.bind();
-  std::printf("klein serve: %s on http://%s:%d (%d threads)\n", model.name.c_str(),
-              options.host.c_str(), port, cx.threads());
+  std::printf("klein serve: listening on http://%s:%d (%d threads)\n", options.host.c_str(), port,
+              cx.threads());
   std::fflush(stdout);
   std::thread waiter([&] {
     unsigned char signal = 0;
     while (::read(g_signal_pipe[0], &signal, 1) < 0 && errno == EINTR) {
     }
-    std::fprintf(stderr, "klein serve: %s, stopping\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
+    if (signal != 0)
+      std::fprintf(stderr, "klein serve: %s, stopping\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
     server.stop();
   });
-  server.run();
+  std::thread http([&] { server.run(); });
+
+  std::exception_ptr failed;
+  try {
+    model.emplace(Model::open(a.model));
+    server.set_model(*model);
+    std::printf("klein serve: %s ready\n", model->name.c_str());
+    std::fflush(stdout);
+  } catch (...) {
+    failed = std::current_exception();
+    const unsigned char none = 0;  // wakes the waiter, which stops the server
+    [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe[1], &none, 1);
+  }
   // run() returns after stop(), which only the waiter calls.
+  http.join();
   waiter.join();
+  if (failed) std::rethrow_exception(failed);
 }
 
 Registration reg("serve", 85, [](CLI::App& app) {
@@ -75,7 +94,8 @@ Registration reg("serve", 85, [](CLI::App& app) {
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   cmd->add_option("--api-key", a->server.api_key,
-                  "Require \"Authorization: Bearer KEY\" on every request but /health");
+                  "Require \"Authorization: Bearer KEY\" on every request but /health and "
+                  "/metrics");
   cmd->add_option("--max-queue", a->server.max_queue,
                   "Requests that may wait behind the running one; more get 429")
       ->check(CLI::Range(0, 1000))
@@ -85,6 +105,14 @@ Registration reg("serve", 85, [](CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-images", a->server.max_images, "Most images per request")
       ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--job-ttl", a->server.job_ttl_seconds,
+                  "Seconds a finished job (POST /v1/jobs) is kept for its client to collect")
+      ->check(CLI::Range(1.0, 7.0 * 24 * 3600))
+      ->capture_default_str();
+  cmd->add_option("--max-jobs", a->server.max_jobs,
+                  "Jobs kept at once, in any state; the oldest finished one makes room")
+      ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "Worker threads (default: the usable CPUs)")
       ->check(CLI::Range(0, kMaxThreads));

@@ -20,10 +20,12 @@ namespace klein::requests {
 using json = nlohmann::json;
 
 // An answer other than 200, with its message: thrown by the handlers, turned into the error
-// body of the API the request came through.
+// body of the API the request came through. `kind` is its label in /metrics; empty: the
+// status's ("bad_request", "unauthorized", "not_found", "queue_full", "internal", ...).
 struct HttpError {
   int status;
   std::string message;
+  std::string kind = "";
 };
 
 inline HttpError bad_request(const std::string& message) { return {400, message}; }

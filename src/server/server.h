@@ -4,7 +4,12 @@
 // stages one at a time, and answers with base64 PNGs:
 //
 //   GET  /                         a web page: the form, progress with the preview, cancel
-//   GET  /health                   {"status", "model", "busy", "queue"}
+//   GET  /health                   {"status", "model", "busy", "queue"}: 200 "ok" once the
+//                                  model is open, 503 "loading" before (a load balancer's
+//                                  readiness check)
+//   GET  /metrics                  Prometheus text format: queue depth, running, images and
+//                                  errors by route (and kind), generation seconds
+//                                  (histogram), seconds per pipeline phase, peak RSS
 //   POST /v1/images/generations    OpenAI images API (JSON): prompt, size "WxH", n,
 //                                  response_format b64_json; extensions seed, steps,
 //                                  guidance, negative_prompt
@@ -18,16 +23,36 @@
 //   GET  /sdapi/v1/progress        the running request: fraction done, ETA, step, and the
 //                                  last step's preview (base64 PNG, one pixel per 8x8)
 //   POST /sdapi/v1/interrupt       cancels the running request (it gets 503)
+//   POST /v1/jobs                  an asynchronous /v1/images/generations: the same JSON
+//                                  body, answered at once with 202 {"id", "state", ...}
+//   GET  /v1/jobs/{id}             {"id", "state" (queued, running, done, failed,
+//                                  cancelled), "progress", "step", "steps", "preview",
+//                                  "result" (the /v1/images/generations reply, when done),
+//                                  "error" (when failed)}
+//   DELETE /v1/jobs/{id}           cancels a queued or running job; forgets a finished one
+//   GET  /v1/jobs/{id}/events      server-sent events (text/event-stream): "progress" while
+//                                  it waits and runs, then one of "done", "failed",
+//                                  "cancelled" with the job's JSON, and the stream ends
+//
+// Jobs stay until job_ttl_seconds after they finish, whether collected or not; at most
+// max_jobs are kept (the oldest finished one is dropped for a new one; with none finished a
+// new job gets 429).
 //
 // Replies give each seed as a number and as a string (OpenAI data[i].seed_str, A1111 info's
 // seed_str and all_seeds_str): a seed the user gave may be any 64-bit value, and a JSON
 // number above 2^53 - 1 is not exact in JavaScript (random seeds are below 2^32).
 //
 // Requests wait their turn (one generation at a time on the shared compute context); more
-// than max_queue waiting get 429. With an API key every request but /health needs
-// "Authorization: Bearer KEY" (401 otherwise). Bad requests get 400 with a message naming
-// the field. stop() (SIGINT/SIGTERM in the CLI) cancels the running generation, answers the
-// waiting ones with 503 and returns from run().
+// than max_queue waiting (jobs included) get 429. A synchronous request whose client closes
+// the connection is cancelled, waiting or running. With an API key every request but /health
+// and /metrics needs "Authorization: Bearer KEY" (401 otherwise): a load balancer's probe
+// and a metrics scraper usually carry no key, and neither route tells anything about the
+// images. Bad requests get 400 with a message naming the field. stop() (SIGINT/SIGTERM in the
+// CLI) cancels the running generation, answers the waiting ones with 503 and returns from
+// run().
+//
+// The server may bind and serve before its model is open (set_model() makes it ready): until
+// then /health answers 503 {"status": "loading"} and the generation routes 503.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -57,10 +82,14 @@ struct ServerOptions {
   // LoRAs requests may use, by file name without ".safetensors" (A1111's <lora:NAME:SCALE> in
   // the prompt); empty: none. Requests never name files.
   std::filesystem::path lora_dir;
+  double job_ttl_seconds = 600;  // a finished job is forgotten this long after it finished
+  int max_jobs = 32;             // jobs kept at once, in any state
 };
 
 class Server {
  public:
+  // A server whose model is still to come (set_model), or ready at once.
+  Server(Compute& cx, ServerOptions options);
   Server(Model& model, Compute& cx, ServerOptions options);
   ~Server();
   Server(const Server&) = delete;
@@ -69,7 +98,9 @@ class Server {
   // Binds the socket; returns the port (the chosen one when options.port is 0). Throws
   // klein::Error when the address cannot be bound.
   int bind();
-  // Serves until stop(). Call after bind().
+  // The model is open: from now on requests are served. Once; `model` outlives the server.
+  void set_model(Model& model);
+  // Serves until stop(). Call after bind(). Returns at once when stop() came first.
   void run();
   // From any thread (a signal-waiting thread): cancel, refuse, return from run().
   void stop();

@@ -24,6 +24,7 @@
 #include "core/files.h"
 #include "formats/image/image.h"
 #include "core/base64.h"
+#include "server/serve_process.h"
 #include "support/testing.h"
 
 namespace klein {
@@ -31,8 +32,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-constexpr const char* kPrompt = "a small red cube";
 
 TEST(Base64, Rfc4648Vectors) {
   const std::vector<std::pair<std::string, std::string>> vectors = {
@@ -50,56 +49,6 @@ TEST(Base64, Rfc4648Vectors) {
   for (const char* bad : {"Zm9v!", "Z", "Zg==Zg==", "Zm9vY==="})
     EXPECT_EQ(base64_decode(bad), std::nullopt) << bad;
 }
-
-// A `klein serve` process on a free port, stopped with SIGTERM at the end.
-class ServeProcess {
- public:
-  explicit ServeProcess(const std::string& extra = "",
-                        const fs::path& model = testing::tiny_model()) {
-    int out[2];
-    EXPECT_EQ(::pipe(out), 0);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(out[1], STDOUT_FILENO);
-      ::close(out[0]);
-      ::close(out[1]);
-      const std::string command = std::string(KLEIN_BINARY) + " serve -m " + model.string() +
-                                  " --port 0 --threads 2 " + extra;
-      ::execl("/bin/sh", "sh", "-c", ("exec " + command).c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    ::close(out[1]);
-    // The first line says where it listens: "... on http://127.0.0.1:PORT (...)".
-    std::string line;
-    char c;
-    while (::read(out[0], &c, 1) == 1 && c != '\n') line += c;
-    ::close(out[0]);
-    const size_t colon = line.rfind(':');
-    if (colon != std::string::npos) port_ = std::atoi(line.c_str() + colon + 1);
-    EXPECT_GT(port_, 0) << "no port in \"" << line << "\"";
-  }
-  ~ServeProcess() {
-    if (pid_ > 0) stop();
-  }
-  // SIGTERM; the exit status.
-  int stop() {
-    ::kill(pid_, SIGTERM);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  int port() const { return port_; }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(120, 0);
-    return c;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int port_ = 0;
-};
 
 Image png_of(const std::string& b64) {
   const std::optional<std::string> bytes = base64_decode(b64);
@@ -129,14 +78,6 @@ Image cli(const std::string& args, const fs::path& out) {
             0)
       << log;
   return load_image(out);
-}
-
-json post_json(httplib::Client& c, const std::string& path, const json& body, int status = 200) {
-  auto res = c.Post(path.c_str(), body.dump(), "application/json");
-  EXPECT_TRUE(res) << path;
-  if (!res) return json();
-  EXPECT_EQ(res->status, status) << path << ": " << res->body;
-  return json::parse(res->body, nullptr, false);
 }
 
 fs::path inpaint_case() {
