@@ -382,8 +382,10 @@ struct Server::Impl {
       }
       const GenerateResult& r = g.result;
       const std::string text = parameters_text(o, r, m.name);
+      const std::string metadata_json = parameters_json(o, r, m.name, m.checksum);
       const ImageMetadata meta = {{"parameters", text},
-                                  {"klein", parameters_json(o, r, m.name, m.checksum)}};
+                                  {"klein", metadata_json},
+                                  {kXmpKey, provenance_xmp(metadata_json)}};
       made.png.push_back(base64_encode(png_bytes(r.image, meta)));
       made.seeds.push_back(r.seed.value_or(0));
       made.infotexts.push_back(text);

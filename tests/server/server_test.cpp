@@ -58,14 +58,17 @@ Image png_of(const std::string& b64) {
 }
 
 // The seed a PNG's metadata names: the "klein" JSON's, which the "parameters" text repeats.
+// The reply carries the provenance record the CLI writes too.
 std::string metadata_seed(const std::string& png, const fs::path& file) {
   std::ofstream(file, std::ios::binary) << png;
-  std::string seed, parameters;
+  std::string seed, parameters, xmp;
   for (const auto& [key, value] : read_image_metadata(file)) {
     if (key == "klein") seed = std::to_string(json::parse(value)["seed"].get<uint64_t>());
     if (key == "parameters") parameters = value;
+    if (key == kXmpKey) xmp = value;
   }
   EXPECT_NE(parameters.find(", Seed: " + seed + ","), std::string::npos) << parameters;
+  EXPECT_NE(xmp.find("digitalsourcetype/trainedAlgorithmicMedia"), std::string::npos) << xmp;
   return seed;
 }
 
