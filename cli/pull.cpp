@@ -32,6 +32,7 @@ struct PullArgs {
   std::string policy;
   int threads = 0;
   bool list = false;
+  bool keep_llm = false;
   bool json = false;
   bool quiet = false;
 };
@@ -203,6 +204,7 @@ void run_pull(const PullArgs& a) {
   c.type = a.type;
   c.policy = a.policy;
   c.threads = a.threads;
+  c.keep_llm = a.keep_llm;
   c.quiet = a.quiet || a.json;
   say("converting to " + output);
   run_convert(c);
@@ -235,6 +237,8 @@ static Registration reg("pull", 9, [](CLI::App& app) {
                   "removed after the conversion)");
   cmd->add_option("--policy", a->policy, "precision policy file, as klein convert --policy");
   cmd->add_option("--threads", a->threads, "packing threads (default: all)");
+  cmd->add_flag("--keep-llm", a->keep_llm,
+                "keep what prompt upsampling needs, as klein convert --keep-llm");
   cmd->add_flag("--list", a->list, "print the files the conversion needs and their sizes; "
                                    "download nothing else");
   cmd->add_flag("--json", a->json, "progress and the result as JSON lines on stdout");

@@ -12,4 +12,11 @@ const FamilyStages& stages_for(const ModelConfig& config) {
   fail("model family \"", config.family, "\" has no pipeline in this build");
 }
 
+Capabilities capabilities(const Model& model) {
+  const ModelConfig& config = model.weights->config();
+  Capabilities c = stages_for(config).capabilities(config);
+  c.family = config.family;
+  return c;
+}
+
 }  // namespace klein

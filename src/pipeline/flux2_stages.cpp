@@ -55,6 +55,12 @@ Tensor initial_noise(const GenerateOptions& o, uint64_t seed, flux2::LatentGrid 
 
 class Flux2Stages final : public FamilyStages {
  public:
+  Capabilities capabilities(const ModelConfig& config) const override {
+    Capabilities c;
+    c.references = c.image_to_image = c.loras = true;
+    c.guidance = !config.is_distilled;  // klein-base; the distilled models run no CFG
+    return c;
+  }
   void start(Session& session, Generation& g, Progress& progress) const override;
   void encode_prompt(Session& session, Generation& g, Progress& progress,
                      const TextLayerHook& on_layer) const override;

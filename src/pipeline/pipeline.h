@@ -257,6 +257,18 @@ std::string parameters_text(const GenerateOptions& options, const GenerateResult
 std::string parameters_json(const GenerateOptions& options, const GenerateResult& result,
                             const std::string& model_name, const std::string& model_checksum);
 
+// What a model's pipelines take beyond a prompt, size, steps and seed: front ends show only
+// these (the web page, /health), and the stages refuse the others by name.
+struct Capabilities {
+  std::string family;               // ModelConfig::family: "flux2-klein", "z-image"
+  bool references = false;          // reference images to edit from
+  bool image_to_image = false;      // an init image (and a mask: inpainting)
+  bool guidance = false;            // classifier-free guidance with a negative prompt
+  bool guidance_options = false;    // cfg_normalization and cfg_truncation (Z-Image)
+  bool loras = false;
+};
+Capabilities capabilities(const Model& model);
+
 // The XMP packet that says an image was made by a generative model, for every image the
 // engine writes (image metadata key kXmpKey): IPTC's digital source type
 // trainedAlgorithmicMedia (compositeWithTrainedAlgorithmicMedia for an edit of given images:

@@ -13,6 +13,8 @@ namespace klein {
 class FamilyStages {
  public:
   virtual ~FamilyStages() = default;
+  // What the family's pipelines take beyond a prompt (for front ends that show only those).
+  virtual Capabilities capabilities(const ModelConfig& config) const = 0;
   // g.options is set and the common bookkeeping done (peak marks, the model's files); the
   // family fills g.result's sizes, steps, guidance, seed, precision and memory plan, and
   // checks every option it can before any network runs (options it does not support are

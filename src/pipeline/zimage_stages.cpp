@@ -99,6 +99,11 @@ std::pair<PhaseNeed, PhaseNeed> denoise_need(const zimage::TransformerConfig& c,
 
 class ZImageStages final : public FamilyStages {
  public:
+  Capabilities capabilities(const ModelConfig&) const override {
+    Capabilities c;
+    c.guidance = c.guidance_options = c.loras = true;  // Turbo's default guidance is 0
+    return c;
+  }
   void start(Session& session, Generation& g, Progress& progress) const override {
     const GenerateOptions& o = g.options;
     WeightStore& weights = session.weights();

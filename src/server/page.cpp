@@ -1,7 +1,9 @@
 // The page `klein serve` shows at /: a form over the routes the server already has (txt2img,
 // or the OpenAI edits route when reference images are chosen; progress with its preview;
-// interrupt). Query parameters fill the form (prompt, negative, width, height, steps, seed,
-// guidance) and run=1 starts it, so a link can reproduce an image. Each result shows the seed
+// interrupt). It shows the fields the model takes (GET /health's "accepts": references and a
+// negative prompt for FLUX.2-klein, the two CFG options for Z-Image). Query parameters fill
+// the form (prompt, negative, width, height, steps, seed, guidance, cfg_normalization,
+// cfg_truncation) and run=1 starts it, so a link can reproduce an image. Each result shows the seed
 // that made it, a button that puts that seed in the form, and a link that saves the server's
 // PNG as it came (with its metadata). Seeds stay strings on the page: a user's seed may be any
 // 64-bit value, which a JavaScript number would round. No external URLs.
@@ -41,12 +43,12 @@ const char* const kServerPage = R"html(<!doctype html>
 </style>
 </head>
 <body>
-<h1>Klein Edge</h1>
+<h1>Klein Edge <span id="model" class="hint"></span></h1>
 <form id="form">
   <label for="prompt">Prompt</label>
   <textarea id="prompt" required></textarea>
-  <label for="negative">Negative prompt</label>
-  <input id="negative" placeholder="what to avoid (klein-base only)">
+  <label for="negative" class="negative-row">Negative prompt</label>
+  <input id="negative" class="negative-row" placeholder="what to avoid (with guidance)">
   <span>Settings</span>
   <div class="row">
     <div class="field"><label for="width">Width</label>
@@ -61,8 +63,18 @@ const char* const kServerPage = R"html(<!doctype html>
     <div class="field"><label for="guidance">Guidance</label>
       <input id="guidance" type="number" min="0" step="0.1" placeholder="default"></div>
   </div>
-  <label for="refs">References</label>
-  <input id="refs" type="file" accept="image/png,image/jpeg" multiple
+  <span class="cfg-row" hidden>Guidance options</span>
+  <div class="row cfg-row" hidden>
+    <div class="field"><label for="cfg_normalization">CFG normalization
+      <span class="hint">(0: off)</span></label>
+      <input id="cfg_normalization" type="number" min="0" step="0.1" placeholder="off"
+             title="scale the guided prediction back to this multiple of the unguided one's length when it is longer"></div>
+    <div class="field"><label for="cfg_truncation">CFG truncation</label>
+      <input id="cfg_truncation" type="number" step="0.05" placeholder="1"
+             title="steps whose model time (0 at noise, 1 at the image) is above this run unguided"></div>
+  </div>
+  <label for="refs" class="refs-row">References</label>
+  <input id="refs" class="refs-row" type="file" accept="image/png,image/jpeg" multiple
          title="images to edit from (the output takes the first one's size unless width/height are set)">
   <label for="key">API key</label>
   <input id="key" type="password" placeholder="if the server asks for one">
@@ -77,7 +89,8 @@ const char* const kServerPage = R"html(<!doctype html>
 <script>
 "use strict";
 const $ = (id) => document.getElementById(id);
-const fields = ["prompt", "negative", "width", "height", "steps", "seed", "guidance"];
+const fields = ["prompt", "negative", "width", "height", "steps", "seed", "guidance",
+                "cfg_normalization", "cfg_truncation"];
 const headers = () => {
   const h = { "Content-Type": "application/json" };
   if ($("key").value) h.Authorization = "Bearer " + $("key").value;
@@ -127,6 +140,8 @@ async function request() {
                    width: Number($("width").value), height: Number($("height").value) };
     if ($("steps").value) body.steps = Number($("steps").value);
     if ($("guidance").value) body.cfg_scale = Number($("guidance").value);
+    for (const k of ["cfg_normalization", "cfg_truncation"])
+      if ($(k).value) body[k] = Number($(k).value);
     let text = JSON.stringify(body);
     if (seed) text = text.slice(0, -1) + ',"seed":' + seed + "}";
     const r = await fetch("/sdapi/v1/txt2img", { method: "POST", headers: headers(), body: text });
@@ -224,6 +239,25 @@ async function generate() {
 $("form").addEventListener("submit", (e) => { e.preventDefault(); generate(); });
 $("stop").addEventListener("click", () =>
   fetch("/sdapi/v1/interrupt", { method: "POST", headers: headers() }));
+// Show the fields this model takes (GET /health says which), hide the others.
+async function showModel() {
+  try {
+    const r = await fetch("/health");
+    const h = await r.json();
+    if (!r.ok || !h.accepts) {
+      $("model").textContent = h.status === "loading" ? "(the model is loading)" : "";
+      if (h.status === "loading") setTimeout(showModel, 1000);
+      return;
+    }
+    $("model").textContent = h.model + " (" + h.family + ")";
+    const show = (cls, on) => document.querySelectorAll("." + cls).forEach((e) => { e.hidden = !on; });
+    show("negative-row", h.accepts.negative_prompt);
+    show("refs-row", h.accepts.references);
+    show("cfg-row", h.accepts.cfg_normalization);
+    document.body.dataset.model = h.family;
+  } catch (e) { /* the form still works with every field */ }
+}
+showModel();
 const query = new URLSearchParams(location.search);
 for (const f of fields) if (query.has(f)) $(f).value = query.get(f);
 if (query.get("run") === "1") generate();

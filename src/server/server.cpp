@@ -798,10 +798,22 @@ struct Server::Impl {
       queue = waiting;
     }
     if (!m) res.status = 503;  // not ready: a load balancer sends nothing here yet
-    return {{"status", m ? "ok" : "loading"},
-            {"model", m ? json(m->name) : json(nullptr)},
-            {"busy", busy},
-            {"queue", queue}};
+    json reply = {{"status", m ? "ok" : "loading"},
+                  {"model", m ? json(m->name) : json(nullptr)},
+                  {"busy", busy},
+                  {"queue", queue}};
+    if (m) {
+      // What this model's requests may carry beyond a prompt (the page shows only these).
+      const Capabilities c = capabilities(*m);
+      reply["family"] = c.family;
+      reply["accepts"] = {{"references", c.references},
+                          {"init_image", c.image_to_image},
+                          {"negative_prompt", c.guidance},
+                          {"cfg_normalization", c.guidance_options},
+                          {"cfg_truncation", c.guidance_options},
+                          {"loras", c.loras}};
+    }
+    return reply;
   }
 
   std::string metrics_text() {

@@ -4,7 +4,9 @@
 // stages one at a time, and answers with base64 PNGs:
 //
 //   GET  /                         a web page: the form, progress with the preview, cancel
-//   GET  /health                   {"status", "model", "busy", "queue"}: 200 "ok" once the
+//   GET  /health                   {"status", "model", "busy", "queue"} (and, when ready,
+//                                  "family" and "accepts": the request fields the model
+//                                  takes beyond a prompt): 200 "ok" once the
 //                                  model is open, 503 "loading" before (a load balancer's
 //                                  readiness check)
 //   GET  /metrics                  Prometheus text format: queue depth, running, images and

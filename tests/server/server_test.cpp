@@ -425,6 +425,14 @@ constexpr const char* kShownResult = R"js((async () => {
            png: btoa(binary), labels };
 })())js";
 
+// The ids of the form's fields the page shows (after it has asked /health what the model
+// takes), in order.
+constexpr const char* kVisibleFields = R"js((async () => {
+  while (!document.body.dataset.model) await new Promise((done) => setTimeout(done, 50));
+  return [...document.querySelectorAll("#form input, #form textarea")]
+      .filter((e) => e.offsetParent !== null).map((e) => e.id).join(" ");
+})())js";
+
 // The page at / in a real browser: its labels name every field; its script reads the form
 // from the query, runs txt2img, polls progress and shows the result, whose pixels are the
 // CLI's. The seed it shows is the one in the PNG it downloads, exactly, even above 2^53 (a
@@ -463,11 +471,15 @@ TEST(Serve, WebPageShowsTheSeedOfItsPngAndMakesTheCliPixelsInABrowser) {
   const std::pair<const char*, const char*> labels[] = {
       {"prompt", "Prompt"},  {"negative", "Negative prompt"}, {"width", "Width"},
       {"height", "Height"},  {"steps", "Steps"},              {"seed", "Seed"},
-      {"guidance", "Guidance"}, {"refs", "References"},       {"key", "API key"}};
+      {"guidance", "Guidance"}, {"cfg_normalization", "CFG normalization"},
+      {"cfg_truncation", "CFG truncation"}, {"refs", "References"}, {"key", "API key"}};
   ASSERT_EQ(shown["labels"].size(), std::size(labels)) << shown["labels"];
   for (const auto& [id, text] : labels)
     EXPECT_TRUE(shown["labels"].value(id, "").starts_with(text)) << id << ": " << shown["labels"];
   EXPECT_NE(shown["labels"].value("seed", "").find("random"), std::string::npos);
+  // A distilled FLUX.2-klein: references, no negative prompt, no CFG options on the page.
+  EXPECT_EQ(browser.evaluate(given, kVisibleFields), "prompt width height steps seed guidance refs key")
+      << "fields shown for a distilled klein model";
 
   // A random seed (the field left empty): drawn below 2^32, shown as the PNG has it, and
   // "Reuse seed" fills the field with it.
@@ -486,6 +498,35 @@ TEST(Serve, WebPageShowsTheSeedOfItsPngAndMakesTheCliPixelsInABrowser) {
     return document.getElementById("seed").value;
   })())js"),
             seed);
+  EXPECT_EQ(serve.stop(), 0);
+}
+
+// The page over a Z-Image model: the negative prompt and the two CFG options are shown (no
+// references), and a link that sets them makes the CLI's pixels.
+TEST(Serve, WebPageOffersZImagesGuidanceOptions) {
+  ASSERT_TRUE(fs::exists("/usr/bin/chromium"))
+      << "the browser test needs chromium (apt-get install chromium; scripts/test.sh does)";
+  const fs::path out = testing::temp_dir("serve-browser-zimage");
+  const fs::path model = testing::tiny_dir().parent_path() / "zimage-tiny" / "model";
+  ServeProcess serve("", model);
+  Browser browser(out / "profile");
+  const std::string tab = browser.open(
+      "http://127.0.0.1:" + std::to_string(serve.port()) +
+      "/?prompt=a%20small%20red%20cube&negative=blurry&width=64&height=48&steps=3&seed=4"
+      "&guidance=3&cfg_normalization=1&cfg_truncation=0.5&run=1");
+  EXPECT_EQ(browser.evaluate(tab, kVisibleFields),
+            "prompt negative width height steps seed guidance cfg_normalization cfg_truncation key");
+  const json shown = browser.evaluate(tab, kShownResult);
+  ASSERT_EQ(shown.value("done", ""), "ok") << shown.dump().substr(0, 2000);
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate -m " + model.string() + " -p \"" + kPrompt +
+                                   "\" --seed 4 -W 64 -H 48 -s 3 -g 3 -n blurry "
+                                   "--cfg-normalization 1 --cfg-truncation 0.5 --no-cache -q -o " +
+                                   (out / "cli.png").string(),
+                               &log),
+            0)
+      << log;
+  EXPECT_EQ(png_of(shown["png"]).rgb, load_image(out / "cli.png").rgb);
   EXPECT_EQ(serve.stop(), 0);
 }
 
