@@ -1,6 +1,7 @@
 // A short load test of `klein serve`: rounds of more simultaneous requests than --max-queue
 // lets wait. The excess gets 429 at once, the queue never holds more than --max-queue, and
-// the server's resident memory does not grow from round to round.
+// the server's resident memory does not grow from round to round (in the Release tree: under
+// AddressSanitizer the quarantine holds freed memory by design).
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -22,6 +23,12 @@ namespace klein {
 namespace {
 
 using json = nlohmann::json;
+
+#ifdef KLEIN_SANITIZED
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
 
 // VmRSS of a process, in bytes (0 when unknown).
 uint64_t resident_bytes(pid_t pid) {
@@ -90,6 +97,11 @@ TEST(ServeLoad, ExcessRequestsGet429TheQueueStaysBoundedAndMemoryFlat) {
                 ok.load(), refused.load(), deepest.load(), double(rss) / (1 << 20));
     if (round == 0) {
       settled = rss;
+    } else if (kSanitized) {
+      // Under AddressSanitizer freed blocks wait in its quarantine (256 MiB by default) before
+      // they are reused, so the resident size grows for a while by design: the flat-memory
+      // check is the Release tree's (this test there, same rounds); the queue checks above
+      // hold in both.
     } else {
       EXPECT_LE(rss, settled + kMargin)
           << "round " << round << ": " << rss / (1 << 20) << " MiB resident, "
