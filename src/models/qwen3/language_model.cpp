@@ -19,34 +19,12 @@
 #include "core/error.h"
 #include "ops/attention.h"
 #include "ops/finite.h"
+#include "models/qwen3/layer_weights.h"
 #include "ops/linear.h"
 #include "ops/norm.h"
 #include "quant/matmul.h"
 
 namespace klein::qwen3 {
-
-namespace {
-
-const Weight& projection(const WeightUnit& unit, const std::string& name, int64_t out,
-                         int64_t in) {
-  const Weight& w = unit.get(name);
-  check(w.shape == Shape{out, in}, "tensor ", w.name, ": expected shape ", shape_str({out, in}),
-        " for the text encoder config, got ", shape_str(w.shape));
-  return w;
-}
-
-std::vector<float> norm_weight(const WeightUnit& unit, const std::string& name, int64_t dim) {
-  const Weight& w = unit.get(name);
-  check(w.shape == Shape{dim}, "tensor ", w.name, ": expected shape ", shape_str({dim}),
-        ", got ", shape_str(w.shape));
-  return weight_to_floats(w);
-}
-
-void add_inplace(float* x, const float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
-}
-
-}  // namespace
 
 bool can_generate(const WeightStore& store, std::string* missing) {
   const TextEncoderConfig& c = store.config().text_encoder;

@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "ops/finite.h"
 #include "ops/attention.h"
+#include "models/qwen3/layer_weights.h"
 #include "ops/linear.h"
 #include "ops/norm.h"
 #include "quant/matmul.h"
@@ -32,27 +33,6 @@
 namespace klein::qwen3 {
 
 namespace {
-
-// A projection weight, checked against the shape the config implies so that a wrong
-// checkpoint fails here with the tensor's name instead of reading out of bounds.
-const Weight& projection(const WeightUnit& unit, const std::string& name, int64_t out,
-                         int64_t in) {
-  const Weight& w = unit.get(name);
-  check(w.shape == Shape{out, in}, "tensor ", w.name, ": expected shape ", shape_str({out, in}),
-        " for the text encoder config, got ", shape_str(w.shape));
-  return w;
-}
-
-std::vector<float> norm_weight(const WeightUnit& unit, const std::string& name, int64_t dim) {
-  const Weight& w = unit.get(name);
-  check(w.shape == Shape{dim}, "tensor ", w.name, ": expected shape ", shape_str({dim}),
-        ", got ", shape_str(w.shape));
-  return weight_to_floats(w);
-}
-
-void add_inplace(float* x, const float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
-}
 
 void check_config(const TextEncoderConfig& c) {
   check(c.hidden > 0 && c.intermediate > 0 && c.head_dim > 0 && c.head_dim % 2 == 0,
