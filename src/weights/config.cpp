@@ -67,8 +67,19 @@ TextEncoderConfig parse_text_encoder_config(const json& j, const std::string& wh
   c.output_layers = output_layers;
   std::string model_type;
   read(j, "model_type", model_type, where);
-  check(model_type.empty() || model_type == "qwen3", where, ": model_type \"", model_type,
-        "\" is not a Qwen3 text encoder (FLUX.2-klein uses qwen3; FLUX.2-dev uses Mistral)");
+  // Mistral3ForConditionalGeneration (FLUX.2-dev) nests its language model's configuration.
+  if (model_type == "mistral3") {
+    check(j.contains("text_config") && j["text_config"].is_object(), where,
+          ": a mistral3 configuration without a text_config object");
+    TextEncoderConfig inner = parse_text_encoder_config(
+        j["text_config"], where + " (text_config)", output_layers);
+    check(!inner.qk_norm, where, ": the text_config of a mistral3 model is not a Mistral one");
+    return inner;
+  }
+  check(model_type.empty() || model_type == "qwen3" || model_type == "mistral", where,
+        ": model_type \"", model_type, "\" is not a text encoder this engine runs (qwen3 for "
+        "FLUX.2-klein and Z-Image, mistral3 for FLUX.2-dev)");
+  c.qk_norm = model_type != "mistral";
   read(j, "vocab_size", c.vocab_size, where);
   read(j, "hidden_size", c.hidden, where);
   read(j, "intermediate_size", c.intermediate, where);
@@ -144,7 +155,7 @@ json to_json(const ModelConfig& c) {
       {"reference_cache", c.reference_cache},
       {"transformer", model_family(c).transformer_config_json(c)},
       {"text_encoder",
-       {{"model_type", "qwen3"}, {"vocab_size", e.vocab_size}, {"hidden_size", e.hidden},
+       {{"model_type", e.qk_norm ? "qwen3" : "mistral"}, {"vocab_size", e.vocab_size}, {"hidden_size", e.hidden},
         {"intermediate_size", e.intermediate}, {"num_hidden_layers", e.num_layers},
         {"num_attention_heads", e.num_heads}, {"num_key_value_heads", e.num_kv_heads},
         {"head_dim", e.head_dim}, {"rms_norm_eps", e.rms_eps}, {"rope_theta", e.rope_theta}}},

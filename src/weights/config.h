@@ -40,6 +40,9 @@ struct TextEncoderConfig {
   int64_t head_dim = 128;
   double rms_eps = 1e-6;
   double rope_theta = 1e6;
+  // Qwen3 normalises q and k per head (RMSNorm, q_norm / k_norm) before RoPE; Mistral (the
+  // language model of FLUX.2-dev's Mistral3 encoder, model_type "mistral") does not.
+  bool qk_norm = true;
   // The pipeline reads the residual stream after these decoder layers (1-based, increasing)
   // and concatenates them per token; nothing after the last one is ever computed. FLUX.2-klein
   // reads three; Z-Image reads one, the output of the last layer but one.

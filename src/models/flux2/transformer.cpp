@@ -13,7 +13,8 @@
 //   modulation                (1 + scale) ⊙ LN(x) + shift; block chunks shift, scale, gate;
 //                             norm_out chunks scale, shift
 //   timestep                  τ = 1000·t; sinusoid of 256 (cos half first, f_i = 10000^(−i/128));
-//                             temb = linear_2 · silu(linear_1 · sinusoid); no guidance embedding
+//                             temb = linear_2 · silu(linear_1 · sinusoid); FLUX.2-dev adds the
+//                             same embedding of 1000·guidance through its own two linears
 //   attention                 softmax(Q Kᵀ / √128) V per head, tiled (ops::attention)
 // No layer has a bias. Sequence order: [text | target | references] (positions.h).
 #include "models/flux2/transformer.h"
@@ -169,8 +170,6 @@ size_t Activations::bytes() const {
 Transformer::Transformer(WeightStore& store, const Adapters* adapters)
     : store_(store), config_(store.config().transformer), adapters_(adapters) {
   const TransformerConfig& c = config_;
-  check(!c.guidance_embeds, "transformer config: guidance_embeds is true; FLUX.2-klein has no "
-        "guidance embedding and this engine does not implement one");
   check(c.num_heads > 0 && c.head_dim > 0 && c.head_dim % 2 == 0,
         "transformer config: expected positive heads and an even head dim, got ", c.num_heads,
         " x ", c.head_dim);
@@ -249,20 +248,28 @@ Tensor Transformer::embed_references(std::span<const ReferenceTokens> refs, Comp
   return out;
 }
 
-void Transformer::modulate(float timestep, Modulation& m, Compute& cx) {
+void Transformer::modulate(float timestep, Modulation& m, Compute& cx,
+                           std::optional<float> guidance) {
   const int64_t D = config_.inner_dim(), channels = config_.timestep_channels;
+  check(guidance.has_value() || !config_.guidance_embeds, "transformer: this model embeds the "
+        "guidance value (FLUX.2-dev) and none was given");
   UnitRef shared = store_.acquire("transformer.shared");
   const WeightUnit& w = *shared;
 
-  // temb = linear_2 · silu(linear_1 · sinusoid(1000·t))                            [D]
-  const float tau = timestep * 1000.0f;
-  ops::timestep_sinusoid(tau, m.sinusoid.data(), channels);
-  const std::string embedder = "time_guidance_embed.timestep_embedder.";
-  linear(m.sinusoid.data(), 1, linear_weight(w, embedder + "linear_1.weight", D, channels),
-              m.hidden.data(), cx);
-  ops::silu_inplace(m.hidden.data(), D);
-  linear(m.hidden.data(), 1, linear_weight(w, embedder + "linear_2.weight", D, D),
-              m.temb.data(), cx);
+  // e(v) = linear_2 · silu(linear_1 · sinusoid(1000·v)) with one embedder's weights  [D]
+  auto embed = [&](float value, const std::string& embedder, float* out) {
+    ops::timestep_sinusoid(value * 1000.0f, m.sinusoid.data(), channels);
+    linear(m.sinusoid.data(), 1, linear_weight(w, embedder + "linear_1.weight", D, channels),
+           m.hidden.data(), cx);
+    ops::silu_inplace(m.hidden.data(), D);
+    linear(m.hidden.data(), 1, linear_weight(w, embedder + "linear_2.weight", D, D), out, cx);
+  };
+  // temb = e_timestep(t) [+ e_guidance(g)]                                         [D]
+  embed(timestep, "time_guidance_embed.timestep_embedder.", m.temb.data());
+  if (config_.guidance_embeds) {
+    embed(*guidance, "time_guidance_embed.guidance_embedder.", m.single.data());  // scratch
+    for (int64_t i = 0; i < D; ++i) m.temb.data()[i] += m.single.data()[i];
+  }
 
   // Every modulation linear reads silu(temb).                                     [D]
   std::memcpy(m.hidden.data(), m.temb.data(), size_t(D) * sizeof(float));

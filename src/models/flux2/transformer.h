@@ -124,8 +124,12 @@ class Transformer {
   // x_embedder · tokens of every reference, in order: → [Σ tokens, D]. Once per generation.
   Tensor embed_references(std::span<const ReferenceTokens> references, Compute& cx);
   // Timestep embedding and all modulation vectors for the timestep the pipeline passes
-  // (σ-like: schedule timestep / 1000; the model multiplies by 1000 itself).
-  void modulate(float timestep, Modulation& out, Compute& cx);
+  // (σ-like: schedule timestep / 1000; the model multiplies by 1000 itself). A model with a
+  // guidance embedder (FLUX.2-dev, config guidance_embeds) adds the embedding of `guidance`
+  // (the guidance scale as the pipeline passes it; required for such a model, ignored by
+  // the others).
+  void modulate(float timestep, Modulation& out, Compute& cx,
+                std::optional<float> guidance = std::nullopt);
   // Copies x_embedder and proj_out (3072 x 128 each for klein-4B, bytes as stored) out of
   // "transformer.shared", so that forward() does not acquire it. forward() calls it the first
   // time if nobody did.

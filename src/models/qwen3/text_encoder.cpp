@@ -1,5 +1,9 @@
 // Qwen3 text encoder forward (transformers Qwen3Model, eager attention), as the FLUX.2-klein
-// pipeline uses it: no logits, no final norm, nothing after the last layer it reads.
+// pipeline uses it: no logits, no final norm, nothing after the last layer it reads. The
+// language model of FLUX.2-dev's Mistral3 encoder is the same decoder without the q/k norms
+// (TextEncoderConfig::qk_norm false; Mistral-Small-3.1: hidden 5120, 40 layers of which
+// 1..30 are computed, 32 query / 8 key-value heads x 128, RMS eps 1e-5, RoPE theta 1e9,
+// context = layers 10, 20, 30).
 //
 // Qwen3-4B (klein-4B):       hidden 2560, MLP 9728 (SwiGLU), 36 decoder layers of which 1..27
 //                            are computed, 32 query heads / 8 key-value heads x head_dim 128,
@@ -123,6 +127,28 @@ void TextEncoder::apply_rope(float* rows, int64_t heads) {
   }, 16);
 }
 
+// The reference (transformers' eager attention) masks with the float minimum rather than
+// -inf: a row whose every key is masked (the rows before the first real token, when the
+// padding is on the left) has all its scores at that minimum, so its softmax is uniform over
+// all seq positions, masked and future ones included. Those rows get the mean of every value
+// row of their key/value head (ops::attention gives them zeros).
+void TextEncoder::attend_unseeing_rows(const float* v, float* attn) {
+  const auto& c = config_;
+  const int64_t S = a_.seq, HD = c.head_dim, H = c.num_heads, KV = c.num_kv_heads;
+  int64_t unseeing = 0;  // rows 0..unseeing-1 see no key: no valid key at or before them
+  while (unseeing < S && a_.key_valid[size_t(unseeing)] == 0) ++unseeing;
+  if (unseeing == 0) return;
+  std::vector<double> mean(size_t(KV * HD), 0.0);
+  for (int64_t j = 0; j < S; ++j)
+    for (int64_t d = 0; d < KV * HD; ++d) mean[size_t(d)] += v[j * KV * HD + d];
+  std::vector<float> row(size_t(H * HD));
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t d = 0; d < HD; ++d)
+      row[size_t(h * HD + d)] = float(mean[size_t((h / (H / KV)) * HD + d)] / double(S));
+  for (int64_t i = 0; i < unseeing; ++i)
+    std::memcpy(attn + i * H * HD, row.data(), row.size() * sizeof(float));
+}
+
 void TextEncoder::decoder_layer(const WeightUnit& layer) {
   const auto& c = config_;
   const int64_t S = a_.seq, D = c.hidden, F = c.intermediate, HD = c.head_dim;
@@ -139,16 +165,19 @@ void TextEncoder::decoder_layer(const WeightUnit& layer) {
   ops::linear(h, S, projection(layer, "self_attn.k_proj.weight", KV * HD, D), k, cx_);
   ops::linear(h, S, projection(layer, "self_attn.v_proj.weight", KV * HD, D), v, cx_);
 
-  // Qwen3's per-head RMSNorm of q and k, before RoPE.
-  const auto q_norm = norm_weight(layer, "self_attn.q_norm.weight", HD);
-  const auto k_norm = norm_weight(layer, "self_attn.k_norm.weight", HD);
-  ops::rms_norm(q, q, S * H, HD, q_norm.data(), eps, cx_);
-  ops::rms_norm(k, k, S * KV, HD, k_norm.data(), eps, cx_);
+  // Qwen3's per-head RMSNorm of q and k, before RoPE (Mistral has none).
+  if (c.qk_norm) {
+    const auto q_norm = norm_weight(layer, "self_attn.q_norm.weight", HD);
+    const auto k_norm = norm_weight(layer, "self_attn.k_norm.weight", HD);
+    ops::rms_norm(q, q, S * H, HD, q_norm.data(), eps, cx_);
+    ops::rms_norm(k, k, S * KV, HD, k_norm.data(), eps, cx_);
+  }
   apply_rope(q, H);
   apply_rope(k, KV);
 
-  // Causal attention in which padding keys are hidden from every query; padding queries
-  // (right padding) still see every real token, so no row is empty.
+  // Causal attention in which padding keys are hidden from every query. Under right padding
+  // every row sees the real tokens before it; under left padding the leading padding rows
+  // see no key at all, and attend_unseeing_rows gives them what the reference gives them.
   ops::AttentionParams p;
   p.q_len = p.kv_len = S;
   p.heads = H;
@@ -158,6 +187,7 @@ void TextEncoder::decoder_layer(const WeightUnit& layer) {
   p.causal = true;
   p.key_valid = a_.key_valid.data();
   ops::attention(q, H * HD, k, KV * HD, v, KV * HD, attn, H * HD, p, cx_);
+  attend_unseeing_rows(v, attn);
 
   ops::linear(attn, S, projection(layer, "self_attn.o_proj.weight", D, H * HD), h, cx_);
   add_inplace(x, h, S * D);

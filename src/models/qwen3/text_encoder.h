@@ -26,8 +26,8 @@ class TextEncoder {
   // The store must outlive the encoder; weights are acquired one layer at a time per call.
   TextEncoder(WeightStore& store, Compute& cx);
 
-  // ids and mask: [seq] (mask 1 = token, 0 = padding; the pipeline pads on the right to
-  // 512). Returns the context [seq, config().context_dim()], padding rows included.
+  // ids and mask: [seq] (mask 1 = token, 0 = padding; klein's pipeline pads on the right
+  // to 512; padding on the left is computed as the reference computes it too). Returns the context [seq, config().context_dim()], padding rows included.
   Tensor encode(std::span<const int32_t> ids, std::span<const int32_t> mask,
                 const LayerObserver& observe = {});
 
@@ -53,6 +53,7 @@ class TextEncoder {
   void embed_tokens(std::span<const int32_t> ids);
   void decoder_layer(const WeightUnit& layer);
   void apply_rope(float* rows, int64_t heads);
+  void attend_unseeing_rows(const float* v, float* attn);
 
   WeightStore& store_;
   Compute& cx_;
