@@ -43,6 +43,9 @@ inline ModelConfig dev_config() {
   c.text_encoder = parse_text_encoder_config(
       read_json_file(dev_dir() / "model" / "text_encoder" / "config.json"), "dev text encoder",
       {10, 20, 30});
+  c.scheduler = parse_scheduler_config(
+      read_json_file(dev_dir() / "model" / "scheduler" / "scheduler_config.json"), "dev scheduler");
+  c.is_distilled = true;  // Flux2Pipeline: no classifier-free guidance pass
   return c;
 }
 

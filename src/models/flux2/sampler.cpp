@@ -74,7 +74,7 @@ Tensor unpack_latents(const Tensor& tokens, LatentGrid grid) {
 }
 
 bool uses_guidance(const ModelConfig& config, float guidance) {
-  return !config.is_distilled && guidance > 1.0f;
+  return !config.is_distilled && !config.transformer.guidance_embeds && guidance > 1.0f;
 }
 
 SamplerResult sample(WeightStore& store, const SamplerInputs& in, Compute& cx) {
@@ -84,7 +84,10 @@ SamplerResult sample(WeightStore& store, const SamplerInputs& in, Compute& cx) {
   check_inputs(in, model.config(), guided);
 
   SamplerResult result;
-  if (config.is_distilled && in.guidance > 1.0f) {
+  // FLUX.2-dev (guidance-distilled) gives the scale to the model at every step instead.
+  const std::optional<float> embedded_guidance =
+      config.transformer.guidance_embeds ? std::optional<float>(in.guidance) : std::nullopt;
+  if (config.is_distilled && !embedded_guidance && in.guidance > 1.0f) {
     std::ostringstream w;
     w << "guidance " << in.guidance << " is ignored: the distilled klein model runs without "
       << "classifier-free guidance";
@@ -120,11 +123,11 @@ SamplerResult sample(WeightStore& store, const SamplerInputs& in, Compute& cx) {
     mods.reserve(size_t(s.steps()));
     for (int64_t i = 0; i < s.steps(); ++i) {
       mods.emplace_back(model.config());
-      model.modulate(s.model_timestep(i), mods.back(), cx);
+      model.modulate(s.model_timestep(i), mods.back(), cx, embedded_guidance);
     }
     if (kv_cache) {
       at_zero.emplace(model.config());
-      model.modulate(0.0f, *at_zero, cx);
+      model.modulate(0.0f, *at_zero, cx, embedded_guidance);
     }
     model.keep_io_weights();
   }

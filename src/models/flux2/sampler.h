@@ -14,7 +14,9 @@
 //
 // Classifier-free guidance (klein-base only, i.e. is_distilled false, and guidance > 1):
 // a second forward with the negative context, v = v_u + g·(v_c − v_u). The distilled klein
-// ignores guidance, as the official pipeline does.
+// ignores guidance, as the official pipeline does. FLUX.2-dev (guidance-distilled: its
+// transformer has a guidance embedder) gives the scale to the model at every step and runs
+// one forward per step.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -50,7 +52,7 @@ struct SamplerInputs {
   LatentGrid target;                         // N_img = target.rows · target.cols
   std::vector<ReferenceTokens> references;   // clean reference tokens, in order
   Schedule schedule;                         // make_schedule(config.scheduler, N_img, steps)
-  float guidance = 1.0f;                     // CFG scale (klein-base only)
+  float guidance = 1.0f;                     // CFG scale (klein-base), embedded (FLUX.2-dev)
   StepCallback on_step;                      // progress, dumps; may be empty
   // Called after each Euler update, before on_step, to change the latents (inpainting puts
   // the init image back outside the mask); may be empty.
