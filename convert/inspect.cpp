@@ -119,6 +119,9 @@ json describe_container(const fs::path& path, bool tensors) {
     bool all = layers > 0 && names.count("text_encoder.norm") && names.count("text_encoder.embed");
     for (int64_t l = 0; all && l < layers; ++l)
       all = names.count("text_encoder.layer." + std::to_string(l)) > 0;
+    // Only Qwen3's chat is supported (not FLUX.2-dev's Mistral).
+    if (layers > 0 && meta["config"]["text_encoder"].value("model_type", "qwen3") != "qwen3")
+      all = false;
     d["can_upsample"] = all;
   }
   if (meta.contains("conversion")) d["conversion"] = meta["conversion"];

@@ -8,6 +8,7 @@ namespace klein {
 
 const FamilyStages& stages_for(const ModelConfig& config) {
   if (config.family == "flux2-klein") return flux2_stages();
+  if (config.family == "flux2-dev") return flux2_dev_stages();
   if (config.family == "z-image") return zimage_stages();
   fail("model family \"", config.family, "\" has no pipeline in this build");
 }

@@ -17,6 +17,7 @@
 #include "pipeline/noise.h"
 #include "pipeline/preview.h"
 #include "pipeline/stages.h"
+#include "tokenizer/dev_prompt.h"
 #include "tokenizer/klein_prompt.h"
 
 namespace klein {
@@ -53,12 +54,28 @@ Tensor initial_noise(const GenerateOptions& o, uint64_t seed, flux2::LatentGrid 
   return flux2::pack_latents(chw);
 }
 
+// What differs between the two FLUX.2 pipelines these stages run: klein's (Flux2KleinPipeline
+// and its image-to-image, inpainting and K/V siblings: a Qwen3 chat, CFG for base models) and
+// dev's (Flux2Pipeline: a Mistral-Small-3.1 chat under a system message, the guidance scale
+// embedded in the model, text-to-image and references only).
+struct Flux2Pipeline {
+  const char* name;
+  KleinPromptTokens (*tokenize)(const Tokenizer&, std::string_view, int);
+  bool image_to_image;      // --init-image, --mask
+  bool embedded_guidance;   // the guidance goes to the model; no negative prompt
+};
+constexpr Flux2Pipeline kKlein{"FLUX.2-klein", tokenize_klein_prompt, true, false};
+constexpr Flux2Pipeline kDev{"FLUX.2-dev", tokenize_dev_prompt, false, true};
+
 class Flux2Stages final : public FamilyStages {
  public:
+  explicit constexpr Flux2Stages(const Flux2Pipeline& pipeline) : p_(pipeline) {}
   Capabilities capabilities(const ModelConfig& config) const override {
     Capabilities c;
-    c.references = c.image_to_image = c.loras = true;
-    c.guidance = !config.is_distilled;  // klein-base; the distilled models run no CFG
+    c.references = c.loras = true;
+    c.image_to_image = p_.image_to_image;
+    // klein-base's CFG scale, or dev's embedded guidance; the distilled klein runs neither.
+    c.guidance = p_.embedded_guidance || !config.is_distilled;
     return c;
   }
   void start(Session& session, Generation& g, Progress& progress) const override;
@@ -68,6 +85,9 @@ class Flux2Stages final : public FamilyStages {
   void denoise(Session& session, Generation& g, Progress& progress,
                const StepHook& on_step) const override;
   void decode(Session& session, Generation& g, Progress& progress) const override;
+
+ private:
+  const Flux2Pipeline& p_;
 };
 
 }  // namespace
@@ -79,7 +99,10 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
   const ModelConfig& config = session.weights().config();
   GenerateResult& r = g.result;
   check(!o.cfg_normalization && !o.cfg_truncation, "--cfg-normalization and --cfg-truncation "
-        "are Z-Image's guidance options; FLUX.2-klein's classifier-free guidance has neither");
+        "are Z-Image's guidance options; ", p_.name, "'s guidance has neither");
+  check(p_.image_to_image || (o.init_image.empty() && o.mask.empty() && !o.strength), p_.name,
+        "'s pipeline has no image-to-image or inpainting: give the picture as a --reference "
+        "(an edit) instead of --init-image");
 
   // LoRAs: every file read and checked against this transformer before any other work.
   if (!o.loras.empty())
@@ -159,7 +182,7 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
           " steps runs no step (int(steps x strength) = 0): raise --strength or --steps");
     g.first_step = r.steps - run;
   }
-  r.guidance = o.guidance.value_or(config.is_distilled ? 1.0f : 4.0f);
+  r.guidance = o.guidance.value_or(config.is_distilled && !p_.embedded_guidance ? 1.0f : 4.0f);
   check(std::isfinite(r.guidance), "guidance: expected a finite number, got ", r.guidance);
   // The noise file replaces the seed: a seed would describe noise that was not used.
   check(o.noise_file.empty() || !o.seed, "--noise and --seed exclude each other: the noise file "
@@ -167,7 +190,11 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
   if (o.noise_file.empty()) r.seed = o.seed ? *o.seed : random_seed();
   g.guided = flux2::uses_guidance(config, r.guidance);
   r.guided = g.guided;
-  if (config.is_distilled && ((o.guidance && *o.guidance != 1.0f) || !o.negative_prompt.empty()))
+  r.embedded_guidance = p_.embedded_guidance;
+  if (p_.embedded_guidance && !o.negative_prompt.empty())
+    session.warn(g, progress, std::string(p_.name) + " runs one pass per step (its guidance is "
+                 "embedded in the model): the negative prompt has no effect and is not recorded");
+  else if (config.is_distilled && ((o.guidance && *o.guidance != 1.0f) || !o.negative_prompt.empty()))
     session.warn(g, progress, "this model is distilled (no classifier-free guidance): the guidance and "
                       "the negative prompt have no effect and are not recorded in the image");
   r.fast = runs_fast(o.precision, session.weights());
@@ -219,7 +246,7 @@ void Flux2Stages::encode_prompt(Session& session, Generation& g, Progress& progr
     if (o.prompt_cache_dir) cache.emplace(*o.prompt_cache_dir);
     auto encode = [&](const std::string& text, bool& from_cache,
                       const TextLayerHook& observe) {
-      KleinPromptTokens tokens = tokenize_klein_prompt(session.tokenizer(), text);
+      KleinPromptTokens tokens = p_.tokenize(session.tokenizer(), text, kKleinMaxTokens);
       if (!tokens.warning.empty()) session.warn(g, progress, tokens.warning);
       if (observe) {
         from_cache = false;
@@ -452,7 +479,12 @@ void Flux2Stages::decode(Session& session, Generation& g, Progress& progress) co
 }
 
 const FamilyStages& flux2_stages() {
-  static const Flux2Stages stages;
+  static const Flux2Stages stages(kKlein);
+  return stages;
+}
+
+const FamilyStages& flux2_dev_stages() {
+  static const Flux2Stages stages(kDev);
   return stages;
 }
 

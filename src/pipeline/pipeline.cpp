@@ -113,8 +113,9 @@ std::string parameters_text(const GenerateOptions& o, const GenerateResult& r,
   // nothing to a guidance or a negative prompt that was given.
   if (r.guided && !o.negative_prompt.empty())
     s << "Negative prompt: " << o.negative_prompt << "\n";
-  s << "Steps: " << r.steps << ", Sampler: Euler (flow matching), CFG scale: "
-    << (r.guided ? r.guidance : 1.0f)
+  s << "Steps: " << r.steps << ", Sampler: Euler (flow matching), "
+    << (r.embedded_guidance ? "Guidance: " : "CFG scale: ")
+    << (r.guided || r.embedded_guidance ? r.guidance : 1.0f)
     << (r.seed ? ", Seed: " + std::to_string(*r.seed) : std::string(", Noise: from a file"))
     << ", Size: " << r.width << "x" << r.height
     << ", Model: " << model_name;
@@ -141,7 +142,7 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
   j["negative_prompt"] = r.guided ? o.negative_prompt : std::string();
   j["steps"] = r.steps;
   j["sampler"] = "euler_flow_matching";
-  j["guidance"] = r.guided ? r.guidance : r.no_guidance;
+  j["guidance"] = r.guided || r.embedded_guidance ? r.guidance : r.no_guidance;
   if (r.guided && o.cfg_normalization) j["cfg_normalization"] = *o.cfg_normalization;
   if (r.guided && o.cfg_truncation) j["cfg_truncation"] = *o.cfg_truncation;
   j["seed"] = r.seed ? nlohmann::json(*r.seed) : nlohmann::json(nullptr);  // none: --noise

@@ -118,6 +118,9 @@ struct GenerateResult {
   // The guidance value that means none in the family's convention (klein 1, Z-Image 0): what
   // the metadata records when no guidance took effect, so that giving it back gives the image.
   float no_guidance = 1;
+  // FLUX.2-dev: the guidance value went to the model's guidance embedder (no CFG pass), so it
+  // shaped the image and is recorded.
+  bool embedded_guidance = false;
   bool context_from_cache = false;
   bool fast = false;  // the precision used: true = Fast (see Precision)
   std::vector<std::pair<std::string, double>> timings;  // phase → seconds, in order

@@ -3,7 +3,7 @@
 // prepare_latents, denoise, decode). A Session holds the stages of its model's family
 // (ModelConfig::family), chosen in families.cpp; each family's stages are one file here:
 // flux2_stages.cpp (FLUX.2-klein: text-to-image, references, image-to-image, inpainting, the
-// K/V cache, LoRA) and zimage_stages.cpp (Z-Image: text-to-image with CFG options). The front
+// K/V cache, LoRA; FLUX.2-dev: the same stages with its prompt and embedded guidance) and zimage_stages.cpp (Z-Image: text-to-image with CFG options). The front
 // ends see none of this: they call the Session.
 #include "core/memory.h"
 #include "pipeline/pipeline.h"
@@ -29,6 +29,7 @@ class FamilyStages {
 };
 
 const FamilyStages& flux2_stages();
+const FamilyStages& flux2_dev_stages();
 const FamilyStages& zimage_stages();
 // The stages of the configuration's family; throws naming a family without stages.
 const FamilyStages& stages_for(const ModelConfig& config);

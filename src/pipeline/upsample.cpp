@@ -29,6 +29,9 @@ const std::string& default_upsample_system(bool edit) {
 }
 
 std::string upsample_unavailable(const Model& model) {
+  if (!model.weights->config().text_encoder.qk_norm)
+    return "prompt upsampling runs Qwen3 text encoders (FLUX.2-klein, Z-Image); this model's "
+           "is Mistral's (FLUX.2-dev), whose chat is not supported yet";
   std::string missing;
   if (qwen3::can_generate(*model.weights, &missing)) return "";
   return "this model cannot upsample prompts: its text encoder lacks " + missing +

@@ -7,7 +7,6 @@ namespace klein {
 
 namespace {
 
-constexpr std::string_view kPadToken = "<|endoftext|>";
 // How much of the dropped text the warning quotes, so the user can see where the cut fell.
 constexpr size_t kQuotedBytes = 48;
 
@@ -45,11 +44,12 @@ KleinPromptTokens tokenize_klein_prompt(const Tokenizer& tokenizer, std::string_
 }
 
 KleinPromptTokens tokenize_chat_text(const Tokenizer& tokenizer, const std::string& chat_text,
-                                     int max_tokens) {
+                                     int max_tokens, const ChatPadding& padding) {
   check(max_tokens > 0, "the maximum prompt length must be positive, got ", max_tokens);
   KleinPromptTokens out;
-  out.pad_id = tokenizer.token_id(kPadToken);
-  check(out.pad_id >= 0, "the tokenizer has no ", kPadToken, " token to pad prompts with");
+  out.pad_id = tokenizer.token_id(padding.pad_token);
+  check(out.pad_id >= 0, "the tokenizer has no ", padding.pad_token,
+        " token to pad prompts with");
 
   const std::vector<int32_t> all = tokenizer.encode(chat_text);
   const int total = int(all.size());
@@ -59,9 +59,10 @@ KleinPromptTokens tokenize_chat_text(const Tokenizer& tokenizer, const std::stri
 
   out.ids.assign(size_t(max_tokens), out.pad_id);
   out.mask.assign(size_t(max_tokens), 0);
+  const int first = padding.left ? max_tokens - out.real_tokens : 0;
   for (int i = 0; i < out.real_tokens; ++i) {
-    out.ids[size_t(i)] = all[size_t(i)];
-    out.mask[size_t(i)] = 1;
+    out.ids[size_t(first + i)] = all[size_t(i)];
+    out.mask[size_t(first + i)] = 1;
   }
   return out;
 }

@@ -14,11 +14,11 @@ namespace klein {
 constexpr int kKleinMaxTokens = 512;
 
 struct KleinPromptTokens {
-  std::vector<int32_t> ids;   // max_tokens ids, right-padded with the pad id
+  std::vector<int32_t> ids;   // max_tokens ids, padded with the pad id (klein: on the right)
   std::vector<int32_t> mask;  // attention mask: 1 for the real tokens, 0 for the padding
   int real_tokens = 0;        // ids that are real tokens (the number of ones in the mask)
   int dropped = 0;            // tokens cut off the end because the text was too long
-  int32_t pad_id = -1;        // <|endoftext|>, 151643 for Qwen3
+  int32_t pad_id = -1;        // <|endoftext|>, 151643 for Qwen3 (<pad> for Mistral)
   // Empty unless tokens were dropped; then a sentence for the user saying how many and
   // where the cut fell. The library never prints it; the caller decides.
   std::string warning;
@@ -41,8 +41,16 @@ std::string qwen3_chat_text(std::string_view system, std::string_view user, bool
 KleinPromptTokens tokenize_klein_prompt(const Tokenizer& tokenizer, std::string_view prompt,
                                         int max_tokens = kKleinMaxTokens);
 
-// The same for an already rendered chat text (another pipeline's template).
+// How a rendered chat text is padded to the fixed length: with which token, on which side.
+struct ChatPadding {
+  std::string_view pad_token = "<|endoftext|>";
+  bool left = false;
+};
+
+// The same for an already rendered chat text (another pipeline's template): truncated on the
+// right (the end of a long prompt is dropped), padded as `padding` says.
 KleinPromptTokens tokenize_chat_text(const Tokenizer& tokenizer, const std::string& chat_text,
-                                     int max_tokens = kKleinMaxTokens);
+                                     int max_tokens = kKleinMaxTokens,
+                                     const ChatPadding& padding = {});
 
 }  // namespace klein

@@ -108,6 +108,7 @@ int32_t Tokenizer::token_id(std::string_view token) const {
 }
 
 const std::vector<AddedToken>& Tokenizer::added_tokens() const { return impl_->added; }
+bool Tokenizer::pads_left() const { return impl_->pads_left; }
 size_t Tokenizer::vocab_size() const { return impl_->bpe.vocab_size(); }
 size_t Tokenizer::merge_count() const { return impl_->bpe.merge_count(); }
 

@@ -100,6 +100,9 @@ class Tokenizer {
   int32_t token_id(std::string_view token) const;
 
   const std::vector<AddedToken>& added_tokens() const;
+  // tokenizer_config.json's "padding_side" is "left" (transformers pads on the right when the
+  // file does not say).
+  bool pads_left() const;
   size_t vocab_size() const;  // regular (BPE) tokens, without the added ones
   size_t merge_count() const;
 

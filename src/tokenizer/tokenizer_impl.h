@@ -17,6 +17,7 @@ struct Tokenizer::Impl {
   tok::Pretokenizer pretokenizer;
 
   std::vector<AddedToken> added;  // sorted by id
+  bool pads_left = false;         // tokenizer_config.json: "padding_side": "left"
   std::unordered_map<int32_t, size_t> added_by_id;
   std::unordered_map<std::string, size_t> added_by_content;
   // For the left-to-right scan: the added tokens that start with a given byte, longest

@@ -475,6 +475,17 @@ void load_vocab(const TokenizerFiles& files, tok::BpeModel& bpe, Collected& c) {
         "); a byte-level vocabulary needs all 256");
 }
 
+// tokenizer_config.json's "padding_side": "left" or "right" (absent: right).
+bool reads_padding_left(std::string_view text, const std::string& file) {
+  const nlohmann::json config = nlohmann::json::parse(text, nullptr, false);
+  if (config.is_discarded() || !config.is_object() || !config.contains("padding_side"))
+    return false;
+  const nlohmann::json& side = config["padding_side"];
+  check(side.is_string() && (side == "left" || side == "right"), file,
+        ": padding_side must be \"left\" or \"right\", got ", side.dump());
+  return side == "left";
+}
+
 }  // namespace
 
 Tokenizer::Tokenizer(const TokenizerFiles& files) {
@@ -487,6 +498,9 @@ Tokenizer::Tokenizer(const TokenizerFiles& files) {
   if (files.tokenizer_config_json)
     read_added_tokens_decoder(*files.tokenizer_config_json, file_in(files, "tokenizer_config.json"),
                               c);
+  if (files.tokenizer_config_json)
+    impl->pads_left = reads_padding_left(*files.tokenizer_config_json,
+                                         file_in(files, "tokenizer_config.json"));
   impl->added = settle_added_tokens(c.added);
   check_added_against_vocabulary(c.added, impl->bpe);
   impl->index_added_tokens();

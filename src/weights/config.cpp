@@ -201,6 +201,8 @@ ModelConfig model_config_from_json(const json& j, const std::string& where) {
 }
 
 int64_t text_encoder_layers(const json& j, const std::string& where) {
+  if (j.is_object() && j.value("model_type", "") == "mistral3" && j.contains("text_config"))
+    return text_encoder_layers(j["text_config"], where + " (text_config)");
   TextEncoderConfig defaults;
   int64_t n = defaults.num_layers;
   read(j, "num_hidden_layers", n, where);

@@ -39,6 +39,10 @@ ShapeMap expected_transformer(const TransformerConfig& c) {
   m[t + "context_embedder.weight"] = {D, c.context_dim};
   m[t + "time_guidance_embed.timestep_embedder.linear_1.weight"] = {D, c.timestep_channels};
   m[t + "time_guidance_embed.timestep_embedder.linear_2.weight"] = {D, D};
+  if (c.guidance_embeds) {  // FLUX.2-dev
+    m[t + "time_guidance_embed.guidance_embedder.linear_1.weight"] = {D, c.timestep_channels};
+    m[t + "time_guidance_embed.guidance_embedder.linear_2.weight"] = {D, D};
+  }
   m[t + "double_stream_modulation_img.linear.weight"] = {6 * D, D};
   m[t + "double_stream_modulation_txt.linear.weight"] = {6 * D, D};
   m[t + "single_stream_modulation.linear.weight"] = {3 * D, D};
@@ -80,8 +84,10 @@ ShapeMap expected_text_encoder(const TextEncoderConfig& c) {
     m[p + "self_attn.k_proj.weight"] = {c.num_kv_heads * hd, h};
     m[p + "self_attn.v_proj.weight"] = {c.num_kv_heads * hd, h};
     m[p + "self_attn.o_proj.weight"] = {h, c.num_heads * hd};
-    m[p + "self_attn.q_norm.weight"] = {hd};
-    m[p + "self_attn.k_norm.weight"] = {hd};
+    if (c.qk_norm) {
+      m[p + "self_attn.q_norm.weight"] = {hd};
+      m[p + "self_attn.k_norm.weight"] = {hd};
+    }
     m[p + "mlp.gate_proj.weight"] = {c.intermediate, h};
     m[p + "mlp.up_proj.weight"] = {c.intermediate, h};
     m[p + "mlp.down_proj.weight"] = {h, c.intermediate};
@@ -169,6 +175,7 @@ TransformerConfig infer_transformer_config(const ShapeMap& t, const std::string&
   const Shape& out = shape_of(t, "transformer.proj_out.weight", where);
   check(x.size() == 2 && ctx.size() == 2 && t1.size() == 2 && out.size() == 2, where,
         ": embedder weights must be 2-D");
+  c.guidance_embeds = t.count("transformer.time_guidance_embed.guidance_embedder.linear_1.weight") > 0;
   const int64_t D = x[0];
   c.in_channels = x[1];
   c.out_channels = out[0];
@@ -190,14 +197,17 @@ TransformerConfig infer_transformer_config(const ShapeMap& t, const std::string&
   return c;
 }
 
-TextEncoderConfig infer_text_encoder_config(const ShapeMap& t, const std::string& where) {
+TextEncoderConfig infer_text_encoder_config(const ShapeMap& t, const std::string& where,
+                                            int64_t head_dim) {
   TextEncoderConfig c;
   const Shape& e = shape_of(t, "text_encoder.model.embed_tokens.weight", where);
   c.vocab_size = e[0];
   c.hidden = e[1];
   c.num_layers = count_indexed(t, "text_encoder.model.layers.");
   const std::string p = "text_encoder.model.layers.0.";
-  c.head_dim = shape_of(t, p + "self_attn.q_norm.weight", where)[0];
+  // Qwen3's per-head q_norm gives the head width; Mistral has none: `head_dim` then.
+  c.qk_norm = t.count(p + "self_attn.q_norm.weight") > 0;
+  c.head_dim = c.qk_norm ? shape_of(t, p + "self_attn.q_norm.weight", where)[0] : head_dim;
   c.num_heads = shape_of(t, p + "self_attn.q_proj.weight", where)[0] / c.head_dim;
   c.num_kv_heads = shape_of(t, p + "self_attn.k_proj.weight", where)[0] / c.head_dim;
   c.intermediate = shape_of(t, p + "mlp.gate_proj.weight", where)[0];

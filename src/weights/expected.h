@@ -21,7 +21,10 @@ ShapeMap expected_vae(const VaeConfig& c);
 TransformerConfig infer_transformer_config(const ShapeMap& tensors, const std::string& where);
 // output_layers is left at its default: the family decides it (family.h), then the caller
 // checks that the encoder has that many layers.
-TextEncoderConfig infer_text_encoder_config(const ShapeMap& tensors, const std::string& where);
+// head_dim: the head width when the tensors do not show it (no q_norm, as in Mistral; 128 is
+// FLUX.2-dev's Mistral-Small-3.1).
+TextEncoderConfig infer_text_encoder_config(const ShapeMap& tensors, const std::string& where,
+                                            int64_t head_dim = 128);
 VaeConfig infer_vae_config(const ShapeMap& tensors, const std::string& where);
 
 // Every expected tensor present with its shape; errors name the file, the tensor, and both

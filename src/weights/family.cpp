@@ -22,7 +22,7 @@ void same(int64_t from_file, int64_t from_shapes, const char* key, const std::st
 
 // FLUX.2-klein (4B, 9B; distilled, base, K/V): the naming, shapes and configuration of
 // naming.h, expected.h and config.h.
-class Flux2Klein final : public ModelFamily {
+class Flux2Klein : public ModelFamily {
  public:
   std::string_view id() const override { return "flux2-klein"; }
   std::string_view title() const override { return "FLUX.2-klein"; }
@@ -189,11 +189,20 @@ transformer.proj_out.*                     >=bf16
   void check_pairing(const ModelConfig& c, const Files& f) const override {
     const auto& t = c.transformer;
     const auto& e = c.text_encoder;
+    check(e.qk_norm, "the text encoder (", f.text_encoder, ") is a Mistral model; FLUX.2-klein "
+          "reads a Qwen3 one (Qwen3-4B for klein-4B, Qwen3-8B for klein-9B)");
     check(t.context_dim == e.context_dim(), "the transformer (", f.transformer,
           ") expects a text context ", t.context_dim, " wide, but the text encoder (",
           f.text_encoder, ", hidden size ", e.hidden, ") gives 3 x ", e.hidden, " = ",
           e.context_dim(), ". FLUX.2-klein-4B pairs with Qwen3-4B (hidden 2560), klein-9B with "
           "Qwen3-8B (hidden 4096).");
+    check_latents(c, f);
+  }
+
+ protected:
+  // The transformer works on the VAE's packed latents.
+  static void check_latents(const ModelConfig& c, const Files& f) {
+    const auto& t = c.transformer;
     check(c.vae.latent_batch_norm && t.in_channels == c.vae.packed_channels(), "the transformer (",
           f.transformer, ") works on latents of ", t.in_channels, " channels, but the VAE (",
           f.vae, ") gives ", c.vae.latent_channels, " x 2 x 2 = ", c.vae.packed_channels(),
@@ -211,11 +220,85 @@ transformer.proj_out.*                     >=bf16
   }
 };
 
+// FLUX.2-dev: klein's transformer at 8 double + 48 single blocks of width 6144 with a guidance
+// embedder (guidance-distilled: the scale goes to the model, no CFG pass), and the language
+// model of Mistral-Small-3.1 (Mistral3ForConditionalGeneration) as text encoder, read at
+// layers 10, 20 and 30. Its tensors are named as klein's; naming.h maps the Mistral3 prefixes.
+class Flux2Dev final : public Flux2Klein {
+ public:
+  std::string_view id() const override { return "flux2-dev"; }
+  std::string_view title() const override { return "FLUX.2-dev"; }
+  std::vector<std::string> pipeline_classes() const override { return {"Flux2Pipeline"}; }
+  // A transformer with a guidance embedder (diffusers or BFL spelling) is FLUX.2-dev's.
+  bool recognises_transformer(const std::vector<NamedShape>& tensors) const override {
+    for (const auto& t : tensors)
+      if (t.name.find("guidance_in.") != std::string::npos ||
+          t.name.find("time_guidance_embed.guidance_embedder.") != std::string::npos)
+        return true;
+    return false;
+  }
+  void read_transformer_config(const json& j, const ShapeMap* shapes, const std::string& f,
+                               const std::string& weights_file, ModelConfig& c) const override {
+    Flux2Klein::read_transformer_config(j, shapes, f, weights_file, c);
+    // diffusers' default when the file does not say (FLUX.2-dev's config.json does not).
+    if (!j.contains("guidance_embeds")) c.transformer.guidance_embeds = true;
+    check(c.transformer.guidance_embeds, f, ": guidance_embeds is false, but a Flux2Pipeline "
+          "(FLUX.2-dev) transformer embeds the guidance scale");
+  }
+  void infer_transformer_config(const ShapeMap& shapes, const std::string& where,
+                                ModelConfig& c) const override {
+    Flux2Klein::infer_transformer_config(shapes, where, c);
+    c.transformer.guidance_embeds = true;
+  }
+  std::vector<int64_t> text_output_layers(int64_t) const override { return {10, 20, 30}; }
+  void read_model_index(const json&, ModelConfig& c) const override {
+    c.is_distilled = true;  // no unconditional pass: the guidance is embedded
+    c.reference_cache = false;
+  }
+  std::vector<std::string> variant_names() const override { return {"dev"}; }
+  std::string variant_name(const ModelConfig& c) const override {
+    return c.transformer.inner_dim() == 6144 && c.text_encoder.hidden == 5120 ? "dev" : "";
+  }
+  void apply_variant(const std::string& name, bool, const std::string&,
+                     ModelConfig& c) const override {
+    check(name.empty() || name == "dev", "--variant ", name, ": a FLUX.2-dev model is \"dev\"");
+    read_model_index(json::object(), c);
+  }
+  void decide_undeclared_variant(const std::string&, ModelConfig& c) const override {
+    read_model_index(json::object(), c);
+  }
+  std::vector<std::string> describe_pipeline(const ModelConfig&) const override {
+    return {"guidance-distilled: the guidance scale is given to the model, one pass per step "
+            "(no classifier-free guidance)"};
+  }
+  json diffusers_model_index(const ModelConfig&) const override {
+    return {{"_class_name", "Flux2Pipeline"},
+            {"_diffusers_version", "0.36.0"},
+            {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
+            {"text_encoder", {"transformers", "Mistral3ForConditionalGeneration"}},
+            {"tokenizer", {"transformers", "PixtralProcessor"}},
+            {"transformer", {"diffusers", "Flux2Transformer2DModel"}},
+            {"vae", {"diffusers", "AutoencoderKLFlux2"}}};
+  }
+  void check_pairing(const ModelConfig& c, const Files& f) const override {
+    const auto& t = c.transformer;
+    const auto& e = c.text_encoder;
+    check(!e.qk_norm, "the text encoder (", f.text_encoder, ") is a Qwen3 model; FLUX.2-dev "
+          "reads Mistral-Small-3.1's language model (Mistral3ForConditionalGeneration)");
+    check(t.context_dim == e.context_dim(), "the transformer (", f.transformer,
+          ") expects a text context ", t.context_dim, " wide, but the text encoder (",
+          f.text_encoder, ", hidden size ", e.hidden, ") gives 3 x ", e.hidden, " = ",
+          e.context_dim(), ". FLUX.2-dev pairs with Mistral-Small-3.1 (hidden 5120).");
+    check_latents(c, f);
+  }
+};
+
 }  // namespace
 
 const std::vector<const ModelFamily*>& model_families() {
   static const Flux2Klein klein;
-  static const std::vector<const ModelFamily*> all = {&klein, &zimage::checkpoint_family()};
+  static const Flux2Dev dev;
+  static const std::vector<const ModelFamily*> all = {&klein, &zimage::checkpoint_family(), &dev};
   return all;
 }
 

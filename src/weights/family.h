@@ -1,9 +1,10 @@
 #pragma once
 // A model family as the weights layer sees it.
 //
-// Every family the engine runs shares the components around its transformer: a Qwen3 text
-// encoder and a diffusers VAE, whose names, shapes and configuration naming.h, expected.h
-// and config.h know. What a family brings is its transformer: how checkpoints name, group
+// Every family the engine runs shares the kinds of components around its transformer: a
+// decoder-only text encoder (Qwen3; FLUX.2-dev's is the language model of Mistral3, the same
+// decoder without q/k norms: TextEncoderConfig::qk_norm) and a diffusers VAE, whose names,
+// shapes and configuration naming.h, expected.h and config.h know. What a family brings is its transformer: how checkpoints name, group
 // and shape its tensors, its configuration, which text-encoder layers its pipeline reads,
 // how its latents meet the VAE, and what its model_index.json says beyond the components.
 //

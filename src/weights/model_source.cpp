@@ -230,13 +230,14 @@ std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths) {
   } else {
     family->infer_transformer_config(t_shapes, files.transformer, config);
   }
-  const TextEncoderConfig e_inferred = infer_text_encoder_config(e_shapes, files.text_encoder);
   if (!d.text_encoder.config.empty()) {
     const auto& f = d.text_encoder.config;
     const json j = read_json(f);
     config.text_encoder = parse_text_encoder_config(
         j, f.string(), family->text_output_layers(text_encoder_layers(j, f.string())));
     const auto& a = config.text_encoder;
+    const TextEncoderConfig e_inferred =
+        infer_text_encoder_config(e_shapes, files.text_encoder, a.head_dim);
     const auto& b = e_inferred;
     auto same = [&](int64_t file, int64_t weights, const char* key) {
       check_config_matches_weights(f.string(), key, file, weights);
@@ -249,7 +250,12 @@ std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths) {
     same(a.intermediate, b.intermediate, "intermediate_size");
     check(b.num_layers >= a.layers_needed(), f.string(), ": the weights hold ", b.num_layers,
           " layers; the pipeline needs ", a.layers_needed());
+    check(a.qk_norm == b.qk_norm, f.string(), ": model_type says ",
+          a.qk_norm ? "qwen3 (q/k norms in every layer)" : "mistral (no q/k norms)",
+          ", but the weights (", files.text_encoder, ") ", b.qk_norm ? "have" : "have no",
+          " self_attn.q_norm/k_norm: they are a ", b.qk_norm ? "Qwen3" : "Mistral", " model");
   } else {
+    const TextEncoderConfig e_inferred = infer_text_encoder_config(e_shapes, files.text_encoder);
     config.text_encoder = e_inferred;
     config.text_encoder.output_layers = family->text_output_layers(e_inferred.num_layers);
     check(e_inferred.num_layers >= config.text_encoder.layers_needed(), files.text_encoder,

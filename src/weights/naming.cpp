@@ -49,6 +49,8 @@ std::optional<std::string> bfl_transformer_rename(const std::string& n) {
       {"txt_in.weight", "context_embedder.weight"},
       {"time_in.in_layer.weight", "time_guidance_embed.timestep_embedder.linear_1.weight"},
       {"time_in.out_layer.weight", "time_guidance_embed.timestep_embedder.linear_2.weight"},
+      {"guidance_in.in_layer.weight", "time_guidance_embed.guidance_embedder.linear_1.weight"},
+      {"guidance_in.out_layer.weight", "time_guidance_embed.guidance_embedder.linear_2.weight"},
       {"double_stream_modulation_img.lin.weight", "double_stream_modulation_img.linear.weight"},
       {"double_stream_modulation_txt.lin.weight", "double_stream_modulation_txt.linear.weight"},
       {"single_stream_modulation.lin.weight", "single_stream_modulation.linear.weight"},
@@ -121,12 +123,7 @@ std::vector<TensorSource> map_one_transformer(const NamedShape& t, bool bfl,
     return {s};
   }
   auto renamed = bfl_transformer_rename(n);
-  if (!renamed) {
-    if (starts_with(n, "guidance_in."))
-      fail(where, ": tensor ", t.name, " is a guidance embedding: this is a guidance-distilled "
-           "FLUX model (FLUX.2-dev?), not FLUX.2-klein");
-    fail(where, ": unknown transformer tensor ", t.name);
-  }
+  if (!renamed) fail(where, ": unknown transformer tensor ", t.name);
   return {{"transformer." + *renamed, t.name}};
 }
 
@@ -146,6 +143,19 @@ std::vector<TensorSource> map_text_encoder(const std::vector<NamedShape>& tensor
   std::vector<TensorSource> out;
   for (const auto& t : tensors) {
     std::string n = strip_known_prefixes(t.name);
+    // Mistral3ForConditionalGeneration (FLUX.2-dev) holds its language model under
+    // "language_model." (older transformers: language_model.model.*, language_model.lm_head.*;
+    // newer: model.language_model.*, lm_head.*), beside a vision tower and a projector that
+    // image generation never reads (they map to names without a unit: dropped, and recorded).
+    if (starts_with(n, "language_model.model.")) n = n.substr(std::string("language_model.").size());
+    else if (starts_with(n, "language_model.lm_head.")) n = n.substr(std::string("language_model.").size());
+    else if (starts_with(n, "model.language_model.")) n = "model." + n.substr(std::string("model.language_model.").size());
+    else if (starts_with(n, "model.vision_tower.") || starts_with(n, "model.multi_modal_projector."))
+      n = n.substr(std::string("model.").size());
+    if (starts_with(n, "vision_tower.") || starts_with(n, "multi_modal_projector.")) {
+      out.push_back({"text_encoder." + n, t.name});
+      continue;
+    }
     if (starts_with(n, "lm_head.")) {
       out.push_back({"text_encoder." + n, t.name});
       continue;

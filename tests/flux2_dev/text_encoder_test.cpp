@@ -11,22 +11,26 @@
 #include "flux2_dev/dev_tiny.h"
 #include "models/qwen3/text_encoder.h"
 #include "ops/compute.h"
+#include "support/isa.h"
 
 namespace klein::testing {
 namespace {
 
 constexpr double kTolerance = 1e-4;  // max|diff| / max|ref|
 
-class DevTextEncoder : public ::testing::TestWithParam<std::string> {};
+class DevTextEncoder
+    : public ::testing::TestWithParam<std::tuple<std::string, quant::Isa>> {};
 
 TEST_P(DevTextEncoder, MatchesTheOfficialContextAndLayers) {
-  const std::string name = GetParam();
+  const std::string name = std::get<0>(GetParam());
+  const quant::Isa isa = std::get<1>(GetParam());
+  KLEIN_REQUIRE_ISA(isa);
   ModelConfig config = dev_config();
   EXPECT_FALSE(config.text_encoder.qk_norm);
   EXPECT_EQ(config.text_encoder.head_dim, 16);  // set apart from hidden / heads = 12
   ComponentFileStore store(dev_dir() / "model" / "text_encoder" / "model.safetensors.index.json",
                            "text_encoder", dev_text_unit_of, config);
-  Compute cx(2);
+  Compute cx(2, isa);
   qwen3::TextEncoder encoder(store, cx);
 
   const std::filesystem::path v = dev_vectors() / "text_encoder";
@@ -53,8 +57,13 @@ TEST_P(DevTextEncoder, MatchesTheOfficialContextAndLayers) {
   EXPECT_TRUE(matches_npy(context, v / (name + "_context.npy"), kTolerance));
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, DevTextEncoder,
-                         ::testing::Values("short_left", "short_right", "long_left", "long_right"));
+INSTANTIATE_TEST_SUITE_P(
+    Cases, DevTextEncoder,
+    ::testing::Combine(::testing::Values("short_left", "short_right", "long_left", "long_right"),
+                       ::testing::ValuesIn(compiled_isas())),
+    [](const ::testing::TestParamInfo<std::tuple<std::string, quant::Isa>>& info) {
+      return std::get<0>(info.param) + "_" + std::string(quant::isa_name(std::get<1>(info.param)));
+    });
 
 }  // namespace
 }  // namespace klein::testing

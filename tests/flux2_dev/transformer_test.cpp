@@ -14,6 +14,7 @@
 #include "models/flux2/positions.h"
 #include "models/flux2/transformer.h"
 #include "ops/compute.h"
+#include "support/isa.h"
 
 namespace klein::testing {
 namespace {
@@ -26,10 +27,14 @@ ComponentFileStore transformer_store() {
                             "transformer", klein_transformer_unit_of, dev_config());
 }
 
-TEST(DevTransformer, ForwardWithGuidanceMatchesTheOfficialModel) {
+class DevTransformerIsa : public ::testing::TestWithParam<quant::Isa> {};
+
+TEST_P(DevTransformerIsa, ForwardWithGuidanceMatchesTheOfficialModel) {
+  const quant::Isa isa = GetParam();
+  KLEIN_REQUIRE_ISA(isa);
   ComponentFileStore store = transformer_store();
   ASSERT_TRUE(store.config().transformer.guidance_embeds);
-  Compute cx(2);
+  Compute cx(2, isa);
   flux2::Transformer model(store);
   const std::filesystem::path v = dev_vectors() / "transformer";
   const nlohmann::json inputs = read_json_file(v / "inputs.json");
@@ -63,6 +68,11 @@ TEST(DevTransformer, ForwardWithGuidanceMatchesTheOfficialModel) {
   EXPECT_GE(observed, 6);  // 2 x 2 double-block streams, 2 single blocks, norm_out
   EXPECT_TRUE(matches_npy(velocity.data(), int64_t(velocity.size()), v / "out.npy", kTolerance));
 }
+
+INSTANTIATE_TEST_SUITE_P(Isas, DevTransformerIsa, ::testing::ValuesIn(compiled_isas()),
+                         [](const ::testing::TestParamInfo<quant::Isa>& info) {
+                           return std::string(quant::isa_name(info.param));
+                         });
 
 TEST(DevTransformer, RefusesToRunWithoutAGuidanceValue) {
   ComponentFileStore store = transformer_store();

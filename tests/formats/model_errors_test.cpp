@@ -215,7 +215,8 @@ TEST(ModelErrors, TextEncoderThatIsNotQwen3) {
   copy.write("text_encoder/config.json", config.dump(2));
   EXPECT_THAT(open_error(copy.dir()),
               AllOf(HasSubstr((copy / "text_encoder/config.json").string()),
-                    HasSubstr("model_type \"mistral\" is not a Qwen3 text encoder")));
+                    HasSubstr("model_type says mistral (no q/k norms), but the weights"),
+                    HasSubstr("they are a Qwen3 model")));
 }
 
 TEST(ModelErrors, TextEncoderShardThatIsMissing) {

@@ -24,7 +24,11 @@ float linear_shift(float mu, float s) {
 
 }  // namespace
 
-int64_t default_steps(const ModelConfig& config) { return config.is_distilled ? 4 : 50; }
+int64_t default_steps(const ModelConfig& config) {
+  // Flux2KleinPipeline: 4 for the distilled klein, 50 for base; Flux2Pipeline (FLUX.2-dev,
+  // guidance-distilled, not step-distilled): 50.
+  return config.is_distilled && !config.transformer.guidance_embeds ? 4 : 50;
+}
 
 double empirical_mu(int64_t image_tokens, int64_t steps) {
   // Two lines fitted by BFL: μ at 10 and at 200 steps as a function of the token count,
