@@ -4,7 +4,7 @@
 #   scripts/test.sh --sanitize [LABELS]   builds ./build-asan (clang, AddressSanitizer + UBSan:
 #                                scripts/configure-sanitize.sh) and runs the tests there
 #                                (LABELS: a ctest -L regex of test areas, e.g. 'formats|gguf';
-#                                default: all but five end-to-end report runs)
+#                                default: all but eight end-to-end report runs)
 # Golden data is read from ../shared/testdata (override with KLEIN_TESTDATA=DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,16 +27,17 @@ bash scripts/install-packages.sh chromium python3 python3-numpy python3-pil pyth
 cmake --build "$dir"
 labels=()
 if [[ "${1:-}" == "--sanitize" ]]; then
-  # Not the five end-to-end quantization reports: each converts and generates the tiny model
-  # a dozen times through the same converter, pipeline and kernels that the other tests run
-  # under the sanitizers, and together they took 270 of the 1400 test seconds. The report's
-  # own code (metrics, writers, policy search) is run by the other 19 report tests.
+  # Not the five end-to-end quantization reports of klein and the three of Z-Image that mirror
+  # them: each converts and generates a tiny model a dozen times through the same converter,
+  # pipeline and kernels that the other tests run under the sanitizers, and klein's five took
+  # 270 of the 1400 test seconds. The report's own code (metrics, writers, policy search, both
+  # families' probes) is run by the other 24 report tests.
   # Nor two end-to-end repeats of paths other tests run under the sanitizers: the GGUF
   # generation comparison (four conversions and generations of the tiny model, 55 s here; the
   # GGUF reader and converter run under ASan in GgufModel.ConvertedHoldsTheValuesGgufPyDecodes
   # and BflLayout.Gguf*) and klein-base's 50-step defaults case (27 s; its CFG path runs in the
   # 6-step case).
-  labels=(-E '^(TinyReport[.](CliReportsQ8AndQ4|CliPolicyIsVerifiedAndConvertAcceptsIt|EndToEndQ8IsCloserThanQ4|PolicySearch|EndToEndPsnrIsThatOfTwoDefaultGenerations)|GgufModel[.]ConvertedGivesTheGenerationOfItsDecodedWeights)$|^TinyModel/KleinBase[.]MatchesTheOfficialPipelineAtEveryStep/base_defaults_h48_w48 ')
+  labels=(-E '^(TinyReport[.](CliReportsQ8AndQ4|CliPolicyIsVerifiedAndConvertAcceptsIt|EndToEndQ8IsCloserThanQ4|PolicySearch|EndToEndPsnrIsThatOfTwoDefaultGenerations)|ZImageReport[.](EndToEndQ8IsCloserThanQ4|EndToEndPsnrIsThatOfTwoDefaultGenerations|CliReportsAndVerifiesAPolicy)|GgufModel[.]ConvertedGivesTheGenerationOfItsDecodedWeights)$|^TinyModel/KleinBase[.]MatchesTheOfficialPipelineAtEveryStep/base_defaults_h48_w48 ')
   [[ -n "${2:-}" ]] && labels=(-L "$2")
 fi
 # Which instruction-set paths the run exercised: the tests append "ran PATH TEST" or "skipped

@@ -3,14 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
-#include <map>
-#include <set>
+#include <optional>
 
 #include "core/error.h"
-#include "models/flux2/transformer.h"
-#include "models/vae/vae.h"
 #include "convert/report/mixed_store.h"
+#include "pipeline/stages.h"
 
 namespace klein::report {
 
@@ -84,13 +81,6 @@ std::vector<float> unit_pixels(const Tensor& decoded) {
   return u;
 }
 
-// The VAE decoder alone, for the probe that puts the candidate's decoder on the reference's
-// latents (in the context's current arithmetic).
-Tensor decode(WeightStore& store, Compute& cx, const Tensor& latents, flux2::LatentGrid grid) {
-  vae::Vae vae(store, cx);
-  return vae.decode(latents, grid.rows, grid.cols);
-}
-
 // The largest power of two (at most 64) that keeps the largest difference within range, so
 // that small errors are visible and the caption can state the factor.
 double difference_gain(double max_difference) {
@@ -114,91 +104,40 @@ Image difference_image(const std::vector<float>& ref, const std::vector<float>& 
 
 // --- transformer probes ---------------------------------------------------------------------
 
-struct ProbeInputs {
-  const Tensor* latents = nullptr;  // [N, in_channels]
-  const Tensor* context = nullptr;  // [T, context_dim]
-  flux2::LatentGrid grid;
-  float timestep = 0;
-};
-
-// One conditional transformer forward at the probe step.
-Tensor forward_once(WeightStore& store, const ProbeInputs& in, Compute& cx,
-                    const flux2::Observer& observe) {
-  flux2::Transformer model(store);
-  flux2::TokenLayout layout;
-  layout.text_tokens = in.context->dim(0);
-  layout.target = in.grid;
-  const flux2::RopeTable rope(flux2::joint_position_ids(layout), model.config().rope_axes,
-                              model.config().rope_theta);
-  const Tensor text = model.embed_text(*in.context, cx);
-  flux2::Activations act(model.config(), layout);
-  flux2::Modulation mod(model.config());
-  model.modulate(in.timestep, mod, cx);
-  Tensor velocity({in.grid.tokens(), model.config().out_channels});
-  model.forward(in.latents->data(), text, nullptr, mod, rope, act, velocity.data(), cx,
-                observe);
-  return velocity;
+// The blocks in order with their units, as the family's stages list them.
+std::vector<BlockError> block_list(const std::vector<TransformerBlock>& blocks) {
+  std::vector<BlockError> out;
+  for (const auto& b : blocks) out.push_back({b.name, b.unit, {}, {}});
+  return out;
 }
 
-// Where an observed tensor lies in its block's output stream [S, D]: double blocks report
-// their text and image rows separately, single blocks the whole stream.
-struct BlockPart {
-  std::string block;  // "" for what is not a block output
-  int64_t first_row = 0;
-};
-
-BlockPart block_part(std::string_view name, int64_t text_tokens) {
-  auto ends_with = [&](std::string_view s) { return name.ends_with(s); };
-  if (name.starts_with("transformer_blocks.")) {
-    const std::string block(name.substr(0, name.size() - 4));
-    if (ends_with(".txt")) return {block, 0};
-    if (ends_with(".img")) return {block, text_tokens};
-  }
-  if (name.starts_with("single_transformer_blocks.")) return {std::string(name), 0};
-  return {};
-}
-
-// The blocks in order with their units.
-std::vector<BlockError> block_list(const TransformerConfig& c) {
-  std::vector<BlockError> blocks;
-  for (int64_t i = 0; i < c.num_double_blocks; ++i)
-    blocks.push_back({"transformer_blocks." + std::to_string(i), double_block_unit(i), {}, {}});
-  for (int64_t i = 0; i < c.num_single_blocks; ++i)
-    blocks.push_back(
-        {"single_transformer_blocks." + std::to_string(i), single_block_unit(i), {}, {}});
-  return blocks;
-}
-
-// The reference's block outputs, [S, D] each, as the probes compare against them.
+// The reference's block outputs (over the real tokens), as the probes compare against them.
 class BlockOutputs {
  public:
-  BlockOutputs(int64_t text_tokens, int64_t tokens, int64_t width)
-      : text_tokens_(text_tokens), tokens_(tokens), width_(width) {}
+  explicit BlockOutputs(size_t blocks) : outputs_(blocks) {}
 
-  flux2::Observer recorder() {
-    return [this](std::string_view name, const float* data, const Shape& shape) {
-      const BlockPart p = block_part(name, text_tokens_);
-      if (p.block.empty()) return;
-      auto it = outputs_.find(p.block);
-      if (it == outputs_.end()) it = outputs_.emplace(p.block, Tensor({tokens_, width_})).first;
-      std::memcpy(it->second.row(p.first_row), data, size_t(numel(shape)) * sizeof(float));
+  BlockObserver recorder() {
+    return [this](size_t block, int64_t offset, const float* data, int64_t count) {
+      check(block < outputs_.size(), "block probe: no block ", block);
+      std::vector<float>& out = outputs_[block];
+      if (out.size() < size_t(offset + count)) out.resize(size_t(offset + count));
+      std::memcpy(out.data() + offset, data, size_t(count) * sizeof(float));
     };
   }
 
-  // Compares the observed outputs of the blocks `only` names (all when empty) into `stats`.
-  flux2::Observer comparer(std::map<std::string, ErrorStats>& stats, const std::string& only) {
-    return [this, &stats, only](std::string_view name, const float* data, const Shape& shape) {
-      const BlockPart p = block_part(name, text_tokens_);
-      if (p.block.empty() || (!only.empty() && p.block != only)) return;
-      auto it = outputs_.find(p.block);
-      check(it != outputs_.end(), "block probe: no reference output of ", p.block);
-      stats[p.block].add(it->second.row(p.first_row), data, numel(shape));
+  // Compares the observed outputs of block `only` (all when none) into `stats`.
+  BlockObserver comparer(std::vector<ErrorStats>& stats, std::optional<size_t> only) {
+    stats.assign(outputs_.size(), {});
+    return [this, &stats, only](size_t block, int64_t offset, const float* data, int64_t count) {
+      if (only && block != *only) return;
+      check(block < outputs_.size() && outputs_[block].size() >= size_t(offset + count),
+            "block probe: no reference output of block ", block);
+      stats[block].add(outputs_[block].data() + offset, data, count);
     };
   }
 
  private:
-  int64_t text_tokens_, tokens_, width_;
-  std::map<std::string, Tensor> outputs_;
+  std::vector<std::vector<float>> outputs_;
 };
 
 double velocity_nmse(const Tensor& ref, const Tensor& cand) {
@@ -229,6 +168,7 @@ struct E2eSession::ReferenceCase {
   std::vector<Tensor> step_latents;  // after every Euler step
   Tensor latents_at_probe;           // entering the probe step (first case only)
   float probe_timestep = 0;
+  float guidance = 1;  // the generation's (FLUX.2-dev gives it to the model)
   Tensor final_latents;
   std::vector<float> pixels;  // [3, H, W] in [0, 1]
   int height = 0, width = 0;
@@ -242,7 +182,11 @@ struct E2eSession::ReferenceProbe {
 
 E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, Compute& cx,
                        E2eOptions options, Progress& progress)
-    : reference_(reference), tokenizer_(tokenizer), cx_(cx), options_(std::move(options)) {
+    : reference_(reference),
+      tokenizer_(tokenizer),
+      cx_(cx),
+      stages_(stages_for(reference.config())),
+      options_(std::move(options)) {
   check(!options_.cases.empty(), "end-to-end comparison: no cases");
   check(options_.probe_step >= 0, "probe step ", options_.probe_step, ": expected >= 0");
   const ModelConfig& config = reference_.config();
@@ -256,6 +200,7 @@ E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, Compu
     Generation g = session.start(generation_of(options_.cases[i], options_.precision), labelled);
     c.spec = options_.cases[i];
     c.spec.steps = g.result.steps;
+    c.guidance = g.result.guidance;
     c.grid = g.grid;
     reference_fast_ = g.result.fast;
     const int64_t probe_step = i == 0 && options_.blocks != BlockProbes::None
@@ -285,13 +230,11 @@ E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, Compu
   if (options_.blocks != BlockProbes::None) {
     const ReferenceCase& c = cases_[0];
     Phase phase(progress, "reference block outputs");
-    const TransformerConfig& tc = config.transformer;
-    const int64_t T = c.context.dim(0);
     probe_ = std::make_unique<ReferenceProbe>();
-    probe_->blocks = std::make_unique<BlockOutputs>(T, T + c.grid.tokens(), tc.inner_dim());
-    const ProbeInputs in{&c.latents_at_probe, &c.context, c.grid, c.probe_timestep};
+    probe_->blocks = std::make_unique<BlockOutputs>(stages_.transformer_blocks(config).size());
+    const ProbeInputs in{&c.latents_at_probe, &c.context, c.probe_timestep, c.grid, c.guidance};
     const Compute::Use arithmetic(cx_, arithmetic_for(reference_fast_));
-    probe_->velocity = forward_once(reference_, in, cx_, probe_->blocks->recorder());
+    probe_->velocity = stages_.probe_forward(reference_, in, cx_, probe_->blocks->recorder());
   }
 }
 
@@ -353,8 +296,8 @@ BlockProbe E2eSession::run_probes(WeightStore& candidate, const Tensor& candidat
   BlockProbe probe;
   probe.step = options_.probe_step;
   probe.timestep = c.probe_timestep;
-  probe.blocks = block_list(reference_.config().transformer);
-  const ProbeInputs in{&c.latents_at_probe, &c.context, c.grid, c.probe_timestep};
+  probe.blocks = block_list(stages_.transformer_blocks(reference_.config()));
+  const ProbeInputs in{&c.latents_at_probe, &c.context, c.probe_timestep, c.grid, c.guidance};
   const std::vector<std::string> units = units_starting(candidate, "transformer.");
   const int total = 1 + (wants_accumulated(mode) ? 1 : 0) +
                     (wants_isolated(mode) ? int(units.size()) + 1 : 0);
@@ -364,10 +307,12 @@ BlockProbe E2eSession::run_probes(WeightStore& candidate, const Tensor& candidat
   BlockOutputs& ref_blocks = *probe_->blocks;
 
   if (wants_accumulated(mode)) {
-    std::map<std::string, ErrorStats> stats;
-    const Tensor v = forward_once(candidate, in, cx_, ref_blocks.comparer(stats, ""));
+    std::vector<ErrorStats> stats;
+    const Tensor v =
+        stages_.probe_forward(candidate, in, cx_, ref_blocks.comparer(stats, std::nullopt));
     probe.velocity = report::compare(probe_->velocity.data(), v.data(), v.numel());
-    for (auto& b : probe.blocks) b.accumulated = summarize(stats[b.name]);
+    for (size_t b = 0; b < probe.blocks.size(); ++b)
+      probe.blocks[b].accumulated = summarize(stats[b]);
     stepped();
   }
   if (wants_isolated(mode)) {
@@ -375,10 +320,13 @@ BlockProbe E2eSession::run_probes(WeightStore& candidate, const Tensor& candidat
       MixedStore mixed(reference_, candidate, {unit});
       const auto block = std::find_if(probe.blocks.begin(), probe.blocks.end(),
                                       [&](const BlockError& b) { return b.unit == unit; });
-      std::map<std::string, ErrorStats> stats;
-      const std::string only = block != probe.blocks.end() ? block->name : "-";
-      const Tensor v = forward_once(mixed, in, cx_, ref_blocks.comparer(stats, only));
-      if (block != probe.blocks.end()) block->isolated = summarize(stats[block->name]);
+      // A unit that is no block (the shared one) has only its effect on the velocity.
+      const bool is_block = block != probe.blocks.end();
+      const size_t index = size_t(block - probe.blocks.begin());
+      std::vector<ErrorStats> stats;
+      const Tensor v = stages_.probe_forward(
+          mixed, in, cx_, is_block ? ref_blocks.comparer(stats, index) : BlockObserver{});
+      if (is_block) block->isolated = summarize(stats[index]);
       const double nmse = velocity_nmse(probe_->velocity, v);
       probe.sensitivities.push_back({unit, nmse});
       probe.isolated_velocity_nmse_sum += nmse;
@@ -386,9 +334,10 @@ BlockProbe E2eSession::run_probes(WeightStore& candidate, const Tensor& candidat
     }
     // The text encoder acts through the context alone: the reference transformer on the
     // candidate's context.
-    const ProbeInputs text_in{&c.latents_at_probe, &candidate_context, c.grid, c.probe_timestep};
+    const ProbeInputs text_in{&c.latents_at_probe, &candidate_context, c.probe_timestep, c.grid,
+                              c.guidance};
     const Compute::Use arithmetic(cx_, arithmetic_for(reference_fast_));
-    const Tensor v = forward_once(reference_, text_in, cx_, {});
+    const Tensor v = stages_.probe_forward(reference_, text_in, cx_, {});
     probe.sensitivities.push_back({"text_encoder", velocity_nmse(probe_->velocity, v)});
     stepped();
   }
@@ -396,7 +345,8 @@ BlockProbe E2eSession::run_probes(WeightStore& candidate, const Tensor& candidat
   // The VAE acts on the image alone: the candidate's decoder on the reference latents.
   const std::vector<std::string> vae = units_starting(candidate, "vae.");
   MixedStore mixed(reference_, candidate, {vae.begin(), vae.end()});
-  const std::vector<float> pixels = unit_pixels(decode(mixed, cx_, c.final_latents, c.grid));
+  const std::vector<float> pixels =
+      unit_pixels(stages_.decode_latents(mixed, c.final_latents, c.grid, cx_));
   const ErrorSummary e = report::compare(c.pixels.data(), pixels.data(), int64_t(pixels.size()));
   probe.vae_image_mse = e.rmse * e.rmse;
   stepped();
@@ -406,8 +356,8 @@ BlockProbe E2eSession::run_probes(WeightStore& candidate, const Tensor& candidat
 std::vector<E2eCase> make_cases(const ModelConfig& config, const std::vector<std::string>& prompts,
                                 const std::vector<uint64_t>& seeds, int64_t width,
                                 int64_t height, int64_t steps) {
-  const int64_t side =
-      config.transformer.inner_dim() < kTestModelWidth ? kTestModelSide : kDefaultSide;
+  const int64_t side = stages_for(config).transformer_width(config) < kTestModelWidth
+                           ? kTestModelSide : kDefaultSide;
   const int64_t w = width > 0 ? width : side, h = height > 0 ? height : side;
   for (auto [value, what] : {std::pair{w, "width"}, std::pair{h, "height"}})
     check(value >= kPixelsPerToken && value <= 8192 && value % kPixelsPerToken == 0, "image ",

@@ -18,6 +18,13 @@
 // The isolated probes (and one forward with the candidate's context on the reference
 // transformer, and the candidate's VAE decoding the reference latents) are the measured
 // sensitivities the policy search works from.
+//
+// Every family's model is measured the same way: the generations are the pipeline's stages,
+// and the probes the family's transformer and decoder one forward at a time
+// (FamilyStages::transformer_blocks, probe_forward and decode_latents, pipeline/stages.h):
+// FLUX.2-klein's double and single blocks, Z-Image's noise refiner, context refiner and main
+// layers. A block's error is over its real tokens (the text and the image rows, padding left
+// out); the probe's forward is the conditional one (the prompt's context, no guidance).
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -33,6 +40,10 @@
 #include "tokenizer/tokenizer.h"
 #include "weights/weight_store.h"
 
+namespace klein {
+class FamilyStages;
+}
+
 namespace klein::report {
 
 struct E2eCase {
@@ -43,7 +54,7 @@ struct E2eCase {
 };
 
 // The built-in set: two prompts with fixed seeds at 256x256 (64x64 for test-sized models,
-// whose transformer is narrower than 1024), the model's default steps. Any of prompts,
+// whose transformer stream is narrower than 1024), the model's default steps. Any of prompts,
 // seeds, width, height, steps given (non-empty / non-zero) replaces the default; the i-th
 // prompt takes the i-th seed, the last seed repeating.
 std::vector<E2eCase> make_cases(const ModelConfig& config, const std::vector<std::string>& prompts,
@@ -76,8 +87,8 @@ struct CaseResult {
 };
 
 struct BlockError {
-  std::string name;  // "transformer_blocks.0", "single_transformer_blocks.3"
-  std::string unit;  // "transformer.double.0", "transformer.single.3"
+  std::string name;  // "transformer_blocks.0", "single_transformer_blocks.3", "layers.2"
+  std::string unit;  // "transformer.double.0", "transformer.single.3", "transformer.layer.2"
   std::optional<ErrorSummary> accumulated;
   std::optional<ErrorSummary> isolated;
 };
@@ -129,6 +140,7 @@ class E2eSession {
   WeightStore& reference_;
   const Tokenizer& tokenizer_;
   Compute& cx_;
+  const FamilyStages& stages_;  // the model family's: its transformer and decoder, one by one
   bool reference_fast_ = false;
   E2eOptions options_;
   std::vector<ReferenceCase> cases_;

@@ -109,13 +109,14 @@ Report build_report(const ReportOptions& o, Progress& progress) {
   ModelPaths candidate_paths;
   candidate_paths.model = o.candidate;
   std::unique_ptr<WeightStore> candidate = open_model(candidate_paths);
-  // The report runs FLUX.2-klein's transformer block by block (its probes and policy search);
-  // another family is refused before any work.
-  const std::string& family = reference->config().family;
-  check(family == "flux2-klein", o.reference.model.string(), " is a ",
-        model_family(reference->config()).title(),
-        " model: klein report measures FLUX.2-klein models only so far (compare Z-Image "
-        "containers with klein generate --dump)");
+  // Both are one model: of one family (the generations and probes run its stages).
+  const ModelConfig& reference_config = reference->config();
+  const ModelConfig& candidate_config = candidate->config();
+  check(reference_config.family == candidate_config.family, "--candidate ",
+        o.candidate.string(), " is a ", model_family(candidate_config).title(), " model and the "
+        "reference ", reference_path(o.reference).string(), " a ",
+        model_family(reference_config).title(), " model: compare a container with the "
+        "model it was converted from");
   Compute cx(o.threads);
 
   Report r;

@@ -1,6 +1,8 @@
 // The FLUX.2-klein stages (pipeline.h describes them; stages.h how a family provides them).
 #include <cmath>
 #include <cstring>
+#include <optional>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/memory.h"
@@ -10,6 +12,7 @@
 #include "models/flux2/positions.h"
 #include "models/flux2/sampler.h"
 #include "models/flux2/schedule.h"
+#include "models/flux2/transformer.h"
 #include "models/qwen3/prompt_cache.h"
 #include "models/qwen3/text_encoder.h"
 #include "models/vae/vae.h"
@@ -86,11 +89,89 @@ class Flux2Stages final : public FamilyStages {
                const StepHook& on_step) const override;
   void decode(Session& session, Generation& g, Progress& progress) const override;
 
+  std::vector<TransformerBlock> transformer_blocks(const ModelConfig& config) const override {
+    std::vector<TransformerBlock> blocks;
+    const TransformerConfig& c = config.transformer;
+    for (int64_t i = 0; i < c.num_double_blocks; ++i)
+      blocks.push_back({"transformer_blocks." + std::to_string(i), double_block_unit(i)});
+    for (int64_t i = 0; i < c.num_single_blocks; ++i)
+      blocks.push_back({"single_transformer_blocks." + std::to_string(i), single_block_unit(i)});
+    return blocks;
+  }
+  int64_t transformer_width(const ModelConfig& config) const override {
+    return config.transformer.inner_dim();
+  }
+  Tensor probe_forward(WeightStore& store, const ProbeInputs& in, Compute& cx,
+                       const BlockObserver& observe) const override;
+  Tensor decode_latents(WeightStore& store, const Tensor& latents, flux2::LatentGrid grid,
+                        Compute& cx) const override {
+    vae::Vae vae(store, cx);
+    return vae.decode(latents, grid.rows, grid.cols);
+  }
+
  private:
   const Flux2Pipeline& p_;
 };
 
+// The block a transformer observation is the output of, and where it lies in that block's
+// output [S, D] (S = text | image tokens): double blocks report their text and image rows
+// apart, single blocks the whole stream. Nothing for what is not a block's output.
+struct BlockPart {
+  size_t block = 0;
+  int64_t first_row = 0;
+};
+
+std::optional<BlockPart> block_part(std::string_view name, int64_t text_tokens,
+                                    int64_t double_blocks) {
+  auto index = [](std::string_view digits) {
+    int64_t i = 0;
+    for (char c : digits) {
+      if (c < '0' || c > '9') return int64_t(-1);
+      i = i * 10 + (c - '0');
+    }
+    return digits.empty() ? int64_t(-1) : i;
+  };
+  constexpr std::string_view kDouble = "transformer_blocks.", kSingle = "single_transformer_blocks.";
+  if (name.starts_with(kDouble) && (name.ends_with(".txt") || name.ends_with(".img"))) {
+    const int64_t i = index(name.substr(kDouble.size(), name.size() - kDouble.size() - 4));
+    if (i < 0) return std::nullopt;
+    return BlockPart{size_t(i), name.ends_with(".txt") ? 0 : text_tokens};
+  }
+  if (name.starts_with(kSingle)) {
+    const int64_t i = index(name.substr(kSingle.size()));
+    if (i < 0) return std::nullopt;
+    return BlockPart{size_t(double_blocks + i), 0};
+  }
+  return std::nullopt;
+}
+
 }  // namespace
+
+// One conditional forward as the sampler runs it at a step (no references, no CFG; FLUX.2-dev's
+// embedded guidance as the generation gave it).
+Tensor Flux2Stages::probe_forward(WeightStore& store, const ProbeInputs& in, Compute& cx,
+                                  const BlockObserver& observe) const {
+  flux2::Transformer model(store);
+  const TransformerConfig& c = model.config();
+  flux2::TokenLayout layout;
+  layout.text_tokens = in.context->dim(0);
+  layout.target = in.grid;
+  const flux2::RopeTable rope(flux2::joint_position_ids(layout), c.rope_axes, c.rope_theta);
+  const Tensor text = model.embed_text(*in.context, cx);
+  flux2::Activations act(c, layout);
+  flux2::Modulation mod(c);
+  model.modulate(in.timestep, mod, cx,
+                 c.guidance_embeds ? std::optional<float>(in.guidance) : std::nullopt);
+  Tensor velocity({in.grid.tokens(), c.out_channels});
+  flux2::Observer blocks;
+  if (observe)
+    blocks = [&](std::string_view name, const float* data, const Shape& shape) {
+      const auto part = block_part(name, layout.text_tokens, c.num_double_blocks);
+      if (part) observe(part->block, part->first_row * c.inner_dim(), data, numel(shape));
+    };
+  model.forward(in.latents->data(), text, nullptr, mod, rope, act, velocity.data(), cx, blocks);
+  return velocity;
+}
 
 // Sizes, steps, guidance, seed and precision as the official pipeline picks them, the
 // references loaded and checked, and the memory plan: all before any network runs.

@@ -5,10 +5,37 @@
 // flux2_stages.cpp (FLUX.2-klein: text-to-image, references, image-to-image, inpainting, the
 // K/V cache, LoRA; FLUX.2-dev: the same stages with its prompt and embedded guidance) and zimage_stages.cpp (Z-Image: text-to-image with CFG options). The front
 // ends see none of this: they call the Session.
+#include <functional>
+#include <string>
+#include <vector>
+
 #include "core/memory.h"
 #include "pipeline/pipeline.h"
 
 namespace klein {
+
+// For callers that compare two stores of one model network by network (klein report,
+// convert/report/e2e.h): a transformer block in the order the forward runs them, named as
+// the checkpoint names it, with the weight-store unit it reads.
+struct TransformerBlock {
+  std::string name;  // "transformer_blocks.0", "noise_refiner.1", "layers.3"
+  std::string unit;  // "transformer.double.0", "transformer.noise_refiner.1", ...
+};
+
+// The inputs of one transformer forward, as a generation had them at one step.
+struct ProbeInputs {
+  const Tensor* latents = nullptr;  // StepView::latents_in
+  const Tensor* context = nullptr;  // Generation::context after encode_prompt (the prompt's)
+  float timestep = 0;               // StepView::timestep
+  flux2::LatentGrid grid;           // Generation::grid
+  float guidance = 1;               // GenerateResult::guidance (FLUX.2-dev embeds it)
+};
+
+// Part of the output of block `block` (an index into transformer_blocks): `count` values that
+// lie at `offset` in the block's output over the real tokens (padding rows are not shown),
+// valid during the call.
+using BlockObserver =
+    std::function<void(size_t block, int64_t offset, const float* data, int64_t count)>;
 
 class FamilyStages {
  public:
@@ -26,6 +53,22 @@ class FamilyStages {
   virtual void denoise(Session& s, Generation& g, Progress& progress,
                        const StepHook& on_step) const = 0;
   virtual void decode(Session& s, Generation& g, Progress& progress) const = 0;
+
+  // The networks one at a time, outside a generation and in the compute context's current
+  // arithmetic, for comparing two stores of the same model block by block (klein report).
+  //
+  // The transformer's blocks in the order the forward runs them.
+  virtual std::vector<TransformerBlock> transformer_blocks(const ModelConfig& config) const = 0;
+  // The width of the transformer's stream (what tells a test-sized model from a real one).
+  virtual int64_t transformer_width(const ModelConfig& config) const = 0;
+  // One conditional forward (the prompt's context, no guidance) at one step: the velocity, in
+  // the layout of StepView::velocity, and every block's output to `observe` (may be empty).
+  virtual Tensor probe_forward(WeightStore& store, const ProbeInputs& in, Compute& cx,
+                               const BlockObserver& observe) const = 0;
+  // The VAE decoder alone on the latents denoise leaves (Generation::latents): the decoder's
+  // output [3, H, W] in [-1, 1], as Generation::decoded.
+  virtual Tensor decode_latents(WeightStore& store, const Tensor& latents,
+                                flux2::LatentGrid grid, Compute& cx) const = 0;
 };
 
 const FamilyStages& flux2_stages();

@@ -13,6 +13,8 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/npy.h"
@@ -53,9 +55,19 @@ struct State final : Generation::FamilyState {
 
 State& state_of(Generation& g) { return static_cast<State&>(*g.family); }
 
+zimage::TransformerConfig transformer_config(const ModelConfig& config) {
+  return zimage::parse_transformer_config(config.family_transformer,
+                                          config.name + " (transformer configuration)");
+}
 zimage::TransformerConfig transformer_config(const WeightStore& weights) {
-  return zimage::parse_transformer_config(weights.config().family_transformer,
-                                          weights.config().name + " (transformer configuration)");
+  return transformer_config(weights.config());
+}
+
+// The decoder's input for the final latents: the FLUX.1 VAE's scaling and shift.
+Tensor decoder_input(const WeightStore& weights, const Tensor& latents) {
+  const VaeConfig& config = weights.config().vae;
+  return zimage::decoder_input(
+      latents, zimage::LatentScale{float(config.scaling_factor), float(config.shift_factor)});
 }
 
 // Refuses an option ZImagePipeline has no counterpart for, naming it.
@@ -323,9 +335,7 @@ class ZImageStages final : public FamilyStages {
       const Compute::Reporting blocks(cx, [&](int64_t done, int64_t total) {
         phase.step(int(done), int(total));
       });
-      const VaeConfig& config = weights.config().vae;
-      const Tensor z = zimage::decoder_input(
-          g.latents, zimage::LatentScale{float(config.scaling_factor), float(config.shift_factor)});
+      const Tensor z = decoder_input(weights, g.latents);
       dump.f32("vae_input", z, {1, z.dim(0), z.dim(1), z.dim(2)});
       vae::Vae vae(weights, cx, g.options.vae_memory);
       decoded = vae.decode_latent(z);
@@ -337,6 +347,64 @@ class ZImageStages final : public FamilyStages {
     g.result.image = tensor_to_image(decoded);
     g.decoded = std::move(decoded);
     check_model_files_unchanged(g);
+  }
+
+  // The blocks as the forward runs them: the noise refiner (image rows), the context refiner
+  // (caption rows; embed_caption runs it before the forward, the official forward after the
+  // noise refiner: the two streams do not meet until the main layers), the main layers.
+  std::vector<TransformerBlock> transformer_blocks(const ModelConfig& config) const override {
+    const zimage::TransformerConfig c = transformer_config(config);
+    std::vector<TransformerBlock> blocks;
+    for (int64_t i = 0; i < c.n_refiner_layers; ++i)
+      blocks.push_back({"noise_refiner." + std::to_string(i), zimage::noise_refiner_unit(i)});
+    for (int64_t i = 0; i < c.n_refiner_layers; ++i)
+      blocks.push_back({"context_refiner." + std::to_string(i), zimage::context_refiner_unit(i)});
+    for (int64_t i = 0; i < c.n_layers; ++i)
+      blocks.push_back({"layers." + std::to_string(i), zimage::layer_unit(i)});
+    return blocks;
+  }
+  int64_t transformer_width(const ModelConfig& config) const override {
+    return transformer_config(config).dim;
+  }
+
+  // The positive prediction as denoise makes it at this step, negated: the velocity of a run
+  // without guidance. Block outputs are shown on their real rows: the noise refiner's image
+  // tokens, the context refiner's caption tokens, the main layers' image then caption tokens.
+  Tensor probe_forward(WeightStore& store, const ProbeInputs& in, Compute& cx,
+                       const BlockObserver& observe) const override {
+    const zimage::TransformerConfig c = transformer_config(store);
+    zimage::Transformer model(store, c);
+    const Tensor& x = *in.latents;
+    zimage::Activations act(c, {x.dim(1), x.dim(2), in.context->dim(0), c.patch});
+    const zimage::SequenceLayout& l = act.layout;
+    const int64_t D = c.dim, n = c.n_refiner_layers;
+    zimage::Observer blocks;
+    if (observe)
+      blocks = [&](std::string_view name, const float* data, const Shape&) {
+        auto index = [&](std::string_view prefix) -> int64_t {
+          if (!name.starts_with(prefix)) return -1;
+          return std::stoll(std::string(name.substr(prefix.size())));
+        };
+        if (const int64_t i = index("noise_refiner_"); i >= 0) {
+          observe(size_t(i), 0, data, l.image_tokens() * D);
+        } else if (const int64_t i = index("context_refiner_"); i >= 0) {
+          observe(size_t(n + i), 0, data, l.caption * D);
+        } else if (const int64_t i = index("layers_"); i >= 0) {
+          observe(size_t(2 * n + i), 0, data, l.image_tokens() * D);
+          observe(size_t(2 * n + i), l.image_tokens() * D, data + l.image_rows() * D,
+                  l.caption * D);
+        }
+      };
+    model.embed_caption(*in.context, act, cx, blocks);
+    const Tensor adaln = model.embed_timestep(zimage::model_time(in.timestep), cx);
+    Tensor velocity = model.forward(x, adaln, act, cx, blocks);
+    for (int64_t i = 0; i < velocity.numel(); ++i) velocity.data()[i] = -velocity.data()[i];
+    return velocity;
+  }
+  Tensor decode_latents(WeightStore& store, const Tensor& latents, flux2::LatentGrid,
+                        Compute& cx) const override {
+    vae::Vae vae(store, cx);
+    return vae.decode_latent(decoder_input(store, latents));
   }
 };
 

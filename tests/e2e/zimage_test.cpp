@@ -139,18 +139,6 @@ TEST(ZImageCli, ContainerGivesTheSameGeneration) {
               read_npy(from_container / "dump" / name).to_f32())
         << f;
   }
-
-  // klein report measures FLUX.2-klein only so far: refused by name, no report written.
-  const fs::path report = dir / "report.json";
-  EXPECT_NE(testing::run_klein("report -m " + testing::shell_arg(zimage_model()) + " --candidate " +
-                                   testing::shell_arg(container) + " -o " +
-                                   testing::shell_arg(report),
-                               &log),
-            0);
-  EXPECT_NE(log.find("is a Z-Image model: klein report measures FLUX.2-klein models only"),
-            std::string::npos)
-      << log;
-  EXPECT_FALSE(fs::exists(report));
 }
 
 // The record of a generation (the PNG's "klein" metadata).

@@ -7,7 +7,7 @@
 
 namespace klein::zimage {
 
-float Schedule::model_time(int64_t i) const { return (1000.0f - timesteps[size_t(i)]) / 1000.0f; }
+float Schedule::model_time(int64_t i) const { return zimage::model_time(timesteps[size_t(i)]); }
 
 Schedule make_schedule(const SchedulerConfig& config, int64_t steps) {
   check(steps >= 1, "steps: expected at least 1, got ", steps);

@@ -19,11 +19,14 @@
 
 namespace klein::zimage {
 
+// The transformer's time input for a scheduler timestep: (1000 − timestep) / 1000 in float32.
+inline float model_time(float timestep) { return (1000.0f - timestep) / 1000.0f; }
+
 struct Schedule {
   std::vector<float> sigmas;     // steps + 1, the last 0
   std::vector<float> timesteps;  // steps: σ · num_train_timesteps
   int64_t steps() const { return int64_t(timesteps.size()); }
-  // The transformer's time input at step i: (1000 − timestep) / 1000 in float32.
+  // The transformer's time input at step i: model_time(timesteps[i]).
   float model_time(int64_t i) const;
 };
 
