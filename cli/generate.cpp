@@ -38,6 +38,7 @@ struct Args {
   MemoryOptions memory;
   bool no_cache = false, quiet = false, json = false, verbose = false, dry_run = false;
   bool upsample = false;
+  bool no_watermark = false;
   UpsampleArgs upsample_args;
 };
 
@@ -218,6 +219,7 @@ void run(Args& a) {
   g.max_memory = a.memory.budget();  // a bad size fails before anything is loaded
   g.residency = a.memory.forced();
   for (const auto& r : a.references) g.references.push_back(r);
+  g.watermark = !a.no_watermark;
   g.noise_file = a.noise;
   g.dump_dir = a.dump;
   std::string cache_off;  // why the prompt cache is off although it was not turned off
@@ -412,6 +414,9 @@ Registration reg("generate", 10, [](CLI::App& app) {
   cmd->add_flag("--dry-run", a->dry_run,
                 "Print the memory estimate and decision for these options and exit (no -o)");
   cmd->add_flag("--json", a->json, "Progress events and the result as JSON lines on stdout");
+  cmd->add_flag("--no-watermark", a->no_watermark,
+                "Leave the pixels without the invisible dwtDct mark (FLUX's message) that images "
+                "of at least 256x256 pixels carry by default");
   cmd->add_flag("--upsample", a->upsample,
                 "Rewrite the prompt into a detailed one with the model's text encoder as a "
                 "chat model before encoding it (greedy unless an --upsample-temperature, -top-p, "

@@ -70,7 +70,8 @@ ImageMetadata read_image_metadata(const std::filesystem::path& path,
 // PNG, 8-bit RGB; ASCII values go into tEXt chunks, others into iTXt (UTF-8).
 void save_png(const std::filesystem::path& path, const Image& image,
               const ImageMetadata& metadata = {});
-// Baseline JPEG of the given quality (1-100); each pair becomes a "key=value" COM marker.
+// Baseline JPEG of the given quality (1-100), chroma not subsampled (4:4:4); each pair becomes
+// a "key=value" COM marker.
 void save_jpeg(const std::filesystem::path& path, const Image& image, int quality = 95,
                const ImageMetadata& metadata = {});
 // The bytes of that PNG file, in memory (for a network reply); `name` is for messages.

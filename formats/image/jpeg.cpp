@@ -174,6 +174,11 @@ bool write_jpeg_file(JpegEncoder& e, std::FILE* out, const Image& image, int qua
   e.cinfo.in_color_space = JCS_RGB;
   jpeg_set_defaults(&e.cinfo);
   jpeg_set_quality(&e.cinfo, quality, TRUE);
+  // Chroma at full resolution (4:4:4, not libjpeg's default 4:2:0): the invisible mark lives
+  // in U (formats/image/watermark.h) and does not survive halved chroma with the decoder's
+  // interpolation (measured in docs/WATERMARK.md).
+  for (int c = 0; c < e.cinfo.num_components; ++c)
+    e.cinfo.comp_info[c].h_samp_factor = e.cinfo.comp_info[c].v_samp_factor = 1;
   jpeg_start_compress(&e.cinfo, TRUE);
   if (xmp) {
     std::string segment(kXmpHeader, sizeof kXmpHeader);

@@ -191,6 +191,8 @@ typedef struct klein_generate_params {
                               back to c x the positive one's norm when longer (0: off) */
   float cfg_truncation;    /* NAN: not given (1); steps whose model time (0 at noise, rising
                               to 1) is above it run unguided */
+  int no_watermark; /* non-zero: no invisible mark on the pixels (by default every image of
+                       at least 256x256 pixels carries the dwtDct mark with FLUX's message) */
 } klein_generate_params;
 
 KLEIN_API void klein_generate_params_init(klein_generate_params* params);

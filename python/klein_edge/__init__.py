@@ -192,7 +192,7 @@ class Model:
     def generate(self, prompt, *, negative_prompt=None, width=None, height=None, steps=None,
                  guidance=None, seed=None, references=(), init_image=None, mask=None,
                  strength=None, loras=(), cfg_normalization=None, cfg_truncation=None,
-                 progress=None, preview=None):
+                 watermark=True, progress=None, preview=None):
         """Generates one image and returns it as a PIL image (RGB).
 
         width, height: pixels, multiples of 16 (None: the first reference's size, else 1024).
@@ -202,6 +202,8 @@ class Model:
         init_image, mask, strength: image-to-image and inpainting (mask: white repaints).
         loras: LoRA files of the transformer, as paths or (path, scale) pairs.
         cfg_normalization, cfg_truncation: Z-Image's guidance options.
+        watermark: False leaves the pixels without the invisible dwtDct mark (FLUX's message)
+        that images of at least 256x256 pixels carry by default.
         progress(phase, done, total, seconds): called as phases begin, step and end.
         preview(step, steps, image): a small PIL image of the latents after each step.
         A callback that returns True stops the generation (Cancelled); one that raises stops
@@ -231,6 +233,9 @@ class Model:
             params.cfg_normalization = float(cfg_normalization)
         if cfg_truncation is not None:
             params.cfg_truncation = float(cfg_truncation)
+        if not isinstance(watermark, bool):
+            raise TypeError(f"watermark: expected True or False, got {watermark!r}")
+        params.no_watermark = 0 if watermark else 1
 
         lora_files, lora_scales = [], []
         for i, item in enumerate(loras):

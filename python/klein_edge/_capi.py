@@ -84,6 +84,7 @@ class GenerateParams(ctypes.Structure):
         ("lora_count", ctypes.c_int),
         ("cfg_normalization", ctypes.c_float),
         ("cfg_truncation", ctypes.c_float),
+        ("no_watermark", ctypes.c_int),
     ]
 
 

@@ -122,6 +122,7 @@ klein::GenerateOptions to_options(const klein_session& s, const klein_generate_p
   check(!std::isinf(p.cfg_truncation), "params.cfg_truncation: expected a number (NAN: not "
         "given), got ", p.cfg_truncation);
   if (!std::isnan(p.cfg_truncation)) o.cfg_truncation = p.cfg_truncation;
+  o.watermark = p.no_watermark == 0;
   if (p.has_seed) o.seed = p.seed;
   for (int i = 0; i < p.reference_count; ++i) {
     check(p.references[i] != nullptr, "params.references[", i, "] is NULL");

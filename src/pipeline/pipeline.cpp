@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/version.h"
+#include "formats/image/watermark.h"
 #include "pipeline/model_tokenizer.h"
 #include "pipeline/stages.h"
 
@@ -66,6 +67,22 @@ void Session::denoise(Generation& g, Progress& progress, const StepHook& on_step
 
 void Session::decode(Generation& g, Progress& progress) {
   stages_.decode(*this, g, progress);
+  mark_image(g.options, g.result);
+}
+
+void mark_image(const GenerateOptions& o, GenerateResult& r) {
+  r.watermarked = false;
+  if (!o.watermark) {
+    r.watermark_note = "turned off";
+  } else if (!watermark_fits(r.image.width, r.image.height)) {
+    r.watermark_note = "the image is smaller than the dwtDct method needs (" +
+                       std::to_string(kWatermarkMinPixels) +
+                       " pixels, e.g. 256x256, and 8 on each side): left unmarked";
+  } else {
+    embed_watermark(r.image, flux_watermark_bits());
+    r.watermarked = true;
+    r.watermark_note.clear();
+  }
 }
 
 void settle_output_size(Session& s, Generation& g, Progress& progress, int64_t width,
@@ -163,6 +180,18 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
     auto& loras = j["loras"] = nlohmann::ordered_json::array();
     for (const LoraFile& f : o.loras)
       loras.push_back({{"file", f.path.filename().string()}, {"scale", f.scale}});
+  }
+  if (r.image.width) {  // a plan alone has no image to mark
+    nlohmann::ordered_json w;
+    w["embedded"] = r.watermarked;
+    if (r.watermarked) {
+      w["method"] = "invisible-watermark dwtDct";
+      w["message"] = "FLUX (black-forest-labs/flux2)";
+      w["bits"] = bits_text(flux_watermark_bits());
+    } else {
+      w["note"] = r.watermark_note;
+    }
+    j["watermark"] = w;
   }
   j["program"] = std::string("klein ") + KLEIN_VERSION;
   return j.dump();

@@ -98,6 +98,9 @@ struct GenerateOptions {
   // unguided. None: the pipeline's defaults (off, 1.0). FLUX.2-klein refuses them.
   std::optional<float> cfg_normalization;
   std::optional<float> cfg_truncation;
+  // The invisible dwtDct mark with BFL's FLUX message on the final pixels
+  // (formats/image/watermark.h); images smaller than the method needs stay unmarked.
+  bool watermark = true;
 };
 
 // Peak RSS during one phase.
@@ -129,6 +132,9 @@ struct GenerateResult {
   std::vector<PhaseMemory> phase_memory;  // peak RSS per phase, in order
   std::optional<MemoryPlan> memory;       // when options.plan_memory
   ResidencyStats weights;                 // units resident at once: the peak over the run
+  // Whether the image carries the invisible mark, and why not when it does not.
+  bool watermarked = false;
+  std::string watermark_note;
   std::vector<std::string> warnings;
 };
 
@@ -252,6 +258,10 @@ class Session {
   Compute& cx_;
   const FamilyStages& stages_;
 };
+
+// Marks result.image as options.watermark asks (Session::decode calls it), and records in
+// the result whether it carries the mark, or the note why not.
+void mark_image(const GenerateOptions& options, GenerateResult& result);
 
 // The A1111-style "parameters" text and a JSON description of a generation, for the
 // image file's metadata.

@@ -64,6 +64,11 @@ void read_common(const json& body, const ServerOptions& s, GenerateOptions& o,
       throw bad_request("\"seed\": expected an integer from 0 to 2^64-1, or -1 for a random one");
     }
   }
+  if (body.contains("watermark")) {
+    if (!body["watermark"].is_boolean())
+      throw bad_request("\"watermark\": expected true (the default: the invisible mark) or false");
+    o.watermark = body["watermark"].get<bool>();
+  }
   o.max_memory = s.max_memory;
   o.residency = s.residency;
   o.precision = s.precision;
