@@ -680,14 +680,15 @@ struct Server::Impl {
     if (!req.is_multipart_form_data())
       throw bad_request("expected multipart/form-data (image, mask, prompt, ...), as the OpenAI "
                         "images API sends it");
-    // The text fields as a JSON object (numbers as numbers), read like the JSON APIs' fields.
+    // The text fields as a JSON object (numbers and true/false as such), read like the JSON
+    // APIs' fields.
     json body = json::object();
     for (const auto& [key, field] : req.files) {
       if (!field.filename.empty()) continue;  // an uploaded file
       const bool text = key == "prompt" || key == "negative_prompt" || key == "size" ||
                         key == "response_format" || key == "model";
       const json number = text ? json() : json::parse(field.content, nullptr, false);
-      body[key] = number.is_number() ? number : json(field.content);
+      body[key] = number.is_number() || number.is_boolean() ? number : json(field.content);
     }
     ImageRequest r = read_openai_request(body, options);
 

@@ -172,7 +172,8 @@ TEST(Serve, OpenAiAndA1111RequestsMakeTheCliPixels) {
       {"image", read_text_file(ref_image), "ref.png", "image/png"},
       {"seed", "3", "", ""},
       {"steps", "2", "", ""},
-      {"size", "64x64", "", ""}};
+      {"size", "64x64", "", ""},
+      {"watermark", "false", "", ""}};  // a form's true/false reads as the JSON routes' boolean
   auto edit = c.Post("/v1/images/edits", form);
   ASSERT_TRUE(edit);
   ASSERT_EQ(edit->status, 200) << edit->body;
