@@ -21,8 +21,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-arm64}
 native=${2:-build}
-[[ -x "$native/klein" ]] ||
-  { echo "no $native/klein to compare with: run scripts/setup.sh first" >&2; exit 1; }
+[[ -f "$native/CMakeCache.txt" ]] ||
+  { echo "no native build in $native to compare with: run scripts/setup.sh first" >&2; exit 1; }
+# The reference image must come from these sources: the native build of this checkout, brought
+# up to date (another version of the engine may make other bytes).
+source_dir=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$native/CMakeCache.txt")
+[[ "$(realpath "$source_dir")" == "$(realpath .)" ]] ||
+  { echo "$native is a build of $source_dir, not of this checkout ($PWD)" >&2; exit 1; }
+cmake --build "$native" --target klein >/dev/null
 model="$(cd "${KLEIN_TESTDATA:-../shared/testdata}" && pwd)/klein-tiny/model"
 
 bash scripts/configure-arm64.sh "$build"
