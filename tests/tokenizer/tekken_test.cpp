@@ -155,6 +155,17 @@ TEST(SplitPattern, OnigurumaMeaningsArePreserved) {
   EXPECT_EQ(pieces("a]}", "xa]}"), (Pieces{"x", "a]}"}));
 }
 
+// Patterns of the same family (letters split by case class, digits one by one, "/" kept
+// with the symbols before a line break) translate and compile.
+TEST(SplitPattern, CaseClassPatternsCompile) {
+  const std::string_view pattern =
+      R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+)"
+      R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*)"
+      R"(|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  EXPECT_EQ(pieces(pattern, "HelloWorld 2024 a/b\n"),
+            (Pieces{"Hello", "World", " ", "2", "0", "2", "4", " a", "/b", "\n"}));
+}
+
 TEST(SplitPattern, UnsupportedConstructsAreRefused) {
   auto refused = [](std::string_view pattern, std::initializer_list<std::string_view> parts) {
     const std::string message =
