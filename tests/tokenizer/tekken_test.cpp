@@ -14,6 +14,7 @@
 
 #include "core/files.h"
 #include "support/testing.h"
+#include "tokenizer/dev_prompt.h"
 #include "tokenizer/pretokenize.h"
 #include "tokenizer/tokenizer.h"
 
@@ -87,6 +88,25 @@ TEST(Tekken, MatchesTheRenderedChatPrompts) {
     const Ids ids = tekken().encode(rendered);
     EXPECT_EQ(ids, p["ids"].get<Ids>());
     EXPECT_EQ(tekken().decode(ids), rendered);
+  }
+}
+
+// The engine's FLUX.2-dev prompt: the chat text the official template renders, its ids, then
+// <pad> on the side tokenizer_config.json names (left here) up to 512.
+TEST(Tekken, DevPromptIsTheRenderedChatPadded) {
+  ASSERT_TRUE(tekken().pads_left());
+  for (const json& p : vectors()["prompts"]) {
+    const std::string prompt = p["prompt"];
+    SCOPED_TRACE(p["prompt"].dump(-1, ' ', false, json::error_handler_t::replace));
+    EXPECT_EQ(dev_chat_text(prompt), p["rendered"].get<std::string>());
+    const Ids want = p["ids"].get<Ids>();
+    const KleinPromptTokens got = tokenize_dev_prompt(tekken(), prompt);
+    ASSERT_EQ(got.ids.size(), 512u);
+    const size_t pad = 512 - want.size();
+    EXPECT_EQ(Ids(got.ids.begin(), got.ids.begin() + long(pad)), Ids(pad, 11));
+    EXPECT_EQ(Ids(got.ids.begin() + long(pad), got.ids.end()), want);
+    EXPECT_EQ(got.real_tokens, int(want.size()));
+    EXPECT_EQ(got.pad_id, 11);
   }
 }
 
