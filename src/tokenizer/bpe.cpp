@@ -307,6 +307,13 @@ void BpeModel::encode_piece(std::string_view piece, std::vector<int32_t>& out,
     out.push_back(id_of_byte_[uint8_t(piece[0])]);
     return;
   }
+  if (ignore_merges_) {
+    const int32_t whole = vocab_.find(piece);
+    if (whole >= 0) {
+      out.push_back(whole);
+      return;
+    }
+  }
 
   // The symbols form a linked list over the bytes of the piece; merging joins a symbol with
   // its right neighbour, which leaves the list. A heap holds every adjacent pair that has a

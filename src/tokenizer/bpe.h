@@ -165,6 +165,11 @@ class BpeModel {
     std::vector<Candidate> heap;
   };
 
+  // tokenizer.json's "ignore_merges": a piece that is a vocabulary token as a whole becomes
+  // that token, without merging (Llama 3's and Tekken's tokenizers); off by default.
+  void set_ignore_merges(bool on) { ignore_merges_ = on; }
+  bool ignore_merges() const { return ignore_merges_; }
+
   // Appends the ids of one pre-tokenized piece (raw UTF-8 bytes, under 2 GiB) to `out`.
   void encode_piece(std::string_view piece, std::vector<int32_t>& out, Scratch& scratch) const;
 
@@ -177,6 +182,7 @@ class BpeModel {
   Vocabulary vocab_;
   int32_t id_of_byte_[256] = {};
   MergeTable merges_;
+  bool ignore_merges_ = false;
 };
 
 }  // namespace klein::tok

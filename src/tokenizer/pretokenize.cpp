@@ -4,6 +4,8 @@
 #include <pcre2.h>
 #include <utf8proc.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -13,26 +15,267 @@ namespace klein::tok {
 
 namespace {
 
-// The reference implementation's `\s` is the Unicode White_Space property (it uses the
-// Python `regex` module). PCRE2's `\s` with UCP is "separator or tab..CR" instead, which
-// leaves out U+0085 (NEXT LINE), so the class is written out here: all 25 White_Space code
-// points, as the inside of a character class.
+// The reference implementations' `\s` is the Unicode White_Space property (Oniguruma's
+// in the tokenizers library, the Python `regex` module's in the slow tokenizer). PCRE2's `\s`
+// with UCP is "separator or tab..CR" instead, which leaves out U+0085 (NEXT LINE), so the
+// class is written out here: all 25 White_Space code points, as the inside of a character
+// class.
 constexpr std::string_view kWhiteSpace =
     "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"
     "\\x{205F}\\x{3000}";
 
-// The Qwen2 pre-tokenisation pattern (spec section 3, step 3) with \s and \S spelled out.
-// Alternatives are tried in order; see the spec for what each one is for.
-std::string pretokenize_pattern() {
-  const std::string ws(kWhiteSpace);
-  return "(?i:'s|'t|'re|'ve|'m|'ll|'d)"                 // contraction suffixes
-         "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+"               // letters, maybe one symbol before
-         "|\\p{N}"                                      // one number character
-         "| ?[^" + ws + "\\p{L}\\p{N}]+[\\r\\n]*"       // symbols, maybe one space before
-         "|[" + ws + "]*[\\r\\n]+"                      // line breaks, spaces before them
-         "|[" + ws + "]+(?![^" + ws + "])"              // spaces not followed by a non-space
-         "|[" + ws + "]+";                              // any other spaces
-}
+// The general categories \p{...} may name: the same sets in Oniguruma and PCRE2.
+constexpr std::string_view kCategories[] = {
+    "L",  "Lu", "Ll", "Lt", "Lm", "Lo", "M",  "Mn", "Mc", "Me", "N",  "Nd", "Nl",
+    "No", "P",  "Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "S",  "Sm", "Sc", "Sk",
+    "So", "Z",  "Zs", "Zl", "Zp", "C",  "Cc", "Cf", "Co", "Cs", "Cn"};
+
+bool is_hex(char c) { return std::isxdigit(uint8_t(c)) != 0; }
+
+// One pass over an Oniguruma pattern, writing its PCRE2 spelling.
+class PatternTranslator {
+ public:
+  PatternTranslator(std::string_view pattern, const std::string& where)
+      : p_(pattern), where_(where) {}
+
+  std::string run() {
+    check(valid_utf8_prefix(p_) == p_.size(), where_, ": the pattern is not valid UTF-8");
+    int depth = 0;
+    bool atom = false;  // something a quantifier may follow was just written
+    while (i_ < p_.size()) {
+      const size_t at = i_;
+      const char c = p_[i_++];
+      switch (c) {
+        case '\\':
+          escape(at, /*in_class=*/false);
+          atom = true;
+          break;
+        case '[':
+          char_class(at);
+          atom = true;
+          break;
+        case '(':
+          group(at);
+          ++depth;
+          atom = false;
+          break;
+        case ')':
+          if (depth == 0) refuse(at, "an unmatched \")\"");
+          --depth;
+          out_ += ')';
+          atom = true;
+          break;
+        case '|':
+          out_ += '|';
+          atom = false;
+          break;
+        case '.':
+          out_ += "[^\\n]";  // Oniguruma's "." leaves out \n only, whatever PCRE2's newline is
+          atom = true;
+          break;
+        case '^':
+        case '$':
+          refuse(at, "the anchor \"" + std::string(1, c) + "\" (a line anchor in Oniguruma)");
+        case '*':
+        case '+':
+        case '?':
+        case '{':
+          if (!atom) refuse(at, "a quantifier with nothing before it");
+          quantifier(at, c);
+          atom = false;
+          break;
+        case ']':
+        case '}':
+          out_ += '\\';
+          out_ += c;
+          atom = true;
+          break;
+        default:
+          out_ += c;  // a literal (the bytes of a multi-byte character pass through one by one)
+          atom = true;
+      }
+    }
+    if (depth != 0) refuse(p_.size(), "a \"(\" that is never closed");
+    return out_;
+  }
+
+ private:
+  [[noreturn]] void refuse(size_t at, const std::string& what) const {
+    fail(where_, ": ", what, " at offset ", at, " of the pattern is not supported");
+  }
+
+  // After "\" (i_ points past it).
+  void escape(size_t at, bool in_class) {
+    if (i_ >= p_.size()) refuse(at, "a \"\\\" at the end");
+    const char c = p_[i_++];
+    switch (c) {
+      case 's':
+        out_ += in_class ? std::string(kWhiteSpace) : "[" + std::string(kWhiteSpace) + "]";
+        return;
+      case 'S':
+        if (in_class) refuse(at, "\"\\S\" inside a class");
+        out_ += "[^" + std::string(kWhiteSpace) + "]";
+        return;
+      case 'd': out_ += "\\p{Nd}"; return;
+      case 'D': out_ += "\\P{Nd}"; return;
+      case 'p':
+      case 'P': property(at, c == 'P'); return;
+      case 'r':
+      case 'n':
+      case 't':
+      case 'f':
+        out_ += '\\';
+        out_ += c;
+        return;
+      case 'v':
+        out_ += "\\x{0B}";  // PCRE2's \v is the class of vertical spaces
+        return;
+      case 'a': out_ += "\\x{07}"; return;
+      case 'e': out_ += "\\x{1B}"; return;
+      case 'x': code_point(at, 'x'); return;
+      case 'u': code_point(at, 'u'); return;
+      default: break;
+    }
+    if (uint8_t(c) < 0x80 && !std::isalnum(uint8_t(c))) {
+      out_ += '\\';  // escaped punctuation is the character itself in both engines
+      out_ += c;
+      return;
+    }
+    refuse(at, "the escape \"\\" + std::string(1, c) + "\"");
+  }
+
+  // \xHH, \x{H...} or \uHHHH (i_ points past the x or u).
+  void code_point(size_t at, char kind) {
+    std::string hex;
+    if (kind == 'x' && i_ < p_.size() && p_[i_] == '{') {
+      const size_t close = p_.find('}', i_);
+      if (close == std::string_view::npos) refuse(at, "an unclosed \"\\x{\"");
+      hex = std::string(p_.substr(i_ + 1, close - i_ - 1));
+      i_ = close + 1;
+    } else {
+      const size_t digits = kind == 'x' ? 2 : 4;
+      hex = std::string(p_.substr(i_, digits));
+      i_ += hex.size();
+      if (hex.size() != digits) refuse(at, "a short \"\\" + std::string(1, kind) + "\" escape");
+    }
+    if (hex.empty() || hex.size() > 6 || !std::all_of(hex.begin(), hex.end(), is_hex))
+      refuse(at, "the code point escape \"" + std::string(p_.substr(at, i_ - at)) + "\"");
+    out_ += "\\x{" + hex + "}";
+  }
+
+  // \p{Name}, \P{Name}, \p{^Name} (i_ points past the p or P).
+  void property(size_t at, bool negated) {
+    if (i_ >= p_.size() || p_[i_] != '{') refuse(at, "a \"\\p\" without \"{...}\"");
+    const size_t close = p_.find('}', i_);
+    if (close == std::string_view::npos) refuse(at, "an unclosed \"\\p{\"");
+    std::string_view name = p_.substr(i_ + 1, close - i_ - 1);
+    i_ = close + 1;
+    if (name.starts_with('^')) {
+      negated = !negated;
+      name.remove_prefix(1);
+    }
+    if (std::find(std::begin(kCategories), std::end(kCategories), name) == std::end(kCategories))
+      refuse(at, "the property \"" + std::string(name) +
+                     "\" (only the general categories L, Lu, Ll, Lt, Lm, Lo, M, N, P, S, Z, C "
+                     "and their subcategories)");
+    out_ += negated ? "\\P{" : "\\p{";
+    out_ += name;
+    out_ += '}';
+  }
+
+  // [...] (i_ points past the "[").
+  void char_class(size_t at) {
+    out_ += '[';
+    if (i_ < p_.size() && p_[i_] == '^') {
+      out_ += '^';
+      ++i_;
+    }
+    if (i_ < p_.size() && p_[i_] == ']') refuse(i_, "a \"]\" first in a class (write \\])");
+    while (i_ < p_.size()) {
+      const size_t here = i_;
+      const char c = p_[i_++];
+      if (c == ']') {
+        out_ += ']';
+        return;
+      }
+      if (c == '\\') {
+        escape(here, /*in_class=*/true);
+      } else if (c == '[') {
+        refuse(here, "a \"[\" inside a class (nested classes and POSIX brackets; write \\[)");
+      } else if (c == '&' && i_ < p_.size() && p_[i_] == '&') {
+        refuse(here, "a class intersection \"&&\"");
+      } else {
+        out_ += c;
+      }
+    }
+    refuse(at, "a \"[\" that is never closed");
+  }
+
+  // After "(" (i_ points past it).
+  void group(size_t at) {
+    if (i_ >= p_.size() || p_[i_] != '?') {
+      out_ += '(';
+      return;
+    }
+    for (std::string_view opener : {"?:", "?i:", "?=", "?!", "?<=", "?<!"}) {
+      if (p_.substr(i_).starts_with(opener)) {
+        out_ += '(';
+        out_ += opener;
+        i_ += opener.size();
+        return;
+      }
+    }
+    const size_t close = std::min(p_.find(')', i_), std::min(p_.size(), i_ + 8));
+    refuse(at, "the group \"(" + std::string(p_.substr(i_, close - i_)) +
+                   "\" (only (...), (?:, (?i:, (?=, (?!, (?<= and (?<!)");
+  }
+
+  // A quantifier starting with `c` (already consumed).
+  void quantifier(size_t at, char c) {
+    bool interval = false;
+    if (c == '{') {
+      const size_t close = p_.find('}', i_);
+      const std::string_view body =
+          close == std::string_view::npos ? std::string_view() : p_.substr(i_, close - i_);
+      const size_t comma = body.find(',');
+      auto digits = [](std::string_view s) {
+        return std::all_of(s.begin(), s.end(), [](char d) { return d >= '0' && d <= '9'; });
+      };
+      const std::string_view low = body.substr(0, comma);
+      const std::string_view high =
+          comma == std::string_view::npos ? std::string_view() : body.substr(comma + 1);
+      const bool ok = !body.empty() && digits(low) && digits(high) && body != "," &&
+                      (comma != std::string_view::npos || !low.empty());
+      // Oniguruma reads a "{" that is not an interval as a literal; PCRE2 versions differ.
+      if (!ok) refuse(at, "a \"{\" that is not an interval {n}, {n,}, {n,m} or {,m} (write \\{)");
+      out_ += '{';
+      out_ += low.empty() ? "0" : std::string(low);
+      out_ += body.substr(low.size());
+      out_ += '}';
+      i_ = close + 1;
+      interval = true;
+    } else {
+      out_ += c;
+    }
+    if (i_ < p_.size() && p_[i_] == '?') {
+      out_ += '?';  // lazy
+      ++i_;
+    } else if (i_ < p_.size() && p_[i_] == '+') {
+      // Possessive in both engines after ?, * and +; after an interval Oniguruma reads a
+      // second quantifier, PCRE2 a possessive one.
+      if (interval) refuse(i_, "a \"+\" after an interval");
+      out_ += '+';
+      ++i_;
+    }
+    if (i_ < p_.size() && (p_[i_] == '*' || p_[i_] == '+' || p_[i_] == '?' || p_[i_] == '{'))
+      refuse(i_, "a quantifier after a quantifier");
+  }
+
+  std::string_view p_;
+  const std::string& where_;
+  size_t i_ = 0;
+  std::string out_;
+};
 
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buffer[256];
@@ -70,15 +313,22 @@ struct Pretokenizer::Regex {
   ~Regex() { pcre2_code_free(code); }
 };
 
-Pretokenizer::Pretokenizer() : regex_(std::make_unique<Regex>()) {
+std::string translate_split_pattern(std::string_view pattern, const std::string& where) {
+  return PatternTranslator(pattern, where).run();
+}
+
+Pretokenizer::Pretokenizer() : Pretokenizer(kQwen2Pattern, "the Qwen2 pre-tokenizer pattern") {}
+
+Pretokenizer::Pretokenizer(std::string_view oniguruma_pattern, const std::string& where)
+    : regex_(std::make_unique<Regex>()) {
   int error = 0;
   PCRE2_SIZE error_offset = 0;
-  const std::string pattern = pretokenize_pattern();
+  const std::string pattern = translate_split_pattern(oniguruma_pattern, where);
   regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                                PCRE2_UTF | PCRE2_UCP, &error, &error_offset, nullptr);
   if (!regex_->code)
-    fail("pre-tokenizer regex does not compile at offset ", error_offset, ": ",
-         pcre2_message(error));
+    fail(where, ": the pattern does not compile (as the PCRE2 pattern ", pattern, ", at offset ",
+         error_offset, "): ", pcre2_message(error));
   // JIT is only a speed-up: when the platform has none, the interpreter gives the same matches.
   pcre2_jit_compile(regex_->code, PCRE2_JIT_COMPLETE);
 }
@@ -115,8 +365,6 @@ bool Pretokenizer::next_match(std::string_view text, size_t offset, size_t* begi
   const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(md);
   *begin = ovector[0];
   *end = ovector[1];
-  // Every alternative consumes at least one character; an empty match would loop forever.
-  check(*end > *begin, "pre-tokenizer regex matched nothing at byte ", *begin);
   return true;
 }
 

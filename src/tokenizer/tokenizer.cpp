@@ -38,9 +38,12 @@ const AddedToken* Tokenizer::Impl::added_token_at(std::string_view text, size_t 
 void Tokenizer::Impl::encode_segment(std::string_view segment, std::vector<int32_t>& ids,
                                      tok::BpeModel::Scratch& scratch) const {
   if (segment.empty()) return;
-  const std::string normalized = tok::nfc(segment);
-  pretokenizer.split(normalized,
-                     [&](std::string_view piece) { bpe.encode_piece(piece, ids, scratch); });
+  auto encode_piece = [&](std::string_view piece) { bpe.encode_piece(piece, ids, scratch); };
+  // Without a normaliser the text is split as it is (the regex checks that it is UTF-8).
+  if (nfc)
+    pretokenizer.split(tok::nfc(segment), encode_piece);
+  else
+    pretokenizer.split(segment, encode_piece);
 }
 
 Tokenizer::~Tokenizer() = default;

@@ -1,20 +1,31 @@
 #pragma once
-// The Qwen2/Qwen3 byte-level BPE tokenizer (spec/qwen3-tokenizer.md), as used by the
-// FLUX.2-klein text encoder.
+// The byte-level BPE tokenizer of the text encoders: Qwen2/Qwen3's (spec/qwen3-tokenizer.md,
+// FLUX.2-klein and Z-Image) and Mistral's Tekken as transformers converts it to a
+// tokenizer.json (Mistral-Small-3.1, FLUX.2-dev).
 //
 //   auto tok = klein::Tokenizer::from_directory(model_dir / "tokenizer");
 //   std::vector<int32_t> ids = tok.encode("a cat on a skateboard");
 //   std::string text = tok.decode(ids);
 //
-// Encoding: added tokens (<|im_start|>, <think>, ...) are split out of the raw text first,
-// longest match left to right; every text segment between them is NFC-normalised, split
-// into pieces by the pre-tokenisation regex, and each piece is BPE-merged on its UTF-8 bytes.
-// No BOS/EOS is added. A Tokenizer is immutable after construction and safe to share
-// between threads.
+// Encoding: added tokens (<|im_start|>, [INST], ...) are split out of the raw text first,
+// longest match left to right; every text segment between them is normalised (or not),
+// split into pieces by the pre-tokenisation regex, and each piece is BPE-merged on its UTF-8
+// bytes. Nothing is added around the text (no BOS/EOS, whatever tokenizer.json's
+// post_processor says: the chat templates write them). A Tokenizer is immutable after
+// construction and safe to share between threads.
 //
-// The normaliser and pre-tokenizer are Qwen2's, built in; tokenizer.json's own description
-// of them is not read. Its model must be "BPE" without the settings that would change the
-// ids (ignore_merges, byte_fallback, dropout, subword affixes): those are refused. (The
+// What tokenizer.json may say (anything else is refused, naming the file and the field):
+//   normalizer      absent (Qwen2's NFC), null (none), or NFC;
+//   pre_tokenizer   absent (Qwen2's pattern, built in), or Sequence[Split(Regex(PATTERN),
+//                   "Isolated", invert false), ByteLevel(add_prefix_space false,
+//                   use_regex false)]: matches and the text between them are the pieces.
+//                   PATTERN is Oniguruma's syntax, translated to PCRE2
+//                   (tok::translate_split_pattern lists the constructs it takes);
+//   model           "BPE" with the byte-level alphabet, merges as "A B" or ["A", "B"],
+//                   ignore_merges (a piece that is a vocabulary token as a whole is that
+//                   token), and none of byte_fallback, dropout or subword affixes;
+//   decoder         absent, null or ByteLevel; post_processor is not read.
+// vocab.json + merges.txt (the "slow" layout) get Qwen2's normaliser and pattern. (Qwen's
 // reference "slow" tokenizer normalises the whole text before finding added tokens, the
 // "fast" one after, as here; they differ only when the character after an added token
 // composes with its last one under NFC, as ">" + U+0338 does.)

@@ -14,7 +14,8 @@ namespace klein {
 
 struct Tokenizer::Impl {
   tok::BpeModel bpe;
-  tok::Pretokenizer pretokenizer;
+  bool nfc = true;                 // normalizer: NFC (Qwen2's), or none (null)
+  tok::Pretokenizer pretokenizer;  // Qwen2's pattern unless tokenizer.json names another
 
   std::vector<AddedToken> added;  // sorted by id
   bool pads_left = false;         // tokenizer_config.json: "padding_side": "left"
@@ -29,7 +30,8 @@ struct Tokenizer::Impl {
   const AddedToken* find_added(int32_t id) const;
   // The longest added token that starts at text[pos], or nullptr.
   const AddedToken* added_token_at(std::string_view text, size_t pos) const;
-  // One stretch of text between added tokens: normalise, pre-tokenize, BPE every piece.
+  // One stretch of text between added tokens: normalise (if NFC), pre-tokenize, BPE every
+  // piece.
   void encode_segment(std::string_view segment, std::vector<int32_t>& ids,
                       tok::BpeModel::Scratch& scratch) const;
 };

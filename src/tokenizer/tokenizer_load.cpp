@@ -51,6 +51,43 @@ struct Collected {
   tok::MergeList merges;
   std::vector<uint32_t> merge_lines;  // merges.txt: the line of each merge, for messages
   std::vector<RawAddedToken> added;
+  bool ignore_merges = false;
+  // tokenizer.json's pipeline around the model, as written (absent: nullopt).
+  std::optional<json> normalizer, pre_tokenizer, decoder;
+};
+
+// Builds a JSON value from SAX events: the small parts of tokenizer.json that describe the
+// pipeline are kept whole and read after parsing.
+class JsonBuilder {
+ public:
+  void value(json v) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+    } else if (stack_.back()->is_array()) {
+      stack_.back()->push_back(std::move(v));
+    } else {
+      (*stack_.back())[key_] = std::move(v);
+    }
+  }
+  void open(json container) {
+    value(std::move(container));
+    json* top = stack_.empty()              ? &root_
+                : stack_.back()->is_array() ? &stack_.back()->back()
+                                            : &(*stack_.back())[key_];
+    stack_.push_back(top);
+  }
+  void key(std::string k) { key_ = std::move(k); }
+  // Returns true when the outermost container closed.
+  bool close() {
+    stack_.pop_back();
+    return stack_.empty();
+  }
+  json take() { return std::move(root_); }
+
+ private:
+  json root_;
+  std::vector<json*> stack_;
+  std::string key_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -68,11 +105,14 @@ class TokenizerJsonReader final : public json::json_sax_t {
 
   size_t vocab_entries() const { return vocab_entries_; }
 
-  bool null() override { return scalar_other("null"); }
+  bool null() override {
+    if (captured(nullptr)) return true;
+    return scalar_other("null");
+  }
   bool boolean(bool v) override {
+    if (captured(v)) return true;
     if (at_model_key("ignore_merges")) {
-      // true looks a whole piece up in the vocabulary before merging (Llama 3 does): other ids.
-      if (v) fail(where(), ": true is not supported (only false, as Qwen's tokenizers have)");
+      out_.ignore_merges = v;
       return element_done();
     }
     if (at_model_key("byte_fallback")) {
@@ -92,11 +132,13 @@ class TokenizerJsonReader final : public json::json_sax_t {
     return element_done();
   }
   bool number_integer(number_integer_t v) override {
+    if (captured(v)) return true;
     if (v >= 0) return number_unsigned(number_unsigned_t(v));
     if (at_vocab_entry() || added_field("id")) fail(where(), ": negative token id ", v);
     return scalar_other("a number");
   }
   bool number_unsigned(number_unsigned_t v) override {
+    if (captured(v)) return true;
     if (at_vocab_entry()) {
       add_vocab_entry(v);
     } else if (RawAddedToken* t = added_field("id")) {
@@ -107,8 +149,12 @@ class TokenizerJsonReader final : public json::json_sax_t {
     }
     return element_done();
   }
-  bool number_float(number_float_t, const string_t&) override { return scalar_other("a fraction"); }
+  bool number_float(number_float_t v, const string_t&) override {
+    if (captured(v)) return true;
+    return scalar_other("a fraction");
+  }
   bool string(string_t& v) override {
+    if (captured(v)) return true;
     if (at_merge_string()) {
       add_merge_string(v);
     } else if (at_merge_pair_part()) {
@@ -136,6 +182,7 @@ class TokenizerJsonReader final : public json::json_sax_t {
   bool binary(binary_t&) override { return scalar_other("binary data"); }
 
   bool start_object(std::size_t) override {
+    if (capture_open(json::object())) return true;
     if (at_vocab_entry() || at_merge_string() || at_merge_pair_part() || at_model_key("type"))
       fail(where(), ": unexpected object");
     if (at_added_token()) {
@@ -146,15 +193,20 @@ class TokenizerJsonReader final : public json::json_sax_t {
     return true;
   }
   bool key(string_t& k) override {
-    path_.back().key = std::move(k);
+    if (capture_depth_ > 0)
+      builder_.key(std::move(k));
+    else
+      path_.back().key = std::move(k);
     return true;
   }
   bool end_object() override {
+    if (capture_close()) return true;
     path_.pop_back();
     if (at_added_token()) out_.added.push_back(std::move(pending_added_));
     return element_done();
   }
   bool start_array(std::size_t) override {
+    if (capture_open(json::array())) return true;
     if (at_vocab_entry()) fail(where(), ": expected a token id, found an array");
     if (at_merge_pair_part() || at_model_key("type") || at_added_token())
       fail(where(), ": unexpected array");
@@ -167,6 +219,7 @@ class TokenizerJsonReader final : public json::json_sax_t {
     return true;
   }
   bool end_array() override {
+    if (capture_close()) return true;
     path_.pop_back();
     if (at_merge_string()) {
       if (pair_parts_ != 2) fail(where(), ": a merge pair needs exactly two parts");
@@ -185,6 +238,40 @@ class TokenizerJsonReader final : public json::json_sax_t {
     std::string key;  // current key, for objects
     size_t index;     // current element, for arrays
   };
+
+  // The parts kept whole: "normalizer", "pre_tokenizer" and "decoder" at the top level.
+  std::optional<json>* capture_slot() {
+    if (layout_ != Layout::kTokenizerJson || path_.size() != 1 || path_[0].array) return nullptr;
+    const std::string& k = path_[0].key;
+    return k == "normalizer"      ? &out_.normalizer
+           : k == "pre_tokenizer" ? &out_.pre_tokenizer
+           : k == "decoder"       ? &out_.decoder
+                                  : nullptr;
+  }
+  // A scalar inside a kept part, or one standing for a whole part ("normalizer": null).
+  bool captured(json v) {
+    if (capture_depth_ > 0) {
+      builder_.value(std::move(v));
+      return true;
+    }
+    if (std::optional<json>* slot = capture_slot()) {
+      *slot = std::move(v);
+      return true;
+    }
+    return false;
+  }
+  bool capture_open(json container) {
+    if (capture_depth_ == 0 && !capture_slot()) return false;
+    builder_.open(std::move(container));
+    ++capture_depth_;
+    return true;
+  }
+  bool capture_close() {
+    if (capture_depth_ == 0) return false;
+    --capture_depth_;
+    if (builder_.close()) *capture_slot() = builder_.take();
+    return true;
+  }
 
   // Path tests. The frame stack describes the containers we are inside; a value's own
   // position is the top frame's current key or index.
@@ -298,6 +385,8 @@ class TokenizerJsonReader final : public json::json_sax_t {
   RawAddedToken pending_added_;
   std::pair<std::string, std::string> pending_pair_;
   int pair_parts_ = 0;
+  JsonBuilder builder_;
+  int capture_depth_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -486,6 +575,74 @@ bool reads_padding_left(std::string_view text, const std::string& file) {
   return side == "left";
 }
 
+// ---------------------------------------------------------------------------------------
+// tokenizer.json's pipeline around the model
+
+// A field of a pipeline part, or nullptr when it is absent or null.
+const json* field(const json& part, const char* name) {
+  if (!part.is_object()) return nullptr;
+  auto it = part.find(name);
+  return it == part.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::string type_of(const json& part) {
+  const json* t = field(part, "type");
+  return t && t->is_string() ? t->get<std::string>() : std::string();
+}
+
+// normalizer: absent (Qwen2's NFC, built in), null (none) or {"type": "NFC"}. Returns
+// whether the text is NFC-normalised.
+bool read_normalizer(const Collected& c, const std::string& file) {
+  if (!c.normalizer) return true;
+  if (c.normalizer->is_null()) return false;
+  check(type_of(*c.normalizer) == "NFC", file, ": normalizer: ", shown(c.normalizer->dump()),
+        " is not supported (only null or NFC)");
+  return true;
+}
+
+// pre_tokenizer: absent (Qwen2's pattern, built in) or
+//   Sequence[Split(Regex(PATTERN), "Isolated", invert false),
+//            ByteLevel(add_prefix_space false, use_regex false)]
+// which is what both Qwen2's files and transformers' Tekken converter write.
+tok::Pretokenizer read_pre_tokenizer(const Collected& c, const std::string& file) {
+  if (!c.pre_tokenizer) return tok::Pretokenizer();
+  const json& pre = *c.pre_tokenizer;
+  const char* expected =
+      " (expected a Sequence of a Split on a Regex, \"Isolated\", then a ByteLevel)";
+  const json* list = type_of(pre) == "Sequence" ? field(pre, "pretokenizers") : nullptr;
+  check(list && list->is_array() && list->size() == 2, file, ": pre_tokenizer: ", shown(pre.dump()),
+        " is not supported", expected);
+  const json& split = (*list)[0];
+  const json& byte_level = (*list)[1];
+  const std::string at = file + ": pre_tokenizer.pretokenizers";
+  check(type_of(split) == "Split", at, "[0]: ", shown(split.dump()), " is not supported", expected);
+  const json* pattern = field(split, "pattern");
+  const json* regex = pattern ? field(*pattern, "Regex") : nullptr;
+  check(regex && regex->is_string(), at, "[0].pattern: ", shown(pattern ? pattern->dump() : "null"),
+        " is not supported (only {\"Regex\": \"...\"})");
+  const json* behavior = field(split, "behavior");
+  check(behavior && *behavior == "Isolated", at,
+        "[0].behavior: ", shown(behavior ? behavior->dump() : "null"),
+        " is not supported (only \"Isolated\")");
+  const json* invert = field(split, "invert");
+  check(!invert || *invert == false, at, "[0].invert: only false is supported");
+  check(type_of(byte_level) == "ByteLevel", at, "[1]: ", shown(byte_level.dump()),
+        " is not supported", expected);
+  for (const char* flag : {"add_prefix_space", "use_regex"}) {
+    const json* v = field(byte_level, flag);
+    check(!v || *v == false, at, "[1].", flag,
+          ": only false is supported (the Split alone cuts the text, and adds no space)");
+  }
+  return tok::Pretokenizer(regex->get<std::string>(), at + "[0].pattern.Regex");
+}
+
+// decoder: absent, null or ByteLevel (the tokens' bytes, which is what decode() gives).
+void read_decoder(const Collected& c, const std::string& file) {
+  if (!c.decoder || c.decoder->is_null()) return;
+  check(type_of(*c.decoder) == "ByteLevel", file, ": decoder: ", shown(c.decoder->dump()),
+        " is not supported (only ByteLevel)");
+}
+
 }  // namespace
 
 Tokenizer::Tokenizer(const TokenizerFiles& files) {
@@ -495,6 +652,10 @@ Tokenizer::Tokenizer(const TokenizerFiles& files) {
   if (!files.tokenizer_json) read_merges_txt(*files.merges_txt, c.merges_file, c);
   add_merges(c, impl->bpe);
   check(impl->bpe.merge_count() > 0, c.merges_file, ": there are no merges");
+  impl->bpe.set_ignore_merges(c.ignore_merges);
+  impl->nfc = read_normalizer(c, c.vocab_file);
+  impl->pretokenizer = read_pre_tokenizer(c, c.vocab_file);
+  read_decoder(c, c.vocab_file);
   if (files.tokenizer_config_json)
     read_added_tokens_decoder(*files.tokenizer_config_json, file_in(files, "tokenizer_config.json"),
                               c);

@@ -175,8 +175,6 @@ TEST(TokenizerJsonErrors, WrongModel) {
 }
 
 TEST(TokenizerJsonErrors, SettingsThatWouldChangeTheIds) {
-  expect_parts(error_loading({with_model(R"(["a b"])", R"("ignore_merges": true, )")}),
-               {"model.ignore_merges", "not supported"});
   expect_parts(error_loading({with_model(R"(["a b"])", R"("byte_fallback": true, )")}),
                {"model.byte_fallback", "not supported"});
   expect_parts(error_loading({with_model(R"(["a b"])", R"("continuing_subword_prefix": "##", )")}),
@@ -185,6 +183,84 @@ TEST(TokenizerJsonErrors, SettingsThatWouldChangeTheIds) {
                {"model.end_of_word_suffix", "not supported"});
   expect_parts(error_loading({with_model(R"(["a b"])", R"("dropout": 0.1, )")}),
                {"model.dropout", "not supported"});
+}
+
+// ignore_merges: a piece that is a vocabulary token as a whole is that token, even when the
+// merges would not build it ("abc" here: there is no merge "ab c").
+TEST(TokenizerJson, IgnoreMergesTakesWholePiecesFromTheVocabulary) {
+  json vocab = json::parse(small_vocab());
+  vocab["abc"] = 257;
+  auto load = [&](bool ignore_merges) {
+    TokenizerFiles f;
+    f.origin = "mem";
+    const std::string text = json{
+        {"model",
+         {{"type", "BPE"},
+          {"ignore_merges", ignore_merges},
+          {"vocab", vocab},
+          {"merges", {"a b"}}}}}.dump();
+    f.tokenizer_json = text;
+    return Tokenizer(f);
+  };
+  EXPECT_EQ(load(false).encode("abc abcd"), (Ids{256, 'c', ' ', 256, 'c', 'd'}));
+  EXPECT_EQ(load(true).encode("abc abcd"), (Ids{257, ' ', 256, 'c', 'd'}));
+}
+
+// The pipeline around the model: what is not null/NFC, Split + ByteLevel or ByteLevel.
+TEST(TokenizerJsonErrors, PipelineThatIsNotSupported) {
+  auto with = [](const std::string& part) {
+    return R"({"version": "1.0", )" + part + R"(, "model": {"type": "BPE", "vocab": )" +
+           small_vocab() + R"(, "merges": ["a b"]}})";
+  };
+  auto pre = [&](const std::string& split, const std::string& byte_level) {
+    return with(R"("pre_tokenizer": {"type": "Sequence", "pretokenizers": [)" + split + ", " +
+                byte_level + "]}");
+  };
+  const std::string split = R"({"type": "Split", "pattern": {"Regex": "\\p{L}+"},
+                                "behavior": "Isolated", "invert": false})";
+  const std::string byte_level =
+      R"({"type": "ByteLevel", "add_prefix_space": false, "use_regex": false})";
+  // The base: loads, splits letters from the rest, and does not normalise.
+  const fs::path dir = testing::temp_dir("tokenizer-json-pipeline");
+  testing::write_text(dir / "tokenizer.json",
+                      pre(split, byte_level).insert(1, R"("normalizer": null, )"));
+  EXPECT_EQ(Tokenizer::from_directory(dir).encode("ab1"), (Ids{256, '1'}));
+
+  expect_parts(error_loading({with(R"("normalizer": {"type": "Lowercase"})")}),
+               {"normalizer", "Lowercase", "not supported", "null or NFC"});
+  expect_parts(error_loading({with(R"("decoder": {"type": "Metaspace"})")}),
+               {"decoder", "Metaspace", "not supported"});
+  expect_parts(error_loading({with(R"("pre_tokenizer": {"type": "Whitespace"})")}),
+               {"pre_tokenizer", "Whitespace", "not supported"});
+  expect_parts(error_loading({with(R"("pre_tokenizer": null)")}),
+               {"pre_tokenizer", "not supported"});
+  expect_parts(error_loading({pre(byte_level, split)}),
+               {"pre_tokenizer.pretokenizers[0]", "not supported"});
+  expect_parts(error_loading({pre(R"({"type": "Split", "pattern": {"String": " "},
+                                      "behavior": "Isolated"})",
+                                  byte_level)}),
+               {"pretokenizers[0].pattern", "String", "not supported"});
+  expect_parts(error_loading({pre(R"({"type": "Split", "pattern": {"Regex": "a"},
+                                      "behavior": "Removed"})",
+                                  byte_level)}),
+               {"pretokenizers[0].behavior", "Removed", "Isolated"});
+  expect_parts(error_loading({pre(R"({"type": "Split", "pattern": {"Regex": "a"},
+                                      "behavior": "Isolated", "invert": true})",
+                                  byte_level)}),
+               {"pretokenizers[0].invert", "only false"});
+  expect_parts(error_loading({pre(split, R"({"type": "ByteLevel", "add_prefix_space": true})")}),
+               {"pretokenizers[1].add_prefix_space", "only false"});
+  expect_parts(error_loading({pre(split, R"({"type": "ByteLevel", "use_regex": true})")}),
+               {"pretokenizers[1].use_regex", "only false"});
+  // A pattern with a construct the translation does not take: its place and what it is.
+  expect_parts(error_loading({pre(R"({"type": "Split", "pattern": {"Regex": "\\w+|\\s"},
+                                      "behavior": "Isolated"})",
+                                  byte_level)}),
+               {"pretokenizers[0].pattern.Regex", "\\w", "offset 0", "not supported"});
+  expect_parts(error_loading({pre(R"({"type": "Split", "pattern": {"Regex": "a{3,1}"},
+                                      "behavior": "Isolated"})",
+                                  byte_level)}),
+               {"pretokenizers[0].pattern.Regex", "does not compile"});
 }
 
 TEST(TokenizerJsonErrors, MergesThatAreNotMerges) {
