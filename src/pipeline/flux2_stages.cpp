@@ -275,7 +275,8 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
   if (p_.embedded_guidance && !o.negative_prompt.empty())
     session.warn(g, progress, std::string(p_.name) + " runs one pass per step (its guidance is "
                  "embedded in the model): the negative prompt has no effect and is not recorded");
-  else if (config.is_distilled && ((o.guidance && *o.guidance != 1.0f) || !o.negative_prompt.empty()))
+  else if (!p_.embedded_guidance && config.is_distilled &&
+           ((o.guidance && *o.guidance != 1.0f) || !o.negative_prompt.empty()))
     session.warn(g, progress, "this model is distilled (no classifier-free guidance): the guidance and "
                       "the negative prompt have no effect and are not recorded in the image");
   r.fast = runs_fast(o.precision, session.weights());

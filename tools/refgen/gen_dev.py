@@ -15,9 +15,12 @@ The tokenizer is not part of this set: the token ids are chosen here in the shap
 Mistral chat format (see the README), and the pipeline's processor is replaced by a stand-in
 that returns them from apply_chat_template.  Everything downstream of the ids is official.
 
+  e2e_prompt/    Flux2Pipeline.__call__(prompt=TEXT) whole, with --tokenizer-set: the processor
+                 returns the official tokenizers library's ids of the rendered chat
 Usage:
   python3 gen_dev.py --spec specs/flux2-dev-tiny.json --out OUT_DIR \
-      --diffusers-src D/src --transformers-src T/src --hub-src H/src --accelerate-src A/src
+      --diffusers-src D/src --transformers-src T/src --hub-src H/src --accelerate-src A/src \
+      [--tokenizer-set tests/data/flux2-dev-tiny]
 """
 import argparse
 import json
@@ -249,6 +252,71 @@ def gen_e2e(pipe, spec, W, ctx):
                               "latents=noise, output_type='np')", "cases": info}, "end-to-end runs")
 
 
+class TokenizedProcessor:
+    """The pipeline's processor for prompts whose rendered chat text was tokenized by the
+    official tokenizers library (tokenizer_vectors.json, tools/refgen/tekken_tokenizer.py):
+    checks that the pipeline passes the recorded messages, returns those ids padded to
+    max_length with <pad> on the side tokenizer_config.json names."""
+
+    def __init__(self, vectors, pad_id, pad_left):
+        self.by_prompt = {p["prompt"]: p for p in vectors["prompts"]}
+        self.pad_id, self.pad_left = pad_id, pad_left
+        self.calls = []
+
+    def apply_chat_template(self, messages, **kwargs):
+        import torch
+        self.calls.append((messages, kwargs))
+        assert len(messages) == 1
+        user = messages[0][-1]["content"][0]["text"]
+        rec = self.by_prompt[user]
+        assert messages[0] == rec["messages"], (messages[0], rec["messages"])
+        ids = list(rec["ids"])[: kwargs["max_length"]]
+        pad = [self.pad_id] * (kwargs["max_length"] - len(ids))
+        full = pad + ids if self.pad_left else ids + pad
+        mask = ([0] * len(pad) + [1] * len(ids)) if self.pad_left else ([1] * len(ids) + [0] * len(pad))
+        return {"input_ids": torch.tensor([full]), "attention_mask": torch.tensor([mask])}
+
+
+def gen_e2e_prompt(pipe, spec, W, tokenizer_set):
+    """Prompt text -> image through the whole official pipeline (its encode_prompt included).
+    tokenizer_set: the set directory holding tokenizer_vectors.json and model/tokenizer/
+    (tools/refgen/tekken_tokenizer.py)."""
+    from gen_vectors import Recorder, seeded_randn
+    with open(os.path.join(tokenizer_set, "tokenizer_vectors.json"), encoding="utf-8") as f:
+        vectors = json.load(f)
+    with open(os.path.join(tokenizer_set, "model", "tokenizer", "tokenizer_config.json"),
+              encoding="utf-8") as f:
+        tok_cfg = json.load(f)
+    proc = TokenizedProcessor(vectors, spec["special_ids"]["pad"], tok_cfg.get("padding_side") == "left")
+    pipe.tokenizer = proc
+    info = []
+    for c in spec["e2e_prompt"]:
+        p = "e2e_prompt/%s/" % c["name"]
+        h16, w16 = c["height"] // 16, c["width"] // 16
+        noise = seeded_randn((1, 128, h16, w16), c["seed"])
+        rec_te = Recorder(pipe.text_encoder, "forward")
+        rec_tr = Recorder(pipe.transformer, "forward")
+        images = pipe(prompt=c["prompt"], height=c["height"], width=c["width"],
+                      num_inference_steps=c["steps"], guidance_scale=c["guidance"], latents=noise.clone(),
+                      output_type="np", return_dict=False)[0]
+        rec_te.restore()
+        rec_tr.restore()
+        kw = rec_te.calls[0][1]
+        W.npy(p + "noise.npy", noise, "input: initial noise [1,128,H/16,W/16] passed as latents=")
+        W.npy(p + "input_ids.npy", kw["input_ids"][0], "the ids the processor gave the text encoder [512]")
+        W.npy(p + "attention_mask.npy", kw["attention_mask"][0], "their attention mask [512]")
+        W.npy(p + "prompt_embeds.npy", rec_tr.calls[0][1]["encoder_hidden_states"][0],
+              "the context the transformer received [512, 3*hidden]")
+        W.npy(p + "image.npy", images[0], "final image [H,W,3] float32 in [0,1]")
+        W.png(p + "image.png", pipe.image_processor.numpy_to_pil(images)[0], "final image, uint8 RGB PNG")
+        info.append(dict(c, sigmas=[float(x) for x in pipe.scheduler.sigmas]))
+    W.json("e2e_prompt/cases.json", {
+        "how": "Flux2Pipeline.__call__(prompt=TEXT, ...) with the processor replaced by one that returns the "
+               "official tokenizers library's ids for the chat text the pipeline's messages render to "
+               "(tokenizer_vectors.json), padded to 512 with <pad> on tokenizer_config.json's side",
+        "cases": info}, "end-to-end runs from a prompt text")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", required=True)
@@ -256,6 +324,8 @@ def main():
     for s in ("diffusers", "transformers", "hub", "accelerate"):
         ap.add_argument("--%s-src" % s, required=True)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokenizer-set", help="a set directory with tokenizer_vectors.json and "
+                    "model/tokenizer/ (tools/refgen/tekken_tokenizer.py's output): adds the e2e_prompt runs")
     a = ap.parse_args()
     import refgen_env
     refgen_env.setup(a.diffusers_src, a.transformers_src, a.hub_src, hub_version="0.99.0",
@@ -290,6 +360,8 @@ def main():
         gen_text_encoder(pipe, spec, W, ctx)
         gen_transformer(pipe, spec, W, ctx)
         gen_e2e(pipe, spec, W, ctx)
+        if spec.get("e2e_prompt") and a.tokenizer_set:
+            gen_e2e_prompt(pipe, spec, W, a.tokenizer_set)
     W.manifest({"set": spec["name"], "threads": a.threads, "torch": torch.__version__})
     print("wrote", a.out)
 
