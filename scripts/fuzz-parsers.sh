@@ -73,6 +73,26 @@ open(f"{root}/tokenizer/files", "wb").write(
 tokenizer_json = {"model": {"type": "BPE", "vocab": vocab, "merges": ["a b", ["ab", "c"]]},
                   "added_tokens": [{"id": 7, "content": "<|im_start|>", "special": True}]}
 open(f"{root}/tokenizer/json", "wb").write(b"\x01\x01\x01" + json.dumps(tokenizer_json).encode())
+# The Tekken form (FLUX.2-dev's): no normaliser, the file's own Split pattern (translated from
+# Oniguruma to PCRE2) before byte-level, ignore_merges, a control token; all 256 byte tokens,
+# so that the file loads and the fuzzer starts from the pattern's code.
+printable = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255]
+byte_token = {b: chr(b) for b in printable}
+byte_token.update({b: chr(256 + i) for i, b in enumerate(b for b in range(256) if b not in byte_token)})
+tekken_vocab = {byte_token[b]: b + 1 for b in range(256)}
+tekken_vocab.update({"ab": 257, "abc": 258, byte_token[32] + "a": 259})
+tekken_json = {
+    "normalizer": None,
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "(?i:'s|'t)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+                                               "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s+(?!\\S)|\\s+"},
+         "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+    "decoder": {"type": "ByteLevel"},
+    "model": {"type": "BPE", "vocab": tekken_vocab,
+              "merges": ["a b", ["ab", "c"], byte_token[32] + " a"], "ignore_merges": True},
+    "added_tokens": [{"id": 0, "content": "[INST]", "special": True}]}
+open(f"{root}/tokenizer/tekken", "wb").write(b"\x01\x01\x01" + json.dumps(tekken_json).encode())
 
 transformer = {"_class_name": "Flux2Transformer2DModel", "attention_head_dim": 128,
                "axes_dims_rope": [32, 32, 32, 32], "eps": 1e-06, "guidance_embeds": False,
