@@ -52,6 +52,7 @@ struct Collected {
   std::vector<uint32_t> merge_lines;  // merges.txt: the line of each merge, for messages
   std::vector<RawAddedToken> added;
   bool ignore_merges = false;
+  bool pads_left = false;  // tokenizer_config.json: "padding_side": "left"
   // tokenizer.json's pipeline around the model, as written (absent: nullopt).
   std::optional<json> normalizer, pre_tokenizer, decoder;
 };
@@ -446,7 +447,8 @@ void add_merges(const Collected& c, tok::BpeModel& bpe) {
 // ---------------------------------------------------------------------------------------
 // tokenizer_config.json
 
-void read_added_tokens_decoder(std::string_view text, const std::string& file, Collected& out) {
+// Its "padding_side" ("left" or "right"; absent: right) and its "added_tokens_decoder".
+void read_tokenizer_config(std::string_view text, const std::string& file, Collected& out) {
   json config;
   try {
     config = json::parse(text);
@@ -454,6 +456,11 @@ void read_added_tokens_decoder(std::string_view text, const std::string& file, C
     fail(file, ": not valid JSON: ", e.what());
   }
   check(config.is_object(), file, ": expected a JSON object");
+  if (auto side = config.find("padding_side"); side != config.end()) {
+    check(side->is_string() && (*side == "left" || *side == "right"), file,
+          ": padding_side must be \"left\" or \"right\", got ", side->dump());
+    out.pads_left = *side == "left";
+  }
   auto decoder = config.find("added_tokens_decoder");
   if (decoder == config.end()) return;
   check(decoder->is_object(), file, ": added_tokens_decoder must be an object");
@@ -564,17 +571,6 @@ void load_vocab(const TokenizerFiles& files, tok::BpeModel& bpe, Collected& c) {
         "); a byte-level vocabulary needs all 256");
 }
 
-// tokenizer_config.json's "padding_side": "left" or "right" (absent: right).
-bool reads_padding_left(std::string_view text, const std::string& file) {
-  const nlohmann::json config = nlohmann::json::parse(text, nullptr, false);
-  if (config.is_discarded() || !config.is_object() || !config.contains("padding_side"))
-    return false;
-  const nlohmann::json& side = config["padding_side"];
-  check(side.is_string() && (side == "left" || side == "right"), file,
-        ": padding_side must be \"left\" or \"right\", got ", side.dump());
-  return side == "left";
-}
-
 // ---------------------------------------------------------------------------------------
 // tokenizer.json's pipeline around the model
 
@@ -657,11 +653,9 @@ Tokenizer::Tokenizer(const TokenizerFiles& files) {
   impl->pretokenizer = read_pre_tokenizer(c, c.vocab_file);
   read_decoder(c, c.vocab_file);
   if (files.tokenizer_config_json)
-    read_added_tokens_decoder(*files.tokenizer_config_json, file_in(files, "tokenizer_config.json"),
-                              c);
-  if (files.tokenizer_config_json)
-    impl->pads_left = reads_padding_left(*files.tokenizer_config_json,
-                                         file_in(files, "tokenizer_config.json"));
+    read_tokenizer_config(*files.tokenizer_config_json, file_in(files, "tokenizer_config.json"),
+                          c);
+  impl->pads_left = c.pads_left;
   impl->added = settle_added_tokens(c.added);
   check_added_against_vocabulary(c.added, impl->bpe);
   impl->index_added_tokens();

@@ -110,6 +110,21 @@ TEST(Tekken, DevPromptIsTheRenderedChatPadded) {
   }
 }
 
+// padding_side is read from tokenizer_config.json: right when absent, and a value other than
+// left or right is refused naming the file.
+TEST(Tekken, PaddingSideComesFromTheConfig) {
+  const fs::path dir = testing::temp_dir("tekken-padding");
+  fs::copy_file(dev_set() / "model" / "tokenizer" / "tokenizer.json", dir / "tokenizer.json");
+  testing::write_text(dir / "tokenizer_config.json", R"({"padding_side": "right"})");
+  EXPECT_FALSE(Tokenizer::from_directory(dir).pads_left());
+  testing::write_text(dir / "tokenizer_config.json", "{}");
+  EXPECT_FALSE(Tokenizer::from_directory(dir).pads_left());
+  testing::write_text(dir / "tokenizer_config.json", R"({"padding_side": "middle"})");
+  const std::string e = testing::error_of([&] { Tokenizer::from_directory(dir); });
+  EXPECT_NE(e.find("tokenizer_config.json: padding_side must be \"left\" or \"right\""),
+            std::string::npos) << e;
+}
+
 TEST(Tekken, TokenizerConfigHasTheChatTemplate) {
   const json config =
       json::parse(read_text_file(dev_set() / "model" / "tokenizer" / "tokenizer_config.json"));
