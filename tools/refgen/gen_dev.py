@@ -68,12 +68,10 @@ def chat_ids(spec, prompt, padding):
 
 def build_model(spec, out):
     import torch
-    from diffusers.models.autoencoders.autoencoder_kl_flux2 import AutoencoderKLFlux2
-    from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
     from diffusers.pipelines.flux2.pipeline_flux2 import Flux2Pipeline
     from diffusers.schedulers.scheduling_flow_match_euler_discrete import FlowMatchEulerDiscreteScheduler
     from transformers import Mistral3Config, Mistral3ForConditionalGeneration
-    from make_tiny_models import SCHEDULER_CONFIG, redraw
+    from make_tiny_models import SCHEDULER_CONFIG, build_transformer_and_vae, redraw
 
     V = spec["model"]
     seed = V["seed"]
@@ -84,19 +82,7 @@ def build_model(spec, out):
     redraw(text_encoder, seed, "text_encoder", torch)
     joint_dim = len(LAYERS) * cfg.text_config.hidden_size
 
-    torch.manual_seed(seed + 1)
-    tcfg = dict(V["transformer"])
-    tcfg["axes_dims_rope"] = tuple(tcfg["axes_dims_rope"])
-    transformer = Flux2Transformer2DModel(joint_attention_dim=joint_dim, **tcfg)
-    redraw(transformer, seed, "transformer", torch)
-
-    torch.manual_seed(seed + 2)
-    vcfg = dict(V["vae"])
-    for k in ("down_block_types", "up_block_types", "block_out_channels", "patch_size"):
-        vcfg[k] = tuple(vcfg[k])
-    vae = AutoencoderKLFlux2(**vcfg)
-    redraw(vae, seed, "vae", torch)
-    vae.eval()
+    transformer, vae = build_transformer_and_vae(V, seed, joint_dim, torch)
     scheduler = FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG)
 
     text_encoder.to(torch.bfloat16).save_pretrained(
