@@ -115,7 +115,12 @@ class Search {
                        : 0.0;
     // A VAE whose weights are the reference's still moves the image when the candidate
     // decodes on bf16 operands (its fast arithmetic): a floor no choice of types changes.
-    if (weight_error["vae"] <= 0) vae_floor_ = probe.vae_image_mse;
+    if (weight_error["vae"] <= 0) arithmetic_floor_ = probe.vae_image_mse;
+    // Likewise a transformer or text-encoder group whose weights are the reference's but whose
+    // velocity still moved: that is the candidate's arithmetic (bf16 attention on AMX CPUs),
+    // which no choice of types changes either.
+    for (const auto& x : probe.sensitivities)
+      if (weight_error[x.group] <= 0) arithmetic_floor_ += calibration_ * x.velocity_nmse;
     for (auto& e : entries_) {
       if (e.group == "vae") {
         const double n = weight_error["vae"];
@@ -168,7 +173,7 @@ class Search {
   }
 
   double predicted_mse() const {
-    double mse = vae_floor_;
+    double mse = arithmetic_floor_;
     for (const auto& e : entries_) mse += e.sensitivity * nmse_at(e, e.type);
     return std::max(0.0, mse);
   }
@@ -245,7 +250,7 @@ class Search {
   std::vector<Entry> entries_;
   std::map<std::string, int64_t> unit_bytes_;  // current stored bytes per unit
   double calibration_ = 0;
-  double vae_floor_ = 0;  // image MSE of the candidate's VAE arithmetic alone
+  double arithmetic_floor_ = 0;  // image MSE of the candidate's arithmetic alone (VAE, attention)
 };
 
 bool goal_met(const PolicyGoal& goal, double psnr, uint64_t file_bytes) {
