@@ -477,8 +477,11 @@ TEST(AmxEmulated, Bf16AttentionMatchesFloat64) {
   }
 }
 
-// Where the CPU has AMX: the model gives the hardware's results (up to the order of the
-// float32 additions inside a tile product, which the hardware does not specify).
+// Where the CPU has AMX: the model gives the hardware's results up to the order of the
+// float32 additions inside a tile product, which the hardware does not specify. Another order
+// can put a score on the other side of a bf16 rounding boundary of P, which moves that one
+// term by 2^-8 of itself: measured on a Sapphire Rapids CPU, five cases within 8e-7 and one
+// (q 77, kv 141) at 4.3e-5; a wrong layout or mask gives errors near 1.
 TEST(AmxEmulated, ModelMatchesTheHardware) {
   KLEIN_REQUIRE_ISA(quant::Isa::Amx);
   for (const Case& c : kCases) {
@@ -497,7 +500,10 @@ TEST(AmxEmulated, ModelMatchesTheHardware) {
     same.chunk = (c.kv_len + detail::kAmxKeyAlign - 1) / detail::kAmxKeyAlign * detail::kAmxKeyAlign;
     const std::vector<float> model = emulated_attention(same, in, scale);
     std::vector<double> hw64(hw.begin(), hw.end());
-    EXPECT_LT(scaled_error(model, hw64), 1e-5) << "q_len " << c.q_len;
+    const double err = scaled_error(model, hw64);
+    std::printf("    model against the hardware, q %lld kv %lld: %.2e\n", (long long)c.q_len,
+                (long long)c.kv_len, err);
+    EXPECT_LT(err, 2e-4) << "q_len " << c.q_len;
   }
 }
 
