@@ -1,6 +1,9 @@
 // klein bench matmul: throughput of the matmul kernels on the model's shapes, for every weight
 // type and the instruction sets asked for, with OpenBLAS sgemm on float32 weights measured in
 // the same run (the machine may be shared: only same-run ratios are meaningful).
+// klein bench peak: the multiply-add rate of the instruction each integer kernel is built on.
+// klein bench step: one denoising step of a model at a size, its work, and the fraction of
+// that peak it reaches (pipeline/step_bench.h).
 #include <algorithm>
 #include <cctype>
 
@@ -11,9 +14,18 @@
 #include <vector>
 
 #include "bench/support/matmul_bench.h"
+#include "cli/memory_options.h"
+#include "cli/model_options.h"
 #include "cli/commands.h"
 #include "core/cpu.h"
 #include "core/error.h"
+#include "core/memory.h"
+#include "ops/compute.h"
+#include "pipeline/memory_plan.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/step_bench.h"
+#include "quant/peak.h"
+#include "weights/model_source.h"
 
 namespace klein::cli {
 namespace {
@@ -102,6 +114,104 @@ void run_bench_matmul(const BenchMatmulArgs& a) {
   }
 }
 
+struct BenchPeakArgs {
+  bool all_isas = false;
+  bool json = false;
+  int threads = 0;
+  double seconds = 0.3;
+};
+
+void run_bench_peak(const BenchPeakArgs& a) {
+  check(a.seconds > 0, "--seconds must be positive, got ", a.seconds);
+  nlohmann::json out;
+  out["cpu"] = describe(cpu_features());
+  const std::vector<quant::Isa> isas =
+      a.all_isas ? quant::available_isas() : std::vector<quant::Isa>{quant::best_isa()};
+  for (quant::Isa isa : isas) {
+    Compute cx(a.threads, isa);
+    const quant::PeakRate r = quant::measure_peak(isa, cx.pool(), a.seconds);
+    out["threads"] = r.threads;
+    if (a.json) {
+      out["peaks"].push_back({{"isa", std::string(quant::isa_name(isa))},
+                              {"instruction", std::string(r.instruction)},
+                              {"threads", r.threads},
+                              {"gmacs", r.macs_per_second / 1e9}});
+    } else if (r.macs_per_second > 0) {
+      std::printf("%-7s %-34s %2d threads %9.1f GMAC/s\n", std::string(quant::isa_name(isa)).c_str(),
+                  std::string(r.instruction).c_str(), r.threads, r.macs_per_second / 1e9);
+    } else {
+      std::printf("%-7s %-34s (the reference path: no peak)\n",
+                  std::string(quant::isa_name(isa)).c_str(), "-");
+    }
+  }
+  if (a.json) std::printf("%s\n", out.dump(2).c_str());
+}
+
+struct BenchStepArgs {
+  ModelPaths paths;
+  int64_t width = 256, height = 256;
+  int forwards = 3;
+  int threads = 0;
+  Precision precision = Precision::Auto;
+  MemoryOptions memory;
+  bool json = false;
+};
+
+void run_bench_step(const BenchStepArgs& a) {
+  auto store = open_model(a.paths);
+  MemoryPlanInputs need;
+  need.width = a.width;
+  need.height = a.height;
+  need.text_encoder = false;
+  const MemoryPlan plan = plan_memory(estimate_memory(*store, need), a.memory.budget(),
+                                      available_memory_bytes(), a.memory.forced());
+  store->set_residency(plan.residency);
+  Compute cx(a.threads);
+  const bool fast = runs_fast(a.precision, *store);  // as a generation decides it
+  cx.arithmetic = arithmetic_for(fast);
+  if (!a.json)
+    std::fprintf(stderr, "%s, %d threads, %s path, %s precision; %lldx%lld, %d forwards (%s)\n",
+                 describe(cpu_features()).c_str(), cx.threads(),
+                 std::string(quant::isa_name(cx.isa())).c_str(), precision_name(fast),
+                 (long long)a.width, (long long)a.height, a.forwards, plan.reason.c_str());
+  const StepBench b = bench_step(*store, a.width, a.height, a.forwards, cx);
+  if (a.json) {
+    nlohmann::json j{{"cpu", describe(cpu_features())},
+                     {"isa", std::string(quant::isa_name(cx.isa()))},
+                     {"threads", cx.threads()},
+                     {"precision", precision_name(fast)},
+                     {"width", b.width},
+                     {"height", b.height},
+                     {"residency", residency_name(plan.residency)},
+                     {"forward_seconds", b.forward_seconds},
+                     {"steady_seconds", b.steady_seconds()},
+                     {"linear_macs", b.work.linear_macs},
+                     {"attention_macs", b.work.attention_macs},
+                     {"peak_instruction", std::string(b.peak.instruction)},
+                     {"peak_gmacs", b.peak.macs_per_second / 1e9},
+                     {"linear_gmacs", b.linear_rate() / 1e9},
+                     {"peak_fraction", b.peak_fraction()},
+                     {"peak_rss_bytes", peak_rss_bytes()}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("forwards (s):          ");
+  for (double t : b.forward_seconds) std::printf(" %.3f", t);
+  std::printf("\nsteady forward:         %.3f s (median after the first)\n", b.steady_seconds());
+  std::printf("work per forward:       %.1f GMAC in the linear layers, %.1f GMAC in attention\n",
+              b.work.linear_macs / 1e9, b.work.attention_macs / 1e9);
+  std::printf("linear rate:            %.1f GMAC/s\n", b.linear_rate() / 1e9);
+  if (b.peak.macs_per_second > 0) {
+    std::printf("peak (%s): %.1f GMAC/s on %d threads\n", std::string(b.peak.instruction).c_str(),
+                b.peak.macs_per_second / 1e9, b.peak.threads);
+    std::printf("fraction of the peak:   %.1f %% (the linear layers alone would take %.3f s at it)\n",
+                100 * b.peak_fraction(), b.work.linear_macs / b.peak.macs_per_second);
+  } else {
+    std::printf("peak:                   none (the scalar reference path)\n");
+  }
+  std::printf("peak RSS:               %s\n", format_bytes(peak_rss_bytes()).c_str());
+}
+
 }  // namespace
 
 static Registration reg("bench", 60, [](CLI::App& app) {
@@ -119,6 +229,32 @@ static Registration reg("bench", 60, [](CLI::App& app) {
   cmd->add_option("--threads", a->threads, "worker threads (default: all cores)");
   cmd->add_flag("--json", a->json, "results as JSON on stdout");
   cmd->callback([a] { run_bench_matmul(*a); });
+
+  auto p = std::make_shared<BenchPeakArgs>();
+  CLI::App* peak = bench->add_subcommand(
+      "peak", "Multiply-adds per second of the instruction the integer kernels are built on");
+  peak->add_flag("--all-isas", p->all_isas, "every instruction set this CPU has, not only the best");
+  peak->add_option("--threads", p->threads, "worker threads (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  peak->add_option("--seconds", p->seconds, "time per measurement (best of 5)");
+  peak->add_flag("--json", p->json, "results as JSON on stdout");
+  peak->callback([p] { run_bench_peak(*p); });
+
+  auto s = std::make_shared<BenchStepArgs>();
+  CLI::App* step = bench->add_subcommand(
+      "step", "One denoising step of a model: its time, its work and the fraction of the peak");
+  add_model_options(*step, s->paths);
+  step->add_option("-W,--width", s->width, "image width in pixels (multiple of 16; default 256)");
+  step->add_option("-H,--height", s->height, "image height in pixels (multiple of 16; default 256)");
+  step->add_option("--forwards", s->forwards,
+                   "transformer forwards to time; the first pages the weights in (default 3)")
+      ->check(CLI::PositiveNumber);
+  step->add_option("--threads", s->threads, "worker threads (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  add_precision_option(*step, s->precision);
+  add_memory_options(*step, s->memory);
+  step->add_flag("--json", s->json, "the result as JSON on stdout");
+  step->callback([s] { run_bench_step(*s); });
 });
 
 }  // namespace klein::cli

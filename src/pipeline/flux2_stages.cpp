@@ -101,6 +101,21 @@ class Flux2Stages final : public FamilyStages {
   int64_t transformer_width(const ModelConfig& config) const override {
     return config.transformer.inner_dim();
   }
+  SyntheticProbe synthetic_probe(const ModelConfig& config, flux2::LatentGrid grid) const override {
+    const TransformerConfig& c = config.transformer;
+    SyntheticProbe p;
+    p.grid = grid;
+    p.latents = Tensor({grid.tokens(), c.in_channels});
+    p.context = Tensor({flux2::TokenLayout{}.text_tokens, c.context_dim});
+    fill_gaussian(p.latents, 1);
+    fill_gaussian(p.context, 2);
+    return p;
+  }
+  ops::ForwardWork forward_work(const ModelConfig& config, flux2::LatentGrid grid) const override {
+    flux2::TokenLayout layout;
+    layout.target = grid;
+    return flux2::forward_work(config.transformer, layout);
+  }
   Tensor probe_forward(WeightStore& store, const ProbeInputs& in, Compute& cx,
                        const BlockObserver& observe) const override;
   Tensor decode_latents(WeightStore& store, const Tensor& latents, flux2::LatentGrid grid,

@@ -1,5 +1,6 @@
 #include "pipeline/noise.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -38,6 +39,11 @@ uint64_t random_seed() {
   // One draw covers the range: random_device yields an unsigned int (32 bits here).
   static_assert(std::random_device::max() >= kRandomSeedBound - 1);
   return uint64_t(std::random_device{}()) % kRandomSeedBound;
+}
+
+void fill_gaussian(Tensor& t, uint64_t seed) {
+  const std::vector<float> values = gaussian_noise(seed, t.numel());
+  std::copy(values.begin(), values.end(), t.data());
 }
 
 }  // namespace klein

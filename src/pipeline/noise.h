@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/tensor.h"
+
 namespace klein {
 
 // Words r0..r3 of Philox-4x32-10 for one counter and key (exposed for tests).
@@ -25,6 +27,9 @@ std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::array<u
 
 // n standard normal values of the sequence above.
 std::vector<float> gaussian_noise(uint64_t seed, int64_t n);
+
+// Fills `t` with gaussian_noise(seed, t.numel()).
+void fill_gaussian(Tensor& t, uint64_t seed);
 
 // Seeds drawn at random are below this bound. A seed is only useful if it survives the trip
 // from the image to the user and back: a JSON number read by JavaScript (and by many other

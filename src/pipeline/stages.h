@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/memory.h"
+#include "ops/work.h"
 #include "pipeline/pipeline.h"
 
 namespace klein {
@@ -29,6 +30,15 @@ struct ProbeInputs {
   float timestep = 0;               // StepView::timestep
   flux2::LatentGrid grid;           // Generation::grid
   float guidance = 1;               // GenerateResult::guidance (FLUX.2-dev embeds it)
+};
+
+// Inputs of the shapes a generation at one size gives the transformer (the longest prompt
+// the pipeline takes), filled with standard normal values: for timing a forward, whose time
+// depends on the shapes only (klein bench step).
+struct SyntheticProbe {
+  Tensor latents, context;
+  flux2::LatentGrid grid;
+  ProbeInputs inputs() const { return {&latents, &context, 0.5f, grid, 4.0f}; }
 };
 
 // Part of the output of block `block` (an index into transformer_blocks): `count` values that
@@ -65,6 +75,10 @@ class FamilyStages {
   // the layout of StepView::velocity, and every block's output to `observe` (may be empty).
   virtual Tensor probe_forward(WeightStore& store, const ProbeInputs& in, Compute& cx,
                                const BlockObserver& observe) const = 0;
+  // Made-up inputs of one forward at `grid` (see SyntheticProbe) and the multiply-adds that
+  // forward does.
+  virtual SyntheticProbe synthetic_probe(const ModelConfig& config, flux2::LatentGrid grid) const = 0;
+  virtual ops::ForwardWork forward_work(const ModelConfig& config, flux2::LatentGrid grid) const = 0;
   // The VAE decoder alone on the latents denoise leaves (Generation::latents): the decoder's
   // output [3, H, W] in [-1, 1], as Generation::decoded.
   virtual Tensor decode_latents(WeightStore& store, const Tensor& latents,

@@ -366,6 +366,23 @@ class ZImageStages final : public FamilyStages {
   int64_t transformer_width(const ModelConfig& config) const override {
     return transformer_config(config).dim;
   }
+  // The caption at its longest (512 tokens): the work of a long prompt.
+  SyntheticProbe synthetic_probe(const ModelConfig& config, flux2::LatentGrid grid) const override {
+    const zimage::TransformerConfig c = transformer_config(config);
+    SyntheticProbe p;
+    p.grid = grid;
+    p.latents = Tensor({c.in_channels, grid.rows * c.patch, grid.cols * c.patch});
+    p.context = Tensor({kSyntheticCaption, c.cap_feat_dim});
+    fill_gaussian(p.latents, 1);
+    fill_gaussian(p.context, 2);
+    return p;
+  }
+  ops::ForwardWork forward_work(const ModelConfig& config, flux2::LatentGrid grid) const override {
+    const zimage::TransformerConfig c = transformer_config(config);
+    return zimage::forward_work(
+        c, {grid.rows * c.patch, grid.cols * c.patch, kSyntheticCaption, c.patch});
+  }
+  static constexpr int64_t kSyntheticCaption = 512;
 
   // The positive prediction as denoise makes it at this step, negated: the velocity of a run
   // without guidance. Block outputs are shown on their real rows: the noise refiner's image

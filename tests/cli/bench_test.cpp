@@ -40,5 +40,47 @@ TEST(BenchMatmulCli, BadOptionsAreNamed) {
   EXPECT_NE(testing::run_klein("bench", &out), 0);
 }
 
+TEST(BenchPeakCli, JsonNamesTheInstructionAndARate) {
+  std::string out;
+  ASSERT_EQ(testing::run_klein("bench peak --threads 1 --seconds 0.02 --json", &out), 0) << out;
+  const auto j = nlohmann::json::parse(out.substr(out.find('{')));
+  ASSERT_EQ(j["peaks"].size(), 1u) << out;
+  const auto& p = j["peaks"][0];
+  EXPECT_EQ(p["threads"].get<int>(), 1);
+  if (p["isa"] != "scalar") {
+    EXPECT_FALSE(p["instruction"].get<std::string>().empty());
+    EXPECT_GT(p["gmacs"].get<double>(), 1.0);  // any SIMD unit does a billion a second
+  }
+  EXPECT_NE(testing::run_klein("bench peak --seconds 0", &out), 0);
+  EXPECT_THAT(out, HasSubstr("--seconds must be positive"));
+}
+
+// The tiny model's forwards on made-up inputs: timed, counted, and a fraction of the peak
+// that is a fraction (a forward faster than the instruction's peak would mean a wrong count
+// or a wrong peak).
+TEST(BenchStepCli, TimesForwardsAndStatesTheFractionOfThePeak) {
+  std::string out;
+  ASSERT_EQ(testing::run_klein("bench step -m " + testing::tiny_model().string() +
+                                   " -W 64 -H 48 --forwards 2 --threads 1 --json",
+                               &out),
+            0)
+      << out;
+  const auto j = nlohmann::json::parse(out.substr(out.find('{')));
+  EXPECT_EQ(j["width"].get<int>(), 64);
+  EXPECT_EQ(j["height"].get<int>(), 48);
+  ASSERT_EQ(j["forward_seconds"].size(), 2u);
+  for (const auto& t : j["forward_seconds"]) EXPECT_GT(t.get<double>(), 0.0);
+  EXPECT_GT(j["linear_macs"].get<double>(), 0.0);
+  EXPECT_GT(j["attention_macs"].get<double>(), 0.0);
+  if (j["isa"] != "scalar") {
+    EXPECT_GT(j["peak_fraction"].get<double>(), 0.0);
+    EXPECT_LT(j["peak_fraction"].get<double>(), 1.0);
+  }
+  EXPECT_NE(testing::run_klein("bench step -m " + testing::tiny_model().string() + " -W 50", &out),
+            0);
+  EXPECT_THAT(out, HasSubstr("multiple of 16"));
+  EXPECT_THAT(out, HasSubstr("50x256"));
+}
+
 }  // namespace
 }  // namespace klein

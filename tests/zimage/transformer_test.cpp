@@ -241,5 +241,40 @@ TEST_F(ZImageTransformer, ActivationsServeEveryStep) {
   EXPECT_TRUE(close_to(second.data(), second.numel(), transformer_vector(stem + "_out0")));
 }
 
+// forward_work against the weights: every matrix of the tiny transformer times the rows the
+// forward runs it on (the caption embedder is once per prompt: not counted).
+TEST_F(ZImageTransformer, ForwardWorkCountsEveryMatrixOnItsRows) {
+  const SequenceLayout layout{6, 4, 5, config_.patch};  // 3 x 2 patches, a 5-token caption
+  const double image = double(layout.image_rows()), caption = double(layout.caption_rows());
+  double linear = 0;
+  for (const std::string& unit : store_->units()) {
+    auto u = store_->acquire(unit);
+    for (const Weight& w : u->weights()) {
+      if (w.shape.size() != 2 || w.shape[0] == 1) continue;  // norms, pad tokens
+      const std::string& n = w.name;
+      if (n.find("cap_embedder") != std::string::npos) continue;
+      double rows = 1;  // the timestep embedding, the modulations
+      const bool modulation = n.find("adaLN") != std::string::npos ||
+                              n.find("t_embedder") != std::string::npos;
+      if (!modulation) {
+        if (n.find("noise_refiner") != std::string::npos || n.find("x_embedder") != std::string::npos ||
+            n.find("final_layer") != std::string::npos)
+          rows = image;
+        else if (n.find("context_refiner") != std::string::npos)
+          rows = caption;
+        else
+          rows = image + caption;  // the main layers
+      }
+      linear += double(w.shape[0]) * double(w.shape[1]) * rows;
+    }
+  }
+  const ops::ForwardWork w = forward_work(config_, layout);
+  EXPECT_DOUBLE_EQ(w.linear_macs, linear);
+  const double D = double(config_.dim), n = double(config_.n_refiner_layers);
+  EXPECT_DOUBLE_EQ(w.attention_macs, 2 * D * (n * image * image + n * caption * caption +
+                                              double(config_.n_layers) * (image + caption) *
+                                                  (image + caption)));
+}
+
 }  // namespace
 }  // namespace klein::zimage

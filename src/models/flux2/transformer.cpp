@@ -583,4 +583,26 @@ void Transformer::forward(const float* latents, const Tensor& text, const Tensor
   linear(a.normed.row(T), N_img, proj_out, velocity, cx);
 }
 
+// --- work ----------------------------------------------------------------------------------
+
+ops::ForwardWork forward_work(const TransformerConfig& c, const TokenLayout& layout,
+                              int64_t cached_rows) {
+  const double D = double(c.inner_dim()), F = double(c.mlp_hidden());
+  const double S = double(layout.total_tokens()), keys = S + double(cached_rows);
+  const double target = double(layout.target_tokens());
+  // One row through a block's weights: Q, K, V and the output (4 D²), the MLP's gate|up and
+  // down (3 F D). The same for a double block's stream and a single block's fused form.
+  const double per_row = 4 * D * D + 3 * F * D;
+  const double blocks = double(c.num_double_blocks + c.num_single_blocks);
+  ops::ForwardWork w;
+  w.linear_macs = blocks * S * per_row;
+  // The timestep (and guidance) embedding and the modulation vectors: one row each.
+  const double embedders = c.guidance_embeds ? 2 : 1;
+  w.linear_macs += embedders * (double(c.timestep_channels) * D + D * D);
+  w.linear_macs += (6 + 6 + 3 + 2) * D * D;
+  w.linear_macs += target * double(c.in_channels) * D + target * D * double(c.out_channels);
+  w.attention_macs = blocks * 2 * S * keys * D;  // Q·Kᵀ and P·V
+  return w;
+}
+
 }  // namespace klein::flux2

@@ -23,6 +23,7 @@
 
 #include "core/tensor.h"
 #include "ops/compute.h"
+#include "ops/work.h"
 #include "models/flux2/positions.h"
 #include "weights/lora.h"
 #include "weights/weight_store.h"
@@ -107,6 +108,14 @@ struct ReferenceKV {
     return 2 * blocks * size_t(tokens) * size_t(inner_dim) * sizeof(float);
   }
 };
+
+// The multiply-adds of one forward over `layout` (klein bench step): per step the timestep
+// (and guidance) embedding and the four modulation vectors, x_embedder and proj_out on the target rows, and in every block the
+// projections and the MLP on the rows that use them (a double block's text weights on the text
+// rows, its image weights on the image rows; a single block's on all) and joint attention
+// over all rows (plus `cached_rows` reference keys). embed_text is once per prompt: not counted.
+ops::ForwardWork forward_work(const TransformerConfig& config, const TokenLayout& layout,
+                              int64_t cached_rows = 0);
 
 class Transformer {
  public:

@@ -393,4 +393,21 @@ void Transformer::feed_forward(const WeightUnit& w, const float* scale, const fl
   }
 }
 
+ops::ForwardWork forward_work(const TransformerConfig& c, const SequenceLayout& layout) {
+  const double D = double(c.dim), F = double(c.ffn_hidden()), A = double(c.adaln_dim());
+  const double image = double(layout.image_rows()), caption = double(layout.caption_rows());
+  const double refiners = double(c.n_refiner_layers), main = double(c.n_layers);
+  const double per_row = 4 * D * D + 3 * F * D;
+  ops::ForwardWork w;
+  w.linear_macs = per_row * (refiners * image + refiners * caption + main * (image + caption));
+  w.linear_macs += 256.0 * 1024 + 1024 * A;                 // the timestep embedding's MLP
+  w.linear_macs += (refiners + main) * 4 * D * A + D * A;  // modulation; the final layer's
+  const double patch = double(c.patch_features());
+  w.linear_macs += image * patch * D + image * D * patch;  // x_embedder, final projection
+  auto attention = [&](double rows) { return 2 * rows * rows * D; };
+  w.attention_macs = refiners * attention(image) + refiners * attention(caption) +
+                     main * attention(image + caption);
+  return w;
+}
+
 }  // namespace klein::zimage

@@ -25,6 +25,7 @@
 #include "models/zimage/checkpoint/config.h"
 #include "ops/compute.h"
 #include "ops/rope.h"
+#include "ops/work.h"
 #include "weights/lora.h"
 #include "weights/weight_store.h"
 
@@ -78,6 +79,13 @@ struct Activations {
   ops::RopeTable rope;
   Tensor seq, normed, q, k, v, attn, gate, up, ffn, caption;
 };
+
+// The multiply-adds of one forward over `layout` (klein bench step): in every block Q, K, V,
+// the output (4 D²) and the feed-forward's w1, w3, w2 (3 F D) on the rows it runs (the noise
+// refiners on the image rows, the context refiners on the caption rows, the main layers on
+// both, padding included), attention over the same rows, the timestep embedding and the
+// modulation vectors (one row each), x_embedder and the final layer on the image rows. embed_caption is once per prompt.
+ops::ForwardWork forward_work(const TransformerConfig& config, const SequenceLayout& layout);
 
 class Transformer {
  public:

@@ -1,0 +1,89 @@
+// quant/peak.h: the peak of each instruction set's integer kernels is a ceiling that the
+// kernels themselves stay under (a loop the compiler shortened, or a count of multiply-adds
+// per instruction that is wrong, shows up as a peak below what Q4 matmul reaches or above
+// what the instruction can do), and the reference path has none.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <vector>
+
+#include "core/error.h"
+#include "core/threadpool.h"
+#include "quant/matmul.h"
+#include "quant/peak.h"
+#include "quant_testing.h"
+#include "support/isa.h"
+
+namespace klein::quant {
+namespace {
+
+using testing::Dist;
+using testing::Packed;
+using testing::random_matrix;
+
+// Multiply-adds one core can do per cycle with the instruction, at most (two vector units;
+// one AMX unit doing a 16 x 16 x 32 product in 16 cycles), and a clock no CPU passes.
+double ceiling_per_thread(Isa isa) {
+  constexpr double kClock = 6.5e9;
+  switch (isa) {
+    case Isa::Avx2: return 2 * 32 * kClock;     // two VPMADDUBSW of 32 byte pairs
+    case Isa::Avx512: return 2 * 64 * kClock;   // two VPDPBUSD of 64
+    case Isa::Amx: return 1024 * kClock;        // TDPBF16PS
+    case Isa::Neon: return 4 * 32 * kClock;     // four SMMLA (or SDOT) of 32
+    default: return 0;
+  }
+}
+
+// Q4 matmul's multiply-adds per second on one thread, best of three.
+double q4_matmul_rate(Isa isa, ThreadPool& pool) {
+  const int64_t M = 96, N = 256, K = 2048;
+  const std::vector<float> w = random_matrix(N, K, 7, Dist::Gauss);
+  const std::vector<float> x = random_matrix(M, K, 8, Dist::Gauss);
+  Packed p(w.data(), N, K, DType::Q4, Layout::Interleaved16);
+  std::vector<float> y(size_t(M * N));
+  MatmulOptions o;
+  o.isa = isa;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 4; ++i) matmul(x.data(), M, K, p.matrix, y.data(), N, pool, o);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 4.0 * double(M * N * K) / s);
+  }
+  return best;
+}
+
+class PeakIsa : public ::klein::testing::OnEveryIsa {};
+
+TEST_P(PeakIsa, IsAboveTheKernelsAndBelowTheInstruction) {
+  const Isa isa = GetParam();
+  ThreadPool pool(1);
+  const PeakRate peak = measure_peak(isa, pool, 0.05);
+  EXPECT_EQ(peak.threads, 1);
+  EXPECT_EQ(peak.isa, isa);
+  if (isa == Isa::Scalar) {
+    EXPECT_EQ(peak.macs_per_second, 0.0);
+    EXPECT_TRUE(peak.instruction.empty());
+    return;
+  }
+  EXPECT_FALSE(peak.instruction.empty());
+  EXPECT_LT(peak.macs_per_second, ceiling_per_thread(isa)) << peak.instruction;
+  const double kernel = q4_matmul_rate(isa, pool);
+  std::printf("  %s: peak %.1f GMAC/s (%.*s), Q4 matmul %.1f GMAC/s (%.0f %%)\n",
+              std::string(isa_name(isa)).c_str(), peak.macs_per_second / 1e9,
+              int(peak.instruction.size()), peak.instruction.data(), kernel / 1e9,
+              100 * kernel / peak.macs_per_second);
+  EXPECT_GT(peak.macs_per_second, kernel) << peak.instruction;
+}
+
+KLEIN_INSTANTIATE_ON_EVERY_ISA(PeakIsa);
+
+TEST(Peak, RefusesAnIsaTheCpuLacksOrAuto) {
+  ThreadPool pool(1);
+  EXPECT_THROW(measure_peak(Isa::Auto, pool), Error);
+  for (Isa isa : ::klein::testing::compiled_isas())
+    if (!isa_available(isa)) EXPECT_THROW(measure_peak(isa, pool), Error) << isa_name(isa);
+}
+
+}  // namespace
+}  // namespace klein::quant
