@@ -19,6 +19,7 @@ int64_t peak_loop_avx2(int64_t rounds) {
     // Every operand "changes" each round, so no product is computed once for all rounds, and
     // each accumulator has its own weights, so none is shared between accumulators.
     __asm__ volatile("" : "+x"(w[0]), "+x"(w[1]), "+x"(w[2]), "+x"(w[3]), "+x"(x0), "+x"(x1));
+#pragma GCC unroll 16
     for (int i = 0; i < kAcc; ++i) {
       const __m256i p =
           _mm256_add_epi16(_mm256_maddubs_epi16(w[i], x0), _mm256_maddubs_epi16(w[i], x1));

@@ -14,6 +14,7 @@ int64_t peak_loop_avx512(int64_t rounds) {
   __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(-7);
   for (int64_t r = 0; r < rounds; ++r) {
     __asm__ volatile("" : "+v"(w), "+v"(x));
+#pragma GCC unroll 16
     for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], w, x);
   }
   __m512i s = acc[0];

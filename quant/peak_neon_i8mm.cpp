@@ -13,6 +13,7 @@ int64_t peak_loop_neon_i8mm(int64_t rounds) {
   int8x16_t w = vdupq_n_s8(3), x = vdupq_n_s8(-7);
   for (int64_t r = 0; r < rounds; ++r) {
     __asm__ volatile("" : "+w"(w), "+w"(x));
+#pragma GCC unroll 16
     for (int i = 0; i < kAcc; ++i) acc[i] = vmmlaq_s32(acc[i], w, x);
   }
   int32x4_t s = acc[0];
