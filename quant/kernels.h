@@ -97,7 +97,12 @@ struct AmxKernels {
 
 const Kernels& scalar_kernels();
 #if defined(KLEIN_X86)
+// The AVX2-class tiles this CPU runs best: AVX-VNNI's where it has it, else the VPMADDUBSW
+// tiles (avx2_pair_kernels); KLEIN_ISA=avx2 lowers the choice to the latter.
 const Kernels& avx2_kernels();
+const Kernels& avx2_pair_kernels();
+// The VPDPBUSD (ymm) tiles of kernels_avxvnni.cpp with the given activation quantizer.
+Kernels avx_vnni_kernels(QuantizeRowsFn quantize_rows);
 const Kernels& avx512_kernels();
 const AmxKernels& amx_kernels();
 #endif

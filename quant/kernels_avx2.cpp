@@ -1,5 +1,7 @@
 // AVX2 kernels (with FMA and F16C). Compiled with -mavx2 -mfma -mf16c and called only when the
-// CPU has them (quant/matmul.cpp, kernels_for).
+// CPU has them (quant/matmul.cpp, kernels_for). Where the CPU has AVX-VNNI (Intel since Alder
+// Lake and Sapphire Rapids), avx2_kernels() gives the VPDPBUSD tiles of kernels_avxvnni.cpp
+// with this file's activation quantizer instead of the tiles below.
 //
 // Integer tiles without VNNI: pmaddubsw multiplies unsigned by signed bytes into pairs of
 // int16 sums, pmaddwd against ones widens them to the int32 row sums. A 16-row tile is two
@@ -15,6 +17,8 @@
 #include <cstring>
 
 #include "core/avx2.h"
+#include "core/cpu.h"
+#include "quant/avx2_tiles.h"
 #include "quant/kernel_common.h"
 #include "quant/kernels.h"
 
@@ -23,12 +27,6 @@ namespace {
 
 constexpr int kIntRows = 4;
 
-inline __m256i broadcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
-
 inline void pin(__m256i& v) { asm("" : "+x"(v)); }
 
 inline int32_t hsum_epi32(__m256i v) {
@@ -36,32 +34,6 @@ inline int32_t hsum_epi32(__m256i v) {
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
   return _mm_cvtsi128_si32(s);
-}
-
-// Writes (or adds to) the first `cols` (0..8) of 8 outputs.
-inline void store8(float* y, __m256 v, int cols, bool accumulate) {
-  if (cols >= 8) {
-    if (accumulate) v = _mm256_add_ps(v, _mm256_loadu_ps(y));
-    _mm256_storeu_ps(y, v);
-  } else if (cols > 0) {
-    const __m256i m = lane_mask(cols);
-    if (accumulate) v = _mm256_add_ps(v, _mm256_maskload_ps(y, m));
-    _mm256_maskstore_ps(y, m, v);
-  }
-}
-
-// store8 for R rows, with all loads before any store: rows of Y are often a multiple of 4 KiB
-// apart, and a load behind a store to the same offset within a page waits for that store.
-template <int R>
-inline void store8_rows(float* y, int64_t ldy, __m256 (&acc)[R], int cols, bool accumulate) {
-  if (cols <= 0) return;
-  if (cols < 8) {
-    for (int r = 0; r < R; ++r) store8(y + r * ldy, acc[r], cols, accumulate);
-    return;
-  }
-  if (accumulate)
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_add_ps(acc[r], _mm256_loadu_ps(y + r * ldy));
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * ldy, acc[r]);
 }
 
 // ---- Activations ---------------------------------------------------------------------------
@@ -163,14 +135,8 @@ void q4_half(ActStream x, const TileQ4* tiles, int64_t nblocks, int half, float*
         pin(sum16[r]);
       }
     }
-    // Scale codes are the f16 bits >> 7: widen, shift back, convert, times 2^-8.
-    const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(t.scale + 8 * half));
-    const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(codes), 7)),
-                                   _mm256_set1_ps(kQ4ScaleFactor));
-    const __m128i zeros8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(t.zero + 8 * half));
-    const __m256 dz = _mm256_mul_ps(
-        d,
-        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(zeros8)), _mm256_set1_ps(0.0625f)));
+    __m256 d, dz;
+    q4_scales(t, half, d, dz);
     for (int r = 0; r < R; ++r) {
       const __m256i sum = _mm256_madd_epi16(sum16[r], ones);
       const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(x.scale[r]));
@@ -198,10 +164,15 @@ using Tiles = RowKernels<kIntRows, Rows>;
 
 }  // namespace
 
-const Kernels& avx2_kernels() {
+const Kernels& avx2_pair_kernels() {
   static const Kernels k{Isa::Avx2, kIntRows, quantize_rows, Tiles::tiles<TileQ8>,
                          Tiles::tiles<TileQ4>};
   return k;
+}
+
+const Kernels& avx2_kernels() {
+  static const Kernels with_vnni = avx_vnni_kernels(quantize_rows);
+  return cpu_features().avx_vnni ? with_vnni : avx2_pair_kernels();
 }
 
 }  // namespace klein::quant::detail

@@ -21,7 +21,9 @@ struct Loop {
 Loop loop_for(Isa isa) {
   switch (isa) {
 #if defined(KLEIN_X86)
-    case Isa::Avx2: return {detail::peak_loop_avx2, "vpmaddubsw x2 + vpmaddwd (ymm)"};
+    case Isa::Avx2:
+      if (cpu_features().avx_vnni) return {detail::peak_loop_avxvnni, "vpdpbusd (ymm, avx-vnni)"};
+      return {detail::peak_loop_avx2, "vpmaddubsw x2 + vpmaddwd (ymm)"};
     case Isa::Avx512: return {detail::peak_loop_avx512, "vpdpbusd (zmm)"};
     case Isa::Amx: return {detail::peak_loop_amx, "tdpbf16ps (16x32x16 bf16 tiles)"};
 #elif defined(KLEIN_ARM64)

@@ -6,7 +6,8 @@
 // step is spent on anything else (unpacking, activations, attention, waiting).
 //
 //   scalar      no peak (0): the reference path
-//   avx2        VPMADDUBSW twice, VPADDW, VPMADDWD, VPADDD: the Q4 tile's step, 64 byte products
+//   avx2        VPMADDUBSW twice, VPADDW, VPMADDWD, VPADDD: the Q4 tile's step, 64 byte products;
+//               VPDPBUSD (ymm), 32, where the CPU has AVX-VNNI
 //   avx512      VPDPBUSD (zmm): 64 byte products
 //   amx         TDPBF16PS: a 16 x 32 by 32 x 16 bf16 tile product, 8192 products
 //   neon        SDOT (v.4s, 16 bytes), or SMMLA where the CPU has I8MM (what the tiles use)
@@ -35,6 +36,7 @@ PeakRate measure_peak(Isa isa, ThreadPool& pool, double seconds = 0.3);
 namespace detail {
 // One thread: `rounds` rounds of the ISA's loop; returns the multiply-adds done.
 int64_t peak_loop_avx2(int64_t rounds);
+int64_t peak_loop_avxvnni(int64_t rounds);
 int64_t peak_loop_avx512(int64_t rounds);
 int64_t peak_loop_amx(int64_t rounds);
 int64_t peak_loop_neon(int64_t rounds);

@@ -54,6 +54,8 @@ CpuFeatures detect() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1);
   f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+  // AVX-VNNI: CPUID leaf 7, sub-leaf 1, EAX bit 4 (GCC 12's __builtin_cpu_supports lacks it).
+  f.avx_vnni = f.avx2 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 4) & 1);
   f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   f.avx512_vnni = f.avx512 && __builtin_cpu_supports("avx512vnni");
@@ -77,8 +79,9 @@ CpuFeatures detect() {
 CpuFeatures apply_limit(CpuFeatures f, std::string_view isa) {
   if (isa.empty() || isa == "native") return f;
   if (isa == "scalar") return CpuFeatures{};
-  if (isa == "avx2") {
+  if (isa == "avx2" || isa == "avx2-vnni") {
     f.avx512 = f.avx512_vnni = f.avx512_bf16 = f.amx_bf16 = false;
+    if (isa == "avx2") f.avx_vnni = false;
   } else if (isa == "avx512") {
     f.amx_bf16 = false;
   } else if (isa == "amx") {
@@ -109,6 +112,7 @@ std::string describe(const CpuFeatures& f) {
     s += name;
   };
   add(f.avx2, "avx2");
+  add(f.avx_vnni, "avx-vnni");
   add(f.avx512, "avx512");
   add(f.avx512_vnni, "avx512-vnni");
   add(f.avx512_bf16, "avx512-bf16");

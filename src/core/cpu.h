@@ -6,6 +6,7 @@ namespace klein {
 
 struct CpuFeatures {
   bool avx2 = false;      // with FMA and F16C
+  bool avx_vnni = false;  // VPDPBUSD on ymm (VEX): Alder Lake and later, Sapphire Rapids
   bool avx512 = false;    // F, BW, VL, DQ
   bool avx512_vnni = false;
   bool avx512_bf16 = false;
@@ -17,8 +18,9 @@ struct CpuFeatures {
   bool neon_i8mm = false;     // SMMLA (FEAT_I8MM)
 };
 
-// The features of this CPU, limited by KLEIN_ISA (scalar, avx2, avx512, amx, neon,
-// neon-dotprod) if set, so tests and benchmarks can force a path.
+// The features of this CPU, limited by KLEIN_ISA (scalar, avx2, avx2-vnni, avx512, amx, neon,
+// neon-dotprod) if set, so tests and benchmarks can force a path: avx2 is AVX2 without
+// AVX-VNNI (the VPMADDUBSW tiles), avx2-vnni keeps it, both without AVX-512.
 const CpuFeatures& cpu_features();
 std::string describe(const CpuFeatures& f);
 

@@ -82,7 +82,9 @@ TEST(Peak, RefusesAnIsaTheCpuLacksOrAuto) {
   ThreadPool pool(1);
   EXPECT_THROW(measure_peak(Isa::Auto, pool), Error);
   for (Isa isa : ::klein::testing::compiled_isas())
-    if (!isa_available(isa)) EXPECT_THROW(measure_peak(isa, pool), Error) << isa_name(isa);
+    if (!isa_available(isa)) {
+      EXPECT_THROW(measure_peak(isa, pool), Error) << isa_name(isa);
+    }
 }
 
 }  // namespace
