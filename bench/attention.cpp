@@ -7,8 +7,9 @@
 //   legacy  the previous implementation (64 x 256 sgemm tiles, libm expf), kept here so that
 //           old and new are compared in the same run on a busy machine;
 //   exact   the default float32 path;
-//   bf16    AttentionParams::bf16 (AMX tiles; the exact path when the CPU has no AMX, see
-//           the label).
+//   bf16    Arithmetic::bf16_attention (AMX tiles; VDPBF16PS on AMD's AVX-512 BF16 CPUs
+//           without AMX; the exact path elsewhere, see the label);
+//   bf16-vector  the VDPBF16PS kernel on any AVX-512 BF16 CPU (attention_bf16_vector).
 // GFLOP/s counts 4·S²·heads·head_dim per call (Q·Kᵀ and P·V). Threads: KLEIN_THREADS
 // (default 2).
 #include <benchmark/benchmark.h>
@@ -109,7 +110,7 @@ void legacy_attention(const float* q, int64_t ldq, const float* k, int64_t ldk, 
   });
 }
 
-enum class Path { Legacy, Exact, Bf16 };
+enum class Path { Legacy, Exact, Bf16, Bf16Vector };
 
 void BM_attention(benchmark::State& state, Path path) {
   const int64_t S = state.range(0), W = kHeads * kHeadDim;
@@ -123,6 +124,9 @@ void BM_attention(benchmark::State& state, Path path) {
   for (auto _ : state) {
     if (path == Path::Legacy)
       legacy_attention(in.q.data(), W, in.k.data(), W, in.v.data(), W, in.out.data(), W, p, cx().pool());
+    else if (path == Path::Bf16Vector)
+      ops::attention_bf16_vector(in.q.data(), W, in.k.data(), W, in.v.data(), W, in.out.data(), W,
+                                 p, cx());
     else
       ops::attention(in.q.data(), W, in.k.data(), W, in.v.data(), W, in.out.data(), W, p, cx());
     benchmark::DoNotOptimize(in.out.data());
@@ -131,7 +135,10 @@ void BM_attention(benchmark::State& state, Path path) {
   state.counters["GFLOP/s"] =
       benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = cx().threads();
-  if (path == Path::Bf16) state.SetLabel(cx().amx() ? "amx" : "no amx: exact path");
+  if (path == Path::Bf16)
+    state.SetLabel(!ops::uses_bf16_attention(p, cx()) ? "exact path (no bf16 kernel here)"
+                   : cx().amx()                        ? "amx tiles"
+                                                       : "vdpbf16ps");
 }
 
 void sizes(benchmark::internal::Benchmark* b) {
@@ -142,6 +149,9 @@ void sizes(benchmark::internal::Benchmark* b) {
 BENCHMARK_CAPTURE(BM_attention, legacy, Path::Legacy)->Name("attention/legacy")->Apply(sizes);
 BENCHMARK_CAPTURE(BM_attention, exact, Path::Exact)->Name("attention/exact")->Apply(sizes);
 BENCHMARK_CAPTURE(BM_attention, bf16, Path::Bf16)->Name("attention/bf16")->Apply(sizes);
+BENCHMARK_CAPTURE(BM_attention, bf16_vector, Path::Bf16Vector)
+    ->Name("attention/bf16-vector")
+    ->Apply(sizes);
 
 // One thread, the products of the generation path: ours (ops::gemm) against OpenBLAS's
 // sgemm on the same operands. Shapes: attention's Q·Kᵀ of a 256-query tile against 1024

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -60,6 +61,9 @@ CpuFeatures detect() {
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   f.avx512_vnni = f.avx512 && __builtin_cpu_supports("avx512vnni");
   f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
+  unsigned vendor[3] = {};
+  __get_cpuid(0, &a, &vendor[0], &vendor[2], &vendor[1]);  // EBX, EDX, ECX spell the vendor
+  f.avx512_bf16_fast = f.avx512_bf16 && std::memcmp(vendor, "AuthenticAMD", 12) == 0;
   f.amx_bf16 = f.avx512_vnni && f.avx512_bf16 && enable_amx_bf16();
 #elif defined(KLEIN_ARM64)
   f.neon = true;
@@ -80,7 +84,7 @@ CpuFeatures apply_limit(CpuFeatures f, std::string_view isa) {
   if (isa.empty() || isa == "native") return f;
   if (isa == "scalar") return CpuFeatures{};
   if (isa == "avx2" || isa == "avx2-vnni") {
-    f.avx512 = f.avx512_vnni = f.avx512_bf16 = f.amx_bf16 = false;
+    f.avx512 = f.avx512_vnni = f.avx512_bf16 = f.avx512_bf16_fast = f.amx_bf16 = false;
     if (isa == "avx2") f.avx_vnni = false;
   } else if (isa == "avx512") {
     f.amx_bf16 = false;
@@ -116,6 +120,7 @@ std::string describe(const CpuFeatures& f) {
   add(f.avx512, "avx512");
   add(f.avx512_vnni, "avx512-vnni");
   add(f.avx512_bf16, "avx512-bf16");
+  add(f.avx512_bf16_fast, "avx512-bf16-fast");
   add(f.amx_bf16, "amx-bf16");
   add(f.neon, "neon");
   add(f.neon_dotprod, "neon-dotprod");

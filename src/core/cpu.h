@@ -10,6 +10,10 @@ struct CpuFeatures {
   bool avx512 = false;    // F, BW, VL, DQ
   bool avx512_vnni = false;
   bool avx512_bf16 = false;
+  // VDPBF16PS at a higher multiply-add rate than FMA: AMD's cores (Zen 4: twice the rate);
+  // Intel's run it at a quarter of FMA's instruction rate (half its multiply-adds; measured
+  // on Sapphire Rapids), so there the bf16 vector kernels are slower than the float32 ones.
+  bool avx512_bf16_fast = false;
   // AMX tiles with BF16 dot products (Sapphire Rapids and later), enabled for this process
   // by the kernel (Linux asks each process to request the tile state first).
   bool amx_bf16 = false;

@@ -190,9 +190,11 @@ void attention_exact(const float* q, int64_t ldq, const float* k, int64_t ldk, c
 
 #if defined(KLEIN_X86)
 
-void attention_bf16_amx(const float* q, int64_t ldq, const float* k, int64_t ldk,
-                        const float* v, int64_t ldv, float* out, int64_t ldo,
-                        const AttentionParams& p, const float* bias, Compute& cx) {
+// The bf16 path: inputs packed once per group of heads, then one task per (head, block of
+// query rows) on AMX tiles or, without AMX, with VDPBF16PS (`attend`).
+void attention_bf16(const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
+                    int64_t ldv, float* out, int64_t ldo, const AttentionParams& p,
+                    const float* bias, Compute& cx, void (*attend)(const detail::AmxTask&)) {
   using namespace detail;
   const int64_t D = p.head_dim, group = p.heads / p.kv_heads;
   const int64_t kv_padded = round_up(p.kv_len, kAmxKeyAlign);
@@ -261,13 +263,41 @@ void attention_bf16_amx(const float* q, int64_t ldq, const float* k, int64_t ldk
       task.row_max = scratch.take<float>(size_t(kAmxTaskRows));
       task.row_sum = scratch.take<float>(size_t(kAmxTaskRows));
       task.correction = scratch.take<float>(size_t(kAmxTaskRows));
-      attend_amx(task);
+      attend(task);
     });
   }
 }
 #endif
 
 }  // namespace
+
+bool uses_bf16_attention(const AttentionParams& p, const Compute& cx) {
+#if defined(KLEIN_X86)
+  // Without AMX only where VDPBF16PS outruns FMA (AMD): on Intel cores the exact path is the
+  // faster one (36 against 45 ms at 768 tokens, SPEED.md).
+  return cx.arithmetic.bf16_attention && p.head_dim % 32 == 0 && p.kv_len > 0 &&
+         (cx.amx() || (cx.avx512() && cpu_features().avx512_bf16_fast));
+#else
+  return false;
+#endif
+}
+
+void attention_bf16_vector(const float* q, int64_t ldq, const float* k, int64_t ldk,
+                           const float* v, int64_t ldv, float* out, int64_t ldo,
+                           const AttentionParams& p, Compute& cx) {
+#if defined(KLEIN_X86)
+  check(cx.avx512() && cpu_features().avx512_bf16 && p.head_dim % 32 == 0 && p.kv_len > 0,
+        "attention_bf16_vector: needs AVX-512 BF16, head_dim a multiple of 32 and keys");
+  check(p.heads > 0 && p.kv_heads > 0 && p.heads % p.kv_heads == 0, "attention: ", p.heads,
+        " query heads cannot share ", p.kv_heads, " key/value heads");
+  if (p.q_len == 0) return;
+  Arena::Scope arena(cx.arena(0));
+  attention_bf16(q, ldq, k, ldk, v, ldv, out, ldo, p, key_bias(p, arena), cx,
+                 detail::attend_bf16_avx512);
+#else
+  fail("attention_bf16_vector: needs AVX-512 BF16");
+#endif
+}
 
 void attention(const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
                int64_t ldv, float* out, int64_t ldo, const AttentionParams& p, Compute& cx) {
@@ -278,8 +308,9 @@ void attention(const float* q, int64_t ldq, const float* k, int64_t ldk, const f
   Arena::Scope arena(cx.arena(0));
   const float* b = key_bias(p, arena);
 #if defined(KLEIN_X86)
-  if (cx.arithmetic.bf16_attention && p.head_dim % 32 == 0 && p.kv_len > 0 && cx.amx()) {
-    attention_bf16_amx(q, ldq, k, ldk, v, ldv, out, ldo, p, b, cx);
+  if (uses_bf16_attention(p, cx)) {
+    attention_bf16(q, ldq, k, ldk, v, ldv, out, ldo, p, b, cx,
+                   cx.amx() ? detail::attend_amx : detail::attend_bf16_avx512);
     return;
   }
 #endif

@@ -6,13 +6,15 @@
 //  - exact (default): float32 throughout. A block of 256 query rows of one head meets the
 //    keys in chunks of up to 1024 (all of them up to that length) through sgemm, with the
 //    softmax vectorised (AVX-512 when the CPU has it, else libm).
-//  - bf16 (Compute::arithmetic.bf16_attention, on CPUs with AMX-BF16): Q, K and V rounded
-//    to bf16, Q·Kᵀ and P·V on AMX tiles with float32 sums, the softmax in float32 and P
-//    rounded to bf16, as the reference implementation does on GPUs. The inputs of a group of heads
-//    (up to 16 MB of bf16) are packed into tile layouts once per call; blocks of 128 query
-//    rows meet the keys in chunks of up to 1024. Error against float64 attention: 2e-3 to
-//    4e-3 of max|out| for unit-scale Gaussian q, k, v (tests/ops bounds it by 2e-2). Without
-//    AMX, when head_dim is not a multiple of 32 or when kv_len is 0 the exact path runs.
+//  - bf16 (Compute::arithmetic.bf16_attention, on CPUs with AMX-BF16, or AVX-512 BF16 where
+//    VDPBF16PS is fast): Q, K
+//    and V rounded to bf16, Q·Kᵀ and P·V with float32 sums (AMX tiles, else VDPBF16PS), the
+//    softmax in float32 and P rounded to bf16, as the reference implementation does on GPUs.
+//    The inputs of a group of heads (up to 16 MB of bf16) are packed into tile layouts once
+//    per call; blocks of 128 query rows meet the keys in chunks of up to 1024. Error against
+//    float64 attention: 2e-3 to 4e-3 of max|out| for unit-scale Gaussian q, k, v (tests/ops
+//    bounds it by 2e-2). Without either, when head_dim is not a multiple of 32 or when kv_len
+//    is 0 the exact path runs.
 #include <cstdint>
 
 #include "ops/compute.h"
@@ -36,5 +38,15 @@ struct AttentionParams {
 // with stride ldo. A query that sees no key at all gets zeros.
 void attention(const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
                int64_t ldv, float* out, int64_t ldo, const AttentionParams& p, Compute& cx);
+
+// Whether attention(p) in this context takes the bf16 path (for tests and reports). Without
+// AMX only on CPUs whose VDPBF16PS outruns their FMAs (CpuFeatures::avx512_bf16_fast).
+bool uses_bf16_attention(const AttentionParams& p, const Compute& cx);
+
+// The bf16 path with VDPBF16PS whatever the CPU's speed at it (tests and benchmarks); needs
+// an AVX-512 context on a CPU with AVX-512 BF16, head_dim a multiple of 32 and kv_len > 0.
+void attention_bf16_vector(const float* q, int64_t ldq, const float* k, int64_t ldk,
+                           const float* v, int64_t ldv, float* out, int64_t ldo,
+                           const AttentionParams& p, Compute& cx);
 
 }  // namespace klein::ops

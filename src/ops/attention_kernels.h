@@ -114,6 +114,9 @@ struct AmxTask {
 };
 
 void attend_amx(const AmxTask& t);
+// The same task with VDPBF16PS in vector registers (attention_bf16_avx512.cpp), for AVX-512
+// BF16 CPUs without AMX; reads pack_amx's layouts.
+void attend_bf16_avx512(const AmxTask& t);
 #endif
 
 }  // namespace klein::ops::detail

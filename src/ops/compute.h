@@ -80,10 +80,10 @@ class Arena {
 
 // How the activations of the running network are computed. All false: float32 everywhere
 // (what the golden tests compare with the official pipeline). Each switch only has an effect
-// on CPUs with AMX BF16 tiles, and bf16_convolutions also on AVX-512 BF16 without them (the
-// direct kernel with VDPBF16PS); elsewhere that part stays float32.
+// on CPUs with AMX BF16 tiles, and bf16_attention and bf16_convolutions also on AVX-512 BF16
+// without them (VDPBF16PS); elsewhere that part stays float32.
 struct Arithmetic {
-  bool bf16_attention = false;     // Q·Kᵀ and P·V on bf16 tiles (ops::attention)
+  bool bf16_attention = false;     // Q·Kᵀ and P·V on bf16 operands (ops::attention)
   bool float_on_tiles = false;     // F32/BF16/F16 weights: projections on bf16 tiles (ops::linear)
   bool bf16_convolutions = false;  // VAE convolutions on bf16 operands (ops::conv2d)
 

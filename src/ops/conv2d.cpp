@@ -260,14 +260,16 @@ bool use_bf16_tiles(const Conv2dParams& p, const Compute& cx) {
 }
 
 // Bf16Direct when forced, or when asked for bf16 convolutions on a CPU with AVX-512 BF16 but
-// no AMX tiles (which take precedence).
+// no AMX tiles (which take precedence) whose VDPBF16PS outruns its FMAs (AMD; on Intel cores
+// the float32 direct kernel is faster: 2.80 against 3.52 s for a 256x256 decode, SPEED.md).
 bool use_bf16_direct(const ConvGeometry& g, const Conv2dParams& p, const Compute& cx) {
   const bool available = g.stride == 1 && conv2d_bf16_direct_available(cx);
   if (p.algorithm == ConvAlgorithm::Bf16Direct) {
     check(available, "conv2d: the BF16 direct kernel needs stride 1 and AVX-512 BF16");
     return true;
   }
-  return p.algorithm == ConvAlgorithm::Auto && cx.arithmetic.bf16_convolutions && available;
+  return p.algorithm == ConvAlgorithm::Auto && cx.arithmetic.bf16_convolutions && available &&
+         cpu_features().avx512_bf16_fast;
 }
 
 // Weights as the BF16 direct kernel reads them (conv2d_kernels.h): dwords

@@ -41,8 +41,10 @@ class FamilyStages;
 // The arithmetic of the activations.
 //   Exact  float32 everywhere (what the golden tests compare against).
 //   Fast   bf16 tiles on CPUs with AMX for the transformer (attention and float-weight
-//          projections) and the VAE's convolutions; the text encoder stays float32. Other
-//          CPUs: exact. Q8 / Q4 projections use their own kernels either way.
+//          projections) and the VAE's convolutions; on AVX-512 BF16 CPUs without AMX (Zen 4)
+//          the attention and the VAE's convolutions on bf16 operands (VDPBF16PS); the text
+//          encoder stays float32. Other CPUs: exact. Q8 / Q4 projections use their own
+//          kernels either way.
 //   Auto   Fast when the transformer's weights are quantized (the image is an approximation
 //          already), Exact otherwise.
 enum class Precision { Auto, Exact, Fast };

@@ -113,15 +113,19 @@ TEST(Linear, RowSliceAndStridesAddressTheRightColumns) {
 struct AttentionRun {
   std::vector<float> out, ref;
 };
+// `vector`: through attention_bf16_vector (the VDPBF16PS kernel whatever the CPU's speed).
 AttentionRun run_attention(AttentionParams p, Compute& cx, const uint8_t* mask, uint32_t seed,
-                           float qk_sd) {
+                           float qk_sd, bool vector = false) {
   p.key_valid = mask;
   auto q = random_vector(size_t(p.q_len * p.heads * p.head_dim), seed, qk_sd);
   auto k = random_vector(size_t(p.kv_len * p.kv_heads * p.head_dim), seed + 1, qk_sd);
   auto v = random_vector(size_t(p.kv_len * p.kv_heads * p.head_dim), seed + 2);
   AttentionRun r{std::vector<float>(q.size(), 123.f), {}};
   const int64_t wq = p.heads * p.head_dim, wk = p.kv_heads * p.head_dim;
-  attention(q.data(), wq, k.data(), wk, v.data(), wk, r.out.data(), wq, p, cx);
+  if (vector)
+    attention_bf16_vector(q.data(), wq, k.data(), wk, v.data(), wk, r.out.data(), wq, p, cx);
+  else
+    attention(q.data(), wq, k.data(), wk, v.data(), wk, r.out.data(), wq, p, cx);
   r.ref = naive_attention(q, k, v, p);
   return r;
 }
@@ -314,11 +318,19 @@ TEST(Attention, ExactPathAcrossKeyChunks) {
 
 // The bf16 path against float64 attention: max |out - ref| / max |ref| for q, k, v drawn
 // from N(0, 1) with scale 1/sqrt(head_dim), the shape of the model's attention inputs after
-// the q/k norms. Without AMX the call takes the exact path and the bound holds trivially.
-double bf16_attention_error(AttentionParams p, int threads, const uint8_t* mask = nullptr) {
-  Compute cx(threads);
+// the q/k norms. Run on AMX tiles (isa amx: attention() must choose them) and with VDPBF16PS
+// (isa avx512: attention_bf16_vector, which attention() chooses only where VDPBF16PS is fast);
+// each run must show bf16 rounding (an error above the float32 path's ~1e-6), so that a
+// fallback to the exact path fails.
+double bf16_attention_error(AttentionParams p, quant::Isa isa, int threads,
+                            const uint8_t* mask = nullptr) {
+  Compute cx(threads, isa);
   cx.arithmetic.bf16_attention = true;
-  const auto [out, ref] = run_attention(p, cx, mask, 11, 1.f);
+  const bool vector = isa != quant::Isa::Amx;
+  if (!vector) {
+    EXPECT_TRUE(uses_bf16_attention(p, cx));
+  }
+  const auto [out, ref] = run_attention(p, cx, mask, 11, 1.f, vector);
   double max_ref = 0, max_err = 0;
   for (size_t i = 0; i < out.size(); ++i) {
     EXPECT_TRUE(std::isfinite(out[i])) << "at " << i;
@@ -326,11 +338,12 @@ double bf16_attention_error(AttentionParams p, int threads, const uint8_t* mask 
     max_err = std::max(max_err, std::fabs(double(out[i]) - ref[i]));
   }
   const double rel = max_err / std::max(max_ref, 1e-30);
-  std::printf("    bf16 attention q_len %lld kv_len %lld heads %lld/%lld dim %lld%s%s: "
-              "max error %.2e of max|ref| %.3f (%s)\n",
-              (long long)p.q_len, (long long)p.kv_len, (long long)p.heads, (long long)p.kv_heads,
-              (long long)p.head_dim, p.causal ? " causal" : "", mask ? " masked" : "", rel,
-              max_ref, cx.amx() ? "amx" : "exact path");
+  std::printf("    bf16 attention (%s) q_len %lld kv_len %lld heads %lld/%lld dim %lld%s%s: "
+              "max error %.2e of max|ref| %.3f\n",
+              std::string(quant::isa_name(isa)).c_str(), (long long)p.q_len, (long long)p.kv_len,
+              (long long)p.heads, (long long)p.kv_heads, (long long)p.head_dim,
+              p.causal ? " causal" : "", mask ? " masked" : "", rel, max_ref);
+  EXPECT_GT(rel, 1e-4) << "no bf16 rounding: the exact path ran";
   return rel;
 }
 
@@ -348,46 +361,49 @@ AttentionParams bf16_params(int64_t q_len, int64_t kv_len, int64_t heads, int64_
   return p;
 }
 
-TEST(AttentionBf16, OddSizesMatchDoublePrecision) {
-  KLEIN_REQUIRE_ISA(quant::Isa::Amx);  // the bf16 tile kernel; elsewhere the exact one runs
+// The two bf16 kernels: AMX tiles, and VDPBF16PS (avx512 with AVX-512 BF16).
+class AttentionBf16 : public ::testing::TestWithParam<quant::Isa> {
+ protected:
+  void SetUp() override {
+    KLEIN_REQUIRE_ISA(isa());
+    if (isa() == quant::Isa::Avx512) {
+      KLEIN_REQUIRE_PATH(cpu_features().avx512_bf16, "avx512-bf16-attention",
+                         "the CPU has no AVX-512 BF16: " + describe(cpu_features()));
+    }
+  }
+  quant::Isa isa() const { return GetParam(); }
+};
+
+TEST_P(AttentionBf16, OddSizesMatchDoublePrecision) {
   // Neither length a multiple of 16 or 32; more query rows than one 128-row task.
-  EXPECT_LE(bf16_attention_error(bf16_params(141, 77, 3, 3, 128), 2), kBf16Bound);
-  EXPECT_LE(bf16_attention_error(bf16_params(77, 141, 2, 2, 64), 1), kBf16Bound);
-  // One query row, one key.
-  EXPECT_LE(bf16_attention_error(bf16_params(1, 50, 2, 2, 128), 2), kBf16Bound);
-  EXPECT_LE(bf16_attention_error(bf16_params(5, 1, 1, 1, 32), 1), kBf16Bound);
+  EXPECT_LE(bf16_attention_error(bf16_params(141, 77, 3, 3, 128), isa(), 2), kBf16Bound);
+  EXPECT_LE(bf16_attention_error(bf16_params(77, 141, 2, 2, 64), isa(), 1), kBf16Bound);
+  // One query row, one key (one key: the softmax is 1 whatever the scores, only V's rounding).
+  EXPECT_LE(bf16_attention_error(bf16_params(1, 50, 2, 2, 128), isa(), 2), kBf16Bound);
+  EXPECT_LE(bf16_attention_error(bf16_params(5, 1, 1, 1, 32), isa(), 1), kBf16Bound);
 }
 
-TEST(AttentionBf16, ManyKeyChunks) {
-  KLEIN_REQUIRE_ISA(quant::Isa::Amx);  // the bf16 tile kernel; elsewhere the exact one runs
+TEST_P(AttentionBf16, ManyKeyChunks) {
   // 2500 keys: three chunks of 864, 864 and 772, the online softmax rescaling across them.
-  EXPECT_LE(bf16_attention_error(bf16_params(200, 2500, 2, 2, 128), 2), kBf16Bound);
+  EXPECT_LE(bf16_attention_error(bf16_params(200, 2500, 2, 2, 128), isa(), 2), kBf16Bound);
 }
 
-TEST(AttentionBf16, CausalMaskedGroupedHeads) {
-  KLEIN_REQUIRE_ISA(quant::Isa::Amx);  // the bf16 tile kernel; elsewhere the exact one runs
+TEST_P(AttentionBf16, CausalMaskedGroupedHeads) {
   // The text encoder's case: GQA, causal, right padding hidden.
   AttentionParams p = bf16_params(130, 130, 8, 2, 128);
   p.causal = true;
   std::vector<uint8_t> valid(130, 1);
   for (int j = 100; j < 130; ++j) valid[size_t(j)] = 0;
-  EXPECT_LE(bf16_attention_error(p, 2, valid.data()), kBf16Bound);
+  EXPECT_LE(bf16_attention_error(p, isa(), 2, valid.data()), kBf16Bound);
   // Causal across key chunks, with the first keys hidden too (row 0 sees nothing: zeros).
   p = bf16_params(1100, 1100, 2, 1, 64);
   p.causal = true;
   std::vector<uint8_t> valid2(1100, 1);
   valid2[0] = valid2[1] = 0;
-  EXPECT_LE(bf16_attention_error(p, 2, valid2.data()), kBf16Bound);
+  EXPECT_LE(bf16_attention_error(p, isa(), 2, valid2.data()), kBf16Bound);
 }
 
-// Asked for on every CPU: head_dim 48 is not a multiple of 32, so the exact path runs, to its
-// own tolerance.
-TEST(AttentionBf16, UnsupportedHeadDimRunsTheExactPath) {
-  expect_attention_matches(bf16_params(40, 45, 2, 1, 48), 2, nullptr, /*bf16=*/true);
-}
-
-TEST(AttentionBf16, StridedRows) {
-  KLEIN_REQUIRE_ISA(quant::Isa::Amx);  // the bf16 tile kernel; elsewhere the exact one runs
+TEST_P(AttentionBf16, StridedRows) {
   // Inputs inside wider rows, as when q, k and v come out of one fused projection.
   AttentionParams p = bf16_params(50, 60, 2, 2, 64);
   const int64_t W = 3 * 2 * 64, D = 2 * 64;
@@ -399,15 +415,65 @@ TEST(AttentionBf16, StridedRows) {
       k.push_back(qkv[size_t(i * W + D + d)]);
       v.push_back(qkv[size_t(i * W + 2 * D + d)]);
     }
-  Compute cx(2);
+  Compute cx(2, isa());
   cx.arithmetic.bf16_attention = true;
-  attention(qkv.data(), W, qkv.data() + D, W, qkv.data() + 2 * D, W, out.data(), D + 8, p, cx);
+  if (isa() == quant::Isa::Amx) {
+    ASSERT_TRUE(uses_bf16_attention(p, cx));
+    attention(qkv.data(), W, qkv.data() + D, W, qkv.data() + 2 * D, W, out.data(), D + 8, p, cx);
+  } else {
+    attention_bf16_vector(qkv.data(), W, qkv.data() + D, W, qkv.data() + 2 * D, W, out.data(),
+                          D + 8, p, cx);
+  }
   auto ref = naive_attention(q, k, v, p);
   for (int64_t i = 0; i < 50; ++i) {
     for (int64_t d = 0; d < D; ++d)
       ASSERT_NEAR(out[size_t(i * (D + 8) + d)], ref[size_t(i * D + d)], 2e-2) << i << "," << d;
     for (int64_t d = D; d < D + 8; ++d) ASSERT_EQ(out[size_t(i * (D + 8) + d)], 7.f);
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, AttentionBf16,
+                         ::testing::Values(quant::Isa::Amx, quant::Isa::Avx512),
+                         klein::testing::isa_param_name);
+
+// Where both run: the VDPBF16PS kernel and the tiles round the same values to bf16 and differ
+// only in the order of their float32 additions (which can put a score on the other side of a
+// bf16 rounding of P: a few 1e-5 of max|out|); a wrong layout gives errors near 1.
+TEST(AttentionBf16Paths, VectorAndTileKernelsAgree) {
+  KLEIN_REQUIRE_ISA(quant::Isa::Amx);
+  AttentionParams p = bf16_params(141, 300, 4, 2, 128);
+  p.causal = true;
+  Compute amx(2, quant::Isa::Amx), vec(2, quant::Isa::Avx512);
+  amx.arithmetic.bf16_attention = vec.arithmetic.bf16_attention = true;
+  const AttentionRun a = run_attention(p, amx, nullptr, 31, 1.f);
+  const AttentionRun b = run_attention(p, vec, nullptr, 31, 1.f, /*vector=*/true);
+  double max_a = 0, max_diff = 0;
+  for (size_t i = 0; i < a.out.size(); ++i) {
+    max_a = std::max(max_a, std::fabs(double(a.out[i])));
+    max_diff = std::max(max_diff, std::fabs(double(a.out[i]) - double(b.out[i])));
+  }
+  std::printf("    amx against avx512-bf16: %.2e of max|out|\n", max_diff / max_a);
+  EXPECT_LT(max_diff / max_a, 2e-4);
+}
+
+// Where VDPBF16PS is slower than FMA (Intel), attention() keeps an AVX-512 context on the exact
+// path even when asked for bf16; where it is faster (AMD), it takes the vector kernel.
+TEST(AttentionBf16Paths, VectorKernelOnlyWhereItIsFaster) {
+  KLEIN_REQUIRE_ISA(quant::Isa::Avx512);
+  Compute cx(1, quant::Isa::Avx512);
+  cx.arithmetic.bf16_attention = true;
+  EXPECT_EQ(uses_bf16_attention(bf16_params(64, 64, 2, 2, 128), cx),
+            cpu_features().avx512_bf16_fast);
+}
+
+// Asked for on every CPU: head_dim 48 is not a multiple of 32, so the exact path runs, to its
+// own tolerance.
+TEST(AttentionBf16Exact, UnsupportedHeadDimRunsTheExactPath) {
+  const AttentionParams p = bf16_params(40, 45, 2, 1, 48);
+  Compute cx(2);
+  cx.arithmetic.bf16_attention = true;
+  EXPECT_FALSE(uses_bf16_attention(p, cx));
+  expect_attention_matches(p, 2, nullptr, /*bf16=*/true);
 }
 
 TEST(Norm, LayerNormAndRmsNorm) {
