@@ -95,9 +95,7 @@ double decoder_conv_flops(const VaeConfig& c, int64_t height, int64_t width) {
   return flops + conv(channels.front(), c.out_channels, 3);
 }
 
-bool bf16_convolutions_available() {
-  return ops::conv2d_bf16_tiles_available() || ops::conv2d_bf16_direct_available();
-}
+bool bf16_convolutions_available() { return ops::conv2d_bf16_auto_available(); }
 
 // args = side, bf16 (0 float32, 1 arithmetic.bf16_convolutions).
 void BM_Decode(benchmark::State& state) {
@@ -200,9 +198,11 @@ int peak_run(std::string what, int64_t side, const std::string& plan) {
   std::printf("%s%s %lldx%lld, %d threads, %s convolutions; RSS with weights resident: %.0f MiB\n",
               what.c_str(), banded ? " (banded)" : "", (long long)side, (long long)side,
               cx().threads(),
-              bf16 ? (ops::conv2d_bf16_tiles_available()    ? "BF16-tile"
-                      : ops::conv2d_bf16_direct_available() ? "BF16 direct"
-                                                            : "float32 (no BF16 kernel)")
+              bf16 ? (ops::conv2d_bf16_tiles_available() ? "BF16-tile"
+                      : ops::conv2d_bf16_auto_available() ? "BF16 direct"
+                      : ops::conv2d_bf16_direct_available()
+                          ? "float32 (VDPBF16PS is slower than FMA on this CPU)"
+                          : "float32 (no BF16 kernel)")
                    : "float32",
               weights_rss);
   if (what == "decode") {

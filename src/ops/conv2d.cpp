@@ -493,6 +493,11 @@ bool conv2d_bf16_direct_available() {
 
 bool conv2d_bf16_tiles_available() { return quant::best_isa() == quant::Isa::Amx; }
 
+bool conv2d_bf16_auto_available() {
+  return conv2d_bf16_tiles_available() ||
+         (conv2d_bf16_direct_available() && cpu_features().avx512_bf16_fast);
+}
+
 bool conv2d_direct_available() {
   const quant::Isa isa = quant::best_isa();
   return isa == quant::Isa::Avx512 || isa == quant::Isa::Amx;

@@ -81,6 +81,10 @@ bool conv2d_bf16_tiles_available();  // with the best instruction set of this CP
 // Whether ConvAlgorithm::Bf16Direct can run here (AVX-512 with BF16 dot products; stride 1).
 bool conv2d_bf16_direct_available(const Compute& cx);
 bool conv2d_bf16_direct_available();  // with the best instruction set of this CPU (KLEIN_ISA)
+// Whether Auto with Arithmetic::bf16_convolutions multiplies on bf16 operands with the best
+// instruction set of this CPU: on AMX tiles, or with the direct kernel where VDPBF16PS
+// outruns FMA (CpuFeatures::avx512_bf16_fast); elsewhere it stays float32.
+bool conv2d_bf16_auto_available();
 
 // Output rows of the bands conv2d computes at a time for an output width (fixed pixels per
 // band), and the pixels per GEMM tile of a 1x1 convolution; see Conv2dParams::origin_row.

@@ -119,9 +119,8 @@ TEST_F(VaeGolden, PipelineVaeInputAndImage) {
 constexpr double kBf16Tolerance = 3e-2;
 
 // AMX tiles, or the AVX-512 BF16 direct kernel (stride 1; strided convolutions stay float32).
-bool bf16_convolutions_available() {
-  return ops::conv2d_bf16_tiles_available() || ops::conv2d_bf16_direct_available();
-}
+// Whether the fast arithmetic's bf16 convolutions run on this CPU (ops::conv2d_bf16_auto_available).
+bool bf16_convolutions_available() { return ops::conv2d_bf16_auto_available(); }
 
 TEST_F(VaeGolden, DecodeWithBf16ConvolutionsEveryIntermediate) {
   KLEIN_REQUIRE_PATH(bf16_convolutions_available(),
