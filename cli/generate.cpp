@@ -18,6 +18,7 @@
 #include "core/memory.h"
 #include "formats/image/image.h"
 #include "models/qwen3/prompt_cache.h"
+#include "pipeline/noise.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/preview.h"
 
@@ -39,6 +40,9 @@ struct Args {
   bool no_cache = false, quiet = false, json = false, verbose = false, dry_run = false;
   bool upsample = false;
   bool no_watermark = false;
+  int batch = 1;             // --batch: images of one prompt, seeds s, s+1, ...
+  std::string prompts_file;  // --prompts: one image per line, image i with seed s+i
+
   UpsampleArgs upsample_args;
 };
 
@@ -214,7 +218,88 @@ void print_verbose(const GenerateResult& r, const LoadPhase& load) {
                format_bytes(r.weights.peak_bytes).c_str());
 }
 
+// The most images one `klein generate` makes (--batch, or the lines of --prompts).
+constexpr int kMaxBatch = 1000;
+
+// Where image i of n goes: the -o name itself for one image, else "-i" before the
+// extension (out.png → out-0.png, out-1.png, ...).
+std::string batch_output(const std::string& output, int i, int n) {
+  if (n == 1) return output;
+  const std::filesystem::path p(output);
+  return (p.parent_path() / (p.stem().string() + "-" + std::to_string(i) + p.extension().string()))
+      .string();
+}
+
+// The prompts of --prompts FILE: one per line, blank lines skipped, trailing \r dropped.
+std::vector<std::string> read_prompts(const std::string& path) {
+  const std::string text = read_text_file(path);
+  std::vector<std::string> prompts;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(begin, end - begin);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") != std::string::npos) prompts.push_back(line);
+    begin = end + 1;
+  }
+  check(!prompts.empty(), "--prompts ", path, ": no prompt in the file (one per line, blank "
+        "lines skipped)");
+  check(prompts.size() <= size_t(kMaxBatch), "--prompts ", path, ": ", prompts.size(),
+        " prompts; at most ", kMaxBatch, " images per run");
+  return prompts;
+}
+
+void run_one(Args& a, std::optional<Model>& opened);
+
+// --batch N and --prompts FILE: the images in order, image i with seed s+i, each the image
+// `klein generate` makes alone with that prompt and seed (the model is opened once; the
+// prompt cache serves a repeated prompt).
 void run(Args& a) {
+  check(!a.gen.prompt.empty() || !a.prompts_file.empty(),
+        "-p/--prompt or --prompts FILE is required");
+  check(a.gen.prompt.empty() || a.prompts_file.empty(),
+        "-p/--prompt and --prompts: give one (--prompts has one prompt per line)");
+  check(a.batch == 1 || a.prompts_file.empty(),
+        "--batch and --prompts: give one (--prompts makes one image per line)");
+  std::vector<std::string> prompts;
+  if (!a.prompts_file.empty())
+    prompts = read_prompts(a.prompts_file);
+  else
+    prompts.assign(size_t(a.batch), a.gen.prompt);
+  const int n = int(prompts.size());
+  if (n == 1) {
+    a.gen.prompt = prompts[0];
+    std::optional<Model> model;
+    run_one(a, model);
+    return;
+  }
+  const char* what = a.prompts_file.empty() ? "--batch" : "--prompts";
+  check(a.noise.empty(), what, " with --noise: the images would all start from the same noise; "
+        "give seeds instead (--seed s: image i gets s+i)");
+  check(a.dump.empty(), what, " with --dump: one image's stages at a time");
+  check(a.preview.empty(), what, " with --preview: one image's preview at a time");
+  check(!a.upsample, what, " with --upsample is not supported");
+  check(!a.dry_run, what, " with --dry-run: plan one image (the batch runs them in turn)");
+  check(!a.output.empty(), "-o/--output is required (the images to write: ", batch_output(
+        "out.png", 0, n), ", ", batch_output("out.png", 1, n), ", ... for -o out.png)");
+  check(is_image_name(a.output), "-o ", a.output,
+        ": the output must end in .png, .jpg, .jpeg or .webp");
+  for (int i = 0; i < n; ++i) check_writable_output(batch_output(a.output, i, n), "-o");
+  const uint64_t seed = a.gen.seed ? *a.gen.seed : random_seed();
+  const std::string output = a.output;
+  std::optional<Model> model;
+  for (int i = 0; i < n; ++i) {
+    Args one = a;
+    one.gen.prompt = prompts[size_t(i)];
+    one.gen.seed = seed + uint64_t(i);
+    one.output = batch_output(output, i, n);
+    run_one(one, model);
+  }
+}
+
+// `opened`: the model, opened by the first image of a batch and kept for the others.
+void run_one(Args& a, std::optional<Model>& opened) {
   GenerateOptions& g = a.gen;
   g.max_memory = a.memory.budget();  // a bad size fails before anything is loaded
   g.residency = a.memory.forced();
@@ -253,7 +338,8 @@ void run(Args& a) {
   Compute cx(a.threads);
   LoadPhase load;
   const bool exact = reset_peak_rss();
-  Model model = Model::open(a.model);
+  if (!opened) opened.emplace(Model::open(a.model));
+  Model& model = *opened;
   load.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   load.peak_rss = exact ? peak_rss_since_reset() : peak_rss_bytes();
   Session session(model, cx);
@@ -323,8 +409,18 @@ Registration reg("generate", 10, [](CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("generate", "Generate an image from a prompt (and reference images)");
   add_model_options(*cmd, a->model);
-  cmd->add_option("-p,--prompt", a->gen.prompt, "What to draw")->required();
-  cmd->add_option("-o,--output", a->output, "Output image (.png, .jpg/.jpeg, or .webp: lossless, no metadata)");
+  cmd->add_option("-p,--prompt", a->gen.prompt, "What to draw");
+  cmd->add_option("-o,--output", a->output, "Output image (.png, .jpg/.jpeg, or .webp: lossless, no metadata); "
+                  "with several images (--batch, --prompts) image i is written with -i before the "
+                  "extension: -o out.png writes out-0.png, out-1.png, ...");
+  cmd->add_option("--batch", a->batch,
+                  "Make N images of the prompt, with seeds s, s+1, ..., s+N-1 (s: --seed, else "
+                  "random); each is the image the same prompt and seed make alone")
+      ->check(CLI::Range(1, kMaxBatch))->type_name("N");
+  cmd->add_option("--prompts", a->prompts_file,
+                  "Instead of -p: one image per line of FILE (blank lines skipped); image i gets "
+                  "seed s+i")
+      ->check(CLI::ExistingFile)->type_name("FILE");
   cmd->add_option("-W,--width", a->gen.width, "Width in pixels (default: the init image's or the first reference's, else 1024)")
       ->check(CLI::Range(int64_t(16), int64_t(8192)));
   cmd->add_option("-H,--height", a->gen.height, "Height in pixels (default: the init image's or the first reference's, else 1024)")
