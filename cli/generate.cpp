@@ -250,7 +250,47 @@ std::vector<std::string> read_prompts(const std::string& path) {
   return prompts;
 }
 
-void run_one(Args& a, std::optional<Model>& opened);
+// What the images of one run share: the model, opened by the first image, and the text
+// encoder's output for each distinct prompt (and negative prompt), so that it runs once per
+// prompt even with the prompt cache off.
+struct Shared {
+  struct Contexts {
+    Tensor context, negative;
+    bool from_cache = false;
+  };
+  std::optional<Model> model;
+  std::map<std::pair<std::string, std::string>, Contexts> contexts;
+};
+
+Tensor copy_of(const Tensor& t) {
+  if (t.numel() == 0) return Tensor();
+  Tensor c(t.shape());
+  std::copy(t.data(), t.data() + t.numel(), c.data());
+  return c;
+}
+
+// The generation's stages, with the prompt encoded only when an earlier image of the run
+// did not encode it already.
+GenerateResult generate_sharing(Session& session, const GenerateOptions& options,
+                                Progress& progress, const StepHook& on_step, Shared& shared) {
+  Generation g = session.start(options, progress);
+  if (options.plan_only) return std::move(g.result);
+  const auto key = std::pair(options.prompt, g.guided ? options.negative_prompt : std::string());
+  if (const auto it = shared.contexts.find(key); it != shared.contexts.end()) {
+    g.context = copy_of(it->second.context);
+    g.negative = copy_of(it->second.negative);
+    g.result.context_from_cache = it->second.from_cache;
+  } else {
+    session.encode_prompt(g, progress);
+    shared.contexts[key] = {copy_of(g.context), copy_of(g.negative), g.result.context_from_cache};
+  }
+  session.prepare_latents(g, progress);
+  session.denoise(g, progress, on_step);
+  session.decode(g, progress);
+  return std::move(g.result);
+}
+
+void run_one(Args& a, Shared& shared);
 
 // --batch N and --prompts FILE: the images in order, image i with seed s+i, each the image
 // `klein generate` makes alone with that prompt and seed (the model is opened once; the
@@ -270,8 +310,8 @@ void run(Args& a) {
   const int n = int(prompts.size());
   if (n == 1) {
     a.gen.prompt = prompts[0];
-    std::optional<Model> model;
-    run_one(a, model);
+    Shared shared;
+    run_one(a, shared);
     return;
   }
   const char* what = a.prompts_file.empty() ? "--batch" : "--prompts";
@@ -288,18 +328,17 @@ void run(Args& a) {
   for (int i = 0; i < n; ++i) check_writable_output(batch_output(a.output, i, n), "-o");
   const uint64_t seed = a.gen.seed ? *a.gen.seed : random_seed();
   const std::string output = a.output;
-  std::optional<Model> model;
+  Shared shared;
   for (int i = 0; i < n; ++i) {
     Args one = a;
     one.gen.prompt = prompts[size_t(i)];
     one.gen.seed = seed + uint64_t(i);
     one.output = batch_output(output, i, n);
-    run_one(one, model);
+    run_one(one, shared);
   }
 }
 
-// `opened`: the model, opened by the first image of a batch and kept for the others.
-void run_one(Args& a, std::optional<Model>& opened) {
+void run_one(Args& a, Shared& shared) {
   GenerateOptions& g = a.gen;
   g.max_memory = a.memory.budget();  // a bad size fails before anything is loaded
   g.residency = a.memory.forced();
@@ -338,8 +377,8 @@ void run_one(Args& a, std::optional<Model>& opened) {
   Compute cx(a.threads);
   LoadPhase load;
   const bool exact = reset_peak_rss();
-  if (!opened) opened.emplace(Model::open(a.model));
-  Model& model = *opened;
+  if (!shared.model) shared.model.emplace(Model::open(a.model));
+  Model& model = *shared.model;
   load.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   load.peak_rss = exact ? peak_rss_since_reset() : peak_rss_bytes();
   Session session(model, cx);
@@ -382,7 +421,7 @@ void run_one(Args& a, std::optional<Model>& opened) {
     preview = [&a](const StepView& s) {
       save_image(a.preview, s.preview());
     };
-  GenerateResult r = session.generate(g, progress, preview);
+  GenerateResult r = generate_sharing(session, g, progress, preview, shared);
   if (a.dry_run) return;  // the plan is printed (or emitted as JSON); nothing to write
   const std::string metadata_json = parameters_json(g, r, model.name, model.checksum);
   ImageMetadata meta = {{"parameters", parameters_text(g, r, model.name)},

@@ -1,6 +1,6 @@
 // `klein generate --batch N` and `--prompts FILE` on the tiny model: image i of a batch is,
 // pixel for pixel, the image that prompt makes alone with seed s+i; bad batches are refused
-// before anything is written.
+// before anything is written; the text encoder runs once per distinct prompt.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -46,7 +46,12 @@ TEST(Batch, PromptsFileImagesAreTheImagesMadeAlone) {
   std::string log;
   ASSERT_EQ(testing::run_klein(tiny_args(41) + " --prompts " +
                                    testing::shell_arg(dir / "prompts.txt") + " -o " +
-                                   testing::shell_arg(dir / "out.png"), &log), 0) << log;
+                                   testing::shell_arg(dir / "out.png") + " --json", &log), 0) << log;
+  // Two distinct prompts: the text encoder runs twice (the prompt cache is off).
+  int encodes = 0;
+  for (size_t at = 0; (at = log.find(R"("event":"begin","phase":"text encoder")", at)) != std::string::npos; ++at)
+    ++encodes;
+  EXPECT_EQ(encodes, 2) << log;
   EXPECT_FALSE(fs::exists(dir / "out.png"));
   EXPECT_FALSE(fs::exists(dir / "out-3.png"));
   std::vector<Image> batch;
