@@ -21,7 +21,8 @@ double StepBench::steady_seconds() const {
 StepBench bench_step(WeightStore& store, int64_t width, int64_t height, int forwards, Compute& cx) {
   check(forwards >= 1, "--forwards must be at least 1, got ", forwards);
   check(width >= 16 && height >= 16 && width % 16 == 0 && height % 16 == 0,
-        "the size must be a multiple of 16 pixels a side, at least 16, got ", width, "x", height);
+        "-W/-H: the size must be a multiple of 16 pixels a side, at least 16, got ", width, "x",
+        height);
   const ModelConfig& config = store.config();
   const FamilyStages& stages = stages_for(config);
   const flux2::LatentGrid grid{height / 16, width / 16};
