@@ -232,6 +232,10 @@ std::string batch_output(const std::string& output, int i, int n) {
 
 // The prompts of --prompts FILE: one per line, blank lines skipped, trailing \r dropped.
 std::vector<std::string> read_prompts(const std::string& path) {
+  constexpr uint64_t kMaxBytes = uint64_t(16) << 20;  // 1000 prompts of 16 KiB
+  const uint64_t bytes = FileStamp::of(path).size;
+  check(bytes <= kMaxBytes, "--prompts ", path, ": ", bytes, " bytes; a prompts file holds at most ",
+        kMaxBytes, " (one prompt per line, at most ", kMaxBatch, " lines)");
   const std::string text = read_text_file(path);
   std::vector<std::string> prompts;
   size_t begin = 0;

@@ -79,6 +79,7 @@ TEST(Batch, BadBatchesAreRefusedBeforeAnyImage) {
   const fs::path dir = testing::temp_dir("batch-refused");
   { std::ofstream(dir / "empty.txt") << "\n   \n\n"; }
   { std::ofstream(dir / "two.txt") << "one\ntwo\n"; }
+  { std::ofstream(dir / "huge.txt") << std::string((size_t(16) << 20) + 1, 'a'); }
   const std::string out = " -o " + testing::shell_arg(dir / "x.png");
   const std::string two = " --prompts " + testing::shell_arg(dir / "two.txt");
   const struct {
@@ -91,6 +92,7 @@ TEST(Batch, BadBatchesAreRefusedBeforeAnyImage) {
       {" --batch 2" + two, "--batch and --prompts"},
       {"", "-p/--prompt or --prompts"},
       {" -p cat --batch 2 --noise " + testing::shell_arg(dir / "two.txt"), "--batch with --noise"},
+      {" --prompts " + testing::shell_arg(dir / "huge.txt"), "a prompts file holds at most"},
   };
   for (const auto& c : cases) {
     std::string log;
