@@ -3,8 +3,10 @@
 #include <httplib.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -120,6 +122,8 @@ struct Server::Impl {
   std::condition_variable turn;
   bool running = false;
   int waiting = 0;  // places taken in the queue (Slot), synchronous requests and jobs
+  std::deque<uint64_t> line;  // the waiting places' numbers, first come first
+  uint64_t next_place = 0;
   bool stopping = false;
   std::atomic<bool> serving{false};  // inside run()'s listen (set under `mutex`)
 
@@ -193,7 +197,8 @@ struct Server::Impl {
   }
 
   // A place in the queue, taken when constructed (429 when max_queue are waiting already),
-  // then the turn to generate (take), held until destroyed.
+  // then the turn to generate (take), held until destroyed. Turns go in the order the places
+  // were taken.
   class Slot {
    public:
     explicit Slot(Impl& s) : s_(s) {
@@ -206,12 +211,15 @@ struct Server::Impl {
                             std::to_string(s_.options.max_queue) + ")",
                         "queue_full"};
       ++s_.waiting;
+      place_ = s_.next_place++;
+      s_.line.push_back(place_);
       queued_ = true;
     }
-    // Waits for the turn, looking every 100 ms whether the requester is still there.
+    // Waits for the turn (nobody running and this place first in line), looking every 100 ms
+    // whether the requester is still there.
     void take(const Ticket& t) {
       std::unique_lock lock(s_.mutex);
-      while (s_.running && !s_.stopping) {
+      while ((s_.running || s_.line.front() != place_) && !s_.stopping) {
         s_.turn.wait_for(lock, std::chrono::milliseconds(100));
         lock.unlock();
         const bool gone = s_.abandoned(t);
@@ -219,14 +227,13 @@ struct Server::Impl {
         if (gone) throw abandoned_error(t);
       }
       if (s_.stopping) throw shutting_down();
-      --s_.waiting;
-      queued_ = false;
+      leave_line();
       s_.running = holding_ = true;
     }
     ~Slot() {
       {
         const std::lock_guard lock(s_.mutex);
-        if (queued_) --s_.waiting;
+        if (queued_) leave_line();
         if (holding_) s_.running = false;
       }
       s_.turn.notify_all();
@@ -235,7 +242,13 @@ struct Server::Impl {
     Slot& operator=(const Slot&) = delete;
 
    private:
+    void leave_line() {  // s_.mutex held
+      --s_.waiting;
+      queued_ = false;
+      s_.line.erase(std::find(s_.line.begin(), s_.line.end(), place_));
+    }
     Impl& s_;
+    uint64_t place_ = 0;
     bool queued_ = false, holding_ = false;
   };
 
