@@ -87,12 +87,14 @@ void run_convert(const ConvertArgs& a) {
   o.alignment = uint64_t(a.alignment_kib) << 10;
   o.threads = a.threads;
   o.cancel = &g_cancel;
+  o.arrival = a.arrival;
   for (const auto& text : a.loras) o.loras.push_back(parse_lora_argument(text));
   if (!a.quiet) o.stage = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
   o.on_temp_file = [](const std::filesystem::path& p) {
     std::strncpy(g_temp_path, p.c_str(), sizeof g_temp_path - 1);
   };
-  if (!a.quiet) o.progress = [](const convert::ConvertProgress& p) {
+  if (a.on_progress) o.progress = a.on_progress;
+  else if (!a.quiet) o.progress = [](const convert::ConvertProgress& p) {
     const double rate = p.seconds > 0 ? double(p.source_bytes) / 1e6 / p.seconds : 0;
     std::fprintf(stderr, "[%3zu/%zu] %-28s read %10s  wrote %10s  %7.1f MB/s\n", p.unit, p.units,
                  p.name.c_str(), mb(p.source_bytes).c_str(), mb(p.written_bytes).c_str(), rate);

@@ -1,21 +1,33 @@
 // klein pull: a diffusers repository on the Hugging Face Hub -> one klein container. Lists
 // the repository (src/hub), downloads the files a conversion reads (resumable, checked against
 // the repository's hashes) and converts them as `klein convert` does.
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <cstring>
+#include <thread>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/convert_run.h"
+#include "convert/arrival.h"
+#include "convert/convert.h"
 #include "convert/policy.h"
 #include "core/error.h"
+#include "formats/container/format.h"
+#include "formats/xxh3.h"
 #include "hub/hub.h"
 
 namespace klein::cli {
@@ -62,13 +74,16 @@ void emit(const json& event) {
 }
 
 // Progress over all the files: bytes, rate and ETA, on one line of a terminal (rewritten in
-// place), as a line per finished file otherwise, or as JSON events.
+// place), as a line per finished file otherwise, or as JSON events. While files are
+// converted as they arrive, the line also says how many units are stored. Called from the
+// downloading and the converting thread.
 class PullProgress {
  public:
   PullProgress(const PullArgs& a, uint64_t total) : a_(a), total_(total) {
     tty_ = ::isatty(STDERR_FILENO) != 0;
   }
   void file(const hub::Transfer& t, size_t index, size_t count, uint64_t done_before) {
+    const std::lock_guard lock(mutex_);
     const uint64_t done = done_before + t.done;
     received_ += t.this_run - last_this_run_;
     last_this_run_ = t.this_run;
@@ -88,16 +103,45 @@ class PullProgress {
     std::snprintf(line, sizeof line, "[%zu/%zu] %-48s %9s / %-9s  %6.1f MB/s  ETA %s",
                   index + 1, count, t.file->path.c_str(), size_text(double(done)).c_str(),
                   size_text(double(total_)).c_str(), rate / 1e6, duration_text(eta).c_str());
+    line_ = line;
     if (tty_)
-      std::fprintf(stderr, "\r%-116s%s", line, finished && index + 1 == count ? "\n" : "");
+      show();
     else if (finished)
       std::fprintf(stderr, "%s\n", line);
   }
-  void next_file() { last_this_run_ = 0; }
+  void next_file() {
+    const std::lock_guard lock(mutex_);
+    last_this_run_ = 0;
+  }
+  // A unit stored by a conversion that runs while the files arrive.
+  void converted(const convert::ConvertProgress& p) {
+    const std::lock_guard lock(mutex_);
+    if (a_.json) {
+      emit({{"event", "convert"}, {"unit", p.unit}, {"units", p.units}, {"name", p.name},
+            {"written_bytes", p.written_bytes}});
+      return;
+    }
+    if (a_.quiet) return;
+    units_ = "  stored " + std::to_string(p.unit) + "/" + std::to_string(p.units) + " units";
+    if (tty_)
+      show();
+    else
+      std::fprintf(stderr, "stored [%zu/%zu] %s\n", p.unit, p.units, p.name.c_str());
+  }
+  // Ends the terminal line.
+  void finish() {
+    const std::lock_guard lock(mutex_);
+    if (tty_ && !a_.quiet && !a_.json && !line_.empty()) std::fprintf(stderr, "\n");
+    line_.clear();
+  }
 
  private:
+  void show() { std::fprintf(stderr, "\r%-116s", (line_ + units_).c_str()); }
+
   const PullArgs& a_;
   uint64_t total_;
+  std::mutex mutex_;
+  std::string line_, units_;
   uint64_t received_ = 0;
   uint64_t last_this_run_ = 0;
   bool tty_ = false;
@@ -174,30 +218,8 @@ void run_pull(const PullArgs& a) {
       size_text(double(all_bytes)) + ") into " + dir.string() +
       (keep ? "" : ", removed after the conversion"));
 
-  // Room for what is still to come; the container needs room too, which the converter
-  // checks as it writes.
   const uint64_t have = directory_bytes(dir);
   const fs::space_info space = fs::space(dir, ec);
-  if (!ec && total > have)
-    check(space.available >= total - have, "not enough disk space in ", dir.string(), ": ",
-          size_text(double(total - have)), " still to download, ",
-          size_text(double(space.available)), " free (--keep-source DIR puts the download "
-          "elsewhere)");
-
-  try {
-    PullProgress progress(a, total);
-    uint64_t done_before = 0;
-    for (size_t i = 0; i < files.size(); ++i) {
-      progress.next_file();
-      hub::download(endpoint, repo, files[i], dir / files[i].path,
-                    [&](const hub::Transfer& t) { progress.file(t, i, files.size(), done_before); });
-      done_before += files[i].size;
-    }
-  } catch (const Error& e) {
-    fail(e.what(), "\nthe files downloaded so far stay in ", base.string(),
-         ": the same command resumes");
-  }
-
   ConvertArgs c;
   c.paths.model = dir;
   c.output = output;
@@ -206,18 +228,151 @@ void run_pull(const PullArgs& a) {
   c.threads = a.threads;
   c.keep_llm = a.keep_llm;
   c.quiet = a.quiet || a.json;
-  say("converting to " + output);
-  run_convert(c);
+  PullProgress progress(a, total);
+
+  if (keep) {
+    // Room for what is still to come; the container needs room too, which the converter
+    // checks as it writes.
+    if (!ec && total > have)
+      check(space.available >= total - have, "not enough disk space in ", dir.string(), ": ",
+            size_text(double(total - have)), " still to download, ",
+            size_text(double(space.available)), " free");
+    try {
+      uint64_t done_before = 0;
+      for (size_t i = 0; i < files.size(); ++i) {
+        progress.next_file();
+        hub::download(endpoint, repo, files[i], dir / files[i].path, [&](const hub::Transfer& t) {
+          progress.file(t, i, files.size(), done_before);
+        });
+        done_before += files[i].size;
+      }
+    } catch (const Error& e) {
+      fail(e.what(), "\nthe files downloaded so far stay in ", base.string(),
+           ": the same command resumes");
+    }
+    progress.finish();
+    say("converting to " + output);
+    run_convert(c);
+    const uint64_t container = fs::file_size(output, ec);
+    const uint64_t sources = directory_bytes(base);
+    if (a.json)
+      emit({{"event", "done"}, {"output", output}, {"container_bytes", container},
+            {"source_bytes", sources}, {"peak_disk_bytes", container + sources},
+            {"kept_source", dir.string()}});
+    say("wrote " + output + " (" + size_text(double(container)) + "); the disk held at most " +
+        size_text(double(container + sources)) + " (sources and container); the sources stay in " +
+        dir.string());
+    return;
+  }
+
+  // Converted while downloading: the small files first, then the weight files, each created
+  // at its full size with its safetensors header (read ahead with a range request) so that
+  // the conversion can plan; the bytes then arrive in the order the conversion reads the
+  // files, and what it has stored is freed from the disk (convert/arrival.h).
+  uint64_t largest = 0;
+  for (const auto& f : files) largest = std::max(largest, f.size);
+  if (!ec)
+    check(space.available + have >= largest, "not enough disk space in ", dir.string(), ": ",
+          "the largest file is ", size_text(double(largest)), ", ",
+          size_text(double(space.available)), " free");
+  std::vector<size_t> small, weights;
+  for (size_t i = 0; i < files.size(); ++i)
+    (files[i].path.ends_with(".safetensors") ? weights : small).push_back(i);
+  convert::SourceArrival arrival(/*free_consumed=*/true);
+  std::map<fs::path, size_t> by_path;
+  auto start_over = [&](const std::string& what) {
+    fs::remove_all(base, ec);
+    fail(what, "\nthe download was removed (it is freed as it is converted): run the same "
+         "command to start again, or add --keep-source DIR for a download that resumes");
+  };
+  uint64_t done_before = 0;
+  size_t shown = 0;
+  try {
+    for (size_t i : small) {
+      progress.next_file();
+      hub::download(endpoint, repo, files[i], dir / files[i].path, [&](const hub::Transfer& t) {
+        progress.file(t, shown, files.size(), done_before);
+      });
+      done_before += files[i].size;
+      ++shown;
+    }
+    for (size_t i : weights) {
+      const hub::RemoteFile& f = files[i];
+      const std::string length = hub::read_prefix(endpoint, repo, f, 8);
+      check(length.size() == 8, f.path, ": ", f.size, " bytes, too short for a safetensors file");
+      uint64_t n = 0;
+      for (int b = 7; b >= 0; --b) n = n << 8 | uint8_t(length[size_t(b)]);
+      check(n <= f.size - 8 && n <= (uint64_t(100) << 20), f.path,
+            ": not a safetensors file (its first 8 bytes give a header of ", n,
+            " bytes in a file of ", f.size, ")");
+      const std::string head = hub::read_prefix(endpoint, repo, f, 8 + n);
+      const fs::path path = dir / f.path;
+      fs::create_directories(path.parent_path(), ec);
+      fs::remove(path.string() + ".part", ec);  // a --keep-source run's leftovers
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      check(fd >= 0, "cannot write ", path.string(), ": ", std::strerror(errno));
+      const bool ok = ::ftruncate(fd, off_t(f.size)) == 0 &&
+                      ::pwrite(fd, head.data(), head.size(), 0) == ssize_t(head.size());
+      ::close(fd);
+      check(ok, "cannot write ", path.string(), ": ", std::strerror(errno));
+      arrival.expect(path, f.size);
+      by_path[fs::weakly_canonical(path)] = i;
+    }
+  } catch (const Error& e) {
+    start_over(e.what());
+  }
+  uint64_t small_bytes = 0;
+  for (size_t i : small) small_bytes += files[i].size;
+  arrival.set_other_bytes(small_bytes);
+
+  std::thread downloader([&] {
+    try {
+      const std::vector<fs::path> order = arrival.wait_for_order();
+      for (size_t k = 0; k < order.size(); ++k) {
+        arrival.wait_turn(k);
+        const size_t i = by_path.at(order[k]);
+        const hub::RemoteFile& f = files[i];
+        progress.next_file();
+        xxh3::Hasher hasher;
+        hub::download_in_place(
+            endpoint, repo, f, dir / f.path,
+            [&](const char* data, size_t n, uint64_t offset) {
+              if (offset == 0) hasher.reset();
+              hasher.update(data, n);
+              arrival.arrived(order[k], offset + n);
+            },
+            [&](const hub::Transfer& t) { progress.file(t, shown + k, files.size(), done_before); },
+            arrival.cancelled());
+        arrival.complete(order[k], container::hex64(hasher.digest()));
+        done_before += f.size;
+      }
+    } catch (const std::exception& e) {
+      arrival.fail(e.what());
+    }
+  });
+  say("converting to " + output + " as the files arrive");
+  c.arrival = &arrival;
+  c.on_progress = [&](const convert::ConvertProgress& p) { progress.converted(p); };
+  try {
+    run_convert(c);
+  } catch (const Error& e) {
+    arrival.fail(e.what());
+    downloader.join();
+    progress.finish();
+    start_over(e.what());
+  }
+  downloader.join();
+  progress.finish();
   const uint64_t container = fs::file_size(output, ec);
-  const uint64_t sources = directory_bytes(base);
-  if (!keep) fs::remove_all(base, ec);
+  const uint64_t peak = std::max(arrival.peak_disk_bytes(), container);
+  fs::remove_all(base, ec);
   if (a.json)
     emit({{"event", "done"}, {"output", output}, {"container_bytes", container},
-          {"source_bytes", sources}, {"peak_disk_bytes", container + sources},
-          {"kept_source", keep ? dir.string() : ""}});
+          {"source_bytes", total}, {"peak_disk_bytes", peak},
+          {"freed_bytes", arrival.freed_bytes()}, {"kept_source", ""}});
   say("wrote " + output + " (" + size_text(double(container)) + "); the disk held at most " +
-      size_text(double(container + sources)) + " (sources and container)" +
-      (keep ? "; the sources stay in " + dir.string() : ""));
+      size_text(double(peak)) + " (of " + size_text(double(total)) +
+      " downloaded: sources are freed as they are converted)");
 }
 
 }  // namespace

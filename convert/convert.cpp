@@ -12,7 +12,10 @@
 #include <ctime>
 #include <future>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <tuple>
 
+#include "convert/arrival.h"
 #include "convert/policy.h"
 #include "convert/storage.h"
 #include "core/error.h"
@@ -283,6 +286,10 @@ class TensorConverter {
     e.shape = w.shape;
     e.size = p.size;
     out_.begin_tensor(e);
+    if (o_.arrival) {
+      o_.arrival->wait(w.data, w.nbytes, o_.cancel);
+      check_cancel(o_);
+    }
     const int64_t rows = w.rows(), cols = w.cols();
     const std::span<const LoraUpdate> updates = adapters_.on(w.name);
     if (quant::is_quantized(w.dtype) && w.dtype == p.format.type && w.layout == 0 && updates.empty()) {
@@ -348,6 +355,7 @@ class TensorConverter {
     }
     source_bytes += w.nbytes;
     out_.end_tensor();
+    if (o_.arrival) o_.arrival->consumed(w.data, w.nbytes);
   }
 
  private:
@@ -382,6 +390,16 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   std::unique_ptr<WeightStore> store = open_model(o.source);
   // fp8 weights as stored: read_rows decodes each slice (a unit in float32 would be ~1 GB).
   if (auto* source = dynamic_cast<SourceStore*>(store.get())) source->set_decode_fp8(false);
+  if (o.arrival) {
+    o.arrival->attach(store->origin());
+    // fp8 scales are read when a unit is acquired: such sources are converted once they
+    // have arrived whole.
+    if (!store->origin().stored_types.empty()) {
+      o.arrival->planned();
+      for (const auto& [base, size] : store->origin().mappings) o.arrival->wait(base, size, o.cancel);
+      check_cancel(o);
+    }
+  }
   const ModelConfig& config = store->config();
   check(config.undecided_variant.empty(), config.undecided_variant);
   const TokenizerBytes tokenizer = read_tokenizer_files(o.source);
@@ -425,10 +443,17 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   std::future<json> hashing = std::async(std::launch::async, [&, files = source_files(o, *store)] {
     const Clock::time_point start = Clock::now();
     json sources = json::array();
+    const std::function<bool()> stop = [&] {
+      return stop_hashing.load() || (o.cancel && o.cancel->load());
+    };
     for (const auto& f : files) {
       uint64_t bytes = 0;
-      const std::string h = hash_file(
-          f.path, bytes, [&] { return stop_hashing.load() || (o.cancel && o.cancel->load()); });
+      std::string h;
+      // A file still arriving is hashed by its downloader as the bytes pass.
+      if (auto known = o.arrival ? o.arrival->source_xxh3(f.path, stop) : std::nullopt)
+        std::tie(h, bytes) = *known;
+      else
+        h = hash_file(f.path, bytes, stop);
       sources.push_back({{"file", f.name}, {"bytes", bytes}, {"xxh3", h}});
     }
     return json{{"sources", sources}, {"seconds", since(start)}};
@@ -496,23 +521,27 @@ ConvertSummary convert_model(const ConvertOptions& o) {
       }
       const StorageFormat f = storage_format(type);
       plan.push_back({nullptr, f, storage_size(f, w->rows(), w->cols())});
+      if (o.arrival) o.arrival->need(w->data, w->nbytes);
     }
   }
+  if (o.arrival) o.arrival->planned();
 
   container::ContainerWriter out(o.output, o.alignment);
   if (o.on_temp_file) o.on_temp_file(out.temp_path());
+  if (o.arrival) o.arrival->set_output(out.temp_path());
   note("writing " + o.output.string() + " (source files hashed alongside)");
   ThreadPool pool(o.threads);
   const SourcePages pages(*store);
   TensorConverter conv(out, pool, pages, o, adapters);
   ConvertSummary summary;
   const Clock::time_point t0 = Clock::now();
-  if (!units.empty()) store->prefetch(units[0]);
+  // (Sources still arriving are not read ahead: the bytes are not there yet.)
+  if (!units.empty() && !o.arrival) store->prefetch(units[0]);
   for (size_t i = 0; i < units.size(); ++i) {
     check_cancel(o);
     // The kernel reads the next unit's source while this one is converted (a cold page cache
     // otherwise stalls the packing threads on every fault).
-    if (i + 1 < units.size()) store->prefetch(units[i + 1]);
+    if (i + 1 < units.size() && !o.arrival) store->prefetch(units[i + 1]);
     UnitRef ref = store->acquire(units[i]);
     std::vector<const Weight*> ws;
     for (const auto& w : ref->weights()) ws.push_back(&w);

@@ -23,6 +23,8 @@
 
 namespace klein::convert {
 
+class SourceArrival;
+
 struct ConvertProgress {
   size_t unit = 0;  // 1-based index of the unit just written
   size_t units = 0;
@@ -57,6 +59,10 @@ struct ConvertOptions {
   // LoRAs merged into the transformer's weights before they are stored: W + s·B·A in float32
   // (weights/lora.h), recorded in the container's conversion metadata.
   std::vector<LoraFile> loras;
+  // Source files that are still downloading (klein pull): each tensor's bytes are waited
+  // for before they are read and given back once stored (convert/arrival.h). The container
+  // is the same, byte for byte.
+  SourceArrival* arrival = nullptr;
 };
 
 struct TypeTotals {

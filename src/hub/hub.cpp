@@ -4,6 +4,8 @@
 #include <curl/curl.h>
 #include <openssl/evp.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -462,39 +464,126 @@ bool matches(const RemoteFile& file, const fs::path& path, std::string* got) {
   return hex == expected_hash(file);
 }
 
-void download(const Endpoint& e, const Repo& repo, const RemoteFile& file, const fs::path& dest,
-              const TransferFn& progress, const std::atomic<bool>* cancel) {
-  std::error_code ec;
-  if (fs::exists(dest, ec)) {
-    std::string got;
-    if (matches(file, dest, &got)) {
-      if (progress) progress({&file, file.size, 0, 0});
-      return;
-    }
-    fs::remove(dest, ec);  // an earlier run's file that is not this one
+namespace {
+
+// Where a transfer's bytes go, attempt after attempt: appended to a part file (download), or
+// written in place into a file of the right size (download_in_place).
+class Sink {
+ public:
+  virtual ~Sink() = default;
+  // Starts an attempt; the bytes kept so far (the next attempt asks for the rest).
+  virtual uint64_t begin_attempt() = 0;
+  // The server ignored the range: the whole file follows, from byte 0.
+  virtual void restart() = 0;
+  virtual bool write(const char* data, size_t n) = 0;  // false: it could not be written
+  virtual bool end_attempt() = 0;                       // false: it could not be written
+  virtual void discard() = 0;  // what is kept is not a prefix of this file
+  virtual std::string where() const = 0;
+};
+
+class PartFile final : public Sink {
+ public:
+  explicit PartFile(fs::path part) : part_(std::move(part)) {}
+  uint64_t begin_attempt() override {
+    std::error_code ec;
+    uint64_t have = fs::exists(part_, ec) ? fs::file_size(part_, ec) : 0;
+    out_.reset(std::fopen(part_.c_str(), have ? "ab" : "wb"));
+    check(out_ != nullptr, "cannot write ", part_.string(), ": ", std::strerror(errno));
+    return have;
   }
-  fs::create_directories(dest.parent_path(), ec);
-  const fs::path part = dest.string() + ".part";
+  void restart() override {
+    std::fflush(out_.get());
+    check(::ftruncate(::fileno(out_.get()), 0) == 0, "cannot truncate ", part_.string());
+    std::fseek(out_.get(), 0, SEEK_SET);
+  }
+  bool write(const char* data, size_t n) override {
+    return std::fwrite(data, 1, n, out_.get()) == n;
+  }
+  bool end_attempt() override {
+    const bool ok = std::fflush(out_.get()) == 0;
+    out_.reset();
+    return ok;
+  }
+  void discard() override {
+    out_.reset();
+    std::error_code ec;
+    fs::remove(part_, ec);
+  }
+  std::string where() const override { return part_.string(); }
+
+ private:
+  struct Close {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+  };
+  fs::path part_;
+  std::unique_ptr<std::FILE, Close> out_;
+};
+
+class InPlace final : public Sink {
+ public:
+  InPlace(const RemoteFile& file, const fs::path& dest, const ByteFn& on_bytes)
+      : file_(file), dest_(dest), on_bytes_(on_bytes), digest_(start_digest(file)) {
+    fd_ = ::open(dest.c_str(), O_WRONLY);
+    check(fd_ >= 0, "cannot write ", dest.string(), ": ", std::strerror(errno));
+    struct stat st {};
+    check(::fstat(fd_, &st) == 0 && uint64_t(st.st_size) == file.size, "internal: ",
+          dest.string(), " is not of the size of ", file.path);
+  }
+  ~InPlace() override { ::close(fd_); }
+  uint64_t begin_attempt() override { return have_; }
+  void restart() override { discard(); }
+  bool write(const char* data, size_t n) override {
+    for (size_t done = 0; done < n;) {
+      const ssize_t w = ::pwrite(fd_, data + done, n - done, off_t(have_ + done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return false;
+      done += size_t(w);
+    }
+    if (digest_) digest_->update(data, n);
+    if (on_bytes_) on_bytes_(data, n, have_);
+    have_ += n;
+    return true;
+  }
+  bool end_attempt() override { return true; }
+  void discard() override {
+    have_ = 0;
+    digest_ = start_digest(file_);
+  }
+  std::string where() const override { return dest_.string(); }
+  std::string hex() { return digest_ ? digest_->hex() : expected_hash(file_); }
+
+ private:
+  const RemoteFile& file_;
+  fs::path dest_;
+  const ByteFn& on_bytes_;
+  std::unique_ptr<Digest> digest_;
+  int fd_ = -1;
+  uint64_t have_ = 0;
+};
+
+// GET the file into the sink: resumed with a Range request after a dropped connection (up to
+// endpoint.attempts), progress as bytes arrive, a clear error for everything else.
+void transfer(const Endpoint& e, const Repo& repo, const RemoteFile& file, Sink& sink,
+              const TransferFn& progress, const std::atomic<bool>* cancel) {
   const auto start = std::chrono::steady_clock::now();
   auto seconds = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-
   uint64_t this_run = 0;
   double delay = e.retry_delay;
   std::string last_error;
   for (int attempt = 1;; ++attempt) {
     check(!(cancel && *cancel), "download of ", file.path, " cancelled");
-    uint64_t have = fs::exists(part, ec) ? fs::file_size(part, ec) : 0;
+    uint64_t have = sink.begin_attempt();
     if (have > file.size) {  // not a prefix of this file
-      fs::remove(part, ec);
-      have = 0;
+      sink.end_attempt();
+      sink.discard();
+      have = sink.begin_attempt();
     }
-    if (have == file.size && file.size > 0) break;  // complete; checked below
-
-    std::FILE* out = std::fopen(part.c_str(), have ? "ab" : "wb");
-    check(out != nullptr, "cannot write ", part.string(), ": ", std::strerror(errno));
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> closer(out, &std::fclose);
+    if (have == file.size && file.size > 0) {  // complete; checked by the caller
+      sink.end_attempt();
+      break;
+    }
     Request q(e, file_url(e, repo, file.path));
     if (have > 0) q.header("Range: bytes=" + std::to_string(have) + "-");
     uint64_t on_disk = have;
@@ -505,9 +594,7 @@ void download(const Endpoint& e, const Repo& repo, const RemoteFile& file, const
       if (first) {
         first = false;
         if (have > 0 && status == 200) {  // the range was ignored: the whole file follows
-          std::fflush(out);
-          check(::ftruncate(::fileno(out), 0) == 0, "cannot truncate ", part.string());
-          std::fseek(out, 0, SEEK_SET);
+          sink.restart();
           on_disk = 0;
         }
       }
@@ -515,7 +602,7 @@ void download(const Endpoint& e, const Repo& repo, const RemoteFile& file, const
         too_long = true;
         return false;
       }
-      if (std::fwrite(data, 1, n, out) != n) {
+      if (!sink.write(data, n)) {
         write_failed = true;
         return false;
       }
@@ -530,13 +617,12 @@ void download(const Endpoint& e, const Repo& repo, const RemoteFile& file, const
     };
     Response r;
     const CURLcode code = q.perform(r);
-    const bool flushed = std::fflush(out) == 0;
-    closer.reset();
-    check(!write_failed && flushed, "cannot write ", part.string(), ": ", std::strerror(errno),
+    const bool flushed = sink.end_attempt();
+    check(!write_failed && flushed, "cannot write ", sink.where(), ": ", std::strerror(errno),
           " (is the disk full?)");
     check(!(cancel && *cancel), "download of ", file.path, " cancelled");
     if (code == CURLE_OK && r.status == 416 && have > 0) {  // the range starts past the end
-      fs::remove(part, ec);
+      sink.discard();
       continue;
     }
     // A server error (5xx) is retried like a dropped connection; others say what is wrong.
@@ -544,7 +630,7 @@ void download(const Endpoint& e, const Repo& repo, const RemoteFile& file, const
       fail_response(e, repo, q, r, file.path);
     if (code == CURLE_OK && on_disk == file.size) break;
     if (too_long) {
-      fs::remove(part, ec);
+      sink.discard();
       fail("cannot download ", file.path, ": the server sent more than the ", file.size,
            " bytes the file list gives");
     }
@@ -560,16 +646,78 @@ void download(const Endpoint& e, const Repo& repo, const RemoteFile& file, const
     delay *= 2;
   }
   if (progress) progress({&file, file.size, this_run, seconds()});
+}
 
+[[noreturn]] void fail_hash(const RemoteFile& file, const std::string& got,
+                            const std::string& then) {
+  fail(file.path, ": the downloaded bytes do not match the repository's ",
+       file.sha256.empty() ? "git blob id " : "SHA-256 ", expected_hash(file), " (got ", got,
+       "); ", then);
+}
+
+}  // namespace
+
+void download(const Endpoint& e, const Repo& repo, const RemoteFile& file, const fs::path& dest,
+              const TransferFn& progress, const std::atomic<bool>* cancel) {
+  std::error_code ec;
+  if (fs::exists(dest, ec)) {
+    std::string got;
+    if (matches(file, dest, &got)) {
+      if (progress) progress({&file, file.size, 0, 0});
+      return;
+    }
+    fs::remove(dest, ec);  // an earlier run's file that is not this one
+  }
+  fs::create_directories(dest.parent_path(), ec);
+  const fs::path part = dest.string() + ".part";
+  PartFile sink(part);
+  transfer(e, repo, file, sink, progress, cancel);
   std::string got;
   if (!matches(file, part, &got)) {
     fs::remove(part, ec);
-    fail(file.path, ": the downloaded bytes do not match the repository's ",
-         file.sha256.empty() ? "git blob id " : "SHA-256 ", expected_hash(file), " (got ", got,
-         "); the partial file was removed, run again to download it afresh");
+    fail_hash(file, got, "the partial file was removed, run again to download it afresh");
   }
   fs::rename(part, dest, ec);
   check(!ec, "cannot rename ", part.string(), " to ", dest.string(), ": ", ec.message());
+}
+
+void download_in_place(const Endpoint& e, const Repo& repo, const RemoteFile& file,
+                       const fs::path& dest, const ByteFn& on_bytes, const TransferFn& progress,
+                       const std::atomic<bool>* cancel) {
+  InPlace sink(file, dest, on_bytes);
+  transfer(e, repo, file, sink, progress, cancel);
+  const std::string got = sink.hex();
+  if (got != expected_hash(file)) fail_hash(file, got, "nothing was written from them");
+}
+
+std::string read_prefix(const Endpoint& e, const Repo& repo, const RemoteFile& file,
+                        uint64_t n) {
+  n = std::min(n, file.size);
+  std::string out;
+  for (int attempt = 1;; ++attempt) {
+    out.clear();
+    if (n == 0) return out;
+    Request q(e, file_url(e, repo, file.path));
+    q.header("Range: bytes=0-" + std::to_string(n - 1));
+    // A server that ignores the range sends the whole file: the transfer stops at n bytes.
+    q.sink = [&](const char* data, size_t size, long) {
+      out.append(data, std::min<uint64_t>(size, n - out.size()));
+      return out.size() < n;
+    };
+    Response r;
+    const CURLcode code = q.perform(r);
+    if (out.size() == n) return out;
+    if (code == CURLE_OK && r.status >= 400 && (r.status < 500 || attempt >= e.attempts))
+      fail_response(e, repo, q, r, file.path);
+    const std::string why = code == CURLE_OK ? "HTTP " + std::to_string(r.status) + ", " +
+                                                   std::to_string(out.size()) + " bytes"
+                                             : q.error(code);
+    check(code == CURLE_OK || worth_retrying(code), "cannot read the first ", n, " bytes of ",
+          file.path, ": ", why);
+    check(attempt < e.attempts, "cannot read the first ", n, " bytes of ", file.path, " after ",
+          attempt, " attempts: ", why);
+    std::this_thread::sleep_for(std::chrono::duration<double>(e.retry_delay));
+  }
 }
 
 }  // namespace klein::hub

@@ -83,6 +83,26 @@ void download(const Endpoint& endpoint, const Repo& repo, const RemoteFile& file
               const std::filesystem::path& dest, const TransferFn& progress,
               const std::atomic<bool>* cancel = nullptr);
 
+// Every byte of a file once, in order: `offset` is where `data` starts in the file. A
+// transfer that starts over (a server that ignores a range) begins again at offset 0.
+using ByteFn = std::function<void(const char* data, size_t n, uint64_t offset)>;
+
+// Downloads `file` into `dest`, which exists already with the file's size (klein pull
+// converts the part that has arrived while the rest comes): the bytes are written in
+// place, in order from the start, and handed to on_bytes once written. A dropped
+// connection is resumed with a Range request as download() does; the whole stream is
+// checked against the SHA-256 (or git blob id) as it passes, and a mismatch throws after
+// the last byte. A failed or cancelled call leaves dest as it is (not resumable by a
+// later call: the caller knows how far it got from on_bytes).
+void download_in_place(const Endpoint& endpoint, const Repo& repo, const RemoteFile& file,
+                       const std::filesystem::path& dest, const ByteFn& on_bytes,
+                       const TransferFn& progress, const std::atomic<bool>* cancel = nullptr);
+
+// The first n bytes of `file` (a Range request; fewer when the file is shorter), e.g. a
+// safetensors header before the file itself is fetched.
+std::string read_prefix(const Endpoint& endpoint, const Repo& repo, const RemoteFile& file,
+                        uint64_t n);
+
 // The hash `download` checks a file against, computed over a file on disk ("" if the
 // RemoteFile has neither hash). Exposed for tests and for checking a kept download.
 bool matches(const RemoteFile& file, const std::filesystem::path& path, std::string* got);

@@ -120,11 +120,17 @@ class FakeHub {
     r.set_header("X-Error-Message", "Access to model " + repo + " is restricted.");
     return true;
   }
-  void serve(const std::string& path, httplib::Response& r) {
+  void serve(const std::string& path, const httplib::Request& q, httplib::Response& r) {
     std::string bytes = files.at(path);
     if (corrupt.count(path)) bytes[bytes.size() / 2] ^= 1;
+    // The first transfer that goes past the middle is dropped there (not a read of the
+    // first few bytes, e.g. a safetensors header).
+    const std::string range = q.get_header_value("Range");
+    const size_t dash = range.find('-');
+    const bool past_middle = !range.starts_with("bytes=") || dash + 1 >= range.size() ||
+                             std::stoull(range.substr(dash + 1)) >= bytes.size() / 2;
     bool drop = false;
-    {
+    if (past_middle) {
       const std::lock_guard lock(mutex_);
       drop = drop_once.erase(path) > 0;
     }
@@ -192,11 +198,11 @@ class FakeHub {
                                 302);
                  return;
                }
-               serve(path, r);
+               serve(path, q, r);
              });
     cdn_.Get(R"(/blobs/(.+))", [this](const httplib::Request& q, httplib::Response& r) {
       record("cdn", q);
-      serve(q.matches[1], r);
+      serve(q.matches[1], q, r);
     });
   }
 
@@ -228,6 +234,19 @@ class HubEnv {
     ::unsetenv("SOURCE_DATE_EPOCH");
   }
 };
+
+// A read of a file's first bytes ("bytes=0-N"): pull reads each safetensors header so before
+// the file itself.
+bool header_read(const Logged& l) {
+  return l.range.starts_with("bytes=0-") && l.range.size() > 8;
+}
+
+std::vector<Logged> transfers(const std::vector<Logged>& gets) {
+  std::vector<Logged> out;
+  for (const auto& l : gets)
+    if (!header_read(l)) out.push_back(l);
+  return out;
+}
 
 fs::path tiny_copy(const std::string& name) {
   // The model's name comes from its folder: convert a copy named as the repository.
@@ -290,6 +309,64 @@ TEST(Pull, MakesTheContainerConvertMakesAndDownloadsOnlyWhatItNeeds) {
   EXPECT_GT(done["peak_disk_bytes"].get<uint64_t>(), pulled.size());
 }
 
+// The conversion starts on the first file while later ones are still to come, and what it
+// has stored is freed from the disk: the disk never holds the whole download.
+TEST(Pull, ConvertsWhileDownloadingAndFreesWhatItStored) {
+  const fs::path out = testing::temp_dir("pull-stream");
+  FakeHub hub(testing::tiny_model(), out);
+  HubEnv env(hub.endpoint(), "");
+  std::string log;
+  ASSERT_EQ(testing::run_klein("pull acme/tiny-klein --json -o " +
+                                   testing::shell_arg(out / "a.klein"), &log),
+            0)
+      << log;
+  std::vector<json> events;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    const json j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("event")) events.push_back(j);
+  }
+  size_t first_stored = events.size(), last_byte = 0, units = 0;
+  std::string last_file;
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (events[i]["event"] == "convert") {
+      first_stored = std::min(first_stored, i);
+      units = events[i]["units"].get<size_t>();
+    }
+    if (events[i]["event"] == "download") {
+      last_byte = i;
+      last_file = events[i]["file"].get<std::string>();
+    }
+  }
+  ASSERT_GT(units, 0u) << log;
+  EXPECT_LT(first_stored, last_byte) << "no unit was stored before the last file arrived";
+  EXPECT_TRUE(last_file.ends_with(".safetensors")) << last_file;
+  ASSERT_FALSE(events.empty());
+  const json& done = events.back();
+  ASSERT_EQ(done["event"], "done") << log;
+  const uint64_t container = done["container_bytes"], sources = done["source_bytes"],
+                 peak = done["peak_disk_bytes"], freed = done["freed_bytes"];
+  uint64_t largest = 0, small = 0;
+  for (const auto& [path, bytes] : hub.files) {
+    if (path == "flux-2-klein-tiny.safetensors" || path.find(".fp16.") != std::string::npos)
+      continue;
+    if (path.ends_with(".safetensors"))
+      largest = std::max<uint64_t>(largest, bytes.size());
+    else
+      small += bytes.size();
+  }
+  std::printf("container %llu, sources %llu (largest %llu), peak on disk %llu, freed %llu\n",
+              (unsigned long long)container, (unsigned long long)sources,
+              (unsigned long long)largest, (unsigned long long)peak, (unsigned long long)freed);
+  EXPECT_GT(freed, sources / 2);
+  EXPECT_GE(peak, container);
+  // At most the container, the small files, one source file and the pages around what is
+  // not stored yet.
+  EXPECT_LE(peak, container + small + largest + 64 * 4096);
+  EXPECT_LT(peak, container + sources);
+  EXPECT_FALSE(fs::exists(out / "a.klein.download"));
+}
+
 TEST(Pull, GatedRepositoryNamesTheLicencePageAndTheTokenGoesToTheHubOnly) {
   const fs::path out = testing::temp_dir("pull-gated");
   FakeHub hub(testing::tiny_model(), out);
@@ -328,7 +405,8 @@ TEST(Pull, GatedRepositoryNamesTheLicencePageAndTheTokenGoesToTheHubOnly) {
       EXPECT_FALSE(l.authorized) << "the token went to the content host: " << l.path;
     }
   }
-  EXPECT_EQ(cdn, 4);  // the four safetensors files, redirected
+  // The four safetensors files, redirected: each file's header length, its header, the file.
+  EXPECT_EQ(cdn, 12);
 }
 
 TEST(Pull, ADroppedConnectionResumesWithARangeRequest) {
@@ -341,7 +419,9 @@ TEST(Pull, ADroppedConnectionResumesWithARangeRequest) {
   ASSERT_EQ(testing::run_klein("pull acme/tiny-klein -q -o " +
                                    testing::shell_arg(out / "a.klein"), &log), 0)
       << log;
-  const auto gets = hub.downloads_of("/blobs/" + big);
+  const auto all_gets = hub.downloads_of("/blobs/" + big);
+  const auto gets = transfers(all_gets);
+  EXPECT_EQ(all_gets.size() - gets.size(), 2u);  // the header's length, then the header
   ASSERT_EQ(gets.size(), 2u);
   EXPECT_EQ(gets[0].range, "");
   EXPECT_EQ(gets[1].range, "bytes=" + std::to_string(hub.files.at(big).size() / 2) + "-");
@@ -361,22 +441,37 @@ TEST(Pull, BytesThatDoNotMatchTheirHashAreRefusedAndARerunResumes) {
   hub.corrupt = {bad};
   HubEnv env(hub.endpoint(), "");
   std::string log;
+  // Converted while downloading: the mismatch is found after the file's last byte; nothing
+  // is written and the download (partly freed already) is removed.
   EXPECT_NE(testing::run_klein("pull acme/tiny-klein -q -o " +
                                    testing::shell_arg(out / "a.klein"), &log), 0);
-  EXPECT_NE(log.find(bad + ": the downloaded bytes do not match the repository's SHA-256 " +
-                     hub.sha256(bad)),
+  const std::string mismatch =
+      bad + ": the downloaded bytes do not match the repository's SHA-256 " + hub.sha256(bad);
+  EXPECT_NE(log.find(mismatch), std::string::npos) << log;
+  EXPECT_NE(log.find("run the same command to start again, or add --keep-source DIR"),
             std::string::npos)
       << log;
+  EXPECT_FALSE(fs::exists(out / "a.klein"));
+  EXPECT_FALSE(fs::exists(out / "a.klein.download"));
+  for (const auto& e : fs::directory_iterator(out))
+    EXPECT_EQ(e.path().filename().string().find("a.klein"), std::string::npos)
+        << "left behind: " << e.path();
+
+  // --keep-source: a download that stays, and a rerun fetches what is missing only.
+  const fs::path kept = out / "sources";
+  EXPECT_NE(testing::run_klein("pull acme/tiny-klein -q --keep-source " +
+                                   testing::shell_arg(kept) + " -o " +
+                                   testing::shell_arg(out / "a.klein"), &log), 0);
+  EXPECT_NE(log.find(mismatch), std::string::npos) << log;
   EXPECT_NE(log.find("the same command resumes"), std::string::npos) << log;
   EXPECT_FALSE(fs::exists(out / "a.klein"));
-  const fs::path kept = out / "a.klein.download" / "tiny-klein";
-  EXPECT_FALSE(fs::exists(kept / (bad + ".part")));
-  EXPECT_FALSE(fs::exists(kept / bad));
-
-  // The second run fetches what is missing only.
+  EXPECT_FALSE(fs::exists(kept / "tiny-klein" / (bad + ".part")));
+  EXPECT_FALSE(fs::exists(kept / "tiny-klein" / bad));
+  EXPECT_TRUE(fs::exists(kept / "tiny-klein" / "transformer/diffusion_pytorch_model.safetensors"));
   hub.corrupt.clear();
   const size_t before = hub.log().size();
-  ASSERT_EQ(testing::run_klein("pull acme/tiny-klein -q -o " +
+  ASSERT_EQ(testing::run_klein("pull acme/tiny-klein -q --keep-source " +
+                                   testing::shell_arg(kept) + " -o " +
                                    testing::shell_arg(out / "a.klein"), &log), 0)
       << log;
   std::set<std::string> again;
@@ -386,6 +481,13 @@ TEST(Pull, BytesThatDoNotMatchTheirHashAreRefusedAndARerunResumes) {
   EXPECT_EQ(again.size(), 1u) << "files already downloaded were fetched again";
   EXPECT_TRUE(again.count("/acme/tiny-klein/resolve/main/" + bad));
   EXPECT_TRUE(fs::exists(out / "a.klein"));
+  EXPECT_TRUE(fs::exists(kept / "tiny-klein" / bad));
+
+  // Streaming again, now that the bytes are right: the same container.
+  ASSERT_EQ(testing::run_klein("pull acme/tiny-klein -q -o " +
+                                   testing::shell_arg(out / "b.klein"), &log), 0)
+      << log;
+  EXPECT_TRUE(read_file(out / "a.klein") == read_file(out / "b.klein"));
 }
 
 TEST(Pull, ClearErrorsBeforeAnyDownload) {
