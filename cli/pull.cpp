@@ -1,6 +1,7 @@
 // klein pull: a diffusers repository on the Hugging Face Hub -> one klein container. Lists
-// the repository (src/hub), downloads the files a conversion reads (resumable, checked against
-// the repository's hashes) and converts them as `klein convert` does.
+// the repository (src/hub), downloads the files a conversion reads (checked against the
+// repository's hashes) and converts them as `klein convert` does: while they arrive, freeing
+// what is stored (convert/arrival.h), or after a --keep-source download that resumes.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -370,9 +371,9 @@ void run_pull(const PullArgs& a) {
     emit({{"event", "done"}, {"output", output}, {"container_bytes", container},
           {"source_bytes", total}, {"peak_disk_bytes", peak},
           {"freed_bytes", arrival.freed_bytes()}, {"kept_source", ""}});
-  say("wrote " + output + " (" + size_text(double(container)) + "); the disk held at most " +
-      size_text(double(peak)) + " (of " + size_text(double(total)) +
-      " downloaded: sources are freed as they are converted)");
+  say("pulled " + output + " (" + size_text(double(container)) + "); the disk held at most " +
+      size_text(double(peak)) + " at once, container included (" + size_text(double(total)) +
+      " downloaded, each source byte freed once stored)");
 }
 
 }  // namespace
@@ -388,8 +389,9 @@ static Registration reg("pull", 9, [](CLI::App& app) {
   cmd->add_option("-t,--type", a->type, "storage type, as klein convert -t")->capture_default_str();
   cmd->add_option("-o,--output", a->output, "the container to write (default NAME-TYPE.klein)");
   cmd->add_option("--keep-source", a->keep_source,
-                  "download into DIR/NAME and keep the files (default: OUTPUT.download, "
-                  "removed after the conversion)");
+                  "download into DIR/NAME first and keep the files (resumable across runs; "
+                  "default: convert while downloading in OUTPUT.download, freeing each source "
+                  "byte once it is stored)");
   cmd->add_option("--policy", a->policy, "precision policy file, as klein convert --policy");
   cmd->add_option("--threads", a->threads, "packing threads (default: all)");
   cmd->add_flag("--keep-llm", a->keep_llm,
@@ -401,8 +403,9 @@ static Registration reg("pull", 9, [](CLI::App& app) {
   cmd->footer(
       "Environment: HF_ENDPOINT (a mirror; default https://huggingface.co), HF_TOKEN (an "
       "access token, for gated or private repositories; else the token file of "
-      "huggingface-cli login). Downloads resume where they stopped: run the same command "
-      "again.");
+      "huggingface-cli login). The conversion runs as the files arrive and frees what it "
+      "has stored, so the disk never holds the whole download; a dropped connection is "
+      "resumed, a failed pull starts over (with --keep-source DIR it resumes).");
   cmd->callback([a] { run_pull(*a); });
 });
 
