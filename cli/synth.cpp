@@ -1,11 +1,17 @@
-// klein synth: writes a full-size synthetic FLUX.2-klein-4B checkpoint (random weights, real
-// names, shapes, dtypes and layout) for speed and memory measurements.
+// klein synth: writes a full-size synthetic checkpoint (random weights, real names, shapes,
+// dtypes and layout) for speed and memory measurements: a diffusers directory of BF16 files,
+// or with -t a container converted straight from weights made in memory (for FLUX.2-dev,
+// whose BF16 files would not fit on most disks).
 #include <unistd.h>
 
 #include <cstdio>
+#include <thread>
 
 #include "cli/commands.h"
 #include "bench/support/synthetic.h"
+#include "convert/convert.h"
+#include "convert/policy.h"
+#include "core/error.h"
 
 namespace klein::cli {
 namespace {
@@ -17,10 +23,19 @@ Registration reg("synth", 90, [](CLI::App& app) {
     std::string out, tokenizer;
     uint64_t seed = 0;
     std::string variant = "4b";
+    std::string type;
+    int threads = 0;
     bool quiet = false;
   };
   auto args = std::make_shared<Args>();
-  cmd->add_option("-o,--output", args->out, "Directory to create (about 16 GB)")->required();
+  cmd->add_option("-o,--output", args->out,
+                  "Directory to create (about 16 GB for the 4B), or with -t the container file")
+      ->required();
+  cmd->add_option("-t,--type", args->type,
+                  "Write a container of this storage type (q4, q8, bf16, ...; as klein "
+                  "convert -t) straight from weights made in memory a unit at a time, without "
+                  "the BF16 files (FLUX.2-dev's would be about 100 GB)");
+  cmd->add_option("--threads", args->threads, "threads making and packing the weights (-t)");
   cmd->add_option("--tokenizer", args->tokenizer,
                   "Directory with the Qwen3 tokenizer files to copy (vocab.json, merges.txt, "
                   "tokenizer_config.json; or tokenizer.json)")
@@ -30,11 +45,39 @@ Registration reg("synth", 90, [](CLI::App& app) {
                   "4b: FLUX.2-klein-4B (distilled); 4b-base: its base model (50 steps, CFG); "
                   "4b-kv: the 4B declared for the reference K/V cache pipeline; 9b, 9b-base, "
                   "9b-kv: FLUX.2-klein-9B (Qwen3-8B; about 36 GB) likewise; zimage-turbo: "
-                  "Z-Image-Turbo (6B, Qwen3-4B, FLUX.1 VAE; about 20 GB)")
-      ->check(CLI::IsMember({"4b", "4b-base", "4b-kv", "9b", "9b-base", "9b-kv", "zimage-turbo"}))
+                  "Z-Image-Turbo (6B, Qwen3-4B, FLUX.1 VAE; about 20 GB); dev: FLUX.2-dev "
+                  "(32B, Mistral-Small-3.1 up to layer 30; with -t only, e.g. -t q4: about "
+                  "28 GB; the tokenizer a Tekken tokenizer.json)")
+      ->check(CLI::IsMember(
+          {"4b", "4b-base", "4b-kv", "9b", "9b-base", "9b-kv", "zimage-turbo", "dev"}))
       ->capture_default_str();
   cmd->add_flag("-q,--quiet", args->quiet, "No progress output");
   cmd->callback([args] {
+    if (!args->type.empty()) {
+      // Straight into a container: the conversion's own code on a store of made-up weights.
+      convert::ConvertOptions c;
+      c.output = args->out;
+      c.target = convert::parse_storage_type(args->type, "-t");
+      c.source.tokenizer = args->tokenizer;
+      c.threads = args->threads;
+      SyntheticStore store(klein_variant_config(args->variant), args->seed,
+                           args->threads > 0 ? args->threads
+                                             : int(std::thread::hardware_concurrency()));
+      c.store = &store;
+      if (!args->quiet) {
+        c.stage = [](const std::string& s) { std::fprintf(stderr, "synth: %s\n", s.c_str()); };
+        c.progress = [](const convert::ConvertProgress& p) {
+          std::fprintf(stderr, "synth: [%3zu/%zu] %-28s wrote %.2f GB  %.0f s\n", p.unit,
+                       p.units, p.name.c_str(), double(p.written_bytes) / 1e9, p.seconds);
+        };
+      }
+      const convert::ConvertSummary sum = convert::convert_model(c);
+      std::printf("wrote %s (%.2f GB, %zu units, %zu tensors)\n", args->out.c_str(),
+                  double(sum.file_bytes) / 1e9, sum.units, sum.tensors);
+      return;
+    }
+    check(args->variant != "dev", "--variant dev: FLUX.2-dev's BF16 files are about 100 GB; "
+          "give -t q4 (or another storage type) to write a container straight away");
     SyntheticModelOptions o;
     o.out_dir = args->out;
     o.tokenizer_dir = args->tokenizer;

@@ -387,9 +387,10 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   };
 
   note("opening the source model");
-  std::unique_ptr<WeightStore> store = open_model(o.source);
+  const std::unique_ptr<WeightStore> opened = o.store ? nullptr : open_model(o.source);
+  WeightStore* const store = o.store ? o.store : opened.get();
   // fp8 weights as stored: read_rows decodes each slice (a unit in float32 would be ~1 GB).
-  if (auto* source = dynamic_cast<SourceStore*>(store.get())) source->set_decode_fp8(false);
+  if (auto* source = dynamic_cast<SourceStore*>(store)) source->set_decode_fp8(false);
   if (o.arrival) {
     o.arrival->attach(store->origin());
     // fp8 scales are read when a unit is acquired: such sources are converted once they
@@ -423,7 +424,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
       units.push_back(u);
       continue;
     }
-    const UnitRef ref = store->acquire(u);  // views only: nothing is read
+    const UnitRef ref = store->describe(u);  // views only: nothing is read
     for (const auto& w : ref->weights()) dropped.push_back({{"tensor", w.name}, {"reason", why}});
   }
   const StoreOrigin origin = store->origin();
@@ -489,7 +490,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   std::map<std::string, std::vector<Planned>> plans;
   const std::map<std::string, DType>& stored_types = origin.stored_types;
   for (const auto& u : units) {
-    UnitRef ref = store->acquire(u);
+    UnitRef ref = store->describe(u);
     std::vector<const Weight*> ws;
     for (const auto& w : ref->weights()) ws.push_back(&w);
     std::sort(ws.begin(), ws.end(),

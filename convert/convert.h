@@ -63,6 +63,9 @@ struct ConvertOptions {
   // for before they are read and given back once stored (convert/arrival.h). The container
   // is the same, byte for byte.
   SourceArrival* arrival = nullptr;
+  // Converts this store instead of opening `source` (klein synth -t: synthetic weights made
+  // in memory); the tokenizer files still come from source.tokenizer.
+  WeightStore* store = nullptr;
 };
 
 struct TypeTotals {

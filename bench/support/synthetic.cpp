@@ -167,11 +167,39 @@ ModelConfig zimage_turbo_config() {
 
 }  // namespace
 
+// FLUX.2-dev (diffusers' scripts/convert_flux2_to_diffusers.py and the published configs):
+// 8 double and 48 single blocks, 48 heads of 128 (width 6144), a guidance embedder, context
+// 15360 = 3 x 5120 from layers 10, 20 and 30 of Mistral-Small-3.1's language model (40
+// layers, hidden 5120, MLP 32768, 32 query and 8 key/value heads of 128, no q/k norms,
+// vocabulary 131072, RoPE theta 1e9, RMSNorm eps 1e-5); klein's VAE.
+static ModelConfig flux2_dev_config() {
+  ModelConfig c;
+  c.family = "flux2-dev";
+  c.transformer.num_double_blocks = 8;
+  c.transformer.num_single_blocks = 48;
+  c.transformer.num_heads = 48;
+  c.transformer.context_dim = 15360;
+  c.transformer.guidance_embeds = true;
+  c.text_encoder.vocab_size = 131072;
+  c.text_encoder.hidden = 5120;
+  c.text_encoder.intermediate = 32768;
+  c.text_encoder.num_layers = 40;
+  c.text_encoder.num_heads = 32;
+  c.text_encoder.num_kv_heads = 8;
+  c.text_encoder.head_dim = 128;
+  c.text_encoder.rms_eps = 1e-5;
+  c.text_encoder.rope_theta = 1e9;
+  c.text_encoder.qk_norm = false;
+  c.text_encoder.output_layers = {10, 20, 30};
+  return c;
+}
+
 ModelConfig klein_variant_config(const std::string& variant) {
   if (variant == "zimage-turbo") return zimage_turbo_config();
+  if (variant == "dev") return flux2_dev_config();
   static const char* const known[] = {"4b", "4b-base", "4b-kv", "9b", "9b-base", "9b-kv"};
   check(std::find(std::begin(known), std::end(known), variant) != std::end(known), "variant ",
-        variant, ": expected 4b, 4b-base, 4b-kv, 9b, 9b-base, 9b-kv or zimage-turbo");
+        variant, ": expected 4b, 4b-base, 4b-kv, 9b, 9b-base, 9b-kv, zimage-turbo or dev");
   ModelConfig c;  // the defaults are klein-4B's: 5 + 20 blocks of width 3072, Qwen3-4B
   if (variant.rfind("9b", 0) == 0) {
     // klein-9B (diffusers' scripts/convert_flux2_to_diffusers.py, "klein-9b"): 8 double and
@@ -272,6 +300,98 @@ void write_synthetic_model(const SyntheticModelOptions& o, const SyntheticProgre
     if (entry.is_regular_file())
       fs::copy_file(entry.path(), dir / "tokenizer" / entry.path().filename(),
                     fs::copy_options::overwrite_existing);
+}
+
+namespace {
+
+class SyntheticUnit final : public WeightUnit {
+ public:
+  SyntheticUnit(const std::string& name, const std::string& prefix) : WeightUnit(name, prefix) {}
+  using WeightUnit::add;
+  std::vector<std::vector<uint16_t>> owned;  // bf16 values
+};
+
+constexpr int64_t kPiece = int64_t(1) << 20;
+
+}  // namespace
+
+SyntheticStore::SyntheticStore(ModelConfig config, uint64_t seed, int threads)
+    : config_(std::move(config)), seed_(seed), pool_(std::make_unique<ThreadPool>(threads)) {
+  const ModelFamily& family = model_family(config_);
+  ShapeMap all = expected_tensors(config_, Component::Transformer);
+  for (const auto& [n, s] : expected_text_encoder(config_.text_encoder)) all[n] = s;
+  for (const auto& [n, s] : expected_vae(config_.vae)) all[n] = s;
+  for (const auto& [name, shape] : all) {
+    const auto u = unit_of(family, name);
+    check(u.has_value(), "internal: synthetic tensor ", name, " belongs to no unit");
+    Planned& p = units_[u->unit];
+    p.prefix = u->prefix;
+    p.tensors.emplace_back(name, shape);
+  }
+}
+
+SyntheticStore::~SyntheticStore() = default;
+
+std::vector<std::string> SyntheticStore::units() const {
+  std::vector<std::string> out;
+  for (const auto& [name, p] : units_) out.push_back(name);
+  return out;
+}
+
+std::string SyntheticStore::identity() const {
+  return "synthetic " + config_.family + " seed " + std::to_string(seed_);
+}
+
+uint64_t SyntheticStore::unit_bytes(const std::string& unit) const {
+  auto it = units_.find(unit);
+  if (it == units_.end()) return 0;
+  uint64_t n = 0;
+  for (const auto& [name, shape] : it->second.tensors) n += uint64_t(numel(shape)) * 2;
+  return n;
+}
+
+UnitRef SyntheticStore::acquire(const std::string& unit) { return make(unit, true); }
+
+UnitRef SyntheticStore::describe(const std::string& unit) { return make(unit, false); }
+
+UnitRef SyntheticStore::make(const std::string& unit, bool values_wanted) {
+  auto it = units_.find(unit);
+  check(it != units_.end(), "the synthetic model has no weight unit ", unit);
+  auto u = std::make_shared<SyntheticUnit>(unit, it->second.prefix);
+  for (const auto& [name, shape] : it->second.tensors) {
+    const int64_t n = numel(shape);
+    if (!values_wanted) {
+      Weight w;
+      w.name = name;
+      w.dtype = DType::BF16;
+      w.shape = shape;
+      w.nbytes = size_t(n) * 2;
+      u->add(std::move(w));
+      continue;
+    }
+    std::vector<uint16_t> values(static_cast<size_t>(n));
+    const Rule r = rule_for(name, shape);
+    const int64_t pieces = (n + kPiece - 1) / kPiece;
+    pool_->parallel_for(pieces, [&](int64_t b, int64_t e, int) {
+      for (int64_t k = b; k < e; ++k) {
+        UnitUniform rng(seed_, name + "#" + std::to_string(k));
+        for (int64_t i = k * kPiece, end = std::min(n, (k + 1) * kPiece); i < end; ++i) {
+          float v = r.offset + r.scale * rng.next();
+          if (r.exponential) v = std::exp(v);
+          values[size_t(i)] = f32_to_bf16(v);
+        }
+      }
+    });
+    u->owned.push_back(std::move(values));
+    Weight w;
+    w.name = name;
+    w.dtype = DType::BF16;
+    w.shape = shape;
+    w.data = u->owned.back().data();
+    w.nbytes = size_t(n) * 2;
+    u->add(std::move(w));
+  }
+  return u;
 }
 
 }  // namespace klein

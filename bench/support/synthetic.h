@@ -15,9 +15,15 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "core/threadpool.h"
 #include "weights/config.h"
+#include "weights/weight_store.h"
 
 namespace klein {
 
@@ -30,8 +36,8 @@ struct SyntheticModelOptions {
 };
 
 // The configuration of a published variant, for synthetic models: klein's "4b", "4b-base",
-// "4b-kv", "9b", "9b-base", "9b-kv", and "zimage-turbo" (docs/MODELS.md gives the sources of
-// every number).
+// "4b-kv", "9b", "9b-base", "9b-kv", "zimage-turbo" and FLUX.2-dev's "dev" (docs/MODELS.md
+// gives the sources of every number).
 // Throws klein::Error for other names.
 ModelConfig klein_variant_config(const std::string& variant);
 
@@ -39,5 +45,36 @@ ModelConfig klein_variant_config(const std::string& variant);
 using SyntheticProgress = std::function<void(const std::string& file, uint64_t done, uint64_t total)>;
 
 void write_synthetic_model(const SyntheticModelOptions& options, const SyntheticProgress& progress = {});
+
+// The same random weights made in memory a unit at a time, never written as BF16 files:
+// `klein synth -t TYPE` converts this store straight into a container, for models whose
+// BF16 files would not fit on the disk (FLUX.2-dev: about 100 GB). It holds the tensors
+// inference reads (the text encoder up to its last output layer), under their canonical
+// names. Values follow the rules above; each tensor is drawn in pieces of 2^20 values, each
+// from its own generator seeded by (seed, name, piece), on `threads` threads, so they do
+// not depend on the thread count (they differ from the files' values).
+class SyntheticStore final : public WeightStore {
+ public:
+  SyntheticStore(ModelConfig config, uint64_t seed, int threads);
+  ~SyntheticStore() override;
+  UnitRef acquire(const std::string& unit) override;
+  UnitRef describe(const std::string& unit) override;  // shapes only, no values made
+  bool has_unit(const std::string& unit) const override { return units_.count(unit) > 0; }
+  std::vector<std::string> units() const override;
+  const ModelConfig& config() const override { return config_; }
+  std::string identity() const override;
+  uint64_t unit_bytes(const std::string& unit) const override;
+
+ private:
+  struct Planned {
+    std::string prefix;
+    std::vector<std::pair<std::string, Shape>> tensors;  // canonical name, shape
+  };
+  ModelConfig config_;
+  uint64_t seed_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::map<std::string, Planned> units_;
+  UnitRef make(const std::string& unit, bool values);
+};
 
 }  // namespace klein

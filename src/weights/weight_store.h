@@ -105,6 +105,9 @@ class WeightStore {
   // Makes the unit resident (reading/checking it if needed) and returns it; the views stay
   // valid while the reference is held.
   virtual UnitRef acquire(const std::string& unit) = 0;
+  // The unit's tensors' names, types and shapes, for planning (convert); their data may be
+  // missing (null) where making it would cost (a synthetic store). Default: acquire().
+  virtual UnitRef describe(const std::string& unit) { return acquire(unit); }
   // Starts bringing a unit in on a background thread, if the store pages and reads ahead;
   // otherwise no-op.
   virtual void prefetch(const std::string& unit) {}

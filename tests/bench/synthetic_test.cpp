@@ -1,6 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "bench/support/synthetic.h"
+#include "convert/convert.h"
 #include "support/testing.h"
 #include "weights/expected.h"
 #include "weights/family.h"
@@ -131,6 +135,68 @@ TEST(SyntheticModel, ZImageTurbo) {
   EXPECT_TRUE(store->has_unit("transformer.context_refiner.0"));
   EXPECT_FALSE(store->has_unit("vae.latent_stats"));
   EXPECT_FLOAT_EQ(float(store->config().vae.scaling_factor), 0.3611f);
+}
+
+// FLUX.2-dev: a 32 B transformer (8 double + 48 single blocks of width 6144, a guidance
+// embedder) over Mistral-Small-3.1's language model read at layers 10, 20 and 30.
+TEST(SyntheticModel, Flux2DevConfiguration) {
+  const ModelConfig dev = klein_variant_config("dev");
+  EXPECT_EQ(dev.family, "flux2-dev");
+  double n = 0;
+  for (const auto& [_, shape] : expected_tensors(dev, Component::Transformer))
+    n += double(numel(shape));
+  EXPECT_NEAR(n / 1e9, 32.2, 0.3);
+  EXPECT_TRUE(dev.transformer.guidance_embeds);
+  EXPECT_EQ(dev.transformer.context_dim, dev.text_encoder.context_dim());
+  EXPECT_EQ(dev.text_encoder.output_layers, (std::vector<int64_t>{10, 20, 30}));
+  EXPECT_FALSE(dev.text_encoder.qk_norm);
+  EXPECT_EQ(variant_name(dev), "dev");
+}
+
+// SyntheticStore: the same values on any number of threads, and `convert_model` writes it into
+// a container that opens like a converted checkpoint, its tensors the store's bytes (bf16).
+TEST(SyntheticModel, StoreConvertsStraightIntoAContainer) {
+  ModelConfig c = klein_variant_config("dev");
+  c.transformer = small_model("unused").config.transformer;
+  c.transformer.guidance_embeds = true;
+  c.text_encoder = small_model("unused").config.text_encoder;
+  c.text_encoder.qk_norm = false;
+  c.text_encoder.num_layers = 40;
+  c.text_encoder.output_layers = {10, 20, 30};
+  c.vae.block_out_channels = {32, 32, 64, 64};
+  SyntheticStore one(c, 7, 1), three(c, 7, 3);
+  const UnitRef a = one.acquire("transformer.double.0"), b = three.acquire("transformer.double.0");
+  ASSERT_EQ(a->weights().size(), b->weights().size());
+  for (size_t i = 0; i < a->weights().size(); ++i) {
+    const Weight& x = a->weights()[i];
+    ASSERT_EQ(x.nbytes, b->weights()[i].nbytes) << x.name;
+    EXPECT_EQ(std::memcmp(x.data, b->weights()[i].data, x.nbytes), 0) << x.name;
+  }
+  EXPECT_FALSE(one.has_unit("text_encoder.layer.30"));  // nothing past the last output layer
+  EXPECT_TRUE(one.has_unit("text_encoder.layer.29"));
+
+  convert::ConvertOptions o;
+  o.output = testing::temp_dir("synth-store") / "dev.klein";
+  o.target = DType::BF16;
+  o.source.tokenizer =
+      fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "flux2-dev-tiny" / "model" / "tokenizer";
+  o.store = &three;
+  o.threads = 2;
+  convert::convert_model(o);
+  auto container = open_model(o.output);
+  EXPECT_EQ(container->config().family, "flux2-dev");
+  std::vector<std::string> stored_units = container->units(), made = three.units();
+  std::sort(stored_units.begin(), stored_units.end());
+  std::sort(made.begin(), made.end());
+  EXPECT_EQ(stored_units, made);
+  const UnitRef stored = container->acquire("transformer.double.0");
+  for (const Weight& x : b->weights()) {
+    const Weight* y = stored->find(x.name.substr(b->prefix().size()));
+    ASSERT_NE(y, nullptr) << x.name;
+    EXPECT_EQ(y->dtype, DType::BF16) << x.name;
+    ASSERT_EQ(y->nbytes, x.nbytes) << x.name;
+    EXPECT_EQ(std::memcmp(x.data, y->data, x.nbytes), 0) << x.name;
+  }
 }
 
 }  // namespace
