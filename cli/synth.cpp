@@ -60,7 +60,9 @@ Registration reg("synth", 90, [](CLI::App& app) {
       c.target = convert::parse_storage_type(args->type, "-t");
       c.source.tokenizer = args->tokenizer;
       c.threads = args->threads;
-      SyntheticStore store(klein_variant_config(args->variant), args->seed,
+      ModelConfig config = klein_variant_config(args->variant);
+      config.name = "synthetic-" + args->variant;
+      SyntheticStore store(std::move(config), args->seed,
                            args->threads > 0 ? args->threads
                                              : int(std::thread::hardware_concurrency()));
       c.store = &store;

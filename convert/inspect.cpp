@@ -160,7 +160,9 @@ std::string describe_container_text(const json& d) {
          (variant.empty() ? "" : ", variant " + variant));
     for (const std::string& l : family.describe_pipeline(config)) line("  " + l);
     line("  transformer: " + family.describe_transformer(config));
-    line("  text encoder: Qwen3, hidden " + std::to_string(e["hidden_size"].get<int64_t>()) + ", " +
+    line(std::string("  text encoder: ") +
+         (config.text_encoder.qk_norm ? "Qwen3" : "Mistral (language model)") + ", hidden " +
+         std::to_string(e["hidden_size"].get<int64_t>()) + ", " +
          std::to_string(e["num_hidden_layers"].get<int64_t>()) + " layers in the checkpoint");
   }
   line("storage types:");
