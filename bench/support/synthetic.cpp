@@ -371,10 +371,11 @@ UnitRef SyntheticStore::make(const std::string& unit, bool values_wanted) {
     }
     std::vector<uint16_t> values(static_cast<size_t>(n));
     const Rule r = rule_for(name, shape);
+    const std::string& tensor = name;  // (a structured binding cannot be captured in C++20)
     const int64_t pieces = (n + kPiece - 1) / kPiece;
     pool_->parallel_for(pieces, [&](int64_t b, int64_t e, int) {
       for (int64_t k = b; k < e; ++k) {
-        UnitUniform rng(seed_, name + "#" + std::to_string(k));
+        UnitUniform rng(seed_, tensor + "#" + std::to_string(k));
         for (int64_t i = k * kPiece, end = std::min(n, (k + 1) * kPiece); i < end; ++i) {
           float v = r.offset + r.scale * rng.next();
           if (r.exponential) v = std::exp(v);
