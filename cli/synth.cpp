@@ -37,8 +37,8 @@ Registration reg("synth", 90, [](CLI::App& app) {
                   "the BF16 files (FLUX.2-dev's would be about 100 GB)");
   cmd->add_option("--threads", args->threads, "threads making and packing the weights (-t)");
   cmd->add_option("--tokenizer", args->tokenizer,
-                  "Directory with the Qwen3 tokenizer files to copy (vocab.json, merges.txt, "
-                  "tokenizer_config.json; or tokenizer.json)")
+                  "Directory with the tokenizer files to copy (or, with -t, to store): "
+                  "vocab.json, merges.txt, tokenizer_config.json, or tokenizer.json")
       ->required();
   cmd->add_option("--seed", args->seed, "Seed of the random weights");
   cmd->add_option("--variant", args->variant,
@@ -47,7 +47,7 @@ Registration reg("synth", 90, [](CLI::App& app) {
                   "9b-kv: FLUX.2-klein-9B (Qwen3-8B; about 36 GB) likewise; zimage-turbo: "
                   "Z-Image-Turbo (6B, Qwen3-4B, FLUX.1 VAE; about 20 GB); dev: FLUX.2-dev "
                   "(32B, Mistral-Small-3.1 up to layer 30; with -t only, e.g. -t q4: about "
-                  "28 GB; the tokenizer a Tekken tokenizer.json)")
+                  "30 GB; the tokenizer a Tekken tokenizer.json)")
       ->check(CLI::IsMember(
           {"4b", "4b-base", "4b-kv", "9b", "9b-base", "9b-kv", "zimage-turbo", "dev"}))
       ->capture_default_str();
