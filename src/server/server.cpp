@@ -121,8 +121,9 @@ struct Server::Impl {
   std::mutex mutex;
   std::condition_variable turn;
   bool running = false;
-  int waiting = 0;  // places taken in the queue (Slot), synchronous requests and jobs
-  std::deque<uint64_t> line;  // the waiting places' numbers, first come first
+  // The places taken in the queue (Slot) by synchronous requests and jobs that wait, by
+  // number, first come first.
+  std::deque<uint64_t> line;
   uint64_t next_place = 0;
   bool stopping = false;
   std::atomic<bool> serving{false};  // inside run()'s listen (set under `mutex`)
@@ -204,13 +205,13 @@ struct Server::Impl {
     explicit Slot(Impl& s) : s_(s) {
       const std::lock_guard lock(s_.mutex);
       if (s_.stopping) throw shutting_down();
-      if (s_.waiting + (s_.running ? 1 : 0) > s_.options.max_queue)
+      const int waiting = int(s_.line.size());
+      if (waiting + (s_.running ? 1 : 0) > s_.options.max_queue)
         throw HttpError{429,
-                        "busy: " + std::to_string(s_.waiting) +
+                        "busy: " + std::to_string(waiting) +
                             " requests are already waiting (--max-queue " +
                             std::to_string(s_.options.max_queue) + ")",
                         "queue_full"};
-      ++s_.waiting;
       place_ = s_.next_place++;
       s_.line.push_back(place_);
       queued_ = true;
@@ -243,7 +244,6 @@ struct Server::Impl {
 
    private:
     void leave_line() {  // s_.mutex held
-      --s_.waiting;
       queued_ = false;
       s_.line.erase(std::find(s_.line.begin(), s_.line.end(), place_));
     }
@@ -809,7 +809,7 @@ struct Server::Impl {
     {
       const std::lock_guard lock(mutex);
       busy = running;
-      queue = waiting;
+      queue = int(line.size());
     }
     if (!m) res.status = 503;  // not ready: a load balancer sends nothing here yet
     json reply = {{"status", m ? "ok" : "loading"},
@@ -835,7 +835,7 @@ struct Server::Impl {
     g.jobs = kept_jobs();
     {
       const std::lock_guard lock(mutex);
-      g.queue = waiting;
+      g.queue = int(line.size());
       g.running = running;
     }
     g.ready = model.load() != nullptr;
