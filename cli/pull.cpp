@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -279,8 +278,7 @@ void run_pull(const PullArgs& a) {
   std::vector<size_t> small, weights;
   for (size_t i = 0; i < files.size(); ++i)
     (files[i].path.ends_with(".safetensors") ? weights : small).push_back(i);
-  convert::SourceArrival arrival(/*free_consumed=*/true);
-  std::map<fs::path, size_t> by_path;
+  convert::SourceArrival arrival(/*free_consumed=*/true);  // numbers the files as `weights`
   auto start_over = [&](const std::string& what) {
     fs::remove_all(base, ec);
     fail(what, "\nthe download was removed (it is freed as it is converted): run the same "
@@ -317,7 +315,6 @@ void run_pull(const PullArgs& a) {
       ::close(fd);
       check(ok, "cannot write ", path.string(), ": ", std::strerror(errno));
       arrival.expect(path, f.size);
-      by_path[fs::weakly_canonical(path)] = i;
     }
   } catch (const Error& e) {
     start_over(e.what());
@@ -328,11 +325,10 @@ void run_pull(const PullArgs& a) {
 
   std::thread downloader([&] {
     try {
-      const std::vector<fs::path> order = arrival.wait_for_order();
+      const std::vector<size_t> order = arrival.wait_for_order();
       for (size_t k = 0; k < order.size(); ++k) {
         arrival.wait_turn(k);
-        const size_t i = by_path.at(order[k]);
-        const hub::RemoteFile& f = files[i];
+        const hub::RemoteFile& f = files[weights[order[k]]];
         progress.next_file();
         xxh3::Hasher hasher;
         hub::download_in_place(

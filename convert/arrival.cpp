@@ -37,7 +37,7 @@ SourceArrival::~SourceArrival() {
     if (f.fd >= 0) ::close(f.fd);
 }
 
-void SourceArrival::expect(const fs::path& file, uint64_t size) {
+size_t SourceArrival::expect(const fs::path& file, uint64_t size) {
   const std::lock_guard lock(mutex_);
   File f;
   f.path = same_path(file);
@@ -45,6 +45,7 @@ void SourceArrival::expect(const fs::path& file, uint64_t size) {
   f.fd = ::open(file.c_str(), O_RDWR);
   check(f.fd >= 0, "cannot open ", file.string(), ": ", std::strerror(errno));
   files_.push_back(std::move(f));
+  return files_.size() - 1;
 }
 
 void SourceArrival::throw_if_failed() const {
@@ -60,13 +61,11 @@ void SourceArrival::fail(const std::string& message) {
   changed_.notify_all();
 }
 
-std::vector<fs::path> SourceArrival::wait_for_order() {
+std::vector<size_t> SourceArrival::wait_for_order() {
   std::unique_lock lock(mutex_);
   changed_.wait(lock, [&] { return planned_ || failed_flag_; });
   throw_if_failed();
-  std::vector<fs::path> out;
-  for (size_t i : order_) out.push_back(files_[i].path);
-  return out;
+  return order_;
 }
 
 void SourceArrival::wait_turn(size_t k) {
@@ -86,12 +85,11 @@ void SourceArrival::wait_turn(size_t k) {
   throw_if_failed();
 }
 
-void SourceArrival::arrived(const fs::path& file, uint64_t bytes) {
+void SourceArrival::arrived(size_t file, uint64_t bytes) {
   {
     const std::lock_guard lock(mutex_);
-    const fs::path p = same_path(file);
-    for (File& f : files_)
-      if (f.path == p) f.arrived = std::max(f.arrived, bytes);
+    File& f = files_.at(file);
+    f.arrived = std::max(f.arrived, bytes);
     if (bytes >= last_sample_at_ + kSampleEvery || bytes < last_sample_at_) {
       last_sample_at_ = bytes;
       sample();
@@ -100,25 +98,22 @@ void SourceArrival::arrived(const fs::path& file, uint64_t bytes) {
   changed_.notify_all();
 }
 
-void SourceArrival::complete(const fs::path& file, const std::string& xxh3) {
+void SourceArrival::complete(size_t file, const std::string& xxh3) {
   {
     const std::lock_guard lock(mutex_);
-    const fs::path p = same_path(file);
-    for (File& f : files_) {
-      if (f.path != p) continue;
-      f.arrived = f.size;
-      f.complete = true;
-      f.xxh3 = xxh3;
-      sample();
-      // What the conversion never reads (tensors of dropped layers, whole unused files)
-      // goes as soon as the file has been hashed.
-      uint64_t at = 0;
-      for (const auto& [b, e] : f.needed_ranges) {
-        if (b > at) punch(f, at, b);
-        at = std::max(at, e);
-      }
-      if (f.size > at) punch(f, at, f.size);
+    File& f = files_.at(file);
+    f.arrived = f.size;
+    f.complete = true;
+    f.xxh3 = xxh3;
+    sample();
+    // What the conversion never reads (tensors of dropped layers, whole unused files) goes
+    // as soon as the file has been hashed.
+    uint64_t at = 0;
+    for (const auto& [b, e] : f.needed_ranges) {
+      if (b > at) punch(f, at, b);
+      at = std::max(at, e);
     }
+    if (f.size > at) punch(f, at, f.size);
     last_sample_at_ = 0;
   }
   changed_.notify_all();

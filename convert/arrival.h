@@ -8,14 +8,14 @@
 // yet converted, not the whole download.
 //
 //   downloader thread                         convert_model (ConvertOptions::arrival)
-//   expect(file, size) for every file
+//   expect(file, size) for every file: its number
 //                                             attach(store.origin())
 //                                             need(bytes) per tensor, in the order of the
 //                                             container; planned()
 //   order = wait_for_order()
 //   per file k: wait_turn(k), then
-//     arrived(file, n) as bytes come          wait(bytes) ... consumed(bytes)
-//     complete(file, xxh3)                    source_xxh3(file) for the record
+//     arrived(k, n) as bytes come             wait(bytes) ... consumed(bytes)
+//     complete(k, xxh3)                       source_xxh3(file) for the record
 //   fail(message) on an error: every wait throws it; cancelled() tells the download to stop.
 #include <atomic>
 #include <condition_variable>
@@ -40,18 +40,19 @@ class SourceArrival {
   SourceArrival& operator=(const SourceArrival&) = delete;
 
   // --- the downloader's side
-  // A file that will arrive; it exists already with `size` bytes.
-  void expect(const std::filesystem::path& file, uint64_t size);
-  // The expected files in the order the conversion first reads them (the files it never
-  // reads at the end), once the conversion has planned; throws after fail().
-  std::vector<std::filesystem::path> wait_for_order();
+  // A file that will arrive; it exists already with `size` bytes. Returns its number (0, 1,
+  // ... in the order of the calls), by which the downloader names it below.
+  size_t expect(const std::filesystem::path& file, uint64_t size);
+  // The expected files' numbers in the order the conversion first reads them (the files it
+  // never reads at the end), once the conversion has planned; throws after fail().
+  std::vector<size_t> wait_for_order();
   // Waits until the files before order[k] are used up, or the conversion waits for bytes of
   // order[k] or a later file: at most one file is downloaded ahead of the conversion.
   void wait_turn(size_t k);
-  // The file's first `bytes` are on disk.
-  void arrived(const std::filesystem::path& file, uint64_t bytes);
+  // File `file`'s first `bytes` are on disk.
+  void arrived(size_t file, uint64_t bytes);
   // All of it is on disk and checked; `xxh3` is the hex XXH3-64 of the whole file.
-  void complete(const std::filesystem::path& file, const std::string& xxh3);
+  void complete(size_t file, const std::string& xxh3);
   // Stops everything: waits on either side throw an error with this message.
   void fail(const std::string& message);
   const std::atomic<bool>* cancelled() const { return &failed_flag_; }

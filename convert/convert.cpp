@@ -391,13 +391,14 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   WeightStore* const store = o.store ? o.store : opened.get();
   // fp8 weights as stored: read_rows decodes each slice (a unit in float32 would be ~1 GB).
   if (auto* source = dynamic_cast<SourceStore*>(store)) source->set_decode_fp8(false);
+  const StoreOrigin origin = store->origin();
   if (o.arrival) {
-    o.arrival->attach(store->origin());
+    o.arrival->attach(origin);
     // fp8 scales are read when a unit is acquired: such sources are converted once they
     // have arrived whole.
-    if (!store->origin().stored_types.empty()) {
+    if (!origin.stored_types.empty()) {
       o.arrival->planned();
-      for (const auto& [base, size] : store->origin().mappings) o.arrival->wait(base, size, o.cancel);
+      for (const auto& [base, size] : origin.mappings) o.arrival->wait(base, size, o.cancel);
       check_cancel(o);
     }
   }
@@ -427,7 +428,6 @@ ConvertSummary convert_model(const ConvertOptions& o) {
     const UnitRef ref = store->describe(u);  // views only: nothing is read
     for (const auto& w : ref->weights()) dropped.push_back({{"tensor", w.name}, {"reason", why}});
   }
-  const StoreOrigin origin = store->origin();
   for (const auto& t : origin.unused_tensors)
     dropped.push_back({{"tensor", t}, {"reason", tensor_drop_reason(t)}});
   if (const nlohmann::json* meta = origin.container_metadata)
