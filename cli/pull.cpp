@@ -27,6 +27,7 @@
 #include "convert/policy.h"
 #include "core/error.h"
 #include "formats/container/format.h"
+#include "formats/safetensors.h"
 #include "formats/xxh3.h"
 #include "hub/hub.h"
 
@@ -298,12 +299,9 @@ void run_pull(const PullArgs& a) {
     for (size_t i : weights) {
       const hub::RemoteFile& f = files[i];
       const std::string length = hub::read_prefix(endpoint, repo, f, 8);
-      check(length.size() == 8, f.path, ": ", f.size, " bytes, too short for a safetensors file");
-      uint64_t n = 0;
-      for (int b = 7; b >= 0; --b) n = n << 8 | uint8_t(length[size_t(b)]);
-      check(n <= f.size - 8 && n <= (uint64_t(100) << 20), f.path,
-            ": not a safetensors file (its first 8 bytes give a header of ", n,
-            " bytes in a file of ", f.size, ")");
+      // (read_prefix gives 8 bytes whenever the file has them)
+      const uint64_t n = safetensors_header_length(
+          reinterpret_cast<const std::byte*>(length.data()), f.size, f.path);
       const std::string head = hub::read_prefix(endpoint, repo, f, 8 + n);
       const fs::path path = dir / f.path;
       fs::create_directories(path.parent_path(), ec);

@@ -38,13 +38,21 @@ uint64_t read_u64_le(const std::byte* p) {
 
 }  // namespace
 
+uint64_t safetensors_header_length(const std::byte* first8, uint64_t file_size,
+                                   const std::string& where) {
+  check(file_size >= 8, where, ": file of ", file_size,
+        " bytes is too small to be a safetensors file");
+  const uint64_t header_len = read_u64_le(first8);
+  check(header_len <= kMaxHeaderBytes && header_len <= file_size - 8, where, ": header length ",
+        header_len, " does not fit in a file of ", file_size,
+        " bytes (truncated or not safetensors)");
+  return header_len;
+}
+
 SafetensorsFile::SafetensorsFile(const fs::path& path) : file_(path) {
   const std::string where = path.string();
   const uint64_t size = file_.size();
-  check(size >= 8, where, ": file of ", size, " bytes is too small to be a safetensors file");
-  const uint64_t header_len = read_u64_le(file_.data());
-  check(header_len <= kMaxHeaderBytes && header_len <= size - 8, where, ": header length ",
-        header_len, " does not fit in a file of ", size, " bytes (truncated or not safetensors)");
+  const uint64_t header_len = safetensors_header_length(file_.data(), size, where);
   const char* header_begin = reinterpret_cast<const char*>(file_.data() + 8);
   // Names must be unique; a JSON object keeps only one value per key, so catch repeats
   // while parsing.

@@ -22,6 +22,12 @@ struct SafetensorsEntry {
   uint64_t end = 0;
 };
 
+// The header length N of a safetensors file of `file_size` bytes whose first 8 bytes are
+// `first8` (given only when at least 8 exist), checked against the file size and a 100 MiB
+// limit; errors name `where`. The header is bytes [8, 8 + N).
+uint64_t safetensors_header_length(const std::byte* first8, uint64_t file_size,
+                                   const std::string& where);
+
 // One .safetensors file, validated completely when opened: header length against the file
 // size, well-formed JSON, known dtypes, shape x dtype size equal to the offset span, spans
 // inside the data area and not overlapping, unique names.
