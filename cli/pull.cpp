@@ -230,6 +230,17 @@ void run_pull(const PullArgs& a) {
   c.keep_llm = a.keep_llm;
   c.quiet = a.quiet || a.json;
   PullProgress progress(a, total);
+  // Files fetched whole, the shown-th of the pull's files, counted in done_before.
+  uint64_t done_before = 0;
+  size_t shown = 0;
+  auto fetch_whole = [&](const hub::RemoteFile& f) {
+    progress.next_file();
+    hub::download(endpoint, repo, f, dir / f.path, [&](const hub::Transfer& t) {
+      progress.file(t, shown, files.size(), done_before);
+    });
+    done_before += f.size;
+    ++shown;
+  };
 
   if (keep) {
     // Room for what is still to come; the container needs room too, which the converter
@@ -239,14 +250,7 @@ void run_pull(const PullArgs& a) {
             size_text(double(total - have)), " still to download, ",
             size_text(double(space.available)), " free");
     try {
-      uint64_t done_before = 0;
-      for (size_t i = 0; i < files.size(); ++i) {
-        progress.next_file();
-        hub::download(endpoint, repo, files[i], dir / files[i].path, [&](const hub::Transfer& t) {
-          progress.file(t, i, files.size(), done_before);
-        });
-        done_before += files[i].size;
-      }
+      for (const auto& f : files) fetch_whole(f);
     } catch (const Error& e) {
       fail(e.what(), "\nthe files downloaded so far stay in ", base.string(),
            ": the same command resumes");
@@ -285,17 +289,8 @@ void run_pull(const PullArgs& a) {
     fail(what, "\nthe download was removed (it is freed as it is converted): run the same "
          "command to start again, or add --keep-source DIR for a download that resumes");
   };
-  uint64_t done_before = 0;
-  size_t shown = 0;
   try {
-    for (size_t i : small) {
-      progress.next_file();
-      hub::download(endpoint, repo, files[i], dir / files[i].path, [&](const hub::Transfer& t) {
-        progress.file(t, shown, files.size(), done_before);
-      });
-      done_before += files[i].size;
-      ++shown;
-    }
+    for (size_t i : small) fetch_whole(files[i]);
     for (size_t i : weights) {
       const hub::RemoteFile& f = files[i];
       const std::string length = hub::read_prefix(endpoint, repo, f, 8);
