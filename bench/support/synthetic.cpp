@@ -91,6 +91,15 @@ Rule rule_for(const std::string& name, const Shape& shape) {
   return {0.f, gain / std::sqrt(fan_in)};
 }
 
+// n values of the rule from the generator, as bf16.
+void fill_bf16(const Rule& r, UnitUniform& rng, uint16_t* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = r.offset + r.scale * rng.next();
+    if (r.exponential) v = std::exp(v);
+    out[i] = f32_to_bf16(v);
+  }
+}
+
 // Streams one tensor's random values as bf16 (or i64 zeros for the batch counter).
 void write_tensor(SafetensorsWriter& w, const SafetensorsDecl& d, uint64_t seed) {
   if (d.dtype == DType::I64) {
@@ -105,11 +114,7 @@ void write_tensor(SafetensorsWriter& w, const SafetensorsDecl& d, uint64_t seed)
   for (int64_t done = 0, n = numel(d.shape); done < n; done += kChunk) {
     const int64_t m = std::min(kChunk, n - done);
     buf.resize(size_t(m));
-    for (int64_t i = 0; i < m; ++i) {
-      float v = r.offset + r.scale * rng.next();
-      if (r.exponential) v = std::exp(v);
-      buf[size_t(i)] = f32_to_bf16(v);
-    }
+    fill_bf16(r, rng, buf.data(), m);
     w.write(buf.data(), buf.size() * 2);
   }
 }
@@ -376,11 +381,7 @@ UnitRef SyntheticStore::make(const std::string& unit, bool values_wanted) {
     pool_->parallel_for(pieces, [&](int64_t b, int64_t e, int) {
       for (int64_t k = b; k < e; ++k) {
         UnitUniform rng(seed_, tensor + "#" + std::to_string(k));
-        for (int64_t i = k * kPiece, end = std::min(n, (k + 1) * kPiece); i < end; ++i) {
-          float v = r.offset + r.scale * rng.next();
-          if (r.exponential) v = std::exp(v);
-          values[size_t(i)] = f32_to_bf16(v);
-        }
+        fill_bf16(r, rng, values.data() + k * kPiece, std::min(n, (k + 1) * kPiece) - k * kPiece);
       }
     });
     u->owned.push_back(std::move(values));
