@@ -11,7 +11,6 @@
 #include "bench/support/synthetic.h"
 #include "convert/convert.h"
 #include "convert/policy.h"
-#include "core/error.h"
 
 namespace klein::cli {
 namespace {
@@ -78,8 +77,6 @@ Registration reg("synth", 90, [](CLI::App& app) {
                   double(sum.file_bytes) / 1e9, sum.units, sum.tensors);
       return;
     }
-    check(args->variant != "dev", "--variant dev: FLUX.2-dev's BF16 files are about 100 GB; "
-          "give -t q4 (or another storage type) to write a container straight away");
     SyntheticModelOptions o;
     o.out_dir = args->out;
     o.tokenizer_dir = args->tokenizer;

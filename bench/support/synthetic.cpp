@@ -229,6 +229,11 @@ ModelConfig klein_variant_config(const std::string& variant) {
 void write_synthetic_model(const SyntheticModelOptions& o, const SyntheticProgress& progress) {
   const fs::path& dir = o.out_dir;
   check(!fs::exists(dir) || fs::is_empty(dir), dir.string(), " exists and is not empty");
+  // The files are written in Qwen3's text-encoder layout (Qwen3ForCausalLM); Mistral3's
+  // (FLUX.2-dev) is not written, and its BF16 files would be about 100 GB anyway.
+  check(o.config.text_encoder.qk_norm, "a synthetic model with a Mistral text encoder "
+        "(FLUX.2-dev) is made straight into a container: give -t q4 (or another storage "
+        "type); its BF16 files would be about 100 GB");
   // The slow layout needs all three files (tokenizer_config.json has the special tokens);
   // tokenizer.json holds everything.
   if (!fs::exists(o.tokenizer_dir / "tokenizer.json"))

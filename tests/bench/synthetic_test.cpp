@@ -151,6 +151,12 @@ TEST(SyntheticModel, Flux2DevConfiguration) {
   EXPECT_EQ(dev.text_encoder.output_layers, (std::vector<int64_t>{10, 20, 30}));
   EXPECT_FALSE(dev.text_encoder.qk_norm);
   EXPECT_EQ(variant_name(dev), "dev");
+  // Its files are not written (Qwen3's layout only, and about 100 GB): refused before any.
+  SyntheticModelOptions o = small_model("synth-dev-files");
+  o.config = dev;
+  EXPECT_NE(testing::error_of([&] { write_synthetic_model(o); }).find("give -t q4"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(o.out_dir));
 }
 
 // SyntheticStore: the same values on any number of threads, and `convert_model` writes it into
