@@ -7,9 +7,13 @@
 #include "core/error.h"
 #include "ops/gemm.h"
 #include "quant/types.h"
+#include "quant/kernels.h"
 #include "quant/matmul.h"
 
 namespace klein::ops {
+
+static_assert(kSamePathRows == quant::detail::kAmxMinRows,
+              "the row count from which the kernels' path is fixed");
 
 namespace {
 

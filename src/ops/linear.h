@@ -21,6 +21,13 @@ void linear(const float* x, int64_t M, int64_t ldx, const quant::Matrix& w, floa
             int64_t ldy, Compute& cx);
 void linear(const float* x, int64_t M, const quant::Matrix& w, float* y, Compute& cx);
 
+// The fewest rows from which a product's kernel path does not depend on the row count (AMX
+// tiles take 32 rows or more; no other path looks at the count): a product over at least this
+// many rows gives each row the same bits as any other product of at least this many rows
+// that holds it, on any CPU. A batch stacks the rows of several images where each image's
+// rows reach this, and keeps products at least this long.
+inline constexpr int64_t kSamePathRows = 32;
+
 // The weight as the matmul kernels see it (quant::Matrix: type, layout, rows x cols, bytes).
 quant::Matrix as_matrix(const Weight& w);
 

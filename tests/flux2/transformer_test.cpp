@@ -247,11 +247,17 @@ TEST_F(TransformerTest, ActivationPlanMatchesWhatIsAllocated) {
   const TokenLayout layout = i2i_ref0().layout;
   EXPECT_EQ(Activations::plan_bytes(tiny, layout), Activations(tiny, layout).bytes());
   EXPECT_EQ(Activations::plan_bytes(tiny, layout, 7), Activations(tiny, layout, 7).bytes());
-  // klein-4B at 1024x1024, text to image: S = 512 + 4096 rows.
+  EXPECT_EQ(Activations::plan_bytes(tiny, layout, 512, 0, 3),
+            Activations(tiny, layout, 512, 0, 3).bytes());
+  // klein-4B at 1024x1024, text to image: S = 512 + 4096 rows; the MLP buffers hold the
+  // longest chunk (512 rows and a rest of up to 31 rows joined to it).
   const TransformerConfig klein4b;  // the defaults are the klein-4B configuration
   const size_t bytes = Activations::plan_bytes(klein4b, {512, {64, 64}, {}});
-  const size_t S = 4608, D = 3072, F = 9216, chunk = 512;
+  const size_t S = 4608, D = 3072, F = 9216, chunk = 512 + 31;
   EXPECT_EQ(bytes, (6 * S * D + chunk * (2 * F + D + F + D) + 128) * sizeof(float));
+  // A batch of 4: four images' rows, and one image's Q, K, V and output for attention.
+  EXPECT_EQ(Activations::plan_bytes(klein4b, {512, {64, 64}, {}}, 512, 0, 4),
+            (6 * 4 * S * D + 4 * S * D + chunk * (2 * F + D + F + D) + 128) * sizeof(float));
   std::printf("  klein-4B 1024x1024 activations: %.1f MiB\n", double(bytes) / (1 << 20));
 }
 

@@ -19,6 +19,7 @@
 // one forward per step.
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -78,5 +79,14 @@ bool uses_guidance(const ModelConfig& config, float guidance);
 // Runs the whole loop and returns the final packed latents. The schedule's own warnings are
 // not repeated in the result.
 SamplerResult sample(WeightStore& store, const SamplerInputs& in, Compute& cx);
+
+// The loops of a batch of images that differ only in their prompt contexts, noise and
+// callbacks (the same target grid, schedule, guidance, references and adapters: refused by
+// name otherwise), run together: every step, each transformer block is acquired once for all
+// of them and its projections run over all their rows at once (Transformer::forward with
+// lanes); the references are embedded (and their K/V cached) once. Each result is the one
+// sample() gives that image alone, bit for bit; step_seconds are the batch's steps.
+std::vector<SamplerResult> sample_batch(WeightStore& store, std::span<const SamplerInputs> batch,
+                                        Compute& cx);
 
 }  // namespace klein::flux2

@@ -126,8 +126,8 @@ Modulation::Modulation(const TransformerConfig& c)
       hidden({c.inner_dim()}) {}
 
 Activations::Activations(const TransformerConfig& c, const TokenLayout& l, int64_t chunk,
-                         int64_t cached)
-    : layout(l), cached_rows(cached) {
+                         int64_t cached, int64_t batch)
+    : layout(l), cached_rows(cached), images(batch) {
   const bool references_only = l.text_tokens == 0 && l.target.tokens() == 0 &&
                                !l.references.empty();
   if (!references_only) {
@@ -139,28 +139,49 @@ Activations::Activations(const TransformerConfig& c, const TokenLayout& l, int64
     check(g.rows > 0 && g.cols > 0, "transformer: empty reference grid ", g.rows, "x", g.cols);
   check(chunk > 0, "transformer: chunk_rows must be positive, got ", chunk);
   check(cached >= 0, "transformer: negative cached rows ", cached);
+  check(batch >= 1, "transformer: a batch needs at least one image, got ", batch);
+  check(batch == 1 || !references_only, "transformer: the reference pass is one image");
+  check(batch == 1 || l.text_tokens >= ops::kSamePathRows, "transformer: a batch needs at "
+        "least ", ops::kSamePathRows, " text tokens per image, got ", l.text_tokens);
   const int64_t S = l.total_tokens(), D = c.inner_dim(), F = c.mlp_hidden();
-  chunk_rows = std::min(chunk, S);
-  for (Tensor* t : {&stream, &normed, &q, &attn}) *t = Tensor({S, D});
-  for (Tensor* t : {&k, &v}) *t = Tensor({S + cached, D});
-  mlp_in = Tensor({chunk_rows, 2 * F});
-  mlp_cat = Tensor({chunk_rows, D + F});
-  proj = Tensor({chunk_rows, D});
+  const int64_t rows = batch * S;
+  chunk_rows = std::min(chunk, rows);
+  const int64_t longest = std::min(chunk_rows + ops::kSamePathRows - 1, rows);
+  for (Tensor* t : {&stream, &normed, &q, &attn}) *t = Tensor({rows, D});
+  if (batch == 1) {
+    for (Tensor* t : {&k, &v}) *t = Tensor({S + cached, D});
+  } else {
+    for (Tensor* t : {&k, &v}) *t = Tensor({rows, D});
+    for (Tensor* t : {&one_q, &one_attn}) *t = Tensor({S, D});
+    for (Tensor* t : {&one_k, &one_v}) *t = Tensor({S + cached, D});
+  }
+  mlp_in = Tensor({longest, 2 * F});
+  mlp_cat = Tensor({longest, D + F});
+  proj = Tensor({longest, D});
   head_norm = Tensor({c.head_dim});
 }
 
 size_t Activations::plan_bytes(const TransformerConfig& c, const TokenLayout& l, int64_t chunk,
-                               int64_t cached) {
+                               int64_t cached, int64_t batch) {
   const int64_t S = l.total_tokens(), D = c.inner_dim(), F = c.mlp_hidden();
-  const int64_t rows = std::min(chunk, S);
-  const int64_t floats = 6 * S * D + 2 * cached * D + rows * (2 * F + (D + F) + D) + c.head_dim;
+  const int64_t all = batch * S;
+  const int64_t rows = std::min(std::min(chunk, all) + ops::kSamePathRows - 1, all);
+  // B > 1: one image's Q, K, V and output gathered for attention, beside the B·S rows.
+  const int64_t one = batch == 1 ? 0 : 4 * S * D;
+  const int64_t floats =
+      6 * all * D + one + 2 * cached * D + rows * (2 * F + (D + F) + D) + c.head_dim;
   return size_t(floats) * sizeof(float);
+}
+
+int64_t Activations::chunk_at(int64_t done, int64_t rows) const {
+  const int64_t rest = rows - done;
+  return rest < chunk_rows + ops::kSamePathRows ? rest : chunk_rows;
 }
 
 size_t Activations::bytes() const {
   size_t n = 0;
-  for (const Tensor* t :
-       {&stream, &normed, &q, &k, &v, &attn, &mlp_in, &mlp_cat, &proj, &head_norm})
+  for (const Tensor* t : {&stream, &normed, &q, &k, &v, &attn, &mlp_in, &mlp_cat, &proj,
+                          &head_norm, &one_q, &one_k, &one_v, &one_attn})
     n += size_t(t->numel()) * sizeof(float);
   return n;
 }
@@ -342,7 +363,10 @@ void Transformer::double_block(const WeightUnit& w, const Modulation& mod, const
   const int64_t D = config_.inner_dim(), F = config_.mlp_hidden(), H = config_.num_heads,
                 hd = config_.head_dim;
   const float eps = float(config_.eps);
-  const int64_t T = a.layout.text_tokens, N = a.layout.image_tokens();
+  // The text rows of every image, then their image rows (Activations): each stream's rows of
+  // all images at once, but a small image's (fewer rows than ops::kSamePathRows) one image
+  // at a time, as they are alone.
+  const int64_t B = a.images, T = a.layout.text_tokens, N = a.layout.image_tokens();
   auto stream = [&](int64_t row0, int64_t rows, const StreamWeights& n, const Tensor& m) {
     const auto c = six_chunks(m, D);
     return Stream{row0, rows,
@@ -356,12 +380,18 @@ void Transformer::double_block(const WeightUnit& w, const Modulation& mod, const
                   linear_weight(w, n.ff_out, D, F),
                   c[0], c[1], c[2], c[3], c[4], c[5]};
   };
-  const Stream text = stream(0, T, kTextWeights, mod.txt);
-  const Stream image = stream(T, N, kImageWeights, mod.img);
-
-  for (const Stream* s : {&text, &image}) {
+  const Stream text = stream(0, B * T, kTextWeights, mod.txt);
+  const bool stacked = B == 1 || N >= ops::kSamePathRows;
+  const Stream image = stream(B * T, stacked ? B * N : N, kImageWeights, mod.img);
+  const int64_t parts = stacked ? 1 : B;  // the image stream's pieces
+  auto image_part = [&](int64_t j) {
+    Stream s = image;
+    s.row0 = a.image_row(j);
+    return s;
+  };
+  auto project = [&](const Stream* s) {
     const int64_t r = s->row0, n = s->rows;
-    if (n == 0) continue;  // the reference pass of the K/V cache has no text
+    if (n == 0) return;  // the reference pass of the K/V cache has no text
     // A = (1 + scale1) ⊙ LN(x) + shift1                                         [n, D]
     modulated_norm(a.stream.row(r), a.normed.row(r), n, D, s->shift1, s->scale1, eps, cx);
     // Q, K, V = projections of A, at this stream's rows of the joint buffers    [n, D] each
@@ -371,12 +401,17 @@ void Transformer::double_block(const WeightUnit& w, const Modulation& mod, const
     // Q, K ← RMSNorm per head (this stream's weights)                           [n, H, 128]
     head_rms_norm(s->norm_q, a.q.row(r), n, H, eps, a.head_norm, cx);
     head_rms_norm(s->norm_k, a.k.row(r), n, H, eps, a.head_norm, cx);
+  };
+  project(&text);
+  for (int64_t j = 0; j < parts; ++j) {
+    const Stream part = image_part(j);
+    project(&part);
   }
-  // O = softmax(RoPE(Q) RoPE(K)ᵀ / √128) V over all T + N rows                   [T+N, D]
+  // O = softmax(RoPE(Q) RoPE(K)ᵀ / √128) V over each image's T + N rows          [T+N, D]
   attention(rope, a, kv, cx);
   // x += gate1 ⊙ out·O;  x += gate2 ⊙ FF(mod(x; shift2, scale2)), per stream
   finish_stream_rows(text, a, cx);
-  finish_stream_rows(image, a, cx);
+  for (int64_t j = 0; j < parts; ++j) finish_stream_rows(image_part(j), a, cx);
 }
 
 // The rest of a double block for one stream; every row is independent after attention, so
@@ -386,8 +421,8 @@ void Transformer::finish_stream_rows(const Stream& s, Activations& a, Compute& c
   const float eps = float(config_.eps);
   float* hidden = a.mlp_cat.data() + D;  // [c, F] in columns [D, D+F) of mlp_cat
   const int64_t ld_hidden = D + F;
-  for (int64_t r = s.row0; r < s.row0 + s.rows; r += a.chunk_rows) {
-    const int64_t n = std::min(a.chunk_rows, s.row0 + s.rows - r);
+  for (int64_t r = s.row0, n = 0; r < s.row0 + s.rows; r += n) {
+    n = a.chunk_at(r - s.row0, s.rows);
     float* x = a.stream.row(r);
     // x += gate1 ⊙ (to_out · O)                                                  [n, D]
     linear(a.attn.row(r), n, s.to_out, a.proj.data(), cx);
@@ -408,7 +443,7 @@ void Transformer::single_block(const WeightUnit& w, const Modulation& mod, const
   const int64_t D = config_.inner_dim(), F = config_.mlp_hidden(), H = config_.num_heads,
                 hd = config_.head_dim;
   const float eps = float(config_.eps);
-  const int64_t S = a.layout.total_tokens();
+  const int64_t S = a.rows();  // every image's rows: each row alike until attention
   const float *shift = mod.single.data(), *scale = shift + D, *gate = shift + 2 * D;
   // Rows of the fused projection: Q, K, V (D each), gate, up (F each).
   const Weight& fused = linear_weight(w, "attn.to_qkv_mlp_proj.weight", 3 * D + 2 * F, D);
@@ -430,8 +465,8 @@ void Transformer::single_block(const WeightUnit& w, const Modulation& mod, const
 
   // Per row chunk: S += gate ⊙ to_out · [O | silu(g) ⊙ p],  [g | p] = (gate, up rows) · A
   const int64_t ld_cat = D + F;
-  for (int64_t r = 0; r < S; r += a.chunk_rows) {
-    const int64_t n = std::min(a.chunk_rows, S - r);
+  for (int64_t r = 0, n = 0; r < S; r += n) {
+    n = a.chunk_at(r, S);
     linear_rows(a.normed.row(r), n, fused, 3 * D, 3 * D + 2 * F, a.mlp_in.data(), cx);
     copy_rows(a.attn.row(r), D, a.mlp_cat.data(), ld_cat, n, D);                  // [n, D]
     swiglu_rows(a.mlp_in.data(), F, a.mlp_cat.data() + D, ld_cat, n, cx);       // [n, F]
@@ -440,27 +475,54 @@ void Transformer::single_block(const WeightUnit& w, const Modulation& mod, const
   }
 }
 
-// RoPE on Q and K of every row, then the tiled joint attention into a.attn. With a K/V cache
-// the reference pass keeps this block's rotated K and V; the steps append the cached ones
-// after their own rows (the order of keys does not change softmax attention).
+// RoPE on Q and K of every row, then the tiled joint attention into a.attn, image by image.
+// With a K/V cache the reference pass keeps this block's rotated K and V; the steps append
+// the cached ones after their own rows (the order of keys does not change softmax attention).
 void Transformer::attention(const RopeTable& rope, Activations& a, const BlockKV& kv,
                             Compute& cx) {
-  const int64_t D = config_.inner_dim(), H = config_.num_heads, S = a.layout.total_tokens();
-  rope.apply(a.q.data(), D, 0, S, H, cx);
-  rope.apply(a.k.data(), D, 0, S, H, cx);
+  if (a.images == 1) {
+    attend_one(rope, a.q.data(), a.k.data(), a.v.data(), a.attn.data(), a.cached_rows, kv, cx);
+    return;
+  }
+  // A batch: image b's rows are gathered into one joint sequence [text | image], attended
+  // exactly as one image alone, and its output scattered back.
+  const int64_t D = config_.inner_dim(), T = a.layout.text_tokens, N = a.layout.image_tokens();
+  check(!kv.keep_keys, "transformer: the reference pass is one image");
+  auto gather = [&](const Tensor& all, Tensor& one, int64_t b) {
+    copy_rows(all.row(a.text_row(b)), D, one.row(0), D, T, D);
+    copy_rows(all.row(a.image_row(b)), D, one.row(T), D, N, D);
+  };
+  for (int64_t b = 0; b < a.images; ++b) {
+    gather(a.q, a.one_q, b);
+    gather(a.k, a.one_k, b);
+    gather(a.v, a.one_v, b);
+    attend_one(rope, a.one_q.data(), a.one_k.data(), a.one_v.data(), a.one_attn.data(),
+               a.cached_rows, kv, cx);
+    copy_rows(a.one_attn.row(0), D, a.attn.row(a.text_row(b)), D, T, D);
+    copy_rows(a.one_attn.row(T), D, a.attn.row(a.image_row(b)), D, N, D);
+  }
+}
+
+// One image's attention: q [S, D], k and v [S + cached_rows, D] (the cached rows are filled
+// here), out [S, D].
+void Transformer::attend_one(const RopeTable& rope, float* q, float* k, float* v, float* out,
+                             int64_t cached_rows, const BlockKV& kv, Compute& cx) {
+  const int64_t D = config_.inner_dim(), H = config_.num_heads, S = rope.tokens();
+  rope.apply(q, D, 0, S, H, cx);
+  rope.apply(k, D, 0, S, H, cx);
   int64_t kv_len = S;
   if (kv.keep_keys) {
     *kv.keep_keys = Tensor({S, D});
     *kv.keep_values = Tensor({S, D});
-    std::memcpy(kv.keep_keys->data(), a.k.data(), size_t(S * D) * sizeof(float));
-    std::memcpy(kv.keep_values->data(), a.v.data(), size_t(S * D) * sizeof(float));
+    std::memcpy(kv.keep_keys->data(), k, size_t(S * D) * sizeof(float));
+    std::memcpy(kv.keep_values->data(), v, size_t(S * D) * sizeof(float));
   }
   if (kv.keys) {
     const int64_t R = kv.keys->dim(0);
-    check(R == a.cached_rows, "transformer: ", R, " cached reference rows, the activations "
-          "hold ", a.cached_rows);
-    std::memcpy(a.k.row(S), kv.keys->data(), size_t(R * D) * sizeof(float));
-    std::memcpy(a.v.row(S), kv.values->data(), size_t(R * D) * sizeof(float));
+    check(R == cached_rows, "transformer: ", R, " cached reference rows, the activations "
+          "hold ", cached_rows);
+    std::memcpy(k + S * D, kv.keys->data(), size_t(R * D) * sizeof(float));
+    std::memcpy(v + S * D, kv.values->data(), size_t(R * D) * sizeof(float));
     kv_len += R;
   }
   ops::AttentionParams p;
@@ -469,7 +531,7 @@ void Transformer::attention(const RopeTable& rope, Activations& a, const BlockKV
   p.heads = p.kv_heads = H;
   p.head_dim = config_.head_dim;
   p.scale = float(1.0 / std::sqrt(double(config_.head_dim)));
-  ops::attention(a.q.data(), D, a.k.data(), D, a.v.data(), D, a.attn.data(), D, p, cx);
+  ops::attention(q, D, k, D, v, D, out, D, p, cx);
 }
 
 // A block that produced NaN or Inf is named (the unit), instead of a flat image at the end.
@@ -490,7 +552,7 @@ void Transformer::run_block(int64_t index, const Modulation& mod, const RopeTabl
     double_block(*unit, mod, rope, a, kv, cx);
   else
     single_block(*unit, mod, rope, a, kv, cx);
-  check_stream(a, a.layout.total_tokens() * config_.inner_dim(), index, cx);
+  check_stream(a, a.rows() * config_.inner_dim(), index, cx);
 }
 
 ReferenceKV Transformer::cache_references(const Tensor& references,
@@ -524,16 +586,29 @@ void Transformer::forward(const float* latents, const Tensor& text, const Tensor
                           const Modulation& mod, const RopeTable& rope, Activations& a,
                           float* velocity, Compute& cx, const Observer& observe,
                           const ReferenceKV* cached) {
+  const Lane lane{latents, &text, velocity};
+  forward(std::span<const Lane>(&lane, 1), references, mod, rope, a, cx, observe, cached);
+}
+
+void Transformer::forward(std::span<const Lane> lanes, const Tensor* references,
+                          const Modulation& mod, const RopeTable& rope, Activations& a,
+                          Compute& cx, const Observer& observe, const ReferenceKV* cached) {
   const TokenLayout& L = a.layout;
   const int64_t D = config_.inner_dim(), T = L.text_tokens, N_img = L.target_tokens(),
                 N_ref = L.reference_tokens(), N = N_img + N_ref, S = T + N;
+  const int64_t B = int64_t(lanes.size());
+  check(B >= 1 && B == a.images, "transformer: ", B, " images given to activations planned "
+        "for ", a.images);
+  check(!observe || B == 1, "transformer: an observer sees one image's forward, not a batch");
   // Checked without building strings unless they fail (this runs every step).
   const auto is_rows = [D](const Tensor& t, int64_t rows) {
     return t.shape().size() == 2 && t.dim(0) == rows && t.dim(1) == D;
   };
-  if (!is_rows(text, T))
-    fail("transformer: embedded text is ", shape_str(text.shape()), ", expected ",
-         shape_str({T, D}), " (embed_text of a ", T, "-token context)");
+  for (const Lane& lane : lanes)
+    if (!lane.text || !is_rows(*lane.text, T))
+      fail("transformer: embedded text is ",
+           lane.text ? shape_str(lane.text->shape()) : std::string("missing"), ", expected ",
+           shape_str({T, D}), " (embed_text of a ", T, "-token context)");
   if (N_ref != 0 && !(references && is_rows(*references, N_ref)))
     fail("transformer: embedded references are ",
          references ? shape_str(references->shape()) : std::string("missing"), ", expected ",
@@ -548,11 +623,16 @@ void Transformer::forward(const float* latents, const Tensor& text, const Tensor
     if (observe) observe(name, data, Shape(shape));
   };
 
-  // Stream rows [text | target | references]: the σ-independent embeddings are copies.
+  // Stream rows of each image [text | target | references] (at its rows of the batch): the
+  // σ-independent embeddings are copies.
   if (!x_embedder_ || !proj_out_) keep_io_weights();
-  copy_rows(text.data(), D, a.stream.row(0), D, T, D);                            // C  [T, D]
-  linear(latents, N_img, x_embedder_->weight, a.stream.row(T), cx);        // X  [N_img, D]
-  if (N_ref > 0) copy_rows(references->data(), D, a.stream.row(T + N_img), D, N_ref, D);
+  for (int64_t b = 0; b < B; ++b) {
+    const Lane& lane = lanes[size_t(b)];
+    const int64_t x0 = a.image_row(b);
+    copy_rows(lane.text->data(), D, a.stream.row(a.text_row(b)), D, T, D);   // C  [T, D]
+    linear(lane.latents, N_img, x_embedder_->weight, a.stream.row(x0), cx);  // X  [N_img, D]
+    if (N_ref > 0) copy_rows(references->data(), D, a.stream.row(x0 + N_img), D, N_ref, D);
+  }
   report("x_embedder", a.stream.row(T), {N, D});
 
   // The blocks, one weight unit resident at a time while the next one is brought in.
@@ -573,14 +653,17 @@ void Transformer::forward(const float* latents, const Tensor& text, const Tensor
     }
   }
 
-  // Output, target rows only (reference rows would be discarded):
+  // Output, target rows only (reference rows would be discarded), image by image:
   // v = proj_out · ((1 + scale_o) ⊙ LN(Z) + shift_o)                             [N_img, out]
   const Weight& proj_out = proj_out_->weight;
   const float *scale_o = mod.out.data(), *shift_o = scale_o + D;
-  modulated_norm(a.stream.row(T), a.normed.row(T), N_img, D, shift_o, scale_o, float(config_.eps),
-                 cx);
-  report("norm_out", a.normed.row(T), {N_img, D});
-  linear(a.normed.row(T), N_img, proj_out, velocity, cx);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t x0 = a.image_row(b);
+    modulated_norm(a.stream.row(x0), a.normed.row(x0), N_img, D, shift_o, scale_o,
+                   float(config_.eps), cx);
+    report("norm_out", a.normed.row(x0), {N_img, D});
+    linear(a.normed.row(x0), N_img, proj_out, lanes[size_t(b)].velocity, cx);
+  }
 }
 
 // --- work ----------------------------------------------------------------------------------

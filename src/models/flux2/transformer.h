@@ -44,14 +44,26 @@ struct Modulation {
   Tensor hidden;    // [D]
 };
 
-// Activation memory of one generation, planned from the token counts and reused by every
-// block of every step (nothing is allocated inside the step loop). S = T + N tokens.
-//   stream  [S, D]        the residual stream, text rows first ([C; X] of the paper)
+// Activation memory of one generation (or of a batch of `images` generations of the same
+// layout), planned from the token counts and reused by every block of every step (nothing is
+// allocated inside the step loop). S = T + N tokens per image, B = images.
+//   Rows of the [B·S, D] buffers: the text rows of every image first (image b at b·T), then
+//   the image rows (target and references) of every image (image b at B·T + b·N). With B = 1
+//   that is the joint sequence [text | target | references]; with more, each stream's rows of
+//   all images are contiguous, so that a projection reads its weights once for all of them.
+//   Attention is per image: its Q, K, V rows are gathered into one_q, one_k, one_v ([S, D],
+//   K and V [S + cached, D]) and its output scattered back from one_attn (B > 1 only). Each
+//   image's rows get the bits they get alone: every product over stacked rows is at least
+//   ops::kSamePathRows long, and a double block's image stream shorter than that (a small
+//   image) is projected image by image.
+//   stream  [B·S, D]      the residual stream, text rows first ([C; X] of the paper)
 //   normed  [S, D]        modulated LayerNorm of the stream (block input)
 //   q, k, v [S, D]        attention inputs, heads side by side (head h = columns [128h, 128h+128))
 //   attn    [S, D]        attention output
 //   After attention every row is independent, so the output projections and the MLPs run on
-//   chunks of `chunk_rows` rows; their buffers are sized by the chunk, not by S:
+//   chunks of `chunk_rows` rows (a rest shorter than ops::kSamePathRows joins the chunk
+//   before it, so that no product is short enough to change the kernels' path: chunk_at);
+//   their buffers are sized by the longest chunk, not by S:
 //   mlp_in  [chunk, 2F]   gate | up projections
 //   mlp_cat [chunk, D+F]  [attention | silu(gate)·up], the single blocks' to_out input
 //                          (the double blocks use its columns [D, D+F) for the MLP activation)
@@ -67,17 +79,30 @@ struct Activations {
   // so k and v are [S + cached_rows, D]. A layout of references alone (no text, an empty
   // target) is the reference pass of the K/V cache.
   Activations(const TransformerConfig& config, const TokenLayout& layout,
-              int64_t chunk_rows = kDefaultChunkRows, int64_t cached_rows = 0);
+              int64_t chunk_rows = kDefaultChunkRows, int64_t cached_rows = 0,
+              int64_t images = 1);
   // Bytes the plan needs, without allocating (for memory budgets before a generation).
   static size_t plan_bytes(const TransformerConfig& config, const TokenLayout& layout,
-                           int64_t chunk_rows = kDefaultChunkRows, int64_t cached_rows = 0);
+                           int64_t chunk_rows = kDefaultChunkRows, int64_t cached_rows = 0,
+                           int64_t images = 1);
   // Bytes held.
   size_t bytes() const;
+
+  // The first row of image b's text rows, and of its image rows (target, then references).
+  int64_t text_row(int64_t b) const { return b * layout.text_tokens; }
+  int64_t image_row(int64_t b) const {
+    return images * layout.text_tokens + b * layout.image_tokens();
+  }
+  int64_t rows() const { return images * layout.total_tokens(); }
+  // The rows of the chunk that starts `done` rows into a run of `rows`.
+  int64_t chunk_at(int64_t done, int64_t rows) const;
 
   TokenLayout layout;
   int64_t chunk_rows;
   int64_t cached_rows = 0;
+  int64_t images = 1;
   Tensor stream, normed, q, k, v, attn;
+  Tensor one_q, one_k, one_v, one_attn;  // B > 1: one image's attention (empty otherwise)
   Tensor mlp_in, mlp_cat, proj;
   Tensor head_norm;  // [head_dim] the Q/K RMSNorm weight being applied, as float32
 };
@@ -144,6 +169,14 @@ class Transformer {
   // time if nobody did.
   void keep_io_weights();
 
+  // One image of a batched forward: its noisy target tokens [N_img, in_channels], its
+  // embedded text [T, D] and where its velocity [N_img, out_channels] goes.
+  struct Lane {
+    const float* latents = nullptr;
+    const Tensor* text = nullptr;
+    float* velocity = nullptr;
+  };
+
   // The velocity of the target tokens, [N_img, out_channels] into `velocity`.
   //   latents     [N_img, in_channels] noisy target tokens
   //   text        embed_text output [T, D]
@@ -155,6 +188,14 @@ class Transformer {
   void forward(const float* latents, const Tensor& text, const Tensor* references,
                const Modulation& mod, const RopeTable& rope, Activations& act, float* velocity,
                Compute& cx, const Observer& observe = {}, const ReferenceKV* cached = nullptr);
+  // The same forward for a batch of images that share the layout, the modulation (one
+  // timestep), the references and their K/V cache: each block is acquired once for all of
+  // them and each projection runs once over all their rows (act planned with images =
+  // lanes.size()). Every image's velocity is the one forward() gives it alone, bit for bit.
+  // The observer is for one image only.
+  void forward(std::span<const Lane> lanes, const Tensor* references, const Modulation& mod,
+               const RopeTable& rope, Activations& act, Compute& cx,
+               const Observer& observe = {}, const ReferenceKV* cached = nullptr);
 
   // The K/V cache of the references: their embedded tokens (embed_references, [R, D]) run
   // alone through every block, with the image-stream weights in the double blocks, modulated
@@ -180,6 +221,8 @@ class Transformer {
   void single_block(const WeightUnit& w, const Modulation& mod, const RopeTable& rope,
                     Activations& a, const BlockKV& kv, Compute& cx);
   void attention(const RopeTable& rope, Activations& a, const BlockKV& kv, Compute& cx);
+  void attend_one(const RopeTable& rope, float* q, float* k, float* v, float* out,
+                  int64_t cached_rows, const BlockKV& kv, Compute& cx);
   void finish_stream_rows(const Stream& s, Activations& a, Compute& cx);
   void check_stream(const Activations& a, int64_t n, int64_t block, Compute& cx) const;
   // Every projection of the model: the weight's product plus its LoRA updates.
