@@ -295,6 +295,7 @@ GenerateResult generate_sharing(Session& session, const GenerateOptions& options
 }
 
 void run_one(Args& a, Shared& shared);
+void run_batch(Args& a, const std::vector<std::string>& prompts, uint64_t seed);
 
 // --batch N and --prompts FILE: the images in order, image i with seed s+i, each the image
 // `klein generate` makes alone with that prompt and seed (the model is opened once; the
@@ -324,25 +325,25 @@ void run(Args& a) {
   check(a.dump.empty(), what, " with --dump: one image's stages at a time");
   check(a.preview.empty(), what, " with --preview: one image's preview at a time");
   check(!a.upsample, what, " with --upsample is not supported");
-  check(!a.dry_run, what, " with --dry-run: plan one image (the batch runs them in turn)");
+  if (a.dry_run) {  // the plan of the batch: every image's activations at once
+    a.gen.prompt = prompts[0];
+    a.gen.batch = n;
+    Shared shared;
+    run_one(a, shared);
+    return;
+  }
   check(!a.output.empty(), "-o/--output is required (the images to write: ", batch_output(
         "out.png", 0, n), ", ", batch_output("out.png", 1, n), ", ... for -o out.png)");
   check(is_image_name(a.output), "-o ", a.output,
         ": the output must end in .png, .jpg, .jpeg or .webp");
   for (int i = 0; i < n; ++i) check_writable_output(batch_output(a.output, i, n), "-o");
   const uint64_t seed = a.gen.seed ? *a.gen.seed : random_seed();
-  const std::string output = a.output;
-  Shared shared;
-  for (int i = 0; i < n; ++i) {
-    Args one = a;
-    one.gen.prompt = prompts[size_t(i)];
-    one.gen.seed = seed + uint64_t(i);
-    one.output = batch_output(output, i, n);
-    run_one(one, shared);
-  }
+  run_batch(a, prompts, seed);
 }
 
-void run_one(Args& a, Shared& shared) {
+// The generation's options from the command line; returns why the prompt cache is off when
+// it was not turned off (empty otherwise).
+std::string fill_options(Args& a) {
   GenerateOptions& g = a.gen;
   g.max_memory = a.memory.budget();  // a bad size fails before anything is loaded
   g.residency = a.memory.forced();
@@ -363,6 +364,47 @@ void run_one(Args& a, Shared& shared) {
     }
   }
   g.plan_only = a.dry_run;
+  return cache_off;
+}
+
+// Writes the image with its metadata and prints the result line (or the JSON result).
+void write_result(const Args& a, const GenerateOptions& g, const GenerateResult& r,
+                  const Model& model, const LoadPhase& load,
+                  std::chrono::steady_clock::time_point start, const Compute& cx) {
+  const std::string metadata_json = parameters_json(g, r, model.name, model.checksum);
+  ImageMetadata meta = {{"parameters", parameters_text(g, r, model.name)},
+                        {"klein", metadata_json},
+                        {kXmpKey, provenance_xmp(metadata_json)}};
+  save_image(a.output, r.image, meta, a.jpeg_quality);
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  if (a.json) {
+    JsonProgress::emit(result_json(a, r, load, total, cx.threads()));
+  } else {
+    if (a.verbose) print_verbose(r, load);
+    const std::string seed = r.seed ? "seed " + std::to_string(*r.seed) : "noise from a file";
+    std::fprintf(stderr, "%s, %lldx%lld, %lld steps, %.1f s, peak RSS %.0f MiB, %s%s%s\n",
+                 seed.c_str(), static_cast<long long>(r.width),
+                 static_cast<long long>(r.height), static_cast<long long>(r.steps), total,
+                 double(overall_peak_rss(r, load)) / (1 << 20), precision_name(r.fast),
+                 r.memory ? ", " : "", r.memory ? residency_name(r.memory->residency) : "");
+    std::printf("%s\n", a.output.c_str());
+  }
+}
+
+// The model, opened once for the run (its time and peak memory in `load`).
+Model& open_model(const Args& a, Shared& shared, LoadPhase& load) {
+  const auto start = std::chrono::steady_clock::now();
+  const bool exact = reset_peak_rss();
+  if (!shared.model) shared.model.emplace(Model::open(a.model));
+  load.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  load.peak_rss = exact ? peak_rss_since_reset() : peak_rss_bytes();
+  return *shared.model;
+}
+
+void run_one(Args& a, Shared& shared) {
+  GenerateOptions& g = a.gen;
+  const std::string cache_off = fill_options(a);
   check(a.dry_run || !a.output.empty(), "-o/--output is required (the image to write)");
   check(a.dry_run || is_image_name(a.output), "-o ", a.output,
         ": the output must end in .png, .jpg, .jpeg or .webp");
@@ -380,11 +422,7 @@ void run_one(Args& a, Shared& shared) {
   const auto start = std::chrono::steady_clock::now();
   Compute cx(a.threads);
   LoadPhase load;
-  const bool exact = reset_peak_rss();
-  if (!shared.model) shared.model.emplace(Model::open(a.model));
-  Model& model = *shared.model;
-  load.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  load.peak_rss = exact ? peak_rss_since_reset() : peak_rss_bytes();
+  Model& model = open_model(a, shared, load);
   Session session(model, cx);
   TerminalProgress terminal(a.quiet || a.json, (a.verbose || a.dry_run) && !a.json);
   JsonProgress json_events;
@@ -427,26 +465,67 @@ void run_one(Args& a, Shared& shared) {
     };
   GenerateResult r = generate_sharing(session, g, progress, preview, shared);
   if (a.dry_run) return;  // the plan is printed (or emitted as JSON); nothing to write
-  const std::string metadata_json = parameters_json(g, r, model.name, model.checksum);
-  ImageMetadata meta = {{"parameters", parameters_text(g, r, model.name)},
-                        {"klein", metadata_json},
-                        {kXmpKey, provenance_xmp(metadata_json)}};
-  save_image(a.output, r.image, meta, a.jpeg_quality);
-  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  write_result(a, g, r, model, load, start, cx);
+}
 
-  if (a.json) {
-    JsonProgress::emit(result_json(a, r, load, total, cx.threads()));
-  } else {
-    if (a.verbose) print_verbose(r, load);
-    const std::string seed = r.seed ? "seed " + std::to_string(*r.seed) : "noise from a file";
-    std::fprintf(stderr, "%s, %lldx%lld, %lld steps, %.1f s, peak RSS %.0f MiB, %s%s%s\n",
-                 seed.c_str(), static_cast<long long>(r.width),
-                 static_cast<long long>(r.height), static_cast<long long>(r.steps), total,
-                 double(overall_peak_rss(r, load)) / (1 << 20), precision_name(r.fast),
-                 r.memory ? ", " : "", r.memory ? residency_name(r.memory->residency) : "");
-    std::printf("%s\n", a.output.c_str());
+// --batch / --prompts: every image started (all options checked, the memory plan counting
+// the batch's activations), every prompt encoded (once per distinct prompt), every latent
+// prepared, then one denoising loop for all of them (Session::denoise of a batch: each
+// transformer block once per step for every image), then each decoded and written.
+void run_batch(Args& a, const std::vector<std::string>& prompts, uint64_t seed) {
+  const int n = int(prompts.size());
+  const std::string cache_off = fill_options(a);
+  a.gen.batch = n;
+  const auto start = std::chrono::steady_clock::now();
+  Compute cx(a.threads);
+  Shared shared;
+  LoadPhase load;
+  Model& model = open_model(a, shared, load);
+  Session session(model, cx);
+  TerminalProgress terminal(a.quiet || a.json, a.verbose && !a.json);
+  JsonProgress json_events;
+  Progress& progress = a.json ? static_cast<Progress&>(json_events) : terminal;
+  if (!cache_off.empty()) progress.warn("prompt cache off: " + cache_off);
+  if (lowercase(a.output).ends_with(".webp"))
+    progress.warn("-o " + a.output + ": WebP carries no text metadata, so the images will not "
+                  "record their prompts and settings (PNG and JPEG do)");
+
+  std::vector<Args> each(size_t(n), a);
+  std::vector<Generation> gens;
+  gens.reserve(size_t(n));
+  for (int i = 0; i < n; ++i) {
+    Args& one = each[size_t(i)];
+    one.gen.prompt = prompts[size_t(i)];
+    one.gen.seed = seed + uint64_t(i);
+    one.output = batch_output(a.output, i, n);
+    gens.push_back(session.start(one.gen, progress));
+  }
+  for (Generation& g : gens) {
+    const auto key = std::pair(g.options.prompt, g.guided ? g.options.negative_prompt : std::string());
+    if (const auto it = shared.contexts.find(key); it != shared.contexts.end()) {
+      g.context = copy_of(it->second.context);
+      g.negative = copy_of(it->second.negative);
+      g.result.context_from_cache = it->second.from_cache;
+    } else {
+      session.encode_prompt(g, progress);
+      shared.contexts[key] = {copy_of(g.context), copy_of(g.negative), g.result.context_from_cache};
+    }
+  }
+  shared.contexts.clear();
+  std::vector<Generation*> batch;
+  for (Generation& g : gens) {
+    session.prepare_latents(g, progress);
+    batch.push_back(&g);
+  }
+  session.denoise(batch, progress);
+  for (int i = 0; i < n; ++i) {
+    Generation& g = gens[size_t(i)];
+    session.decode(g, progress);
+    write_result(each[size_t(i)], g.options, g.result, model, load, start, cx);
+    g.result.image = Image();  // written: the next decode does not hold it too
   }
 }
+
 
 Registration reg("generate", 10, [](CLI::App& app) {
   auto a = std::make_shared<Args>();

@@ -87,6 +87,8 @@ class Flux2Stages final : public FamilyStages {
   void prepare_latents(Session& session, Generation& g, Progress& progress) const override;
   void denoise(Session& session, Generation& g, Progress& progress,
                const StepHook& on_step) const override;
+  void denoise_batch(Session& session, std::span<Generation* const> batch,
+                     Progress& progress) const override;
   void decode(Session& session, Generation& g, Progress& progress) const override;
 
   std::vector<TransformerBlock> transformer_blocks(const ModelConfig& config) const override {
@@ -125,6 +127,13 @@ class Flux2Stages final : public FamilyStages {
   }
 
  private:
+  // One generation's sampler inputs; its steps go to `phase` when `report_steps` is set.
+  flux2::SamplerInputs sampler_inputs(Session& session, Generation& g, Progress& progress,
+                                      Phase& phase, bool report_steps, const Dumper& dump,
+                                      const StepHook& on_step) const;
+  // What denoise leaves: the latents and times in g, the inputs it no longer needs released.
+  static void finish_denoise(Generation& g, flux2::SamplerResult& out, const Dumper& dump);
+
   const Flux2Pipeline& p_;
 };
 
@@ -305,6 +314,7 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
     if (init_size) need.references.emplace_back(width, height);  // encoded like a reference
     need.steps = r.steps;
     need.guided = g.guided;
+    need.batch = o.batch;
     need.adapter_bytes = g.adapters ? g.adapters->bytes() : 0;
     need.vae_memory = o.vae_memory;
     r.memory = plan_memory(estimate_memory(session.weights(), need), o.max_memory,
@@ -468,81 +478,79 @@ void Flux2Stages::prepare_latents(Session& session, Generation& g, Progress& pro
   }
 }
 
-// The sampler loop, with the transformer (attention and float-weight projections) in the
-// generation's arithmetic.
-void Flux2Stages::denoise(Session& session, Generation& g, Progress& progress,
-                          const StepHook& on_step) const {
+flux2::SamplerInputs Flux2Stages::sampler_inputs(Session& session, Generation& g,
+                                                 Progress& progress, Phase& phase,
+                                                 bool report_steps, const Dumper& dump,
+                                                 const StepHook& on_step) const {
   GenerateResult& r = g.result;
-  const Dumper dump(g.options.dump_dir);
-  session.timed(g, progress, "denoise", int(r.steps - g.first_step), [&](Phase& phase) {
-    flux2::SamplerInputs in;
-    in.context = &g.context;
-    in.negative_context = g.guided ? &g.negative : nullptr;
-    in.noise = &g.noise;
-    in.target = g.grid;
-    for (size_t i = 0; i < g.reference_tokens.size(); ++i)
-      in.references.push_back({&g.reference_tokens[i], g.layout.references[i]});
-    in.schedule = flux2::make_schedule(session.weights().config().scheduler, g.grid.tokens(), r.steps);
-    if (g.inpaint) {
-      // Inpainting: the schedule from where the kept steps start; after each Euler update
-      // the unmasked part goes back to the init image, noised to the next step's σ (clean
-      // after the last step).
-      auto& timesteps = in.schedule.timesteps;
-      auto& sigmas = in.schedule.sigmas;
-      timesteps.erase(timesteps.begin(), timesteps.begin() + g.first_step);
-      sigmas.erase(sigmas.begin(), sigmas.begin() + g.first_step);
-      const int64_t run = int64_t(timesteps.size());
-      in.after_update = [&g, &sigmas, run](int64_t step, Tensor& latents) {
-        const int64_t channels = latents.dim(1);
-        const bool last = step == run - 1;
-        const float sigma = last ? 0.0f : sigmas[size_t(step + 1)];
-        const float* x0 = g.init_latents.data();
-        const float* noise = g.init_noise.data();
-        float* x = latents.data();
-        for (int64_t t = 0; t < latents.dim(0); ++t) {
-          const float m = g.mask_latents[size_t(t)];
-          for (int64_t c = 0; c < channels; ++c) {
-            const int64_t i = t * channels + c;
-            const float proper = last ? x0[i] : sigma * noise[i] + (1.0f - sigma) * x0[i];
-            x[i] = (1.0f - m) * proper + m * x[i];
-          }
+  flux2::SamplerInputs in;
+  in.context = &g.context;
+  in.negative_context = g.guided ? &g.negative : nullptr;
+  in.noise = &g.noise;
+  in.target = g.grid;
+  for (size_t i = 0; i < g.reference_tokens.size(); ++i)
+    in.references.push_back({&g.reference_tokens[i], g.layout.references[i]});
+  in.schedule = flux2::make_schedule(session.weights().config().scheduler, g.grid.tokens(), r.steps);
+  if (g.inpaint) {
+    // Inpainting: the schedule from where the kept steps start; after each Euler update
+    // the unmasked part goes back to the init image, noised to the next step's σ (clean
+    // after the last step).
+    auto& timesteps = in.schedule.timesteps;
+    auto& sigmas = in.schedule.sigmas;
+    timesteps.erase(timesteps.begin(), timesteps.begin() + g.first_step);
+    sigmas.erase(sigmas.begin(), sigmas.begin() + g.first_step);
+    const int64_t run = int64_t(timesteps.size());
+    in.after_update = [&g, sigmas, run](int64_t step, Tensor& latents) {  // owns its σs
+      const int64_t channels = latents.dim(1);
+      const bool last = step == run - 1;
+      const float sigma = last ? 0.0f : sigmas[size_t(step + 1)];
+      const float* x0 = g.init_latents.data();
+      const float* noise = g.init_noise.data();
+      float* x = latents.data();
+      for (int64_t t = 0; t < latents.dim(0); ++t) {
+        const float m = g.mask_latents[size_t(t)];
+        for (int64_t c = 0; c < channels; ++c) {
+          const int64_t i = t * channels + c;
+          const float proper = last ? x0[i] : sigma * noise[i] + (1.0f - sigma) * x0[i];
+          x[i] = (1.0f - m) * proper + m * x[i];
         }
-      };
-    } else if (g.first_step > 0) {
-      // Image-to-image: the transformer sees the last timesteps, but the official pipeline
-      // resets the scheduler's step index to 0 before its loop, so each Euler update takes
-      // σ from the start of the schedule (steps 0..run), not from where the timesteps are.
-      // Followed as it is: that is the image Flux2KleinImg2ImgPipeline makes.
-      auto& timesteps = in.schedule.timesteps;
-      timesteps.erase(timesteps.begin(), timesteps.begin() + g.first_step);
-      in.schedule.sigmas.resize(timesteps.size() + 1);
-    }
-    for (const auto& w : in.schedule.warnings) session.warn(g, progress, w);
-    in.guidance = r.guidance;
-    in.adapters = g.adapters.get();
-    in.on_step = [&](const flux2::StepInfo& s) {
-      if (dump.on()) {
-        const std::string p = "step" + std::to_string(s.step) + "_";
-        const Shape tokens = {1, s.latents_in.dim(0), s.latents_in.dim(1)};
-        dump.f32(p + "timestep", &s.timestep, {1});
-        dump.f32(p + "latents_in", s.latents_in, tokens);
-        dump.f32(p + "velocity", s.velocity, tokens);
-        dump.f32(p + "latents_out", s.latents_out, tokens);
       }
-      phase.step(int(s.step + 1), int(s.steps));
-      if (on_step)
-        on_step(StepView{s.step, s.steps, s.latents_out, s.latents_in, s.timestep, g.grid,
-                         s.velocity, s.sigma,
-                         [&] { return step_preview(s.latents_in, s.velocity, s.sigma, g.grid); }});
     };
-    const Compute::Use arithmetic(session.compute(), arithmetic_for(r.fast));
-    flux2::SamplerResult out = flux2::sample(session.weights(), in, session.compute());
-    for (const auto& w : out.warnings) session.warn(g, progress, w);
-    g.latents = std::move(out.latents);
-    r.denoise_setup_seconds = out.setup_seconds;
-    r.step_seconds = out.step_seconds;
-  });
-  session.weights().release("transformer.");
+  } else if (g.first_step > 0) {
+    // Image-to-image: the transformer sees the last timesteps, but the official pipeline
+    // resets the scheduler's step index to 0 before its loop, so each Euler update takes
+    // σ from the start of the schedule (steps 0..run), not from where the timesteps are.
+    // Followed as it is: that is the image Flux2KleinImg2ImgPipeline makes.
+    auto& timesteps = in.schedule.timesteps;
+    timesteps.erase(timesteps.begin(), timesteps.begin() + g.first_step);
+    in.schedule.sigmas.resize(timesteps.size() + 1);
+  }
+  for (const auto& w : in.schedule.warnings) session.warn(g, progress, w);
+  in.guidance = r.guidance;
+  in.adapters = g.adapters.get();
+  // Outlives this call (the caller's phase, dump and generation; a copy of the hook).
+  in.on_step = [&dump, &phase, &g, on_step, report_steps](const flux2::StepInfo& s) {
+    if (dump.on()) {
+      const std::string p = "step" + std::to_string(s.step) + "_";
+      const Shape tokens = {1, s.latents_in.dim(0), s.latents_in.dim(1)};
+      dump.f32(p + "timestep", &s.timestep, {1});
+      dump.f32(p + "latents_in", s.latents_in, tokens);
+      dump.f32(p + "velocity", s.velocity, tokens);
+      dump.f32(p + "latents_out", s.latents_out, tokens);
+    }
+    if (report_steps) phase.step(int(s.step + 1), int(s.steps));
+    if (on_step)
+      on_step(StepView{s.step, s.steps, s.latents_out, s.latents_in, s.timestep, g.grid,
+                       s.velocity, s.sigma,
+                       [&] { return step_preview(s.latents_in, s.velocity, s.sigma, g.grid); }});
+  };
+  return in;
+}
+
+void Flux2Stages::finish_denoise(Generation& g, flux2::SamplerResult& out, const Dumper& dump) {
+  g.latents = std::move(out.latents);
+  g.result.denoise_setup_seconds = out.setup_seconds;
+  g.result.step_seconds = out.step_seconds;
   dump.f32("final_latents", g.latents, {1, g.latents.dim(0), g.latents.dim(1)});
   g.context = Tensor();
   g.negative = Tensor();
@@ -550,6 +558,58 @@ void Flux2Stages::denoise(Session& session, Generation& g, Progress& progress,
   g.reference_tokens.clear();
   g.init_latents = Tensor();
   g.init_noise = Tensor();
+}
+
+// The sampler loop, with the transformer (attention and float-weight projections) in the
+// generation's arithmetic.
+void Flux2Stages::denoise(Session& session, Generation& g, Progress& progress,
+                          const StepHook& on_step) const {
+  GenerateResult& r = g.result;
+  const Dumper dump(g.options.dump_dir);
+  flux2::SamplerResult out;
+  session.timed(g, progress, "denoise", int(r.steps - g.first_step), [&](Phase& phase) {
+    const flux2::SamplerInputs in = sampler_inputs(session, g, progress, phase, true, dump, on_step);
+    const Compute::Use arithmetic(session.compute(), arithmetic_for(r.fast));
+    out = flux2::sample(session.weights(), in, session.compute());
+    for (const auto& w : out.warnings) session.warn(g, progress, w);
+  });
+  session.weights().release("transformer.");
+  finish_denoise(g, out, dump);
+}
+
+// A batch: one sampler loop for all (flux2::sample_batch refuses what they do not share),
+// timed once and recorded in every generation's result; the first one's steps are the
+// phase's progress.
+void Flux2Stages::denoise_batch(Session& session, std::span<Generation* const> batch,
+                                Progress& progress) const {
+  check(!batch.empty(), "denoise: an empty batch");
+  Generation& first = *batch[0];
+  for (Generation* g : batch)
+    check(g->result.fast == first.result.fast && g->first_step == first.first_step &&
+              g->result.steps == first.result.steps,
+          "denoise: a batch runs at one precision and one set of steps");
+  std::vector<Dumper> dumps;
+  for (Generation* g : batch) dumps.emplace_back(g->options.dump_dir);
+  std::vector<flux2::SamplerResult> out;
+  session.timed(first, progress, "denoise", int(first.result.steps - first.first_step),
+                [&](Phase& phase) {
+    std::vector<flux2::SamplerInputs> inputs;
+    for (size_t i = 0; i < batch.size(); ++i)
+      inputs.push_back(sampler_inputs(session, *batch[i], progress, phase, i == 0, dumps[i], {}));
+    const Compute::Use arithmetic(session.compute(), arithmetic_for(first.result.fast));
+    out = flux2::sample_batch(session.weights(), inputs, session.compute());
+    for (size_t i = 0; i < batch.size(); ++i)
+      for (const auto& w : out[i].warnings) session.warn(*batch[i], progress, w);
+  });
+  session.weights().release("transformer.");
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Generation& g = *batch[i];
+    if (i > 0) {  // the phase's time and memory, as the first generation recorded them
+      g.result.timings.push_back(first.result.timings.back());
+      g.result.phase_memory.push_back(first.result.phase_memory.back());
+    }
+    finish_denoise(g, out[i], dumps[i]);
+  }
 }
 
 // Latents → pixels.

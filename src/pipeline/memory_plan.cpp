@@ -69,7 +69,9 @@ std::pair<PhaseNeed, PhaseNeed> denoise_needs(const WeightStore& store,
   const int64_t contexts = in.guided ? 2 : 1;
   // The K/V pipeline: a pass over the references alone fills the cache, then the steps run on
   // text and target with the cached rows appended to their keys and values.
-  uint64_t block_activations = flux2::Activations::plan_bytes(c, layout);
+  const int64_t B = std::max<int64_t>(in.batch, 1);
+  uint64_t block_activations = flux2::Activations::plan_bytes(
+      c, layout, flux2::Activations::kDefaultChunkRows, 0, B);
   if (store.config().reference_cache && !layout.references.empty()) {
     flux2::TokenLayout references_only;
     references_only.text_tokens = 0;
@@ -80,13 +82,13 @@ std::pair<PhaseNeed, PhaseNeed> denoise_needs(const WeightStore& store,
     block_activations =
         std::max(flux2::Activations::plan_bytes(c, references_only),
                  flux2::Activations::plan_bytes(c, steps, flux2::Activations::kDefaultChunkRows,
-                                                R)) +
+                                                R, B)) +
         flux2::ReferenceKV::plan_bytes(size_t(c.num_double_blocks + c.num_single_blocks), R, D);
   }
   setup.activations =
-      f32_bytes(contexts * layout.text_tokens * (c.context_dim + D)) +  // contexts, embedded
-      f32_bytes(layout.reference_tokens() * (D + c.in_channels)) +      // references
-      f32_bytes(5 * N * c.in_channels) +                                // noise, x, velocities
+      f32_bytes(B * contexts * layout.text_tokens * (c.context_dim + D)) +  // contexts, embedded
+      f32_bytes(layout.reference_tokens() * (D + c.in_channels)) +          // references
+      f32_bytes(B * 5 * N * c.in_channels) +                                // noise, x, velocities
       f32_bytes(std::max<int64_t>(in.steps, 1) * (19 * D + c.timestep_channels)) +  // modulation
       f32_bytes(2 * S * c.head_dim);                                    // RoPE tables
   p.activations = setup.activations + block_activations;

@@ -74,6 +74,7 @@ struct MemoryPlanInputs {
   std::vector<std::pair<int64_t, int64_t>> references;     // (width, height) of each reference
   int64_t steps = 4;
   bool guided = false;                                     // CFG: a second context
+  int64_t batch = 1;                                       // images denoised together
   bool text_encoder = true;                                // false: the context comes from elsewhere
   bool image = true;                                       // false: the text encoder alone
   uint64_t adapter_bytes = 0;                              // LoRA updates, held throughout

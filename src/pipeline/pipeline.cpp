@@ -43,6 +43,7 @@ void Session::warn(Generation& g, Progress& progress, const std::string& message
 }
 
 Generation Session::start(const GenerateOptions& o, Progress& progress) {
+  check(o.batch >= 1, "batch: expected 1 or more images denoised together, got ", o.batch);
   Generation g;
   g.options = o;
   weights_.reset_peak();
@@ -63,6 +64,15 @@ void Session::prepare_latents(Generation& g, Progress& progress) {
 
 void Session::denoise(Generation& g, Progress& progress, const StepHook& on_step) {
   stages_.denoise(*this, g, progress, on_step);
+}
+
+void Session::denoise(std::span<Generation* const> batch, Progress& progress) {
+  check(!batch.empty(), "denoise: an empty batch");
+  for (size_t i = 0; i < batch.size(); ++i)
+    check(batch[i]->options.batch == int64_t(batch.size()), "denoise: a batch of ", batch.size(),
+          " images, but image ", i, " was started with options.batch = ",
+          batch[i]->options.batch, " (its memory plan counts that many)");
+  stages_.denoise_batch(*this, batch, progress);
 }
 
 void Session::decode(Generation& g, Progress& progress) {

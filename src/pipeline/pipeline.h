@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,9 @@ struct GenerateOptions {
   std::optional<uint64_t> max_memory;
   std::optional<Residency> residency;  // force a residency (still checked against max_memory)
   bool plan_only = false;              // stop after the memory plan (result without an image)
+  // The images denoised together with this one (Session::denoise of a batch, this one
+  // included): the memory plan counts the activations of all of them.
+  int64_t batch = 1;
   Precision precision = Precision::Auto;
   // How the VAE decode holds its activations: whole below a limit, else in bands with large
   // tensors in scratch files (under $TMPDIR or /var/tmp by default). Checked before any work.
@@ -244,6 +248,10 @@ class Session {
   void encode_prompt(Generation& g, Progress& progress, const TextLayerHook& on_layer = {});
   void prepare_latents(Generation& g, Progress& progress);
   void denoise(Generation& g, Progress& progress, const StepHook& on_step = {});
+  // Generations started with the same options but their prompts and seeds (and
+  // options.batch = their number, for the memory plan), denoised together where the family
+  // can (FamilyStages::denoise_batch): each image is the one denoise() makes alone.
+  void denoise(std::span<Generation* const> batch, Progress& progress);
   void decode(Generation& g, Progress& progress);
 
   GenerateResult generate(const GenerateOptions& options, Progress& progress,

@@ -6,6 +6,7 @@
 // K/V cache, LoRA; FLUX.2-dev: the same stages with its prompt and embedded guidance) and zimage_stages.cpp (Z-Image: text-to-image with CFG options). The front
 // ends see none of this: they call the Session.
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,14 @@ class FamilyStages {
   virtual void prepare_latents(Session& s, Generation& g, Progress& progress) const = 0;
   virtual void denoise(Session& s, Generation& g, Progress& progress,
                        const StepHook& on_step) const = 0;
+  // Several generations started alike (the same size, steps, guidance, references and LoRAs;
+  // prompts and seeds may differ), each with its latents prepared: each ends as denoise()
+  // leaves it alone. This default runs them one after the other; a family whose transformer
+  // takes a batch (FLUX.2) runs them together, each block once per step for all of them.
+  virtual void denoise_batch(Session& s, std::span<Generation* const> batch,
+                             Progress& progress) const {
+    for (Generation* g : batch) denoise(s, *g, progress, {});
+  }
   virtual void decode(Session& s, Generation& g, Progress& progress) const = 0;
 
   // The networks one at a time, outside a generation and in the compute context's current
