@@ -254,47 +254,7 @@ std::vector<std::string> read_prompts(const std::string& path) {
   return prompts;
 }
 
-// What the images of one run share: the model, opened by the first image, and the text
-// encoder's output for each distinct prompt (and negative prompt), so that it runs once per
-// prompt even with the prompt cache off.
-struct Shared {
-  struct Contexts {
-    Tensor context, negative;
-    bool from_cache = false;
-  };
-  std::optional<Model> model;
-  std::map<std::pair<std::string, std::string>, Contexts> contexts;
-};
-
-Tensor copy_of(const Tensor& t) {
-  if (t.numel() == 0) return Tensor();
-  Tensor c(t.shape());
-  std::copy(t.data(), t.data() + t.numel(), c.data());
-  return c;
-}
-
-// The generation's stages, with the prompt encoded only when an earlier image of the run
-// did not encode it already.
-GenerateResult generate_sharing(Session& session, const GenerateOptions& options,
-                                Progress& progress, const StepHook& on_step, Shared& shared) {
-  Generation g = session.start(options, progress);
-  if (options.plan_only) return std::move(g.result);
-  const auto key = std::pair(options.prompt, g.guided ? options.negative_prompt : std::string());
-  if (const auto it = shared.contexts.find(key); it != shared.contexts.end()) {
-    g.context = copy_of(it->second.context);
-    g.negative = copy_of(it->second.negative);
-    g.result.context_from_cache = it->second.from_cache;
-  } else {
-    session.encode_prompt(g, progress);
-    shared.contexts[key] = {copy_of(g.context), copy_of(g.negative), g.result.context_from_cache};
-  }
-  session.prepare_latents(g, progress);
-  session.denoise(g, progress, on_step);
-  session.decode(g, progress);
-  return std::move(g.result);
-}
-
-void run_one(Args& a, Shared& shared);
+void run_one(Args& a);
 void run_batch(Args& a, const std::vector<std::string>& prompts, uint64_t seed);
 
 // --batch N and --prompts FILE: the images in order, image i with seed s+i, each the image
@@ -315,8 +275,7 @@ void run(Args& a) {
   const int n = int(prompts.size());
   if (n == 1) {
     a.gen.prompt = prompts[0];
-    Shared shared;
-    run_one(a, shared);
+    run_one(a);
     return;
   }
   const char* what = a.prompts_file.empty() ? "--batch" : "--prompts";
@@ -328,8 +287,7 @@ void run(Args& a) {
   if (a.dry_run) {  // the plan of the batch: every image's activations at once
     a.gen.prompt = prompts[0];
     a.gen.batch = n;
-    Shared shared;
-    run_one(a, shared);
+    run_one(a);
     return;
   }
   check(!a.output.empty(), "-o/--output is required (the images to write: ", batch_output(
@@ -392,17 +350,17 @@ void write_result(const Args& a, const GenerateOptions& g, const GenerateResult&
   }
 }
 
-// The model, opened once for the run (its time and peak memory in `load`).
-Model& open_model(const Args& a, Shared& shared, LoadPhase& load) {
+// The model, opened for the run (its time and peak memory in `load`).
+Model open_model(const Args& a, LoadPhase& load) {
   const auto start = std::chrono::steady_clock::now();
   const bool exact = reset_peak_rss();
-  if (!shared.model) shared.model.emplace(Model::open(a.model));
+  Model model = Model::open(a.model);
   load.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   load.peak_rss = exact ? peak_rss_since_reset() : peak_rss_bytes();
-  return *shared.model;
+  return model;
 }
 
-void run_one(Args& a, Shared& shared) {
+void run_one(Args& a) {
   GenerateOptions& g = a.gen;
   const std::string cache_off = fill_options(a);
   check(a.dry_run || !a.output.empty(), "-o/--output is required (the image to write)");
@@ -422,7 +380,7 @@ void run_one(Args& a, Shared& shared) {
   const auto start = std::chrono::steady_clock::now();
   Compute cx(a.threads);
   LoadPhase load;
-  Model& model = open_model(a, shared, load);
+  Model model = open_model(a, load);
   Session session(model, cx);
   TerminalProgress terminal(a.quiet || a.json, (a.verbose || a.dry_run) && !a.json);
   JsonProgress json_events;
@@ -463,7 +421,7 @@ void run_one(Args& a, Shared& shared) {
     preview = [&a](const StepView& s) {
       save_image(a.preview, s.preview());
     };
-  GenerateResult r = generate_sharing(session, g, progress, preview, shared);
+  GenerateResult r = session.generate(g, progress, preview);
   if (a.dry_run) return;  // the plan is printed (or emitted as JSON); nothing to write
   write_result(a, g, r, model, load, start, cx);
 }
@@ -471,16 +429,15 @@ void run_one(Args& a, Shared& shared) {
 // --batch / --prompts: every image started (all options checked, the memory plan counting
 // the batch's activations), every prompt encoded (once per distinct prompt), every latent
 // prepared, then one denoising loop for all of them (Session::denoise of a batch: each
-// transformer block once per step for every image), then each decoded and written.
+// transformer block once per step for every image), then each decoded and written. When the
+// budget does not hold all of them together, the same in groups that it holds.
 void run_batch(Args& a, const std::vector<std::string>& prompts, uint64_t seed) {
   const int n = int(prompts.size());
   const std::string cache_off = fill_options(a);
-  a.gen.batch = n;
   const auto start = std::chrono::steady_clock::now();
   Compute cx(a.threads);
-  Shared shared;
   LoadPhase load;
-  Model& model = open_model(a, shared, load);
+  Model model = open_model(a, load);
   Session session(model, cx);
   TerminalProgress terminal(a.quiet || a.json, a.verbose && !a.json);
   JsonProgress json_events;
@@ -489,43 +446,19 @@ void run_batch(Args& a, const std::vector<std::string>& prompts, uint64_t seed) 
   if (lowercase(a.output).ends_with(".webp"))
     progress.warn("-o " + a.output + ": WebP carries no text metadata, so the images will not "
                   "record their prompts and settings (PNG and JPEG do)");
-
   std::vector<Args> each(size_t(n), a);
-  std::vector<Generation> gens;
-  gens.reserve(size_t(n));
+  std::vector<GenerateOptions> images;
   for (int i = 0; i < n; ++i) {
     Args& one = each[size_t(i)];
     one.gen.prompt = prompts[size_t(i)];
     one.gen.seed = seed + uint64_t(i);
     one.output = batch_output(a.output, i, n);
-    gens.push_back(session.start(one.gen, progress));
+    images.push_back(one.gen);
   }
-  for (Generation& g : gens) {
-    const auto key = std::pair(g.options.prompt, g.guided ? g.options.negative_prompt : std::string());
-    if (const auto it = shared.contexts.find(key); it != shared.contexts.end()) {
-      g.context = copy_of(it->second.context);
-      g.negative = copy_of(it->second.negative);
-      g.result.context_from_cache = it->second.from_cache;
-    } else {
-      session.encode_prompt(g, progress);
-      shared.contexts[key] = {copy_of(g.context), copy_of(g.negative), g.result.context_from_cache};
-    }
-  }
-  shared.contexts.clear();
-  std::vector<Generation*> batch;
-  for (Generation& g : gens) {
-    session.prepare_latents(g, progress);
-    batch.push_back(&g);
-  }
-  session.denoise(batch, progress);
-  for (int i = 0; i < n; ++i) {
-    Generation& g = gens[size_t(i)];
-    session.decode(g, progress);
-    write_result(each[size_t(i)], g.options, g.result, model, load, start, cx);
-    g.result.image = Image();  // written: the next decode does not hold it too
-  }
+  session.generate_batch(images, progress, [&](size_t i, GenerateResult& r) {
+    write_result(each[i], images[i], r, model, load, start, cx);
+  });
 }
-
 
 Registration reg("generate", 10, [](CLI::App& app) {
   auto a = std::make_shared<Args>();

@@ -25,6 +25,13 @@ Tensor::Tensor(Shape shape) : shape_(std::move(shape)), numel_(klein::numel(shap
   data_ = alloc_aligned<float>(size_t(numel_));
 }
 
+Tensor Tensor::copy() const {
+  if (numel_ == 0 && shape_.empty()) return Tensor();
+  Tensor t(shape_);
+  if (numel_ > 0) std::memcpy(t.data(), data(), size_t(numel_) * sizeof(float));
+  return t;
+}
+
 Tensor Tensor::zeros(Shape shape) {
   Tensor t(std::move(shape));
   std::memset(t.data(), 0, size_t(t.numel()) * sizeof(float));

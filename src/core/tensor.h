@@ -48,6 +48,8 @@ class Tensor {
   Tensor() = default;
   explicit Tensor(Shape shape);
   static Tensor zeros(Shape shape);
+  // A new tensor with this one's shape and values (an empty one stays empty).
+  Tensor copy() const;
 
   const Shape& shape() const { return shape_; }
   int64_t dim(size_t i) const { return shape_[i]; }

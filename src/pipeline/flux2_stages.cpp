@@ -87,8 +87,8 @@ class Flux2Stages final : public FamilyStages {
   void prepare_latents(Session& session, Generation& g, Progress& progress) const override;
   void denoise(Session& session, Generation& g, Progress& progress,
                const StepHook& on_step) const override;
-  void denoise_batch(Session& session, std::span<Generation* const> batch,
-                     Progress& progress) const override;
+  void denoise_batch(Session& session, std::span<Generation* const> batch, Progress& progress,
+                     const StepHook& on_first) const override;
   void decode(Session& session, Generation& g, Progress& progress) const override;
 
   std::vector<TransformerBlock> transformer_blocks(const ModelConfig& config) const override {
@@ -579,9 +579,9 @@ void Flux2Stages::denoise(Session& session, Generation& g, Progress& progress,
 
 // A batch: one sampler loop for all (flux2::sample_batch refuses what they do not share),
 // timed once and recorded in every generation's result; the first one's steps are the
-// phase's progress.
+// phase's progress and go to `on_first`.
 void Flux2Stages::denoise_batch(Session& session, std::span<Generation* const> batch,
-                                Progress& progress) const {
+                                Progress& progress, const StepHook& on_first) const {
   check(!batch.empty(), "denoise: an empty batch");
   Generation& first = *batch[0];
   for (Generation* g : batch)
@@ -595,7 +595,8 @@ void Flux2Stages::denoise_batch(Session& session, std::span<Generation* const> b
                 [&](Phase& phase) {
     std::vector<flux2::SamplerInputs> inputs;
     for (size_t i = 0; i < batch.size(); ++i)
-      inputs.push_back(sampler_inputs(session, *batch[i], progress, phase, i == 0, dumps[i], {}));
+      inputs.push_back(sampler_inputs(session, *batch[i], progress, phase, i == 0, dumps[i],
+                                      i == 0 ? on_first : StepHook()));
     const Compute::Use arithmetic(session.compute(), arithmetic_for(first.result.fast));
     out = flux2::sample_batch(session.weights(), inputs, session.compute());
     for (size_t i = 0; i < batch.size(); ++i)

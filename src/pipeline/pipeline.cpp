@@ -1,5 +1,6 @@
 #include "pipeline/pipeline.h"
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -66,13 +67,32 @@ void Session::denoise(Generation& g, Progress& progress, const StepHook& on_step
   stages_.denoise(*this, g, progress, on_step);
 }
 
-void Session::denoise(std::span<Generation* const> batch, Progress& progress) {
+void Session::denoise(std::span<Generation* const> batch, Progress& progress,
+                      const StepHook& on_first) {
   check(!batch.empty(), "denoise: an empty batch");
   for (size_t i = 0; i < batch.size(); ++i)
     check(batch[i]->options.batch == int64_t(batch.size()), "denoise: a batch of ", batch.size(),
           " images, but image ", i, " was started with options.batch = ",
           batch[i]->options.batch, " (its memory plan counts that many)");
-  stages_.denoise_batch(*this, batch, progress);
+  stages_.denoise_batch(*this, batch, progress, on_first);
+}
+
+int64_t Session::batch_that_fits(const GenerateOptions& options, int64_t n) {
+  GenerateOptions o = options;
+  o.plan_only = true;
+  Progress silent;
+  for (int64_t b = n; b > 1; b = (b + 1) / 2) {
+    o.batch = b;
+    try {
+      start(o, silent);
+      return b;
+    } catch (const Cancelled&) {
+      throw;
+    } catch (const Error&) {
+      // too large together (or refused for another reason, which start() says for one)
+    }
+  }
+  return 1;
 }
 
 void Session::decode(Generation& g, Progress& progress) {
@@ -130,6 +150,57 @@ GenerateResult Session::generate(const GenerateOptions& options, Progress& progr
   denoise(g, progress, on_step);
   decode(g, progress);
   return std::move(g.result);
+}
+
+void Session::generate_batch(std::span<const GenerateOptions> images, Progress& progress,
+                             const BatchDone& done, const StepHook& on_first,
+                             const BatchStarted& started) {
+  check(!images.empty(), "generate_batch: no images");
+  const size_t n = images.size();
+  const size_t together = size_t(batch_that_fits(images[0], int64_t(n)));
+  if (together < n)
+    progress.warn("the " + std::to_string(n) + " images do not fit the memory budget denoised "
+                  "together: " + std::to_string(together) + " at a time");
+  struct Contexts {
+    Tensor context, negative;
+    bool from_cache = false;
+  };
+  std::map<std::pair<std::string, std::string>, Contexts> encoded;  // by prompt and negative
+  for (size_t g0 = 0; g0 < n; g0 += together) {
+    const size_t size = std::min(together, n - g0);
+    std::vector<Generation> gens;
+    gens.reserve(size);
+    for (size_t j = 0; j < size; ++j) {
+      GenerateOptions o = images[g0 + j];
+      o.batch = int64_t(size);
+      o.plan_only = false;
+      gens.push_back(start(o, progress));
+    }
+    if (started) started(g0, size);
+    std::vector<Generation*> batch;
+    for (Generation& g : gens) {
+      const auto key =
+          std::pair(g.options.prompt, g.guided ? g.options.negative_prompt : std::string());
+      if (const auto it = encoded.find(key); it != encoded.end()) {
+        g.context = it->second.context.copy();
+        g.negative = it->second.negative.copy();
+        g.result.context_from_cache = it->second.from_cache;
+      } else {
+        encode_prompt(g, progress);
+        encoded[key] = {g.context.copy(), g.negative.copy(), g.result.context_from_cache};
+      }
+    }
+    for (Generation& g : gens) {
+      prepare_latents(g, progress);
+      batch.push_back(&g);
+    }
+    denoise(batch, progress, on_first);
+    for (size_t j = 0; j < size; ++j) {
+      decode(gens[j], progress);
+      done(g0 + j, gens[j].result);
+      gens[j].result.image = Image();  // handed over: the next decode does not hold it too
+    }
+  }
 }
 
 std::string parameters_text(const GenerateOptions& o, const GenerateResult& r,

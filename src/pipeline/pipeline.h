@@ -251,11 +251,30 @@ class Session {
   // Generations started with the same options but their prompts and seeds (and
   // options.batch = their number, for the memory plan), denoised together where the family
   // can (FamilyStages::denoise_batch): each image is the one denoise() makes alone.
-  void denoise(std::span<Generation* const> batch, Progress& progress);
+  // `on_first` sees the first one's steps (a preview).
+  void denoise(std::span<Generation* const> batch, Progress& progress,
+               const StepHook& on_first = {});
+  // How many of n generations with these options (prompts and seeds aside) fit the memory
+  // budget denoised together: n, or n halved until their plan fits; 1 at least (a single
+  // image's own refusal is start()'s). Plans only; runs nothing.
+  int64_t batch_that_fits(const GenerateOptions& options, int64_t n);
   void decode(Generation& g, Progress& progress);
 
   GenerateResult generate(const GenerateOptions& options, Progress& progress,
                           const StepHook& on_step = {});
+  // Several images whose options differ only in their prompts and seeds (options.batch is
+  // set here): in groups that the memory budget holds denoised together (batch_that_fits;
+  // usually all of them), each group started (every option checked before any network
+  // runs), its prompts encoded (once per distinct prompt over the whole call), prepared,
+  // denoised as one batch and decoded. `started(first, count)` is called after a group's
+  // starts; `done(i, result)` gets image i as soon as it is decoded, in order; `on_first`
+  // sees the steps of each group's first image. Each image is the one generate() makes with
+  // its options.
+  using BatchStarted = std::function<void(size_t first, size_t count)>;
+  using BatchDone = std::function<void(size_t index, GenerateResult& result)>;
+  void generate_batch(std::span<const GenerateOptions> images, Progress& progress,
+                      const BatchDone& done, const StepHook& on_first = {},
+                      const BatchStarted& started = {});
 
   // For the stages (stages.h): run a phase, timed and with its peak memory; record a warning.
   template <class Fn>

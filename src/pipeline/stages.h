@@ -67,9 +67,11 @@ class FamilyStages {
   // prompts and seeds may differ), each with its latents prepared: each ends as denoise()
   // leaves it alone. This default runs them one after the other; a family whose transformer
   // takes a batch (FLUX.2) runs them together, each block once per step for all of them.
-  virtual void denoise_batch(Session& s, std::span<Generation* const> batch,
-                             Progress& progress) const {
-    for (Generation* g : batch) denoise(s, *g, progress, {});
+  // `on_first` sees the first generation's steps.
+  virtual void denoise_batch(Session& s, std::span<Generation* const> batch, Progress& progress,
+                             const StepHook& on_first) const {
+    for (size_t i = 0; i < batch.size(); ++i)
+      denoise(s, *batch[i], progress, i == 0 ? on_first : StepHook());
   }
   virtual void decode(Session& s, Generation& g, Progress& progress) const = 0;
 

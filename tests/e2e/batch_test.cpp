@@ -5,6 +5,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "formats/image/image.h"
@@ -73,6 +75,49 @@ TEST(Batch, BatchImagesAreTheImagesMadeAloneWithTheNextSeeds) {
   expect_same_pixels(second, alone(dir, "a small boat", 8), "image 1");
   EXPECT_FALSE(first.rgb == second.rgb);
   EXPECT_FALSE(fs::exists(dir / "b-2.png"));
+}
+
+// The need of a batch without read-ahead, from its --dry-run plan.
+uint64_t one_unit_need(const std::string& args) {
+  std::string log;
+  EXPECT_EQ(testing::run_klein(args + " --dry-run --json", &log), 0) << log;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(R"("event":"memory")") == std::string::npos) continue;
+    return nlohmann::json::parse(line)["need_one_unit_bytes"].get<uint64_t>();
+  }
+  ADD_FAILURE() << "no memory event in: " << log;
+  return 0;
+}
+
+TEST(Batch, ABatchTheBudgetDoesNotHoldGoesInGroupsOfTheSameImages) {
+  const fs::path dir = testing::temp_dir("batch-groups");
+  const std::string args = "generate -m " + testing::shell_arg(testing::tiny_model()) +
+                           " -W 32 -H 32 -s 2 --seed 20 --no-cache --threads 2 -p 'a kite'";
+  // The tiny model's VAE decode is its largest phase, unless the batch is large: 16 images
+  // need more than it, 8 do not. A budget between one image's need (without read-ahead) and
+  // sixteen's makes groups of 8.
+  const uint64_t one = one_unit_need(args), sixteen = one_unit_need(args + " --batch 16");
+  ASSERT_GT(sixteen, one);
+  EXPECT_EQ(one_unit_need(args + " --batch 8"), one);
+  const uint64_t budget = one + (sixteen - one) / 2;
+  std::string log;
+  ASSERT_EQ(testing::run_klein(args + " --batch 16 --max-memory " + std::to_string(budget) +
+                                   " -o " + testing::shell_arg(dir / "k.png"), &log), 0) << log;
+  EXPECT_NE(log.find("the 16 images do not fit the memory budget denoised together: 8 at a "
+                     "time"), std::string::npos) << log;
+  for (int i : {0, 8, 15}) {  // the first of each group, and the last image
+    std::string alone_log;
+    const fs::path alone = dir / ("alone-" + std::to_string(i) + ".png");
+    ASSERT_EQ(testing::run_klein("generate -m " + testing::shell_arg(testing::tiny_model()) +
+                                     " -W 32 -H 32 -s 2 --no-cache --threads 2 -q -p 'a kite'"
+                                     " --seed " + std::to_string(20 + i) + " -o " +
+                                     testing::shell_arg(alone), &alone_log), 0) << alone_log;
+    expect_same_pixels(load_image(dir / ("k-" + std::to_string(i) + ".png")), load_image(alone),
+                       "image " + std::to_string(i));
+  }
+  EXPECT_TRUE(fs::exists(dir / "k-15.png"));
+  EXPECT_FALSE(fs::exists(dir / "k-16.png"));
 }
 
 TEST(Batch, BadBatchesAreRefusedBeforeAnyImage) {
