@@ -364,47 +364,60 @@ struct Server::Impl {
       const std::lock_guard lock(live_mutex);
       live.preview = b64;
     };
-    for (int i = 0; i < request.count; ++i) {
-      const auto began = std::chrono::steady_clock::now();
-      o.seed = first_seed + uint64_t(i);
-      {
-        const std::lock_guard lock(live_mutex);
-        live.image = i;
-      }
-      Session session(m, cx);
-      Generation g;
-      try {
-        g = session.start(o, progress);
-      } catch (const Cancelled&) {
-        throw cancelled(progress, t);
-      } catch (const Error& e) {
-        throw bad_request(e.what());
-      }
-      // start() clears the cancel flag: a stop, interrupt or departure before it counts here.
-      progress.look();
-      if (should_stop() || progress.abandoned()) throw cancelled(progress, t);
-      try {
-        session.encode_prompt(g, progress);
-        session.prepare_latents(g, progress);
-        session.denoise(g, progress, preview);
-        session.decode(g, progress);
-      } catch (const Cancelled&) {
-        throw cancelled(progress, t);
-      } catch (const Error& e) {
-        throw HttpError{500, e.what()};
-      }
-      const GenerateResult& r = g.result;
-      const std::string text = parameters_text(o, r, m.name);
-      const std::string metadata_json = parameters_json(o, r, m.name, m.checksum);
-      const ImageMetadata meta = {{"parameters", text},
-                                  {"klein", metadata_json},
-                                  {kXmpKey, provenance_xmp(metadata_json)}};
-      made.png.push_back(base64_encode(png_bytes(r.image, meta)));
-      made.seeds.push_back(r.seed.value_or(0));
-      made.infotexts.push_back(text);
-      if (i == 0) made.first = r;
-      metrics.image_done(
-          t.route, std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
+    // The images of the request denoised together (in groups when the memory budget does not
+    // hold all of them): Session::generate_batch. Input that start() refuses is the client's
+    // fault, so an error before the first group has started is a 400.
+    std::vector<GenerateOptions> images(size_t(request.count), o);
+    for (int i = 0; i < request.count; ++i) images[size_t(i)].seed = first_seed + uint64_t(i);
+    bool running = false;
+    auto began = std::chrono::steady_clock::now();
+    size_t group_first = 0, group = 1;
+    Session session(m, cx);
+    try {
+      session.generate_batch(
+          images, progress,
+          [&](size_t i, GenerateResult& r) {
+            {
+              const std::lock_guard lock(live_mutex);
+              live.image = int(i);
+            }
+            const GenerateOptions& used = images[i];
+            const std::string text = parameters_text(used, r, m.name);
+            const std::string metadata_json = parameters_json(used, r, m.name, m.checksum);
+            const ImageMetadata meta = {{"parameters", text},
+                                        {"klein", metadata_json},
+                                        {kXmpKey, provenance_xmp(metadata_json)}};
+            made.png.push_back(base64_encode(png_bytes(r.image, meta)));
+            made.seeds.push_back(r.seed.value_or(0));
+            made.infotexts.push_back(text);
+            if (i == 0) made.first = r;
+            // When a group is done, each of its images is charged an equal part of its time.
+            if (i + 1 == group_first + group) {
+              const double seconds =
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+              for (size_t k = 0; k < group; ++k)
+                metrics.image_done(t.route, seconds / double(group));
+            }
+          },
+          preview,
+          [&](size_t first, size_t count) {
+            running = true;
+            group_first = first;
+            group = count;
+            began = std::chrono::steady_clock::now();
+            {
+              const std::lock_guard lock(live_mutex);
+              live.image = int(first);
+            }
+            // start() clears the cancel flag: a stop, interrupt or departure before it counts.
+            progress.look();
+            if (should_stop() || progress.abandoned()) throw cancelled(progress, t);
+          });
+    } catch (const Cancelled&) {
+      throw cancelled(progress, t);
+    } catch (const Error& e) {
+      if (!running) throw bad_request(e.what());
+      throw HttpError{500, e.what()};
     }
     return made;
   }
