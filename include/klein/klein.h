@@ -213,6 +213,16 @@ KLEIN_API klein_status klein_generate(klein_session* session, const klein_genera
                                       klein_image** image);
 KLEIN_API void klein_image_free(klein_image* image);
 
+/* Generates `count` images of the same parameters (1 to 1000), image i with seed + i (seed:
+ * params->seed with has_seed, else drawn at random), denoised together: each transformer
+ * block is read once per step for all of them (as many at a time as the memory budget
+ * holds). images[i] is the image klein_generate makes with seed + i. On KLEIN_OK
+ * images[0..count) hold them (free each with klein_image_free); otherwise none is set.
+ * params->preview sees the first image's steps. */
+KLEIN_API klein_status klein_generate_batch(klein_session* session,
+                                            const klein_generate_params* params, int count,
+                                            klein_image** images);
+
 /* Writes the image as PNG (or JPEG for .jpg / .jpeg, quality 95) with its metadata, atomically
  * (a failed save leaves no file). */
 KLEIN_API klein_status klein_image_save(const klein_image* image, const char* path, char** error);

@@ -192,8 +192,10 @@ class Model:
     def generate(self, prompt, *, negative_prompt=None, width=None, height=None, steps=None,
                  guidance=None, seed=None, references=(), init_image=None, mask=None,
                  strength=None, loras=(), cfg_normalization=None, cfg_truncation=None,
-                 watermark=True, progress=None, preview=None):
-        """Generates one image and returns it as a PIL image (RGB).
+                 watermark=True, progress=None, preview=None, count=None):
+        """Generates one image and returns it as a PIL image (RGB); with count=N, a list of N
+        images with seeds seed, seed+1, ... denoised together (each transformer block read
+        once per step for all of them), image i the one generate makes with seed + i.
 
         width, height: pixels, multiples of 16 (None: the first reference's size, else 1024).
         steps, guidance: None for the model's defaults. seed: an integer for a reproducible
@@ -205,7 +207,8 @@ class Model:
         watermark: False leaves the pixels without the invisible dwtDct mark (FLUX's message)
         that images of at least 256x256 pixels carry by default.
         progress(phase, done, total, seconds): called as phases begin, step and end.
-        preview(step, steps, image): a small PIL image of the latents after each step.
+        preview(step, steps, image): a small PIL image of the latents after each step (with
+        count, of the first image).
         A callback that returns True stops the generation (Cancelled); one that raises stops
         it and its exception is raised from generate.
         """
@@ -236,6 +239,9 @@ class Model:
         if not isinstance(watermark, bool):
             raise TypeError(f"watermark: expected True or False, got {watermark!r}")
         params.no_watermark = 0 if watermark else 1
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int)
+                                  or not 1 <= count <= 1000):
+            raise ValueError(f"count: expected an integer from 1 to 1000, got {count!r}")
 
         lora_files, lora_scales = [], []
         for i, item in enumerate(loras):
@@ -292,37 +298,45 @@ class Model:
             params.lora_scales = scale_array
             params.lora_count = len(lora_files)
 
-            result = ctypes.POINTER(_capi.Image)()
+            results = (ctypes.POINTER(_capi.Image) * (count or 1))()
             with self._lock, _CtrlC(self) as ctrl_c:
                 self._check_open()
-                status = lib.klein_generate(self._session, ctypes.byref(params),
-                                            ctypes.byref(result))
+                if count is None:
+                    status = lib.klein_generate(self._session, ctypes.byref(params), results)
+                else:
+                    status = lib.klein_generate_batch(self._session, ctypes.byref(params),
+                                                      count, results)
                 message = lib.klein_session_error(self._session).decode("utf-8", "replace")
         finally:
             files.close()
 
+        made = [r for r in results if r]
         if ctrl_c.pressed and not raised:
             raised.append(KeyboardInterrupt())
         if raised:
-            if result:
-                lib.klein_image_free(result)
+            for r in made:
+                lib.klein_image_free(r)
             raise raised[0]
         if status == _capi.KLEIN_ERROR_CANCELLED:
             raise Cancelled(message or "cancelled")
         if status != _capi.KLEIN_OK:
             raise KleinError(message or f"generation failed (status {status})")
+        images = []
         try:
-            r = result.contents
-            pixels = ctypes.string_at(r.pixels, r.width * r.height * r.channels)
-            image = PILImage.frombytes("RGB", (r.width, r.height), pixels)
-            image.info["parameters"] = r.parameters.decode("utf-8")
-            image.info["klein"] = r.metadata.decode("utf-8")
-            image.info["seed"] = r.seed
-            image.info["steps"] = r.steps
-            image.info["guidance"] = r.guidance
+            for result in made:
+                r = result.contents
+                pixels = ctypes.string_at(r.pixels, r.width * r.height * r.channels)
+                image = PILImage.frombytes("RGB", (r.width, r.height), pixels)
+                image.info["parameters"] = r.parameters.decode("utf-8")
+                image.info["klein"] = r.metadata.decode("utf-8")
+                image.info["seed"] = r.seed
+                image.info["steps"] = r.steps
+                image.info["guidance"] = r.guidance
+                images.append(image)
         finally:
-            lib.klein_image_free(result)
-        return image
+            for r in made:
+                lib.klein_image_free(r)
+        return images[0] if count is None else images
 
 
 class _CtrlC:

@@ -49,6 +49,9 @@ def test_python_side_checks_name_the_argument(model, tiny_model):
         model.generate(PROMPT, references=[42])
     with pytest.raises(ValueError, match=r"loras\[0\]"):
         model.generate(PROMPT, loras=[("x.safetensors", float("nan"))])
+    for count in (0, 1001, 2.0, True):
+        with pytest.raises(ValueError, match="count"):
+            model.generate(PROMPT, count=count)
     with pytest.raises(ValueError, match="precision"):
         klein_edge.Model(tiny_model, precision="fastest")
 

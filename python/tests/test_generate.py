@@ -58,6 +58,16 @@ def test_same_seed_same_image_and_a_random_seed_is_reported(model):
     assert again.tobytes() == c.tobytes()
 
 
+def test_count_makes_a_batch_of_the_images_made_one_at_a_time(model):
+    images = model.generate(PROMPT, width=32, height=48, steps=2, seed=40, count=3)
+    assert [i.info["seed"] for i in images] == [40, 41, 42]
+    for i, image in enumerate(images):
+        alone = model.generate(PROMPT, width=32, height=48, steps=2, seed=40 + i)
+        assert image.tobytes() == alone.tobytes()
+        assert image.info["klein"] == alone.info["klein"]
+    assert images[0].tobytes() != images[1].tobytes()
+
+
 def test_inpainting_with_a_reference_from_pil_images_and_paths(model, cli, tiny_model,
                                                                testdata, tmp_path):
     case = testdata / "klein-tiny-edit" / "vectors" / "inpaint" / "inpaint_ref_s08_h64_w80"

@@ -14,12 +14,14 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/version.h"
 #include "formats/image/image.h"
 #include "ops/compute.h"
+#include "pipeline/noise.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/preview.h"
 
@@ -157,6 +159,46 @@ klein::GenerateOptions to_options(const klein_session& s, const klein_generate_p
   return o;
 }
 
+
+// The preview callback of the params as a step hook (none without one); a non-zero return
+// cancels.
+klein::StepHook preview_hook(klein_session& session, const klein_generate_params& params) {
+  if (!params.preview) return {};
+  return [&params, &session](const klein::StepView& s) {
+    const klein::Image image = s.preview();
+    const klein_preview info{int(s.step + 1), int(s.steps), image.width, image.height,
+                             image.rgb.data()};
+    if (params.preview(&info, params.user_data) != 0) session.cx->cancel();
+  };
+}
+
+// A generation's image as the C library hands it over (malloc'd; klein_image_free).
+klein_image* to_image(const klein::GenerateOptions& o, const klein::GenerateResult& r,
+                      const klein_model& m) {
+  const std::string parameters = klein::parameters_text(o, r, m.model.name);
+  const std::string metadata = klein::parameters_json(o, r, m.model.name, m.model.checksum);
+  auto* out = static_cast<klein_image*>(std::calloc(1, sizeof(klein_image)));
+  if (!out) throw std::bad_alloc();
+  out->width = r.image.width;
+  out->height = r.image.height;
+  out->channels = 3;
+  out->seed = r.seed.value_or(0);
+  out->steps = int(r.steps);
+  out->guidance = r.guidance;
+  out->pixels = static_cast<uint8_t*>(std::malloc(r.image.rgb.size()));
+  out->parameters = copy_string(parameters);
+  out->metadata = copy_string(metadata);
+  if (!out->pixels || !out->parameters || !out->metadata) {
+    klein_image_free(out);
+    throw std::bad_alloc();
+  }
+  std::memcpy(out->pixels, r.image.rgb.data(), r.image.rgb.size());
+  return out;
+}
+
+// The most images one klein_generate_batch makes (as `klein generate --batch`).
+constexpr int kMaxBatch = 1000;
+
 }  // namespace
 
 extern "C" {
@@ -265,36 +307,44 @@ klein_status klein_generate(klein_session* session, const klein_generate_params*
       const std::lock_guard lock(m.generating);
       CallbackProgress progress(*params, *session->cx);
       klein::Session stages(m.model, *session->cx);
-      klein::StepHook preview;
-      if (params->preview)
-        preview = [params, session](const klein::StepView& s) {
-          const klein::Image image = s.preview();
-          const klein_preview info{int(s.step + 1), int(s.steps), image.width, image.height,
-                                   image.rgb.data()};
-          if (params->preview(&info, params->user_data) != 0) session->cx->cancel();
-        };
-      r = stages.generate(o, progress, preview);
+      r = stages.generate(o, progress, preview_hook(*session, *params));
     }
-    const std::string parameters = klein::parameters_text(o, r, m.model.name);
-    const std::string metadata = klein::parameters_json(o, r, m.model.name, m.model.checksum);
-    auto* out = static_cast<klein_image*>(std::calloc(1, sizeof(klein_image)));
-    if (!out) throw std::bad_alloc();
-    out->width = r.image.width;
-    out->height = r.image.height;
-    out->channels = 3;
-    out->seed = r.seed.value_or(0);
-    out->steps = int(r.steps);
-    out->guidance = r.guidance;
-    out->pixels = static_cast<uint8_t*>(std::malloc(r.image.rgb.size()));
-    out->parameters = copy_string(parameters);
-    out->metadata = copy_string(metadata);
-    if (!out->pixels || !out->parameters || !out->metadata) {
-      klein_image_free(out);
-      throw std::bad_alloc();
-    }
-    std::memcpy(out->pixels, r.image.rgb.data(), r.image.rgb.size());
-    *image = out;
+    *image = to_image(o, r, m);
   });
+}
+
+klein_status klein_generate_batch(klein_session* session, const klein_generate_params* params,
+                                  int count, klein_image** images) {
+  if (!session) return KLEIN_ERROR_ARGUMENT;
+  if (!params || !images) {
+    session->error = "klein_generate_batch: params and images must not be NULL";
+    return KLEIN_ERROR_ARGUMENT;
+  }
+  if (count < 1 || count > kMaxBatch) {
+    session->error = "klein_generate_batch: count must be 1 to " + std::to_string(kMaxBatch) +
+                     ", got " + std::to_string(count);
+    return KLEIN_ERROR_ARGUMENT;
+  }
+  std::vector<klein_image*> made;
+  const klein_status status = guarded(session->error, [&] {
+    klein::GenerateOptions o = to_options(*session, *params);
+    if (!o.seed) o.seed = klein::random_seed();
+    std::vector<klein::GenerateOptions> all(size_t(count), o);
+    for (int i = 0; i < count; ++i) all[size_t(i)].seed = *o.seed + uint64_t(i);
+    klein_model& m = *session->model;
+    const std::lock_guard lock(m.generating);
+    CallbackProgress progress(*params, *session->cx);
+    klein::Session stages(m.model, *session->cx);
+    stages.generate_batch(all, progress, [&](size_t i, klein::GenerateResult& r) {
+      made.push_back(to_image(all[i], r, m));
+    }, preview_hook(*session, *params));
+  });
+  if (status != KLEIN_OK) {
+    for (klein_image* image : made) klein_image_free(image);
+    return status;
+  }
+  for (size_t i = 0; i < made.size(); ++i) images[i] = made[i];
+  return status;
 }
 
 void klein_image_free(klein_image* image) {

@@ -107,6 +107,38 @@ TEST(CApi, SamePixelsAndMetadataAsTheCli) {
   klein_image_free(image);
 }
 
+// A batch: image i is the image klein_generate makes with seed + i; bad counts are refused
+// and leave the array alone.
+TEST(CApi, BatchImagesAreTheImagesMadeOneAtATime) {
+  Opened m;
+  const klein_generate_params p = params(11, 64, 48, 2);
+  klein_image* images[3] = {nullptr, nullptr, nullptr};
+  ASSERT_EQ(klein_generate_batch(m.session, &p, 3, images), KLEIN_OK)
+      << klein_session_error(m.session);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_NE(images[i], nullptr);
+    EXPECT_EQ(images[i]->seed, uint64_t(11 + i));
+    const klein_generate_params one = params(uint64_t(11 + i), 64, 48, 2);
+    klein_image* alone = nullptr;
+    ASSERT_EQ(klein_generate(m.session, &one, &alone), KLEIN_OK);
+    ASSERT_EQ(alone->width, images[i]->width);
+    ASSERT_EQ(alone->height, images[i]->height);
+    EXPECT_EQ(0, std::memcmp(alone->pixels, images[i]->pixels, size_t(64 * 48 * 3))) << i;
+    EXPECT_STREQ(alone->metadata, images[i]->metadata) << i;
+    klein_image_free(alone);
+  }
+  EXPECT_NE(0, std::memcmp(images[0]->pixels, images[1]->pixels, size_t(64 * 48 * 3)));
+  for (klein_image* image : images) klein_image_free(image);
+
+  klein_image* untouched[1] = {nullptr};
+  EXPECT_EQ(klein_generate_batch(m.session, &p, 0, untouched), KLEIN_ERROR_ARGUMENT);
+  EXPECT_NE(std::string(klein_session_error(m.session)).find("count"), std::string::npos);
+  klein_generate_params bad = params(1, 8, 64, 2);
+  EXPECT_EQ(klein_generate_batch(m.session, &bad, 1, untouched), KLEIN_ERROR);
+  EXPECT_NE(std::string(klein_session_error(m.session)).find("params.width"), std::string::npos);
+  EXPECT_EQ(untouched[0], nullptr);
+}
+
 // Inpainting through the library: the init image, mask and strength make the CLI's pixels
 // (the CLI's are checked against the official pipeline in tests/e2e/editing_test.cpp).
 TEST(CApi, InpaintingMakesTheCliPixels) {
