@@ -55,6 +55,24 @@ struct Discovered {
   const ModelFamily* family = nullptr;
 };
 
+// The config.json of a text encoder given as a file, when one lies beside it (a Hub snapshot's
+// text_encoder/ folder) and describes a text model this engine reads (Qwen3, Mistral): it
+// gives what the weights cannot, Mistral's head width (no per-head norm to measure). Any other
+// config.json there belongs to something else and is left alone.
+fs::path text_encoder_config_beside(const fs::path& weights) {
+  const fs::path config = weights.parent_path() / "config.json";
+  if (!fs::is_regular_file(config)) return {};
+  json j;
+  try {
+    j = read_json(config);
+  } catch (const Error&) {
+    return {};
+  }
+  const bool typed = j.is_object() && j.contains("model_type") && j["model_type"].is_string();
+  const std::string type = typed ? j["model_type"].get<std::string>() : "";
+  return type == "qwen3" || type == "mistral" || type == "mistral3" ? config : fs::path();
+}
+
 Discovered discover(const ModelPaths& paths) {
   Discovered d;
   if (!paths.model.empty()) {
@@ -88,7 +106,10 @@ Discovered discover(const ModelPaths& paths) {
     return Located{p, {}};
   };
   if (!paths.diffusion_model.empty()) d.transformer = single(paths.diffusion_model, "--diffusion-model");
-  if (!paths.text_encoder.empty()) d.text_encoder = single(paths.text_encoder, "--text-encoder");
+  if (!paths.text_encoder.empty()) {
+    d.text_encoder = single(paths.text_encoder, "--text-encoder");
+    d.text_encoder.config = text_encoder_config_beside(paths.text_encoder);
+  }
   if (!paths.vae.empty()) d.vae = single(paths.vae, "--vae");
   std::string missing;
   if (d.transformer.weights.empty()) missing += " --diffusion-model";

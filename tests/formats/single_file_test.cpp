@@ -105,6 +105,12 @@ std::vector<StTensor> bfl_transformer(const BflSpelling& spelling,
       {"proj_out.weight", "final_layer.linear.weight"},
   };
   for (const auto& [from, to] : shared) put(renamed(take(d, from), to));
+  // FLUX.2-dev's guidance embedder (diffusers' convert_flux2_to_diffusers.py: guidance_in).
+  const std::string guidance = "time_guidance_embed.guidance_embedder.";
+  if (d.count(guidance + "linear_1.weight")) {
+    put(renamed(take(d, guidance + "linear_1.weight"), "guidance_in.in_layer.weight"));
+    put(renamed(take(d, guidance + "linear_2.weight"), "guidance_in.out_layer.weight"));
+  }
   put(halves_swapped(take(d, "norm_out.linear.weight"), "final_layer.adaLN_modulation.1.weight"));
   const std::string norm = "." + spelling.norm;
   for (int i = 0; i < 2; ++i) {
@@ -258,6 +264,32 @@ TEST_F(BflLayout, TransformerLoadsBitIdentical) {
   EXPECT_EQ(b.context_dim, a.context_dim);
   EXPECT_EQ(b.mlp_ratio, a.mlp_ratio);
   EXPECT_EQ(b.rope_axes, a.rope_axes);
+}
+
+// FLUX.2-dev's transformer as BFL publishes it (flux2-dev.safetensors: the klein names plus
+// guidance_in): detected as dev by its guidance embedder, with or without the directory.
+TEST_F(BflLayout, DevTransformerLoadsBitIdenticalAndIsDetectedAsDev) {
+  const fs::path dev = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "flux2-dev-tiny" / "model";
+  const std::vector<StTensor> diffusers =
+      testing::read_all(dev / "transformer" / "diffusion_pytorch_model.safetensors");
+  for (const std::string prefix : {"", "model.diffusion_model."}) {
+    SCOPED_TRACE("prefix '" + prefix + "'");
+    testing::write_safetensors(dir_ / "flux2-dev.safetensors", bfl_transformer({prefix}, diffusers));
+    ModelPaths with_directory;
+    with_directory.model = dev;
+    with_directory.diffusion_model = dir_ / "flux2-dev.safetensors";
+    ModelPaths files_only;
+    files_only.diffusion_model = dir_ / "flux2-dev.safetensors";
+    files_only.text_encoder = dev / "text_encoder" / "model.safetensors.index.json";
+    files_only.vae = dev / "vae" / "diffusion_pytorch_model.safetensors";
+    const auto want = open_model(dev);
+    for (const ModelPaths* paths : {&with_directory, &files_only}) {
+      const auto got = open_model(*paths);
+      EXPECT_EQ(got->config().family, "flux2-dev");
+      EXPECT_TRUE(got->config().transformer.guidance_embeds);
+      expect_same_weights(*want, *got, 100);
+    }
+  }
 }
 
 TEST_F(BflLayout, ComfyPrefixAndWeightSpelledNormsLoadBitIdentical) {
