@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <map>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -258,8 +257,8 @@ void run_one(Args& a);
 void run_batch(Args& a, const std::vector<std::string>& prompts, uint64_t seed);
 
 // --batch N and --prompts FILE: the images in order, image i with seed s+i, each the image
-// `klein generate` makes alone with that prompt and seed (the model is opened once; the
-// prompt cache serves a repeated prompt).
+// `klein generate` makes alone with that prompt and seed (run_batch: the model opened once,
+// each distinct prompt encoded once, the images denoised together).
 void run(Args& a) {
   check(!a.gen.prompt.empty() || !a.prompts_file.empty(),
         "-p/--prompt or --prompts FILE is required");

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/npy.h"
 #include "models/flux2/sampler.h"
+#include "support/config_override.h"
 #include "support/testing.h"
 #include "support/tiny_model_suite.h"
 #include "weights/model_source.h"
@@ -49,21 +50,7 @@ Tensor load_chw(const std::filesystem::path& path) {
   return t;
 }
 
-// The same store with another model configuration (to exercise klein-base behaviour).
-class ConfigOverride final : public WeightStore {
- public:
-  ConfigOverride(WeightStore& inner, ModelConfig config)
-      : inner_(inner), config_(std::move(config)) {}
-  UnitRef acquire(const std::string& unit) override { return inner_.acquire(unit); }
-  bool has_unit(const std::string& unit) const override { return inner_.has_unit(unit); }
-  std::vector<std::string> units() const override { return inner_.units(); }
-  const ModelConfig& config() const override { return config_; }
-  std::string identity() const override { return inner_.identity(); }
-
- private:
-  WeightStore& inner_;
-  ModelConfig config_;
-};
+using testing::ConfigOverride;
 
 class SamplerTest : public testing::TinyModelSuite {
  protected:

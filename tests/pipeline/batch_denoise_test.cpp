@@ -15,6 +15,7 @@
 #include "models/flux2/sampler.h"
 #include "pipeline/noise.h"
 #include "support/isa.h"
+#include "support/config_override.h"
 #include "support/testing.h"
 #include "support/tiny_container.h"
 #include "weights/model_source.h"
@@ -22,21 +23,7 @@
 namespace klein::flux2 {
 namespace {
 
-// The same store with another model configuration (klein-base: CFG).
-class ConfigOverride final : public WeightStore {
- public:
-  ConfigOverride(WeightStore& inner, ModelConfig config)
-      : inner_(inner), config_(std::move(config)) {}
-  UnitRef acquire(const std::string& unit) override { return inner_.acquire(unit); }
-  bool has_unit(const std::string& unit) const override { return inner_.has_unit(unit); }
-  std::vector<std::string> units() const override { return inner_.units(); }
-  const ModelConfig& config() const override { return config_; }
-  std::string identity() const override { return inner_.identity(); }
-
- private:
-  WeightStore& inner_;
-  ModelConfig config_;
-};
+using testing::ConfigOverride;
 
 Tensor gaussian(Shape shape, uint64_t seed) {
   Tensor t(std::move(shape));
