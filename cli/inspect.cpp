@@ -108,6 +108,9 @@ void print_text(const ModelSummary& s) {
     std::printf("\ntokenizer: none (%s)\n", s.tokenizer_problem.c_str());
   else if (s.tokenizer->kind == TokenizerSource::Kind::Gguf)
     std::printf("\ntokenizer: %s (in its GGUF metadata)\n", s.tokenizer->path.c_str());
+  else if (s.tokenizer->kind == TokenizerSource::Kind::Tekken)
+    std::printf("\ntokenizer: %s (Mistral's tekken.json in its tensor tekken_model)\n",
+                s.tokenizer->path.c_str());
   else
     std::printf("\ntokenizer: %s\n", s.tokenizer->path.c_str());
   std::printf("\ntotal: %s\n", counts_line(s.total).c_str());

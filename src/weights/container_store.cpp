@@ -7,9 +7,11 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "formats/safetensors.h"
 #include "quant/blocks.h"
 #include "quant/matmul.h"
 #include "quant/types.h"
+#include "tokenizer/tekken.h"
 #include "weights/expected.h"
 #include "weights/family.h"
 #include "weights/gguf_source.h"
@@ -313,6 +315,17 @@ TokenizerBytes read_tokenizer_files(const ModelPaths& paths) {
       return container_tokenizer(container::ContainerFile(source.path));
     case TokenizerSource::Kind::Gguf:
       return gguf_tokenizer(gguf::File(source.path));
+    case TokenizerSource::Kind::Tekken: {
+      const SafetensorsSet set(source.path);
+      const SafetensorsSet::Located* t = set.find(kTekkenTensor);
+      const std::string where = source.path.string() + ": tensor " + kTekkenTensor;
+      check(t && t->entry->dtype == DType::U8 && t->entry->shape.size() == 1, where,
+            " must be the bytes of a tekken.json (U8, one dimension)");
+      const TensorView v = t->file->view(*t->entry);
+      return tekken_tokenizer(
+          std::string_view(static_cast<const char*>(v.data), v.nbytes),
+          where);
+    }
     case TokenizerSource::Kind::Directory:
       break;
   }
@@ -326,6 +339,9 @@ TokenizerBytes read_tokenizer_files(const ModelPaths& paths) {
   take("merges.txt", out.merges_txt);
   take("tokenizer_config.json", out.tokenizer_config_json);
   take("tokenizer.json", out.tokenizer_json);
+  // Mistral's own file, where the transformers files are not there.
+  if (!out.tokenizer_json && !out.vocab_json && fs::exists(dir / "tekken.json"))
+    return tekken_tokenizer(read_text_file(dir / "tekken.json"), (dir / "tekken.json").string());
   return out;
 }
 

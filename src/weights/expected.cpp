@@ -208,8 +208,16 @@ TextEncoderConfig infer_text_encoder_config(const ShapeMap& t, const std::string
   // Qwen3's per-head q_norm gives the head width; Mistral has none: `head_dim` then.
   c.qk_norm = t.count(p + "self_attn.q_norm.weight") > 0;
   c.head_dim = c.qk_norm ? shape_of(t, p + "self_attn.q_norm.weight", where)[0] : head_dim;
-  c.num_heads = shape_of(t, p + "self_attn.q_proj.weight", where)[0] / c.head_dim;
-  c.num_kv_heads = shape_of(t, p + "self_attn.k_proj.weight", where)[0] / c.head_dim;
+  const int64_t q_rows = shape_of(t, p + "self_attn.q_proj.weight", where)[0];
+  const int64_t k_rows = shape_of(t, p + "self_attn.k_proj.weight", where)[0];
+  if (!c.qk_norm)
+    check(c.head_dim > 0 && q_rows % c.head_dim == 0 && k_rows % c.head_dim == 0 && k_rows > 0,
+          where, ": a Mistral text encoder's head width cannot be measured from its weights, "
+          "and Mistral Small's ", c.head_dim, " does not divide its projections (q_proj ", q_rows,
+          " rows, k_proj ", k_rows, "): put its config.json beside the file, or give -m with "
+          "the model's directory");
+  c.num_heads = q_rows / c.head_dim;
+  c.num_kv_heads = k_rows / c.head_dim;
   c.intermediate = shape_of(t, p + "mlp.gate_proj.weight", where)[0];
   return c;
 }

@@ -18,6 +18,7 @@
 #include "weights/family.h"
 #include "weights/gguf_source.h"
 #include "weights/fp8.h"
+#include "tokenizer/tekken.h"
 #include "weights/source_store.h"
 
 namespace klein {
@@ -109,6 +110,12 @@ Discovered discover(const ModelPaths& paths) {
   if (!paths.text_encoder.empty()) {
     d.text_encoder = single(paths.text_encoder, "--text-encoder");
     d.text_encoder.config = text_encoder_config_beside(paths.text_encoder);
+    // Else the configuration of -m's own text encoder, if it has one: a file that replaces
+    // it (another precision, ComfyUI's copy) is the same model. The shapes are checked
+    // against it as for any config.json, so a file of another model is refused.
+    if (d.text_encoder.config.empty() && !paths.model.empty() &&
+        fs::is_regular_file(paths.model / "text_encoder" / "config.json"))
+      d.text_encoder.config = paths.model / "text_encoder" / "config.json";
   }
   if (!paths.vae.empty()) d.vae = single(paths.vae, "--vae");
   std::string missing;
@@ -169,7 +176,9 @@ SourceComponent open_component(Component kind, const Located& where, const Model
   // fp8 scales and markers travel beside the weights; the name mapping sees the weights only.
   Fp8Tensors fp8 = find_fp8_tensors(*c.files, weights.string());
   c.fp8_scales = std::move(fp8.scale_of);
-  const std::set<std::string> companions(fp8.companions.begin(), fp8.companions.end());
+  std::set<std::string> companions(fp8.companions.begin(), fp8.companions.end());
+  // A tokenizer travelling with a text encoder is not one of its weights.
+  if (kind == Component::TextEncoder) companions.insert(kTekkenTensor);
   std::vector<NamedShape> names;
   for (const auto& t : c.files->tensors())
     if (!companions.count(t.entry->name)) names.push_back({t.entry->name, t.entry->shape});
@@ -335,6 +344,8 @@ const char* tokenizer_kind_name(TokenizerSource::Kind kind) {
       return "gguf";
     case TokenizerSource::Kind::Container:
       return "container";
+    case TokenizerSource::Kind::Tekken:
+      return "tekken";
   }
   return "?";
 }
@@ -343,11 +354,12 @@ TokenizerSource tokenizer_source(const ModelPaths& paths) {
   using Kind = TokenizerSource::Kind;
   auto holds_tokenizer = [](const fs::path& dir) {
     std::error_code ec;
-    return fs::exists(dir / "vocab.json", ec) || fs::exists(dir / "tokenizer.json", ec);
+    return fs::exists(dir / "vocab.json", ec) || fs::exists(dir / "tokenizer.json", ec) ||
+           fs::exists(dir / "tekken.json", ec);
   };
   if (!paths.tokenizer.empty()) {
     check(holds_tokenizer(paths.tokenizer), "--tokenizer ", paths.tokenizer.string(),
-          ": no vocab.json or tokenizer.json there");
+          ": no vocab.json, tokenizer.json or tekken.json there");
     return {Kind::Directory, paths.tokenizer};
   }
   if (!paths.model.empty() && container::is_container(paths.model))
@@ -357,6 +369,10 @@ TokenizerSource tokenizer_source(const ModelPaths& paths) {
   const bool gguf_text_encoder = is_gguf(paths.text_encoder);
   if (gguf_text_encoder && gguf::File(paths.text_encoder).value("tokenizer.ggml.model"))
     return {Kind::Gguf, paths.text_encoder};
+  // ComfyUI's Mistral text encoders carry Mistral's tekken.json in a tensor.
+  if (!paths.text_encoder.empty() && !gguf_text_encoder && fs::is_regular_file(paths.text_encoder) &&
+      SafetensorsSet(paths.text_encoder).find(kTekkenTensor))
+    return {Kind::Tekken, paths.text_encoder};
   const std::string gguf_lacks =
       gguf_text_encoder ? "--text-encoder " + paths.text_encoder.string() +
                               " carries no tokenizer (no tokenizer.ggml.model in its metadata)"
@@ -366,13 +382,14 @@ TokenizerSource tokenizer_source(const ModelPaths& paths) {
     const std::string also = gguf_lacks.empty() ? "" : " and " + gguf_lacks;
     check(fs::is_directory(dir), paths.model.string(), ": no tokenizer/ directory", also,
           " (give --tokenizer DIR)");
-    check(holds_tokenizer(dir), dir.string(), ": no vocab.json or tokenizer.json there", also,
-          " (give --tokenizer DIR)");
+    check(holds_tokenizer(dir), dir.string(), ": no vocab.json, tokenizer.json or tekken.json there",
+          also, " (give --tokenizer DIR)");
     return {Kind::Directory, dir};
   }
   check(gguf_lacks.empty(), gguf_lacks, "; give --tokenizer DIR");
   check(paths.text_encoder.empty(), "--text-encoder ", paths.text_encoder.string(),
-        " carries no tokenizer (of single files only a llama.cpp GGUF text encoder does); "
+        " carries no tokenizer (of single files only a llama.cpp GGUF text encoder, or a "
+        "Mistral one with a tekken_model tensor, does); "
         "give --tokenizer DIR");
   fail("no tokenizer given: use -m DIR or --tokenizer DIR");
 }

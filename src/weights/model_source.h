@@ -58,15 +58,17 @@ inline std::unique_ptr<WeightStore> open_model(const std::filesystem::path& mode
 // Where a model's tokenizer comes from (the rule above).
 struct TokenizerSource {
   enum class Kind {
-    Directory,  // vocab.json + merges.txt (+ tokenizer_config.json) or tokenizer.json
+    Directory,  // vocab.json + merges.txt (+ tokenizer_config.json), tokenizer.json, or
+                // Mistral's tekken.json
     Gguf,       // the metadata of a llama.cpp text-encoder GGUF (tokenizer.ggml.*)
     Container,  // the tokenizer files stored in a klein container
+    Tekken,     // a single-file text encoder's "tekken_model" tensor (tokenizer/tekken.h)
   };
   Kind kind = Kind::Directory;
-  std::filesystem::path path;  // the directory, the GGUF file or the container
+  std::filesystem::path path;  // the directory, the GGUF file, the container or the text encoder
 };
 
-// "directory", "gguf" or "container", for messages and machine-readable output.
+// "directory", "gguf", "container" or "tekken", for messages and machine-readable output.
 const char* tokenizer_kind_name(TokenizerSource::Kind kind);
 
 // Applies the rule above. Checks what it can without reading the tokenizer: a directory holds

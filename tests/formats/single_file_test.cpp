@@ -21,6 +21,7 @@
 #include "formats/gguf_files.h"
 #include "formats/st_files.h"
 #include "support/testing.h"
+#include "tokenizer/tokenizer.h"
 #include "weights/container_store.h"
 #include "weights/model_source.h"
 #include "weights/source_store.h"
@@ -290,6 +291,112 @@ TEST_F(BflLayout, DevTransformerLoadsBitIdenticalAndIsDetectedAsDev) {
       expect_same_weights(*want, *got, 100);
     }
   }
+}
+
+// ComfyUI's FLUX.2-dev text encoder (mistral_3_small_flux2_*.safetensors): the language
+// model alone under "model.", only the 30 layers the pipeline reads (no final norm, no head),
+// and Mistral's tekken.json in a U8 tensor "tekken_model". With no tokenizer given, that
+// tensor is the tokenizer (tools/tekken/tekken_json.py writes the test tokenizer as one), and
+// the run is the diffusers directory's, pixel for pixel. Its configuration comes from a
+// config.json beside it, or from -m's text_encoder/ when it replaces -m's text encoder.
+TEST_F(BflLayout, ComfyMistralFileWithItsTekkenTokenizerGeneratesAsTheDirectory) {
+  const fs::path dev = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "flux2-dev-tiny" / "model";
+  const fs::path tekken = dir_ / "tekken.json";
+  const std::string cmd =
+      "/usr/bin/python3 " +
+      testing::shell_arg(fs::path(KLEIN_SOURCE_DIR) / "tools" / "tekken" / "tekken_json.py") + " " +
+      testing::shell_arg(dev / "tokenizer" / "tokenizer.json") + " " + testing::shell_arg(tekken);
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::vector<StTensor> comfy;
+  const std::regex layer(R"(^model\.layers\.(\d+)\.)");
+  for (StTensor t : testing::read_all(dev / "text_encoder" / "model.safetensors.index.json")) {
+    if (!t.name.starts_with("language_model.model.")) continue;  // vision tower, projector, head
+    t.name = t.name.substr(std::string("language_model.").size());
+    std::smatch m;
+    if (t.name == "model.norm.weight") continue;
+    if (std::regex_search(t.name, m, layer) && std::stoi(m[1]) >= 30) continue;
+    comfy.push_back(std::move(t));
+  }
+  ASSERT_EQ(comfy.size(), 1u + 30u * 9u);
+  const std::string text = read_text_file(tekken);
+  StTensor tok{"tekken_model", "U8", {int64_t(text.size())}, {}};
+  for (char c : text) tok.bytes.push_back(std::byte(c));
+  comfy.push_back(std::move(tok));
+  const fs::path beside = dir_ / "beside";
+  fs::create_directories(beside);
+  testing::write_safetensors(beside / "mistral_3_small_flux2_bf16.safetensors", comfy);
+  fs::copy_file(dev / "text_encoder" / "config.json", beside / "config.json");
+  const fs::path alone = dir_ / "alone";
+  fs::create_directories(alone);
+  fs::copy_file(beside / "mistral_3_small_flux2_bf16.safetensors",
+                alone / "mistral_3_small_flux2_bf16.safetensors");
+
+  ModelPaths files;
+  files.diffusion_model = dev / "transformer" / "diffusion_pytorch_model.safetensors";
+  files.text_encoder = beside / "mistral_3_small_flux2_bf16.safetensors";
+  files.vae = dev / "vae" / "diffusion_pytorch_model.safetensors";
+  EXPECT_EQ(tokenizer_source(files).kind, TokenizerSource::Kind::Tekken);
+  {
+    const auto got = open_model(files);
+    EXPECT_EQ(got->config().family, "flux2-dev");
+    EXPECT_EQ(got->config().text_encoder.num_layers, 40);  // what config.json says
+    // Every weight it has is the directory's, bit for bit (the directory has 10 layers more).
+    const auto want = open_model(dev);
+    size_t compared = 0;
+    for (const std::string& unit : got->units()) {
+      if (!unit.starts_with("text_encoder.")) continue;
+      const UnitRef a = want->acquire(unit), b = got->acquire(unit);
+      ASSERT_EQ(a->weights().size(), b->weights().size()) << unit;
+      for (const Weight& w : b->weights()) {
+        const Weight* x = a->find(w.name.substr(b->prefix().size()));
+        ASSERT_NE(x, nullptr) << w.name;
+        ASSERT_EQ(x->nbytes, w.nbytes) << w.name;
+        EXPECT_EQ(std::memcmp(x->data, w.data, w.nbytes), 0) << w.name;
+        ++compared;
+      }
+    }
+    EXPECT_EQ(compared, 1u + 30u * 9u);
+  }
+
+  const std::string run = " -p \"a red cube, 2 of them\" -s 2 -W 64 -H 64 --seed 3 --no-cache -q";
+  std::string log;
+  auto generate = [&](const std::string& model, const std::string& name) {
+    EXPECT_EQ(testing::run_klein("generate " + model + run + " --dump " + (dir_ / name).string() +
+                                     " -o " + (dir_ / (name + ".png")).string(),
+                                 &log), 0)
+        << log;
+  };
+  generate("-m " + dev.string(), "directory");
+  generate("--diffusion-model " + files.diffusion_model.string() + " --vae " + files.vae.string() +
+               " --text-encoder " + files.text_encoder.string(),
+           "comfy");
+  generate("-m " + dev.string() + " --text-encoder " +
+               (alone / "mistral_3_small_flux2_bf16.safetensors").string(),
+           "comfy-in-m");
+  for (const char* f : {"prompt_embeds.npy", "final_latents.npy", "image.npy"}) {
+    EXPECT_EQ(read_text_file(dir_ / "comfy" / f), read_text_file(dir_ / "directory" / f)) << f;
+    EXPECT_EQ(read_text_file(dir_ / "comfy-in-m" / f), read_text_file(dir_ / "directory" / f)) << f;
+  }
+  // Mistral's tekken.json in a --tokenizer directory (mistralai's repositories ship it).
+  const fs::path tok_dir = dir_ / "tekken-only";
+  fs::create_directories(tok_dir);
+  fs::copy_file(tekken, tok_dir / "tekken.json");
+  ModelPaths with_dir = files;
+  with_dir.tokenizer = tok_dir;
+  EXPECT_EQ(tokenizer_source(with_dir).kind, TokenizerSource::Kind::Directory);
+  const Tokenizer from_dir(read_tokenizer_files(with_dir).files());
+  const Tokenizer official = Tokenizer::from_directory(dev / "tokenizer");
+  const std::string prompt = "[INST]Ein Fuchs im Schnee, 2024 \xC3\xA9t\xC3\xA9[/INST]";
+  EXPECT_EQ(from_dir.encode(prompt), official.encode(prompt));
+  EXPECT_TRUE(from_dir.pads_left());
+
+  // Without any configuration the head width cannot be measured (Mistral has no per-head
+  // norm); the real model's 128 is assumed, and the tiny model's 16 gives a clear error.
+  ModelPaths bare = files;
+  bare.text_encoder = alone / "mistral_3_small_flux2_bf16.safetensors";
+  const std::string e = testing::error_of([&] { open_model(bare); });
+  EXPECT_THAT(e, ::testing::HasSubstr("mistral_3_small_flux2_bf16.safetensors"));
+  EXPECT_THAT(e, ::testing::HasSubstr("config.json"));
 }
 
 TEST_F(BflLayout, ComfyPrefixAndWeightSpelledNormsLoadBitIdentical) {

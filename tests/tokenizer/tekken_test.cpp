@@ -9,13 +9,17 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
+#include <functional>
 #include <initializer_list>
+#include <stdexcept>
 #include <string_view>
 
 #include "core/files.h"
 #include "support/testing.h"
 #include "tokenizer/dev_prompt.h"
 #include "tokenizer/pretokenize.h"
+#include "tokenizer/tekken.h"
 #include "tokenizer/tokenizer.h"
 
 namespace klein {
@@ -232,6 +236,95 @@ TEST(SplitPattern, UnsupportedConstructsAreRefused) {
   refused("[\\S]", {"\\S"});
   refused("\\x{zz}", {"code point"});
   refused("a\\", {"end"});
+}
+
+// ---------------------------------------------------------------------------------------
+// Mistral's own file, tekken.json (tokenizer/tekken.h). tools/tekken/tekken_json.py writes
+// the tokenizer above as Mistral's file (the converter undone, plus vocab entries beyond the
+// vocabulary that must not be used); read back, it must be the converter's tokenizer.json
+// (which tools/refgen/tekken_tokenizer.py wrote) and give the official ids.
+
+const std::string& tekken_json_text() {
+  static const std::string text = [] {
+    const fs::path out = testing::temp_dir("tekken-json") / "tekken.json";
+    const std::string cmd =
+        "/usr/bin/python3 " +
+        testing::shell_arg(fs::path(KLEIN_SOURCE_DIR) / "tools" / "tekken" / "tekken_json.py") +
+        " " + testing::shell_arg(dev_set() / "model" / "tokenizer" / "tokenizer.json") + " " +
+        testing::shell_arg(out);
+    if (std::system(cmd.c_str()) != 0) throw std::runtime_error(cmd + " failed");
+    return read_text_file(out);
+  }();
+  return text;
+}
+
+TEST(TekkenJson, BecomesTheConvertersTokenizerJson) {
+  const TokenizerBytes b = tekken_tokenizer(tekken_json_text(), "tekken.json");
+  ASSERT_TRUE(b.tokenizer_json);
+  const json got = json::parse(*b.tokenizer_json);
+  const json want =
+      json::parse(read_text_file(dev_set() / "model" / "tokenizer" / "tokenizer.json"));
+  EXPECT_EQ(got["model"]["vocab"].size(), 8192u);
+  EXPECT_EQ(got["model"]["vocab"], want["model"]["vocab"]);
+  ASSERT_EQ(got["model"]["merges"].size(), want["model"]["merges"].size());
+  EXPECT_EQ(got["model"]["merges"], want["model"]["merges"]);
+  EXPECT_EQ(got["model"]["ignore_merges"], true);
+  EXPECT_EQ(got["added_tokens"], want["added_tokens"]);
+  EXPECT_EQ(got["pre_tokenizer"]["pretokenizers"][0], want["pre_tokenizer"]["pretokenizers"][0]);
+  EXPECT_EQ(got["normalizer"], want["normalizer"]);
+}
+
+TEST(TekkenJson, GivesTheOfficialIds) {
+  const Tokenizer t(tekken_tokenizer(tekken_json_text(), "tekken.json").files());
+  EXPECT_EQ(t.vocab_size(), vectors()["vocab_size"].get<size_t>());
+  EXPECT_TRUE(t.pads_left());
+  for (const json& c : vectors()["strings"]) {
+    SCOPED_TRACE(c["text"].dump(-1, ' ', false, json::error_handler_t::replace));
+    EXPECT_EQ(t.encode(c["text"].get<std::string>()), c["ids"].get<Ids>());
+  }
+  for (const json& p : vectors()["prompts"]) {
+    SCOPED_TRACE(p["prompt"].dump(-1, ' ', false, json::error_handler_t::replace));
+    EXPECT_EQ(t.encode(p["rendered"].get<std::string>()), p["ids"].get<Ids>());
+    const KleinPromptTokens got = tokenize_dev_prompt(t, p["prompt"].get<std::string>());
+    const KleinPromptTokens want = tokenize_dev_prompt(tekken(), p["prompt"].get<std::string>());
+    EXPECT_EQ(got.ids, want.ids);
+  }
+}
+
+// Broken files are refused naming the file and what is wrong.
+TEST(TekkenJson, BrokenFilesAreNamed) {
+  const json good = json::parse(tekken_json_text());
+  auto error_with = [&](const std::function<void(json&)>& change) {
+    json j = good;
+    change(j);
+    return testing::error_of([&] { tekken_tokenizer(j.dump(), "te.safetensors: tensor tekken_model"); });
+  };
+  auto expect_error = [](const std::string& e, const std::string& part) {
+    EXPECT_NE(e.find("te.safetensors: tensor tekken_model"), std::string::npos) << e;
+    EXPECT_NE(e.find(part), std::string::npos) << e;
+  };
+  expect_error(testing::error_of([] { tekken_tokenizer("{\"config\": ", "te.safetensors: tensor tekken_model"); }),
+               "does not parse");
+  expect_error(error_with([](json& j) { j.erase("vocab"); }), "expected an object with \"config\" and \"vocab\"");
+  expect_error(error_with([](json& j) { j["config"].erase("pattern"); }), "config.pattern");
+  expect_error(error_with([](json& j) { j["config"]["default_vocab_size"] = -3; }),
+               "config.default_vocab_size must be a positive integer");
+  expect_error(error_with([](json& j) { j["config"]["default_vocab_size"] = 900; }),
+               "leaves no room after 1000 special tokens");
+  expect_error(error_with([](json& j) { j["config"]["default_vocab_size"] = 9000; }),
+               "needs 8000");
+  expect_error(error_with([](json& j) { j.erase("special_tokens"); }), "no special_tokens list");
+  expect_error(error_with([](json& j) { j["special_tokens"][3]["rank"] = 1000; }),
+               "rank 1000 is outside the 1000 special ids");
+  expect_error(error_with([](json& j) { j["vocab"][5]["rank"] = 6; }), "vocab[5]: expected rank 5");
+  expect_error(error_with([](json& j) { j["vocab"][7]["token_bytes"] = "not base64!"; }),
+               "vocab[7]: token_bytes is not base64");
+  expect_error(error_with([](json& j) { j["vocab"][300]["token_bytes"] = j["vocab"][97]["token_bytes"]; }),
+               "vocab[300] repeats the bytes of vocab[97]");
+  expect_error(error_with([](json& j) {
+                 j["special_tokens"][20]["token_str"] = "a";
+               }),
+               "is spelled like special token 20");
 }
 
 }  // namespace
