@@ -1,11 +1,13 @@
 // libFuzzer target: the tokenizer files (vocab.json, merges.txt, tokenizer_config.json, or
 // tokenizer.json), split from one input at \x01 bytes, and encoding a fixed text with the
-// result; also the input itself as text to encode with a small valid vocabulary.
+// result; the input as Mistral's tekken.json; also the input itself as text to encode with a
+// small valid vocabulary.
 #include <cstdint>
 #include <string>
 
 #include "core/error.h"
 #include "fuzz/fuzz_support.h"
+#include "tokenizer/tekken.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -68,6 +70,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const klein::Tokenizer tok(files);
     (void)tok.decode(tok.encode("a cat <|im_start|> on a skateboard, caf\xc3\xa9"));
+  } catch (const klein::Error&) {
+  }
+  try {
+    // The whole input as Mistral's tekken.json.
+    const klein::TokenizerBytes b = klein::tekken_tokenizer(
+        std::string_view(reinterpret_cast<const char*>(data), size), "fuzz tekken.json");
+    const klein::Tokenizer tok(b.files());
+    (void)tok.decode(tok.encode("[INST]a cat on a skateboard, 2024 caf\xc3\xa9[/INST]"));
   } catch (const klein::Error&) {
   }
   try {

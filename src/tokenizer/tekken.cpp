@@ -30,6 +30,55 @@ int64_t positive_integer(const json& config, const char* key, const std::string&
 
 }  // namespace
 
+TokenizerBytes tekken_layout_files(const TekkenLayout& t, const std::string& origin) {
+  // Written out directly: 131k entries are too many for a DOM to be worth it.
+  std::vector<std::string> symbols(t.vocab.size());
+  for (size_t id = 0; id < t.vocab.size(); ++id) symbols[id] = json_string(t.vocab[id]);
+  std::string out;
+  out.reserve(t.vocab.size() * 64);
+  out += "{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,\"added_tokens\":[";
+  for (size_t i = 0; i < t.added.size(); ++i) {
+    const TekkenLayout::Added& a = t.added[i];
+    if (i) out += ',';
+    out += "{\"id\":" + std::to_string(a.id) + ",\"content\":" + json_string(a.content) +
+           ",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,"
+           "\"special\":" + (a.special ? "true" : "false") + "}";
+  }
+  out += "],\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["
+         "{\"type\":\"Split\",\"pattern\":{\"Regex\":" +
+         json_string(t.pattern) +
+         "},\"behavior\":\"Isolated\",\"invert\":false},"
+         "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,"
+         "\"use_regex\":false}]},"
+         "\"post_processor\":null,\"decoder\":{\"type\":\"ByteLevel\",\"add_prefix_space\":true,"
+         "\"trim_offsets\":true,\"use_regex\":true},"
+         "\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":null,"
+         "\"continuing_subword_prefix\":null,\"end_of_word_suffix\":null,\"fuse_unk\":false,"
+         "\"byte_fallback\":false,\"ignore_merges\":true,\"vocab\":{";
+  bool first = true;
+  for (size_t id = 0; id < t.vocab.size(); ++id) {
+    if (t.vocab[id].empty()) continue;
+    if (!first) out += ',';
+    first = false;
+    out += symbols[id] + ":" + std::to_string(id);
+  }
+  out += "},\"merges\":[";
+  first = true;
+  for (auto [l, r] : t.merges) {
+    if (!first) out += ',';
+    first = false;
+    out += "[" + symbols[size_t(l)] + "," + symbols[size_t(r)] + "]";
+  }
+  out += "]}}";
+
+  TokenizerBytes files;
+  files.origin = origin;
+  files.tokenizer_json = std::move(out);
+  files.tokenizer_config_json =
+      R"({"padding_side": "left", "tokenizer_class": "LlamaTokenizerFast"})";
+  return files;
+}
+
 TokenizerBytes tekken_tokenizer(std::string_view text, const std::string& origin) {
   json j;
   try {
@@ -48,6 +97,10 @@ TokenizerBytes tekken_tokenizer(std::string_view text, const std::string& origin
   const int64_t specials = positive_integer(config, "default_num_special_tokens", origin);
   check(vocab_size > specials, origin, ": config.default_vocab_size ", vocab_size,
         " leaves no room after ", specials, " special tokens");
+  // Real vocabularies have about 2^17 tokens; a far larger number is a broken file, not a
+  // reason to allocate for it.
+  check(vocab_size <= (int64_t(1) << 24), origin, ": config.default_vocab_size ", vocab_size,
+        " is beyond any tokenizer (at most 16777216)");
   const json& vocab = j["vocab"];
   const int64_t regular = vocab_size - specials;
   check(int64_t(vocab.size()) >= regular, origin, ": vocab holds ", vocab.size(),
@@ -92,47 +145,25 @@ TokenizerBytes tekken_tokenizer(std::string_view text, const std::string& origin
     if (!added) fail(origin, ": vocab[", r, "] repeats the bytes of vocab[", at->second, "]");
   }
 
-  // tokenizer.json, written out directly: 131k entries are too many for a DOM to be worth it.
   std::unordered_map<std::string, int64_t> special_id;
   for (int64_t i = 0; i < specials; ++i) {
     const auto [at, added] = special_id.emplace(names[size_t(i)], i);
     if (!added) fail(origin, ": special tokens ", at->second, " and ", i, " are both ", names[size_t(i)]);
   }
-  std::vector<std::string> symbols(tokens.size());
+  TekkenLayout layout;
+  layout.pattern = pattern->get<std::string>();
+  layout.vocab.reserve(size_t(vocab_size));
+  for (int64_t i = 0; i < specials; ++i) {
+    layout.vocab.push_back(names[size_t(i)]);
+    layout.added.push_back({i, names[size_t(i)], true});
+  }
   for (size_t r = 0; r < tokens.size(); ++r) {
-    const std::string s = tok::bytes_to_symbols(tokens[r]);
+    std::string s = tok::bytes_to_symbols(tokens[r]);
     if (auto same = special_id.find(s); same != special_id.end())
       fail(origin, ": vocab[", r, "] is spelled like special token ", same->second, " (", s, ")");
-    symbols[r] = json_string(s);
+    layout.vocab.push_back(std::move(s));
   }
-  std::string out;
-  out.reserve(size_t(regular) * 64);
-  out += "{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,\"added_tokens\":[";
-  for (int64_t i = 0; i < specials; ++i) {
-    if (i) out += ',';
-    out += "{\"id\":" + std::to_string(i) + ",\"content\":" + json_string(names[size_t(i)]) +
-           ",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,"
-           "\"special\":true}";
-  }
-  out += "],\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["
-         "{\"type\":\"Split\",\"pattern\":{\"Regex\":" +
-         json_string(pattern->get<std::string>()) +
-         "},\"behavior\":\"Isolated\",\"invert\":false},"
-         "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,"
-         "\"use_regex\":false}]},"
-         "\"post_processor\":null,\"decoder\":{\"type\":\"ByteLevel\",\"add_prefix_space\":true,"
-         "\"trim_offsets\":true,\"use_regex\":true},"
-         "\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":null,"
-         "\"continuing_subword_prefix\":null,\"end_of_word_suffix\":null,\"fuse_unk\":false,"
-         "\"byte_fallback\":false,\"ignore_merges\":true,\"vocab\":{";
-  for (int64_t i = 0; i < specials; ++i) {
-    if (i) out += ',';
-    out += json_string(names[size_t(i)]) + ":" + std::to_string(i);
-  }
-  for (size_t r = 0; r < tokens.size(); ++r)
-    out += "," + symbols[r] + ":" + std::to_string(specials + int64_t(r));
-  out += "},\"merges\":[";
-  bool first = true;
+  // The converter's merges: per token in rank order, its cuts into two tokens.
   std::vector<std::pair<int32_t, int32_t>> cuts;
   for (const std::string& t : tokens) {
     cuts.clear();
@@ -143,20 +174,9 @@ TokenizerBytes tekken_tokenizer(std::string_view text, const std::string& origin
       if (left != rank_of.end() && right != rank_of.end()) cuts.emplace_back(left->second, right->second);
     }
     std::sort(cuts.begin(), cuts.end());
-    for (auto [l, r] : cuts) {
-      if (!first) out += ',';
-      first = false;
-      out += "[" + symbols[size_t(l)] + "," + symbols[size_t(r)] + "]";
-    }
+    for (auto [l, r] : cuts) layout.merges.emplace_back(specials + l, specials + r);
   }
-  out += "]}}";
-
-  TokenizerBytes files;
-  files.origin = origin;
-  files.tokenizer_json = std::move(out);
-  files.tokenizer_config_json =
-      R"({"padding_side": "left", "tokenizer_class": "LlamaTokenizerFast"})";
-  return files;
+  return tekken_layout_files(layout, origin);
 }
 
 }  // namespace klein

@@ -24,8 +24,11 @@
 //   added tokens every special token, special;
 // and a tokenizer_config.json that pads on the left (LlamaTokenizerFast's side, the class
 // transformers gives Mistral's converted tokenizers).
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "tokenizer/tokenizer.h"
 
@@ -33,6 +36,32 @@ namespace klein {
 
 // The tokenizer files of a tekken.json's contents; errors name `origin` and the field.
 TokenizerBytes tekken_tokenizer(std::string_view tekken_json, const std::string& origin);
+
+// The pre-tokenization regex of Mistral's Tekken tokenizers (the config.pattern of their
+// tekken.json, and the pattern llama.cpp names "tekken" in a GGUF's tokenizer.ggml.pre):
+// letters split by case class, digits one by one.
+inline constexpr const char* kTekkenPattern =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+)"
+    R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*)"
+    R"(|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+// What a tokenizer.json of the converter's layout holds, from wherever it was read (a
+// tekken.json, a GGUF's tokenizer.ggml.*): the tokens by id in the byte-level alphabet (an
+// empty string: no token at that id), merges as pairs of ids in priority order, the added
+// tokens, and the Split pattern. tekken_layout_files writes it as that tokenizer.json (BPE
+// with ignore_merges, no normaliser) and a tokenizer_config.json that pads on the left.
+struct TekkenLayout {
+  struct Added {
+    int64_t id;
+    std::string content;
+    bool special;
+  };
+  std::vector<std::string> vocab;
+  std::vector<std::pair<int64_t, int64_t>> merges;
+  std::vector<Added> added;
+  std::string pattern;
+};
+TokenizerBytes tekken_layout_files(const TekkenLayout& layout, const std::string& origin);
 
 // The name of the tensor that carries a tekken.json inside a single-file text encoder.
 inline constexpr const char* kTekkenTensor = "tekken_model";

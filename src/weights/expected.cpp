@@ -218,6 +218,11 @@ TextEncoderConfig infer_text_encoder_config(const ShapeMap& t, const std::string
           "the model's directory");
   c.num_heads = q_rows / c.head_dim;
   c.num_kv_heads = k_rows / c.head_dim;
+  if (!c.qk_norm) {
+    // Neither shows in the weights: Mistral Small 3.1's (FLUX.2-dev's text_encoder/config.json).
+    c.rope_theta = 1e9;
+    c.rms_eps = 1e-5;
+  }
   c.intermediate = shape_of(t, p + "mlp.gate_proj.weight", where)[0];
   return c;
 }

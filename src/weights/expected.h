@@ -22,7 +22,8 @@ TransformerConfig infer_transformer_config(const ShapeMap& tensors, const std::s
 // output_layers is left at its default: the family decides it (family.h), then the caller
 // checks that the encoder has that many layers.
 // head_dim: the head width when the tensors do not show it (no q_norm, as in Mistral; 128 is
-// FLUX.2-dev's Mistral-Small-3.1).
+// FLUX.2-dev's Mistral-Small-3.1). A Mistral model also gets Mistral Small 3.1's RoPE base
+// (1e9) and RMSNorm epsilon (1e-5), which no weight shows either.
 TextEncoderConfig infer_text_encoder_config(const ShapeMap& tensors, const std::string& where,
                                             int64_t head_dim = 128);
 VaeConfig infer_vae_config(const ShapeMap& tensors, const std::string& where);

@@ -2,7 +2,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <map>
+#include <string_view>
+
 #include "core/error.h"
+#include "tokenizer/tekken.h"
 #include "weights/container_store.h"
 
 namespace klein {
@@ -48,6 +52,14 @@ std::string qwen3_hf_name(const std::string& name) {
   return name;
 }
 
+// llama.cpp's architectures of Mistral's language models: "llama" (Mistral Small 3.x as
+// converted until llama.cpp named it) and "mistral3". Both store q/k rows interleaved.
+bool is_llama_architecture(const std::string& arch) { return arch == "llama" || arch == "mistral3"; }
+
+std::string architecture(const gguf::File& file) {
+  return file.get_string("general.architecture").value_or("");
+}
+
 bool is_float(gguf::TensorType t) {
   return t == gguf::TensorType::F32 || t == gguf::TensorType::F16 || t == gguf::TensorType::BF16;
 }
@@ -83,6 +95,12 @@ bool is_gguf(const fs::path& path) { return fs::is_regular_file(path) && gguf::l
 std::vector<NamedShape> gguf_tensor_names(Component c, const gguf::File& file,
                                           std::map<std::string, std::string>& name_in_file) {
   const bool llama_cpp = c == Component::TextEncoder && file.find("token_embd.weight") != nullptr;
+  if (llama_cpp) {
+    const std::string arch = architecture(file);
+    check(arch == "qwen3" || is_llama_architecture(arch), file.path().string(),
+          ": general.architecture is \"", arch, "\"; the llama.cpp text encoders klein reads are "
+          "qwen3 (FLUX.2-klein, Z-Image) and llama or mistral3 (Mistral Small, FLUX.2-dev)");
+  }
   std::vector<NamedShape> out;
   for (const gguf::TensorInfo& t : file.tensors()) {
     const gguf::TypeInfo& info = gguf::type_info(t.type);
@@ -94,6 +112,40 @@ std::vector<NamedShape> gguf_tensor_names(Component c, const gguf::File& file,
     out.push_back({std::move(name), shape_of(file, t)});
   }
   return out;
+}
+
+int64_t gguf_rope_interleaved_heads(const gguf::File& file, const std::string& hf_name) {
+  const std::string arch = architecture(file);
+  if (!is_llama_architecture(arch)) return 0;
+  const bool q = hf_name.ends_with(".self_attn.q_proj.weight");
+  const bool k = hf_name.ends_with(".self_attn.k_proj.weight");
+  if (!q && !k) return 0;
+  const std::string key = arch + (q ? ".attention.head_count" : ".attention.head_count_kv");
+  const std::optional<int64_t> heads = file.get_integer(key);
+  check(heads && *heads > 0, file.path().string(), ": ", key,
+        " is needed to put the rows of ", hf_name, " back in transformers' order");
+  return *heads;
+}
+
+GgufTextFacts gguf_text_facts(const gguf::File& file) {
+  GgufTextFacts f;
+  const std::string arch = architecture(file);
+  if (!is_llama_architecture(arch)) return f;
+  auto real = [&](const std::string& key) -> std::optional<double> {
+    const gguf::Value* v = file.value(key);
+    if (!v) return std::nullopt;
+    check(v->type == gguf::ValueType::F32 || v->type == gguf::ValueType::F64, file.path().string(),
+          ": ", key, " must be a float");
+    check(v->real > 0, file.path().string(), ": ", key, " must be positive, not ", v->real);
+    return v->real;
+  };
+  if (auto k = file.get_integer(arch + ".attention.key_length")) {
+    check(*k > 0, file.path().string(), ": ", arch, ".attention.key_length must be positive");
+    f.head_dim = *k;
+  }
+  f.rope_theta = real(arch + ".rope.freq_base");
+  f.rms_eps = real(arch + ".attention.layer_norm_rms_epsilon");
+  return f;
 }
 
 Weight gguf_weight(const gguf::File& file, const gguf::TensorInfo& t) {
@@ -124,6 +176,39 @@ std::string gguf_needs_conversion(const gguf::File& file, const char* option) {
   return {};
 }
 
+// Mistral's Tekken tokenizer as llama.cpp stores it (tokenizer.ggml.pre "tekken"): the
+// tokens by id in the byte-level alphabet, the merges in priority order, control tokens as
+// special added tokens; the pre-tokenization pattern is the one that name stands for. It
+// becomes the tokenizer.json transformers writes for Tekken (tokenizer/tekken.h).
+TokenizerBytes tekken_gguf_tokenizer(const std::vector<std::string>& tokens,
+                                     const std::vector<std::string>& merges,
+                                     const std::vector<int64_t>* types, const std::string& where) {
+  TekkenLayout layout;
+  layout.pattern = kTekkenPattern;
+  layout.vocab.resize(tokens.size());
+  std::map<std::string_view, int64_t> id_of;
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    const int64_t type = types ? (*types)[id] : 1;
+    if (type == 5) continue;  // unused padding
+    check(type == 1 || type == 3 || type == 4, where, ": token ", id, " has type ", type,
+          " (a byte-level BPE vocabulary has normal, control, user-defined and unused tokens)");
+    check(id_of.emplace(tokens[id], int64_t(id)).second, where, ": tokenizer.ggml.tokens holds \"",
+          tokens[id], "\" twice");
+    layout.vocab[id] = tokens[id];
+    if (type != 1) layout.added.push_back({int64_t(id), tokens[id], type == 3});
+  }
+  layout.merges.reserve(merges.size());
+  for (const std::string& m : merges) {
+    const size_t space = m.find(' ');
+    auto left = space == std::string::npos ? id_of.end() : id_of.find(std::string_view(m).substr(0, space));
+    auto right = space == std::string::npos ? id_of.end() : id_of.find(std::string_view(m).substr(space + 1));
+    check(left != id_of.end() && right != id_of.end(), where, ": tokenizer.ggml.merges holds \"", m,
+          "\", not two tokens of the vocabulary separated by a space");
+    layout.merges.emplace_back(left->second, right->second);
+  }
+  return tekken_layout_files(layout, where + " (tokenizer.ggml.*, Tekken)");
+}
+
 TokenizerBytes gguf_tokenizer(const gguf::File& file) {
   const std::string where = file.path().string();
   const auto model = file.get_string("tokenizer.ggml.model");
@@ -137,6 +222,11 @@ TokenizerBytes gguf_tokenizer(const gguf::File& file) {
         ": the tokenizer needs tokenizer.ggml.tokens and tokenizer.ggml.merges");
   check(types == nullptr || types->size() == tokens->size(), where, ": tokenizer.ggml.token_type has ",
         types ? types->size() : 0, " entries for ", tokens->size(), " tokens");
+  const std::string pre = file.get_string("tokenizer.ggml.pre").value_or("");
+  if (pre == "tekken") return tekken_gguf_tokenizer(*tokens, *merges, types, where);
+  check(!is_llama_architecture(architecture(file)), where, ": tokenizer.ggml.pre is \"", pre,
+        "\"; of a ", architecture(file), " model klein reads Mistral's tekken tokenizer from the "
+        "metadata; give --tokenizer DIR");
   // Token types (llama.cpp's llama_token_type): 1 normal, 2 unknown, 3 control,
   // 4 user-defined, 5 unused, 6 byte.
   json vocab = json::object(), added = json::object();

@@ -31,6 +31,22 @@ bool is_gguf(const std::filesystem::path& path);
 std::vector<NamedShape> gguf_tensor_names(Component c, const gguf::File& file,
                                           std::map<std::string, std::string>& name_in_file);
 
+// For a llama.cpp text encoder of a llama-architecture model (general.architecture llama or
+// mistral3: Mistral Small's GGUFs), the number of heads over which the converter interleaved
+// the rows of canonical tensor `hf_name` (q_proj: attention.head_count, k_proj:
+// attention.head_count_kv; see TensorSource::rope_interleaved_heads); 0 for any other.
+int64_t gguf_rope_interleaved_heads(const gguf::File& file, const std::string& hf_name);
+
+// What the metadata of a llama-architecture text encoder says that its weights do not show
+// ({arch}.attention.key_length, .rope.freq_base, .attention.layer_norm_rms_epsilon); each
+// absent for a key that is absent, all absent for other architectures.
+struct GgufTextFacts {
+  std::optional<int64_t> head_dim;
+  std::optional<double> rope_theta;
+  std::optional<double> rms_eps;
+};
+GgufTextFacts gguf_text_facts(const gguf::File& file);
+
 // A GGUF tensor as weight bytes (dtype, shape, data, layout; see above).
 Weight gguf_weight(const gguf::File& file, const gguf::TensorInfo& t);
 
@@ -41,7 +57,9 @@ std::string gguf_needs_conversion(const gguf::File& file, const char* option);
 // The tokenizer a llama.cpp text-encoder GGUF carries (tokenizer.ggml.model "gpt2": the
 // byte-level BPE tokens in id order, their types and the merges) as the files Qwen3 ships:
 // vocab.json (NORMAL tokens), merges.txt, and tokenizer_config.json with the added tokens
-// (CONTROL: special; USER_DEFINED: not special; UNUSED padding left out).
+// (CONTROL: special; USER_DEFINED: not special; UNUSED padding left out). Mistral's
+// (tokenizer.ggml.pre "tekken") becomes the tokenizer.json transformers writes for it
+// (tokenizer/tekken.h); another pre-tokenizer of a llama-architecture model is refused.
 TokenizerBytes gguf_tokenizer(const gguf::File& file);
 
 }  // namespace klein

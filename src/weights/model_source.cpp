@@ -169,7 +169,11 @@ SourceComponent open_component(Component kind, const Located& where, const Model
     std::map<std::string, std::string> name_in_file;
     const std::vector<NamedShape> names = gguf_tensor_names(kind, *c.gguf, name_in_file);
     map_names(c, names, weights.string(), family);
-    for (TensorSource& t : c.tensors) t.source = name_in_file.at(t.source);
+    for (TensorSource& t : c.tensors) {
+      if (kind == Component::TextEncoder)
+        t.rope_interleaved_heads = gguf_rope_interleaved_heads(*c.gguf, t.canonical);
+      t.source = name_in_file.at(t.source);
+    }
     return c;
   }
   c.files = std::make_unique<SafetensorsSet>(weights);
@@ -285,7 +289,12 @@ std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths) {
           ", but the weights (", files.text_encoder, ") ", b.qk_norm ? "have" : "have no",
           " self_attn.q_norm/k_norm: they are a ", b.qk_norm ? "Qwen3" : "Mistral", " model");
   } else {
-    const TextEncoderConfig e_inferred = infer_text_encoder_config(e_shapes, files.text_encoder);
+    // A llama.cpp Mistral's metadata says what its weights do not show.
+    const GgufTextFacts facts = comps[1].gguf ? gguf_text_facts(*comps[1].gguf) : GgufTextFacts{};
+    TextEncoderConfig e_inferred =
+        infer_text_encoder_config(e_shapes, files.text_encoder, facts.head_dim.value_or(128));
+    if (facts.rope_theta) e_inferred.rope_theta = *facts.rope_theta;
+    if (facts.rms_eps) e_inferred.rms_eps = *facts.rms_eps;
     config.text_encoder = e_inferred;
     config.text_encoder.output_layers = family->text_output_layers(e_inferred.num_layers);
     check(e_inferred.num_layers >= config.text_encoder.layers_needed(), files.text_encoder,

@@ -32,6 +32,10 @@ struct TensorSource {
   int64_t row_end = -1;        // -1: all rows
   bool swap_halves = false;    // BFL final layer stores shift|scale, diffusers scale|shift
   bool squeeze_1x1 = false;    // BFL VAE attention 1x1 convs become Linear [out, in]
+  // llama.cpp's converter stores a llama-architecture model's q/k projections with each
+  // head's rows reordered so that rotation pairs are adjacent: row 2i + j of a head is row
+  // j * (head_dim / 2) + i of transformers'. This many heads are put back (0: none).
+  int64_t rope_interleaved_heads = 0;
 };
 
 struct NamedShape {

@@ -219,6 +219,23 @@ UnitRef SourceStore::acquire(const std::string& unit) {
       u->owned.push_back(std::move(buf));
       w.data = u->owned.back().data();
     }
+    if (src.rope_interleaved_heads > 0 && w.nbytes > 0) {
+      // Back to transformers' order of rows (TensorSource): rows are whole, whatever the type.
+      const int64_t rows = w.shape[0], heads = src.rope_interleaved_heads;
+      check(rows % (2 * heads) == 0, p.component->path().string(), ": tensor ", src.source,
+            " has ", rows, " rows, not an even number per each of its ", heads, " heads");
+      const int64_t head_rows = rows / heads, half = head_rows / 2;
+      const size_t row_bytes = w.nbytes / size_t(rows);
+      const auto* from = static_cast<const std::byte*>(w.data);
+      std::vector<std::byte> buf(w.nbytes);
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < half; ++i)
+          for (int64_t j = 0; j < 2; ++j)
+            std::memcpy(buf.data() + size_t(h * head_rows + j * half + i) * row_bytes,
+                        from + size_t(h * head_rows + 2 * i + j) * row_bytes, row_bytes);
+      u->owned.push_back(std::move(buf));
+      w.data = u->owned.back().data();
+    }
     u->add(std::move(w));
   }
   live_[unit] = u;

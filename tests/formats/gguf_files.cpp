@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -43,6 +44,11 @@ void write_gguf(const std::filesystem::path& path, const std::vector<GgufKey>& m
     } else if (auto* u = std::get_if<uint32_t>(&k.value)) {
       o.u32(4);
       o.u32(*u);
+    } else if (auto* f = std::get_if<float>(&k.value)) {
+      o.u32(6);
+      uint32_t bits;
+      std::memcpy(&bits, f, 4);
+      o.u32(bits);
     } else if (auto* ss = std::get_if<std::vector<std::string>>(&k.value)) {
       o.u32(9);
       o.u32(8);

@@ -17,8 +17,8 @@ namespace klein::testing {
 
 struct GgufKey {
   std::string key;
-  // string, u32, or arrays of strings / i32
-  std::variant<std::string, uint32_t, std::vector<std::string>, std::vector<int32_t>> value;
+  // string, u32, f32, or arrays of strings / i32
+  std::variant<std::string, uint32_t, float, std::vector<std::string>, std::vector<int32_t>> value;
 };
 
 // `tensors` as StTensor: dtype "F32", "F16" or "BF16" with the values; or "Q8_0" (GGML type

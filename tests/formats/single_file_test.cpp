@@ -15,12 +15,16 @@
 #include <regex>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "core/dtype.h"
 #include "core/files.h"
 #include "core/npy.h"
 #include "formats/gguf_files.h"
 #include "formats/st_files.h"
 #include "support/testing.h"
+#include "tokenizer/dev_prompt.h"
+#include "tokenizer/tekken.h"
 #include "tokenizer/tokenizer.h"
 #include "weights/container_store.h"
 #include "weights/model_source.h"
@@ -397,6 +401,172 @@ TEST_F(BflLayout, ComfyMistralFileWithItsTekkenTokenizerGeneratesAsTheDirectory)
   const std::string e = testing::error_of([&] { open_model(bare); });
   EXPECT_THAT(e, ::testing::HasSubstr("mistral_3_small_flux2_bf16.safetensors"));
   EXPECT_THAT(e, ::testing::HasSubstr("config.json"));
+}
+
+// A Mistral text encoder as llama.cpp writes it (the GGUFs of Mistral Small 3.1:
+// architecture llama or mistral3, llama.cpp's names, the q/k rows of each head interleaved by
+// its converter, Mistral's Tekken tokenizer in the metadata as tokenizer.ggml.pre "tekken").
+// Here the tiny Mistral with its rows interleaved by the test as gguf-py's LlamaModel.permute
+// does (rows as (heads, 2, head_dim / 2), the two inner axes swapped): it must load to the
+// directory's weights bit for bit, tokenize as the directory's tokenizer.json with the Tekken
+// pattern, and generate the directory's image.
+TEST_F(BflLayout, LlamaCppMistralLoadsTokenizesAndGeneratesAsTheDirectory) {
+  const fs::path dev = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "flux2-dev-tiny" / "model";
+  const nlohmann::json text_config =
+      nlohmann::json::parse(read_text_file(dev / "text_encoder" / "config.json"))["text_config"];
+  const int64_t heads = text_config["num_attention_heads"], kv_heads = text_config["num_key_value_heads"],
+                head_dim = text_config["head_dim"];
+  const std::map<std::string, std::string> layer_names = {
+      {"self_attn.q_proj.weight", "attn_q.weight"},       {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},       {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"input_layernorm.weight", "attn_norm.weight"},     {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},        {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"}};
+  // Row h * hd + 2i + j of the file is row h * hd + j * hd / 2 + i of transformers'.
+  auto interleaved = [](StTensor t, int64_t n) {
+    const size_t row = t.bytes.size() / size_t(t.shape[0]);
+    const int64_t hd = t.shape[0] / n;
+    std::vector<std::byte> out(t.bytes.size());
+    for (int64_t h = 0; h < n; ++h)
+      for (int64_t i = 0; i < hd / 2; ++i)
+        for (int64_t j = 0; j < 2; ++j)
+          std::memcpy(out.data() + size_t(h * hd + 2 * i + j) * row,
+                      t.bytes.data() + size_t(h * hd + j * (hd / 2) + i) * row, row);
+    t.bytes = std::move(out);
+    return t;
+  };
+  std::vector<StTensor> tensors;
+  const std::regex layer(R"(^language_model\.model\.layers\.(\d+)\.(.+)$)");
+  for (StTensor t : testing::read_all(dev / "text_encoder" / "model.safetensors.index.json")) {
+    std::smatch m;
+    if (t.name == "language_model.model.embed_tokens.weight") {
+      t.name = "token_embd.weight";
+    } else if (t.name == "language_model.model.norm.weight") {
+      t.name = "output_norm.weight";
+    } else if (t.name == "language_model.lm_head.weight") {
+      t.name = "output.weight";
+    } else if (std::regex_match(t.name, m, layer)) {
+      const std::string block = m[1], rest = m[2];
+      if (rest == "self_attn.q_proj.weight") t = interleaved(std::move(t), heads);
+      if (rest == "self_attn.k_proj.weight") t = interleaved(std::move(t), kv_heads);
+      t.name = "blk." + block + "." + layer_names.at(rest);
+    } else {
+      continue;  // the vision tower and the projector, which llama.cpp's converter drops
+    }
+    tensors.push_back(std::move(t));
+  }
+  ASSERT_EQ(tensors.size(), 3u + 40u * 9u);
+  // The tokenizer as llama.cpp stores it: tokens by id, control tokens typed 3, merges "a b".
+  const nlohmann::json tok = nlohmann::json::parse(read_text_file(dev / "tokenizer" / "tokenizer.json"));
+  std::vector<std::string> tokens(tok["model"]["vocab"].size());
+  for (const auto& [text, id] : tok["model"]["vocab"].items()) tokens.at(id.get<size_t>()) = text;
+  std::vector<int32_t> types(tokens.size(), 1);
+  for (const auto& a : tok["added_tokens"]) types.at(a["id"].get<size_t>()) = a["special"].get<bool>() ? 3 : 4;
+  std::vector<std::string> merges;
+  for (const auto& m : tok["model"]["merges"])
+    merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
+  auto metadata = [&](const std::string& arch, const std::string& pre) {
+    return std::vector<testing::GgufKey>{
+        {"general.architecture", arch},
+        {arch + ".attention.head_count", uint32_t(heads)},
+        {arch + ".attention.head_count_kv", uint32_t(kv_heads)},
+        {arch + ".attention.key_length", uint32_t(head_dim)},
+        {arch + ".rope.freq_base", 1e9f},
+        {"tokenizer.ggml.model", std::string("gpt2")},
+        {"tokenizer.ggml.pre", pre},
+        {"tokenizer.ggml.tokens", tokens},
+        {"tokenizer.ggml.token_type", types},
+        {"tokenizer.ggml.merges", merges}};
+  };
+  const fs::path gguf = dir_ / "Mistral-Small-3.1-24B-Instruct-2503-BF16.gguf";
+  testing::write_gguf(gguf, metadata("llama", "tekken"), tensors);
+
+  ModelPaths files;
+  files.diffusion_model = dev / "transformer" / "diffusion_pytorch_model.safetensors";
+  files.text_encoder = gguf;
+  files.vae = dev / "vae" / "diffusion_pytorch_model.safetensors";
+  {
+    const auto got = open_model(files);
+    const TextEncoderConfig& e = got->config().text_encoder;
+    EXPECT_EQ(got->config().family, "flux2-dev");
+    EXPECT_FALSE(e.qk_norm);
+    EXPECT_EQ(e.head_dim, head_dim);  // from attention.key_length: no config.json here
+    EXPECT_EQ(e.num_heads, heads);
+    EXPECT_EQ(e.num_kv_heads, kv_heads);
+    EXPECT_EQ(e.rope_theta, 1e9);
+    EXPECT_EQ(e.rms_eps, 1e-5);
+    const auto want = open_model(dev);
+    size_t compared = 0;
+    for (const std::string& unit : got->units()) {
+      if (!unit.starts_with("text_encoder.")) continue;
+      const UnitRef a = want->acquire(unit), b = got->acquire(unit);
+      for (const Weight& w : b->weights()) {
+        const Weight* x = a->find(w.name.substr(b->prefix().size()));
+        ASSERT_NE(x, nullptr) << w.name;
+        ASSERT_EQ(x->nbytes, w.nbytes) << w.name;
+        EXPECT_EQ(std::memcmp(x->data, w.data, w.nbytes), 0) << w.name << " differs";
+        ++compared;
+      }
+    }
+    EXPECT_GE(compared, 1u + 30u * 9u);
+  }
+
+  // The tokenizer: the directory's tokenizer.json with the Tekken pattern in its Split.
+  EXPECT_EQ(tokenizer_source(files).kind, TokenizerSource::Kind::Gguf);
+  const Tokenizer from_gguf(read_tokenizer_files(files).files());
+  nlohmann::json with_tekken = tok;
+  with_tekken["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = kTekkenPattern;
+  TokenizerBytes reference;
+  reference.origin = "tokenizer.json with the Tekken pattern";
+  reference.tokenizer_json = with_tekken.dump();
+  const Tokenizer want_tok(reference.files());
+  const Tokenizer directory = Tokenizer::from_directory(dev / "tokenizer");
+  const nlohmann::json vectors =
+      nlohmann::json::parse(read_text_file(dev.parent_path() / "tokenizer_vectors.json"));
+  for (const auto& c : vectors["strings"])
+    EXPECT_EQ(from_gguf.encode(c["text"].get<std::string>()), want_tok.encode(c["text"].get<std::string>()))
+        << c["text"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  EXPECT_NE(from_gguf.encode("HelloWorld 2024"), directory.encode("HelloWorld 2024"));  // the pattern
+  EXPECT_TRUE(from_gguf.pads_left());
+  EXPECT_EQ(from_gguf.token_id("[SYSTEM_PROMPT]"), 17);
+  // This prompt splits alike under both patterns, so the run must be the directory's.
+  const std::string prompt = "a red cube";
+  ASSERT_EQ(from_gguf.encode(dev_chat_text(prompt)), directory.encode(dev_chat_text(prompt)));
+  const std::string run = " -p \"" + prompt + "\" -s 2 -W 64 -H 64 --seed 5 --no-cache -q";
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate -m " + dev.string() + run + " --dump " + (dir_ / "st").string() +
+                                   " -o " + (dir_ / "st.png").string(),
+                               &log), 0) << log;
+  ASSERT_EQ(testing::run_klein("generate --diffusion-model " + files.diffusion_model.string() + " --vae " +
+                                   files.vae.string() + " --text-encoder " + gguf.string() + run +
+                                   " --dump " + (dir_ / "gguf").string() + " -o " + (dir_ / "gguf.png").string(),
+                               &log), 0) << log;
+  for (const char* f : {"prompt_embeds.npy", "final_latents.npy", "image.npy"})
+    EXPECT_EQ(read_text_file(dir_ / "gguf" / f), read_text_file(dir_ / "st" / f)) << f;
+  // Converted, the same container as the directory's (weights, tokenizer and all): the same run.
+  ASSERT_EQ(testing::run_klein("convert -m " + dev.string() + " -t q8 -q -o " + (dir_ / "st.klein").string(), &log), 0)
+      << log;
+  ASSERT_EQ(testing::run_klein("convert --diffusion-model " + files.diffusion_model.string() + " --vae " +
+                                   files.vae.string() + " --text-encoder " + gguf.string() + " -t q8 -q -o " +
+                                   (dir_ / "gguf.klein").string(),
+                               &log), 0) << log;
+  for (const char* name : {"st", "gguf"})
+    ASSERT_EQ(testing::run_klein("generate -m " + (dir_ / (std::string(name) + ".klein")).string() + run +
+                                     " --dump " + (dir_ / (std::string(name) + "-q8")).string() + " -o " +
+                                     (dir_ / (std::string(name) + "-q8.png")).string(),
+                                 &log), 0) << log;
+  for (const char* f : {"prompt_embeds.npy", "final_latents.npy", "image.npy"})
+    EXPECT_EQ(read_text_file(dir_ / "gguf-q8" / f), read_text_file(dir_ / "st-q8" / f)) << f;
+
+  // Another architecture, or another pre-tokenizer of a Mistral, is refused by name.
+  testing::write_gguf(dir_ / "other.gguf", metadata("gemma3", "tekken"), tensors);
+  files.text_encoder = dir_ / "other.gguf";
+  EXPECT_THAT(testing::error_of([&] { open_model(files); }),
+              ::testing::HasSubstr("general.architecture is \"gemma3\""));
+  testing::write_gguf(dir_ / "pre.gguf", metadata("mistral3", "llama-bpe"), tensors);
+  files.text_encoder = dir_ / "pre.gguf";
+  EXPECT_THAT(testing::error_of([&] { read_tokenizer_files(files); }),
+              ::testing::HasSubstr("tokenizer.ggml.pre is \"llama-bpe\""));
 }
 
 TEST_F(BflLayout, ComfyPrefixAndWeightSpelledNormsLoadBitIdentical) {

@@ -203,6 +203,8 @@ TEST(SplitPattern, CaseClassPatternsCompile) {
       R"(|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
   EXPECT_EQ(pieces(pattern, "HelloWorld 2024 a/b\n"),
             (Pieces{"Hello", "World", " ", "2", "0", "2", "4", " a", "/b", "\n"}));
+  // It is Mistral's Tekken pattern, which a GGUF names "tekken" (tokenizer/tekken.h).
+  EXPECT_EQ(std::string_view(kTekkenPattern), pattern);
 }
 
 TEST(SplitPattern, UnsupportedConstructsAreRefused) {
