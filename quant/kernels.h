@@ -77,22 +77,24 @@ struct AmxKernels {
   void (*configure)();
   void (*release)();
   // Rows [0, rows) (rows <= kAmxBlockRows), columns [0, kc) (kc % 32 == 0) of x as `splits`
-  // (1 or 3) bf16 arrays of kAmxBlockRows x kc: part s of x[r, k] at out[(s * kAmxBlockRows +
-  // r) * kc + k]. One part: x rounded to bf16. Three: hi = bf16(x), mid = bf16(x - hi), lo =
-  // bf16(x - hi - mid), whose sum is x (both differences are exact in float32; only parts
-  // below 2^-126, which bf16 conversion flushes, are lost). Rows past `rows` are zero.
-  void (*rows_to_bf16)(const float* x, int64_t ldx, int rows, int kc, int splits, uint16_t* out);
+  // (1 or 3) bf16 arrays of kAmxBlockRows rows, `ldo` >= kc elements apart: part s of x[r, k]
+  // at out[(s * kAmxBlockRows + r) * ldo + k]. One part: x rounded to bf16. Three: hi =
+  // bf16(x), mid = bf16(x - hi), lo = bf16(x - hi - mid), whose sum is x (both differences
+  // are exact in float32; only parts below 2^-126, which bf16 conversion flushes, are lost).
+  // Rows past `rows` are zero (columns [0, kc) of them).
+  void (*rows_to_bf16)(const float* x, int64_t ldx, int rows, int kc, int splits, uint16_t* out,
+                       int64_t ldo);
   // `count` consecutive TileQ8 / TileQ4 (of one 16-row group) as B tiles, kAmxTileElements
   // bf16 each (reached through the storage type's table, quant/types.h).
   void (*q8_tiles_to_bf16)(const TileQ8* tiles, int64_t count, uint16_t* out);
   void (*q4_tiles_to_bf16)(const TileQ4* tiles, int64_t count, uint16_t* out);
-  // c[32 x 16 * groups] (+)= sum over the parts s < splits of a_s[32 rows, 32 nb] * B^T, for 1
-  // or 2 groups of B tiles (b0, b1; nb consecutive tiles each, b1 unused when groups == 1).
-  // a_s = a + s * kAmxBlockRows * lda, rows lda elements apart; c rows ldc floats apart;
-  // `accumulate` adds to c instead of overwriting it.
+  // out[32 x 16 * groups] = (c if given, else 0) + sum over the parts s < splits of
+  // a_s[32 rows, 32 nb] * B^T, for 1 or 2 groups of B tiles (b0, b1; nb consecutive tiles
+  // each, b1 unused when groups == 1). a_s = a + s * kAmxBlockRows * lda, rows lda elements
+  // apart; c rows ldc floats apart, out rows ldo apart (out may be c).
   void (*block)(const uint16_t* a, int64_t lda, int splits, const uint16_t* b0,
-                const uint16_t* b1, int groups, int64_t nb, float* c, int64_t ldc,
-                bool accumulate);
+                const uint16_t* b1, int groups, int64_t nb, const float* c, int64_t ldc,
+                float* out, int64_t ldo);
 };
 
 const Kernels& scalar_kernels();

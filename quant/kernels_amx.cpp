@@ -33,11 +33,12 @@ __m512 bf16_to_f32(__m256i h) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-void rows_to_bf16(const float* x, int64_t ldx, int rows, int kc, int splits, uint16_t* out) {
-  const int64_t part = int64_t(kAmxBlockRows) * kc;  // elements per part
+void rows_to_bf16(const float* x, int64_t ldx, int rows, int kc, int splits, uint16_t* out,
+                  int64_t ldo) {
+  const int64_t part = int64_t(kAmxBlockRows) * ldo;  // elements per part
   for (int r = 0; r < rows; ++r) {
     const float* src = x + r * ldx;
-    uint16_t* dst = out + r * kc;
+    uint16_t* dst = out + r * ldo;
     for (int64_t k = 0; k < kc; k += 32) {
       __m512 lo = _mm512_loadu_ps(src + k), hi = _mm512_loadu_ps(src + k + 16);
       for (int s = 0; s < splits; ++s) {
@@ -51,9 +52,8 @@ void rows_to_bf16(const float* x, int64_t ldx, int rows, int kc, int splits, uin
     }
   }
   for (int s = 0; s < splits; ++s)
-    if (rows < kAmxBlockRows)
-      std::memset(out + s * part + rows * kc, 0,
-                  size_t(kAmxBlockRows - rows) * size_t(kc) * sizeof(uint16_t));
+    for (int r = rows; r < kAmxBlockRows; ++r)
+      std::memset(out + s * part + r * ldo, 0, size_t(kc) * sizeof(uint16_t));
 }
 
 // Lane l of the result is d[4j + l / 4]: the scale of the row that lane l of the j-th 16-byte
@@ -133,13 +133,14 @@ void q4_tiles_to_bf16(const TileQ4* tiles, int64_t count, uint16_t* out) {
 
 constexpr int64_t kTileStride = 64;  // bytes per row of a B tile
 
-// C tiles 4-7 over groups 1 or 2: c (+)= sum_s A_s B^T.
+// C tiles 4-7 over groups 1 or 2: out = c (or 0) + sum_s A_s B^T.
 void block(const uint16_t* a, int64_t lda, int splits, const uint16_t* b0, const uint16_t* b1,
-           int groups, int64_t nb, float* c, int64_t ldc, bool accumulate) {
+           int groups, int64_t nb, const float* c, int64_t ldc, float* out, int64_t ldo) {
   const int64_t a_stride = lda * int64_t(sizeof(uint16_t));
   const int64_t c_stride = ldc * int64_t(sizeof(float));
+  const int64_t o_stride = ldo * int64_t(sizeof(float));
   const int64_t part = int64_t(kAmxBlockRows) * lda;
-  if (accumulate) {
+  if (c) {
     _tile_loadd(4, c, c_stride);
     _tile_loadd(6, c + 16 * ldc, c_stride);
   } else {
@@ -147,7 +148,7 @@ void block(const uint16_t* a, int64_t lda, int splits, const uint16_t* b0, const
     _tile_zero(6);
   }
   if (groups == 2) {
-    if (accumulate) {
+    if (c) {
       _tile_loadd(5, c + 16, c_stride);
       _tile_loadd(7, c + 16 * ldc + 16, c_stride);
     } else {
@@ -167,8 +168,8 @@ void block(const uint16_t* a, int64_t lda, int splits, const uint16_t* b0, const
         _tile_dpbf16ps(7, 1, 3);
       }
     }
-    _tile_stored(5, c + 16, c_stride);
-    _tile_stored(7, c + 16 * ldc + 16, c_stride);
+    _tile_stored(5, out + 16, o_stride);
+    _tile_stored(7, out + 16 * ldo + 16, o_stride);
   } else {
     for (int64_t b = 0; b < nb; ++b) {
       _tile_loadd(2, b0 + b * kAmxTileElements, kTileStride);
@@ -181,8 +182,8 @@ void block(const uint16_t* a, int64_t lda, int splits, const uint16_t* b0, const
       }
     }
   }
-  _tile_stored(4, c, c_stride);
-  _tile_stored(6, c + 16 * ldc, c_stride);
+  _tile_stored(4, out, o_stride);
+  _tile_stored(6, out + 16 * ldo, o_stride);
 }
 
 }  // namespace

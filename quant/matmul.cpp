@@ -325,21 +325,25 @@ void panel_to_tiles(const detail::AmxKernels& amx, const Matrix& w, TileSource& 
   }
 }
 
-// c[32 x 16 groups] (+)= the 32 rows of X at `a` (bf16 parts, rows lda apart) times the panel's
-// B tiles (`groups` groups of `count` tiles), group pair by group pair. The loop over the pairs
-// is innermost, so a sub-chunk of X is read from L1 / L2 once and serves the whole panel.
+// out[32 x 16 groups] = (c if `accumulate`) + the 32 rows of X at `a` (bf16 parts, rows lda
+// apart) times the panel's B tiles (`groups` groups of `count` tiles), group pair by group
+// pair, with c (rows ldc apart) holding the sums between sub-chunks and the last sub-chunk
+// writing out (rows ldo apart; it may be c). The loop over the pairs is innermost, so a
+// sub-chunk of X is read from L1 / L2 once and serves the whole panel.
 void multiply_block_by_panel(const detail::AmxKernels& amx, const AmxPlan& plan,
                              const uint16_t* a, int64_t lda, const uint16_t* tiles,
                              int64_t groups, int64_t count, float* c, int64_t ldc,
-                             bool accumulate) {
+                             bool accumulate, float* out, int64_t ldo) {
   constexpr int64_t kTile = int64_t(detail::kAmxTileElements);
   for (int64_t s0 = 0; s0 < count; s0 += plan.sub) {
     const int64_t sub = std::min(plan.sub, count - s0);
+    const bool last = s0 + sub == count;
     for (int64_t g = 0; g < groups; g += 2) {
       const int pair = int(std::min<int64_t>(2, groups - g));
       const uint16_t* b0 = tiles + (g * count + s0) * kTile;
       amx.block(a + s0 * kBlock, lda, plan.splits, b0, b0 + count * kTile, pair, sub,
-                c + g * kTileRows, ldc, accumulate || s0 > 0);
+                accumulate || s0 > 0 ? c + g * kTileRows : nullptr, ldc,
+                last ? out + g * kTileRows : c + g * kTileRows, last ? ldo : ldc);
     }
   }
 }
@@ -370,7 +374,11 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
   const size_t edge_floats = size_t(kRows * plan.panel * kTileRows);
   const size_t per_worker = (panel_elements + a_elements + row_elements) * sizeof(uint16_t) +
                             edge_floats * sizeof(float);
-  const size_t x_bytes = plan.narrow ? size_t(row_blocks * kRows * K) * sizeof(uint16_t) : 0;
+  // The narrow plan's X as bf16: rows one 64-byte line longer than K, so that the 32 rows of a
+  // block fall in different L1 sets (at K = 3072 a row is 6 KiB, and rows 4 KiB apart, or 12,
+  // share their sets: 16 rows of a 12-way cache would evict each other).
+  const int64_t ldxb = K + 32;
+  const size_t x_bytes = plan.narrow ? size_t(row_blocks * kRows * ldxb) * sizeof(uint16_t) : 0;
   WorkerBuffers<uint8_t> buffers(scratch, pool.size(), per_worker, x_bytes);
   auto* xb = reinterpret_cast<uint16_t*>(buffers.shared());
   if (plan.narrow) {
@@ -378,7 +386,7 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t m = b * kRows;
         amx.rows_to_bf16(x + m * ldx, ldx, int(std::min<int64_t>(kRows, M - m)), int(K), 1,
-                         xb + m * K);
+                         xb + m * ldxb, ldxb);
       }
     });
   }
@@ -399,21 +407,27 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
       amx.configure();
       for (int64_t m = m0; m < m1; m += kRows) {
         const int rows = int(std::min<int64_t>(kRows, m1 - m));
-        const uint16_t* ax = plan.narrow ? xb + m * K : a;  // narrow: one chunk, all of K
+        const uint16_t* ax = plan.narrow ? xb + m * ldxb : a;  // narrow: one chunk, all of K
+        const int64_t lda = plan.narrow ? ldxb : count * kBlock;
         if (!plan.narrow)
-          amx.rows_to_bf16(x + m * ldx + c0 * kBlock, ldx, rows, int(count * kBlock), splits, a);
-        // Wide plan: full blocks add straight into Y; a block that overhangs M or N, and every
-        // block of the narrow plan, goes through `edge`.
-        const bool inside = !plan.narrow && rows == kRows && cols == panel_cols;
+          amx.rows_to_bf16(x + m * ldx + c0 * kBlock, ldx, rows, int(count * kBlock), splits, a,
+                           lda);
+        // Full blocks go to Y: in the wide plan Y holds the sums throughout; in the narrow one
+        // they stay in `edge` (in L1) between sub-chunks and the last one writes Y. A block
+        // that overhangs M or N goes through `edge` only.
+        const bool full = rows == kRows && cols == panel_cols;
+        const bool inside = !plan.narrow && full;
         float* c = inside ? y + m * ldy + n0 : edge;
         const int64_t ldc = inside ? ldy : panel_cols;
-        if (!inside && c0 > 0) {
+        if (!full && c0 > 0) {
           for (int r = 0; r < rows; ++r)
             std::memcpy(edge + r * panel_cols, y + (m + r) * ldy + n0, size_t(cols) * 4);
         }
-        multiply_block_by_panel(amx, plan, ax, count * kBlock, tiles, g1 - g0, count, c, ldc,
-                                c0 > 0);
-        if (!inside) {
+        float* out = full ? y + m * ldy + n0 : edge;
+        const int64_t ldo = full ? ldy : panel_cols;
+        multiply_block_by_panel(amx, plan, ax, lda, tiles, g1 - g0, count, c, ldc, c0 > 0, out,
+                                ldo);
+        if (!full) {
           for (int r = 0; r < rows; ++r)
             std::memcpy(y + (m + r) * ldy + n0, edge + r * panel_cols, size_t(cols) * 4);
         }
