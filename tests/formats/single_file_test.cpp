@@ -272,7 +272,8 @@ TEST_F(BflLayout, TransformerLoadsBitIdentical) {
 }
 
 // FLUX.2-dev's transformer as BFL publishes it (flux2-dev.safetensors: the klein names plus
-// guidance_in): detected as dev by its guidance embedder, with or without the directory.
+// guidance_in): detected as dev by its guidance embedder, with or without the directory, and
+// as a GGUF of the same names.
 TEST_F(BflLayout, DevTransformerLoadsBitIdenticalAndIsDetectedAsDev) {
   const fs::path dev = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "flux2-dev-tiny" / "model";
   const std::vector<StTensor> diffusers =
@@ -294,6 +295,13 @@ TEST_F(BflLayout, DevTransformerLoadsBitIdenticalAndIsDetectedAsDev) {
       EXPECT_TRUE(got->config().transformer.guidance_embeds);
       expect_same_weights(*want, *got, 100);
     }
+    // The same tensors as a GGUF (city96's FLUX.2-dev GGUFs keep BFL's names).
+    testing::write_gguf(dir_ / "flux2-dev-BF16.gguf", {{"general.architecture", std::string("flux")}},
+                        bfl_transformer({prefix}, diffusers));
+    files_only.diffusion_model = dir_ / "flux2-dev-BF16.gguf";
+    const auto got = open_model(files_only);
+    EXPECT_EQ(got->config().family, "flux2-dev");
+    expect_same_weights(*want, *got, 100);
   }
 }
 
