@@ -108,6 +108,16 @@ def test_zimage_guidance_options_are_the_cli_ones(cli, testdata, tmp_path):
     assert image.info["klein"] == expected.info["klein"]
 
 
+def test_flux_dev_with_its_embedded_guidance_is_the_cli_image(cli, tmp_path):
+    path = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "flux2-dev-tiny" / "model"
+    with klein_edge.Model(path, threads=2) as dev:
+        image = dev.generate(PROMPT, width=64, height=48, steps=2, seed=6, guidance=4)
+        other = dev.generate(PROMPT, width=64, height=48, steps=2, seed=6, guidance=1.5)
+    expected = cli_png(cli, tmp_path, path, "--seed", 6, "-W", 64, "-H", 48, "-s", 2, "-g", 4)
+    same_pixels(image, expected)
+    assert other.tobytes() != image.tobytes()
+
+
 def test_progress_and_preview_see_every_step(model):
     phases, previews = [], []
     model.generate(PROMPT, width=64, height=48, steps=3, seed=1,

@@ -287,6 +287,34 @@ TEST(CApi, ZImageWithItsGuidanceOptionsMakesTheCliPixels) {
             std::string::npos);
 }
 
+// FLUX.2-dev (the tiny one in the official layout): the guidance scale goes to the model
+// (embedded, one pass per step), as on the command line.
+TEST(CApi, FluxDevWithItsEmbeddedGuidanceMakesTheCliPixels) {
+  const fs::path model = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "flux2-dev-tiny" / "model";
+  const fs::path out = testing::temp_dir("capi-dev");
+  Opened m(model);
+  klein_generate_params p = params(6, 64, 48, 2);
+  p.guidance = 4;
+  klein_image* image = nullptr;
+  ASSERT_EQ(klein_generate(m.session, &p, &image), KLEIN_OK) << klein_session_error(m.session);
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate -m " + model.string() + " -p \"" + kPrompt +
+                                   "\" --seed 6 -W 64 -H 48 -s 2 -g 4 --no-cache -q -o " +
+                                   (out / "cli.png").string(),
+                               &log),
+            0)
+      << log;
+  const Image cli = load_image(out / "cli.png");
+  ASSERT_EQ(cli.rgb.size(), size_t(64 * 48 * 3));
+  EXPECT_EQ(0, std::memcmp(cli.rgb.data(), image->pixels, cli.rgb.size()));
+  klein_image_free(image);
+  // Another scale makes another image: the model was given it.
+  p.guidance = 1.5f;
+  ASSERT_EQ(klein_generate(m.session, &p, &image), KLEIN_OK) << klein_session_error(m.session);
+  EXPECT_NE(0, std::memcmp(cli.rgb.data(), image->pixels, cli.rgb.size()));
+  klein_image_free(image);
+}
+
 TEST(CApi, PreviewCallbackSeesEveryStepAndCancels) {
   const fs::path out = testing::temp_dir("capi-preview");
   Opened m;

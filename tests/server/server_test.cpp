@@ -246,6 +246,25 @@ TEST(Serve, ZImageRequestsMakeTheCliPixels) {
   EXPECT_NE(png_of(plain["data"][0]["b64_json"]).rgb, png_of(gen["data"][0]["b64_json"]).rgb);
 }
 
+TEST(Serve, FluxDevRequestsMakeTheCliPixels) {
+  const fs::path model = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "flux2-dev-tiny" / "model";
+  const fs::path out = testing::temp_dir("serve-dev");
+  ServeProcess serve("", model);
+  httplib::Client c = serve.client();
+  const json gen = post_json(c, "/v1/images/generations",
+                             {{"prompt", kPrompt}, {"size", "48x32"}, {"seed", 9}, {"steps", 2},
+                              {"guidance", 4}});
+  ASSERT_EQ(gen["data"].size(), 1u);
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate -m " + model.string() + " -p \"" + kPrompt +
+                                   "\" --no-cache -q --seed 9 -W 48 -H 32 -s 2 -g 4 -o " +
+                                   (out / "cli.png").string(),
+                               &log),
+            0)
+      << log;
+  EXPECT_EQ(png_of(gen["data"][0]["b64_json"]).rgb, load_image(out / "cli.png").rgb);
+}
+
 TEST(Serve, BadRequestsAreNamedAndKeysChecked) {
   ServeProcess serve("--api-key sesame --max-side 512");
   httplib::Client c = serve.client();
