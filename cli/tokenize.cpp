@@ -30,24 +30,27 @@ struct TokenizeOptions {
 };
 
 // The tokenizer of MODEL, which names it as one of the model options would: a klein container
-// or a diffusers directory as -m, a llama.cpp GGUF text encoder as --text-encoder, a directory
-// of tokenizer files as --tokenizer. tokenizer_source then reads it from where every other
-// command would.
+// or a diffusers directory as -m, a llama.cpp GGUF text encoder or a Mistral file carrying
+// tekken.json as --text-encoder, a directory of tokenizer files as --tokenizer.
+// tokenizer_source then reads it from where every other command would.
 Tokenizer tokenizer_of(const fs::path& model) {
   auto holds_tokenizer = [](const fs::path& dir) {
     std::error_code ec;
-    return fs::exists(dir / "vocab.json", ec) || fs::exists(dir / "tokenizer.json", ec);
+    return fs::exists(dir / "vocab.json", ec) || fs::exists(dir / "tokenizer.json", ec) ||
+           fs::exists(dir / "tekken.json", ec);
   };
+  check(fs::exists(model), model.string(), " does not exist");
   ModelPaths paths;
-  if (is_gguf(model)) {
+  if (is_gguf(model) || (fs::is_regular_file(model) && !container::is_container(model) &&
+                         model.extension() == ".safetensors")) {
     paths.text_encoder = model;
   } else if (container::is_container(model) || holds_tokenizer(model / "tokenizer")) {
     paths.model = model;
   } else {
     check(holds_tokenizer(model), model.string(),
-          ": no tokenizer found (expected a klein container, a llama.cpp GGUF text encoder, or "
-          "vocab.json or tokenizer.json in ", (model / "tokenizer").string(),
-          " or in the directory itself)");
+          ": no tokenizer found (expected a klein container, a llama.cpp GGUF text encoder, a "
+          "Mistral text encoder file carrying tekken.json, or vocab.json, tokenizer.json or "
+          "tekken.json in ", (model / "tokenizer").string(), " or in the directory itself)");
     paths.tokenizer = model;
   }
   return load_model_tokenizer(paths);
@@ -112,14 +115,15 @@ static Registration reg("tokenize", 30, [](CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "tokenize", "Print the Qwen3 token ids of a text, or the text encoder's input for a prompt");
   cmd->add_option("-m,--model", options->model,
-                  "a klein container (the tokenizer stored in it), a FLUX.2-klein diffusers "
-                  "directory (its tokenizer/), a llama.cpp GGUF text encoder (the tokenizer in "
-                  "its metadata), or a directory holding the tokenizer files (vocab.json + "
-                  "merges.txt, or tokenizer.json)")
+                  "a klein container (the tokenizer stored in it), a diffusers directory (its "
+                  "tokenizer/), a llama.cpp GGUF text encoder (the tokenizer in its metadata), a "
+                  "Mistral .safetensors text encoder carrying tekken.json (ComfyUI's), or a "
+                  "directory holding the tokenizer files (vocab.json + merges.txt, "
+                  "tokenizer.json, or Mistral's tekken.json)")
       ->required();
   cmd->add_flag("--template", options->use_template,
-                "wrap TEXT in the chat template as the pipeline does and print the 512 padded "
-                "ids, then the attention mask");
+                "wrap TEXT in FLUX.2-klein's chat template as its pipeline does and print the "
+                "512 padded ids, then the attention mask");
   cmd->add_flag("--json", options->json, "print JSON (ids, tokens, decoded text / mask, counts)");
   // The text as the other subcommands take a prompt (-p), or as the last argument.
   CLI::Option* prompt = cmd->add_option("-p,--prompt", options->text, "the text or prompt");

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -160,6 +161,35 @@ TEST(TokenizeCli, NeitherContainerNorTokenizerIsNamed) {
   EXPECT_NE(log.find("give the text"), std::string::npos) << log;
   EXPECT_NE(testing::run_klein("tokenize -m " + testing::tiny_model().string() + " -p a b", &log),
             0);
+}
+
+// A directory holding only Mistral's tekken.json (tools/tekken/tekken_json.py writes the
+// FLUX.2-dev test tokenizer as one): the ids the official implementation gives, and a path
+// that is not there is named as such.
+TEST(TokenizeCli, TekkenJsonDirectoryGivesTheOfficialIds) {
+  const fs::path out = testing::temp_dir("tokenize-tekken");
+  const fs::path dev = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "flux2-dev-tiny";
+  const std::string cmd = "/usr/bin/python3 " +
+                          testing::shell_arg(fs::path(KLEIN_SOURCE_DIR) / "tools" / "tekken" / "tekken_json.py") +
+                          " " + testing::shell_arg(dev / "model" / "tokenizer" / "tokenizer.json") + " " +
+                          testing::shell_arg(out / "tekken.json");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const json vectors = json::parse(read_text_file(dev / "tokenizer_vectors.json"));
+  size_t checked = 0;
+  for (const json& c : vectors["strings"]) {
+    const std::string text = c["text"];
+    if (text.empty() || text.find('\n') != std::string::npos || text.starts_with("-")) continue;
+    std::string log;
+    ASSERT_EQ(testing::run_klein("tokenize -m " + out.string() + " " + quoted(text), &log), 0) << log;
+    const std::vector<Ids> lines = lines_of_ids(log);
+    ASSERT_EQ(lines.size(), 1u) << log;
+    EXPECT_EQ(lines[0], c["ids"].get<Ids>()) << text;
+    if (++checked == 8) break;
+  }
+  EXPECT_EQ(checked, 8u);
+  std::string log;
+  EXPECT_EQ(testing::run_klein("tokenize -m " + (out / "absent").string() + " hi", &log), 1);
+  EXPECT_NE(log.find((out / "absent").string() + " does not exist"), std::string::npos) << log;
 }
 
 }  // namespace
