@@ -33,7 +33,14 @@ int64_t positive_integer(const json& config, const char* key, const std::string&
 TokenizerBytes tekken_layout_files(const TekkenLayout& t, const std::string& origin) {
   // Written out directly: 131k entries are too many for a DOM to be worth it.
   std::vector<std::string> symbols(t.vocab.size());
-  for (size_t id = 0; id < t.vocab.size(); ++id) symbols[id] = json_string(t.vocab[id]);
+  std::string pattern;
+  try {  // a token from a GGUF's metadata may be any bytes, which JSON cannot carry
+    for (size_t id = 0; id < t.vocab.size(); ++id) symbols[id] = json_string(t.vocab[id]);
+    pattern = json_string(t.pattern);
+    for (const TekkenLayout::Added& a : t.added) (void)json_string(a.content);
+  } catch (const json::exception& e) {
+    fail(origin, ": a token is not UTF-8 text (", e.what(), ")");
+  }
   std::string out;
   out.reserve(t.vocab.size() * 64);
   out += "{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,\"added_tokens\":[";
@@ -46,7 +53,7 @@ TokenizerBytes tekken_layout_files(const TekkenLayout& t, const std::string& ori
   }
   out += "],\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["
          "{\"type\":\"Split\",\"pattern\":{\"Regex\":" +
-         json_string(t.pattern) +
+         pattern +
          "},\"behavior\":\"Isolated\",\"invert\":false},"
          "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,"
          "\"use_regex\":false}]},"

@@ -327,6 +327,14 @@ TEST(TekkenJson, BrokenFilesAreNamed) {
                  j["special_tokens"][20]["token_str"] = "a";
                }),
                "is spelled like special token 20");
+  // Tokens read from elsewhere (a GGUF's metadata) may be any bytes; JSON cannot carry them.
+  TekkenLayout layout;
+  layout.vocab = {"a", "b", "\xff\xfe"};
+  layout.pattern = kTekkenPattern;
+  expect_error(testing::error_of([&] {
+                 tekken_layout_files(layout, "te.safetensors: tensor tekken_model");
+               }),
+               "a token is not UTF-8 text");
 }
 
 }  // namespace
