@@ -147,8 +147,12 @@ std::vector<TensorSource> map_text_encoder(const std::vector<NamedShape>& tensor
     // "language_model." (older transformers: language_model.model.*, language_model.lm_head.*;
     // newer: model.language_model.*, lm_head.*), beside a vision tower and a projector that
     // image generation never reads (they map to names without a unit: dropped, and recorded).
+    // Single-file repacks may put the language model under "text_encoder." or under
+    // "language_model." without its "model." (the spellings InvokeAI's loader accepts).
+    if (starts_with(n, "text_encoder.")) n = n.substr(std::string("text_encoder.").size());
     if (starts_with(n, "language_model.model.")) n = n.substr(std::string("language_model.").size());
     else if (starts_with(n, "language_model.lm_head.")) n = n.substr(std::string("language_model.").size());
+    else if (starts_with(n, "language_model.")) n = "model." + n.substr(std::string("language_model.").size());
     else if (starts_with(n, "model.language_model.")) n = "model." + n.substr(std::string("model.language_model.").size());
     else if (starts_with(n, "model.vision_tower.") || starts_with(n, "model.multi_modal_projector."))
       n = n.substr(std::string("model.").size());

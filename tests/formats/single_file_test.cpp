@@ -389,6 +389,31 @@ TEST_F(BflLayout, ComfyMistralFileWithItsTekkenTokenizerGeneratesAsTheDirectory)
     EXPECT_EQ(read_text_file(dir_ / "comfy" / f), read_text_file(dir_ / "directory" / f)) << f;
     EXPECT_EQ(read_text_file(dir_ / "comfy-in-m" / f), read_text_file(dir_ / "directory" / f)) << f;
   }
+  // The prefixes other repacks put before the language model load to the same weights.
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"model.", "text_encoder.model."}, {"model.", "language_model."}}) {
+    SCOPED_TRACE(to);
+    std::vector<StTensor> renamed = comfy;
+    for (StTensor& t : renamed)
+      if (t.name.starts_with(from)) t.name = to + t.name.substr(from.size());
+    const fs::path other = beside / "prefixed.safetensors";
+    testing::write_safetensors(other, renamed);
+    ModelPaths p = files;
+    p.text_encoder = other;
+    const auto a = open_model(files), b = open_model(p);
+    ASSERT_EQ(a->units(), b->units());
+    for (const std::string& unit : a->units()) {
+      if (!unit.starts_with("text_encoder.")) continue;
+      const UnitRef ua = a->acquire(unit), ub = b->acquire(unit);
+      ASSERT_EQ(ua->weights().size(), ub->weights().size()) << unit;
+      for (const Weight& w : ua->weights()) {
+        const Weight* x = ub->find(w.name.substr(ua->prefix().size()));
+        ASSERT_NE(x, nullptr) << w.name;
+        EXPECT_EQ(std::memcmp(x->data, w.data, w.nbytes), 0) << w.name;
+      }
+    }
+  }
+
   // Mistral's tekken.json in a --tokenizer directory (mistralai's repositories ship it).
   const fs::path tok_dir = dir_ / "tekken-only";
   fs::create_directories(tok_dir);
