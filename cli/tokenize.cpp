@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "formats/container/reader.h"
 #include "pipeline/model_tokenizer.h"
+#include "weights/model_source.h"
 #include "tokenizer/klein_prompt.h"
 #include "tokenizer/tokenizer.h"
 #include "weights/gguf_source.h"
@@ -34,11 +35,6 @@ struct TokenizeOptions {
 // tekken.json as --text-encoder, a directory of tokenizer files as --tokenizer.
 // tokenizer_source then reads it from where every other command would.
 Tokenizer tokenizer_of(const fs::path& model) {
-  auto holds_tokenizer = [](const fs::path& dir) {
-    std::error_code ec;
-    return fs::exists(dir / "vocab.json", ec) || fs::exists(dir / "tokenizer.json", ec) ||
-           fs::exists(dir / "tekken.json", ec);
-  };
   check(fs::exists(model), model.string(), " does not exist");
   ModelPaths paths;
   if (is_gguf(model) || (fs::is_regular_file(model) && !container::is_container(model) &&

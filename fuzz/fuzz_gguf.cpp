@@ -1,6 +1,8 @@
 // libFuzzer target: the GGUF reader (header, metadata of every value type, tensor infos,
 // alignment, offsets), the decoding of the first row of every tensor whose type can be
-// decoded, the tokenizer files made from the metadata and the text-encoder name mapping.
+// decoded, the tokenizer files made from the metadata, the text-encoder name mapping and the
+// facts a llama-architecture text encoder's metadata gives (head width, RoPE, epsilon, the
+// heads its q/k rows were interleaved over).
 // Every input must end in a parse or a klein::Error: never a crash, a hang or a huge
 // allocation.
 #include <cstdint>
@@ -27,6 +29,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     std::map<std::string, std::string> names;
     (void)klein::gguf_tensor_names(klein::Component::TextEncoder, file, names);
+    (void)klein::gguf_text_facts(file);
+    for (const char* name : {"model.layers.0.self_attn.q_proj.weight",
+                             "model.layers.0.self_attn.k_proj.weight"})
+      (void)klein::gguf_rope_interleaved_heads(file, name);
   } catch (const klein::Error&) {
   }
   try {

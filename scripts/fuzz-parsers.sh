@@ -146,6 +146,26 @@ gguf(f"{root}/gguf/plain", [
     ("q8", [32, 1], 8, b"\x00\x3c" + bytes(range(32))),
     ("q4k", [256], 12, b"\x00\x3c\x00\x38" + bytes(range(140))),
     ("blk.0.attn_q.weight", [32, 2], 1, b"\x00\x3c" * 64)])
+# Byte-level BPE's 256 byte tokens (GPT-2's printable stand-ins for the bytes).
+printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+stand_in = dict(zip(printable, printable))
+stand_in.update({b: 256 + i for i, b in enumerate(b for b in range(256) if b not in stand_in)})
+byte_tokens = [chr(stand_in[b]) for b in range(256)]
+# A Mistral text encoder as llama.cpp writes it: the llama architecture's head counts, head
+# width, RoPE base and epsilon, a Tekken pre-tokenizer, interleaved q/k rows.
+gguf(f"{root}/gguf/llama", [
+    ("general.architecture", 8, s_("llama")),
+    ("llama.attention.head_count", 4, struct.pack("<I", 2)),
+    ("llama.attention.head_count_kv", 4, struct.pack("<I", 1)),
+    ("llama.attention.key_length", 4, struct.pack("<I", 4)),
+    ("llama.rope.freq_base", 6, struct.pack("<f", 1e9)),
+    ("llama.attention.layer_norm_rms_epsilon", 6, struct.pack("<f", 1e-5)),
+    ("tokenizer.ggml.model", 8, s_("gpt2")),
+    ("tokenizer.ggml.pre", 8, s_("tekken")),
+    ("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 257) + b"".join(map(s_, byte_tokens + ["ab"]))),
+    ("tokenizer.ggml.merges", 9, struct.pack("<IQ", 8, 1) + s_("a b"))], [
+    ("blk.0.attn_q.weight", [8, 8], 0, struct.pack("<64f", *range(64))),
+    ("blk.0.attn_k.weight", [8, 4], 0, struct.pack("<32f", *range(32)))])
 open(f"{root}/config/scheduler", "wb").write(json.dumps(scheduler).encode() + b"\x01" + b"*.weight q8\n")
 zimage = {"all_patch_size": [2], "all_f_patch_size": [1], "in_channels": 16, "dim": 256,
           "n_layers": 2, "n_refiner_layers": 2, "n_heads": 2, "n_kv_heads": 2, "norm_eps": 1e-5,

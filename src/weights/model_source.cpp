@@ -359,13 +359,14 @@ const char* tokenizer_kind_name(TokenizerSource::Kind kind) {
   return "?";
 }
 
+bool holds_tokenizer(const fs::path& dir) {
+  std::error_code ec;
+  return fs::exists(dir / "vocab.json", ec) || fs::exists(dir / "tokenizer.json", ec) ||
+         fs::exists(dir / "tekken.json", ec);
+}
+
 TokenizerSource tokenizer_source(const ModelPaths& paths) {
   using Kind = TokenizerSource::Kind;
-  auto holds_tokenizer = [](const fs::path& dir) {
-    std::error_code ec;
-    return fs::exists(dir / "vocab.json", ec) || fs::exists(dir / "tokenizer.json", ec) ||
-           fs::exists(dir / "tekken.json", ec);
-  };
   if (!paths.tokenizer.empty()) {
     check(holds_tokenizer(paths.tokenizer), "--tokenizer ", paths.tokenizer.string(),
           ": no vocab.json, tokenizer.json or tekken.json there");

@@ -71,6 +71,10 @@ struct TokenizerSource {
 // "directory", "gguf", "container" or "tekken", for messages and machine-readable output.
 const char* tokenizer_kind_name(TokenizerSource::Kind kind);
 
+// Whether DIR holds tokenizer files of one of the Directory forms (vocab.json, tokenizer.json
+// or tekken.json); false where DIR does not exist.
+bool holds_tokenizer(const std::filesystem::path& dir);
+
 // Applies the rule above. Checks what it can without reading the tokenizer: a directory holds
 // vocab.json or tokenizer.json; otherwise throws naming the option or file that lacks a
 // tokenizer and what to give instead.
