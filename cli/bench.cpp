@@ -191,6 +191,8 @@ void run_bench_step(const BenchStepArgs& a) {
                      {"peak_gmacs", b.peak.macs_per_second / 1e9},
                      {"linear_gmacs", b.linear_rate() / 1e9},
                      {"peak_fraction", b.peak_fraction()},
+                     {"forward_loops", b.forward_loops},
+                     {"forward_wait_seconds", b.forward_wait_seconds},
                      {"peak_rss_bytes", peak_rss_bytes()}};
     std::printf("%s\n", j.dump(2).c_str());
     return;
@@ -209,6 +211,10 @@ void run_bench_step(const BenchStepArgs& a) {
   } else {
     std::printf("peak:                   none (the scalar reference path)\n");
   }
+  const size_t last = b.forward_loops.size() - 1;
+  std::printf("thread loops:           %lld per forward, the caller waiting %.3f s at their ends "
+              "(last forward)\n",
+              (long long)b.forward_loops[last], b.forward_wait_seconds[last]);
   std::printf("peak RSS:               %s\n", format_bytes(peak_rss_bytes()).c_str());
 }
 

@@ -94,6 +94,12 @@ Arena::Scope::~Scope() {
   if (--a.depth_ == 0) a.merge_blocks();
 }
 
+void Compute::level_arenas() {
+  size_t most = 0;
+  for (const auto& a : arenas_) most = std::max(most, a->high_water());
+  for (const auto& a : arenas_) a->reserve(most);
+}
+
 Compute::Compute(int threads, quant::Isa isa)
     : pool_(threads), isa_(isa == quant::Isa::Auto ? quant::best_isa() : isa) {
   check(quant::isa_available(isa_), "instruction set ", quant::isa_name(isa_),

@@ -116,6 +116,11 @@ class Compute {
 
   // The arena of a pool worker (0 = the calling thread).
   Arena& arena(int worker) { return *arenas_[size_t(worker)]; }
+  // Gives every worker's arena room for the most any of them has held at once so far; call
+  // while no task runs (between steps). Which worker takes which task of a loop depends on
+  // timing, so otherwise a worker could meet a loop's largest task only in a later step and
+  // allocate there.
+  void level_arenas();
   // Options for quant::matmul: this context's ISA and activation buffer.
   quant::MatmulOptions matmul_options();
 

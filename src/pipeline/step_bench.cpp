@@ -35,10 +35,14 @@ StepBench bench_step(WeightStore& store, int64_t width, int64_t height, int forw
   const SyntheticProbe probe = stages.synthetic_probe(config, grid);
   const ProbeInputs in = probe.inputs();
   for (int i = 0; i < forwards; ++i) {
+    const ThreadPool::Stats before = cx.pool().stats();
     const auto t0 = std::chrono::steady_clock::now();
     stages.probe_forward(store, in, cx, {});
     b.forward_seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const ThreadPool::Stats after = cx.pool().stats();
+    b.forward_loops.push_back(after.jobs - before.jobs);
+    b.forward_wait_seconds.push_back(after.caller_wait_seconds - before.caller_wait_seconds);
   }
   return b;
 }

@@ -23,6 +23,11 @@ struct StepBench {
   int64_t width = 0, height = 0;
   ops::ForwardWork work;
   std::vector<double> forward_seconds;  // each forward, the first included
+  // Per forward: the parallel loops handed to the thread pool (each one a synchronisation of
+  // every thread), and the time the calling thread waited at their ends for the others
+  // (ThreadPool::Stats). Both 0 on one thread.
+  std::vector<int64_t> forward_loops;
+  std::vector<double> forward_wait_seconds;
   quant::PeakRate peak;
 
   double steady_seconds() const;  // median of the forwards after the first (the first if alone)

@@ -289,6 +289,7 @@ class ZImageStages final : public FamilyStages {
       Tensor v(x.shape()), x_in(x.shape());
       for (int64_t i = 0; i < s.steps(); ++i) {
         cx.stop_if_cancelled();
+        cx.level_arenas();
         const auto step_start = std::chrono::steady_clock::now();
         std::memcpy(x_in.data(), x.data(), size_t(x.numel()) * sizeof(float));
         const Tensor adaln = model.embed_timestep(s.model_time(i), cx);

@@ -76,6 +76,18 @@ TEST(BenchStepCli, TimesForwardsAndStatesTheFractionOfThePeak) {
     EXPECT_GT(j["peak_fraction"].get<double>(), 0.0);
     EXPECT_LT(j["peak_fraction"].get<double>(), 1.0);
   }
+  // One thread hands no loop to a pool; two do, the same number in every forward.
+  EXPECT_EQ(j["forward_loops"], nlohmann::json::array({0, 0}));
+  ASSERT_EQ(testing::run_klein("bench step -m " + testing::tiny_model().string() +
+                                   " -W 64 -H 48 --forwards 2 --threads 2 --json",
+                               &out),
+            0)
+      << out;
+  const auto two = nlohmann::json::parse(out.substr(out.find('{')));
+  ASSERT_EQ(two["forward_loops"].size(), 2u);
+  EXPECT_GT(two["forward_loops"][0].get<int64_t>(), 10);
+  EXPECT_EQ(two["forward_loops"][0], two["forward_loops"][1]);
+  for (const auto& t : two["forward_wait_seconds"]) EXPECT_GE(t.get<double>(), 0.0);
   EXPECT_NE(testing::run_klein("bench step -m " + testing::tiny_model().string() + " -W 50", &out),
             0);
   EXPECT_THAT(out, HasSubstr("multiple of 16"));

@@ -1,4 +1,7 @@
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
 #include <sys/stat.h>
 
 #include <atomic>
@@ -90,6 +93,24 @@ TEST(ThreadPool, CoversEveryIndexOnce) {
         for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
       });
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1);
+    }
+  }
+}
+
+// Many short loops back to back, as a step runs them: every task of every loop runs once,
+// and a loop's results are all there when it returns (the workers that watch for the next
+// loop and the caller that waits for the last task hand over correctly), including loops
+// with fewer tasks than threads and pauses long enough for the workers to fall asleep.
+TEST(ThreadPool, ShortLoopsBackToBack) {
+  for (int threads : {2, 4}) {
+    ThreadPool pool(threads);
+    std::vector<int> out(8);
+    for (int loop = 0; loop < 20000; ++loop) {
+      const int n = 1 + loop % 8;
+      pool.for_each_task(n, [&](int64_t t, int) { out[size_t(t)] = loop; });
+      for (int t = 0; t < n; ++t) ASSERT_EQ(out[size_t(t)], loop) << threads << " threads";
+      if (loop % 5000 == 4999)
+        std::this_thread::sleep_for(std::chrono::microseconds(3 * ThreadPool::kSpinMicroseconds));
     }
   }
 }

@@ -211,6 +211,7 @@ std::vector<SamplerResult> sample_batch(WeightStore& store, std::span<const Samp
 
   for (int64_t i = 0; i < s.steps(); ++i) {
     const auto step_start = std::chrono::steady_clock::now();
+    cx.level_arenas();  // from the second step on, nothing is allocated
     const float sigma = s.sigmas[size_t(i)], sigma_next = s.sigmas[size_t(i + 1)];
     const float timestep = s.model_timestep(i);
     const Modulation& mod = mods[size_t(i)];
