@@ -68,21 +68,19 @@ for n in "${count_list[@]}"; do
   json=$("$klein" bench step -m "$model" -W "$size" -H "$size" --forwards "$forwards" \
     --threads "$n" --json 2>/dev/null) || die "klein bench step --threads $n failed"
   # The first count is the base of the speed-ups (1 thread unless -n says otherwise).
-  step=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["steady_seconds"])' <<<"$json")
-  loops=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["forward_loops"][-1])' <<<"$json")
-  wait=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["forward_wait_seconds"][-1])' <<<"$json")
-  frac=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["peak_fraction"])' <<<"$json")
-  if [[ -z "$base" ]]; then base=$step; base_n=$n; fi
-  python3 - "$n" "$base_n" "$base" "$step" "$loops" "$wait" "$frac" <<'PY'
-import sys
-n, base_n = int(sys.argv[1]), int(sys.argv[2])
-base, step, loops, wait, frac = (float(v) for v in sys.argv[3:])
+  [[ -n "$base" ]] || base=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["steady_seconds"])' <<<"$json")
+  [[ -n "${base_n:-}" ]] || base_n=$n
+  python3 /dev/fd/3 "$n" "$base_n" "$base" <<<"$json" 3<<'PY'
+import json, sys
+n, base_n, base = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+j = json.load(sys.stdin)
+step = j["steady_seconds"]
 speedup = base / step
 ratio = n / base_n
 eff = speedup / ratio
-serial = (ratio / speedup - 1) / (ratio - 1) if ratio > 1 else float("nan")
-serial_text = "-" if ratio == 1 else f"{100 * serial:.1f} %"
+serial_text = "-" if ratio == 1 else f"{100 * (ratio / speedup - 1) / (ratio - 1):.1f} %"
 print(f"| {n} | {step:.3f} s | {speedup:.2f}x | {100 * eff:.0f} % | {serial_text} | "
-      f"{int(loops)} | {wait:.3f} s | {100 * frac:.1f} % |")
+      f"{j['forward_loops'][-1]} | {j['forward_wait_seconds'][-1]:.3f} s | "
+      f"{100 * j['peak_fraction']:.1f} % |")
 PY
 done

@@ -13,10 +13,10 @@
 #include "core/error.h"
 #include "formats/container/reader.h"
 #include "pipeline/model_tokenizer.h"
-#include "weights/model_source.h"
 #include "tokenizer/klein_prompt.h"
 #include "tokenizer/tokenizer.h"
 #include "weights/gguf_source.h"
+#include "weights/model_source.h"
 
 namespace klein::cli {
 namespace {

@@ -1,15 +1,14 @@
 #include <gtest/gtest.h>
-
-#include <chrono>
-#include <thread>
 #include <sys/stat.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <random>
+#include <thread>
 
 #include "core/dtype.h"
 #include "core/error.h"

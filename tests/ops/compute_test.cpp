@@ -3,6 +3,7 @@
 // worker ran the largest task (the pool hands tasks out by timing).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "ops/compute.h"
