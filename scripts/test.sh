@@ -4,7 +4,7 @@
 #   scripts/test.sh --sanitize [LABELS]   builds ./build-asan (clang, AddressSanitizer + UBSan:
 #                                scripts/configure-sanitize.sh) and runs the tests there
 #                                (LABELS: a ctest -L regex of test areas, e.g. 'formats|gguf';
-#                                default: all but eight end-to-end report runs)
+#                                default: all but the end-to-end repeats listed below)
 # Golden data is read from ../shared/testdata (override with KLEIN_TESTDATA=DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +37,11 @@ if [[ "${1:-}" == "--sanitize" ]]; then
   # GGUF reader and converter run under ASan in GgufModel.ConvertedHoldsTheValuesGgufPyDecodes
   # and BflLayout.Gguf*) and klein-base's 50-step defaults case (27 s; its CFG path runs in the
   # 6-step case).
-  labels=(-E '^(TinyReport[.](CliReportsQ8AndQ4|CliPolicyIsVerifiedAndConvertAcceptsIt|EndToEndQ8IsCloserThanQ4|PolicySearch|EndToEndPsnrIsThatOfTwoDefaultGenerations)|ZImageReport[.](EndToEndQ8IsCloserThanQ4|EndToEndPsnrIsThatOfTwoDefaultGenerations|CliReportsAndVerifiesAPolicy)|GgufModel[.]ConvertedGivesTheGenerationOfItsDecodedWeights)$|^TinyModel/KleinBase[.]MatchesTheOfficialPipelineAtEveryStep/base_defaults_h48_w48 ')
+  # Nor the batch-against-alone comparisons on the scalar path (240 of the stage's 1350
+  # test-seconds: the tiny model denoised a dozen times through instrumented scalar loops);
+  # the same batch code runs under the sanitizers on every vector path, and the scalar kernels
+  # in the matmul and gemm tests.
+  labels=(-E '^Isa/BatchDenoise[.][A-Za-z0-9]+/scalar |^(TinyReport[.](CliReportsQ8AndQ4|CliPolicyIsVerifiedAndConvertAcceptsIt|EndToEndQ8IsCloserThanQ4|PolicySearch|EndToEndPsnrIsThatOfTwoDefaultGenerations)|ZImageReport[.](EndToEndQ8IsCloserThanQ4|EndToEndPsnrIsThatOfTwoDefaultGenerations|CliReportsAndVerifiesAPolicy)|GgufModel[.]ConvertedGivesTheGenerationOfItsDecodedWeights)$|^TinyModel/KleinBase[.]MatchesTheOfficialPipelineAtEveryStep/base_defaults_h48_w48 ')
   [[ -n "${2:-}" ]] && labels=(-L "$2")
 fi
 # Which instruction-set paths the run exercised: the tests append "ran PATH TEST" or "skipped
