@@ -193,6 +193,7 @@ void run_bench_step(const BenchStepArgs& a) {
                      {"peak_fraction", b.peak_fraction()},
                      {"forward_loops", b.forward_loops},
                      {"forward_wait_seconds", b.forward_wait_seconds},
+                     {"forward_acquire_seconds", b.forward_acquire_seconds},
                      {"peak_rss_bytes", peak_rss_bytes()}};
     std::printf("%s\n", j.dump(2).c_str());
     return;
@@ -215,6 +216,9 @@ void run_bench_step(const BenchStepArgs& a) {
   std::printf("thread loops:           %lld per forward, the caller waiting %.3f s at their ends "
               "(last forward)\n",
               (long long)b.forward_loops[last], b.forward_wait_seconds[last]);
+  std::printf("acquiring weights:      %.3f s (last forward: checks of pages that came in, waits "
+              "for the read-ahead)\n",
+              b.forward_acquire_seconds[last]);
   std::printf("peak RSS:               %s\n", format_bytes(peak_rss_bytes()).c_str());
 }
 

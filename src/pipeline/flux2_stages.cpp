@@ -118,8 +118,8 @@ class Flux2Stages final : public FamilyStages {
     layout.target = grid;
     return flux2::forward_work(config.transformer, layout);
   }
-  Tensor probe_forward(WeightStore& store, const ProbeInputs& in, Compute& cx,
-                       const BlockObserver& observe) const override;
+  std::unique_ptr<Probe> start_probe(WeightStore& store, const ProbeInputs& in,
+                                     Compute& cx) const override;
   Tensor decode_latents(WeightStore& store, const Tensor& latents, flux2::LatentGrid grid,
                         Compute& cx) const override {
     vae::Vae vae(store, cx);
@@ -173,28 +173,65 @@ std::optional<BlockPart> block_part(std::string_view name, int64_t text_tokens,
 
 // One conditional forward as the sampler runs it at a step (no references, no CFG; FLUX.2-dev's
 // embedded guidance as the generation gave it).
-Tensor Flux2Stages::probe_forward(WeightStore& store, const ProbeInputs& in, Compute& cx,
-                                  const BlockObserver& observe) const {
-  flux2::Transformer model(store);
-  const TransformerConfig& c = model.config();
-  flux2::TokenLayout layout;
-  layout.text_tokens = in.context->dim(0);
-  layout.target = in.grid;
-  const flux2::RopeTable rope(flux2::joint_position_ids(layout), c.rope_axes, c.rope_theta);
-  const Tensor text = model.embed_text(*in.context, cx);
-  flux2::Activations act(c, layout);
-  flux2::Modulation mod(c);
-  model.modulate(in.timestep, mod, cx,
-                 c.guidance_embeds ? std::optional<float>(in.guidance) : std::nullopt);
-  Tensor velocity({in.grid.tokens(), c.out_channels});
-  flux2::Observer blocks;
-  if (observe)
-    blocks = [&](std::string_view name, const float* data, const Shape& shape) {
-      const auto part = block_part(name, layout.text_tokens, c.num_double_blocks);
-      if (part) observe(part->block, part->first_row * c.inner_dim(), data, numel(shape));
-    };
-  model.forward(in.latents->data(), text, nullptr, mod, rope, act, velocity.data(), cx, blocks);
-  return velocity;
+// The sampler's preparation for one image (flux2::sample_batch): the context embedded, the
+// step's modulation and the input and output projections kept, all under one reference to
+// "transformer.shared" while the first block is read ahead.
+class Flux2Probe final : public FamilyStages::Probe {
+ public:
+  Flux2Probe(WeightStore& store, const ProbeInputs& in, Compute& cx)
+      : in_(in),
+        cx_(cx),
+        model_(store),
+        layout_(layout_of(in)),
+        rope_(flux2::joint_position_ids(layout_), model_.config().rope_axes,
+              model_.config().rope_theta),
+        act_(model_.config(), layout_),
+        mod_(model_.config()) {
+    const TransformerConfig& c = model_.config();
+    const UnitRef shared = store.acquire("transformer.shared");
+    store.prefetch(c.num_double_blocks > 0 ? double_block_unit(0) : single_block_unit(0));
+    text_ = model_.embed_text(*in.context, cx);
+    model_.modulate(in.timestep, mod_, cx,
+                    c.guidance_embeds ? std::optional<float>(in.guidance) : std::nullopt);
+    model_.keep_io_weights();
+  }
+
+  Tensor forward(const BlockObserver& observe) override {
+    const TransformerConfig& c = model_.config();
+    flux2::Observer blocks;
+    if (observe)
+      blocks = [&](std::string_view name, const float* data, const Shape& shape) {
+        const auto part = block_part(name, layout_.text_tokens, c.num_double_blocks);
+        if (part) observe(part->block, part->first_row * c.inner_dim(), data, numel(shape));
+      };
+    Tensor velocity({in_.grid.tokens(), c.out_channels});
+    model_.forward(in_.latents->data(), text_, nullptr, mod_, rope_, act_, velocity.data(), cx_,
+                   blocks);
+    return velocity;
+  }
+
+ private:
+  static flux2::TokenLayout layout_of(const ProbeInputs& in) {
+    flux2::TokenLayout layout;
+    layout.text_tokens = in.context->dim(0);
+    layout.target = in.grid;
+    return layout;
+  }
+
+  const ProbeInputs& in_;
+  Compute& cx_;
+  flux2::Transformer model_;
+  flux2::TokenLayout layout_;
+  flux2::RopeTable rope_;
+  flux2::Activations act_;
+  flux2::Modulation mod_;
+  Tensor text_;
+};
+
+std::unique_ptr<FamilyStages::Probe> Flux2Stages::start_probe(WeightStore& store,
+                                                              const ProbeInputs& in,
+                                                              Compute& cx) const {
+  return std::make_unique<Flux2Probe>(store, in, cx);
 }
 
 // Sizes, steps, guidance, seed and precision as the official pipeline picks them, the

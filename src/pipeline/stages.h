@@ -6,6 +6,7 @@
 // K/V cache, LoRA; FLUX.2-dev: the same stages with its prompt and embedded guidance) and zimage_stages.cpp (Z-Image: text-to-image with CFG options). The front
 // ends see none of this: they call the Session.
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -82,10 +83,23 @@ class FamilyStages {
   virtual std::vector<TransformerBlock> transformer_blocks(const ModelConfig& config) const = 0;
   // The width of the transformer's stream (what tells a test-sized model from a real one).
   virtual int64_t transformer_width(const ModelConfig& config) const = 0;
-  // One conditional forward (the prompt's context, no guidance) at one step: the velocity, in
-  // the layout of StepView::velocity, and every block's output to `observe` (may be empty).
-  virtual Tensor probe_forward(WeightStore& store, const ProbeInputs& in, Compute& cx,
-                               const BlockObserver& observe) const = 0;
+  // One conditional forward (the prompt's context, no guidance) at one step, prepared as the
+  // sampler prepares its steps (the context embedded, the step's modulation, the weights that
+  // live outside the blocks kept), so that each forward() is what one step of a generation
+  // runs: the velocity, in the layout of StepView::velocity, and every block's output to
+  // `observe` (may be empty). `store`, `in` and `cx` must outlive it.
+  class Probe {
+   public:
+    virtual ~Probe() = default;
+    virtual Tensor forward(const BlockObserver& observe) = 0;
+  };
+  virtual std::unique_ptr<Probe> start_probe(WeightStore& store, const ProbeInputs& in,
+                                             Compute& cx) const = 0;
+  // One such forward, prepared and run.
+  Tensor probe_forward(WeightStore& store, const ProbeInputs& in, Compute& cx,
+                       const BlockObserver& observe) const {
+    return start_probe(store, in, cx)->forward(observe);
+  }
   // Made-up inputs of one forward at `grid` (see SyntheticProbe) and the multiply-adds that
   // forward does.
   virtual SyntheticProbe synthetic_probe(const ModelConfig& config, flux2::LatentGrid grid) const = 0;

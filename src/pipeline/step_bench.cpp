@@ -34,15 +34,20 @@ StepBench bench_step(WeightStore& store, int64_t width, int64_t height, int forw
   b.peak = quant::measure_peak(cx.isa(), cx.pool());
   const SyntheticProbe probe = stages.synthetic_probe(config, grid);
   const ProbeInputs in = probe.inputs();
+  // Prepared as the sampler prepares its steps (the context embedded, the modulation, the
+  // weights outside the blocks kept): each timed forward is what one step of a generation runs.
+  const std::unique_ptr<FamilyStages::Probe> run = stages.start_probe(store, in, cx);
   for (int i = 0; i < forwards; ++i) {
     const ThreadPool::Stats before = cx.pool().stats();
+    const double acquire_before = store.residency_stats().acquire_seconds;
     const auto t0 = std::chrono::steady_clock::now();
-    stages.probe_forward(store, in, cx, {});
+    run->forward({});
     b.forward_seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     const ThreadPool::Stats after = cx.pool().stats();
     b.forward_loops.push_back(after.jobs - before.jobs);
     b.forward_wait_seconds.push_back(after.caller_wait_seconds - before.caller_wait_seconds);
+    b.forward_acquire_seconds.push_back(store.residency_stats().acquire_seconds - acquire_before);
   }
   return b;
 }

@@ -28,6 +28,9 @@ struct StepBench {
   // (ThreadPool::Stats). Both 0 on one thread.
   std::vector<int64_t> forward_loops;
   std::vector<double> forward_wait_seconds;
+  // Per forward: the time the forward spent acquiring its weight units (ResidencyStats::
+  // acquire_seconds: checks of pages that came in, waits for the read-ahead's check).
+  std::vector<double> forward_acquire_seconds;
   quant::PeakRate peak;
 
   double steady_seconds() const;  // median of the forwards after the first (the first if alone)

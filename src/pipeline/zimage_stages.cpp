@@ -109,6 +109,60 @@ std::pair<PhaseNeed, PhaseNeed> denoise_need(const zimage::TransformerConfig& c,
   return {setup, steps};
 }
 
+// The positive prediction as denoise makes it at this step, negated: the velocity of a run
+// without guidance. The caption goes through its embedder and the context refiner once, in
+// the first forward (once per prompt, as in a generation); every forward then runs what a
+// step runs (the timestep's modulation input, the noise refiner and the main layers). Block
+// outputs are shown on their real rows: the noise refiner's image tokens, the context
+// refiner's caption tokens (first forward), the main layers' image then caption tokens.
+class ZImageProbe final : public FamilyStages::Probe {
+ public:
+  ZImageProbe(WeightStore& store, const ProbeInputs& in, Compute& cx)
+      : in_(in),
+        cx_(cx),
+        config_(transformer_config(store)),
+        model_(store, config_),
+        act_(config_, {in.latents->dim(1), in.latents->dim(2), in.context->dim(0), config_.patch}) {}
+
+  Tensor forward(const BlockObserver& observe) override {
+    const zimage::SequenceLayout& l = act_.layout;
+    const int64_t D = config_.dim, n = config_.n_refiner_layers;
+    zimage::Observer blocks;
+    if (observe)
+      blocks = [&](std::string_view name, const float* data, const Shape&) {
+        auto index = [&](std::string_view prefix) -> int64_t {
+          if (!name.starts_with(prefix)) return -1;
+          return std::stoll(std::string(name.substr(prefix.size())));
+        };
+        if (const int64_t i = index("noise_refiner_"); i >= 0) {
+          observe(size_t(i), 0, data, l.image_tokens() * D);
+        } else if (const int64_t i = index("context_refiner_"); i >= 0) {
+          observe(size_t(n + i), 0, data, l.caption * D);
+        } else if (const int64_t i = index("layers_"); i >= 0) {
+          observe(size_t(2 * n + i), 0, data, l.image_tokens() * D);
+          observe(size_t(2 * n + i), l.image_tokens() * D, data + l.image_rows() * D,
+                  l.caption * D);
+        }
+      };
+    if (!captioned_) {
+      model_.embed_caption(*in_.context, act_, cx_, blocks);
+      captioned_ = true;
+    }
+    const Tensor adaln = model_.embed_timestep(zimage::model_time(in_.timestep), cx_);
+    Tensor velocity = model_.forward(*in_.latents, adaln, act_, cx_, blocks);
+    for (int64_t i = 0; i < velocity.numel(); ++i) velocity.data()[i] = -velocity.data()[i];
+    return velocity;
+  }
+
+ private:
+  const ProbeInputs& in_;
+  Compute& cx_;
+  zimage::TransformerConfig config_;
+  zimage::Transformer model_;
+  zimage::Activations act_;
+  bool captioned_ = false;
+};
+
 class ZImageStages final : public FamilyStages {
  public:
   Capabilities capabilities(const ModelConfig&) const override {
@@ -385,39 +439,9 @@ class ZImageStages final : public FamilyStages {
   }
   static constexpr int64_t kSyntheticCaption = 512;
 
-  // The positive prediction as denoise makes it at this step, negated: the velocity of a run
-  // without guidance. Block outputs are shown on their real rows: the noise refiner's image
-  // tokens, the context refiner's caption tokens, the main layers' image then caption tokens.
-  Tensor probe_forward(WeightStore& store, const ProbeInputs& in, Compute& cx,
-                       const BlockObserver& observe) const override {
-    const zimage::TransformerConfig c = transformer_config(store);
-    zimage::Transformer model(store, c);
-    const Tensor& x = *in.latents;
-    zimage::Activations act(c, {x.dim(1), x.dim(2), in.context->dim(0), c.patch});
-    const zimage::SequenceLayout& l = act.layout;
-    const int64_t D = c.dim, n = c.n_refiner_layers;
-    zimage::Observer blocks;
-    if (observe)
-      blocks = [&](std::string_view name, const float* data, const Shape&) {
-        auto index = [&](std::string_view prefix) -> int64_t {
-          if (!name.starts_with(prefix)) return -1;
-          return std::stoll(std::string(name.substr(prefix.size())));
-        };
-        if (const int64_t i = index("noise_refiner_"); i >= 0) {
-          observe(size_t(i), 0, data, l.image_tokens() * D);
-        } else if (const int64_t i = index("context_refiner_"); i >= 0) {
-          observe(size_t(n + i), 0, data, l.caption * D);
-        } else if (const int64_t i = index("layers_"); i >= 0) {
-          observe(size_t(2 * n + i), 0, data, l.image_tokens() * D);
-          observe(size_t(2 * n + i), l.image_tokens() * D, data + l.image_rows() * D,
-                  l.caption * D);
-        }
-      };
-    model.embed_caption(*in.context, act, cx, blocks);
-    const Tensor adaln = model.embed_timestep(zimage::model_time(in.timestep), cx);
-    Tensor velocity = model.forward(x, adaln, act, cx, blocks);
-    for (int64_t i = 0; i < velocity.numel(); ++i) velocity.data()[i] = -velocity.data()[i];
-    return velocity;
+  std::unique_ptr<Probe> start_probe(WeightStore& store, const ProbeInputs& in,
+                                     Compute& cx) const override {
+    return std::make_unique<ZImageProbe>(store, in, cx);
   }
   Tensor decode_latents(WeightStore& store, const Tensor& latents, flux2::LatentGrid,
                         Compute& cx) const override {

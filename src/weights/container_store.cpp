@@ -3,7 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <future>
+#include <utility>
 
 #include "core/error.h"
 #include "core/memory.h"
@@ -119,9 +119,14 @@ ContainerStore::~ContainerStore() {
     kept = take_kept_locked("");
   }
   kept.clear();
-  // Background checks read the mapping: let them finish before it goes.
-  for (auto& [name, s] : units_)
-    if (s.checking.valid()) s.checking.wait();
+  // The checking thread reads the mapping: it ends (after the check it is running, if any)
+  // before the mapping goes.
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  check_queued_.notify_all();
+  if (checker_.joinable()) checker_.join();
 }
 
 std::vector<std::string> ContainerStore::units() const { return order_; }
@@ -138,40 +143,72 @@ std::string ContainerStore::identity() const {
 }
 
 void ContainerStore::check_unit_locked(UnitState& s, std::unique_lock<std::mutex>& lock) {
-  if (s.checked || !options_.check_on_first_acquire) return;
-  if (s.checked_before && !s.checking.valid()) {
-    // A page-in after the first (paged): checked here, keeping the pages it reads since they
-    // are used next, and without a future (nothing is allocated inside a denoising step).
-    const container::UnitEntry* e = s.entry;
-    lock.unlock();
-    file_.check_unit(*e, false);
-    lock.lock();
-    s.checked = true;
-    return;
+  if (!options_.check_on_first_acquire) return;
+  for (;;) {
+    if (s.check == Check::Running) {
+      // Another thread is checking these pages (the checking thread, or an acquire of the
+      // same unit): one check serves both.
+      check_ended_.wait(lock, [&] { return s.check != Check::Running; });
+      continue;
+    }
+    if (s.check_error) {
+      // Thrown once; the next acquire checks again.
+      std::exception_ptr error = std::exchange(s.check_error, nullptr);
+      std::rethrow_exception(error);
+    }
+    if (s.checked) return;
+    // Never asked for, or queued and not reached yet: checked here, now.
+    run_check_locked(s, lock);
   }
-  // The check runs without the lock (a big unit takes a while to read); threads wanting the
-  // same unit wait for the one check, whether a prefetch or an acquire started it. Paged, it
-  // drops what it has hashed: the unit is faulted in again (from the page cache) as it is used.
-  std::shared_future<void> pending = s.checking;
-  if (!pending.valid()) {
-    const container::UnitEntry* e = s.entry;
-    const bool drop = options_.residency == Residency::Paged;
-    std::packaged_task<void()> task([this, e, drop] { file_.check_unit(*e, drop); });
-    pending = s.checking = task.get_future().share();
-    lock.unlock();
-    task();
-  } else {
-    lock.unlock();
+}
+
+ContainerStore::Checks ContainerStore::checks() const {
+  std::lock_guard lock(mutex_);
+  return checks_;
+}
+
+void ContainerStore::run_check_locked(UnitState& s, std::unique_lock<std::mutex>& lock) {
+  s.check = Check::Running;
+  const bool ahead = std::this_thread::get_id() == checker_.get_id();
+  ++(ahead ? checks_.background : checks_.on_acquire);
+  const container::UnitEntry* e = s.entry;
+  const uint32_t drops = s.drops;
+  // Paged, the check drops what it has hashed: the pages stay in the page cache and come in
+  // again as the unit is used, so that only what the network touches is in the process (a
+  // check ahead of use would otherwise hold two units at once, and a check of an embedding
+  // table all of it, where a prompt reads a few rows).
+  const bool drop = options_.residency == Residency::Paged;
+  lock.unlock();
+  std::exception_ptr error;
+  try {
+    file_.check_unit(*e, drop);
+  } catch (...) {
+    error = std::current_exception();
   }
-  pending.wait();
   lock.lock();
-  s.checking = {};
-  pending.get();  // rethrows the check's error; the next acquire checks again
-  s.checked = s.checked_before = true;
+  s.check = Check::Idle;
+  s.check_error = error;
+  if (!error && s.drops == drops) s.checked = true;
+  check_ended_.notify_all();
+}
+
+void ContainerStore::checker_loop() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    check_queued_.wait(lock, [&] { return stopping_ || queue_size_ > 0; });
+    if (stopping_) return;
+    UnitState& s = *queue_[queue_head_];
+    queue_head_ = (queue_head_ + 1) % queue_.size();
+    --queue_size_;
+    s.in_queue = false;
+    if (s.check == Check::Queued) run_check_locked(s, lock);  // else an acquire took it
+  }
 }
 
 UnitRef ContainerStore::acquire(const std::string& unit) {
+  const auto started = std::chrono::steady_clock::now();
   std::unique_lock lock(mutex_);
+  const AcquireTime timed{tracker_, started};
   auto it = units_.find(unit);
   if (it == units_.end()) fail(file_.path().string(), ": the container has no weight unit ", unit);
   UnitState& s = it->second;
@@ -224,17 +261,25 @@ void ContainerStore::prefetch(const std::string& unit) {
   if (!s.live.expired()) return;  // held: its pages are in already
   tracker_.prefetched(unit, e.size);
   ::madvise(const_cast<std::byte*>(file_.at(e.offset)), size_t(e.size), MADV_WILLNEED);
-  // The read-ahead checks a unit's first page-in in the background; later ones are checked
-  // by acquire (see check_unit_locked).
-  if (s.checked || s.checked_before || s.checking.valid() || !options_.check_on_first_acquire)
-    return;
-  const container::ContainerFile* file = &file_;
-  const bool drop = options_.residency == Residency::Paged;
-  s.checking =
-      std::async(std::launch::async, [file, &e, drop] { file->check_unit(e, drop); }).share();
+  if (!options_.check_on_first_acquire || s.checked || s.check != Check::Idle) return;
+  // The check goes to the checking thread, which runs it while the unit before computes.
+  s.check = Check::Queued;
+  if (!s.in_queue) {
+    if (queue_.empty()) queue_.resize(units_.size());  // one entry per unit at most
+    queue_[(queue_head_ + queue_size_) % queue_.size()] = &s;
+    ++queue_size_;
+    s.in_queue = true;
+  }
+  if (!checker_.joinable()) checker_ = std::thread([this] { checker_loop(); });
+  check_queued_.notify_one();
 }
 
-void ContainerStore::drop_pages(const container::UnitEntry& e) const {
+void ContainerStore::drop_pages(UnitState& s) {
+  // Its pages come from the file again next time: check them again then, so a file rewritten
+  // during the run is caught at the next page-in of every unit it touches.
+  s.checked = false;
+  ++s.drops;
+  const container::UnitEntry& e = *s.entry;
   if (e.size == 0) return;
   // Units start on the container's alignment (>= 64 KiB, so on a page); round the end up.
   const size_t page = size_t(::sysconf(_SC_PAGESIZE));
@@ -248,11 +293,8 @@ void ContainerStore::unit_gone(const std::string& name) {
   if (it == units_.end()) return;
   UnitState& s = it->second;
   if (!s.live.expired()) return;  // acquired again meanwhile: a new object holds the pages
-  drop_pages(*s.entry);
+  drop_pages(s);
   tracker_.dropped(name);
-  // Its pages come from the file again next time: check them again then, so a file rewritten
-  // during the run is caught at the next page-in of every unit it touches.
-  s.checked = false;
 }
 
 std::vector<UnitRef> ContainerStore::take_kept_locked(const std::string& prefix) {
@@ -263,7 +305,7 @@ std::vector<UnitRef> ContainerStore::take_kept_locked(const std::string& prefix)
       kept.push_back(std::move(s.kept));
       s.kept.reset();
     } else if (s.live.expired() && tracker_.resident(name)) {
-      drop_pages(*s.entry);  // read ahead and never acquired
+      drop_pages(s);  // read ahead and never acquired
       tracker_.dropped(name);
     }
   }

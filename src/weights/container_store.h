@@ -1,24 +1,28 @@
 #pragma once
 // A WeightStore over a klein container (docs/container.md): the file is mapped read-only and
 // every unit is a set of views into the mapping, at whatever storage type and layout the
-// conversion chose. A unit's bytes are checked against its XXH3 checksum the first time it is
-// acquired (or prefetched) in this process; a corrupt unit is refused with an error naming
-// it.
+// conversion chose. A unit's bytes are checked against its XXH3 checksum every time its pages
+// come in (paged) or once (resident); a corrupt unit is refused with an error naming it.
 //
 // Residency (weight_store.h): when paged (the default), the last reference to a unit going
 // drops its pages from the process (madvise DONTNEED; they stay in the page cache while
-// memory allows), prefetch() reads the next unit ahead on a background thread, and the
-// checksum pass drops what it has hashed, so that resident memory follows the units in use
-// rather than the model. When resident, units stay mapped once paged in until release().
+// memory allows), and prefetch() reads the next unit ahead and checks it on the store's
+// checking thread while the current one computes, so that the checks are not serial work of
+// the steps. The check drops what it has hashed (the pages come in again from the page cache
+// as the unit is used), so that resident memory follows what the network touches rather than
+// the model. When resident, units stay mapped once paged in until release().
 //
 // Units must not outlive their store.
+#include <condition_variable>
+#include <exception>
 #include <filesystem>
-#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "formats/container/reader.h"
 #include "tokenizer/tokenizer.h"  // TokenizerBytes
@@ -43,7 +47,8 @@ class ContainerStore final : public WeightStore {
   ~ContainerStore() override;
 
   UnitRef acquire(const std::string& unit) override;
-  // Asks the kernel to read the unit ahead and checks its checksum on a background thread.
+  // Asks the kernel to read the unit ahead and, when its pages are not checked, queues its
+  // check for the checking thread. Allocates nothing after the store's first prefetch.
   void prefetch(const std::string& unit) override;
   bool has_unit(const std::string& unit) const override { return units_.count(unit) > 0; }
   std::vector<std::string> units() const override;  // in file order
@@ -60,23 +65,41 @@ class ContainerStore final : public WeightStore {
   StoreOrigin origin() const override;
 
   const container::ContainerFile& file() const { return file_; }
+  // Checksum passes over units so far: run on the checking thread (read ahead) and on the
+  // acquiring thread (not read ahead, or acquired before the checking thread reached it).
+  struct Checks {
+    int64_t background = 0, on_acquire = 0;
+  };
+  Checks checks() const;
   TokenizerBytes tokenizer_files() const;
 
  private:
+  // Where a unit's checksum pass is: queued for the checking thread, or running (on that
+  // thread or on an acquiring one that took it from the queue).
+  enum class Check : uint8_t { Idle, Queued, Running };
   struct UnitState {
     const container::UnitEntry* entry = nullptr;
     std::string prefix;
-    bool checked = false;               // since its pages last came in
-    bool checked_before = false;        // at some earlier page-in
-    std::shared_future<void> checking;  // a prefetch's background check (the first one)
+    bool checked = false;  // since its pages last came in
+    Check check = Check::Idle;
+    bool in_queue = false;           // has an entry in queue_ (perhaps no longer Queued)
+    uint32_t drops = 0;              // times its pages were dropped: a check that ran across
+                                     // a drop does not count
+    std::exception_ptr check_error;  // a failed background check, for the next acquire
     std::unique_ptr<WeightUnit> views;  // built at the first acquire, kept (views only)
     LeaseSlot slot;                     // where the live reference's lease is made
     std::weak_ptr<const WeightUnit> live;
     UnitRef kept;  // resident: the unit stays mapped until release()
   };
   class Unit;
+  // Makes sure the unit's pages are checked before acquire hands them out: waits for a check
+  // under way, runs a queued or missing one itself. Throws the check's error.
   void check_unit_locked(UnitState& s, std::unique_lock<std::mutex>& lock);
-  void drop_pages(const container::UnitEntry& e) const;
+  // One checksum pass over the unit without the lock; records the outcome in s.
+  void run_check_locked(UnitState& s, std::unique_lock<std::mutex>& lock);
+  void checker_loop();
+  // Drops the unit's pages from the process; they are checked again at the next page-in.
+  void drop_pages(UnitState& s);
   // A unit object went (its last reference); drops its pages unless a newer one is live.
   void unit_gone(const std::string& name);
   // Takes the kept references of the units starting with `prefix` (all when empty), and
@@ -88,6 +111,15 @@ class ContainerStore final : public WeightStore {
   ModelConfig config_;
   std::map<std::string, UnitState> units_;
   std::vector<std::string> order_;
+  // The checking thread, started by the first prefetch that queues a check, and its queue
+  // (a ring of at most one entry per unit: a unit is queued only when Idle). Under mutex_.
+  std::thread checker_;
+  std::condition_variable check_queued_;  // the checking thread waits for work
+  std::condition_variable check_ended_;   // acquires wait for a check under way
+  std::vector<UnitState*> queue_;
+  size_t queue_head_ = 0, queue_size_ = 0;
+  bool stopping_ = false;
+  Checks checks_;
 };
 
 // The bytes a tensor of this type, layout and shape takes in a container; throws naming the

@@ -29,12 +29,16 @@ enum class UnitEvent {
 using UnitObserver = std::function<void(const std::string& unit, UnitEvent event)>;
 
 // Units a store has made resident and not dropped (held, read ahead, or kept by a resident
-// store), now and at their peak since the store opened or reset_peak() was called.
+// store), now and at their peak since the store opened or reset_peak() was called; and the
+// time callers spent inside acquire() since the store opened (checks of pages that came in,
+// waits for a check under way, the page-in book-keeping): serial time of whoever runs the
+// network.
 struct ResidencyStats {
   size_t units = 0;
   uint64_t bytes = 0;
   size_t peak_units = 0;
   uint64_t peak_bytes = 0;
+  double acquire_seconds = 0;
 };
 
 
@@ -61,6 +65,7 @@ class ResidencyTracker {
     auto it = units_.find(unit);
     return it != units_.end() && it->second.resident;
   }
+  void acquire_took(double seconds) { stats_.acquire_seconds += seconds; }
   ResidencyStats stats() const { return stats_; }
   void reset_peak() {
     stats_.peak_units = stats_.units;

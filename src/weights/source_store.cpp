@@ -131,7 +131,9 @@ void SourceStore::advise(const std::string& unit, int advice) const {
 }
 
 UnitRef SourceStore::acquire(const std::string& unit) {
+  const auto started = std::chrono::steady_clock::now();
   std::lock_guard lock(mutex_);
+  const AcquireTime timed{tracker_, started};
   if (auto it = live_.find(unit); it != live_.end())
     if (auto held = it->second.lock()) {
       tracker_.acquired(unit, unit_bytes(unit));

@@ -17,6 +17,7 @@
 //   vae.latent_stats          prefix "vae."   bn.running_mean, bn.running_var
 // Canonical (global) names are prefix + relative name, with diffusers / transformers
 // spelling: "transformer.transformer_blocks.3.attn.to_q.weight".
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -144,6 +145,18 @@ class WeightStore {
   void reset_peak();
 
  protected:
+  // Adds the time from `started` (taken before acquire() takes the lock: waiting for it
+  // counts) to its own end to ResidencyStats::acquire_seconds. Declared after the lock in
+  // acquire(), so that it ends under the lock on every way out.
+  struct AcquireTime {
+    ResidencyTracker& tracker;
+    std::chrono::steady_clock::time_point started;
+    ~AcquireTime() {
+      tracker.acquire_took(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    }
+  };
+
   // The book-keeping of the stores that page, under their lock.
   mutable std::mutex mutex_;
   ResidencyTracker tracker_;

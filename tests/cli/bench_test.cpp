@@ -88,6 +88,13 @@ TEST(BenchStepCli, TimesForwardsAndStatesTheFractionOfThePeak) {
   EXPECT_GT(two["forward_loops"][0].get<int64_t>(), 10);
   EXPECT_EQ(two["forward_loops"][0], two["forward_loops"][1]);
   for (const auto& t : two["forward_wait_seconds"]) EXPECT_GE(t.get<double>(), 0.0);
+  // The time each forward spent acquiring its units: part of the forward's.
+  ASSERT_EQ(two["forward_acquire_seconds"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_GE(two["forward_acquire_seconds"][i].get<double>(), 0.0);
+    EXPECT_LT(two["forward_acquire_seconds"][i].get<double>(),
+              two["forward_seconds"][i].get<double>());
+  }
   EXPECT_NE(testing::run_klein("bench step -m " + testing::tiny_model().string() + " -W 50", &out),
             0);
   EXPECT_THAT(out, HasSubstr("multiple of 16"));

@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "convert/convert.h"
 #include "convert/inspect.h"
@@ -456,6 +457,59 @@ TEST_F(Containers, PagedUnitIsCheckedAgainAtEveryPageIn) {
   flip_bit(p, t.offset + t.size / 2, 6);
   EXPECT_ERROR_HAS(store.acquire("transformer.double.1"),
                    "unit transformer.double.1 is corrupt: checksum mismatch");
+}
+
+// The same when the next page-in is read ahead: the check runs on the store's checking thread
+// while the unit before would compute, and its error reaches the acquire. Once the bytes are
+// restored, the next page-in passes.
+// Waits until the store's checking thread has run n checks (an acquire right after a prefetch
+// could otherwise take the queued check itself).
+void wait_for_background_checks(const ContainerStore& store, int64_t n) {
+  for (int i = 0; i < 10000 && store.checks().background < n; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(store.checks().background, n);
+}
+
+TEST_F(Containers, ReadAheadPageInIsCheckedOnTheCheckingThread) {
+  const fs::path p = copy_of("bf16", "rewritten-read-ahead");
+  const container::TensorEntry t = middle_tensor_of_double_1(p);
+  ContainerStore store(p, {.residency = Residency::Paged});
+  store.prefetch("transformer.double.1");
+  wait_for_background_checks(store, 1);
+  EXPECT_NO_THROW(store.acquire("transformer.double.1"));  // the first check, read ahead
+  EXPECT_EQ(store.checks().background, 1);
+  flip_bit(p, t.offset + t.size / 2, 6);
+  store.prefetch("transformer.double.1");
+  wait_for_background_checks(store, 2);
+  EXPECT_ERROR_HAS(store.acquire("transformer.double.1"),
+                   "unit transformer.double.1 is corrupt: checksum mismatch");
+  EXPECT_EQ(store.checks().on_acquire, 0);
+  // Thrown once; the next acquire checks again by itself.
+  EXPECT_ERROR_HAS(store.acquire("transformer.double.1"), "transformer.double.1 is corrupt");
+  EXPECT_EQ(store.checks().on_acquire, 1);
+  EXPECT_GT(store.residency_stats().acquire_seconds, 0.0);  // that check, on the caller's time
+  flip_bit(p, t.offset + t.size / 2, 6);
+  store.prefetch("transformer.double.1");
+  wait_for_background_checks(store, 3);
+  UnitRef u = store.acquire("transformer.double.1");
+  EXPECT_EQ(u->get("attn.to_q.weight").shape, (Shape{256, 256}));
+  // Held: a prefetch queues nothing; released and read ahead again: checked again.
+  store.prefetch("transformer.double.1");
+  EXPECT_EQ(store.checks().background, 3);
+  u.reset();
+  store.prefetch("transformer.double.1");
+  EXPECT_NO_THROW(store.acquire("transformer.double.1"));
+  EXPECT_EQ(store.checks().background + store.checks().on_acquire, 5);
+}
+
+// Resident, a unit is checked once and stays in.
+TEST_F(Containers, ResidentUnitIsCheckedOnce) {
+  ContainerStore store(file("bf16"), {.residency = Residency::Resident});
+  for (int i = 0; i < 3; ++i) {
+    store.prefetch("transformer.double.0");
+    EXPECT_NO_THROW(store.acquire("transformer.double.0"));
+  }
+  EXPECT_EQ(store.checks().background + store.checks().on_acquire, 1);
 }
 
 TEST_F(Containers, FlippedBitInAUnitIsRefusedWhenPagedInAndNamedByVerify) {

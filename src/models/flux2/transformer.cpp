@@ -541,13 +541,16 @@ void Transformer::check_stream(const Activations& a, int64_t n, int64_t block, C
 }
 
 // Block `index` (double blocks first) on the activations, its unit acquired while the next
-// one is read ahead; a block that produced NaN or Inf is named.
+// one is read ahead (and checked, paged): after the last block the first, which the next
+// forward (the next step, or guidance's second pass) starts with. After the last forward of
+// a generation that read-ahead goes unused; releasing the transformer drops it.
+// A block that produced NaN or Inf is named.
 void Transformer::run_block(int64_t index, const Modulation& mod, const RopeTable& rope,
                             Activations& a, const BlockKV& kv, Compute& cx) {
   cx.stop_if_cancelled();
   const int64_t blocks = int64_t(block_units_.size());
   UnitRef unit = store_.acquire(block_units_[size_t(index)]);
-  if (index + 1 < blocks) store_.prefetch(block_units_[size_t(index + 1)]);
+  store_.prefetch(block_units_[size_t((index + 1) % blocks)]);
   if (index < config_.num_double_blocks)
     double_block(*unit, mod, rope, a, kv, cx);
   else

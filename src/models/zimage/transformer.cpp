@@ -188,6 +188,7 @@ void Transformer::embed_caption(const Tensor& cap_feats, Activations& a, Compute
   float* rows = a.seq.row(row0);
   {
     UnitRef shared = store_.acquire("transformer.shared");
+    if (config_.n_refiner_layers > 0) store_.prefetch(context_refiner_unit(0));
     // RMSNorm + Linear on the real rows; the pad rows (copies of the last) become the pad token.
     Tensor normed({L, C});
     rms_norm(cap_feats.data(), normed.data(), L, C, vector_of(*shared, "cap_embedder.0.weight", C),
@@ -203,6 +204,7 @@ void Transformer::embed_caption(const Tensor& cap_feats, Activations& a, Compute
   }
   for (int64_t i = 0; i < config_.n_refiner_layers; ++i) {
     UnitRef w = store_.acquire(context_refiner_unit(i));
+    if (i + 1 < config_.n_refiner_layers) store_.prefetch(context_refiner_unit(i + 1));
     block(*w, nullptr, row0, Lc, a, cx);
     if (observe) observe("context_refiner_" + std::to_string(i), rows, {Lc, D});
   }
@@ -238,6 +240,7 @@ Tensor Transformer::forward(const Tensor& latents, const Tensor& adaln, Activati
 
   {
     UnitRef shared = store_.acquire("transformer.shared");
+    if (config_.n_refiner_layers > 0) store_.prefetch(noise_refiner_unit(0));
     linear_bias(tokens.data(), Nx, *shared, "all_x_embedder." + key, D, P, a.seq.data(),
                 adapters_, cx);
     if (observe) observe("x_embedder", a.seq.data(), {Nx, D});
@@ -249,7 +252,10 @@ Tensor Transformer::forward(const Tensor& latents, const Tensor& adaln, Activati
   std::memcpy(a.seq.row(Nx), a.caption.data(), size_t(a.caption.numel()) * sizeof(float));
 
   for (int64_t i = 0; i < config_.n_refiner_layers; ++i) {
+    // Each unit acquired while the next one is read ahead (and checked, paged).
     UnitRef w = store_.acquire(noise_refiner_unit(i));
+    if (i + 1 < config_.n_refiner_layers) store_.prefetch(noise_refiner_unit(i + 1));
+    else if (config_.n_layers > 0) store_.prefetch(layer_unit(0));
     const Tensor mod = modulation(*w, adaln, cx);
     block(*w, mod.data(), 0, Nx, a, cx);
     if (observe) observe("noise_refiner_" + std::to_string(i), a.seq.data(), {Nx, D});
@@ -257,6 +263,7 @@ Tensor Transformer::forward(const Tensor& latents, const Tensor& adaln, Activati
   if (observe) observe("unified_in", a.seq.data(), {S, D});
   for (int64_t i = 0; i < config_.n_layers; ++i) {
     UnitRef w = store_.acquire(layer_unit(i));
+    if (i + 1 < config_.n_layers) store_.prefetch(layer_unit(i + 1));
     const Tensor mod = modulation(*w, adaln, cx);
     block(*w, mod.data(), 0, S, a, cx);
     if (observe) observe("layers_" + std::to_string(i), a.seq.data(), {S, D});
