@@ -1,4 +1,7 @@
 // klein verify FILE: checks every checksum of a container and names what is bad.
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -16,11 +19,23 @@ struct VerifyArgs {
 };
 
 void run_verify(const VerifyArgs& a) {
+  // On a terminal one line rewritten in place; into a file or pipe a line per tenth of the
+  // units (and the last).
+  const bool terminal = ::isatty(::fileno(stderr)) == 1;
+  size_t last_tenth = 0;
   auto progress = [&](size_t done, size_t total) {
-    if (!a.quiet) std::fprintf(stderr, "\rchecking unit %zu/%zu", done, total);
+    if (a.quiet) return;
+    if (terminal) {
+      std::fprintf(stderr, "\rchecking unit %zu/%zu", done, total);
+      return;
+    }
+    const size_t tenth = 10 * done / std::max<size_t>(total, 1);
+    if (tenth == last_tenth && done != total) return;
+    last_tenth = tenth;
+    std::fprintf(stderr, "checking unit %zu/%zu\n", done, total);
   };
   const convert::VerifyOutcome v = convert::verify_model_container(a.file, progress);
-  if (!a.quiet) std::fprintf(stderr, "\n");
+  if (!a.quiet && terminal) std::fprintf(stderr, "\n");
   for (const auto& m : v.model) std::printf("BAD model: %s\n", m.c_str());
   for (const auto& p : v.data.problems)
     std::printf("BAD %s %s: %s\n", p.region.c_str(), p.name.c_str(), p.message.c_str());

@@ -2,6 +2,7 @@
 // safetensors, integrity errors (each region named), the policy, and the CLI commands.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -696,6 +697,14 @@ TEST(Convert, CliConvertVerifyInspect) {
   EXPECT_NE(log.find("MB/s"), std::string::npos) << log;
   EXPECT_EQ(testing::run_klein("verify -q " + out.string(), &log), 0) << log;
   EXPECT_NE(log.find(": ok"), std::string::npos) << log;
+  // Into a pipe the progress is whole lines (a line per tenth of the units and the last), not
+  // a terminal's line rewritten with carriage returns.
+  EXPECT_EQ(testing::run_klein("verify " + out.string(), &log), 0) << log;
+  EXPECT_EQ(log.find('\r'), std::string::npos) << log;
+  const size_t units = container::ContainerFile(out).index().units.size();
+  const std::string last = "checking unit " + std::to_string(units) + "/" + std::to_string(units);
+  EXPECT_NE(log.find(last + "\n"), std::string::npos) << log;
+  EXPECT_LE(std::count(log.begin(), log.end(), '\n'), 13) << log;
 
   const Parsed r = parse(out);
   const auto& t = r.index.tensors[r.index.units[5].first_tensor];
