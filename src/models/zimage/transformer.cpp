@@ -263,7 +263,12 @@ Tensor Transformer::forward(const Tensor& latents, const Tensor& adaln, Activati
   if (observe) observe("unified_in", a.seq.data(), {S, D});
   for (int64_t i = 0; i < config_.n_layers; ++i) {
     UnitRef w = store_.acquire(layer_unit(i));
-    if (i + 1 < config_.n_layers) store_.prefetch(layer_unit(i + 1));
+    // After the last layer the first unit of the next forward (the next step, or the
+    // negative pass); after a generation's last forward the transformer's release drops it.
+    if (i + 1 < config_.n_layers)
+      store_.prefetch(layer_unit(i + 1));
+    else if (config_.n_refiner_layers > 0)
+      store_.prefetch(noise_refiner_unit(0));
     const Tensor mod = modulation(*w, adaln, cx);
     block(*w, mod.data(), 0, S, a, cx);
     if (observe) observe("layers_" + std::to_string(i), a.seq.data(), {S, D});
