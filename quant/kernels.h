@@ -71,6 +71,16 @@ constexpr int kAmxBlockRows = 32;         // rows of X per micro-kernel call (tw
 constexpr size_t kAmxTileElements = 512;  // bf16 values in one A or B tile
 constexpr int kAmxMaxSplits = 3;          // bf16 parts per activation, at most
 
+// Work the block kernel does between its tile products: run(context, i) for i in [begin, end),
+// spread over its steps. The products run on the tile unit and this on the vector units, so
+// work that the next call needs (converting its weight tiles, quant/matmul.cpp) costs little
+// time beside them. It must not write what the call reads.
+struct AmxSideWork {
+  void (*run)(const void* context, int64_t piece);
+  const void* context;
+  int64_t begin, end;
+};
+
 struct AmxKernels {
   // Loads this thread's tile configuration; call at the start of every task (the tile state
   // is per thread) and release() at its end.
@@ -91,10 +101,11 @@ struct AmxKernels {
   // out[32 x 16 * groups] = (c if given, else 0) + sum over the parts s < splits of
   // a_s[32 rows, 32 nb] * B^T, for 1 or 2 groups of B tiles (b0, b1; nb consecutive tiles
   // each, b1 unused when groups == 1). a_s = a + s * kAmxBlockRows * lda, rows lda elements
-  // apart; c rows ldc floats apart, out rows ldo apart (out may be c).
+  // apart; c rows ldc floats apart, out rows ldo apart (out may be c). `side` (or null): work
+  // to do on the way.
   void (*block)(const uint16_t* a, int64_t lda, int splits, const uint16_t* b0,
                 const uint16_t* b1, int groups, int64_t nb, const float* c, int64_t ldc,
-                float* out, int64_t ldo);
+                float* out, int64_t ldo, const AmxSideWork* side);
 };
 
 const Kernels& scalar_kernels();

@@ -133,9 +133,30 @@ void q4_tiles_to_bf16(const TileQ4* tiles, int64_t count, uint16_t* out) {
 
 constexpr int64_t kTileStride = 64;  // bytes per row of a B tile
 
+// Runs the pieces of a side work a few per step, so that `steps` steps run them all.
+class SideWork {
+ public:
+  SideWork(const AmxSideWork* work, int64_t steps)
+      : work_(work), next_(work ? work->begin : 0), end_(work ? work->end : 0),
+        per_step_(steps > 0 ? (end_ - next_ + steps - 1) / steps : end_ - next_) {}
+
+  void step() {
+    for (int64_t i = 0; i < per_step_ && next_ < end_; ++i) work_->run(work_->context, next_++);
+  }
+  void finish() {
+    while (next_ < end_) work_->run(work_->context, next_++);
+  }
+
+ private:
+  const AmxSideWork* work_;
+  int64_t next_, end_, per_step_;
+};
+
 // C tiles 4-7 over groups 1 or 2: out = c (or 0) + sum_s A_s B^T.
 void block(const uint16_t* a, int64_t lda, int splits, const uint16_t* b0, const uint16_t* b1,
-           int groups, int64_t nb, const float* c, int64_t ldc, float* out, int64_t ldo) {
+           int groups, int64_t nb, const float* c, int64_t ldc, float* out, int64_t ldo,
+           const AmxSideWork* side_work) {
+  SideWork side(side_work, nb);
   const int64_t a_stride = lda * int64_t(sizeof(uint16_t));
   const int64_t c_stride = ldc * int64_t(sizeof(float));
   const int64_t o_stride = ldo * int64_t(sizeof(float));
@@ -167,6 +188,7 @@ void block(const uint16_t* a, int64_t lda, int splits, const uint16_t* b0, const
         _tile_dpbf16ps(6, 1, 2);
         _tile_dpbf16ps(7, 1, 3);
       }
+      side.step();
     }
     _tile_stored(5, out + 16, o_stride);
     _tile_stored(7, out + 16 * ldo + 16, o_stride);
@@ -180,8 +202,10 @@ void block(const uint16_t* a, int64_t lda, int splits, const uint16_t* b0, const
         _tile_dpbf16ps(4, 0, 2);
         _tile_dpbf16ps(6, 1, 2);
       }
+      side.step();
     }
   }
+  side.finish();
   _tile_stored(4, out, o_stride);
   _tile_stored(6, out + 16 * ldo, o_stride);
 }

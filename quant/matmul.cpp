@@ -325,25 +325,92 @@ void panel_to_tiles(const detail::AmxKernels& amx, const Matrix& w, TileSource& 
   }
 }
 
+// Where a panel's B tiles come from when the micro-kernel makes them as it goes (quantized
+// weights in the Interleaved16 layout, whose tiles of group g0 + g lie at group0 + g * stride).
+struct PanelSource {
+  void (*convert)(const detail::AmxKernels& amx, const void* tiles, int64_t count,
+                  uint16_t* out);
+  size_t tile_bytes;
+  const uint8_t* group0;  // group g0's tile at the chunk's first block
+  size_t stride;          // bytes from one group's tiles to the next
+};
+
+// The side work of one micro-kernel call (quant/kernels.h AmxSideWork): the B tiles of the next
+// call, one piece per tile, in two runs of consecutive tiles (the two groups of a pair).
+struct CallWork {
+  const detail::AmxKernels* amx;
+  const PanelSource* make;
+  const uint8_t* src[2];
+  uint16_t* out[2];
+  int64_t run_tiles = 0, tiles = 0;  // tiles per run, in all
+
+  static constexpr int64_t kAhead = 6;  // tiles whose weights are asked for before their turn
+
+  const uint8_t* source(int64_t t) const {
+    return src[t / run_tiles] + size_t(t % run_tiles) * make->tile_bytes;
+  }
+  void fetch(int64_t t) const {
+    const uint8_t* p = source(t);
+    for (size_t o = 0; o < make->tile_bytes; o += 64)
+      __builtin_prefetch(p + o, 0, 3);
+  }
+  static void run(const void* context, int64_t piece) {
+    const auto& w = *static_cast<const CallWork*>(context);
+    if (piece + kAhead < w.tiles) w.fetch(piece + kAhead);
+    w.make->convert(*w.amx, w.source(piece), 1,
+                    w.out[piece / w.run_tiles] +
+                        (piece % w.run_tiles) * int64_t(detail::kAmxTileElements));
+  }
+};
+
 // out[32 x 16 groups] = (c if `accumulate`) + the 32 rows of X at `a` (bf16 parts, rows lda
 // apart) times the panel's B tiles (`groups` groups of `count` tiles), group pair by group
 // pair, with c (rows ldc apart) holding the sums between sub-chunks and the last sub-chunk
 // writing out (rows ldo apart; it may be c). The loop over the pairs is innermost, so a
 // sub-chunk of X is read from L1 / L2 once and serves the whole panel.
+// With `make`, the B tiles are not there yet: each micro-kernel call makes those of the next
+// call while the tile unit multiplies (the first call's are made first).
 void multiply_block_by_panel(const detail::AmxKernels& amx, const AmxPlan& plan,
-                             const uint16_t* a, int64_t lda, const uint16_t* tiles,
-                             int64_t groups, int64_t count, float* c, int64_t ldc,
-                             bool accumulate, float* out, int64_t ldo) {
+                             const uint16_t* a, int64_t lda, uint16_t* tiles, int64_t groups,
+                             int64_t count, float* c, int64_t ldc, bool accumulate, float* out,
+                             int64_t ldo, const PanelSource* make) {
   constexpr int64_t kTile = int64_t(detail::kAmxTileElements);
+  const int64_t pairs = ceil_div(groups, 2), calls = ceil_div(count, plan.sub) * pairs;
+  // The side work of call `i` (sub-chunk s0, pair g): the tiles of the call after it.
+  auto work_for = [&](int64_t i, int64_t s0, int64_t g) {
+    CallWork w{&amx, make, {}, {}};
+    if (make && i + 1 < calls) {
+      const int64_t ns0 = g + 2 < groups ? s0 : s0 + plan.sub, ng = g + 2 < groups ? g + 2 : 0;
+      const int runs = int(std::min<int64_t>(2, groups - ng));
+      w.run_tiles = std::min(plan.sub, count - ns0);
+      w.tiles = runs * w.run_tiles;
+      for (int r = 0; r < runs; ++r) {
+        w.src[r] = make->group0 + size_t(ng + r) * make->stride + size_t(ns0) * make->tile_bytes;
+        w.out[r] = tiles + ((ng + r) * count + ns0) * kTile;
+      }
+      for (int64_t t = 0; t < std::min(CallWork::kAhead, w.tiles); ++t) w.fetch(t);
+    }
+    return w;
+  };
+  if (make) {
+    const int runs = int(std::min<int64_t>(2, groups));
+    const int64_t n = std::min(plan.sub, count);
+    for (int r = 0; r < runs; ++r)
+      make->convert(amx, make->group0 + size_t(r) * make->stride, n, tiles + r * count * kTile);
+  }
+  int64_t i = 0;
   for (int64_t s0 = 0; s0 < count; s0 += plan.sub) {
     const int64_t sub = std::min(plan.sub, count - s0);
     const bool last = s0 + sub == count;
-    for (int64_t g = 0; g < groups; g += 2) {
+    for (int64_t g = 0; g < groups; g += 2, ++i) {
       const int pair = int(std::min<int64_t>(2, groups - g));
       const uint16_t* b0 = tiles + (g * count + s0) * kTile;
+      const CallWork work = work_for(i, s0, g);
+      const detail::AmxSideWork side{CallWork::run, &work, 0, work.tiles};
       amx.block(a + s0 * kBlock, lda, plan.splits, b0, b0 + count * kTile, pair, sub,
                 accumulate || s0 > 0 ? c + g * kTileRows : nullptr, ldc,
-                last ? out + g * kTileRows : c + g * kTileRows, last ? ldo : ldc);
+                last ? out + g * kTileRows : c + g * kTileRows, last ? ldo : ldc,
+                work.tiles > 0 ? &side : nullptr);
     }
   }
 }
@@ -401,9 +468,20 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
     const int64_t n0 = g0 * kTileRows, panel_cols = (g1 - g0) * kTileRows;
     const int cols = int(std::min<int64_t>(panel_cols, N - n0));
     TileSource source(w);
+    // Quantized weights in tiles already: the first row block's micro-kernel calls make the B
+    // tiles as they go. Others (float weights, row-major blocks) are made here first.
+    const bool make_on_the_way = !is_float(w.type) && w.layout == Layout::Interleaved16;
     for (int64_t c0 = 0; c0 < nb; c0 += plan.chunk) {
       const int64_t count = std::min(plan.chunk, nb - c0);
-      panel_to_tiles(amx, w, source, g0, g1, c0, count, row_buffer, tiles);
+      PanelSource make{};
+      if (make_on_the_way) {
+        const size_t tile = tile_bytes(w.type);
+        make = {storage_type(w.type).tiles_to_bf16, tile,
+                static_cast<const uint8_t*>(w.data) + size_t(g0 * nb + c0) * tile,
+                size_t(nb) * tile};
+      } else {
+        panel_to_tiles(amx, w, source, g0, g1, c0, count, row_buffer, tiles);
+      }
       amx.configure();
       for (int64_t m = m0; m < m1; m += kRows) {
         const int rows = int(std::min<int64_t>(kRows, m1 - m));
@@ -426,7 +504,7 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
         float* out = full ? y + m * ldy + n0 : edge;
         const int64_t ldo = full ? ldy : panel_cols;
         multiply_block_by_panel(amx, plan, ax, lda, tiles, g1 - g0, count, c, ldc, c0 > 0, out,
-                                ldo);
+                                ldo, make_on_the_way && m == m0 ? &make : nullptr);
         if (!full) {
           for (int r = 0; r < rows; ++r)
             std::memcpy(y + (m + r) * ldy + n0, edge + r * panel_cols, size_t(cols) * 4);

@@ -241,6 +241,9 @@ TEST_P(MatmulTest, LargeShapesCrossTileAndChunkBoundaries) {
   // AMX, K above 3072 (chunked K, Y as the accumulator): several wide panels, the last one
   // ragged in N, and a ragged last row block. Large, so only where those plans run.
   if (isa() == Isa::Amx) check_case({{40, 1300, 3104}}, pool);
+  // AMX, chunked K with tasks of several row blocks (the first block's micro-kernel calls make
+  // the B tiles that the later blocks use), the last task's last block ragged (22 rows).
+  if (isa() == Isa::Amx) check_case({{470, 40, 4160}}, pool);
 }
 
 TEST_P(MatmulTest, LargestK) {
