@@ -221,7 +221,7 @@ VerifyOutcome verify_model_container(const fs::path& path,
   const container::ContainerFile file(path);
   try {
     ContainerOptions o;
-    o.check_on_first_acquire = false;
+    o.check_units = false;
     ContainerStore store(path, o);
   } catch (const Error& e) {
     out.model.push_back(e.what());

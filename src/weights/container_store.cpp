@@ -143,7 +143,7 @@ std::string ContainerStore::identity() const {
 }
 
 void ContainerStore::check_unit_locked(UnitState& s, std::unique_lock<std::mutex>& lock) {
-  if (!options_.check_on_first_acquire) return;
+  if (!options_.check_units) return;
   for (;;) {
     if (s.check == Check::Running) {
       // Another thread is checking these pages (the checking thread, or an acquire of the
@@ -261,7 +261,7 @@ void ContainerStore::prefetch(const std::string& unit) {
   if (!s.live.expired()) return;  // held: its pages are in already
   tracker_.prefetched(unit, e.size);
   ::madvise(const_cast<std::byte*>(file_.at(e.offset)), size_t(e.size), MADV_WILLNEED);
-  if (!options_.check_on_first_acquire || s.checked || s.check != Check::Idle) return;
+  if (!options_.check_units || s.checked || s.check != Check::Idle) return;
   // The check goes to the checking thread, which runs it while the unit before computes.
   s.check = Check::Queued;
   if (!s.in_queue) {

@@ -34,7 +34,7 @@
 namespace klein {
 
 struct ContainerOptions {
-  bool check_on_first_acquire = true;  // XXH3 of a unit every time it is paged in
+  bool check_units = true;  // XXH3 of a unit at its first use and every time it is paged in
   Residency residency = Residency::Paged;
 };
 
