@@ -4,7 +4,6 @@
 #include "quant/matmul.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -274,10 +273,12 @@ void float_rows_to_tiles(const Matrix& w, int64_t n0, int64_t b0, int64_t count,
 //   in a small buffer that stays in L1 until they go to Y. 10-20% faster than the wide plan
 //   at K = 3072.
 // - Long K, or three parts: K in chunks (512 columns for one part, 1024 for three) with Y as
-//   the accumulator, so that the panels can be wide however long K is; X is read once per
-//   panel, and converted per 32-row block into a per-worker buffer that stays in L1 (a shared
-//   converted copy would come from L3 each time, and would be 6 bytes per value for three
-//   parts). At K = 12288 this is 1.3-1.5x the narrow plan. Panels of 640 KiB for one part
+//   the accumulator, so that the panels can be wide however long K is. X as one bf16 part is
+//   converted once for all panels where that copy is at most MatmulOptions::
+//   amx_shared_x_bytes (0.88-0.93 of the time of the step's K = 9216 / 12288 products against
+//   converting it per panel); otherwise, and for three parts (6 bytes per value), each panel
+//   converts each 32-row block into a per-worker buffer that stays in L1. At K = 12288 this
+//   plan is 1.3-1.5x the narrow one. Panels of 640 KiB for one part
 //   (10-12% faster than 1.25 MiB at M 256-768 in a step, the same at 4608: the panel, X's
 //   chunk and Y's block share L2), 1.25 MiB for three (smaller ones convert X's three parts
 //   more often: 9% slower at 640 KiB).
@@ -420,7 +421,7 @@ void multiply_block_by_panel(const detail::AmxKernels& amx, const AmxPlan& plan,
 }
 
 void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* y, int64_t ldy,
-                ThreadPool& pool, MatmulScratch* scratch, int splits) {
+                ThreadPool& pool, MatmulScratch* scratch, int splits, size_t shared_x_limit) {
   const detail::AmxKernels& amx = detail::amx_kernels();
   const int64_t N = w.rows, K = w.cols, nb = K / kBlock;
   constexpr int64_t kRows = detail::kAmxBlockRows;
@@ -434,25 +435,30 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
   const int64_t m_splits = std::min(row_blocks, std::max<int64_t>(1, ceil_div(wanted, panels)));
   const int64_t m_split = ceil_div(row_blocks, m_splits) * kRows;
 
-  // Per worker: the panel's B tiles for one chunk, one 32-row block of X as bf16 parts (wide
-  // plan), (F32 / F16) one group of weight rows as bf16, and the sums of a block that stays in
-  // L1 (narrow plan) or overhangs Y. Shared (narrow plan): all of X as bf16.
+  // X as bf16 for all tasks, converted once: rows one 64-byte line longer than K, so that the
+  // 32 rows of a block fall in different L1 sets (at K = 3072 a row is 6 KiB, and rows 4 KiB
+  // apart, or 12, share their sets: 16 rows of a 12-way cache would evict each other). Always
+  // in the narrow plan; in the wide one for one bf16 part where the copy stays small (the MLP's
+  // down projections, whose rows come in chunks of at most 543), else each task converts each
+  // 32-row block of each chunk of K, once per panel.
+  const int64_t ldxb = K + 32;
+  const size_t x_bytes = size_t(row_blocks * kRows * ldxb) * sizeof(uint16_t);
+  const bool shared_x = plan.narrow || (splits == 1 && x_bytes <= shared_x_limit);
+
+  // Per worker: the panel's B tiles for one chunk, one 32-row block of X as bf16 parts (X not
+  // shared), (F32 / F16) one group of weight rows as bf16, and the sums of a block that stays
+  // in L1 (narrow plan) or overhangs Y.
   const int64_t kc = plan.chunk * kBlock;
   const bool convert_rows = w.type == DType::F32 || w.type == DType::F16;
   const size_t panel_elements = size_t(plan.panel * plan.chunk * kTile);
-  const size_t a_elements = plan.narrow ? 0 : size_t(splits * kRows * kc);
+  const size_t a_elements = shared_x ? 0 : size_t(splits * kRows * kc);
   const size_t row_elements = convert_rows ? size_t(kTileRows * kc) : 0;
   const size_t edge_floats = size_t(kRows * plan.panel * kTileRows);
   const size_t per_worker = (panel_elements + a_elements + row_elements) * sizeof(uint16_t) +
                             edge_floats * sizeof(float);
-  // The narrow plan's X as bf16: rows one 64-byte line longer than K, so that the 32 rows of a
-  // block fall in different L1 sets (at K = 3072 a row is 6 KiB, and rows 4 KiB apart, or 12,
-  // share their sets: 16 rows of a 12-way cache would evict each other).
-  const int64_t ldxb = K + 32;
-  const size_t x_bytes = plan.narrow ? size_t(row_blocks * kRows * ldxb) * sizeof(uint16_t) : 0;
-  WorkerBuffers<uint8_t> buffers(scratch, pool.size(), per_worker, x_bytes);
+  WorkerBuffers<uint8_t> buffers(scratch, pool.size(), per_worker, shared_x ? x_bytes : 0);
   auto* xb = reinterpret_cast<uint16_t*>(buffers.shared());
-  if (plan.narrow) {
+  if (shared_x) {
     pool.parallel_for(row_blocks, [&](int64_t b0, int64_t b1, int) {
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t m = b * kRows;
@@ -489,9 +495,9 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
       amx.configure();
       for (int64_t m = m0; m < m1; m += kRows) {
         const int rows = int(std::min<int64_t>(kRows, m1 - m));
-        const uint16_t* ax = plan.narrow ? xb + m * ldxb : a;  // narrow: one chunk, all of K
-        const int64_t lda = plan.narrow ? ldxb : count * kBlock;
-        if (!plan.narrow)
+        const uint16_t* ax = shared_x ? xb + m * ldxb + c0 * kBlock : a;
+        const int64_t lda = shared_x ? ldxb : count * kBlock;
+        if (!shared_x)
           amx.rows_to_bf16(x + m * ldx + c0 * kBlock, ldx, rows, int(count * kBlock), splits, a,
                            lda);
         // Full blocks go to Y: in the wide plan Y holds the sums throughout; in the narrow one
@@ -724,7 +730,7 @@ void matmul(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* y, i
     // else on tiles has them rounded to bf16.
     const bool exact = w.type == DType::BF16 && !options.float_on_tiles;
     return matmul_amx(x, M, ldx, w, y, ldy, pool, options.scratch,
-                      exact ? detail::kAmxMaxSplits : 1);
+                      exact ? detail::kAmxMaxSplits : 1, options.amx_shared_x_bytes);
   }
 #endif
   check(!is_float(w.type), "matmul: ", dtype_name(w.type), " weights are multiplied here only on "

@@ -134,6 +134,7 @@ struct Case {
   Dist w_dist = Dist::Gauss;
   float x_scale = 1.0f, w_scale = 1.0f;
   int64_t x_pad = 0, y_pad = 0;  // extra row stride
+  bool per_panel_x = false;       // AMX wide plan: X converted per panel (amx_shared_x_bytes 0)
 };
 
 // Runs one case on every available instruction set, for every weight format, and checks each
@@ -167,6 +168,7 @@ void check_case(const Case& c, ThreadPool& pool, Isa on) {
         MatmulOptions options;
         options.isa = isa;
         options.float_on_tiles = float_tiles;
+        if (c.per_panel_x) options.amx_shared_x_bytes = 0;
         if (!quantized && !runs_on_tiles(p.matrix, M, options)) {
           EXPECT_THROW(matmul(x.data(), M, ldx, p.matrix, y.data(), ldy, pool, options), Error);
           continue;
@@ -244,6 +246,36 @@ TEST_P(MatmulTest, LargeShapesCrossTileAndChunkBoundaries) {
   // AMX, chunked K with tasks of several row blocks (the first block's micro-kernel calls make
   // the B tiles that the later blocks use), the last task's last block ragged (22 rows).
   if (isa() == Isa::Amx) check_case({{470, 40, 4160}}, pool);
+  // The same with X converted per panel and 32-row block instead of once for all panels.
+  if (isa() == Isa::Amx) check_case({{470, 40, 4160}, Dist::Gauss, Dist::Gauss, 1, 1, 0, 0, true}, pool);
+}
+
+// AMX, K above 3072: X converted to bf16 once for all panels or per panel and 32-row block
+// are the same arithmetic (the same roundings, the same tile products in the same order), so
+// the outputs agree bit for bit, for every weight type that rounds X to one bf16 part.
+TEST_P(MatmulTest, WidePlanSameWhereverXIsConverted) {
+  if (isa() != Isa::Amx) GTEST_SKIP() << "the wide plan runs on AMX tiles";
+  const int64_t M = 100, N = 72, K = 4160, ldx = K + 8;
+  const std::vector<float> x = random_matrix(M, ldx, 11, Dist::Gauss, 1.0f);
+  const std::vector<float> w = random_matrix(N, K, 12, Dist::Gauss, 1.0f);
+  int compared = 0;
+  for (auto [type, layout] : testing::all_formats()) {
+    const bool quantized = type == DType::Q8 || type == DType::Q4;
+    const Packed p(w.data(), N, K, type, layout);
+    std::vector<float> shared(size_t(M * N)), per_panel(size_t(M * N));
+    MatmulOptions options;
+    options.isa = Isa::Amx;
+    options.float_on_tiles = !quantized;  // one bf16 part (exact BF16 is three: always per panel)
+    ASSERT_TRUE(runs_on_tiles(p.matrix, M, options));
+    matmul(x.data(), M, ldx, p.matrix, shared.data(), N, pool, options);
+    options.amx_shared_x_bytes = 0;
+    matmul(x.data(), M, ldx, p.matrix, per_panel.data(), N, pool, options);
+    const std::string what = describe(type, layout, Isa::Amx, {M, N, K});
+    EXPECT_EQ(0, std::memcmp(shared.data(), per_panel.data(), shared.size() * sizeof(float)))
+        << what;
+    ++compared;
+  }
+  EXPECT_GE(compared, 4);
 }
 
 TEST_P(MatmulTest, LargestK) {
