@@ -22,11 +22,11 @@ double sum_of(const float* x, int64_t n, F f) {
   return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
 }
 
-}  // namespace
-
 // Statistics are accumulated in double: the references compute them in float32 with
 // pairwise sums, and double keeps us within a few float32 ulps of that for any width.
-void layer_norm(const float* x, float* y, int64_t rows, int64_t dim, float eps, Compute& cx) {
+// With `scale` and `shift`, each normalised value is then modulated in the same pass.
+void layer_norm_rows(const float* x, float* y, int64_t rows, int64_t dim, float eps,
+                     const float* scale, const float* shift, Compute& cx) {
   cx.pool().parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* in = x + r * dim;
@@ -38,9 +38,27 @@ void layer_norm(const float* x, float* y, int64_t rows, int64_t dim, float eps, 
       });
       const float inv = float(1.0 / std::sqrt(sq / double(dim) + double(eps)));
       const float m = float(mean);
-      for (int64_t i = 0; i < dim; ++i) out[i] = (in[i] - m) * inv;
+      if (!scale) {
+        for (int64_t i = 0; i < dim; ++i) out[i] = (in[i] - m) * inv;
+        continue;
+      }
+      for (int64_t i = 0; i < dim; ++i) {
+        const float normed = (in[i] - m) * inv;
+        out[i] = (1.0f + scale[i]) * normed + shift[i];
+      }
     }
   }, 16);
+}
+
+}  // namespace
+
+void layer_norm(const float* x, float* y, int64_t rows, int64_t dim, float eps, Compute& cx) {
+  layer_norm_rows(x, y, rows, dim, eps, nullptr, nullptr, cx);
+}
+
+void modulated_layer_norm(const float* x, float* y, int64_t rows, int64_t dim, float eps,
+                          const float* scale, const float* shift, Compute& cx) {
+  layer_norm_rows(x, y, rows, dim, eps, scale, shift, cx);
 }
 
 void rms_norm(const float* x, float* y, int64_t rows, int64_t dim, const float* weight, float eps,

@@ -8,7 +8,11 @@ namespace klein::ops {
 
 // LayerNorm without affine parameters, biased variance: (x - mean) / sqrt(var + eps).
 void layer_norm(const float* x, float* y, int64_t rows, int64_t dim, float eps, Compute& cx);
-// RMSNorm: w ⊙ x / sqrt(mean(x²) + eps), statistics in double-free float32 like the reference.
+// adaLN: (1 + scale) ⊙ layer_norm(x) + shift in one pass over the rows (scale and shift `dim`
+// wide, the same for every row); the same roundings as layer_norm and then the modulation.
+void modulated_layer_norm(const float* x, float* y, int64_t rows, int64_t dim, float eps,
+                          const float* scale, const float* shift, Compute& cx);
+// RMSNorm: w ⊙ x / sqrt(mean(x²) + eps), statistics in double.
 // `dim` is the normalised width; rows are contiguous (row r at x + r * dim).
 void rms_norm(const float* x, float* y, int64_t rows, int64_t dim, const float* weight,
               float eps, Compute& cx);

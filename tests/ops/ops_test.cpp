@@ -4,11 +4,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "core/cpu.h"
 #include "ops/attention.h"
+#include "ops/finite.h"
 #include "ops/gemm.h"
 #include "ops/linear.h"
 #include "ops/norm.h"
@@ -525,6 +527,58 @@ TEST(Norm, WideRowsMatchALongDoubleReference) {
             << "layer_norm dim " << dim << " row " << r << " column " << i;
         ASSERT_LE(std::fabs(got_rms - rms), 2 * ulp(rms))
             << "rms_norm dim " << dim << " row " << r << " column " << i;
+      }
+    }
+  }
+}
+
+// adaLN in one pass is layer_norm and then the modulation, bit for bit.
+TEST(Norm, ModulatedLayerNormIsLayerNormThenModulation) {
+  Compute cx(2);
+  const int64_t rows = 7, dim = 3072 + 5;
+  std::vector<float> x(static_cast<size_t>(rows * dim)), scale(static_cast<size_t>(dim));
+  std::vector<float> shift(scale.size()), y(x.size()), z(x.size());
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = 3.0f * normal(rng) + 0.5f;
+  for (float& v : scale) v = 0.1f * normal(rng);
+  for (float& v : shift) v = normal(rng);
+  modulated_layer_norm(x.data(), y.data(), rows, dim, 1e-6f, scale.data(), shift.data(), cx);
+  layer_norm(x.data(), z.data(), rows, dim, 1e-6f, cx);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < dim; ++i) {
+      float& v = z[size_t(r * dim + i)];
+      v = (1.0f + scale[size_t(i)]) * v + shift[size_t(i)];
+    }
+  EXPECT_EQ(0, std::memcmp(y.data(), z.data(), y.size() * sizeof(float)));
+}
+
+// Every NaN and infinity is found wherever it sits (the first value, inside a chunk, the
+// last one), and the largest, smallest and signed-zero finite values pass.
+TEST(Finite, FindsEveryNonFiniteValueAndPassesEveryFiniteOne) {
+  Compute cx(2);
+  const int64_t n = 20011;  // several chunks of 4096 and a ragged end
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) x[size_t(i)] = float(i % 97) - 48.0f;
+  x[1] = std::numeric_limits<float>::max();
+  x[2] = -std::numeric_limits<float>::max();
+  x[3] = std::numeric_limits<float>::denorm_min();
+  x[4] = -0.0f;
+  EXPECT_TRUE(all_finite(x.data(), n, cx));
+  EXPECT_NO_THROW(require_finite(x.data(), n, "test", cx));
+  const float bad[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                       std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  for (float v : bad) {
+    for (int64_t at : {int64_t(0), int64_t(4095), int64_t(4096), int64_t(12345), n - 1}) {
+      std::vector<float> y = x;
+      y[size_t(at)] = v;
+      EXPECT_FALSE(all_finite(y.data(), n, cx)) << v << " at " << at;
+      try {
+        require_finite(y.data(), n, "the test's values", cx);
+        ADD_FAILURE() << "require_finite let " << v << " at " << at << " pass";
+      } catch (const NonFinite& e) {
+        EXPECT_NE(std::string(e.what()).find("value " + std::to_string(at) + " is"),
+                  std::string::npos) << e.what();
       }
     }
   }

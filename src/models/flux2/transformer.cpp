@@ -65,13 +65,7 @@ const Weight& vector_weight(const WeightUnit& unit, std::string_view name, int64
 // y = (1 + scale) ⊙ LN(x) + shift for `rows` rows of width D (both contiguous).
 void modulated_norm(const float* x, float* y, int64_t rows, int64_t D, const float* shift,
                     const float* scale, float eps, Compute& cx) {
-  ops::layer_norm(x, y, rows, D, eps, cx);
-  cx.pool().parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r) {
-      float* row = y + r * D;
-      for (int64_t i = 0; i < D; ++i) row[i] = (1.0f + scale[i]) * row[i] + shift[i];
-    }
-  }, 16);
+  ops::modulated_layer_norm(x, y, rows, D, eps, scale, shift, cx);
 }
 
 // x += gate ⊙ y for `rows` rows of width D (both contiguous).
