@@ -290,6 +290,13 @@ struct AmxPlan {
   int64_t panel;  // weight groups per task (even, except a last odd one)
 };
 
+// The narrowest panel matmul_amx makes to give every thread work (16 groups, 256 columns);
+// below it, tasks split the rows. Measured on one core with the tasks of 8 and 16 threads
+// (the K = 9216 / 12288 products of a klein-4B step were split into 5-10 row ranges, each
+// making the same B tiles: 2.4x and 3.8x the weights converted per step): 0.95 and 0.91 of
+// the matmul time; 8 groups did better at 16 threads (0.87) and worse at 8 (0.98).
+constexpr int64_t kMinSplitPanel = 16;
+
 AmxPlan amx_plan(int64_t nb, int64_t groups, int splits) {
   const int64_t tile_bytes = int64_t(detail::kAmxTileElements * sizeof(uint16_t));
   auto groups_in = [&](int64_t bytes, int64_t chunk) {
@@ -427,10 +434,15 @@ void matmul_amx(const float* x, int64_t M, int64_t ldx, const Matrix& w, float* 
   constexpr int64_t kRows = detail::kAmxBlockRows;
   constexpr int64_t kTile = int64_t(detail::kAmxTileElements);
   const int64_t groups = ceil_div(N, kTileRows);
-  const AmxPlan plan = amx_plan(nb, groups, splits);
-  const int64_t panels = ceil_div(groups, plan.panel);
-  // Few panels (small N): split the rows too, so that every thread has work.
+  AmxPlan plan = amx_plan(nb, groups, splits);
+  // Work for every thread: columns first (narrower panels, down to kMinSplitPanel groups),
+  // then rows. Each task that splits the rows of a panel makes that panel's B tiles again.
   const int64_t wanted = pool.size() > 1 ? 3 * pool.size() : 1;
+  if (ceil_div(groups, plan.panel) < wanted)
+    plan.panel = std::min(plan.panel,
+                          std::max(kMinSplitPanel, round_up(ceil_div(groups, wanted), 2)));
+  const int64_t panels = ceil_div(groups, plan.panel);
+  // Still few panels (small N, or many threads): split the rows too.
   const int64_t row_blocks = ceil_div(M, kRows);
   const int64_t m_splits = std::min(row_blocks, std::max<int64_t>(1, ceil_div(wanted, panels)));
   const int64_t m_split = ceil_div(row_blocks, m_splits) * kRows;
