@@ -71,14 +71,14 @@ constexpr int kAmxBlockRows = 32;         // rows of X per micro-kernel call (tw
 constexpr size_t kAmxTileElements = 512;  // bf16 values in one A or B tile
 constexpr int kAmxMaxSplits = 3;          // bf16 parts per activation, at most
 
-// Work the block kernel does between its tile products: run(context, i) for i in [begin, end),
+// Work the block kernel does between its tile products: run(context, i) for i < pieces,
 // spread over its steps. The products run on the tile unit and this on the vector units, so
 // work that the next call needs (converting its weight tiles, quant/matmul.cpp) costs little
 // time beside them. It must not write what the call reads.
 struct AmxSideWork {
   void (*run)(const void* context, int64_t piece);
   const void* context;
-  int64_t begin, end;
+  int64_t pieces;  // run(context, i) for i = 0 .. pieces - 1, in order
 };
 
 struct AmxKernels {

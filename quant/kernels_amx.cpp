@@ -137,8 +137,8 @@ constexpr int64_t kTileStride = 64;  // bytes per row of a B tile
 class SideWork {
  public:
   SideWork(const AmxSideWork* work, int64_t steps)
-      : work_(work), next_(work ? work->begin : 0), end_(work ? work->end : 0),
-        per_step_(steps > 0 ? (end_ - next_ + steps - 1) / steps : end_ - next_) {}
+      : work_(work), end_(work ? work->pieces : 0),
+        per_step_(steps > 0 ? (end_ + steps - 1) / steps : end_) {}
 
   void step() {
     for (int64_t i = 0; i < per_step_ && next_ < end_; ++i) work_->run(work_->context, next_++);
@@ -149,7 +149,7 @@ class SideWork {
 
  private:
   const AmxSideWork* work_;
-  int64_t next_, end_, per_step_;
+  int64_t next_ = 0, end_, per_step_;
 };
 
 // C tiles 4-7 over groups 1 or 2: out = c (or 0) + sum_s A_s B^T.

@@ -418,7 +418,7 @@ void multiply_block_by_panel(const detail::AmxKernels& amx, const AmxPlan& plan,
       const int pair = int(std::min<int64_t>(2, groups - g));
       const uint16_t* b0 = tiles + (g * count + s0) * kTile;
       const CallWork work = work_for(i, s0, g);
-      const detail::AmxSideWork side{CallWork::run, &work, 0, work.tiles};
+      const detail::AmxSideWork side{CallWork::run, &work, work.tiles};
       amx.block(a + s0 * kBlock, lda, plan.splits, b0, b0 + count * kTile, pair, sub,
                 accumulate || s0 > 0 ? c + g * kTileRows : nullptr, ldc,
                 last ? out + g * kTileRows : c + g * kTileRows, last ? ldo : ldc,
