@@ -9,22 +9,12 @@
 #endif
 
 #include "formats/xxh3.h"
+#include "formats/xxh3_functions.h"
 
 namespace klein::xxh3 {
 
 const Functions* avx2() {
-  static const Functions f{
-      "avx2",
-      [](const void* data, size_t n) -> uint64_t { return XXH3_64bits(data, n); },
-      []() -> void* { return XXH3_createState(); },
-      [](void* s) { XXH3_freeState(static_cast<XXH3_state_t*>(s)); },
-      [](void* s) { XXH3_64bits_reset(static_cast<XXH3_state_t*>(s)); },
-      [](void* s, const void* data, size_t n) {
-        XXH3_64bits_update(static_cast<XXH3_state_t*>(s), data, n);
-      },
-      [](const void* s) -> uint64_t {
-        return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(s));
-      }};
+  static const Functions f = functions_in_scope("avx2");
   return &f;
 }
 
