@@ -62,12 +62,6 @@ const Weight& vector_weight(const WeightUnit& unit, std::string_view name, int64
 
 // --- row-wise pieces -------------------------------------------------------------------------
 
-// y = (1 + scale) ⊙ LN(x) + shift for `rows` rows of width D (both contiguous).
-void modulated_norm(const float* x, float* y, int64_t rows, int64_t D, const float* shift,
-                    const float* scale, float eps, Compute& cx) {
-  ops::modulated_layer_norm(x, y, rows, D, eps, scale, shift, cx);
-}
-
 // x += gate ⊙ y for `rows` rows of width D (both contiguous).
 void add_gated(float* x, const float* y, int64_t rows, int64_t D, const float* gate,
                Compute& cx) {
@@ -387,7 +381,8 @@ void Transformer::double_block(const WeightUnit& w, const Modulation& mod, const
     const int64_t r = s->row0, n = s->rows;
     if (n == 0) return;  // the reference pass of the K/V cache has no text
     // A = (1 + scale1) ⊙ LN(x) + shift1                                         [n, D]
-    modulated_norm(a.stream.row(r), a.normed.row(r), n, D, s->shift1, s->scale1, eps, cx);
+    ops::modulated_layer_norm(a.stream.row(r), a.normed.row(r), n, D, eps, s->scale1, s->shift1,
+                              cx);
     // Q, K, V = projections of A, at this stream's rows of the joint buffers    [n, D] each
     linear(a.normed.row(r), n, s->to_q, a.q.row(r), cx);
     linear(a.normed.row(r), n, s->to_k, a.k.row(r), cx);
@@ -422,7 +417,7 @@ void Transformer::finish_stream_rows(const Stream& s, Activations& a, Compute& c
     linear(a.attn.row(r), n, s.to_out, a.proj.data(), cx);
     add_gated(x, a.proj.data(), n, D, s.gate1, cx);
     // x += gate2 ⊙ linear_out · (silu(g) ⊙ p),  [g | p] = linear_in · mod(x; shift2, scale2)
-    modulated_norm(x, a.normed.row(r), n, D, s.shift2, s.scale2, eps, cx);    // [n, D]
+    ops::modulated_layer_norm(x, a.normed.row(r), n, D, eps, s.scale2, s.shift2, cx);    // [n, D]
     linear(a.normed.row(r), n, s.ff_in, a.mlp_in.data(), cx);              // [n, 2F]
     swiglu_rows(a.mlp_in.data(), F, hidden, ld_hidden, n, cx);                  // [n, F]
     linear(hidden, n, ld_hidden, s.ff_out, a.proj.data(), D, cx);          // [n, D]
@@ -444,7 +439,7 @@ void Transformer::single_block(const WeightUnit& w, const Modulation& mod, const
   const Weight& to_out = linear_weight(w, "attn.to_out.weight", D, D + F);
 
   // A = (1 + scale) ⊙ LN(S) + shift                                              [S, D]
-  modulated_norm(a.stream.data(), a.normed.data(), S, D, shift, scale, eps, cx);
+  ops::modulated_layer_norm(a.stream.data(), a.normed.data(), S, D, eps, scale, shift, cx);
   // Q, K, V = the first 3D rows of the fused projection                          [S, D] each
   linear_rows(a.normed.data(), S, fused, 0, D, a.q.data(), cx);
   linear_rows(a.normed.data(), S, fused, D, 2 * D, a.k.data(), cx);
@@ -656,8 +651,8 @@ void Transformer::forward(std::span<const Lane> lanes, const Tensor* references,
   const float *scale_o = mod.out.data(), *shift_o = scale_o + D;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t x0 = a.image_row(b);
-    modulated_norm(a.stream.row(x0), a.normed.row(x0), N_img, D, shift_o, scale_o,
-                   float(config_.eps), cx);
+    ops::modulated_layer_norm(a.stream.row(x0), a.normed.row(x0), N_img, D, float(config_.eps),
+                              scale_o, shift_o, cx);
     report("norm_out", a.normed.row(x0), {N_img, D});
     linear(a.normed.row(x0), N_img, proj_out, lanes[size_t(b)].velocity, cx);
   }
