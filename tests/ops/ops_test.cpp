@@ -566,8 +566,9 @@ TEST(Finite, FindsEveryNonFiniteValueAndPassesEveryFiniteOne) {
   x[4] = -0.0f;
   EXPECT_TRUE(all_finite(x.data(), n, cx));
   EXPECT_NO_THROW(require_finite(x.data(), n, "test", cx));
-  const float bad[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
-                       std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  using limits = std::numeric_limits<float>;
+  const float bad[] = {limits::quiet_NaN(), -limits::quiet_NaN(), limits::infinity(),
+                       -limits::infinity()};
   for (float v : bad) {
     for (int64_t at : {int64_t(0), int64_t(4095), int64_t(4096), int64_t(12345), n - 1}) {
       std::vector<float> y = x;

@@ -247,7 +247,8 @@ TEST_P(MatmulTest, LargeShapesCrossTileAndChunkBoundaries) {
   // the B tiles that the later blocks use), the last task's last block ragged (22 rows).
   if (isa() == Isa::Amx) check_case({{470, 40, 4160}}, pool);
   // The same with X converted per panel and 32-row block instead of once for all panels.
-  if (isa() == Isa::Amx) check_case({{470, 40, 4160}, Dist::Gauss, Dist::Gauss, 1, 1, 0, 0, true}, pool);
+  if (isa() == Isa::Amx)
+    check_case({{470, 40, 4160}, Dist::Gauss, Dist::Gauss, 1, 1, 0, 0, true}, pool);
 }
 
 // AMX, K above 3072: X converted to bf16 once for all panels or per panel and 32-row block
