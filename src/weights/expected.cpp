@@ -1,6 +1,8 @@
 #include "weights/expected.h"
 
+#include <charconv>
 #include <set>
+#include <string_view>
 
 #include "core/error.h"
 
@@ -16,20 +18,29 @@ const Shape& shape_of(const ShapeMap& m, const std::string& name, const std::str
   return it->second;
 }
 
-// Number of distinct i in names "<prefix><i>.".
-int64_t count_indexed(const ShapeMap& m, const std::string& prefix) {
-  std::set<int64_t> seen;
+}  // namespace
+
+int64_t count_indexed(const ShapeMap& m, const std::string& prefix, const std::string& where) {
+  // Far above any model's blocks or layers, and a count that cannot overflow what uses it.
+  constexpr uint64_t kLargest = 1'000'000;
+  std::set<uint64_t> seen;
   for (const auto& [name, shape] : m) {
     if (name.rfind(prefix, 0) != 0) continue;
     const size_t dot = name.find('.', prefix.size());
-    const std::string num = name.substr(prefix.size(), dot - prefix.size());
-    if (!num.empty() && num.find_first_not_of("0123456789") == std::string::npos)
-      seen.insert(std::stoll(num));
+    const std::string_view num =
+        std::string_view(name).substr(prefix.size(), dot == std::string::npos
+                                                         ? std::string::npos
+                                                         : dot - prefix.size());
+    if (num.empty() || num.find_first_not_of("0123456789") != std::string_view::npos) continue;
+    uint64_t i = 0;
+    const auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), i);
+    check(ec == std::errc() && end == num.data() + num.size() && i <= kLargest, where,
+          ": tensor ", name, " has the index ", num, " where at most ", kLargest,
+          " is expected (", prefix, "<index>.)");
+    seen.insert(i);
   }
   return int64_t(seen.size());
 }
-
-}  // namespace
 
 ShapeMap expected_transformer(const TransformerConfig& c) {
   const int64_t D = c.inner_dim(), F = c.mlp_hidden(), H = c.head_dim;
@@ -181,8 +192,8 @@ TransformerConfig infer_transformer_config(const ShapeMap& t, const std::string&
   c.out_channels = out[0];
   c.context_dim = ctx[1];
   c.timestep_channels = t1[1];
-  c.num_double_blocks = count_indexed(t, "transformer.transformer_blocks.");
-  c.num_single_blocks = count_indexed(t, "transformer.single_transformer_blocks.");
+  c.num_double_blocks = count_indexed(t, "transformer.transformer_blocks.", where);
+  c.num_single_blocks = count_indexed(t, "transformer.single_transformer_blocks.", where);
   const std::string qn = c.num_double_blocks ? "transformer.transformer_blocks.0.attn.norm_q.weight"
                                              : "transformer.single_transformer_blocks.0.attn.norm_q.weight";
   c.head_dim = shape_of(t, qn, where)[0];
@@ -203,7 +214,7 @@ TextEncoderConfig infer_text_encoder_config(const ShapeMap& t, const std::string
   const Shape& e = shape_of(t, "text_encoder.model.embed_tokens.weight", where);
   c.vocab_size = e[0];
   c.hidden = e[1];
-  c.num_layers = count_indexed(t, "text_encoder.model.layers.");
+  c.num_layers = count_indexed(t, "text_encoder.model.layers.", where);
   const std::string p = "text_encoder.model.layers.0.";
   // Qwen3's per-head q_norm gives the head width; Mistral has none: `head_dim` then.
   c.qk_norm = t.count(p + "self_attn.q_norm.weight") > 0;
@@ -230,11 +241,11 @@ TextEncoderConfig infer_text_encoder_config(const ShapeMap& t, const std::string
 VaeConfig infer_vae_config(const ShapeMap& t, const std::string& where) {
   VaeConfig c;
   c.block_out_channels.clear();
-  const int64_t levels = count_indexed(t, "vae.encoder.down_blocks.");
+  const int64_t levels = count_indexed(t, "vae.encoder.down_blocks.", where);
   for (int64_t i = 0; i < levels; ++i)
     c.block_out_channels.push_back(
         shape_of(t, "vae.encoder.down_blocks." + idx(i) + ".resnets.0.conv2.weight", where)[0]);
-  c.layers_per_block = count_indexed(t, "vae.encoder.down_blocks.0.resnets.");
+  c.layers_per_block = count_indexed(t, "vae.encoder.down_blocks.0.resnets.", where);
   c.in_channels = shape_of(t, "vae.encoder.conv_in.weight", where)[1];
   c.out_channels = shape_of(t, "vae.decoder.conv_out.weight", where)[0];
   c.latent_channels = shape_of(t, "vae.decoder.conv_in.weight", where)[1];

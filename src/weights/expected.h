@@ -28,6 +28,12 @@ TextEncoderConfig infer_text_encoder_config(const ShapeMap& tensors, const std::
                                             int64_t head_dim = 128);
 VaeConfig infer_vae_config(const ShapeMap& tensors, const std::string& where);
 
+// The number of distinct indices i among the names "<prefix><i>.<rest>" (blocks, layers):
+// how many a checkpoint without a config file has. An index too large for a count is refused
+// naming the tensor.
+int64_t count_indexed(const ShapeMap& tensors, const std::string& prefix,
+                      const std::string& where);
+
 // Every expected tensor present with its shape; errors name the file, the tensor, and both
 // shapes. Tensors the checkpoint has beyond those are allowed (unused Qwen3 layers, lm_head).
 void check_tensors(const ShapeMap& expected, const ShapeMap& actual, Component c,

@@ -79,5 +79,26 @@ TEST(Config, IntegerFieldsMustBeJsonIntegers) {
             std::string::npos);
 }
 
+// Checkpoints without a config file are measured from their names: the distinct block
+// indices count, non-numeric parts do not, and an index no model has (a 20-digit one
+// overflowed the parse) is refused naming the tensor.
+TEST(ExpectedTensors, CountsIndexedBlocksAndRefusesImpossibleIndices) {
+  const std::string p = "transformer.layers.";
+  ShapeMap m = {{p + "0.attention.weight", {4}}, {p + "0.norm.weight", {4}},
+                {p + "2.norm.weight", {4}},      {p + "1.norm.weight", {4}},
+                {p + "x.norm.weight", {4}},      {"transformer.layers_extra.7.weight", {4}}};
+  EXPECT_EQ(count_indexed(m, p, "model.safetensors"), 3);
+  EXPECT_EQ(count_indexed(m, "transformer.noise_refiner.", "model.safetensors"), 0);
+  for (const std::string index : {"99999999999999999999", "1000001"}) {
+    ShapeMap bad = m;
+    bad[p + index + ".norm.weight"] = {4};
+    const std::string error =
+        testing::error_of([&] { count_indexed(bad, p, "model.safetensors"); });
+    EXPECT_NE(error.find("model.safetensors: tensor " + p + index + ".norm.weight"),
+              std::string::npos)
+        << error;
+  }
+}
+
 }  // namespace
 }  // namespace klein

@@ -9,6 +9,7 @@
 #include "core/json_fields.h"
 #include "models/zimage/checkpoint/config.h"
 #include "models/zimage/checkpoint/units.h"
+#include "weights/expected.h"
 
 namespace klein::zimage {
 
@@ -29,19 +30,6 @@ const Shape& shape_of(const ShapeMap& m, const std::string& name, const std::str
   auto it = m.find(name);
   check(it != m.end(), where, ": missing tensor ", name);
   return it->second;
-}
-
-// Distinct i of names "<prefix><i>.".
-int64_t count_indexed(const ShapeMap& m, const std::string& prefix) {
-  std::set<int64_t> seen;
-  for (const auto& [name, shape] : m) {
-    if (!starts_with(name, prefix)) continue;
-    const size_t dot = name.find('.', prefix.size());
-    const std::string num = name.substr(prefix.size(), dot - prefix.size());
-    if (!num.empty() && num.find_first_not_of("0123456789") == std::string::npos)
-      seen.insert(std::stoll(num));
-  }
-  return int64_t(seen.size());
 }
 
 // The original Z-Image names (Tongyi-MAI's repository; ComfyUI's single files and GGUF files
@@ -312,8 +300,8 @@ transformer.all_final_layer.*              >=bf16
           "must be 2-D");
     c.dim = pad[1];
     c.cap_feat_dim = cap[1];
-    c.n_layers = count_indexed(t, "transformer.layers.");
-    c.n_refiner_layers = count_indexed(t, "transformer.noise_refiner.");
+    c.n_layers = count_indexed(t, "transformer.layers.", where);
+    c.n_refiner_layers = count_indexed(t, "transformer.noise_refiner.", where);
     const Shape& q = shape_of(t, "transformer.layers.0.attention.norm_q.weight", where);
     check(q.size() == 1 && q[0] > 0 && c.dim % q[0] == 0, where, ": width ", c.dim,
           " is not a multiple of the head width ", q.empty() ? 0 : q[0]);
