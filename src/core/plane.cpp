@@ -4,6 +4,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -46,7 +47,8 @@ void check_scratch_space(const std::string& dir, uint64_t bytes) {
         bytes >> 20, " MiB are needed (set TMPDIR to a directory with more free space)");
 }
 
-Plane::Plane(int64_t channels, int64_t height, int64_t width, const std::string& scratch_dir)
+Plane::Plane(int64_t channels, int64_t height, int64_t width, const std::string& scratch_dir,
+             int files)
     : channels_(channels), height_(height), width_(width), dir_(scratch_dir) {
   check(channels > 0 && height > 0 && width > 0, "plane: invalid size ", channels, "x", height, "x",
         width);
@@ -54,14 +56,20 @@ Plane::Plane(int64_t channels, int64_t height, int64_t width, const std::string&
     memory_ = Tensor({channels, height, width});  // every row is written before it is read
     return;
   }
-  fd_ = open_scratch(scratch_dir);
-  // Sparse: blocks are allocated as rows are written, and unwritten rows read as zeros.
-  if (::ftruncate(fd_, off_t(bytes())) != 0) {
-    const int e = errno;
-    ::close(fd_);
-    fd_ = -1;
-    fail("cannot size a ", bytes() >> 20, " MiB scratch file in ", scratch_dir, ": ",
-         std::strerror(e));
+  const int64_t n = std::clamp<int64_t>(files, 1, channels);
+  try {
+    for (int64_t f = 0; f < n; ++f) {
+      fds_.push_back(open_scratch(scratch_dir));
+      // Sparse: blocks are allocated as rows are written, and unwritten rows read as zeros.
+      const int64_t first = (f * channels + n - 1) / n, end = ((f + 1) * channels + n - 1) / n;
+      const off_t size = off_t((end - first) * height * width) * off_t(sizeof(float));
+      if (::ftruncate(fds_.back(), size) != 0)
+        fail("cannot size a ", bytes() >> 20, " MiB scratch file in ", scratch_dir, ": ",
+             std::strerror(errno));
+    }
+  } catch (...) {
+    close_files();
+    throw;
   }
 }
 
@@ -80,24 +88,34 @@ Plane::Plane(Plane&& o) noexcept
       height_(o.height_),
       width_(o.width_),
       memory_(std::move(o.memory_)),
-      fd_(std::exchange(o.fd_, -1)),
+      fds_(std::exchange(o.fds_, {})),
       dir_(std::move(o.dir_)) {}
 
 Plane& Plane::operator=(Plane&& o) noexcept {
   if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
+    close_files();
     channels_ = o.channels_;
     height_ = o.height_;
     width_ = o.width_;
     memory_ = std::move(o.memory_);
-    fd_ = std::exchange(o.fd_, -1);
+    fds_ = std::exchange(o.fds_, {});
     dir_ = std::move(o.dir_);
   }
   return *this;
 }
 
-Plane::~Plane() {
-  if (fd_ >= 0) ::close(fd_);
+Plane::~Plane() { close_files(); }
+
+void Plane::close_files() {
+  for (int fd : fds_) ::close(fd);
+  fds_.clear();
+}
+
+Plane::Place Plane::place(int64_t c) const {
+  const int64_t n = int64_t(fds_.size());
+  const int64_t f = c * n / channels_;  // the file whose range [first(f), first(f + 1)) has c
+  const int64_t first = (f * channels_ + n - 1) / n;
+  return {fds_[size_t(f)], (c - first) * height_ * width_};
 }
 
 namespace {
@@ -120,17 +138,17 @@ const char* transfer_all(Transfer transfer, Byte* p, size_t bytes, off_t at) {
 
 }  // namespace
 
-void Plane::read_at(float* dst, int64_t count, int64_t offset) const {
+void Plane::read_at(int fd, float* dst, int64_t count, int64_t offset) const {
   const char* error =
-      transfer_all([fd = fd_](char* p, size_t n, off_t at) { return ::pread(fd, p, n, at); },
+      transfer_all([fd](char* p, size_t n, off_t at) { return ::pread(fd, p, n, at); },
                    reinterpret_cast<char*>(dst), size_t(count) * sizeof(float),
                    off_t(offset) * off_t(sizeof(float)));
   check(!error, "cannot read the scratch file in ", dir_, ": ", error);
 }
 
-void Plane::write_at(const float* src, int64_t count, int64_t offset) {
+void Plane::write_at(int fd, const float* src, int64_t count, int64_t offset) {
   const char* error =
-      transfer_all([fd = fd_](const char* p, size_t n, off_t at) { return ::pwrite(fd, p, n, at); },
+      transfer_all([fd](const char* p, size_t n, off_t at) { return ::pwrite(fd, p, n, at); },
                    reinterpret_cast<const char*>(src), size_t(count) * sizeof(float),
                    off_t(offset) * off_t(sizeof(float)));
   check(!error, "cannot write the scratch file in ", dir_, ": ", error,
@@ -164,11 +182,13 @@ void Plane::read(int64_t y0, int64_t y1, float* dst, ThreadPool* pool) const {
   check(0 <= y0 && y0 < y1 && y1 <= height_, "plane: rows [", y0, ", ", y1, ") of ", height_);
   const int64_t n = (y1 - y0) * width_;
   each_channel(channels_, pool, [&](int64_t c) {
-    const int64_t at = (c * height_ + y0) * width_;
-    if (fd_ >= 0)
-      read_at(dst + c * n, n, at);
-    else
-      std::memcpy(dst + c * n, memory_.data() + at, size_t(n) * sizeof(float));
+    if (in_file()) {
+      const Place p = place(c);
+      read_at(p.fd, dst + c * n, n, p.offset + y0 * width_);
+    } else {
+      std::memcpy(dst + c * n, memory_.data() + (c * height_ + y0) * width_,
+                  size_t(n) * sizeof(float));
+    }
   });
 }
 
@@ -187,19 +207,28 @@ void Plane::write(const float* band, int64_t band_rows, int64_t from, int64_t n,
   const int64_t band_plane = band_rows * width_, count = n * width_;
   each_channel(channels_, pool, [&](int64_t c) {
     const float* src = band + c * band_plane + from * width_;
-    const int64_t at = (c * height_ + y0) * width_;
-    if (fd_ >= 0)
-      write_at(src, count, at);
-    else
-      std::memcpy(memory_.data() + at, src, size_t(count) * sizeof(float));
+    if (in_file()) {
+      const Place p = place(c);
+      write_at(p.fd, src, count, p.offset + y0 * width_);
+    } else {
+      std::memcpy(memory_.data() + (c * height_ + y0) * width_, src,
+                  size_t(count) * sizeof(float));
+    }
   });
 }
 
 const float* Plane::span(int64_t offset, int64_t n, float* buffer) const {
   check(0 <= offset && n >= 0 && offset + n <= channels_ * height_ * width_, "plane: values [",
         offset, ", ", offset + n, ") out of range");
-  if (fd_ < 0) return memory_.data() + offset;
-  read_at(buffer, n, offset);
+  if (!in_file()) return memory_.data() + offset;
+  const int64_t per_channel = height_ * width_;
+  for (int64_t done = 0; done < n;) {  // channel by channel: they may be in different files
+    const int64_t c = (offset + done) / per_channel, within = (offset + done) % per_channel;
+    const int64_t count = std::min(n - done, per_channel - within);
+    const Place p = place(c);
+    read_at(p.fd, buffer + done, count, p.offset + within);
+    done += count;
+  }
   return buffer;
 }
 

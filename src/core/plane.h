@@ -4,11 +4,14 @@
 // pressure, instead of process memory: what lets the VAE decode 2048x2048 in a bounded
 // amount of memory, where one full-resolution 128-channel tensor alone is 2 GiB.
 //
-// The file is created unlinked (O_TMPFILE, or a unique name removed at once), so nothing is
+// The files are created unlinked (O_TMPFILE, or a unique name removed at once), so nothing is
 // left behind when the process ends, however it ends. Reads and writes are pread/pwrite, not
-// a mapping: mapped file pages would count as the process's memory again.
+// a mapping: mapped file pages would count as the process's memory again. A plane's channels
+// can be spread over several files, each a contiguous range of them: a write takes its file's
+// inode lock, so threads copying their own channels into one file would wait for each other.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "core/threadpool.h"
@@ -18,9 +21,10 @@ namespace klein {
 class Plane {
  public:
   Plane() = default;
-  // In memory when `scratch_dir` is empty, otherwise in a new file there. Its values are
-  // undefined until written: write each row before reading it.
-  Plane(int64_t channels, int64_t height, int64_t width, const std::string& scratch_dir = "");
+  // In memory when `scratch_dir` is empty, otherwise in `files` new files there (at most one
+  // per channel). Its values are undefined until written: write each row before reading it.
+  Plane(int64_t channels, int64_t height, int64_t width, const std::string& scratch_dir = "",
+        int files = 1);
   // Takes a [C, H, W] tensor as an in-memory plane.
   static Plane from_tensor(Tensor t);
   Plane(Plane&& other) noexcept;
@@ -32,7 +36,8 @@ class Plane {
   int64_t channels() const { return channels_; }
   int64_t height() const { return height_; }
   int64_t width() const { return width_; }
-  bool in_file() const { return fd_ >= 0; }
+  bool in_file() const { return !fds_.empty(); }
+  int files() const { return int(fds_.size()); }
   size_t bytes() const { return size_t(channels_ * height_ * width_) * sizeof(float); }
 
   // Rows [y0, y1) of every channel as a new [C, y1 - y0, W] tensor. With a pool, channels
@@ -52,13 +57,20 @@ class Plane {
   Tensor to_tensor() const;
 
  private:
-  void read_at(float* dst, int64_t count, int64_t offset) const;
-  void write_at(const float* src, int64_t count, int64_t offset);
+  // Where channel c's values start: its file and the value offset in it.
+  struct Place {
+    int fd;
+    int64_t offset;
+  };
+  Place place(int64_t c) const;
+  void read_at(int fd, float* dst, int64_t count, int64_t offset) const;
+  void write_at(int fd, const float* src, int64_t count, int64_t offset);
+  void close_files();
 
   int64_t channels_ = 0, height_ = 0, width_ = 0;
   Tensor memory_;
-  int fd_ = -1;
-  std::string dir_;  // for messages
+  std::vector<int> fds_;  // file f holds channels [first(f), first(f + 1))
+  std::string dir_;       // for messages
 };
 
 // Where scratch files go when no directory is given: $TMPDIR if set, else /var/tmp (on disk

@@ -192,14 +192,18 @@ TEST(Npy, RejectsBadShapes) {
   }
 }
 
-// A plane in memory and one in a scratch file hold the same values after the same writes:
-// bands of rows in, bands and flat spans out; the file leaves no name.
-TEST(Plane, FileAndMemoryHoldTheSameValues) {
+// A plane in memory and one in scratch files hold the same values after the same writes:
+// bands of rows in, bands and flat spans out (a span across channels, and so across files);
+// the files leave no name. The channels spread over 1, 2 or 3 files (at most one per channel).
+class PlaneFiles : public ::testing::TestWithParam<int> {};
+
+TEST_P(PlaneFiles, FileAndMemoryHoldTheSameValues) {
   const std::filesystem::path dir = testing::temp_dir("plane");
   ThreadPool pool(2);
-  Plane memory(3, 10, 7), file(3, 10, 7, dir.string());
+  Plane memory(3, 10, 7), file(3, 10, 7, dir.string(), GetParam());
   EXPECT_FALSE(memory.in_file());
   EXPECT_TRUE(file.in_file());
+  EXPECT_EQ(file.files(), std::min(GetParam(), 3));
   EXPECT_TRUE(std::filesystem::is_empty(dir));  // created unlinked
   Tensor band({3, 5, 7});
   for (int64_t i = 0; i < band.numel(); ++i) band.data()[i] = float(i) + 0.5f;
@@ -222,9 +226,14 @@ TEST(Plane, FileAndMemoryHoldTheSameValues) {
     ASSERT_EQ(rows.shape(), (Shape{3, 6, 7}));
     EXPECT_EQ(0,
               std::memcmp(rows.data() + 6 * 7, all.data() + (10 + 3) * 7, 6 * 7 * sizeof(float)));
-    std::vector<float> buffer(25);
+    std::vector<float> buffer(100);
     const float* span = p->span(60, 25, buffer.data());
     EXPECT_EQ(0, std::memcmp(span, all.data() + 60, 25 * sizeof(float)));
+    span = p->span(64, 100, buffer.data());  // channel 0's last rows to channel 2's first
+    for (int64_t i = 0; i < 100; ++i) {
+      const int64_t y = (64 + i) % 70 / 7;
+      if (y >= 2 && y <= 4) ASSERT_EQ(span[i], all.data()[64 + i]) << i;
+    }
   }
   Plane moved = std::move(file);
   EXPECT_TRUE(moved.in_file());
@@ -232,6 +241,8 @@ TEST(Plane, FileAndMemoryHoldTheSameValues) {
   EXPECT_THROW(moved.rows(4, 11), Error);
   EXPECT_THROW(moved.write(band, 0, 5, 7), Error);  // past the last row
 }
+
+INSTANTIATE_TEST_SUITE_P(Files, PlaneFiles, ::testing::Values(1, 2, 3, 8));
 
 TEST(Plane, NamesAMissingScratchDirectory) {
   try {

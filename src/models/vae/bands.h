@@ -2,6 +2,7 @@
 // The VAE's layers on planes (core/plane.h), one band of output rows at a time, bit for bit
 // the whole-image result: what the decoder (from up_blocks.0) and the encoder (down to the
 // last downsampler) run when VaeMemory says the whole image would need too much memory.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -14,11 +15,16 @@ namespace klein::vae {
 struct Bands {
   const VaeMemory& memory;
   std::string dir;
+  // Scratch files per plane: one per thread (threads copy their own channels in and out, and
+  // writes into one file wait for each other), at most 64.
+  int files = 1;
 
-  // A [C, H, W] plane, in a scratch file when larger than plane_limit.
+  static int files_for(int threads) { return std::clamp(threads, 1, 64); }
+
+  // A [C, H, W] plane, in scratch files when larger than plane_limit.
   Plane make(int64_t c, int64_t h, int64_t w) const {
     const size_t bytes = size_t(c * h * w) * sizeof(float);
-    return Plane(c, h, w, bytes > memory.plane_limit ? dir : "");
+    return bytes > memory.plane_limit ? Plane(c, h, w, dir, files) : Plane(c, h, w);
   }
 
   // Output rows a band aims at (rounded up by each layer to whole convolution bands).

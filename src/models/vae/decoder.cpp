@@ -43,7 +43,7 @@ Tensor upsample(const Net& net, const std::string& name, const Tensor& x) {
 // The up blocks and the output layers of run_decoder on planes, from the mid block's output.
 Tensor banded_up_blocks(const Net& net, const VaeMemory& memory, Tensor mid,
                         const std::function<void()>& step) {
-  const Bands bands{memory, memory.dir()};
+  const Bands bands{memory, memory.dir(), Bands::files_for(net.cx.pool().size())};
   const std::vector<int64_t>& channels = net.config.decoder_channels();
   const int64_t levels = int64_t(channels.size());
   Plane x = Plane::from_tensor(std::move(mid));

@@ -65,7 +65,7 @@ Tensor down_blocks(const Net& net, const Tensor& pixels, const std::function<voi
 // tensor [C, H/8, W/8].
 Tensor banded_down_blocks(const Net& net, const VaeMemory& memory, const Tensor& pixels,
                           const std::function<void()>& step) {
-  const Bands bands{memory, memory.dir()};
+  const Bands bands{memory, memory.dir(), Bands::files_for(net.cx.pool().size())};
   const std::vector<int64_t>& channels = net.config.block_out_channels;
   const int64_t levels = int64_t(channels.size());
   Tensor copy(pixels.shape());
