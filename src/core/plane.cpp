@@ -16,18 +16,31 @@ namespace klein {
 
 namespace {
 
-int open_scratch(const std::string& dir) {
+// A new unlinked file in dir, or -1 with errno set.
+int try_open_scratch(const std::string& dir) {
 #ifdef O_TMPFILE
   const int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (fd >= 0) return fd;
+  if (errno == EMFILE || errno == ENFILE) return -1;
 #endif
   // File systems without O_TMPFILE: a unique name, removed as soon as it is open.
   std::string name = dir + "/klein-scratch-XXXXXX";
   const int named = ::mkostemp(name.data(), O_CLOEXEC);
-  check(named >= 0, "cannot create a scratch file in ", dir, ": ", std::strerror(errno),
-        " (set TMPDIR to a writable directory with free space)");
-  ::unlink(name.c_str());
+  if (named >= 0) ::unlink(name.c_str());
   return named;
+}
+
+[[noreturn]] void cannot_create(const std::string& dir, int error) {
+  fail("cannot create a scratch file in ", dir, ": ", std::strerror(error),
+       error == EMFILE || error == ENFILE
+           ? " (the process may open no more files: raise its limit, ulimit -n)"
+           : " (set TMPDIR to a writable directory with free space)");
+}
+
+int open_scratch(const std::string& dir) {
+  const int fd = try_open_scratch(dir);
+  if (fd < 0) cannot_create(dir, errno);
+  return fd;
 }
 
 }  // namespace
@@ -56,14 +69,23 @@ Plane::Plane(int64_t channels, int64_t height, int64_t width, const std::string&
     memory_ = Tensor({channels, height, width});  // every row is written before it is read
     return;
   }
-  const int64_t n = std::clamp<int64_t>(files, 1, channels);
+  const int64_t wanted = std::clamp<int64_t>(files, 1, channels);
   try {
+    while (int64_t(fds_.size()) < wanted) {
+      const int fd = try_open_scratch(scratch_dir);
+      if (fd < 0) {
+        // Out of file descriptors with one open: fewer files hold the plane as well.
+        if (!fds_.empty() && (errno == EMFILE || errno == ENFILE)) break;
+        cannot_create(scratch_dir, errno);
+      }
+      fds_.push_back(fd);
+    }
+    const int64_t n = int64_t(fds_.size());
     for (int64_t f = 0; f < n; ++f) {
-      fds_.push_back(open_scratch(scratch_dir));
       // Sparse: blocks are allocated as rows are written, and unwritten rows read as zeros.
       const int64_t first = (f * channels + n - 1) / n, end = ((f + 1) * channels + n - 1) / n;
       const off_t size = off_t((end - first) * height * width) * off_t(sizeof(float));
-      if (::ftruncate(fds_.back(), size) != 0)
+      if (::ftruncate(fds_[size_t(f)], size) != 0)
         fail("cannot size a ", bytes() >> 20, " MiB scratch file in ", scratch_dir, ": ",
              std::strerror(errno));
     }

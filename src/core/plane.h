@@ -22,7 +22,8 @@ class Plane {
  public:
   Plane() = default;
   // In memory when `scratch_dir` is empty, otherwise in `files` new files there (at most one
-  // per channel). Its values are undefined until written: write each row before reading it.
+  // per channel; fewer when the process runs out of file descriptors after the first). Its
+  // values are undefined until written: write each row before reading it.
   Plane(int64_t channels, int64_t height, int64_t width, const std::string& scratch_dir = "",
         int files = 1);
   // Takes a [C, H, W] tensor as an in-memory plane.

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -252,6 +254,40 @@ TEST(Plane, NamesAMissingScratchDirectory) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/klein-scratch"), std::string::npos)
         << e.what();
   }
+}
+
+// A plane asked for more files than the process may open takes the ones it can; with none
+// left at all, the error says so.
+TEST(Plane, FewerFilesWhenOutOfDescriptors) {
+  const std::filesystem::path dir = testing::temp_dir("plane-fds");
+  // The two lowest free descriptors: with the limit just above the second, two files open.
+  const int first = ::dup(0), second = ::dup(0);
+  ASSERT_GE(first, 0);
+  ASSERT_GT(second, first);
+  ::close(first);
+  ::close(second);
+  struct rlimit saved {};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  auto limit_to = [&](int n) {
+    struct rlimit l = saved;
+    l.rlim_cur = rlim_t(n);
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &l), 0);
+  };
+  limit_to(second + 1);
+  {
+    Plane p(3, 10, 7, dir.string(), 8);
+    EXPECT_EQ(p.files(), 2);
+    Tensor band({3, 10, 7});
+    for (int64_t i = 0; i < band.numel(); ++i) band.data()[i] = float(i);
+    p.write(band, 0, 10, 0);
+    const Tensor back = p.to_tensor();
+    EXPECT_EQ(0, std::memcmp(back.data(), band.data(), size_t(band.numel()) * sizeof(float)));
+  }
+  limit_to(first);
+  const std::string error = testing::error_of([&] { Plane(3, 10, 7, dir.string(), 8); });
+  ::setrlimit(RLIMIT_NOFILE, &saved);
+  EXPECT_NE(error.find(dir.string()), std::string::npos) << error;
+  EXPECT_NE(error.find("ulimit -n"), std::string::npos) << error;
 }
 
 // Before long work: a scratch directory that is missing, or has less room than asked, is
