@@ -1,8 +1,6 @@
 #include "weights/expected.h"
 
-#include <charconv>
 #include <set>
-#include <string_view>
 
 #include "core/error.h"
 
@@ -19,28 +17,6 @@ const Shape& shape_of(const ShapeMap& m, const std::string& name, const std::str
 }
 
 }  // namespace
-
-int64_t count_indexed(const ShapeMap& m, const std::string& prefix, const std::string& where) {
-  // Far above any model's blocks or layers, and a count that cannot overflow what uses it.
-  constexpr uint64_t kLargest = 1'000'000;
-  std::set<uint64_t> seen;
-  for (const auto& [name, shape] : m) {
-    if (name.rfind(prefix, 0) != 0) continue;
-    const size_t dot = name.find('.', prefix.size());
-    const std::string_view num =
-        std::string_view(name).substr(prefix.size(), dot == std::string::npos
-                                                         ? std::string::npos
-                                                         : dot - prefix.size());
-    if (num.empty() || num.find_first_not_of("0123456789") != std::string_view::npos) continue;
-    uint64_t i = 0;
-    const auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), i);
-    check(ec == std::errc() && end == num.data() + num.size() && i <= kLargest, where,
-          ": tensor ", name, " has the index ", num, " where at most ", kLargest,
-          " is expected (", prefix, "<index>.)");
-    seen.insert(i);
-  }
-  return int64_t(seen.size());
-}
 
 ShapeMap expected_transformer(const TransformerConfig& c) {
   const int64_t D = c.inner_dim(), F = c.mlp_hidden(), H = c.head_dim;

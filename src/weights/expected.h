@@ -2,9 +2,15 @@
 // What a FLUX.2-klein checkpoint must contain: every tensor's canonical name and shape as a
 // function of the configuration (spec section b), and the configuration read back from
 // tensor shapes (for single-file checkpoints that carry no config.json).
+#include <charconv>
+#include <cstdint>
 #include <map>
+#include <set>
 #include <string>
+#include <string_view>
+#include <system_error>
 
+#include "core/error.h"
 #include "core/tensor.h"
 #include "weights/config.h"
 #include "weights/naming.h"
@@ -30,9 +36,30 @@ VaeConfig infer_vae_config(const ShapeMap& tensors, const std::string& where);
 
 // The number of distinct indices i among the names "<prefix><i>.<rest>" (blocks, layers):
 // how many a checkpoint without a config file has. An index too large for a count is refused
-// naming the tensor.
-int64_t count_indexed(const ShapeMap& tensors, const std::string& prefix,
-                      const std::string& where);
+// naming the tensor. Inline: the families' checkpoint libraries (models/*/checkpoint), which
+// this library links, use it too.
+inline int64_t count_indexed(const ShapeMap& m, const std::string& prefix,
+                             const std::string& where) {
+  // Far above any model's blocks or layers, and a count that cannot overflow what uses it.
+  constexpr uint64_t kLargest = 1'000'000;
+  std::set<uint64_t> seen;
+  for (const auto& [name, shape] : m) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    const size_t dot = name.find('.', prefix.size());
+    const std::string_view num =
+        std::string_view(name).substr(prefix.size(), dot == std::string::npos
+                                                         ? std::string::npos
+                                                         : dot - prefix.size());
+    if (num.empty() || num.find_first_not_of("0123456789") != std::string_view::npos) continue;
+    uint64_t i = 0;
+    const auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), i);
+    check(ec == std::errc() && end == num.data() + num.size() && i <= kLargest, where,
+          ": tensor ", name, " has the index ", num, " where at most ", kLargest,
+          " is expected (", prefix, "<index>.)");
+    seen.insert(i);
+  }
+  return int64_t(seen.size());
+}
 
 // Every expected tensor present with its shape; errors name the file, the tensor, and both
 // shapes. Tensors the checkpoint has beyond those are allowed (unused Qwen3 layers, lm_head).
