@@ -342,8 +342,11 @@ TEST(Serve, AClientThatLeavesHasItsRequestCancelled) {
                 .get("klein_queue_depth"),
             1);
   EXPECT_EQ(queued.get(), -1);
-  e = scrape_until(
-      serve, [&](const Exposition& x) { return x.get("klein_errors_total", cancelled) == 2; });
+  // The error is counted as the request ends, the queue's depth as it leaves the queue: two
+  // moments, so wait for both.
+  e = scrape_until(serve, [&](const Exposition& x) {
+    return x.get("klein_errors_total", cancelled) == 2 && x.get("klein_queue_depth") == 0;
+  });
   EXPECT_EQ(e.get("klein_errors_total", cancelled), 2);
   EXPECT_EQ(e.get("klein_queue_depth"), 0);
   EXPECT_EQ(e.get("klein_running"), 1);  // the patient one still runs
