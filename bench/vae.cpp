@@ -9,10 +9,11 @@
 //                                            banded run prints no per-stage times (reporting an
 //                                            intermediate builds the whole tensor)
 //   bench_vae --peak encode 1024 [plan]      the same for an encode
-//   bench_vae --peak decode-bf16 1024        ... with the convolutions on bf16 operands (AMX
-//                                            tiles, else the AVX-512 BF16 direct kernel)
-//   bench_vae --compare [sides...]           float32 and bf16 decodes (arithmetic
-//                                            bf16_convolutions) taking turns, default 256, 512:
+//   bench_vae --peak decode-fast 1024        ... with the fast convolutions (AMX tiles, else the
+//                                            AVX-512 BF16 direct kernel where VDPBF16PS is
+//                                            fast, else Winograd; "-bf16" is the same)
+//   bench_vae --compare [sides...]           exact and fast decodes (arithmetic
+//                                            fast_convolutions) taking turns, default 256, 512:
 //                                            times, GFLOP/s, speedup and image difference
 //
 // GFLOP/s counts the decoder's convolutions only (2 x multiply-adds; 618 GFLOP at 256x256),
@@ -97,12 +98,12 @@ double decoder_conv_flops(const VaeConfig& c, int64_t height, int64_t width) {
 
 bool bf16_convolutions_available() { return ops::conv2d_bf16_auto_available(); }
 
-// args = side, bf16 (0 float32, 1 arithmetic.bf16_convolutions).
+// args = side, bf16 (0 float32, 1 arithmetic.fast_convolutions).
 void BM_Decode(benchmark::State& state) {
   const int64_t side = state.range(0);
   if (state.range(1) && !bf16_convolutions_available())
     return state.SkipWithError("no BF16 convolutions on this CPU");
-  cx().arithmetic.bf16_convolutions = state.range(1) != 0;
+  cx().arithmetic.fast_convolutions = state.range(1) != 0;
   vae::Vae model(store(), cx());
   const Tensor tokens = random_tensor({(side / 16) * (side / 16), 128});
   for (auto _ : state) benchmark::DoNotOptimize(model.decode(tokens, side / 16, side / 16));
@@ -167,11 +168,14 @@ BENCHMARK(BM_Conv3x3)
 // One full-size run, printing the time spent up to each reported intermediate and the peak
 // resident memory (weights included: 84M BF16 parameters = 160 MiB).
 int peak_run(std::string what, int64_t side, const std::string& plan) {
-  const std::string suffix = "-bf16";
-  const bool bf16 = what.size() > suffix.size() &&
-                    what.compare(what.size() - suffix.size(), suffix.size(), suffix) == 0;
-  if (bf16) what.resize(what.size() - suffix.size());
-  cx().arithmetic.bf16_convolutions = bf16;
+  bool bf16 = false;  // the fast convolutions (the suffix -fast, or -bf16 as before)
+  for (const std::string suffix : {"-fast", "-bf16"})
+    if (what.size() > suffix.size() &&
+        what.compare(what.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      what.resize(what.size() - suffix.size());
+      bf16 = true;
+    }
+  cx().arithmetic.fast_convolutions = bf16;
   vae::VaeMemory memory;
   if (plan == "whole") memory.whole_limit = SIZE_MAX;
   if (plan == "banded" || plan == "banded-memory") memory.whole_limit = 0;
@@ -201,8 +205,8 @@ int peak_run(std::string what, int64_t side, const std::string& plan) {
               bf16 ? (ops::conv2d_bf16_tiles_available() ? "BF16-tile"
                       : ops::conv2d_bf16_auto_available() ? "BF16 direct"
                       : ops::conv2d_bf16_direct_available()
-                          ? "float32 (VDPBF16PS is slower than FMA on this CPU)"
-                          : "float32 (no BF16 kernel)")
+                          ? "Winograd float32 (VDPBF16PS is slower than FMA on this CPU)"
+                          : "Winograd float32 (no BF16 kernel)")
                    : "float32",
               weights_rss);
   if (what == "decode") {
@@ -240,7 +244,7 @@ int compare_run(const std::vector<int64_t>& sides, int rounds) {
     for (int r = 0; r < rounds; ++r)
       for (int which = 0; which < 2; ++which) {
         const auto start = clock::now();
-        cx().arithmetic.bf16_convolutions = which == 1;
+        cx().arithmetic.fast_convolutions = which == 1;
         images[which] = model.decode(tokens, side / 16, side / 16);
         times[which].push_back(std::chrono::duration<double>(clock::now() - start).count());
       }

@@ -80,16 +80,17 @@ class Arena {
 
 // How the activations of the running network are computed. All false: float32 everywhere
 // (what the golden tests compare with the official pipeline). Each switch only has an effect
-// on CPUs with AMX BF16 tiles, and bf16_attention and bf16_convolutions also on AVX-512 BF16
-// without them (VDPBF16PS); elsewhere that part stays float32.
+// on CPUs with AMX BF16 tiles, and bf16_attention also on AVX-512 BF16 without them
+// (VDPBF16PS); elsewhere that part stays float32. fast_convolutions acts everywhere: bf16
+// operands where the CPU multiplies them fast, Winograd F(4x4, 3x3) in float32 elsewhere.
 struct Arithmetic {
   bool bf16_attention = false;     // Q·Kᵀ and P·V on bf16 operands (ops::attention)
   bool float_on_tiles = false;     // F32/BF16/F16 weights: projections on bf16 tiles (ops::linear)
-  bool bf16_convolutions = false;  // VAE convolutions on bf16 operands (ops::conv2d)
+  bool fast_convolutions = false;  // VAE convolutions: bf16 operands or Winograd (ops::conv2d)
 
   static Arithmetic exact() { return {}; }
   static Arithmetic fast() { return {true, true, true}; }
-  bool any() const { return bf16_attention || float_on_tiles || bf16_convolutions; }
+  bool any() const { return bf16_attention || float_on_tiles || fast_convolutions; }
 };
 
 // Thrown by Compute::stop_if_cancelled(): the work was cancelled, nothing was produced.

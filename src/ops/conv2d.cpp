@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "ops/gemm.h"
 #include "ops/conv2d_kernels.h"
+#include "ops/conv2d_winograd.h"
 
 namespace klein::ops {
 
@@ -207,6 +208,21 @@ bool use_direct(const ConvGeometry& g, const Conv2dParams& p, const Compute& cx)
   return available && (g.out_channels < 16 || g.column_rows() <= 2304);
 }
 
+// Winograd when forced, or when asked for fast convolutions (after the bf16 paths) for a 3x3
+// stride-1 convolution wide enough for its GEMMs: 16 channels in and out (conv_out's 3 output
+// channels would waste most of each GEMM tile's rows), and bands of whole rows of 4x4 tiles
+// (not for outputs over 2048 pixels wide, whose bands are 1 to 3 rows).
+bool use_winograd(const ConvGeometry& g, const Conv2dParams& p, const Compute& cx) {
+  const bool fits = g.kernel == 3 && g.stride == 1;
+  if (p.algorithm == ConvAlgorithm::Winograd) {
+    check(fits, "conv2d: Winograd needs a 3x3 kernel and stride 1, not ", g.kernel, "x", g.kernel,
+          " with stride ", g.stride);
+    return true;
+  }
+  return p.algorithm == ConvAlgorithm::Auto && cx.arithmetic.fast_convolutions && fits &&
+         g.in_channels >= 16 && g.out_channels >= 16 && g.band >= 4;
+}
+
 // Floats of the direct kernel's weights: output channels in groups of kDirectBlock.
 size_t direct_weights_size(const Conv2dWeights& w) {
   const int64_t groups = (w.out_channels + detail::kDirectBlock - 1) / detail::kDirectBlock;
@@ -255,7 +271,7 @@ bool use_bf16_tiles(const Conv2dParams& p, const Compute& cx) {
     check(conv2d_bf16_tiles_available(cx), "conv2d: BF16 tiles need a CPU with AMX BF16");
     return true;
   }
-  return p.algorithm == ConvAlgorithm::Auto && cx.arithmetic.bf16_convolutions &&
+  return p.algorithm == ConvAlgorithm::Auto && cx.arithmetic.fast_convolutions &&
          conv2d_bf16_tiles_available(cx);
 }
 
@@ -268,7 +284,7 @@ bool use_bf16_direct(const ConvGeometry& g, const Conv2dParams& p, const Compute
     check(available, "conv2d: the BF16 direct kernel needs stride 1 and AVX-512 BF16");
     return true;
   }
-  return p.algorithm == ConvAlgorithm::Auto && cx.arithmetic.bf16_convolutions && available &&
+  return p.algorithm == ConvAlgorithm::Auto && cx.arithmetic.fast_convolutions && available &&
          cpu_features().avx512_bf16_fast;
 }
 
@@ -510,7 +526,9 @@ Conv2dParams Conv2dParams::same(int64_t kernel) {
 }
 
 int64_t conv2d_band_rows(int64_t out_width) {
-  return std::max<int64_t>(1, (kBandPixels + out_width - 1) / std::max<int64_t>(1, out_width));
+  const int64_t rows =
+      std::max<int64_t>(1, (kBandPixels + out_width - 1) / std::max<int64_t>(1, out_width));
+  return rows >= 4 ? (rows + 3) / 4 * 4 : rows;  // whole rows of Winograd's 4x4 tiles
 }
 
 int64_t conv2d_tile_pixels() { return kTileColumns; }
@@ -538,12 +556,14 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
     g.band = std::max(g.band, g.pad_top);
   }
   if (use_bf16_tiles(p, cx)) return bf16_tiles_conv(in, g, w, out, mode, in_place, cx);
-  if (is_pointwise(in, g, p) && !in_place && p.algorithm != ConvAlgorithm::Bf16Direct)
+  if (is_pointwise(in, g, p) && !in_place && p.algorithm != ConvAlgorithm::Bf16Direct &&
+      p.algorithm != ConvAlgorithm::Winograd)
     return pointwise_conv(in, g, w, out, mode, cx);
 
   const int64_t band = g.widest_band();
   const bool bf16_direct = use_bf16_direct(g, p, cx);
-  const bool direct = !bf16_direct && use_direct(g, p, cx);
+  const bool winograd = !bf16_direct && use_winograd(g, p, cx);
+  const bool direct = !bf16_direct && !winograd && use_direct(g, p, cx);
   // The call's buffers come from the calling thread's arena: the same memory serves every
   // convolution (and the transformer's temporaries before them), where separate allocations
   // of a few MiB each left the heap fragmented (bench_vae --peak decode 512: 751 MiB peak
@@ -560,13 +580,17 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
     band_bf16 = scratch.take<uint32_t>(
         size_t((g.in_channels + 1) / 2 * g.band_rows(band) * g.band_width()));
   } else {
-    if (direct) {
+    if (winograd) {
+      packed = scratch.take<float>(detail::winograd_weights_size(w, cx));
+      detail::pack_winograd_weights(w, packed, cx);
+    } else if (direct) {
       packed = scratch.take<float>(direct_weights_size(w));
       pack_direct_weights(w, packed);
     } else {
       packed_gemm = pack_weights(w, scratch, cx);
     }
-    band_input = scratch.take<float>(size_t(g.in_channels * g.band_rows(band) * g.band_width()));
+    band_input = scratch.take<float>(size_t(g.in_channels * g.band_rows(band) * g.band_width() +
+                                            detail::kWinogradBandSlack));
   }
   float* results[2] = {scratch.take<float>(size_t(g.out_channels * band * g.out_width)),
                        scratch.take<float>(size_t(g.out_channels * band * g.out_width))};
@@ -586,6 +610,10 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
     float* result = results[current];
     if (bf16_direct)
       bf16_direct_band(g, band_bf16, rows, packed_bf16, result, cx);
+    else if (winograd)
+      detail::winograd_band({band_input, g.in_channels, g.band_rows(rows), g.band_width(), 3},
+                            rows, g.out_width, packed, g.out_channels, result,
+                            rows * g.out_width, cx);
     else if (direct)
       direct_band(g, band_input, rows, packed, result, cx);
     else

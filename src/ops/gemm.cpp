@@ -132,6 +132,20 @@ void gemm_pack_a(const float* a, int64_t lda, int64_t M, int64_t K, quant::Isa i
   }
 }
 
+void gemm_pack_a_rows(const float* rows, int64_t lda, int64_t i0, int64_t count, int64_t M,
+                      int64_t K, quant::Isa isa, float* out) {
+  const int64_t mr = kernel_for(isa).mr, all = round_up(M, mr);
+  check(i0 % mr == 0 && i0 >= 0 && count >= 0 && i0 + count <= M &&
+            (count % mr == 0 || i0 + count == M),
+        "gemm_pack_a_rows: rows [", i0, ", ", i0 + count, ") of ", M, " in blocks of ", mr);
+  for (int64_t k0 = 0; k0 < K; k0 += kKc) {
+    const int64_t kc = std::min(kKc, K - k0);
+    pack_a(rows, lda, 0, count, k0, kc, mr, out + k0 * all + i0 * kc);
+  }
+}
+
+int64_t gemm_row_block(quant::Isa isa) { return kernel_for(isa).mr; }
+
 void gemm(const GemmArgs& g, quant::Isa isa, float* pack) {
   check(g.M >= 0 && g.N >= 0 && g.K >= 0, "gemm: negative size");
   if (g.M == 0 || g.N == 0) return;

@@ -51,5 +51,12 @@ void gemm(const GemmArgs& g, quant::Isa isa, float* pack);
 // (GemmArgs::a_packed): gemm_packed_a_floats(M, K, isa) floats.
 size_t gemm_packed_a_floats(int64_t M, int64_t K, quant::Isa isa);
 void gemm_pack_a(const float* a, int64_t lda, int64_t M, int64_t K, quant::Isa isa, float* out);
+// Rows [i0, i0 + rows) of that A, given as rows [rows, K] (row stride lda), packed into their
+// place in `out` (the buffer of all M rows): i0 a multiple of gemm_row_block(isa), so that
+// blocks of rows can be packed apart (by different threads). The same bytes as gemm_pack_a.
+void gemm_pack_a_rows(const float* rows, int64_t lda, int64_t i0, int64_t count, int64_t M,
+                      int64_t K, quant::Isa isa, float* out);
+// The rows of A the kernel of `isa` multiplies at once (MR).
+int64_t gemm_row_block(quant::Isa isa);
 
 }  // namespace klein::ops

@@ -329,24 +329,23 @@ TEST_P(Conv2dBf16, ResultsDoNotDependOnThreadCount) {
   }
 }
 
-// The context's arithmetic.bf16_convolutions makes Auto use the tiles where they exist, else the
-// BF16 direct kernel where it exists and is the faster (AMD), and the exact path elsewhere.
+// The context's arithmetic.fast_convolutions makes Auto use the tiles where they exist, else the
+// BF16 direct kernel where it exists and is the faster (AMD), and Winograd elsewhere.
 TEST(Conv2dBf16Auto, UsesBf16OnlyWhenAsked) {
   Compute cx(2);
   const Tensor x = random_tensor({20, 9, 30}, 16);
   const Conv2dWeights w = random_conv(18, 20, 3, 17);
   Conv2dParams p = same3x3();
   const Tensor exact = ops::conv2d(x, w, p, cx);
-  cx.arithmetic.bf16_convolutions = true;
+  cx.arithmetic.fast_convolutions = true;
   const Tensor fast = ops::conv2d(x, w, p, cx);
   const Tensor expected =
       ops::conv2d_bf16_tiles_available()
           ? ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Bf16Tiles), cx)
       : ops::conv2d_bf16_auto_available()
           ? ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Bf16Direct), cx)
-          : copy_of(exact);
-  if (ops::conv2d_bf16_auto_available())
-    EXPECT_NE(0, std::memcmp(fast.data(), exact.data(), size_t(fast.numel()) * sizeof(float)));
+          : ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Winograd), cx);
+  EXPECT_NE(0, std::memcmp(fast.data(), exact.data(), size_t(fast.numel()) * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(fast.data(), expected.data(), size_t(fast.numel()) * sizeof(float)));
   // An explicit algorithm wins over the flag.
   p.algorithm = ConvAlgorithm::Gemm;

@@ -174,7 +174,7 @@ TEST(Conv2d, ManyBandsMatchDefinition) {
 // Conv2dParams::origin_row: rows of a large output computed by calls that each see only the
 // input rows a band reads (the VAE's banded decoder) are bit for bit the whole call's, with
 // every algorithm this CPU has. Bands of one and two of the convolution's own bands; the
-// images span several of them (100 columns: 82 rows per band), and a 1x1 convolution's tiles
+// images span several of them (100 columns: 84 rows per band), and a 1x1 convolution's tiles
 // of 512 pixels straddle rows.
 TEST(Conv2d, BandsWithOriginRowAreBitIdentical) {
   Compute cx(2);
@@ -195,6 +195,7 @@ TEST(Conv2d, BandsWithOriginRowAreBitIdentical) {
                                  "avx512-bf16");
     if (ops::conv2d_bf16_tiles_available()) algorithms.push_back(ops::ConvAlgorithm::Bf16Tiles);
     if (ops::conv2d_bf16_direct_available()) algorithms.push_back(ops::ConvAlgorithm::Bf16Direct);
+    if (c.kernel == 3) algorithms.push_back(ops::ConvAlgorithm::Winograd);
     const Tensor x = random_tensor({c.in, c.height, c.width}, 31);
     const Conv2dWeights w = random_conv(c.out, c.in, c.kernel, 32);
     const ChannelAffine t = random_affine(c.in, true);

@@ -126,7 +126,7 @@ TEST_F(VaeGolden, DecodeWithBf16ConvolutionsEveryIntermediate) {
   KLEIN_REQUIRE_PATH(bf16_convolutions_available(),
                      ops::conv2d_bf16_tiles_available() ? "amx" : "avx512-bf16",
                      "no BF16 convolutions on this CPU (they need AMX or AVX-512 BF16)");
-  const Compute::Use tiles(cx_, {.bf16_convolutions = true});
+  const Compute::Use tiles(cx_, {.fast_convolutions = true});
   vae::Vae model(*store_, cx_);
   for (const char* name : {"decode_h64_w64", "decode_h64_w96"}) {
     SCOPED_TRACE(name);
@@ -156,7 +156,7 @@ TEST_F(VaeGolden, EncodeWithBf16Convolutions) {
   KLEIN_REQUIRE_PATH(bf16_convolutions_available(),
                      ops::conv2d_bf16_tiles_available() ? "amx" : "avx512-bf16",
                      "no BF16 convolutions on this CPU (they need AMX or AVX-512 BF16)");
-  const Compute::Use tiles(cx_, {.bf16_convolutions = true});
+  const Compute::Use tiles(cx_, {.fast_convolutions = true});
   vae::Vae model(*store_, cx_);
   Tensor pixels = load(vectors() / "encode_ref0" / "ref0_pixels.npy");
   pixels.reshape({pixels.dim(1), pixels.dim(2), pixels.dim(3)});
@@ -173,6 +173,39 @@ TEST_F(VaeGolden, EncodeWithBf16Convolutions) {
     std::cout << "  bf16 ref0_" << step << ": scaled diff " << diff << "\n";
     EXPECT_LE(diff, kBf16Tolerance);
   }
+}
+
+// A context on a path without fast bf16 products (AVX2, NEON or the portable one), where the
+// fast convolutions are Winograd's (ops/conv2d.h).
+quant::Isa winograd_isa() {
+  for (quant::Isa isa : {quant::Isa::Avx2, quant::Isa::Neon})
+    if (quant::isa_available(isa)) return isa;
+  return quant::Isa::Scalar;
+}
+
+// Winograd's float32 convolutions stay within the exact paths' tolerance of the official
+// decoder and encoder at every intermediate.
+TEST_F(VaeGolden, WinogradDecodeAndEncodeEveryIntermediate) {
+  Compute cx(2, winograd_isa());
+  cx.arithmetic.fast_convolutions = true;
+  vae::Vae model(*store_, cx);
+  Recorder r;
+  model.decode(packed_tokens("decode_h64_w64"), 4, 4, r.observer());
+  expect_matches(r, vectors(), "decode_h64_w64_",
+                 {"post_quant_conv", "decoder_conv_in", "decoder_mid_block", "decoder_up_blocks_0",
+                  "decoder_up_blocks_1", "decoder_up_blocks_2", "decoder_up_blocks_3",
+                  "decoder_conv_out", "image"});
+  Tensor pixels = load(vectors() / "encode_ref0" / "ref0_pixels.npy");
+  pixels.reshape({pixels.dim(1), pixels.dim(2), pixels.dim(3)});
+  Recorder e;
+  model.encode(pixels, e.observer());
+  expect_matches(e, vectors() / "encode_ref0", "ref0_",
+                 {"encoder_down_blocks_0", "encoder_down_blocks_3", "encoder_mid_block",
+                  "encoder_conv_out", "vae_mean", "tokens"});
+  // And it is not the exact path.
+  vae::Vae exact(*store_, cx_);
+  const Tensor a = exact.decode(packed_tokens("decode_h64_w64"), 4, 4);
+  EXPECT_NE(0, std::memcmp(a.data(), r.seen.at("image").data(), size_t(a.numel()) * sizeof(float)));
 }
 
 // The other switches of the arithmetic do not touch the VAE: with attention and projections
@@ -255,9 +288,12 @@ TEST_F(VaeGolden, BandedDecodeMatchesWholeImage) {
   expect_banded_matches_whole(*store_, cx_, packed_tokens("decode_h64_w64"), 4, 4);
   expect_banded_matches_whole(*store_, cx_, packed_tokens("decode_h64_w96"), 4, 6);
   if (bf16_convolutions_available()) {
-    const Compute::Use tiles(cx_, {.bf16_convolutions = true});
+    const Compute::Use tiles(cx_, {.fast_convolutions = true});
     expect_banded_matches_whole(*store_, cx_, packed_tokens("decode_h64_w96"), 4, 6);
   }
+  Compute winograd(2, winograd_isa());
+  winograd.arithmetic.fast_convolutions = true;
+  expect_banded_matches_whole(*store_, winograd, packed_tokens("decode_h64_w96"), 4, 6);
 }
 
 TEST_F(VaeGolden, BandedDecodeMatchesTheReference) {
@@ -355,27 +391,30 @@ TEST(VaeRealShapes, DecodeAndEncodeRun) {
 
 // Banded against whole at klein's real channel counts (the GEMM and direct kernels see the
 // channel counts of a real decode), 16x1008 pixels so that the full-resolution layers run
-// in two of the convolution's bands (9 + 7 rows; klein-tiny's images fit in one), whose
+// in two of the convolution's bands (12 + 4 rows; klein-tiny's images fit in one), whose
 // GEMM tiles of 512 pixels do not start on rows.
 TEST(VaeRealShapes, BandedDecodeMatchesWholeImage) {
   testing::RandomVaeStore store;
   Compute cx(2);
   Tensor tokens({1 * 63, 128});
   for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data()[i] = float(i % 11) / 11.0f - 0.45f;
-  ASSERT_EQ(ops::conv2d_band_rows(1008), 9);
+  ASSERT_EQ(ops::conv2d_band_rows(1008), 12);
   expect_banded_matches_whole(store, cx, tokens, 1, 63);
+  Compute winograd(2, winograd_isa());
+  winograd.arithmetic.fast_convolutions = true;
+  expect_banded_matches_whole(store, winograd, tokens, 1, 63);
 }
 
 // The encoder banded against whole at klein's real channel counts: 48x1008 pixels, so that
-// conv_in and down_blocks.0 run in bands of 9 rows of the convolution (cut 5 times), its
-// downsampler's 24 output rows at 504 pixels in bands of 17 (cut once), and the 512-pixel
+// conv_in and down_blocks.0 run in bands of 12 rows of the convolution (cut 3 times), its
+// downsampler's 24 output rows at 504 pixels in bands of 20 (cut once), and the 512-pixel
 // GEMM tiles of the shortcut in down_blocks.1 do not start on rows.
 TEST(VaeRealShapes, BandedEncodeMatchesWholeImage) {
   testing::RandomVaeStore store;
   Compute cx(2);
   Tensor pixels({3, 48, 1008});
   for (int64_t i = 0; i < pixels.numel(); ++i) pixels.data()[i] = float(i % 13) / 6.5f - 1.0f;
-  ASSERT_EQ(ops::conv2d_band_rows(504), 17);
+  ASSERT_EQ(ops::conv2d_band_rows(504), 20);
   expect_banded_encode_matches_whole(store, cx, pixels);
 }
 
@@ -388,7 +427,9 @@ TEST(VaeRealShapes, BandedVaeMemoryIsBounded) {
   EXPECT_TRUE(vae::decode_memory(c, 1024, 1024).banded);
   const size_t at_1024 = vae::decode_memory(c, 1024, 1024).activation_bytes;
   const size_t at_2048 = vae::decode_memory(c, 2048, 2048).activation_bytes;
-  EXPECT_LT(at_1024, size_t(640) << 20);
+  // (The Winograd weights of a 512-channel layer count 44 MiB of it: bench_vae --peak
+  // decode-fast 1024 measured 606 MiB of RSS with the 160 MiB of weights, against 600 exact.)
+  EXPECT_LT(at_1024, size_t(700) << 20);
   EXPECT_LT(at_2048, size_t(1100) << 20);  // the mid-block attention at 256x256 latents
   vae::VaeMemory whole;
   whole.whole_limit = SIZE_MAX;
@@ -424,7 +465,7 @@ TEST(VaeRealShapes, Bf16DecodeCloseToFloat32) {
   Tensor tokens({2 * 3, 128});
   for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data()[i] = float(i % 7) / 7.0f - 0.4f;
   const Tensor a = model.decode(tokens, 2, 3);
-  cx.arithmetic.bf16_convolutions = true;
+  cx.arithmetic.fast_convolutions = true;
   const Tensor b = model.decode(tokens, 2, 3);
   ASSERT_EQ(a.shape(), b.shape());
   const double diff = testing::scaled_diff(b.data(), a.data(), a.numel());

@@ -79,7 +79,7 @@ Tensor project(const Net& net, const std::string& name, const Tensor& tokens) {
 void attention_block(const Net& net, const std::string& p, Tensor& x) {
   // The transformer's switches (attention and float projections on bf16 tiles) are not the
   // VAE's: its fast arithmetic is the convolutions' alone (pipeline.h, Precision).
-  const Compute::Use float32(net.cx, {.bf16_convolutions = net.cx.arithmetic.bf16_convolutions});
+  const Compute::Use float32(net.cx, {.fast_convolutions = net.cx.arithmetic.fast_convolutions});
   const int64_t C = x.dim(0), P = x.dim(1) * x.dim(2);
   Tensor q, k, v;
   {

@@ -19,8 +19,9 @@ namespace klein::vae {
 using Observer = std::function<void(const std::string& name, const Tensor& value)>;
 
 // What every block needs: the weights of the half being run, its hyper-parameters, the
-// compute context (whose arithmetic.bf16_convolutions puts every convolution on AMX BF16
-// tiles: the decoder several times faster, the image moved by about 1e-2 of its range).
+// compute context (whose arithmetic.fast_convolutions puts every convolution on AMX BF16
+// tiles, or on the faster forms ops/conv2d.h lists for other CPUs: the decoder two to several
+// times faster, the image moved by up to about 1e-2 of its range).
 struct Net {
   const WeightUnit& weights;
   const VaeConfig& config;
