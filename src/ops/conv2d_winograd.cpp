@@ -67,6 +67,18 @@ WinogradKernels kernels_for(quant::Isa isa) {
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// The transforms for a row of `tiles` tiles: on AVX-512, the AVX2 ones (8 lanes) where 16
+// would compute more padding tiles (a 32-pixel-wide layer has 8 tiles a row: half of each
+// AVX-512 group and of its GEMM columns would be padding).
+WinogradKernels kernels_for(quant::Isa isa, int64_t tiles) {
+#if defined(KLEIN_X86)
+  if ((isa == quant::Isa::Avx512 || isa == quant::Isa::Amx) &&
+      round_up(tiles, 16) > round_up(tiles, 8))
+    return winograd_kernels_avx2();
+#endif
+  return kernels_for(isa);
+}
+
 // The transformed input and output of one chunk of tile rows stay near this many floats
 // together (8 MiB), whatever the image size.
 constexpr int64_t kChunkFloats = int64_t(2) << 20;
@@ -112,7 +124,7 @@ void winograd_band(const DirectBand& band, int64_t rows, int64_t out_width, cons
   check(band.kernel == 3 && band.rows == rows + 2 && band.width == out_width + 2,
         "conv2d: a Winograd band of ", band.rows, "x", band.width, " for ", rows, "x", out_width,
         " outputs");
-  const WinogradKernels k = kernels_for(cx.isa());
+  const WinogradKernels k = kernels_for(cx.isa(), (out_width + 3) / 4);
   const int64_t W = k.lanes, C = band.channels, Cout = out_channels, bw = band.width;
   const int64_t tile_rows = (rows + 3) / 4;
   const int64_t row_tiles = round_up((out_width + 3) / 4, W);  // a row of tiles, whole groups
