@@ -43,6 +43,10 @@ int open_scratch(const std::string& dir) {
   return fd;
 }
 
+// The first channel file f of n holds when a plane's channels are spread over n files in
+// contiguous ranges: file f holds [first_channel(f), first_channel(f + 1)).
+int64_t first_channel(int64_t f, int64_t channels, int64_t n) { return (f * channels + n - 1) / n; }
+
 }  // namespace
 
 std::string default_scratch_dir() {
@@ -83,7 +87,7 @@ Plane::Plane(int64_t channels, int64_t height, int64_t width, const std::string&
     const int64_t n = int64_t(fds_.size());
     for (int64_t f = 0; f < n; ++f) {
       // Sparse: blocks are allocated as rows are written, and unwritten rows read as zeros.
-      const int64_t first = (f * channels + n - 1) / n, end = ((f + 1) * channels + n - 1) / n;
+      const int64_t first = first_channel(f, channels, n), end = first_channel(f + 1, channels, n);
       const off_t size = off_t((end - first) * height * width) * off_t(sizeof(float));
       if (::ftruncate(fds_[size_t(f)], size) != 0)
         fail("cannot size a ", bytes() >> 20, " MiB scratch file in ", scratch_dir, ": ",
@@ -135,9 +139,8 @@ void Plane::close_files() {
 
 Plane::Place Plane::place(int64_t c) const {
   const int64_t n = int64_t(fds_.size());
-  const int64_t f = c * n / channels_;  // the file whose range [first(f), first(f + 1)) has c
-  const int64_t first = (f * channels_ + n - 1) / n;
-  return {fds_[size_t(f)], (c - first) * height_ * width_};
+  const int64_t f = c * n / channels_;  // the file whose range of channels has c
+  return {fds_[size_t(f)], (c - first_channel(f, channels_, n)) * height_ * width_};
 }
 
 namespace {
