@@ -13,11 +13,11 @@ namespace {
 // Band buffers of one convolution (ops/conv2d.cpp keeps them to a few tens of MiB), the
 // float32 weights of the convolutions alive at once (conv1 and conv2 of the widest ResNet),
 // and the fast convolutions' Winograd form of one layer's weights (36 points instead of 9
-// taps) with its transformed chunk (ops/conv2d_winograd.cpp, 8 MiB).
+// taps; its transformed chunks, at most 8 MiB, fit in the band allowance).
 size_t conv_overhead(int64_t widest) {
   const size_t bands = size_t(64) << 20;
   const size_t weights = size_t(2 * widest * widest * 9) * sizeof(float);
-  const size_t winograd = size_t(36 * widest * widest) * sizeof(float) + (size_t(8) << 20);
+  const size_t winograd = size_t(36 * widest * widest) * sizeof(float);
   return bands + weights + winograd;
 }
 
