@@ -126,7 +126,7 @@ BENCHMARK(BM_Encode)->Arg(256)->Arg(512)->Unit(benchmark::kMillisecond)->UseReal
 // One 3×3 convolution with the fused GroupNorm + SiLU input, as in every ResNet:
 // args = channels in, channels out, side, algorithm (0 im2col + GEMM, 1 direct, 2 BF16 tiles,
 // 3 BF16 direct, 4 Winograd). GFLOP/s counts the direct form's 9 multiply-adds per output
-// value and input channel, also for Winograd (which does 4).
+// value and input channel, also for Winograd (which does 2.25).
 void BM_Conv3x3(benchmark::State& state) {
   const int64_t in = state.range(0), out = state.range(1), side = state.range(2);
   ops::Conv2dParams p = ops::Conv2dParams::same(3);

@@ -40,8 +40,8 @@ struct Conv2dWeights {
 //   BF16 without AMX, e.g. AMD Zen 4; stride 1): the same error as Bf16Tiles, about twice the
 //   exact direct kernel's speed. Auto picks it, when fast_convolutions asks, on such CPUs.
 //   Winograd: 3x3, stride 1, float32 on every CPU: F(4x4, 3x3) tiles whose 36 transformed
-//   points are GEMMs over the channels (conv2d_winograd.h), 4 multiply-adds per output value
-//   and channel instead of 9. Within 1e-5 of max|y| of the exact sums (tests/ops/
+//   points are GEMMs over the channels (conv2d_winograd.h), 2.25 multiply-adds per output value
+//   and channel instead of 9. Within 2e-5 of max|y| of the exact sums (tests/ops/
 //   conv2d_winograd_test.cpp).
 enum class ConvAlgorithm { Auto, Gemm, Direct, Bf16Tiles, Bf16Direct, Winograd };
 
