@@ -154,7 +154,7 @@ KLEIN_INLINE __m512 mul(__m512 a, __m512 b) {
   return product;
 }
 
-// group_norm.cpp exp_vectorisable.
+// group_norm_kernels.h exp_vectorisable.
 KLEIN_INLINE __m512 exp_like_group_norm(__m512 x) {
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));

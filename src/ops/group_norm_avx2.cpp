@@ -1,0 +1,8 @@
+// The AVX2 copy of group_norm_kernels.h's row transform (built with -ffp-contract=off).
+#include "ops/group_norm_kernels.h"
+
+namespace klein::ops::detail {
+
+AffineKernel affine_kernel_avx2() { return &affine_rows; }
+
+}  // namespace klein::ops::detail
