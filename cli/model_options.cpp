@@ -41,7 +41,8 @@ void add_precision_option(CLI::App& cmd, Precision& precision) {
   cmd.add_option("--precision", precision,
                  "exact: float32 activations throughout; fast: bf16 tiles for the transformer and "
                  "the VAE on CPUs with AMX, bf16 attention and VAE convolutions on AMD's AVX-512 "
-                 "BF16 CPUs (elsewhere exact); auto: fast for Q8/Q4 containers, else exact")
+                 "BF16 CPUs, float32 Winograd VAE convolutions elsewhere (the transformer "
+                 "exact); auto: fast for Q8/Q4 containers, else exact")
       ->transform(CLI::CheckedTransformer(
           std::map<std::string, Precision>{
               {"auto", Precision::Auto}, {"exact", Precision::Exact}, {"fast", Precision::Fast}},
