@@ -37,6 +37,7 @@ constexpr double kBf16Bound = 1e-2;       // against the float32 result, scaled 
 constexpr double kRoundedBound = 1e-5;    // against the definition on bf16-rounded operands
 
 using testing::odd_params;
+using testing::random_affine;
 using testing::random_conv;
 using testing::random_tensor;
 using testing::random_values;
@@ -47,17 +48,6 @@ Tensor copy_of(const Tensor& x) {
   Tensor y(x.shape());
   std::memcpy(y.data(), x.data(), size_t(x.numel()) * sizeof(float));
   return y;
-}
-
-// A GroupNorm + SiLU map as the VAE's ResNets apply it (mean, scale, shift per channel).
-ChannelAffine random_affine(int64_t channels, uint32_t seed) {
-  ChannelAffine a;
-  a.mean = random_values(channels, seed, 0.2f);
-  a.scale = random_values(channels, seed + 1, 0.5f);
-  for (float& s : a.scale) s += 1.0f;
-  a.shift = random_values(channels, seed + 2, 0.3f);
-  a.silu = true;
-  return a;
 }
 
 Conv2dParams same3x3() { return Conv2dParams::same(3); }

@@ -27,32 +27,16 @@ using ops::Conv2dParams;
 using ops::Conv2dWeights;
 using ops::ConvAlgorithm;
 using ops::ConvWrite;
+using testing::random_affine;
 using testing::random_conv;
 using testing::random_tensor;
-using testing::random_values;
 using testing::reference_conv;
 
 constexpr double kWinogradBound = 5e-5;
 
-Tensor copy_of(const Tensor& x) {
-  Tensor y(x.shape());
-  std::memcpy(y.data(), x.data(), size_t(x.numel()) * sizeof(float));
-  return y;
-}
-
 bool identical(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() &&
          std::memcmp(a.data(), b.data(), size_t(a.numel()) * sizeof(float)) == 0;
-}
-
-ChannelAffine random_affine(int64_t channels, uint32_t seed) {
-  ChannelAffine a;
-  a.mean = random_values(channels, seed, 0.2f);
-  a.scale = random_values(channels, seed + 1, 0.5f);
-  for (float& s : a.scale) s += 1.0f;
-  a.shift = random_values(channels, seed + 2, 0.3f);
-  a.silu = true;
-  return a;
 }
 
 Conv2dParams winograd(int64_t upsample = 1) {
@@ -109,7 +93,7 @@ TEST_P(Conv2dWinograd, MatchesDefinition) {
     const Tensor expected = c.in * c.out > 1024 ? ops::conv2d(x, w, exact, cx, transform)
                                                 : reference_conv(x, transform, w, c.params);
     const Tensor start = random_tensor(expected.shape(), 99);
-    Tensor y = c.mode == ConvWrite::Accumulate ? copy_of(start) : Tensor(expected.shape());
+    Tensor y = c.mode == ConvWrite::Accumulate ? start.copy() : Tensor(expected.shape());
     ops::conv2d_into(x, transform, w, c.params, y, c.mode, cx);
     if (c.mode == ConvWrite::Accumulate) {
       // Compare the convolution's part: subtract what was there.
@@ -142,9 +126,9 @@ TEST_P(Conv2dWinograd, BandsThreadsAndInPlace) {
   EXPECT_LE(testing::scaled_diff(a.data(), expected.data(), expected.numel()), kWinogradBound);
   for (ConvWrite mode : {ConvWrite::Overwrite, ConvWrite::Accumulate}) {
     SCOPED_TRACE(mode == ConvWrite::Overwrite ? "overwrite" : "accumulate");
-    Tensor work = copy_of(x);
+    Tensor work = x.copy();
     ops::conv2d({work.data(), C, H, W, &t}, w, winograd(), work.data(), mode, three);
-    Tensor want = copy_of(a);
+    Tensor want = a.copy();
     if (mode == ConvWrite::Accumulate)
       for (int64_t i = 0; i < want.numel(); ++i) want.data()[i] += x.data()[i];
     EXPECT_EQ(0, std::memcmp(work.data(), want.data(), size_t(want.numel()) * sizeof(float)));

@@ -48,6 +48,17 @@ inline Tensor reference_conv(const Tensor& x, const ops::ChannelAffine* t,
   return y;
 }
 
+// A GroupNorm + SiLU map as the VAE's ResNets apply it (mean, scale, shift per channel).
+inline ops::ChannelAffine random_affine(int64_t channels, uint32_t seed) {
+  ops::ChannelAffine a;
+  a.mean = random_values(channels, seed, 0.2f);
+  a.scale = random_values(channels, seed + 1, 0.5f);
+  for (float& s : a.scale) s += 1.0f;
+  a.shift = random_values(channels, seed + 2, 0.3f);
+  a.silu = true;
+  return a;
+}
+
 // Stride 3 with padding on three sides, none at the bottom: a case no VAE layer has.
 inline ops::Conv2dParams odd_params() {
   ops::Conv2dParams p;
