@@ -126,6 +126,8 @@ void winograd_band(const DirectBand& band, int64_t rows, int64_t out_width, cons
         " outputs");
   const WinogradKernels k = kernels_for(cx.isa(), (out_width + 3) / 4);
   const int64_t W = k.lanes, C = band.channels, Cout = out_channels, bw = band.width;
+  constexpr int64_t kMaxLanes = 16;  // the stack buffers below hold groups of up to 16 tiles
+  check(W <= kMaxLanes, "internal: Winograd groups of ", W, " tiles, at most ", kMaxLanes);
   const int64_t tile_rows = (rows + 3) / 4;
   const int64_t row_tiles = round_up((out_width + 3) / 4, W);  // a row of tiles, whole groups
   const int64_t groups = row_tiles / W;
@@ -145,7 +147,7 @@ void winograd_band(const DirectBand& band, int64_t rows, int64_t out_width, cons
     const int64_t nty = std::min(chunk_rows, tile_rows - ty0), n = nty * row_tiles;
     // V[ξ][c][tile]: every input channel of every tile row of the chunk.
     cx.pool().parallel_for(C * nty, [&](int64_t i0, int64_t i1, int) {
-      float copy[6 * (4 * 16 + 4)];  // rows of a group that ends past the band
+      float copy[6 * (4 * kMaxLanes + 4)];  // rows of a group that ends past the band
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t c = i / nty, ty = ty0 + i % nty;
         const float* row[6];
@@ -186,7 +188,7 @@ void winograd_band(const DirectBand& band, int64_t rows, int64_t out_width, cons
     });
     // Y = Aᵀ M A into the result rows; tiles past the band's rows or columns are dropped.
     cx.pool().parallel_for(Cout * nty, [&](int64_t i0, int64_t i1, int) {
-      float spill[4 * 4 * 16];
+      float spill[4 * 4 * kMaxLanes];
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t co = i / nty, ty = ty0 + i % nty;
         for (int64_t g = 0; g < groups; ++g) {
