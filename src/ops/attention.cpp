@@ -99,6 +99,11 @@ ExactKernels exact_kernels(const Compute& cx) {
     k.softmax = detail::softmax_chunk_f32_avx2;
     k.scale_rows = detail::scale_rows_avx2;
   }
+#elif defined(KLEIN_ARM64)
+  if (cx.isa() == quant::Isa::Neon) {
+    k.softmax = detail::softmax_chunk_f32_neon;
+    k.scale_rows = detail::scale_rows_neon;
+  }
 #endif
   return k;
 }

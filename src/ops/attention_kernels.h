@@ -9,8 +9,8 @@ namespace klein::ops::detail {
 // Row i of `scores` holds the unscaled dot products q_i·k_j; key j of the chunk is visible
 // to row i when j < visible0 + i (clamped to [0, cols]) and, with a bias, bias[j] == 0
 // (-inf hides it). row_max and row_sum carry the running maximum of the scaled scores (in
-// units of the kernel's choosing: natural for the scalar kernel, base 2 for AVX2 and
-// AVX-512; one kernel per call) and the sum of exp(score − row_max) over the chunks seen so
+// units of the kernel's choosing: natural for the scalar kernel, base 2 for AVX2, AVX-512 and
+// NEON; one kernel per call) and the sum of exp(score − row_max) over the chunks seen so
 // far; correction[i] receives the factor by which what row i accumulated before this chunk must
 // be multiplied (1 when the maximum did not move). A row that has seen no visible key yet
 // keeps row_max = -inf, row_sum = 0 and gets probabilities 0.
@@ -46,6 +46,11 @@ constexpr float kExp2Poly[7] = {1.5403530393381609e-4f,
 
 // exp(scale·s − max) written over the scores in float32 (zero for hidden keys).
 void softmax_chunk_f32_scalar(const SoftmaxChunk& c);
+#if defined(KLEIN_ARM64)
+void softmax_chunk_f32_neon(const SoftmaxChunk& c);
+// acc[i, 0:n) *= factor[i] for each of `rows` rows with factor != 1.
+void scale_rows_neon(float* acc, int64_t ld, int64_t rows, int64_t n, const float* factor);
+#endif
 #if defined(KLEIN_X86)
 void softmax_chunk_f32_avx2(const SoftmaxChunk& c);
 void scale_rows_avx2(float* acc, int64_t ld, int64_t rows, int64_t n, const float* factor);
