@@ -84,6 +84,11 @@ WinogradKernels kernels_for(quant::Isa isa, int64_t tiles) {
 constexpr int64_t kChunkFloats = int64_t(2) << 20;
 // Columns (tiles) per GEMM task.
 constexpr int64_t kGemmColumns = 256;
+// GEMM tasks a chunk should give each thread at least: where its 36 points times the column
+// tasks are fewer, the output channels are split too. (A chunk has about 8 MiB of points, so
+// at every layer of the VAE it has fewer than 256 tiles: 36 tasks, which 16 threads would
+// take in three rounds with a quarter of the last ones idle.)
+constexpr int64_t kTasksPerThread = 6;
 
 }  // namespace
 
@@ -135,6 +140,14 @@ void winograd_band(const DirectBand& band, int64_t rows, int64_t out_width, cons
       kChunkFloats / (kWinogradPoints * (C + Cout) * row_tiles), 1, tile_rows);
   const int64_t chunk_tiles = chunk_rows * row_tiles;
   const size_t point = gemm_packed_a_floats(Cout, C, cx.isa());
+  // Output channels per GEMM task: all of them, or fewer (whole blocks of the kernel's rows)
+  // where the chunks' column tasks leave under kTasksPerThread tasks a thread.
+  const int64_t mr = gemm_row_block(cx.isa()), row_blocks = (Cout + mr - 1) / mr;
+  const int64_t column_tasks = kWinogradPoints * ((chunk_tiles + kGemmColumns - 1) / kGemmColumns);
+  const int64_t wanted = kTasksPerThread * cx.threads();
+  const int64_t row_splits = std::clamp<int64_t>((wanted + column_tasks - 1) / column_tasks, 1,
+                                                 row_blocks);
+  const int64_t rows_per_task = (row_blocks + row_splits - 1) / row_splits * mr;
 
   Arena::Scope scratch(cx.arena(0));
   float* v = scratch.take<float>(size_t(kWinogradPoints * C * chunk_tiles));
@@ -176,14 +189,18 @@ void winograd_band(const DirectBand& band, int64_t rows, int64_t out_width, cons
         }
       }
     });
-    // M[ξ] = U[ξ] · V[ξ]: [Cout, n] for each point, in tasks of kGemmColumns tiles.
+    // M[ξ] = U[ξ] · V[ξ]: [Cout, n] for each point, in tasks of kGemmColumns tiles and
+    // `rows` output channels.
     const int64_t splits = (n + kGemmColumns - 1) / kGemmColumns;
-    cx.pool().for_each_task(kWinogradPoints * splits, [&](int64_t t, int worker) {
-      const int64_t x = t / splits, j0 = t % splits * kGemmColumns;
+    const int64_t row_tasks = (Cout + rows_per_task - 1) / rows_per_task;
+    const int64_t per_point = splits * row_tasks;
+    cx.pool().for_each_task(kWinogradPoints * per_point, [&](int64_t t, int worker) {
+      const int64_t x = t / per_point, j0 = t % per_point / row_tasks * kGemmColumns;
+      const int64_t i0 = t % row_tasks * rows_per_task;
       Arena::Scope pack(cx.arena(worker));
-      gemm({.M = Cout, .N = std::min(kGemmColumns, n - j0), .K = C,
-            .b = v + x * C * n + j0, .ldb = n, .c = m + x * Cout * n + j0, .ldc = n,
-            .a_packed = packed + x * point},
+      gemm({.M = std::min(rows_per_task, Cout - i0), .N = std::min(kGemmColumns, n - j0), .K = C,
+            .b = v + x * C * n + j0, .ldb = n, .c = m + (x * Cout + i0) * n + j0, .ldc = n,
+            .a_packed = packed + x * point, .a_packed_row0 = i0, .a_packed_rows = Cout},
            cx.isa(), pack.take<float>(gemm_pack_floats()));
     });
     // Y = Aᵀ M A into the result rows; tiles past the band's rows or columns are dropped.

@@ -155,6 +155,11 @@ void gemm(const GemmArgs& g, quant::Isa isa, float* pack) {
     return;
   }
   const GemmKernel kern = kernel_for(isa);
+  const int64_t packed_rows = g.a_packed_rows > 0 ? g.a_packed_rows : g.M;
+  check(!g.a_packed || (g.a_packed_row0 >= 0 && g.a_packed_row0 % kern.mr == 0 &&
+                        g.a_packed_row0 + g.M <= packed_rows),
+        "gemm: rows [", g.a_packed_row0, ", ", g.a_packed_row0 + g.M, ") of a packed A of ",
+        packed_rows, " rows in blocks of ", kern.mr);
   float* const packed_b = pack;
   float* const packed_a = pack + kPackB;
   const int64_t kc_max = std::min(kKc, g.K);
@@ -181,7 +186,8 @@ void gemm(const GemmArgs& g, quant::Isa isa, float* pack) {
           m.panel = packed_b + p * kc;
           for (int64_t r = 0; r < mc; r += kern.mr) {
             m.mr = std::min(kern.mr, mc - r);
-            m.a = packed      ? g.a_packed + k0 * round_up(g.M, kern.mr) + (i0 + r) * kc
+            m.a = packed      ? g.a_packed + k0 * round_up(packed_rows, kern.mr) +
+                                    (g.a_packed_row0 + i0 + r) * kc
                   : pack_rows ? packed_a + r * kc
                               : g.a + (i0 + r) * g.lda + k0;
             m.c = g.c + (i0 + r) * g.ldc + j0 + p;

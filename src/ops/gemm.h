@@ -37,8 +37,12 @@ struct GemmArgs {
   float alpha = 1;
   bool accumulate = false;
   // A as gemm_pack_a packed it (then a and lda are not read): for an A that many calls
-  // share, such as a convolution's weights across its pixel tiles.
+  // share, such as a convolution's weights across its pixel tiles. A call can take rows
+  // [a_packed_row0, a_packed_row0 + M) of a packed A of a_packed_rows rows (0: M), row0 a
+  // multiple of gemm_row_block(isa): the same sums, bit for bit, as those rows of one call.
   const float* a_packed = nullptr;
+  int64_t a_packed_row0 = 0;
+  int64_t a_packed_rows = 0;
 };
 
 // Floats of packing buffer one gemm call needs (the same for every shape).

@@ -221,6 +221,22 @@ TEST_P(Gemm, MatchesFloat64OnEveryEdge) {
           ASSERT_EQ(std::memcmp(again.data(), c.data(), c.size() * sizeof(float)), 0)
               << quant::isa_name(isa) << " " << s.M << "x" << s.N << "x" << s.K
               << ": packed A gives other values";
+          // Rows from the second row block on, taken from the same packed A alone.
+          const int64_t mr = gemm_row_block(isa);
+          if (s.M > mr) {
+            std::vector<float> tail = c0;
+            GemmArgs r = h;
+            r.M = s.M - mr;
+            r.a_packed_row0 = mr;
+            r.a_packed_rows = s.M;
+            r.c = tail.data() + mr * ldc;
+            gemm(r, isa, pack.data());
+            ASSERT_EQ(std::memcmp(tail.data() + mr * ldc, c.data() + mr * ldc,
+                                  (c.size() - size_t(mr * ldc)) * sizeof(float)),
+                      0)
+                << quant::isa_name(isa) << " " << s.M << "x" << s.N << "x" << s.K
+                << ": rows of a packed A give other values";
+          }
           // Columns [1, N) alone: the panels end elsewhere, the values stay the same, bit for
           // bit (alpha != 1 and accumulation included).
           if (s.N > 1) {
