@@ -51,7 +51,9 @@ float exp_vectorisable(float x) {
 
 float silu_value(float v) { return v / (1.0f + exp_vectorisable(-v)); }
 
-void affine_rows(float m, float s, float b, bool silu, const float* x, float* y, int64_t n) {
+// (Unused where only the declarations above are wanted: the tests include this header.)
+[[maybe_unused]] void affine_rows(float m, float s, float b, bool silu, const float* x, float* y,
+                                  int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - m) * s + b;
   if (silu)
     for (int64_t i = 0; i < n; ++i) y[i] = silu_value(y[i]);
