@@ -35,6 +35,7 @@ struct ConvGeometry {
   int64_t kernel = 1, stride = 1, upsample = 1, pad_top = 0, pad_left = 0, pad_right = 0;
   int64_t origin_row = 0;  // Conv2dParams::origin_row
   int64_t band = 1;        // output rows per band of the full output (the last may be shorter)
+  int64_t need0 = 0, need1 = 0;  // the output rows wanted: [skip_top, out_height - skip_bottom)
 
   int64_t column_rows() const { return in_channels * kernel * kernel; }  // GEMM K
   int64_t out_pixels() const { return out_height * out_width; }
@@ -49,6 +50,11 @@ struct ConvGeometry {
   }
   // The largest band of this call (its buffers' size).
   int64_t widest_band() const { return std::min(band, out_height); }
+  // The first row of the first band that holds a wanted row: bands run from there while
+  // they start before need1.
+  int64_t first_band_row() const {
+    return std::max<int64_t>(0, need0 - (origin_row + need0) % band);
+  }
 };
 
 ConvGeometry geometry_of(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p) {
@@ -88,6 +94,11 @@ ConvGeometry geometry_of(const ConvInput& in, const Conv2dWeights& w, const Conv
   g.band = conv2d_band_rows(g.out_width);
   check(g.out_height >= 1 && g.out_width >= 1, "conv2d: a ", in.height, "x", in.width,
         " input is too small for a ", w.kernel, "x", w.kernel, " kernel");
+  check(p.skip_top >= 0 && p.skip_bottom >= 0 && p.skip_top + p.skip_bottom < g.out_height,
+        "conv2d: skipping ", p.skip_top, " and ", p.skip_bottom, " of ", g.out_height,
+        " output rows");
+  g.need0 = p.skip_top;
+  g.need1 = g.out_height - p.skip_bottom;
   check(g.column_rows() < INT_MAX && g.out_pixels() < INT_MAX && in.height * in.width < INT_MAX,
         "conv2d: ", in.height, "x", in.width, "x", in.channels, " input is too large");
   return g;
@@ -401,11 +412,12 @@ void bf16_tiles_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWei
     fill_band_bf16(in, g, r0, g.band_at(r0), buffer, cx);
   };
   int current = 0;
-  fill(0, bands[0].get());
-  for (int64_t r0 = 0, rows = 0; r0 < g.out_height; r0 += rows) {
+  const int64_t first = g.first_band_row();
+  fill(first, bands[0].get());
+  for (int64_t r0 = first, rows = 0; r0 < g.need1; r0 += rows) {
     rows = g.band_at(r0);
     const int64_t n = rows * g.out_width, next = r0 + rows;
-    if (in_place && next < g.out_height) fill(next, bands[1 - current].get());
+    if (in_place && next < g.need1) fill(next, bands[1 - current].get());
     const detail::Bf16Band b{bands[current].get(), pairs,    g.band_rows(rows),
                              g.band_width(),       g.kernel, g.stride};
     const int64_t tasks = (n + widest - 1) / widest;
@@ -422,7 +434,7 @@ void bf16_tiles_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWei
     });
     if (in_place) {
       current = 1 - current;
-    } else if (next < g.out_height) {
+    } else if (next < g.need1) {
       fill(next, bands[0].get());
     }
   }
@@ -549,8 +561,8 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
           "conv2d: in place needs an output of the input's size with no more channels (",
           g.out_channels, "x", g.out_height, "x", g.out_width, " from ", g.in_channels, "x",
           g.in_height, "x", g.in_width, ")");
-    check(g.origin_row == 0, "conv2d: in place works on a whole image (origin row 0), not on ",
-          "rows from ", g.origin_row);
+    check(g.origin_row == 0 && g.need0 == 0 && g.need1 == g.out_height,
+          "conv2d: in place works on a whole image (origin row 0, no rows skipped)");
     // A band overwrites input rows the next band reads above its own; the band kept aside
     // holds them only if the band is at least the top padding tall.
     g.band = std::max(g.band, g.pad_top);
@@ -599,7 +611,7 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
   // the next band still reads the last rows the previous band overwrites.
   int64_t pending_row = -1, pending_rows = 0;
   int current = 0;
-  for (int64_t r0 = 0, rows = 0; r0 < g.out_height; r0 += rows) {
+  for (int64_t r0 = g.first_band_row(), rows = 0; r0 < g.need1; r0 += rows) {
     rows = g.band_at(r0);
     if (bf16_direct)
       fill_band_bf16(in, g, r0, rows, band_bf16, cx);

@@ -60,6 +60,12 @@ struct Conv2dParams {
   // transform, the whole conv2d_tile_pixels tile of its pixel). A GEMM's sums may depend on a
   // column's place in the call (BLAS libraries' do), so the layout is kept for any GEMM.
   int64_t origin_row = 0;
+  // Output rows at the top and bottom that the caller will not read (the halo rows of the
+  // VAE's bands, which another band computes). The bands of the layout above that hold
+  // none of the other rows are not computed; the rows of `out` they cover are left as they
+  // are, or (1x1 convolutions, in place) written as usual. The rows that are computed keep
+  // their bits.
+  int64_t skip_top = 0, skip_bottom = 0;
 
   // Stride 1 with kernel/2 zeros on every side: output size = input size.
   static Conv2dParams same(int64_t kernel);

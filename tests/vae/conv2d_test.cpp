@@ -234,6 +234,28 @@ TEST(Conv2d, BandsWithOriginRowAreBitIdentical) {
                                      whole.data() + (o * H + r0) * W,
                                      size_t((r1 - r0) * W) * sizeof(float)))
                 << "output channel " << o << ", rows [" << r0 << ", " << r1 << ")";
+          if (c.kernel == 1) continue;
+          // The rows around [r0, r1) skipped: the same bits in the kept rows, and the others
+          // not written.
+          Conv2dParams q = p;
+          q.skip_top = r0 - p.origin_row;
+          q.skip_bottom = part.dim(1) - (r1 - p.origin_row);
+          const float untouched = -7.25f;
+          std::vector<float> skipped(size_t(part.numel()), untouched);
+          ops::conv2d({rows.data(), c.in, y1 - y0, c.width, tp}, w, q, skipped.data(),
+                      ops::ConvWrite::Overwrite, cx);
+          for (int64_t o = 0; o < c.out; ++o) {
+            const float* got = skipped.data() + o * part.dim(1) * W;
+            ASSERT_EQ(0, std::memcmp(got + q.skip_top * W, whole.data() + (o * H + r0) * W,
+                                     size_t((r1 - r0) * W) * sizeof(float)))
+                << "skipping: output channel " << o << ", rows [" << r0 << ", " << r1 << ")";
+            for (int64_t i = 0; i < part.dim(1) * W; ++i) {
+              if (i < q.skip_top * W || i >= (part.dim(1) - q.skip_bottom) * W) {
+                ASSERT_EQ(got[i], untouched) << "skipping: output channel " << o
+                                             << " wrote local row " << i / W;
+              }
+            }
+          }
         }
       }
   }

@@ -10,8 +10,9 @@ namespace klein::vae {
 // y = conv3x3(t(upsample(x))) [+ residual], band by band, bit for bit the whole-image result.
 // Output rows [r0, r1) read input rows [a, b): the band's rows, one more on each side where
 // the image has them. The convolution runs on those rows alone, so the output rows next to a
-// cut saw zero padding instead of their neighbours and are dropped; every kept row saw what
-// it sees in the whole image. The cuts are on the convolution's own band boundaries
+// cut would see zero padding instead of their neighbours: the call skips them (skip_top,
+// skip_bottom) and nothing of them is kept; every kept row saw what it sees in the whole
+// image. The cuts are on the convolution's own band boundaries
 // (conv2d_band_rows) and each call says where its rows are (origin_row), so the kept rows are
 // computed by the same GEMM tiles as in the whole image; a shortcut reads enough rows that
 // its tiles (conv2d_tile_pixels, counted from the image's first pixel) are whole too.
@@ -49,6 +50,9 @@ void banded_conv(const Net& net, const Bands& bands, const Plane& x, const ops::
     ops::Conv2dParams p = ops::Conv2dParams::same(3);
     p.upsample = u;
     p.origin_row = a * u;
+    // The halo rows above r0 and from r1 on are the neighbouring bands' to compute.
+    p.skip_top = r0 - a * u;
+    p.skip_bottom = b * u - r1;
     x.read(a, b, in.data(), pool);
     ops::ConvWrite mode = ops::ConvWrite::Overwrite;
     if (residual.plane && !residual.shortcut) {
