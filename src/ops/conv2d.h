@@ -62,9 +62,9 @@ struct Conv2dParams {
   int64_t origin_row = 0;
   // Output rows at the top and bottom that the caller will not read (the halo rows of the
   // VAE's bands, which another band computes). The bands of the layout above that hold
-  // none of the other rows are not computed; the rows of `out` they cover are left as they
-  // are, or (1x1 convolutions, in place) written as usual. The rows that are computed keep
-  // their bits.
+  // none of the other rows are not computed and the rows of `out` they cover are left as
+  // they are (1x1 convolutions without a transform compute and write every row; in place,
+  // nothing may be skipped). The rows that are computed keep their bits.
   int64_t skip_top = 0, skip_bottom = 0;
 
   // Stride 1 with kernel/2 zeros on every side: output size = input size.
