@@ -190,7 +190,7 @@ void winograd_band(const DirectBand& band, int64_t rows, int64_t out_width, cons
       }
     });
     // M[ξ] = U[ξ] · V[ξ]: [Cout, n] for each point, in tasks of kGemmColumns tiles and
-    // `rows` output channels.
+    // rows_per_task output channels.
     const int64_t splits = (n + kGemmColumns - 1) / kGemmColumns;
     const int64_t row_tasks = (Cout + rows_per_task - 1) / rows_per_task;
     const int64_t per_point = splits * row_tasks;
