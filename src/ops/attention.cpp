@@ -100,10 +100,7 @@ ExactKernels exact_kernels(const Compute& cx) {
     k.scale_rows = detail::scale_rows_avx2;
   }
 #elif defined(KLEIN_ARM64)
-  if (cx.isa() == quant::Isa::Neon) {
-    k.softmax = detail::softmax_chunk_f32_neon;
-    k.scale_rows = detail::scale_rows_neon;
-  }
+  if (cx.isa() == quant::Isa::Neon) k.softmax = detail::softmax_chunk_f32_neon;
 #endif
   return k;
 }

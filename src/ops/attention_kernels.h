@@ -48,8 +48,6 @@ constexpr float kExp2Poly[7] = {1.5403530393381609e-4f,
 void softmax_chunk_f32_scalar(const SoftmaxChunk& c);
 #if defined(KLEIN_ARM64)
 void softmax_chunk_f32_neon(const SoftmaxChunk& c);
-// acc[i, 0:n) *= factor[i] for each of `rows` rows with factor != 1.
-void scale_rows_neon(float* acc, int64_t ld, int64_t rows, int64_t n, const float* factor);
 #endif
 #if defined(KLEIN_X86)
 void softmax_chunk_f32_avx2(const SoftmaxChunk& c);

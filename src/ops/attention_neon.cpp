@@ -5,6 +5,8 @@
 // Scores in base 2 as there: t = s·scale·log2(e), p = 2^(t − max t), one fused multiply-add
 // for the scale, the change of base and the subtraction of the maximum. row_max holds max t.
 // NEON has no masked loads: the last, partial group of a row goes through a 4-float copy.
+// (Rescaling the accumulated rows needs no kernel of its own here: on aarch64 the portable
+// loop of attention.cpp is vectorised with NEON by the compiler.)
 #include <arm_neon.h>
 
 #include <cmath>
@@ -98,17 +100,6 @@ void softmax_chunk_f32_neon(const SoftmaxChunk& c) {
     if (max == -INFINITY) continue;
     c.row_sum[i] = c.row_sum[i] * c.correction[i] + vaddvq_f32(sum);
     c.row_max[i] = max;
-  }
-}
-
-void scale_rows_neon(float* acc, int64_t ld, int64_t rows, int64_t n, const float* factor) {
-  for (int64_t i = 0; i < rows; ++i) {
-    if (factor[i] == 1.0f) continue;
-    float* a = acc + i * ld;
-    const float32x4_t f = vdupq_n_f32(factor[i]);
-    int64_t d = 0;
-    for (; d + kLanes <= n; d += kLanes) vst1q_f32(a + d, vmulq_f32(vld1q_f32(a + d), f));
-    for (; d < n; ++d) a[d] *= factor[i];
   }
 }
 
