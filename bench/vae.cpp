@@ -202,7 +202,8 @@ int peak_run(std::string what, int64_t side, const std::string& plan) {
               what.c_str(), banded ? " (banded)" : "", (long long)side, (long long)side,
               cx().threads(),
               bf16 ? (ops::conv2d_bf16_tiles_available() ? "BF16-tile"
-                      : ops::conv2d_bf16_auto_available() ? "BF16 direct"
+                      : ops::conv2d_bf16_auto_available()
+                          ? "Winograd float32 (conv_out BF16 direct)"
                       : ops::conv2d_bf16_direct_available()
                           ? "Winograd float32 (VDPBF16PS is slower than FMA on this CPU)"
                           : "Winograd float32 (no BF16 kernel)")

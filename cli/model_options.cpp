@@ -40,9 +40,9 @@ void add_model_options(CLI::App& cmd, ModelPaths& paths) {
 void add_precision_option(CLI::App& cmd, Precision& precision) {
   cmd.add_option("--precision", precision,
                  "exact: float32 activations throughout; fast: bf16 tiles for the transformer and "
-                 "the VAE on CPUs with AMX, bf16 attention and VAE convolutions on AMD's AVX-512 "
-                 "BF16 CPUs, float32 Winograd VAE convolutions elsewhere (the transformer "
-                 "exact); auto: fast for Q8/Q4 containers, else exact")
+                 "the VAE on CPUs with AMX, elsewhere float32 Winograd VAE convolutions (and "
+                 "bf16 attention on AMD's AVX-512 BF16 CPUs; the transformer exact on the "
+                 "others); auto: fast for Q8/Q4 containers, else exact")
       ->transform(CLI::CheckedTransformer(
           std::map<std::string, Precision>{
               {"auto", Precision::Auto}, {"exact", Precision::Exact}, {"fast", Precision::Fast}},

@@ -219,7 +219,7 @@ bool use_direct(const ConvGeometry& g, const Conv2dParams& p, const Compute& cx)
   return available && (g.out_channels < 16 || g.column_rows() <= 2304);
 }
 
-// Winograd when forced, or when asked for fast convolutions (after the bf16 paths) for a 3x3
+// Winograd when forced, or when asked for fast convolutions (after AMX tiles) for a 3x3
 // stride-1 convolution wide enough for its GEMMs: 16 channels in and out (conv_out's 3 output
 // channels would waste most of each GEMM tile's rows), and bands of whole rows of 4x4 tiles
 // (not for outputs over 2048 pixels wide, whose bands are 1 to 3 rows).
@@ -288,7 +288,8 @@ bool use_bf16_tiles(const Conv2dParams& p, const Compute& cx) {
 
 // Bf16Direct when forced, or when asked for bf16 convolutions on a CPU with AVX-512 BF16 but
 // no AMX tiles (which take precedence) whose VDPBF16PS outruns its FMAs (AMD; on Intel cores
-// the float32 direct kernel is faster: 2.80 against 3.52 s for a 256x256 decode, SPEED.md).
+// the float32 direct kernel is faster: 2.80 against 3.52 s for a 256x256 decode, SPEED.md),
+// for the layers Winograd does not take (conv2d asks use_winograd first).
 bool use_bf16_direct(const ConvGeometry& g, const Conv2dParams& p, const Compute& cx) {
   const bool available = g.stride == 1 && conv2d_bf16_direct_available(cx);
   if (p.algorithm == ConvAlgorithm::Bf16Direct) {
@@ -573,8 +574,8 @@ void conv2d(const ConvInput& in, const Conv2dWeights& w, const Conv2dParams& p, 
     return pointwise_conv(in, g, w, out, mode, cx);
 
   const int64_t band = g.widest_band();
-  const bool bf16_direct = use_bf16_direct(g, p, cx);
-  const bool winograd = !bf16_direct && use_winograd(g, p, cx);
+  const bool winograd = use_winograd(g, p, cx);
+  const bool bf16_direct = !winograd && use_bf16_direct(g, p, cx);
   const bool direct = !bf16_direct && !winograd && use_direct(g, p, cx);
   // The call's buffers come from the calling thread's arena: the same memory serves every
   // convolution (and the transformer's temporaries before them), where separate allocations

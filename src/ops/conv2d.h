@@ -30,15 +30,19 @@ struct Conv2dWeights {
 // How the products are computed. Auto picks the fastest exact (float32) one for the geometry:
 // the direct SIMD kernel for stride 1 on CPUs that have one, im2col + GEMM otherwise. When
 // the context's arithmetic says fast_convolutions it picks Bf16Tiles if the CPU has AMX, else
-// Bf16Direct where VDPBF16PS outruns FMA, else Winograd for 3x3 stride-1 convolutions of 16
-// channels or more. The others force a path (tests, benchmarks).
+// Winograd for 3x3 stride-1 convolutions of 16 channels or more, else (conv_out's 3 output
+// channels) Bf16Direct where VDPBF16PS outruns FMA. The others force a path (tests,
+// benchmarks).
 //   Bf16Tiles: im2col + GEMM on AMX tiles, inputs (after the transform) and weights rounded to
 //   bf16 (8 significant bits), products summed in float32: max|y - exact| is 1e-3 to 3e-3 of
 //   max|y| on random data (tests/ops/conv2d_bf16_test.cpp), and 3-6x faster than the exact
 //   paths (bench_vae BM_Conv3x3). Bias and accumulation stay float32.
 //   Bf16Direct: the direct kernel on the same bf16-rounded operands with VDPBF16PS (AVX-512
 //   BF16 without AMX, e.g. AMD Zen 4; stride 1): the same error as Bf16Tiles, about twice the
-//   exact direct kernel's speed. Auto picks it, when fast_convolutions asks, on such CPUs.
+//   exact direct kernel's speed. Auto picks it, when fast_convolutions asks, on such CPUs for
+//   the layers Winograd does not take: on Zen 4 Winograd is faster still at the VAE's wide
+//   layers (bench_vae BM_Conv3x3: 194 against 289 ms at 128 channels, 154 against 204 ms at
+//   512; docs/SPEED.md) and 50 times as exact.
 //   Winograd: 3x3, stride 1, float32 on every CPU: F(4x4, 3x3) tiles whose 36 transformed
 //   points are GEMMs over the channels (conv2d_winograd.h), 2.25 multiply-adds per output value
 //   and channel instead of 9. Within 2e-5 of max|y| of the exact sums (tests/ops/
@@ -93,8 +97,9 @@ bool conv2d_bf16_tiles_available();  // with the best instruction set of this CP
 bool conv2d_bf16_direct_available(const Compute& cx);
 bool conv2d_bf16_direct_available();  // with the best instruction set of this CPU (KLEIN_ISA)
 // Whether Auto with Arithmetic::fast_convolutions multiplies on bf16 operands with the best
-// instruction set of this CPU: on AMX tiles, or with the direct kernel where VDPBF16PS
-// outruns FMA (CpuFeatures::avx512_bf16_fast); elsewhere it uses Winograd in float32.
+// instruction set of this CPU: on AMX tiles everywhere, or with the direct kernel where
+// VDPBF16PS outruns FMA (CpuFeatures::avx512_bf16_fast) for the layers Winograd does not
+// take (conv_out); elsewhere it uses Winograd in float32 and the exact kernels.
 bool conv2d_bf16_auto_available();
 
 // Output rows of the bands conv2d computes at a time for an output width (about 8192 pixels

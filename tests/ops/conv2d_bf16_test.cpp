@@ -319,30 +319,41 @@ TEST_P(Conv2dBf16, ResultsDoNotDependOnThreadCount) {
   }
 }
 
-// The context's arithmetic.fast_convolutions makes Auto use the tiles where they exist, else the
-// BF16 direct kernel where it exists and is the faster (AMD), and Winograd elsewhere.
+// The context's arithmetic.fast_convolutions makes Auto use the tiles where they exist, else
+// Winograd for the wide 3x3 layers, and the BF16 direct kernel (where it exists and is the
+// faster: AMD) only for what Winograd does not take, such as conv_out's 3 output channels.
 TEST(Conv2dBf16Auto, UsesBf16OnlyWhenAsked) {
   Compute cx(2);
   const Tensor x = random_tensor({20, 9, 30}, 16);
-  const Conv2dWeights w = random_conv(18, 20, 3, 17);
+  const Conv2dWeights w = random_conv(18, 20, 3, 17), narrow = random_conv(3, 20, 3, 18);
   Conv2dParams p = same3x3();
   const Tensor exact = ops::conv2d(x, w, p, cx);
+  const Tensor exact_narrow = ops::conv2d(x, narrow, p, cx);
   cx.arithmetic.fast_convolutions = true;
   const Tensor fast = ops::conv2d(x, w, p, cx);
+  const Tensor fast_narrow = ops::conv2d(x, narrow, p, cx);
+  const bool tiles = ops::conv2d_bf16_tiles_available();
   const Tensor expected =
-      ops::conv2d_bf16_tiles_available()
-          ? ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Bf16Tiles), cx)
+      ops::conv2d(x, w, with(same3x3(), tiles ? ConvAlgorithm::Bf16Tiles : ConvAlgorithm::Winograd),
+                  cx);
+  const Tensor expected_narrow =
+      tiles ? ops::conv2d(x, narrow, with(same3x3(), ConvAlgorithm::Bf16Tiles), cx)
       : ops::conv2d_bf16_auto_available()
-          ? ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Bf16Direct), cx)
-          : ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Winograd), cx);
-  EXPECT_NE(0, std::memcmp(fast.data(), exact.data(), size_t(fast.numel()) * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(fast.data(), expected.data(), size_t(fast.numel()) * sizeof(float)));
+          ? ops::conv2d(x, narrow, with(same3x3(), ConvAlgorithm::Bf16Direct), cx)
+          : exact_narrow.copy();
+  const auto bytes = [](const Tensor& t) { return size_t(t.numel()) * sizeof(float); };
+  EXPECT_NE(0, std::memcmp(fast.data(), exact.data(), bytes(fast)));
+  EXPECT_EQ(0, std::memcmp(fast.data(), expected.data(), bytes(fast)));
+  EXPECT_EQ(0, std::memcmp(fast_narrow.data(), expected_narrow.data(), bytes(fast_narrow)));
+  if (ops::conv2d_bf16_auto_available()) {
+    EXPECT_NE(0, std::memcmp(fast_narrow.data(), exact_narrow.data(), bytes(fast_narrow)));
+  }
   // An explicit algorithm wins over the flag.
   p.algorithm = ConvAlgorithm::Gemm;
   const Tensor gemm = ops::conv2d(x, w, p, cx);
   EXPECT_EQ(0, std::memcmp(gemm.data(), ops::conv2d(x, w, with(same3x3(), ConvAlgorithm::Gemm),
                                                     cx).data(),
-                           size_t(gemm.numel()) * sizeof(float)));
+                           bytes(gemm)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, Conv2dBf16,
