@@ -118,8 +118,9 @@ TEST_F(VaeGolden, PipelineVaeInputAndImage) {
 // klein-tiny: see the printed scaled differences; bound kBf16Tolerance.
 constexpr double kBf16Tolerance = 3e-2;
 
-// AMX tiles, or the AVX-512 BF16 direct kernel (stride 1; strided convolutions stay float32).
-// Whether the fast arithmetic's bf16 convolutions run on this CPU (ops::conv2d_bf16_auto_available).
+// AMX tiles, or on AMD's AVX-512 BF16 CPUs the BF16 direct kernel for conv_out (the wide 3x3
+// layers there run Winograd in float32; strided convolutions stay float32). Whether the fast
+// arithmetic's bf16 convolutions run on this CPU (ops::conv2d_bf16_auto_available).
 bool bf16_convolutions_available() { return ops::conv2d_bf16_auto_available(); }
 
 TEST_F(VaeGolden, DecodeWithBf16ConvolutionsEveryIntermediate) {
