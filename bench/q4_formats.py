@@ -31,6 +31,21 @@ def q4_code_scale(d):
     return (np.ldexp(m, e) / 256.0).astype(np.float32)
 
 
+class Best:
+    """The lowest-error candidate of every block so far (ties keep the earlier one)."""
+
+    def __init__(self, blocks):
+        self.blocks = blocks
+        self.err = np.full(blocks.shape[0], np.inf, np.float32)
+        self.out = np.zeros_like(blocks)
+
+    def offer(self, y):
+        e = ((y - self.blocks) ** 2).sum(1)
+        take = e < self.err
+        self.err = np.where(take, e, self.err)
+        self.out[take] = y[take]
+
+
 def asym(x, block, scale_of, zero_steps):
     """Asymmetric 4-bit blocks: w = d (q - z), q in 0..15, with the container's search (25
     trials trimming the range 0..4 steps of 3 % at either end; the lowest squared error wins).
@@ -39,8 +54,7 @@ def asym(x, block, scale_of, zero_steps):
     b = x.reshape(-1, block)
     lo, hi = b.min(1, keepdims=True), b.max(1, keepdims=True)
     span = np.maximum(hi - lo, 1e-30)
-    best = np.full(b.shape[0], np.inf, np.float32)
-    out = np.zeros_like(b)
+    best = Best(b)
     for a in range(5):
         for c in range(5):
             l = lo + span * 0.03 * a
@@ -54,11 +68,8 @@ def asym(x, block, scale_of, zero_steps):
                 m = f16(l)
                 q = np.clip(np.round((b - m) / d), 0, 15)
                 y = d * q + m
-            e = ((y - b) ** 2).sum(1)
-            take = e < best
-            best = np.where(take, e, best)
-            out[take] = y[take]
-    return out.reshape(x.shape)
+            best.offer(y)
+    return best.out.reshape(x.shape)
 
 
 def sym(x, block):
@@ -66,16 +77,11 @@ def sym(x, block):
     candidates between 0.75 and 1.0 of max|w| / 7 (the lowest squared error wins)."""
     b = x.reshape(-1, block)
     amax = np.maximum(np.abs(b).max(1, keepdims=True), 1e-30)
-    best = np.full(b.shape[0], np.inf, np.float32)
-    out = np.zeros_like(b)
+    best = Best(b)
     for t in np.linspace(0.75, 1.0, 16):
         d = f16(amax * t / 7.0)
-        y = d * np.clip(np.round(b / d), -8, 7)
-        e = ((y - b) ** 2).sum(1)
-        take = e < best
-        best = np.where(take, e, best)
-        out[take] = y[take]
-    return out.reshape(x.shape)
+        best.offer(d * np.clip(np.round(b / d), -8, 7))
+    return best.out.reshape(x.shape)
 
 
 def act_q8(x, block):
