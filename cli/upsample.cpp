@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <string>
 
 #include "cli/commands.h"
@@ -18,6 +17,7 @@
 #include "core/memory.h"
 #include "ops/compute.h"
 #include "pipeline/memory_plan.h"
+#include "pipeline/noise.h"
 #include "pipeline/upsample.h"
 
 namespace klein::cli {
@@ -42,7 +42,7 @@ UpsampleOptions UpsampleArgs::options(const std::string& prefix) const {
         o.sampling.top_k);
   check(max_tokens >= 1 && max_tokens <= 4096, "--", prefix,
         "max-tokens: expected 1 to 4096, got ", max_tokens);
-  o.seed = seed.value_or(std::random_device{}() & 0xffffffffu);
+  o.seed = seed.value_or(random_seed());
   return o;
 }
 

@@ -2,7 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
+
+#include "core/random.h"
 
 namespace klein {
 
@@ -35,11 +36,7 @@ std::vector<float> gaussian_noise(uint64_t seed, int64_t n) {
   return out;
 }
 
-uint64_t random_seed() {
-  // One draw covers the range: random_device yields an unsigned int (32 bits here).
-  static_assert(std::random_device::max() >= kRandomSeedBound - 1);
-  return uint64_t(std::random_device{}()) % kRandomSeedBound;
-}
+uint64_t random_seed() { return os_random_u64() % kRandomSeedBound; }
 
 void fill_gaussian(Tensor& t, uint64_t seed) {
   const std::vector<float> values = gaussian_noise(seed, t.numel());

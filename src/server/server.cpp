@@ -13,7 +13,6 @@
 #include <fstream>
 #include <map>
 #include <optional>
-#include <random>
 #include <thread>
 #include <string_view>
 
@@ -21,6 +20,7 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "core/random.h"
 #include "formats/image/image.h"
 #include "pipeline/noise.h"
 #include "pipeline/preview.h"
@@ -66,11 +66,10 @@ HttpError shutting_down() { return {503, "cancelled: the server is shutting down
 
 // 128 random bits in hex: a job's id, not guessable by another client.
 std::string new_job_id() {
-  std::random_device device;
-  std::mt19937_64 bits((uint64_t(device()) << 32) ^ device());
   char text[33];
-  std::snprintf(text, sizeof text, "%016llx%016llx", static_cast<unsigned long long>(bits()),
-                static_cast<unsigned long long>(bits()));
+  std::snprintf(text, sizeof text, "%016llx%016llx",
+                static_cast<unsigned long long>(os_random_u64()),
+                static_cast<unsigned long long>(os_random_u64()));
   return text;
 }
 
