@@ -1,5 +1,5 @@
 // core/random.h: the operating system's random bits. A source that repeats itself (as the
-// RDSEED of a Zen 5 EPYC did through std::random_device, about one draw in 500) or leaves
+// RDSEED of a Zen 5 EPYC did through std::random_device, one draw in 400 to 600) or leaves
 // bits unused fails here; a sound one fails with odds below 2^-30.
 #include <gtest/gtest.h>
 
