@@ -25,8 +25,9 @@ int64_t peak_loop_avxvnni(int64_t rounds) {
                      : [w] "x"(w), [x] "x"(x));
 #undef KLEIN_DP
   }
-  __m256i s = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)),
-                               _mm256_add_epi32(_mm256_add_epi32(a4, a5), _mm256_add_epi32(a6, a7)));
+  __m256i s =
+      _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)),
+                       _mm256_add_epi32(_mm256_add_epi32(a4, a5), _mm256_add_epi32(a6, a7)));
   s = _mm256_add_epi32(s, _mm256_add_epi32(a8, a9));
   volatile int sink = _mm256_extract_epi32(s, 0);
   (void)sink;

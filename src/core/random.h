@@ -5,8 +5,8 @@
 // Not std::random_device: libstdc++'s default device reads the CPU's RDSEED wherever CPUID
 // lists it, and on a Zen 5 EPYC (family 26) RDSEED handed back the value it had just given in
 // one draw in 400 to 600, so two random seeds in a row were the same seed (and the same image)
-// far more often than one time in 2^32 (docs/TESTING.md, "Zen 5"). The kernel's generator mixes
-// many sources and is what the C library itself uses for this.
+// far more often than one time in 2^32 (docs/TESTING.md, "Zen 5"). The kernel's generator does not
+// stand on one instruction of one CPU.
 #include <cstdint>
 
 namespace klein {
