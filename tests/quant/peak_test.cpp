@@ -4,6 +4,7 @@
 // what the instruction can do), and the reference path has none.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
@@ -86,11 +87,19 @@ TEST(Peak, AvxVnniIssuesAsManyInstructionsAsItsZmmForm) {
   if (!isa_available(Isa::Avx2) || !isa_available(Isa::Avx512))
     GTEST_SKIP() << "needs AVX2 and AVX-512";
   ThreadPool pool(1);
-  const PeakRate ymm = measure_peak(Isa::Avx2, pool, 0.1);
-  if (ymm.instruction.find("avx-vnni") == std::string_view::npos)
-    GTEST_SKIP() << "no AVX-VNNI: the AVX2 peak is " << ymm.instruction;
-  const PeakRate zmm = measure_peak(Isa::Avx512, pool, 0.1);
-  const double ymm_per_second = ymm.macs_per_second / 32, zmm_per_second = zmm.macs_per_second / 64;
+  const PeakRate first = measure_peak(Isa::Avx2, pool, 0.1);
+  if (first.instruction.find("avx-vnni") == std::string_view::npos)
+    GTEST_SKIP() << "no AVX-VNNI: the AVX2 peak is " << first.instruction;
+  // Best of three, taking turns, so that another test program on the same cores during one
+  // measurement does not decide the comparison.
+  double ymm_per_second = first.macs_per_second / 32, zmm_per_second = 0;
+  for (int round = 0; round < 3; ++round) {
+    if (round > 0)
+      ymm_per_second =
+          std::max(ymm_per_second, measure_peak(Isa::Avx2, pool, 0.1).macs_per_second / 32);
+    zmm_per_second =
+        std::max(zmm_per_second, measure_peak(Isa::Avx512, pool, 0.1).macs_per_second / 64);
+  }
   std::printf("  vpdpbusd: ymm %.2f G/s, zmm %.2f G/s\n", ymm_per_second / 1e9,
               zmm_per_second / 1e9);
   EXPECT_GT(ymm_per_second, 0.8 * zmm_per_second);
