@@ -39,6 +39,7 @@ struct Args {
   bool no_cache = false, quiet = false, json = false, verbose = false, dry_run = false;
   bool upsample = false;
   bool no_watermark = false;
+  bool prompt_given = false;  // -p was given: "" is a prompt (the empty one), not a missing one
   int batch = 1;             // --batch: images of one prompt, seeds s, s+1, ...
   std::string prompts_file;  // --prompts: one image per line, image i with seed s+i
 
@@ -260,9 +261,9 @@ void run_batch(Args& a, const std::vector<std::string>& prompts, uint64_t seed);
 // `klein generate` makes alone with that prompt and seed (run_batch: the model opened once,
 // each distinct prompt encoded once, the images denoised together).
 void run(Args& a) {
-  check(!a.gen.prompt.empty() || !a.prompts_file.empty(),
-        "-p/--prompt or --prompts FILE is required");
-  check(a.gen.prompt.empty() || a.prompts_file.empty(),
+  check(a.prompt_given || !a.prompts_file.empty(),
+        "-p/--prompt or --prompts FILE is required (-p \"\" for the empty prompt)");
+  check(!a.prompt_given || a.prompts_file.empty(),
         "-p/--prompt and --prompts: give one (--prompts has one prompt per line)");
   check(a.batch == 1 || a.prompts_file.empty(),
         "--batch and --prompts: give one (--prompts makes one image per line)");
@@ -463,7 +464,10 @@ Registration reg("generate", 10, [](CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("generate", "Generate an image from a prompt (and reference images)");
   add_model_options(*cmd, a->model);
-  cmd->add_option("-p,--prompt", a->gen.prompt, "What to draw");
+  CLI::Option* prompt = cmd->add_option(
+      "-p,--prompt", a->gen.prompt,
+      "What to draw (\"\": the empty prompt, unconditional generation as the official "
+      "pipelines make it)");
   cmd->add_option("-o,--output", a->output, "Output image (.png, .jpg/.jpeg, or .webp: lossless, no metadata); "
                   "with several images (--batch, --prompts) image i is written with -i before the "
                   "extension: -o out.png writes out-0.png, out-1.png, ...");
@@ -572,7 +576,10 @@ Registration reg("generate", 10, [](CLI::App& app) {
                 "chat model before encoding it (greedy unless an --upsample-temperature, -top-p, "
                 "-top-k or -seed is given); the image records both prompts");
   add_upsample_options(*cmd, a->upsample_args, "upsample-");
-  cmd->callback([a] { run(*a); });
+  cmd->callback([a, prompt] {
+    a->prompt_given = prompt->count() > 0;
+    run(*a);
+  });
 });
 
 }  // namespace

@@ -163,7 +163,8 @@ typedef struct klein_preview {
 typedef int (*klein_preview_fn)(const klein_preview* preview, void* user_data);
 
 typedef struct klein_generate_params {
-  const char* prompt;          /* required */
+  const char* prompt;          /* required; "" is the empty prompt (unconditional, as the
+                                  official pipelines take it) */
   const char* negative_prompt; /* with classifier-free guidance (klein-base with guidance > 1,
                                   Z-Image with guidance > 0) only; NULL: "" */
   int width, height;           /* pixels, multiples of 16; 0: the first reference's, else 1024 */

@@ -197,6 +197,8 @@ class Model:
         images with seeds seed, seed+1, ... denoised together (each transformer block read
         once per step for all of them), image i the one generate makes with seed + i.
 
+        prompt: a str; "" is the empty prompt (an unconditional image, as the official
+        pipelines make it).
         width, height: pixels, multiples of 16 (None: the first reference's size, else 1024).
         steps, guidance: None for the model's defaults. seed: an integer for a reproducible
         image (None: drawn at random; the one used is image.info["seed"]).

@@ -1,5 +1,6 @@
 """klein_edge against `klein generate`: the same arguments give the same pixels and the same
 metadata (the CLI's images are checked against the official pipelines in tests/e2e)."""
+import json
 import os
 import pathlib
 import signal
@@ -41,8 +42,11 @@ def test_text_to_image_is_the_cli_image_with_its_metadata(model, cli, tiny_model
     assert (tmp_path / "py.png").read_bytes() == (tmp_path / "cli.png").read_bytes()
     saved = Image.open(tmp_path / "py.png")
     assert "trainedAlgorithmicMedia" in saved.info["XML:com.adobe.xmp"]
+    # The same for JPEG: the CLI's file for the same arguments, byte for byte.
+    cli("generate", "-m", tiny_model, "-p", PROMPT, "--no-cache", "-q", "-o", tmp_path / "cli.jpg",
+        "--seed", 9, "-W", 64, "-H", 48, "-s", 3)
     klein_edge.save(image, tmp_path / "py.jpg")
-    assert Image.open(tmp_path / "py.jpg").size == (64, 48)
+    assert (tmp_path / "py.jpg").read_bytes() == (tmp_path / "cli.jpg").read_bytes()
     with pytest.raises(klein_edge.KleinError, match="py.gif"):
         klein_edge.save(image, tmp_path / "py.gif")
 
@@ -56,6 +60,20 @@ def test_same_seed_same_image_and_a_random_seed_is_reported(model):
     assert 0 <= c.info["seed"] < 2**32
     again = model.generate(PROMPT, width=32, height=32, steps=2, seed=c.info["seed"])
     assert again.tobytes() == c.tobytes()
+
+
+def test_an_empty_prompt_is_the_cli_image_of_the_empty_prompt(model, cli, tiny_model, tmp_path):
+    # "" is a prompt (the official pipelines' unconditional one), not a missing one.
+    image = model.generate("", width=64, height=48, steps=2, seed=8)
+    expected = cli_png(cli, tmp_path, tiny_model, "--seed", 8, "-W", 64, "-H", 48, "-s", 2)
+    assert image.tobytes() != expected.convert("RGB").tobytes()  # PROMPT's image: another one
+    out = tmp_path / "empty.png"
+    cli("generate", "-m", tiny_model, "-p", "", "--no-cache", "-q", "-o", out, "--seed", 8,
+        "-W", 64, "-H", 48, "-s", 2)
+    same_pixels(image, Image.open(out))
+    assert image.info["klein"] == Image.open(out).info["klein"]
+    assert json.loads(image.info["klein"])["prompt"] == ""
+    assert model.generate("", width=64, height=48, steps=2, seed=8).tobytes() == image.tobytes()
 
 
 def test_count_makes_a_batch_of_the_images_made_one_at_a_time(model):

@@ -99,7 +99,7 @@ class CallbackProgress final : public klein::Progress {
 
 klein::GenerateOptions to_options(const klein_session& s, const klein_generate_params& p) {
   using klein::check;
-  check(p.prompt != nullptr, "params.prompt: a prompt is required");
+  check(p.prompt != nullptr, "params.prompt: a prompt is required (\"\" for the empty prompt)");
   check(p.width == 0 || (p.width >= 16 && p.width <= 8192), "params.width: expected 0 or 16 to ",
         "8192, got ", p.width);
   check(p.height == 0 || (p.height >= 16 && p.height <= 8192), "params.height: expected 0 or ",

@@ -46,7 +46,7 @@ const char* const kServerPage = R"html(<!doctype html>
 <h1>Klein Edge <span id="model" class="hint"></span></h1>
 <form id="form">
   <label for="prompt">Prompt</label>
-  <textarea id="prompt" required></textarea>
+  <textarea id="prompt" placeholder="empty: an unconditional image"></textarea>
   <label for="negative" class="negative-row">Negative prompt</label>
   <input id="negative" class="negative-row" placeholder="what to avoid (with guidance)">
   <span>Settings</span>

@@ -107,6 +107,34 @@ TEST(CApi, SamePixelsAndMetadataAsTheCli) {
   klein_image_free(image);
 }
 
+// "" is a prompt (the empty one, as the official pipelines take it): the image `klein generate
+// -p ""` makes, not the image of another prompt; NULL stays refused (ErrorsNameWhatWasWrong).
+TEST(CApi, EmptyPromptMakesTheCliImage) {
+  const fs::path out = testing::temp_dir("capi-empty-prompt");
+  Opened m;
+  klein_generate_params p = params(5, 64, 48, 2);
+  p.prompt = "";
+  klein_image* image = nullptr;
+  ASSERT_EQ(klein_generate(m.session, &p, &image), KLEIN_OK) << klein_session_error(m.session);
+  std::string log;
+  ASSERT_EQ(testing::run_klein("generate -m " + testing::tiny_model().string() +
+                                   " -p '' --seed 5 -W 64 -H 48 -s 2 --no-cache -q -o " +
+                                   (out / "cli.png").string(),
+                               &log),
+            0)
+      << log;
+  const Image cli = load_image(out / "cli.png");
+  ASSERT_EQ(cli.rgb.size(), size_t(64 * 48 * 3));
+  EXPECT_EQ(0, std::memcmp(cli.rgb.data(), image->pixels, cli.rgb.size()));
+  EXPECT_NE(cli.rgb, cli_image(out / "prompt.png", 5, 64, 48, 2).rgb);
+  EXPECT_NE(std::string(image->metadata).find("\"prompt\":\"\""), std::string::npos)
+      << image->metadata;
+  char* error = nullptr;
+  ASSERT_EQ(klein_image_save(image, (out / "api.png").c_str(), &error), KLEIN_OK) << error;
+  EXPECT_EQ(read_image_metadata(out / "api.png"), read_image_metadata(out / "cli.png"));
+  klein_image_free(image);
+}
+
 // A batch: image i is the image klein_generate makes with seed + i; bad counts are refused
 // and leave the array alone.
 TEST(CApi, BatchImagesAreTheImagesMadeOneAtATime) {
