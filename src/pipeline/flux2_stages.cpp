@@ -35,25 +35,12 @@ constexpr int64_t kDefaultSide = 1024;
 constexpr double kDefaultStrength = 0.8;  // Flux2KleinImg2ImgPipeline's default
 constexpr int64_t kPixelsPerToken = 16;
 
-// The initial packed noise [N, 128]: from the file if given (checked against the size),
-// else drawn from the seed.
-Tensor initial_noise(const GenerateOptions& o, uint64_t seed, flux2::LatentGrid grid,
-                     int64_t channels) {
-  const Shape expected = {1, channels, grid.rows, grid.cols};
-  Tensor chw({channels, grid.rows, grid.cols});
-  if (!o.noise_file.empty()) {
-    NpyArray a = read_npy(o.noise_file);
-    check(a.dtype == DType::F32 && a.shape == expected, "--noise ", o.noise_file.string(),
-          ": expected float32 ", shape_str(expected), " for this size, got ", dtype_name(a.dtype),
-          " ", shape_str(a.shape));
-    std::memcpy(chw.data(), a.bytes.data(), a.bytes.size());
-    for (int64_t i = 0; i < chw.numel(); ++i)
-      check(std::isfinite(chw.data()[i]), "--noise ", o.noise_file.string(), ": value ", i,
-            " is ", chw.data()[i], "; the initial noise must be finite");
-  } else {
-    auto values = gaussian_noise(seed, chw.numel());
-    std::memcpy(chw.data(), values.data(), values.size() * sizeof(float));
-  }
+// The initial packed noise [N, 128]: the file's (read in start) if given, else drawn from
+// the seed.
+Tensor initial_noise(const Generation& g, uint64_t seed, int64_t channels) {
+  if (g.noise_from_file.numel() > 0) return flux2::pack_latents(g.noise_from_file);
+  Tensor chw({channels, g.grid.rows, g.grid.cols});
+  fill_gaussian(chw, seed);
   return flux2::pack_latents(chw);
 }
 
@@ -330,6 +317,9 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
   check(o.noise_file.empty() || !o.seed, "--noise and --seed exclude each other: the noise file "
         "is the initial noise");
   if (o.noise_file.empty()) r.seed = o.seed ? *o.seed : random_seed();
+  else
+    g.noise_from_file = read_noise_file(
+        o.noise_file, {1, config.transformer.in_channels, g.grid.rows, g.grid.cols});
   g.guided = flux2::uses_guidance(config, r.guidance);
   r.guided = g.guided;
   r.embedded_guidance = p_.embedded_guidance;
@@ -418,8 +408,8 @@ void Flux2Stages::encode_prompt(Session& session, Generation& g, Progress& progr
 void Flux2Stages::prepare_latents(Session& session, Generation& g, Progress& progress) const {
   const GenerateOptions& o = g.options;
   const Dumper dump(o.dump_dir);
-  g.noise = initial_noise(o, g.result.seed.value_or(0), g.grid,
-                         session.weights().config().transformer.in_channels);
+  g.noise = initial_noise(g, g.result.seed.value_or(0),
+                          session.weights().config().transformer.in_channels);
   dump.f32("noise", flux2::unpack_latents(g.noise, g.grid),
            {1, g.noise.dim(1), g.grid.rows, g.grid.cols});
   if (g.init_pixels.numel() > 0) {

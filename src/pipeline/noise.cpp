@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
+#include "core/error.h"
+#include "core/npy.h"
 #include "core/random.h"
 
 namespace klein {
@@ -41,6 +44,19 @@ uint64_t random_seed() { return os_random_u64() % kRandomSeedBound; }
 void fill_gaussian(Tensor& t, uint64_t seed) {
   const std::vector<float> values = gaussian_noise(seed, t.numel());
   std::copy(values.begin(), values.end(), t.data());
+}
+
+Tensor read_noise_file(const std::filesystem::path& file, const Shape& expected) {
+  const NpyArray a = read_npy(file);
+  check(a.dtype == DType::F32 && a.shape == expected, "--noise ", file.string(),
+        ": expected float32 ", shape_str(expected), " for this size, got ", dtype_name(a.dtype),
+        " ", shape_str(a.shape));
+  Tensor t(Shape(expected.begin() + 1, expected.end()));
+  std::memcpy(t.data(), a.bytes.data(), a.bytes.size());
+  for (int64_t i = 0; i < t.numel(); ++i)
+    check(std::isfinite(t.data()[i]), "--noise ", file.string(), ": value ", i, " is ",
+          t.data()[i], "; the initial noise must be finite");
+  return t;
 }
 
 }  // namespace klein

@@ -16,6 +16,7 @@
 // Any 64-bit seed is valid. A seed drawn at random is below 2^32 (random_seed).
 #include <array>
 #include <cstdint>
+#include <filesystem>
 #include <vector>
 
 #include "core/tensor.h"
@@ -41,5 +42,10 @@ constexpr uint64_t kRandomSeedBound = uint64_t(1) << 32;
 // A seed from the operating system's random source, in [0, kRandomSeedBound): the one way a
 // front end or the pipeline picks a seed the user did not give.
 uint64_t random_seed();
+
+// The initial noise a user gave as a file (--noise): a float32 .npy of shape `expected`
+// ([1, C, h, w]), every value finite, returned as [C, h, w]. Read when a generation starts,
+// so that a wrong file is refused before the text encoder runs.
+Tensor read_noise_file(const std::filesystem::path& file, const Shape& expected);
 
 }  // namespace klein

@@ -173,6 +173,7 @@ struct Generation {
   // encode_prompt
   Tensor context, negative;  // [T, 3·hidden]; negative only when guided
   // prepare_latents
+  Tensor noise_from_file;                // [C, h, w]: --noise, read and checked in start
   Tensor noise;                          // [N, 128] packed initial latents
   std::vector<Tensor> reference_tokens;  // [n_i, 128] clean latents of each reference
   flux2::TokenLayout layout;

@@ -225,7 +225,12 @@ class ZImageStages final : public FamilyStages {
 
     check(o.noise_file.empty() || !o.seed, "--noise and --seed exclude each other: the noise "
           "file is the initial noise");
-    if (o.noise_file.empty()) r.seed = o.seed ? *o.seed : random_seed();
+    if (o.noise_file.empty())
+      r.seed = o.seed ? *o.seed : random_seed();
+    else
+      g.noise_from_file = read_noise_file(
+          o.noise_file, {1, state->transformer.in_channels, r.height / kPixelsPerLatent,
+                         r.width / kPixelsPerLatent});
     r.fast = runs_fast(o.precision, weights);
     if (o.plan_memory) {
       MemoryPlanInputs need;
@@ -298,20 +303,11 @@ class ZImageStages final : public FamilyStages {
     const GenerateOptions& o = g.options;
     const int64_t C = state_of(g).transformer.in_channels;
     const int64_t h = g.result.height / kPixelsPerLatent, w = g.result.width / kPixelsPerLatent;
-    g.noise = Tensor({C, h, w});
-    if (!o.noise_file.empty()) {
-      const Shape expected = {1, C, h, w};
-      const NpyArray a = read_npy(o.noise_file);
-      check(a.dtype == DType::F32 && a.shape == expected, "--noise ", o.noise_file.string(),
-            ": expected float32 ", shape_str(expected), " for this size, got ",
-            dtype_name(a.dtype), " ", shape_str(a.shape));
-      std::memcpy(g.noise.data(), a.bytes.data(), a.bytes.size());
-      for (int64_t i = 0; i < g.noise.numel(); ++i)
-        check(std::isfinite(g.noise.data()[i]), "--noise ", o.noise_file.string(), ": value ", i,
-              " is ", g.noise.data()[i], "; the initial noise must be finite");
+    if (g.noise_from_file.numel() > 0) {
+      g.noise = std::move(g.noise_from_file);
     } else {
-      const std::vector<float> values = gaussian_noise(*g.result.seed, g.noise.numel());
-      std::memcpy(g.noise.data(), values.data(), values.size() * sizeof(float));
+      g.noise = Tensor({C, h, w});
+      fill_gaussian(g.noise, *g.result.seed);
     }
     Dumper(o.dump_dir).f32("noise", g.noise, {1, C, h, w});
   }

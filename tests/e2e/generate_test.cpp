@@ -108,12 +108,17 @@ TEST(GenerateCli, SameSeedSameImageAcrossThreadCounts) {
 TEST(GenerateCli, BadInputFailsClearlyAndLeavesNoFile) {
   const fs::path out = testing::temp_dir("bad");
   std::string log;
-  const std::string base = "generate -m " + testing::tiny_model().string() + " -p x -W 64 -H 64 -q ";
+  const std::string base =
+      "generate -m " + testing::tiny_model().string() + " -p x -W 64 -H 64 --no-cache ";
+  // A noise file of another size is refused when the generation starts, before the text
+  // encoder runs (the progress lines would name it).
   EXPECT_NE(testing::run_klein(base + "-o " + (out / "a.png").string() + " --noise " +
                                    (testing::tiny_vectors() / "e2e" / "t2i_h96_w128" / "noise.npy").string(),
                                &log),
             0);
   EXPECT_NE(log.find("--noise"), std::string::npos) << log;
+  EXPECT_NE(log.find("expected float32 [1, 128, 4, 4]"), std::string::npos) << log;
+  EXPECT_EQ(log.find("text encoder"), std::string::npos) << "work started: " << log;
   EXPECT_NE(testing::run_klein(base + "-o " + (out / "a.gif").string(), &log), 0);
   EXPECT_NE(testing::run_klein("generate -m /nonexistent -p x -o " + (out / "a.png").string(), &log), 0);
   EXPECT_NE(log.find("/nonexistent"), std::string::npos) << log;

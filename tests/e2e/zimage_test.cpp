@@ -220,5 +220,24 @@ TEST(ZImageCli, RefusesWhatTheFamilyCannotDo) {
   }
 }
 
+// A noise file of another size is refused when the generation starts, before the text encoder
+// runs (its progress line would name it).
+TEST(ZImageCli, RefusesANoiseFileOfAnotherSizeBeforeAnyWork) {
+  const fs::path dir = testing::temp_dir("zimage-noise-size");
+  const fs::path noise =
+      testing::golden_vectors("zimage-tiny", "e2e") / "turbo_h64_w96" / "noise.npy";
+  std::string log;
+  EXPECT_NE(testing::run_klein("generate -m " + testing::shell_arg(zimage_model()) +
+                                   " -p x -W 32 -H 32 -s 1 --no-cache --noise " +
+                                   testing::shell_arg(noise) + " -o " +
+                                   testing::shell_arg(dir / "out.png"),
+                               &log),
+            0);
+  EXPECT_NE(log.find("--noise"), std::string::npos) << log;
+  EXPECT_NE(log.find("expected float32 [1, 16, 4, 4]"), std::string::npos) << log;
+  EXPECT_EQ(log.find("text encoder"), std::string::npos) << "work started: " << log;
+  EXPECT_TRUE(fs::is_empty(dir));
+}
+
 }  // namespace
 }  // namespace klein
