@@ -10,7 +10,8 @@ if (($# > 0)); then
 elif [[ "$(uname -m)" == aarch64 || "$(uname -m)" == arm64 ]]; then
   paths=(scalar neon)
 else
-  paths=(scalar avx2 avx512 avx512-bf16 amx avx512-emulated amx-emulated)
+  paths=(scalar avx2 avx-vnni avx512 avx512-bf16 avx512-bf16-attention amx avx512-emulated
+    amx-emulated)
 fi
 [[ -f "$log" ]] || : > "$log"
 echo "Instruction-set paths in this run${KLEIN_ISA:+ (KLEIN_ISA=$KLEIN_ISA)}:"

@@ -255,7 +255,7 @@ TEST_P(MatmulTest, LargeShapesCrossTileAndChunkBoundaries) {
 // are the same arithmetic (the same roundings, the same tile products in the same order), so
 // the outputs agree bit for bit, for every weight type that rounds X to one bf16 part.
 TEST(MatmulAmx, WidePlanSameWhereverXIsConverted) {
-  if (!isa_available(Isa::Amx)) GTEST_SKIP() << "the wide plan runs on AMX tiles, absent here";
+  KLEIN_REQUIRE_ISA(Isa::Amx);  // the wide plan runs on AMX tiles
   ThreadPool pool(2);
   const int64_t M = 100, N = 72, K = 4160, ldx = K + 8;
   const std::vector<float> x = random_matrix(M, ldx, 11, Dist::Gauss, 1.0f);

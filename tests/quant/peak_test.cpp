@@ -35,7 +35,7 @@ double ceiling_per_thread(Isa isa) {
   }
 }
 
-// Q4 matmul's multiply-adds per second on one thread, best of three.
+// Q4 matmul's multiply-adds per second on one thread, one measurement.
 double q4_matmul_rate(Isa isa, ThreadPool& pool) {
   const int64_t M = 96, N = 256, K = 2048;
   const std::vector<float> w = random_matrix(N, K, 7, Dist::Gauss);
@@ -44,14 +44,11 @@ double q4_matmul_rate(Isa isa, ThreadPool& pool) {
   std::vector<float> y(size_t(M * N));
   MatmulOptions o;
   o.isa = isa;
-  double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < 4; ++i) matmul(x.data(), M, K, p.matrix, y.data(), N, pool, o);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 4.0 * double(M * N * K) / s);
-  }
-  return best;
+  matmul(x.data(), M, K, p.matrix, y.data(), N, pool, o);  // warm: packing, pages, caches
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 4; ++i) matmul(x.data(), M, K, p.matrix, y.data(), N, pool, o);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return 4.0 * double(M * N * K) / s;
 }
 
 class PeakIsa : public ::klein::testing::OnEveryIsa {};
@@ -69,12 +66,17 @@ TEST_P(PeakIsa, IsAboveTheKernelsAndBelowTheInstruction) {
   }
   EXPECT_FALSE(peak.instruction.empty());
   EXPECT_LT(peak.macs_per_second, ceiling_per_thread(isa)) << peak.instruction;
-  const double kernel = q4_matmul_rate(isa, pool);
+  // Best of three turns each, taken in turn: another program on the same cores slows one
+  // turn of either, not the best of both, so the comparison is of the two rates themselves.
+  double best_peak = peak.macs_per_second, kernel = 0;
+  for (int round = 0; round < 3; ++round) {
+    if (round > 0) best_peak = std::max(best_peak, measure_peak(isa, pool, 0.05).macs_per_second);
+    kernel = std::max(kernel, q4_matmul_rate(isa, pool));
+  }
   std::printf("  %s: peak %.1f GMAC/s (%.*s), Q4 matmul %.1f GMAC/s (%.0f %%)\n",
-              std::string(isa_name(isa)).c_str(), peak.macs_per_second / 1e9,
-              int(peak.instruction.size()), peak.instruction.data(), kernel / 1e9,
-              100 * kernel / peak.macs_per_second);
-  EXPECT_GT(peak.macs_per_second, kernel) << peak.instruction;
+              std::string(isa_name(isa)).c_str(), best_peak / 1e9, int(peak.instruction.size()),
+              peak.instruction.data(), kernel / 1e9, 100 * kernel / best_peak);
+  EXPECT_GT(best_peak, kernel) << peak.instruction;
 }
 
 KLEIN_INSTANTIATE_ON_EVERY_ISA(PeakIsa);
@@ -84,12 +86,12 @@ KLEIN_INSTANTIATE_ON_EVERY_ISA(PeakIsa);
 // halves, Zen 5 runs both at two a cycle): a ymm loop whose accumulators the compiler keeps on
 // the stack runs at 60 % of that and fails here (it did, on Zen 5).
 TEST(Peak, AvxVnniIssuesAsManyInstructionsAsItsZmmForm) {
-  if (!isa_available(Isa::Avx2) || !isa_available(Isa::Avx512))
-    GTEST_SKIP() << "needs AVX2 and AVX-512";
+  KLEIN_REQUIRE_ISA(Isa::Avx512);
+  KLEIN_REQUIRE_PATH(cpu_features().avx_vnni, "avx-vnni", "this CPU (within KLEIN_ISA) has no AVX-VNNI");
   ThreadPool pool(1);
   const PeakRate first = measure_peak(Isa::Avx2, pool, 0.1);
-  if (first.instruction.find("avx-vnni") == std::string_view::npos)
-    GTEST_SKIP() << "no AVX-VNNI: the AVX2 peak is " << first.instruction;
+  ASSERT_NE(first.instruction.find("avx-vnni"), std::string_view::npos)
+      << "the CPU has AVX-VNNI but the AVX2 peak measured " << first.instruction;
   // Best of three, taking turns, so that another test program on the same cores during one
   // measurement does not decide the comparison.
   double ymm_per_second = first.macs_per_second / 32, zmm_per_second = 0;
