@@ -10,6 +10,17 @@ build=${1:-build}
 sudo_cmd=""
 [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
 model="$(cd "${KLEIN_TESTDATA:-../shared/testdata}" && pwd)/klein-tiny/model"
+# The trap is set before anything is made, so that an early failure leaves nothing behind.
+installed=0
+out=""
+cleanup() {
+  if ((installed)) && dpkg-query -W -f='${Status}' klein-edge 2>/dev/null | grep -q "install ok installed"; then
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get remove -y -qq klein-edge >/dev/null 2>&1 || true
+  fi
+  [[ -n "$out" ]] && rm -rf "$out"
+  return 0
+}
+trap cleanup EXIT
 out=$(mktemp -d "${TMPDIR:-/tmp}/klein-deb-test.XXXXXX")
 deb=$(bash scripts/make-deb.sh "$build")
 echo "package: $deb ($(du -k "$deb" | cut -f1) KiB)"
@@ -17,14 +28,8 @@ dpkg-deb -f "$deb" Depends
 
 dpkg-query -W -f='${Status}' klein-edge 2>/dev/null | grep -q "install ok installed" &&
   { echo "klein-edge is installed already: remove it first" >&2; exit 1; }
+installed=1
 DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "./$deb" >/dev/null
-cleanup() {
-  if dpkg-query -W -f='${Status}' klein-edge 2>/dev/null | grep -q "install ok installed"; then
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get remove -y -qq klein-edge >/dev/null 2>&1 || true
-  fi
-  rm -rf "$out"
-}
-trap cleanup EXIT
 
 args=(generate -m "$model" -p "a small red cube" -W 64 -H 48 -s 2 --seed 3 --no-cache -q)
 (cd / && /usr/bin/klein "${args[@]}" -o "$out/installed.png" >/dev/null)
