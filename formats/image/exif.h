@@ -10,8 +10,8 @@
 namespace klein::codecs {
 
 // The orientation (1..8) in an EXIF block (the TIFF structure that follows "Exif\0\0" in a
-// JPEG APP1 segment, or a PNG eXIf chunk); 1 (upright) when absent, out of range or
-// malformed: a broken EXIF block never stops an image from loading.
+// JPEG APP1 segment, or a PNG eXIf or WebP EXIF chunk); 1 (upright) when absent, out of range
+// or malformed: a broken EXIF block never stops an image from loading.
 int exif_orientation(std::span<const std::byte> tiff);
 
 // The image turned upright for an orientation, as PIL's exif_transpose: 2 mirror left-right,

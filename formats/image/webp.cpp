@@ -1,15 +1,20 @@
 // WebP through libwebp: still images, lossy or lossless, decoded to RGB with libwebp's own
 // conversion (the one Pillow uses, so the pixels are Pillow's); alpha is dropped, as
-// convert("RGB") drops it. Written lossless: the exact pixels, like PNG, in fewer bytes.
+// convert("RGB") drops it. An EXIF orientation (the EXIF chunk of an extended file) is
+// applied, as for JPEG and PNG. Written lossless: the exact pixels, like PNG, in fewer bytes.
 #include <webp/decode.h>
+#include <webp/demux.h>
 #include <webp/encode.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <span>
+#include <utility>
 
 #include "core/error.h"
 #include "formats/image/codecs.h"
+#include "formats/image/exif.h"
 
 namespace klein::codecs {
 
@@ -29,6 +34,27 @@ const char* status_text(VP8StatusCode status) {
   return "unknown error";
 }
 
+// The EXIF orientation of an extended WebP's EXIF chunk; 1 without one. libwebp's demuxer
+// (the one Pillow reads the chunk with) takes the chunk only when the VP8X header's EXIF flag
+// is set, and refuses a container whose chunks overrun the file: then the image stays as
+// stored, as a broken EXIF block in a JPEG leaves it. Some writers put JPEG's "Exif\0\0"
+// before the TIFF structure, as in PNG; the specification does not: both are read.
+int orientation_of(std::span<const std::byte> data) {
+  const WebPData whole{reinterpret_cast<const uint8_t*>(data.data()), data.size()};
+  WebPDemuxer* demux = WebPDemux(&whole);
+  if (!demux) return 1;
+  int orientation = 1;
+  WebPChunkIterator chunk;
+  if (WebPDemuxGetChunk(demux, "EXIF", 1, &chunk)) {
+    auto tiff = std::as_bytes(std::span(chunk.chunk.bytes, chunk.chunk.size));
+    if (tiff.size() >= 6 && std::memcmp(tiff.data(), "Exif\0\0", 6) == 0) tiff = tiff.subspan(6);
+    orientation = exif_orientation(tiff);
+    WebPDemuxReleaseChunkIterator(&chunk);
+  }
+  WebPDemuxDelete(demux);
+  return orientation;
+}
+
 }  // namespace
 
 Image decode_webp(std::span<const std::byte> data, const std::string& name,
@@ -46,7 +72,7 @@ Image decode_webp(std::span<const std::byte> data, const std::string& name,
   const uint8_t* out = WebPDecodeRGBInto(bytes, data.size(), image.rgb.data(), image.rgb.size(), stride);
   check(out != nullptr, name, ": cannot read WebP: the image data is corrupt or truncated");
   if (metadata) metadata->clear();  // WebP has no text chunks that we read
-  return image;
+  return apply_orientation(std::move(image), orientation_of(data));
 }
 
 void encode_webp(std::FILE* out, const std::string& name, const Image& image) {

@@ -57,6 +57,9 @@ bool png_write_all(std::FILE* file, const PngSpec& spec, png_bytepp rows, png_co
   if (num_palette > 0) png_set_PLTE(png, info, palette, num_palette);
   if (!spec.palette_alpha.empty())
     png_set_tRNS(png, info, spec.palette_alpha.data(), int(spec.palette_alpha.size()), nullptr);
+  if (!spec.exif.empty())
+    png_set_eXIf_1(png, info, png_uint_32(spec.exif.size()),
+                   const_cast<png_bytep>(spec.exif.data()));
   png_write_info(png, info);
   if (rows) {
     png_write_image(png, rows);

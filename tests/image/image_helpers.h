@@ -25,6 +25,7 @@ struct PngSpec {
   std::vector<std::vector<uint8_t>> rows;
   std::vector<uint8_t> palette;  // RGB triplets, for palette images
   std::vector<uint8_t> palette_alpha;  // tRNS entries, for palette images
+  std::vector<uint8_t> exif;           // an eXIf chunk before the pixels, when not empty
 };
 PngSpec png_spec(int width, int height, int color_type, int bit_depth, bool interlaced = false);
 // Writes `spec` with libpng; fails the current test on a libpng error.

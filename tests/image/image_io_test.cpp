@@ -21,6 +21,7 @@ namespace klein {
 namespace {
 
 namespace fs = std::filesystem;
+using namespace std::string_literals;
 using testing::list_dir;
 using testing::pattern_image;
 using testing::png_spec;
@@ -255,8 +256,8 @@ TEST(ImageFiles, JpegRoundTripIsClose) {
   EXPECT_EQ(list_dir(dir), std::vector<std::string>{"out.jpg"});
 }
 
-// An EXIF APP1 segment with one orientation entry, in either byte order.
-std::string exif_app1(int orientation, bool little_endian) {
+// An EXIF block (the TIFF structure) with one orientation entry, in either byte order.
+std::string exif_tiff(int orientation, bool little_endian) {
   std::string tiff = little_endian ? std::string("II\x2a\0\x08\0\0\0", 8)
                                    : std::string("MM\0\x2a\0\0\0\x08", 8);
   auto u16 = [&](int v) {
@@ -268,9 +269,48 @@ std::string exif_app1(int orientation, bool little_endian) {
                                                   : std::string("\0\0\0\x01", 4));
   tiff += u16(orientation) + u16(0);                // the SHORT and padding
   tiff += std::string(4, '\0');                    // no next IFD
-  const std::string payload = std::string("Exif\0\0", 6) + tiff;
+  return tiff;
+}
+
+// The same block with its IFD offset pointing far past its end: malformed.
+std::string broken_exif_tiff() {
+  std::string tiff = exif_tiff(6, true);
+  tiff[6] = '\x7f';
+  return tiff;
+}
+
+// An EXIF APP1 segment with one orientation entry, in either byte order.
+std::string exif_app1(int orientation, bool little_endian) {
+  const std::string payload = std::string("Exif\0\0", 6) + exif_tiff(orientation, little_endian);
   const size_t length = payload.size() + 2;
   return std::string("\xff\xe1", 2) + char(length >> 8) + char(length & 0xff) + payload;
+}
+
+void write_string(const fs::path& path, const std::string& s) {
+  write_bytes(path, std::vector<uint8_t>(s.begin(), s.end()));
+}
+
+// The stored picture turned upright as EXIF defines each orientation, written out here
+// independently of the decoders: output pixel (x, y) comes from stored pixel (sx, sy).
+Image upright(const Image& stored, int orientation) {
+  const int w = stored.width, h = stored.height;
+  const bool swap = orientation >= 5 && orientation <= 8;
+  Image out(swap ? h : w, swap ? w : h);
+  for (int y = 0; y < out.height; ++y)
+    for (int x = 0; x < out.width; ++x) {
+      int sx = x, sy = y;
+      switch (orientation) {
+        case 2: sx = w - 1 - x; break;                  // mirrored left-right
+        case 3: sx = w - 1 - x, sy = h - 1 - y; break;  // turned 180°
+        case 4: sy = h - 1 - y; break;                  // mirrored top-bottom
+        case 5: sx = y, sy = x; break;                  // transposed
+        case 6: sx = y, sy = h - 1 - x; break;          // stored 90° counter-clockwise
+        case 7: sx = w - 1 - y, sy = h - 1 - x; break;  // transversed
+        case 8: sx = w - 1 - y, sy = x; break;          // stored 90° clockwise
+      }
+      std::memcpy(out.pixel(x, y), stored.pixel(sx, sy), 3);
+    }
+  return out;
 }
 
 // Cameras store the sensor's picture and an EXIF orientation; diffusers' load_image turns it
@@ -281,45 +321,166 @@ TEST(ImageFiles, JpegExifOrientationIsApplied) {
   save_jpeg(dir / "plain.jpg", gradient_image(24, 16), 95, {});
   const std::vector<uint8_t> raw = read_bytes(dir / "plain.jpg");
   const std::string plain_bytes(raw.begin(), raw.end());
-  const auto write_bytes = [](const fs::path& p, const std::string& s) {
-    testing::write_bytes(p, std::vector<uint8_t>(s.begin(), s.end()));
-  };
   const Image plain = load_image(dir / "plain.jpg");
   const int w = plain.width, h = plain.height;
-  // Where output pixel (x, y) comes from in the stored picture, per orientation.
-  const std::vector<std::pair<int, std::function<std::pair<int, int>(int, int)>>> cases = {
-      {1, [](int x, int y) { return std::pair(x, y); }},
-      {2, [&](int x, int y) { return std::pair(w - 1 - x, y); }},
-      {3, [&](int x, int y) { return std::pair(w - 1 - x, h - 1 - y); }},
-      {4, [&](int x, int y) { return std::pair(x, h - 1 - y); }},
-      {5, [](int x, int y) { return std::pair(y, x); }},
-      {6, [&](int x, int y) { return std::pair(y, h - 1 - x); }},  // stored 90° counter-clockwise
-      {7, [&](int x, int y) { return std::pair(w - 1 - y, h - 1 - x); }},
-      {8, [&](int x, int y) { return std::pair(w - 1 - y, x); }},
-  };
-  for (const auto& [orientation, source] : cases) {
+  for (int orientation = 1; orientation <= 8; ++orientation) {
     for (bool little : {true, false}) {
       const fs::path file = dir / ("o" + std::to_string(orientation) + ".jpg");
-      write_bytes(file, plain_bytes.substr(0, 2) + exif_app1(orientation, little) +
-                            plain_bytes.substr(2));
+      write_string(
+          file, plain_bytes.substr(0, 2) + exif_app1(orientation, little) + plain_bytes.substr(2));
       const Image got = load_image(file);
       const bool swap = orientation >= 5;
       ASSERT_EQ(got.width, swap ? h : w) << orientation;
       ASSERT_EQ(got.height, swap ? w : h) << orientation;
-      Image want(got.width, got.height);
-      for (int y = 0; y < got.height; ++y)
-        for (int x = 0; x < got.width; ++x) {
-          const auto [sx, sy] = source(x, y);
-          std::memcpy(want.pixel(x, y), plain.pixel(sx, sy), 3);
-        }
-      EXPECT_TRUE(same_pixels(got, want)) << "orientation " << orientation;
+      EXPECT_TRUE(same_pixels(got, upright(plain, orientation))) << "orientation " << orientation;
     }
   }
   // A malformed EXIF block (an IFD offset past the end) leaves the image as stored.
-  std::string broken = exif_app1(6, true);
-  broken[16] = '\x7f';
-  write_bytes(dir / "broken.jpg", plain_bytes.substr(0, 2) + broken + plain_bytes.substr(2));
+  const std::string payload = std::string("Exif\0\0", 6) + broken_exif_tiff();
+  const std::string broken =
+      std::string("\xff\xe1", 2) + char(0) + char(payload.size() + 2) + payload;
+  write_string(dir / "broken.jpg", plain_bytes.substr(0, 2) + broken + plain_bytes.substr(2));
   EXPECT_TRUE(same_pixels(load_image(dir / "broken.jpg"), plain));
+}
+
+// A 128x96 picture, smooth (for JPEG) but for a pure red 16x8 block in its top-left corner:
+// where that block lands shows which way the picture was turned.
+Image cornered_image() {
+  Image image = gradient_image(128, 96);
+  for (int y = 0; y < 8; ++y)
+    for (int x = 0; x < 16; ++x) {
+      uint8_t* p = image.pixel(x, y);
+      p[0] = 255, p[1] = 0, p[2] = 0;
+    }
+  return image;
+}
+
+bool is_red(const Image& image, int x, int y) {
+  const uint8_t* p = image.pixel(x, y);
+  return p[0] == 255 && p[1] == 0 && p[2] == 0;
+}
+
+// Orientation 6 ("turn 90° clockwise to display") of cornered_image(): 96x128, the stored
+// top-left block now in the top-right corner, 8 wide and 16 high.
+void expect_turned_clockwise(const Image& got, const std::string& what) {
+  ASSERT_EQ(got.width, 96) << what;
+  ASSERT_EQ(got.height, 128) << what;
+  EXPECT_TRUE(is_red(got, 95, 0) && is_red(got, 88, 0) && is_red(got, 95, 15) &&
+              is_red(got, 88, 15))
+      << what << ": the red corner is not in the top-right";
+  EXPECT_FALSE(is_red(got, 87, 0) || is_red(got, 95, 16) || is_red(got, 0, 0) ||
+               is_red(got, 0, 127) || is_red(got, 95, 127))
+      << what << ": red outside the corner";
+}
+
+// PNG's eXIf chunk holds the same EXIF block (written here with libpng, not our writer).
+TEST(ImageFiles, PngExifOrientationIsApplied) {
+  const fs::path dir = temp_dir("png_exif");
+  const Image stored = cornered_image();
+  const auto write = [&](const fs::path& path, const std::string& exif) {
+    PngSpec spec = png_spec(stored.width, stored.height, PNG_COLOR_TYPE_RGB, 8);
+    for (int y = 0; y < stored.height; ++y)
+      spec.rows.emplace_back(stored.row(y), stored.row(y) + stored.row_bytes());
+    spec.exif.assign(exif.begin(), exif.end());
+    testing::write_png_with_libpng(path, spec);
+  };
+  for (int orientation = 1; orientation <= 8; ++orientation)
+    for (bool little : {true, false}) {
+      write(dir / "o.png", exif_tiff(orientation, little));
+      EXPECT_TRUE(same_pixels(load_image(dir / "o.png"), upright(stored, orientation)))
+          << "orientation " << orientation << (little ? " II" : " MM");
+    }
+  write(dir / "o6.png", exif_tiff(6, false));
+  expect_turned_clockwise(load_image(dir / "o6.png"), "o6.png");
+  // A malformed EXIF block leaves the image as stored, as in a JPEG.
+  write(dir / "broken.png", broken_exif_tiff());
+  EXPECT_TRUE(same_pixels(load_image(dir / "broken.png"), stored));
+}
+
+std::string le32(uint32_t v) { return {char(v), char(v >> 8), char(v >> 16), char(v >> 24)}; }
+
+// A RIFF chunk: FourCC, little-endian size, payload, a pad byte to an even size.
+std::string riff_chunk(const std::string& fourcc, const std::string& payload) {
+  return fourcc + le32(uint32_t(payload.size())) + payload + (payload.size() % 2 ? "\0"s : ""s);
+}
+
+// An extended WebP laid out by hand as the container specification says (our writer never
+// makes one): RIFF header, VP8X chunk (`flags`, canvas width x height), then `chunks`.
+std::string extended_webp(int width, int height, uint8_t flags, const std::string& chunks) {
+  const std::string vp8x = std::string{char(flags), 0, 0, 0} +
+                           le32(uint32_t(width - 1)).substr(0, 3) +
+                           le32(uint32_t(height - 1)).substr(0, 3);
+  const std::string body = "WEBP" + riff_chunk("VP8X", vp8x) + chunks;
+  return "RIFF" + le32(uint32_t(body.size())) + body;
+}
+
+constexpr uint8_t kWebPExifFlag = 0x08;  // in the VP8X header's flags
+
+// A WebP's EXIF chunk: with the VP8X header's EXIF flag (0x08) set, its orientation is applied,
+// exactly (lossless) and the same way as the JPEG path; with JPEG's "Exif\0\0" before the
+// TIFF structure (some writers add it) or without (the specification, Pillow).
+TEST(ImageFiles, WebPExifOrientationIsApplied) {
+  const fs::path dir = temp_dir("webp_exif");
+  const Image stored = cornered_image();
+  // A simple lossless WebP: "RIFF", size, "WEBP", then its VP8L chunk, which is taken whole.
+  save_image(dir / "simple.webp", stored);
+  const std::vector<uint8_t> simple = read_bytes(dir / "simple.webp");
+  ASSERT_EQ(std::string(simple.begin() + 12, simple.begin() + 16), "VP8L");
+  const std::string image_chunk(simple.begin() + 12, simple.end());
+  const auto webp = [&](const std::string& exif, uint8_t flags = kWebPExifFlag) {
+    return extended_webp(stored.width, stored.height, flags,
+                         image_chunk + riff_chunk("EXIF", exif));
+  };
+  for (int orientation = 1; orientation <= 8; ++orientation)
+    for (bool little : {true, false})
+      for (const std::string& prefix : {""s, "Exif\0\0"s}) {
+        write_string(dir / "o.webp", webp(prefix + exif_tiff(orientation, little)));
+        EXPECT_TRUE(same_pixels(load_image(dir / "o.webp"), upright(stored, orientation)))
+            << "orientation " << orientation << (little ? " II" : " MM") << " prefix "
+            << prefix.size();
+      }
+  write_string(dir / "o6.webp", webp(exif_tiff(6, true)));
+  const Image turned = load_image(dir / "o6.webp");
+  expect_turned_clockwise(turned, "o6.webp");
+  // The JPEG path turns the same picture with the same EXIF block the same way.
+  save_jpeg(dir / "plain.jpg", stored, 95, {});
+  const std::vector<uint8_t> jpeg = read_bytes(dir / "plain.jpg");
+  write_string(dir / "o6.jpg", std::string(jpeg.begin(), jpeg.begin() + 2) + exif_app1(6, true) +
+                                   std::string(jpeg.begin() + 2, jpeg.end()));
+  expect_close(load_image(dir / "o6.jpg"), turned, 1.5, 80);
+
+  // Without the EXIF flag the chunk is not read (libwebp's demuxer, and so Pillow, skip it).
+  write_string(dir / "unflagged.webp", webp(exif_tiff(6, true), 0));
+  EXPECT_TRUE(same_pixels(load_image(dir / "unflagged.webp"), stored));
+  // A malformed EXIF block leaves the image as stored, as in a JPEG.
+  write_string(dir / "broken.webp", webp(broken_exif_tiff()));
+  EXPECT_TRUE(same_pixels(load_image(dir / "broken.webp"), stored));
+  // An EXIF chunk declaring more bytes than the file holds (the RIFF size agreeing with the
+  // file): the pixels are whole, the container is not; the image is left as stored, as a
+  // broken EXIF block leaves a JPEG (Pillow, whose demuxer reads the whole container, refuses
+  // the file; libwebp's decoder reads the pixels).
+  std::string overrun = webp(exif_tiff(6, true));
+  const size_t exif_at = overrun.rfind("EXIF");
+  overrun.replace(exif_at + 4, 4, le32(1000));
+  write_string(dir / "overrun.webp", overrun);
+  EXPECT_TRUE(same_pixels(load_image(dir / "overrun.webp"), stored));
+  // The file cut inside its EXIF chunk (the RIFF size promising more): libwebp refuses it as
+  // truncated, as libjpeg refuses a JPEG cut short.
+  const std::string whole = webp(exif_tiff(6, true));
+  write_string(dir / "cut.webp", whole.substr(0, whole.size() - 10));
+  expect_error([&] { load_image(dir / "cut.webp"); }, {"cut.webp", "WebP", "truncated"});
+}
+
+// A WebP written by Pillow with EXIF orientation 6 (tools/images/exif_fixture.py) reads as the
+// upright RGB image Pillow's exif_transpose makes of it, as diffusers' load_image loads it.
+TEST(ImageFiles, WebPExifOrientationAsPillowTurnsIt) {
+  const fs::path data = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "images";
+  const Image got = load_image(data / "exif6.webp");
+  ASSERT_EQ(got.width, 24);
+  ASSERT_EQ(got.height, 40);
+  EXPECT_TRUE(is_red(got, 23, 0) && is_red(got, 20, 7) && !is_red(got, 19, 0) &&
+              !is_red(got, 23, 8));
+  EXPECT_TRUE(same_pixels(got, load_image(data / "exif6-ref.png")));
 }
 
 TEST(ImageFiles, ReadsProgressiveAndGrayJpeg) {
