@@ -1,6 +1,7 @@
 // klein pull: a diffusers repository on the Hugging Face Hub -> one klein container. Lists
 // the repository (src/hub), downloads the files a conversion reads (checked against the
-// repository's hashes) and converts them as `klein convert` does: while they arrive, freeing
+// repository's hashes; a file the list gives no hash for is refused, or with --no-verify
+// named in a warning) and converts them as `klein convert` does: while they arrive, freeing
 // what is stored (convert/arrival.h), or after a --keep-source download that resumes.
 #include <fcntl.h>
 #include <unistd.h>
@@ -48,6 +49,7 @@ struct PullArgs {
   bool keep_llm = false;
   bool json = false;
   bool quiet = false;
+  bool no_verify = false;
 };
 
 std::string size_text(double bytes) {
@@ -129,6 +131,14 @@ class PullProgress {
     else
       std::fprintf(stderr, "stored [%zu/%zu] %s\n", p.unit, p.units, p.name.c_str());
   }
+  // A warning line on stderr (after the progress line, which is shown again), and an event.
+  void warn(const std::string& message) {
+    const std::lock_guard lock(mutex_);
+    if (a_.json) emit({{"event", "warning"}, {"message", message}});
+    if (tty_ && !a_.quiet && !a_.json && !line_.empty()) std::fprintf(stderr, "\n");
+    std::fprintf(stderr, "warning: %s\n", message.c_str());
+    if (tty_ && !a_.quiet && !a_.json && !line_.empty()) show();
+  }
   // Ends the terminal line.
   void finish() {
     const std::lock_guard lock(mutex_);
@@ -157,8 +167,37 @@ uint64_t directory_bytes(const fs::path& dir) {
   return total;
 }
 
+// Files among `list` that the file list gives no valid hash for: refused before they are
+// downloaded, or with --no-verify each one named in a warning (stderr, and the JSON stream).
+// Returns the paths of the files that go unchecked.
+std::vector<std::string> unchecked_files(const PullArgs& a, const hub::Repo& repo,
+                                         const std::vector<hub::RemoteFile>& list) {
+  std::vector<std::string> paths, reasons;
+  for (const auto& f : list)
+    if (std::string why = hub::unchecked_reason(repo, f); !why.empty()) {
+      paths.push_back(f.path);
+      reasons.push_back(std::move(why));
+    }
+  if (reasons.empty()) return paths;
+  if (!a.no_verify) {
+    std::string all;
+    for (const auto& why : reasons) all += (all.empty() ? "" : "\n") + why;
+    if (reasons.size() == 1)
+      fail(all, "; refusing to download a file that cannot be checked (--no-verify allows it)");
+    fail(all, "\nrefusing to download ", reasons.size(),
+         " files that cannot be checked (--no-verify allows them)");
+  }
+  for (size_t i = 0; i < reasons.size(); ++i) {
+    const std::string message = reasons[i] + "; downloaded unchecked (--no-verify)";
+    std::fprintf(stderr, "warning: %s\n", message.c_str());
+    if (a.json) emit({{"event", "warning"}, {"file", paths[i]}, {"message", message}});
+  }
+  return paths;
+}
+
 void run_pull(const PullArgs& a) {
-  const hub::Endpoint endpoint = hub::Endpoint::from_environment();
+  hub::Endpoint endpoint = hub::Endpoint::from_environment();
+  endpoint.allow_unchecked = a.no_verify;
   const hub::Repo repo = hub::parse_repo(a.repo);
   // What can be checked before gigabytes arrive.
   if (a.type != "keep") convert::parse_storage_type(a.type, "-t");
@@ -183,6 +222,8 @@ void run_pull(const PullArgs& a) {
          "--text-encoder FILE --vae FILE --tokenizer DIR`");
   }
 
+  std::vector<std::string> unchecked = unchecked_files(a, repo, {*index});
+
   // The files go to DIR/<name>/ (the model's name comes from its folder), DIR being
   // --keep-source or a folder beside the output that is removed after the conversion.
   const bool keep = !a.keep_source.empty();
@@ -204,12 +245,30 @@ void run_pull(const PullArgs& a) {
 
   if (a.list) {
     for (const auto& f : files)
-      std::printf("%12llu  %s\n", static_cast<unsigned long long>(f.size), f.path.c_str());
+      std::printf("%12llu  %s%s\n", static_cast<unsigned long long>(f.size), f.path.c_str(),
+                  hub::unchecked_reason(repo, f).empty() ? "" : "  (no valid hash: unchecked)");
     std::printf("%zu files, %s of the repository's %s\n", files.size(),
                 size_text(double(total)).c_str(), size_text(double(all_bytes)).c_str());
     if (!keep) fs::remove_all(base, ec);
     return;
   }
+  // Every file is checkable (or --no-verify said otherwise) before the first byte of one.
+  std::vector<hub::RemoteFile> rest;
+  for (const auto& f : files)
+    if (f.path != index->path) rest.push_back(f);
+  try {
+    for (std::string& path : unchecked_files(a, repo, rest)) unchecked.push_back(std::move(path));
+  } catch (const Error&) {
+    if (!keep) fs::remove_all(base, ec);
+    throw;
+  }
+  auto remind_unchecked = [&] {
+    if (!unchecked.empty())
+      std::fprintf(stderr,
+                   "warning: %zu of the files %s was made from were not checked against "
+                   "a hash (--no-verify)\n",
+                   unchecked.size(), output.c_str());
+  };
   if (a.json)
     emit({{"event", "plan"}, {"repo", repo.id}, {"revision", repo.revision},
           {"files", files.size()}, {"bytes", total}, {"repository_bytes", all_bytes},
@@ -263,10 +322,11 @@ void run_pull(const PullArgs& a) {
     if (a.json)
       emit({{"event", "done"}, {"output", output}, {"container_bytes", container},
             {"source_bytes", sources}, {"peak_disk_bytes", container + sources},
-            {"kept_source", dir.string()}});
+            {"kept_source", dir.string()}, {"unchecked_files", unchecked}});
     say("wrote " + output + " (" + size_text(double(container)) + "); the disk held at most " +
         size_text(double(container + sources)) + " (sources and container); the sources stay in " +
         dir.string());
+    remind_unchecked();
     return;
   }
 
@@ -284,6 +344,10 @@ void run_pull(const PullArgs& a) {
   for (size_t i = 0; i < files.size(); ++i)
     (files[i].path.ends_with(".safetensors") ? weights : small).push_back(i);
   convert::SourceArrival arrival(/*free_consumed=*/true);  // numbers the files as `weights`
+  arrival.set_warning([&](const std::string& message) { progress.warn(message); });
+  // Each weight file's header as read ahead: the conversion plans from it, so the checked
+  // download must bring the same bytes.
+  std::vector<std::string> heads(files.size());
   auto start_over = [&](const std::string& what) {
     fs::remove_all(base, ec);
     fail(what, "\nthe download was removed (it is freed as it is converted): run the same "
@@ -297,7 +361,8 @@ void run_pull(const PullArgs& a) {
       // (read_prefix gives 8 bytes whenever the file has them)
       const uint64_t n = safetensors_header_length(
           reinterpret_cast<const std::byte*>(length.data()), f.size, f.path);
-      const std::string head = hub::read_prefix(endpoint, repo, f, 8 + n);
+      std::string& head = heads[i];
+      head = hub::read_prefix(endpoint, repo, f, 8 + n);
       const fs::path path = dir / f.path;
       fs::create_directories(path.parent_path(), ec);
       fs::remove(path.string() + ".part", ec);  // a --keep-source run's leftovers
@@ -323,16 +388,27 @@ void run_pull(const PullArgs& a) {
         arrival.wait_turn(k);
         const hub::RemoteFile& f = files[weights[order[k]]];
         progress.next_file();
+        const std::string& head = heads[weights[order[k]]];
         xxh3::Hasher hasher;
+        bool same_head = true;
         hub::download_in_place(
             endpoint, repo, f, dir / f.path,
             [&](const char* data, size_t n, uint64_t offset) {
-              if (offset == 0) hasher.reset();
+              if (offset == 0) {
+                hasher.reset();
+                same_head = true;
+              }
               hasher.update(data, n);
+              if (offset < head.size()) {
+                const size_t m = size_t(std::min<uint64_t>(n, head.size() - offset));
+                same_head &= std::memcmp(data, head.data() + offset, m) == 0;
+              }
               arrival.arrived(order[k], offset + n);
             },
             [&](const hub::Transfer& t) { progress.file(t, shown + k, files.size(), done_before); },
             arrival.cancelled());
+        check(same_head, f.path, ": the header read ahead (", head.size(),
+              " bytes, a range request) differs from the start of the checked file");
         arrival.complete(order[k], container::hex64(hasher.digest()));
         done_before += f.size;
       }
@@ -359,10 +435,16 @@ void run_pull(const PullArgs& a) {
   if (a.json)
     emit({{"event", "done"}, {"output", output}, {"container_bytes", container},
           {"source_bytes", total}, {"peak_disk_bytes", peak},
-          {"freed_bytes", arrival.freed_bytes()}, {"kept_source", ""}});
+          {"freed_bytes", arrival.freed_bytes()}, {"kept_source", ""},
+          {"unchecked_files", unchecked}});
+  const size_t unfreed = arrival.unfreed_files();
   say("pulled " + output + " (" + size_text(double(container)) + "); the disk held at most " +
       size_text(double(peak)) + " at once, container included (" + size_text(double(total)) +
-      " downloaded, each source byte freed once stored)");
+      " downloaded, " +
+      (unfreed ? std::to_string(unfreed) + " of the files not freed as they were stored"
+               : std::string("each source byte freed once stored")) +
+      ")");
+  remind_unchecked();
 }
 
 }  // namespace
@@ -388,6 +470,9 @@ static Registration reg("pull", 9, [](CLI::App& app) {
   cmd->add_flag("--list", a->list, "print the files the conversion needs and their sizes; "
                                    "download nothing else");
   cmd->add_flag("--json", a->json, "progress and the result as JSON lines on stdout");
+  cmd->add_flag("--no-verify", a->no_verify,
+                "download files the repository's file list gives no valid SHA-256 or git blob "
+                "id for, unchecked, with a warning for each (default: refuse them)");
   cmd->add_flag("-q,--quiet", a->quiet, "no progress output (errors are still printed)");
   cmd->footer(
       "Environment: HF_ENDPOINT (a mirror; default https://huggingface.co), HF_TOKEN (an "

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -218,7 +220,19 @@ void SourceArrival::punch(File& f, uint64_t begin, uint64_t end) {
   const uint64_t before = allocated(f.fd);
   if (::fallocate(f.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(begin),
                   off_t(end - begin)) != 0) {
-    f.punch_failed = true;  // a file system without holes: the file goes at the end
+    // A file system without holes: the file's bytes stay until the file is removed (klein
+    // pull removes its download when the conversion ends). Said once for the file.
+    const int error = errno;
+    f.punch_failed = true;
+    ++unfreed_;
+    const std::string message = "cannot free the converted bytes of " + f.path.string() +
+                                " (punching a hole: " + std::strerror(error) +
+                                "): its downloaded bytes stay on disk until the conversion "
+                                "ends, so the disk may hold all of this file at once";
+    if (warn_)
+      warn_(message);
+    else
+      std::fprintf(stderr, "warning: %s\n", message.c_str());
     return;
   }
   const uint64_t after = allocated(f.fd);
@@ -264,6 +278,16 @@ uint64_t SourceArrival::peak_disk_bytes() {
 uint64_t SourceArrival::freed_bytes() {
   const std::lock_guard lock(mutex_);
   return freed_;
+}
+
+size_t SourceArrival::unfreed_files() {
+  const std::lock_guard lock(mutex_);
+  return unfreed_;
+}
+
+void SourceArrival::set_warning(std::function<void(const std::string&)> warn) {
+  const std::lock_guard lock(mutex_);
+  warn_ = std::move(warn);
 }
 
 }  // namespace klein::convert

@@ -5,7 +5,9 @@
 // before it reads them, and gives them back once they are stored. The downloader says how
 // far each file has come. With `free_consumed`, bytes given back are freed from the disk
 // (a hole punched into the file), so the disk holds the container and the source bytes not
-// yet converted, not the whole download.
+// yet converted, not the whole download. Where the file system cannot punch holes, a file's
+// bytes stay until it is removed (by klein pull, when the conversion ends), and a warning
+// says so once for that file.
 //
 //   downloader thread                         convert_model (ConvertOptions::arrival)
 //   expect(file, size) for every file: its number
@@ -83,6 +85,11 @@ class SourceArrival {
   uint64_t peak_disk_bytes();
   // Bytes freed by punching holes into the expected files.
   uint64_t freed_bytes();
+  // Expected files whose consumed bytes could not be freed (no holes on their file system).
+  size_t unfreed_files();
+  // Told, once per such file, what could not be freed and why; called with the arrival's
+  // lock held (it must not call back into the arrival). Default: a warning line on stderr.
+  void set_warning(std::function<void(const std::string&)> warn);
 
  private:
   struct File {
@@ -115,6 +122,8 @@ class SourceArrival {
   std::string failure_;
   std::filesystem::path output_;
   uint64_t other_bytes_ = 0, peak_ = 0, freed_ = 0, last_sample_at_ = 0, progress_ = 0;
+  size_t unfreed_ = 0;
+  std::function<void(const std::string&)> warn_;
 };
 
 }  // namespace klein::convert

@@ -60,7 +60,10 @@ class Digest {
   EVP_MD_CTX* ctx_;
 };
 
-// The digest a file is checked with: SHA-256 of the content for LFS files, else git's blob id.
+bool has_hash(const RemoteFile& f) { return !f.sha256.empty() || !f.git_oid.empty(); }
+
+// The digest a file is checked with: SHA-256 of the content for LFS files, else git's blob id
+// (nullptr for a file that has neither).
 std::unique_ptr<Digest> start_digest(const RemoteFile& f) {
   if (!f.sha256.empty()) return std::make_unique<Digest>(EVP_sha256());
   if (f.git_oid.empty()) return nullptr;
@@ -288,6 +291,19 @@ bool is_hex(const std::string& s, size_t length) {
   return true;
 }
 
+std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// A listed value for an error message: quoted, its start only, unprintable bytes as '?'.
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (size_t i = 0; i < s.size() && i < 72; ++i)
+    out += std::isprint(static_cast<unsigned char>(s[i])) ? s[i] : '?';
+  return out + (s.size() > 72 ? "...\"" : "\"");
+}
+
 }  // namespace
 
 // ---- endpoint and repository -------------------------------------------------------------
@@ -372,13 +388,24 @@ std::vector<RemoteFile> parse_file_list(const std::string& body, const Repo& rep
     }
     check(plain, repo.id, ": the file list names an unusable path \"", f.path, "\"");
     f.size = count(item, "size", 0);
-    f.git_oid = text(item, "oid");
+    // A file in LFS is checked by the SHA-256 of its content only: its "oid" is the blob id
+    // of the pointer file git holds. A value that is not a hash is kept as the reason the
+    // file cannot be checked, never dropped in silence.
     if (const auto lfs = item.find("lfs"); lfs != item.end() && lfs->is_object()) {
-      f.sha256 = text(*lfs, "oid");
+      const std::string sha256 = text(*lfs, "oid");
       f.size = count(*lfs, "size", f.size);
+      if (is_hex(sha256, 64))
+        f.sha256 = lower(sha256);
+      else
+        f.hash_problem = sha256.empty() ? "its \"lfs\" entry has no \"oid\""
+                                        : quoted(sha256) + " is not 64 hex digits";
+    } else {
+      const std::string oid = text(item, "oid");
+      if (is_hex(oid, 40))
+        f.git_oid = lower(oid);
+      else
+        f.hash_problem = oid.empty() ? "it has no \"oid\"" : quoted(oid) + " is not 40 hex digits";
     }
-    if (!is_hex(f.sha256, 64)) f.sha256.clear();
-    if (!is_hex(f.git_oid, 40)) f.git_oid.clear();
     files.push_back(std::move(f));
   }
   return files;
@@ -449,9 +476,18 @@ std::vector<RemoteFile> files_for_conversion(const std::vector<RemoteFile>& file
 
 // ---- downloading -------------------------------------------------------------------------
 
+std::string unchecked_reason(const Repo& repo, const RemoteFile& file) {
+  if (has_hash(file)) return "";
+  return repo.id + ": " + file.path + ": the file list gives no valid SHA-256 or git blob id (" +
+         (file.hash_problem.empty() ? "none is given" : file.hash_problem) + ")";
+}
+
 bool matches(const RemoteFile& file, const fs::path& path, std::string* got) {
   std::unique_ptr<Digest> d = start_digest(file);
-  if (!d) return true;
+  if (!d) {  // nothing to check against: no match
+    if (got) *got = "no hash to check against";
+    return false;
+  }
   std::error_code ec;
   const uint64_t size = fs::file_size(path, ec);
   if (ec || size != file.size) {
@@ -550,7 +586,7 @@ class InPlace final : public Sink {
     digest_ = start_digest(file_);
   }
   std::string where() const override { return dest_.string(); }
-  std::string hex() { return digest_ ? digest_->hex() : expected_hash(file_); }
+  std::string hex() { return digest_ ? digest_->hex() : std::string(); }
 
  private:
   const RemoteFile& file_;
@@ -655,14 +691,23 @@ void transfer(const Endpoint& e, const Repo& repo, const RemoteFile& file, Sink&
        "); ", then);
 }
 
+// A file without a hash is fetched only when the endpoint allows unchecked files.
+void refuse_unchecked(const Endpoint& e, const Repo& repo, const RemoteFile& file) {
+  const std::string why = unchecked_reason(repo, file);
+  if (!why.empty() && !e.allow_unchecked)
+    fail(why, "; refusing to download a file that cannot be checked (--no-verify allows it)");
+}
+
 }  // namespace
 
 void download(const Endpoint& e, const Repo& repo, const RemoteFile& file, const fs::path& dest,
               const TransferFn& progress, const std::atomic<bool>* cancel) {
+  refuse_unchecked(e, repo, file);
+  const bool checked = has_hash(file);
   std::error_code ec;
   if (fs::exists(dest, ec)) {
     std::string got;
-    if (matches(file, dest, &got)) {
+    if (checked && matches(file, dest, &got)) {
       if (progress) progress({&file, file.size, 0, 0});
       return;
     }
@@ -673,7 +718,7 @@ void download(const Endpoint& e, const Repo& repo, const RemoteFile& file, const
   PartFile sink(part);
   transfer(e, repo, file, sink, progress, cancel);
   std::string got;
-  if (!matches(file, part, &got)) {
+  if (checked && !matches(file, part, &got)) {
     fs::remove(part, ec);
     fail_hash(file, got, "the partial file was removed, run again to download it afresh");
   }
@@ -684,14 +729,17 @@ void download(const Endpoint& e, const Repo& repo, const RemoteFile& file, const
 void download_in_place(const Endpoint& e, const Repo& repo, const RemoteFile& file,
                        const fs::path& dest, const ByteFn& on_bytes, const TransferFn& progress,
                        const std::atomic<bool>* cancel) {
+  refuse_unchecked(e, repo, file);
   InPlace sink(file, dest, on_bytes);
   transfer(e, repo, file, sink, progress, cancel);
+  if (!has_hash(file)) return;  // allowed unchecked
   const std::string got = sink.hex();
   if (got != expected_hash(file)) fail_hash(file, got, "nothing was written from them");
 }
 
 std::string read_prefix(const Endpoint& e, const Repo& repo, const RemoteFile& file,
                         uint64_t n) {
+  refuse_unchecked(e, repo, file);
   n = std::min(n, file.size);
   std::string out;
   for (int attempt = 1;; ++attempt) {

@@ -1,8 +1,9 @@
 // `klein pull` and the Hub client against a fake Hub on the loopback address: the file-list
 // API (paged, with LFS SHA-256s and git blob ids computed here by sha256sum and git), file
 // downloads that redirect large files to a second "content host", a gated repository,
-// a connection dropped mid-file, bytes that do not match their hash. The container pull makes
-// is the one `klein convert` makes from the same files, byte for byte.
+// a connection dropped mid-file, bytes that do not match their hash, a file list without
+// usable hashes (refused unless --no-verify). The container pull makes is the one `klein
+// convert` makes from the same files, byte for byte, for FLUX.2-klein and Z-Image.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -14,12 +15,18 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "convert/arrival.h"
 #include "core/error.h"
 #include "hub/hub.h"
 #include "support/testing.h"
@@ -59,6 +66,12 @@ class FakeHub {
   std::string token;                 // non-empty: a gated repository that needs this token
   std::set<std::string> drop_once;   // files whose first transfer stops halfway
   std::set<std::string> corrupt;     // files served with one byte changed
+  // What the file list gives instead of a file's hash (the LFS SHA-256 of .safetensors
+  // files, else the git blob id); nullopt: no hash at all.
+  std::map<std::string, std::optional<std::string>> listed_hash;
+  // Safetensors files whose header, read ahead with a range request, is served with its
+  // "format" metadata changed (the file itself is served as it is).
+  std::set<std::string> lying_header;
   std::map<std::string, std::string> files;
   int page_size = 4;
 
@@ -127,6 +140,10 @@ class FakeHub {
     // first few bytes, e.g. a safetensors header).
     const std::string range = q.get_header_value("Range");
     const size_t dash = range.find('-');
+    if (lying_header.count(path) && range.starts_with("bytes=0-") && range.size() > 9) {
+      const size_t format = bytes.find("\"format\":\"pt\"");
+      if (format != std::string::npos) bytes[format + 10] = 'q';
+    }
     const bool past_middle = !range.starts_with("bytes=") || dash + 1 >= range.size() ||
                              std::stoull(range.substr(dash + 1)) >= bytes.size() / 2;
     bool drop = false;
@@ -168,11 +185,20 @@ class FakeHub {
                size_t i = 0;
                for (const auto& [path, bytes] : files) {
                  if (i++ < cursor || list.size() >= size_t(page_size)) continue;
+                 // (an LFS file's "oid" is its pointer file's blob id: a made-up one here)
+                 const bool lfs = path.ends_with(".safetensors");
                  json item = {{"type", "file"}, {"path", path}, {"size", bytes.size()},
-                              {"oid", oid_.at(path)}};
-                 if (path.ends_with(".safetensors"))
+                              {"oid", lfs ? std::string(40, 'e') : oid_.at(path)}};
+                 if (lfs)
                    item["lfs"] = {{"oid", sha256_.at(path)}, {"size", bytes.size()},
                                   {"pointerSize", 134}};
+                 if (const auto listed = listed_hash.find(path); listed != listed_hash.end()) {
+                   json& holder = lfs ? item["lfs"] : item;
+                   if (listed->second)
+                     holder["oid"] = *listed->second;
+                   else
+                     holder.erase("oid");
+                 }
                  list.push_back(item);
                }
                list.push_back({{"type", "directory"}, {"path", "vae"}, {"oid", "0"}});
@@ -248,12 +274,37 @@ std::vector<Logged> transfers(const std::vector<Logged>& gets) {
   return out;
 }
 
-fs::path tiny_copy(const std::string& name) {
+fs::path tiny_copy(const std::string& name, const fs::path& model = testing::tiny_model()) {
   // The model's name comes from its folder: convert a copy named as the repository.
   const fs::path dir = testing::temp_dir("hub-source") / name;
   fs::create_directories(dir);
-  fs::copy(testing::tiny_model(), dir, fs::copy_options::recursive);
+  fs::copy(model, dir, fs::copy_options::recursive);
   return dir;
+}
+
+fs::path zimage_model() { return testing::tiny_dir().parent_path() / "zimage-tiny" / "model"; }
+
+// The files of the fake Hub that were downloaded (resolved), by path in the repository.
+std::set<std::string> fetched_files(FakeHub& hub) {
+  std::set<std::string> fetched;
+  for (const auto& l : hub.log()) {
+    size_t at = l.path.find("/resolve/");
+    if (at == std::string::npos) continue;
+    at = l.path.find('/', at + 9);  // past the revision
+    fetched.insert(l.path.substr(at + 1));
+  }
+  return fetched;
+}
+
+// The JSON lines of a --json run.
+std::vector<json> events_of(const std::string& log) {
+  std::vector<json> events;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    const json j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("event")) events.push_back(j);
+  }
+  return events;
 }
 
 TEST(Pull, MakesTheContainerConvertMakesAndDownloadsOnlyWhatItNeeds) {
@@ -539,6 +590,179 @@ TEST(Pull, ListPrintsTheFilesAndARevisionIsAskedFor) {
   EXPECT_FALSE(fs::exists(out / "a.klein.download"));
 }
 
+// A file the file list gives no hash for cannot be checked: refused by name before anything
+// of it is downloaded, and before any download at all when it is model_index.json.
+TEST(Pull, AFileWithoutAHashIsRefusedByNameBeforeItIsDownloaded) {
+  const fs::path out = testing::temp_dir("pull-no-hash");
+  FakeHub hub(testing::tiny_model(), out);
+  hub.listed_hash["transformer/config.json"] = std::nullopt;
+  HubEnv env(hub.endpoint(), "");
+  std::string log;
+  EXPECT_NE(testing::run_klein("pull acme/tiny-klein -o " + testing::shell_arg(out / "a.klein"),
+                               &log),
+            0);
+  EXPECT_NE(log.find("error: acme/tiny-klein: transformer/config.json: the file list gives no "
+                     "valid SHA-256 or git blob id (it has no \"oid\"); refusing to download a "
+                     "file that cannot be checked (--no-verify allows it)"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(fetched_files(hub), std::set<std::string>{"model_index.json"});
+  EXPECT_FALSE(fs::exists(out / "a.klein"));
+  EXPECT_FALSE(fs::exists(out / "a.klein.download"));
+  // --list names it and downloads nothing more.
+  ASSERT_EQ(testing::run_klein("pull acme/tiny-klein --list -o " +
+                                   testing::shell_arg(out / "a.klein"), &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("transformer/config.json  (no valid hash: unchecked)"), std::string::npos)
+      << log;
+  EXPECT_EQ(fetched_files(hub), std::set<std::string>{"model_index.json"});
+
+  // model_index.json itself: nothing is downloaded.
+  hub.listed_hash = {{"model_index.json", std::nullopt}};
+  const size_t before = hub.log().size();
+  EXPECT_NE(testing::run_klein("pull acme/tiny-klein --keep-source " +
+                                   testing::shell_arg(out / "kept") + " -o " +
+                                   testing::shell_arg(out / "a.klein"), &log),
+            0);
+  EXPECT_NE(log.find("error: acme/tiny-klein: model_index.json: the file list gives no valid "
+                     "SHA-256 or git blob id (it has no \"oid\"); refusing"),
+            std::string::npos)
+      << log;
+  const auto all = hub.log();
+  for (size_t i = before; i < all.size(); ++i)
+    EXPECT_EQ(all[i].path.find("/resolve/"), std::string::npos) << all[i].path;
+  EXPECT_FALSE(fs::exists(out / "a.klein"));
+  EXPECT_FALSE(fs::exists(out / "kept" / "tiny-klein" / "model_index.json"));
+}
+
+// A value that is not a hash (a mirror's own format, a truncated one) is refused the same way:
+// every such file is named, with what was wrong.
+TEST(Pull, AMalformedHashIsRefusedTheSameWay) {
+  const fs::path out = testing::temp_dir("pull-bad-hash");
+  FakeHub hub(testing::tiny_model(), out);
+  hub.listed_hash["vae/diffusion_pytorch_model.safetensors"] = "xyz";
+  hub.listed_hash["vae/config.json"] = std::string(40, 'g');
+  HubEnv env(hub.endpoint(), "");
+  std::string log;
+  EXPECT_NE(testing::run_klein("pull acme/tiny-klein -o " + testing::shell_arg(out / "a.klein"),
+                               &log),
+            0);
+  EXPECT_NE(log.find("acme/tiny-klein: vae/diffusion_pytorch_model.safetensors: the file list "
+                     "gives no valid SHA-256 or git blob id (\"xyz\" is not 64 hex digits)"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("acme/tiny-klein: vae/config.json: the file list gives no valid SHA-256 or "
+                     "git blob id (\"" + std::string(40, 'g') + "\" is not 40 hex digits)"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("refusing to download 2 files that cannot be checked (--no-verify allows "
+                     "them)"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(fetched_files(hub), std::set<std::string>{"model_index.json"});
+  for (const auto& l : hub.log()) EXPECT_NE(l.host, "cdn") << l.path;  // not even a header
+  EXPECT_FALSE(fs::exists(out / "a.klein"));
+  EXPECT_FALSE(fs::exists(out / "a.klein.download"));
+}
+
+// --no-verify: the same files are downloaded unchecked, each named in a warning on stderr and
+// in the JSON stream, converting while downloading and with --keep-source alike.
+TEST(Pull, NoVerifyDownloadsUncheckedFilesAndWarnsForEach) {
+  const fs::path out = testing::temp_dir("pull-no-verify");
+  FakeHub hub(testing::tiny_model(), out);
+  hub.listed_hash["vae/diffusion_pytorch_model.safetensors"] = "xyz";
+  hub.listed_hash["vae/config.json"] = std::nullopt;
+  HubEnv env(hub.endpoint(), "");
+  std::string log, kept_log;
+  ASSERT_EQ(testing::run_klein("pull acme/tiny-klein --no-verify --json -o " +
+                                   testing::shell_arg(out / "a.klein"), &log),
+            0)
+      << log;
+  for (const std::string line :
+       {"warning: acme/tiny-klein: vae/diffusion_pytorch_model.safetensors: the file list gives "
+        "no valid SHA-256 or git blob id (\"xyz\" is not 64 hex digits); downloaded unchecked "
+        "(--no-verify)",
+        "warning: acme/tiny-klein: vae/config.json: the file list gives no valid SHA-256 or git "
+        "blob id (it has no \"oid\"); downloaded unchecked (--no-verify)",
+        "warning: 2 of the files"})
+    EXPECT_NE(log.find(line), std::string::npos) << line << "\n" << log;
+  std::set<std::string> warned;
+  json done;
+  for (const json& e : events_of(log)) {
+    if (e["event"] == "warning") warned.insert(e.value("file", ""));
+    if (e["event"] == "done") done = e;
+  }
+  EXPECT_EQ(warned, (std::set<std::string>{"vae/config.json",
+                                           "vae/diffusion_pytorch_model.safetensors"}));
+  ASSERT_TRUE(done.is_object()) << log;
+  EXPECT_EQ(done["unchecked_files"].size(), 2u) << done.dump();
+  ASSERT_EQ(testing::run_klein("pull acme/tiny-klein --no-verify -q --keep-source " +
+                                   testing::shell_arg(out / "kept") + " -o " +
+                                   testing::shell_arg(out / "b.klein"), &kept_log),
+            0)
+      << kept_log;
+  EXPECT_NE(kept_log.find("warning: acme/tiny-klein: vae/config.json: "), std::string::npos)
+      << kept_log;
+  EXPECT_TRUE(read_file(out / "a.klein") == read_file(out / "b.klein"));
+}
+
+// The conversion plans from each weight file's header, read ahead with a range request: a
+// header that differs from the start of the checked file fails the pull.
+TEST(Pull, AHeaderReadAheadMustBeTheCheckedFilesHeader) {
+  const fs::path out = testing::temp_dir("pull-header");
+  FakeHub hub(testing::tiny_model(), out);
+  const std::string file = "vae/diffusion_pytorch_model.safetensors";
+  hub.lying_header = {file};
+  HubEnv env(hub.endpoint(), "");
+  std::string log;
+  EXPECT_NE(testing::run_klein("pull acme/tiny-klein -q -o " + testing::shell_arg(out / "a.klein"),
+                               &log),
+            0);
+  EXPECT_NE(log.find(file + ": the header read ahead ("), std::string::npos) << log;
+  EXPECT_NE(log.find("differs from the start of the checked file"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(out / "a.klein"));
+}
+
+// A Z-Image repository (the tiny one of ../shared/testdata/zimage-tiny) pulled: the container
+// `klein convert` makes from the same files, and one that generates.
+TEST(Pull, AZImageRepositoryMakesTheContainerConvertMakes) {
+  const fs::path out = testing::temp_dir("pull-zimage");
+  FakeHub hub(zimage_model(), out);
+  hub.repo = "acme/tiny-zimage";
+  HubEnv env(hub.endpoint(), "");
+  std::string log;
+  ASSERT_EQ(testing::run_klein("pull acme/tiny-zimage -t q4 -q -o " +
+                                   testing::shell_arg(out / "pulled.klein"), &log),
+            0)
+      << log;
+  const std::set<std::string> fetched = fetched_files(hub);
+  EXPECT_EQ(fetched.size(), 14u);
+  EXPECT_TRUE(fetched.count("transformer/diffusion_pytorch_model.safetensors"));
+  EXPECT_TRUE(fetched.count("text_encoder/model-00002-of-00002.safetensors"));
+  EXPECT_FALSE(fetched.count("transformer/diffusion_pytorch_model.fp16.safetensors"));
+  EXPECT_FALSE(fs::exists(out / "pulled.klein.download"));
+  ASSERT_EQ(testing::run_klein("convert -m " +
+                                   testing::shell_arg(tiny_copy("tiny-zimage", zimage_model())) +
+                                   " -t q4 -q -o " + testing::shell_arg(out / "converted.klein"),
+                               &log),
+            0)
+      << log;
+  const std::string pulled = read_file(out / "pulled.klein");
+  ASSERT_GT(pulled.size(), 1000u);
+  EXPECT_TRUE(pulled == read_file(out / "converted.klein"))
+      << "the pulled container differs from the converted one";
+  ASSERT_EQ(testing::run_klein("inspect " + testing::shell_arg(out / "pulled.klein"), &log), 0)
+      << log;
+  EXPECT_NE(log.find("Z-Image"), std::string::npos) << log;
+  ASSERT_EQ(testing::run_klein("generate -m " + testing::shell_arg(out / "pulled.klein") +
+                                   " -p \"a red fox\" --no-cache -q --seed 3 -W 32 -H 32 -s 1 -o " +
+                                   testing::shell_arg(out / "fox.png"), &log),
+            0)
+      << log;
+  EXPECT_GT(fs::file_size(out / "fox.png"), 100u);
+}
+
 // The client on its own: a file that exists with the right bytes is kept; with other bytes
 // it is fetched again.
 TEST(HubClient, AnExistingFileIsCheckedNotFetchedAgain) {
@@ -563,6 +787,107 @@ TEST(HubClient, AnExistingFileIsCheckedNotFetchedAgain) {
   hub::download(e, repo, *vae, out / "config.json", nullptr);
   EXPECT_EQ(hub.downloads_of("/vae/config.json").size(), 2u);
   EXPECT_EQ(read_file(out / "config.json"), hub.files.at("vae/config.json"));
+}
+
+// Without a hash, nothing matches and nothing is downloaded, unless the endpoint allows
+// unchecked files: then the file is fetched each time, never kept from before.
+TEST(HubClient, AFileWithoutAHashMatchesNothingAndIsRefused) {
+  const fs::path out = testing::temp_dir("hub-client-no-hash");
+  FakeHub hub(testing::tiny_model(), out);
+  hub.listed_hash["vae/config.json"] = "not-a-hash";
+  hub::Endpoint e;
+  e.url = hub.endpoint();
+  const hub::Repo repo = hub::parse_repo("acme/tiny-klein");
+  hub::RemoteFile vae;
+  for (const auto& f : hub::list_files(e, repo))
+    if (f.path == "vae/config.json") vae = f;
+  ASSERT_EQ(vae.path, "vae/config.json");
+  EXPECT_TRUE(vae.sha256.empty() && vae.git_oid.empty());
+  EXPECT_EQ(vae.hash_problem, "\"not-a-hash\" is not 40 hex digits");
+  std::ofstream(out / "config.json", std::ios::binary) << hub.files.at("vae/config.json");
+  std::string got;
+  EXPECT_FALSE(hub::matches(vae, out / "config.json", &got));
+  EXPECT_EQ(got, "no hash to check against");
+  const std::string refused =
+      "acme/tiny-klein: vae/config.json: the file list gives no valid SHA-256 or git blob id "
+      "(\"not-a-hash\" is not 40 hex digits); refusing to download a file that cannot be "
+      "checked (--no-verify allows it)";
+  EXPECT_EQ(testing::error_of([&] { hub::download(e, repo, vae, out / "dl.json", nullptr); }),
+            refused);
+  EXPECT_EQ(testing::error_of([&] { hub::read_prefix(e, repo, vae, 8); }), refused);
+  EXPECT_EQ(testing::error_of([&] {
+              hub::download_in_place(e, repo, vae, out / "config.json", nullptr, nullptr);
+            }),
+            refused);
+  EXPECT_TRUE(hub.downloads_of("/vae/config.json").empty());
+  EXPECT_FALSE(fs::exists(out / "dl.json"));
+  e.allow_unchecked = true;
+  hub::download(e, repo, vae, out / "dl.json", nullptr);
+  EXPECT_EQ(read_file(out / "dl.json"), hub.files.at("vae/config.json"));
+  hub::download(e, repo, vae, out / "dl.json", nullptr);
+  EXPECT_EQ(hub.downloads_of("/vae/config.json").size(), 2u);
+
+  // An LFS file is checked by its content's SHA-256 (kept in lower case), never by the
+  // pointer's blob id beside it.
+  const std::string sha(64, 'A'), oid(40, 'b');
+  const auto parsed = hub::parse_file_list(
+      json::array({{{"type", "file"}, {"path", "a.safetensors"}, {"size", 9}, {"oid", oid},
+                    {"lfs", {{"oid", sha}, {"size", 9}}}},
+                   {{"type", "file"}, {"path", "b.safetensors"}, {"size", 9}, {"oid", oid},
+                    {"lfs", {{"oid", "sha256:" + sha}, {"size", 9}}}},
+                   {{"type", "file"}, {"path", "c.json"}, {"size", 9}, {"oid", 7}}})
+          .dump(),
+      repo);
+  ASSERT_EQ(parsed.size(), 3u);
+  EXPECT_EQ(parsed[0].sha256, std::string(64, 'a'));
+  EXPECT_TRUE(parsed[0].git_oid.empty() && parsed[0].hash_problem.empty());
+  EXPECT_TRUE(parsed[1].sha256.empty() && parsed[1].git_oid.empty());
+  EXPECT_EQ(parsed[1].hash_problem, "\"sha256:" + sha + "\" is not 64 hex digits");
+  EXPECT_EQ(hub::unchecked_reason(repo, parsed[2]),
+            "acme/tiny-klein: c.json: the file list gives no valid SHA-256 or git blob id (it "
+            "has no \"oid\")");
+  EXPECT_EQ(hub::unchecked_reason(repo, parsed[0]), "");
+}
+
+// Converted bytes are freed by punching holes; where that cannot be done, a warning names the
+// file, once, and says the bytes stay. (A FIFO stands for a file system without holes.)
+TEST(Arrival, BytesThatCannotBeFreedAreNamedInOneWarning) {
+  const fs::path out = testing::temp_dir("arrival-no-holes");
+  const fs::path fifo = out / "weights.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::vector<std::string> warnings;
+  convert::SourceArrival arrival(/*free_consumed=*/true);
+  arrival.set_warning([&](const std::string& m) { warnings.push_back(m); });
+  const size_t n = arrival.expect(fifo, 1 << 20);
+  arrival.arrived(n, 1 << 20);
+  arrival.complete(n, "0123456789abcdef");  // frees what the conversion never reads
+  arrival.complete(n, "0123456789abcdef");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("cannot free the converted bytes of " +
+                             fs::weakly_canonical(fifo).string()),
+            std::string::npos)
+      << warnings[0];
+  EXPECT_NE(warnings[0].find("stay on disk until the conversion ends"), std::string::npos)
+      << warnings[0];
+  EXPECT_EQ(arrival.unfreed_files(), 1u);
+
+  // A file on a file system with holes: no warning.
+  const fs::path file = out / "plain.safetensors";
+  {
+    std::ofstream(file, std::ios::binary) << std::string(1 << 20, 'x');
+  }
+  const int fd = ::open(file.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const bool holes = ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096) == 0;
+  ::close(fd);
+  if (!holes) GTEST_SKIP() << "the temporary directory's file system has no holes";
+  warnings.clear();
+  convert::SourceArrival plain(/*free_consumed=*/true);
+  plain.set_warning([&](const std::string& m) { warnings.push_back(m); });
+  plain.complete(plain.expect(file, 1 << 20), "0123456789abcdef");
+  EXPECT_TRUE(warnings.empty()) << warnings[0];
+  EXPECT_EQ(plain.unfreed_files(), 0u);
+  EXPECT_GT(plain.freed_bytes(), 0u);
 }
 
 }  // namespace
