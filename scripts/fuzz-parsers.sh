@@ -27,7 +27,7 @@ seeds="$(pwd)/$build/fuzz-seeds"
 rm -rf "$seeds"
 mkdir -p "$seeds"/{safetensors,npy,image,tokenizer,config,server,gguf,hub}
 cp fuzz/corpus/seed.png fuzz/corpus/seed.jpg fuzz/corpus/seed-exif.jpg tests/data/images/cmyk.jpg \
-  tests/data/images/lossy.webp tests/data/images/alpha.webp tests/data/images/animated.webp "$seeds/image/"
+  tests/data/images/lossy.webp tests/data/images/alpha.webp tests/data/images/animated.webp tests/data/images/exif6.webp "$seeds/image/"
 python3 - "$seeds" <<'PY'
 import json, struct, sys
 root = sys.argv[1]
