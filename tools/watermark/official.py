@@ -14,10 +14,14 @@ crops, and writes into --out:
                        from the library's, PSNRs; and the PSNR of both marks on the two full
                        photos (docs/WATERMARK.md)
 
-Debian 12: python3-opencv python3-pywt python3-numpy; run with /usr/bin/python3:
+Debian 12: python3-opencv python3-pywt python3-numpy; run with /usr/bin/python3. The library
+tree used for tests/data/watermark is ShieldMnt/invisible-watermark at commit
+68d0376d94a4701ed240af0841ec12e00676e325 (its newest; the package's 0.2.0 code, which is what
+`pip install invisible-watermark` gives BFL's flux2 repository: only README.md changed after the
+0.2.0 version bump 85b1074). An exported tree (git archive) is not a checkout, so pass --commit:
 
   /usr/bin/python3 tools/watermark/official.py --imwatermark INVISIBLE_WATERMARK_CHECKOUT \
-      --klein build/klein --out tests/data/watermark
+      --commit 68d0376d94a4701ed240af0841ec12e00676e325 --klein build/klein --out tests/data/watermark
 """
 import argparse
 import json
