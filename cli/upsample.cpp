@@ -78,7 +78,7 @@ void run_upsample(const UpsampleCommand& a) {
   check(!a.prompt.empty(), "upsample: give the prompt with -p");
   const UpsampleOptions o = a.args.options("");
   const std::optional<uint64_t> budget = a.memory.budget();
-  Model model = Model::open(a.model);
+  Model model = open_upsample_model(a.model);
   const std::string why = upsample_unavailable(model);
   check(why.empty(), why);
   MemoryPlanInputs need;
@@ -130,8 +130,13 @@ void run_upsample(const UpsampleCommand& a) {
 static Registration reg("upsample", 35, [](CLI::App& app) {
   auto a = std::make_shared<UpsampleCommand>();
   CLI::App* cmd = app.add_subcommand(
-      "upsample", "Rewrite a short prompt into a detailed one with the model's text encoder");
+      "upsample",
+      "Rewrite a short prompt into a detailed one with the model's text encoder (-m DIR, or "
+      "--text-encoder FILE --tokenizer DIR: no transformer or VAE needed)");
   add_model_options(*cmd, a->model);
+  // Upsampling runs the text encoder alone: the other parts of a model are not read.
+  for (const char* unused : {"--diffusion-model", "--vae"})
+    cmd->get_option(unused)->description("not read: upsampling runs the text encoder alone");
   cmd->add_option("-p,--prompt", a->prompt, "the prompt to rewrite");
   cmd->add_flag("--edit", a->args.edit,
                 "the prompt is an instruction to edit reference images (another system message)");

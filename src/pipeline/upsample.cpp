@@ -3,9 +3,11 @@
 #include "pipeline/upsample.h"
 
 #include <cctype>
+#include <filesystem>
 
 #include "core/error.h"
 #include "models/qwen3/language_model.h"
+#include "pipeline/model_tokenizer.h"
 #include "tokenizer/klein_prompt.h"
 
 namespace klein {
@@ -26,6 +28,16 @@ const std::string& default_upsample_system(bool edit) {
       "pictures as the image, or image 1, image 2 when there are several. Answer with the "
       "instruction alone, in at most 80 words, with no preface or quotes.";
   return edit ? image_edit : text_to_image;
+}
+
+Model open_upsample_model(const ModelPaths& paths) {
+  std::unique_ptr<WeightStore> weights = open_text_encoder_model(paths);
+  const std::string needs_conversion = weights->origin().needs_conversion;
+  check(needs_conversion.empty(), needs_conversion);
+  Model m{std::move(weights), load_model_tokenizer(paths), "", ""};
+  m.name = m.weights->config().name;
+  if (std::filesystem::is_regular_file(paths.model)) m.checksum = m.weights->identity();
+  return m;
 }
 
 std::string upsample_unavailable(const Model& model) {

@@ -34,6 +34,12 @@ struct UpsampleResult {
 // The system messages we ship: for text-to-image prompts, and for edit instructions.
 const std::string& default_upsample_system(bool edit);
 
+// The model as upsampling needs it: the text encoder and the tokenizer only (a klein
+// container whole), so `-m DIR` or `--text-encoder FILE --tokenizer DIR` without a
+// transformer or VAE, and no check that a transformer pairs with the text encoder
+// (open_text_encoder_model). `klein generate --upsample` opens the whole model instead.
+Model open_upsample_model(const ModelPaths& paths);
+
 // Whether the model can upsample; when not, a sentence saying why and what to do.
 std::string upsample_unavailable(const Model& model);
 

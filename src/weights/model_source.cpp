@@ -74,7 +74,9 @@ fs::path text_encoder_config_beside(const fs::path& weights) {
   return type == "qwen3" || type == "mistral" || type == "mistral3" ? config : fs::path();
 }
 
-Discovered discover(const ModelPaths& paths) {
+// The components' files. `text_encoder_only`: the text encoder alone (prompt upsampling),
+// the transformer and the VAE neither looked for nor required.
+Discovered discover(const ModelPaths& paths, bool text_encoder_only = false) {
   Discovered d;
   if (!paths.model.empty()) {
     const fs::path& m = paths.model;
@@ -95,9 +97,10 @@ Discovered discover(const ModelPaths& paths) {
       l.weights = component_weights(m / name, stem);
       return l;
     };
-    if (paths.diffusion_model.empty()) d.transformer = sub("transformer", "diffusion_pytorch_model");
+    if (paths.diffusion_model.empty() && !text_encoder_only)
+      d.transformer = sub("transformer", "diffusion_pytorch_model");
     if (paths.text_encoder.empty()) d.text_encoder = sub("text_encoder", "model");
-    if (paths.vae.empty()) d.vae = sub("vae", "diffusion_pytorch_model");
+    if (paths.vae.empty() && !text_encoder_only) d.vae = sub("vae", "diffusion_pytorch_model");
     if (fs::exists(m / "scheduler" / "scheduler_config.json"))
       d.scheduler_config = m / "scheduler" / "scheduler_config.json";
   }
@@ -106,7 +109,8 @@ Discovered discover(const ModelPaths& paths) {
     check(fs::is_regular_file(p), option, ": ", p.string(), " is not a file");
     return Located{p, {}};
   };
-  if (!paths.diffusion_model.empty()) d.transformer = single(paths.diffusion_model, "--diffusion-model");
+  if (!paths.diffusion_model.empty() && !text_encoder_only)
+    d.transformer = single(paths.diffusion_model, "--diffusion-model");
   if (!paths.text_encoder.empty()) {
     d.text_encoder = single(paths.text_encoder, "--text-encoder");
     d.text_encoder.config = text_encoder_config_beside(paths.text_encoder);
@@ -117,7 +121,12 @@ Discovered discover(const ModelPaths& paths) {
         fs::is_regular_file(paths.model / "text_encoder" / "config.json"))
       d.text_encoder.config = paths.model / "text_encoder" / "config.json";
   }
-  if (!paths.vae.empty()) d.vae = single(paths.vae, "--vae");
+  if (!paths.vae.empty() && !text_encoder_only) d.vae = single(paths.vae, "--vae");
+  if (text_encoder_only) {
+    check(!d.text_encoder.weights.empty(), "no text encoder given: give -m DIR or "
+          "--text-encoder FILE (with --tokenizer DIR)");
+    return d;
+  }
   std::string missing;
   if (d.transformer.weights.empty()) missing += " --diffusion-model";
   if (d.text_encoder.weights.empty()) missing += " --text-encoder";
@@ -188,6 +197,46 @@ SourceComponent open_component(Component kind, const Located& where, const Model
     if (!companions.count(t.entry->name)) names.push_back({t.entry->name, t.entry->shape});
   map_names(c, names, weights.string(), family);
   return c;
+}
+
+// The text encoder's configuration: from its config.json when there is one (cross-checked
+// against the weights' shapes), otherwise from the shapes (and a GGUF's metadata) alone; the
+// layers `family`'s pipeline reads must be there.
+TextEncoderConfig text_encoder_config(const Located& where, const SourceComponent& c,
+                                      const ShapeMap& e_shapes, const ModelFamily& family) {
+  const std::string weights = where.weights.string();
+  if (!where.config.empty()) {
+    const auto& f = where.config;
+    const json j = read_json(f);
+    const TextEncoderConfig a = parse_text_encoder_config(
+        j, f.string(), family.text_output_layers(text_encoder_layers(j, f.string())));
+    const TextEncoderConfig b = infer_text_encoder_config(e_shapes, weights, a.head_dim);
+    auto same = [&](int64_t file, int64_t inferred, const char* key) {
+      check_config_matches_weights(f.string(), key, file, inferred);
+    };
+    same(a.hidden, b.hidden, "hidden_size");
+    same(a.vocab_size, b.vocab_size, "vocab_size");
+    same(a.num_heads, b.num_heads, "num_attention_heads");
+    same(a.num_kv_heads, b.num_kv_heads, "num_key_value_heads");
+    same(a.head_dim, b.head_dim, "head_dim");
+    same(a.intermediate, b.intermediate, "intermediate_size");
+    check(b.num_layers >= a.layers_needed(), f.string(), ": the weights hold ", b.num_layers,
+          " layers; the pipeline needs ", a.layers_needed());
+    check(a.qk_norm == b.qk_norm, f.string(), ": model_type says ",
+          a.qk_norm ? "qwen3 (q/k norms in every layer)" : "mistral (no q/k norms)",
+          ", but the weights (", weights, ") ", b.qk_norm ? "have" : "have no",
+          " self_attn.q_norm/k_norm: they are a ", b.qk_norm ? "Qwen3" : "Mistral", " model");
+    return a;
+  }
+  // A llama.cpp Mistral's metadata says what its weights do not show.
+  const GgufTextFacts facts = c.gguf ? gguf_text_facts(*c.gguf) : GgufTextFacts{};
+  TextEncoderConfig e = infer_text_encoder_config(e_shapes, weights, facts.head_dim.value_or(128));
+  if (facts.rope_theta) e.rope_theta = *facts.rope_theta;
+  if (facts.rms_eps) e.rms_eps = *facts.rms_eps;
+  e.output_layers = family.text_output_layers(e.num_layers);
+  check(e.num_layers >= e.layers_needed(), weights, ": the text encoder has ", e.num_layers,
+        " layers but the pipeline reads the output of layer ", e.layers_needed());
+  return e;
 }
 
 std::string vec_str(const std::vector<int64_t>& v) { return shape_str(v); }
@@ -264,44 +313,7 @@ std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths) {
   } else {
     family->infer_transformer_config(t_shapes, files.transformer, config);
   }
-  if (!d.text_encoder.config.empty()) {
-    const auto& f = d.text_encoder.config;
-    const json j = read_json(f);
-    config.text_encoder = parse_text_encoder_config(
-        j, f.string(), family->text_output_layers(text_encoder_layers(j, f.string())));
-    const auto& a = config.text_encoder;
-    const TextEncoderConfig e_inferred =
-        infer_text_encoder_config(e_shapes, files.text_encoder, a.head_dim);
-    const auto& b = e_inferred;
-    auto same = [&](int64_t file, int64_t weights, const char* key) {
-      check_config_matches_weights(f.string(), key, file, weights);
-    };
-    same(a.hidden, b.hidden, "hidden_size");
-    same(a.vocab_size, b.vocab_size, "vocab_size");
-    same(a.num_heads, b.num_heads, "num_attention_heads");
-    same(a.num_kv_heads, b.num_kv_heads, "num_key_value_heads");
-    same(a.head_dim, b.head_dim, "head_dim");
-    same(a.intermediate, b.intermediate, "intermediate_size");
-    check(b.num_layers >= a.layers_needed(), f.string(), ": the weights hold ", b.num_layers,
-          " layers; the pipeline needs ", a.layers_needed());
-    check(a.qk_norm == b.qk_norm, f.string(), ": model_type says ",
-          a.qk_norm ? "qwen3 (q/k norms in every layer)" : "mistral (no q/k norms)",
-          ", but the weights (", files.text_encoder, ") ", b.qk_norm ? "have" : "have no",
-          " self_attn.q_norm/k_norm: they are a ", b.qk_norm ? "Qwen3" : "Mistral", " model");
-  } else {
-    // A llama.cpp Mistral's metadata says what its weights do not show.
-    const GgufTextFacts facts = comps[1].gguf ? gguf_text_facts(*comps[1].gguf) : GgufTextFacts{};
-    TextEncoderConfig e_inferred =
-        infer_text_encoder_config(e_shapes, files.text_encoder, facts.head_dim.value_or(128));
-    if (facts.rope_theta) e_inferred.rope_theta = *facts.rope_theta;
-    if (facts.rms_eps) e_inferred.rms_eps = *facts.rms_eps;
-    config.text_encoder = e_inferred;
-    config.text_encoder.output_layers = family->text_output_layers(e_inferred.num_layers);
-    check(e_inferred.num_layers >= config.text_encoder.layers_needed(), files.text_encoder,
-          ": the text encoder has ", e_inferred.num_layers,
-          " layers but the pipeline reads the output of layer ",
-          config.text_encoder.layers_needed());
-  }
+  config.text_encoder = text_encoder_config(d.text_encoder, comps[1], e_shapes, *family);
   const VaeConfig v_inferred = infer_vae_config(v_shapes, files.vae);
   if (!d.vae.config.empty()) {
     const auto& f = d.vae.config;
@@ -342,6 +354,25 @@ std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths) {
   std::string identity;
   for (const auto& c : comps)
     for (const MappedFile* f : c.mapped()) identity += file_identity(f->path()) + ";";
+  return std::make_unique<SourceStore>(std::move(comps), std::move(config), identity);
+}
+
+std::unique_ptr<WeightStore> open_text_encoder_model(const ModelPaths& paths) {
+  if (!paths.model.empty() && container::is_container(paths.model)) return open_model(paths);
+  const Discovered d = discover(paths, /*text_encoder_only=*/true);
+  const ModelFamily* family = d.family ? d.family : model_families().front();
+  std::vector<SourceComponent> comps;
+  comps.push_back(open_component(Component::TextEncoder, d.text_encoder, family));
+  const ShapeMap e_shapes = canonical_shapes(comps[0]);
+  ModelConfig config;
+  config.family = std::string(family->id());
+  config.name = !paths.model.empty() ? fs::absolute(paths.model).lexically_normal().filename().string()
+                                     : d.text_encoder.weights.filename().string();
+  config.text_encoder = text_encoder_config(d.text_encoder, comps[0], e_shapes, *family);
+  check_tensors(expected_tensors(config, Component::TextEncoder), e_shapes, Component::TextEncoder,
+                d.text_encoder.weights.string());
+  std::string identity;
+  for (const MappedFile* f : comps[0].mapped()) identity += file_identity(f->path()) + ";";
   return std::make_unique<SourceStore>(std::move(comps), std::move(config), identity);
 }
 

@@ -49,6 +49,11 @@ std::unique_ptr<WeightStore> open_model(const ModelPaths& paths);
 // The original checkpoint only (not a container), with its components' files and names, for
 // the tools that describe a checkpoint.
 std::unique_ptr<SourceStore> open_source_model(const ModelPaths& paths);
+// The text encoder alone, for prompt upsampling: from -m DIR's text_encoder/ or
+// --text-encoder FILE, its configuration and tensors checked as open_model checks them; the
+// transformer and the VAE are neither required nor read (so no pairing check), and
+// --diffusion-model and --vae are ignored. A klein container is opened whole (open_model).
+std::unique_ptr<WeightStore> open_text_encoder_model(const ModelPaths& paths);
 inline std::unique_ptr<WeightStore> open_model(const std::filesystem::path& model) {
   ModelPaths p;
   p.model = model;
