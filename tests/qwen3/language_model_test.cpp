@@ -1,9 +1,10 @@
 // Qwen3 as a chat language model against transformers' Qwen3ForCausalLM.generate on the
 // tiny models of ../shared/testdata/upsample-tiny (its README lists every file): the chat
 // text, the prompt ids, the logits of the prefill and of the first cached step, the greedy
-// tokens and the top-64 logits of every step, the sampling support and draws, the decoded
-// text. The tied model is opened as the pipeline opens it (the klein-tiny diffusers
-// directory); the untied one (Qwen3-8B's layout: its own lm_head) from its files.
+// tokens, the top-64 logits, the sampling support and the draws of every step (these on every
+// instruction set), the decoded text. The tied model is opened as the pipeline opens it (the
+// klein-tiny diffusers directory); the untied one (Qwen3-8B's layout: its own lm_head) from
+// its files.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <tuple>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -101,6 +103,52 @@ double max_abs_diff(std::span<const float> a, std::span<const float> b) {
   return d;
 }
 
+// A sampling case's reference: the support (temperature, top-k, top-p, softmax) of every
+// step, and what the official draw picked from it: the inverse-CDF rule with its uniforms, or
+// torch's multinomial (argmax of p / q with its exponential variates).
+struct SamplingReference {
+  qwen3::SamplingOptions options;
+  std::vector<int64_t> support_ids, support_size;
+  std::vector<float> support_probs, exp_q;
+  std::vector<double> uniforms;
+
+  explicit SamplingReference(const Case& c) {
+    const json& s = c.spec["sampling"];
+    options.sample = true;
+    options.temperature = s["temperature"].get<float>();
+    options.top_k = s["top_k"].get<int>();
+    options.top_p = s["top_p"].get<float>();
+    support_ids = read_npy(c.dir / "support_ids.npy").to_i64();
+    support_probs = read_npy(c.dir / "support_probs.npy").to_f32();
+    support_size = read_npy(c.dir / "support_size.npy").to_i64();
+    if (c.spec["mode"] == "sample_icdf")
+      uniforms = read_f8_npy(c.dir / "uniforms.npy");
+    else
+      exp_q = read_npy(c.dir / "exp_q.npy").to_f32();
+  }
+
+  // The support of `logits` is the official one of `step`, and the draw picks `token`.
+  void check(const std::vector<float>& logits, size_t step, int32_t token) const {
+    const auto support = qwen3::sampling_support(logits, options);
+    ASSERT_EQ(int64_t(support.size()), support_size[step]) << "step " << step;
+    for (size_t j = 0; j < support.size(); ++j) {
+      EXPECT_EQ(support[j].id, support_ids[step * 64 + j]) << "step " << step << " rank " << j;
+      EXPECT_NEAR(support[j].prob, support_probs[step * 64 + j], 1e-4) << "step " << step;
+    }
+    int32_t picked = -1;
+    if (!uniforms.empty()) {
+      picked = qwen3::draw(support, uniforms[step]);
+    } else {
+      double best = -1;
+      for (size_t j = 0; j < support.size(); ++j) {
+        const double score = double(support[j].prob) / double(exp_q[step * 64 + j]);
+        if (score > best) best = score, picked = support[j].id;
+      }
+    }
+    EXPECT_EQ(picked, token) << "step " << step;
+  }
+};
+
 class LanguageModelCase : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LanguageModelCase, ChatTextAndIdsAreTheOfficialOnes) {
@@ -112,7 +160,8 @@ TEST_P(LanguageModelCase, ChatTextAndIdsAreTheOfficialOnes) {
   EXPECT_EQ(models().tokenizer.encode(text), c.input_ids);
 }
 
-// Every case on every instruction set this CPU has (the others SKIPPED).
+// Every case on every instruction set this CPU has (the others SKIPPED): the logits, and the
+// tokens: greedy ones by argmax, sampled ones by the official support and draw of each step.
 class LanguageModelIsa
     : public ::testing::TestWithParam<std::tuple<std::string, quant::Isa>> {};
 
@@ -131,6 +180,9 @@ TEST_P(LanguageModelIsa, LogitsAndTokensOfEveryStep) {
   const auto topk_ids = read_npy(c.dir / "topk_ids.npy").to_i64();
   const auto topk_logits = read_npy(c.dir / "topk_logits.npy").to_f32();
   const int64_t k = 64;
+  const bool greedy = c.spec["mode"] == "greedy";
+  const std::optional<SamplingReference> sampling =
+      greedy ? std::nullopt : std::optional<SamplingReference>(c);
 
   // Teacher-forced on the official tokens: prefill, then one cached step per token.
   std::vector<float> logits = lm.prefill(c.input_ids);
@@ -140,9 +192,10 @@ TEST_P(LanguageModelIsa, LogitsAndTokensOfEveryStep) {
     EXPECT_LT(max_abs_diff(logits, std::span<const float>(ref.data(), size_t(vocab))), 2e-3);
   }
   for (size_t step = 0; step < c.generated.size(); ++step) {
-    if (step == 1 && has_full)
+    if (step == 1 && has_full) {
       EXPECT_LT(max_abs_diff(logits, std::span<const float>(ref.data() + vocab, size_t(vocab))),
                 2e-3);
+    }
     double worst = 0;
     for (int64_t j = 0; j < k; ++j) {
       const int64_t id = topk_ids[step * k + j];
@@ -150,8 +203,11 @@ TEST_P(LanguageModelIsa, LogitsAndTokensOfEveryStep) {
                                         double(topk_logits[step * k + j])));
     }
     EXPECT_LT(worst, 2e-3) << "step " << step;
-    if (c.spec["mode"] == "greedy")
+    if (greedy) {
       EXPECT_EQ(qwen3::argmax(logits), c.generated[step]) << "step " << step;
+    } else {
+      sampling->check(logits, step, c.generated[step]);
+    }
     if (step + 1 < c.generated.size()) logits = lm.step(c.generated[step]);
   }
 }
@@ -185,56 +241,6 @@ TEST(LanguageModel, GreedyGenerationStopsOnEosAndDecodesAsTheReference) {
     EXPECT_EQ(models().tokenizer.decode(r.ids, true),
               c.spec["decoded"]["skip_special_tokens"].get<std::string>());
     EXPECT_EQ(models().tokenizer.decode(r.ids, false), c.spec["decoded"]["raw"].get<std::string>());
-  }
-}
-
-// Sampling: the support (temperature, top-k, top-p, softmax) of every step is the official
-// one, and the draws of the reference pick its tokens: the inverse-CDF rule with its uniforms,
-// and torch's multinomial (argmax of p / q with its exponential variates).
-TEST(LanguageModel, SamplingSupportAndDrawsAreTheReferences) {
-  for (const std::string name : {"t2i_sample_icdf", "untied_sample_torch"}) {
-    SCOPED_TRACE(name);
-    const Case c(name);
-    const json& s = c.spec["sampling"];
-    qwen3::SamplingOptions o;
-    o.sample = true;
-    o.temperature = s["temperature"].get<float>();
-    o.top_k = s["top_k"].get<int>();
-    o.top_p = s["top_p"].get<float>();
-    const auto support_ids = read_npy(c.dir / "support_ids.npy").to_i64();
-    const auto support_probs = read_npy(c.dir / "support_probs.npy").to_f32();
-    const auto support_size = read_npy(c.dir / "support_size.npy").to_i64();
-    const bool icdf = c.spec["mode"] == "sample_icdf";
-    std::vector<double> uniforms;
-    std::vector<float> exp_q;
-    if (icdf)
-      uniforms = read_f8_npy(c.dir / "uniforms.npy");
-    else
-      exp_q = read_npy(c.dir / "exp_q.npy").to_f32();
-    Compute cx(2);
-    qwen3::LanguageModel lm(models().of(c), cx, int64_t(c.input_ids.size() + c.generated.size()));
-    std::vector<float> logits = lm.prefill(c.input_ids);
-    for (size_t step = 0; step < c.generated.size(); ++step) {
-      const auto support = qwen3::sampling_support(logits, o);
-      ASSERT_EQ(int64_t(support.size()), support_size[step]) << "step " << step;
-      for (size_t j = 0; j < support.size(); ++j) {
-        EXPECT_EQ(support[j].id, support_ids[step * 64 + j]) << "step " << step << " rank " << j;
-        EXPECT_NEAR(support[j].prob, support_probs[step * 64 + j], 1e-4) << "step " << step;
-      }
-      int32_t picked;
-      if (icdf) {
-        picked = qwen3::draw(support, uniforms[step]);
-      } else {
-        double best = -1;
-        picked = -1;
-        for (size_t j = 0; j < support.size(); ++j) {
-          const double score = double(support[j].prob) / double(exp_q[step * 64 + j]);
-          if (score > best) best = score, picked = support[j].id;
-        }
-      }
-      EXPECT_EQ(picked, c.generated[step]) << "step " << step;
-      if (step + 1 < c.generated.size()) logits = lm.step(c.generated[step]);
-    }
   }
 }
 
