@@ -15,8 +15,11 @@ build="${BUILD_DIR:-build-asan}"
 
 # The target (CMakeLists.txt, clang only) compiles the parsers' sources itself with
 # -fsanitize=fuzzer; KLEIN_SANITIZE adds ASan and UBSan.
-bash scripts/configure-sanitize.sh "$build"
-cmake --build "$build" --target fuzz_container
+# FUZZ_BUILT=1: the targets are built already (scripts/fuzz-ci.sh builds them once for both).
+if [[ "${FUZZ_BUILT:-0}" != 1 ]]; then
+  bash scripts/configure-sanitize.sh "$build"
+  cmake --build "$build" --target fuzz_container
+fi
 
 # Seed corpus: a well-formed header + index written from docs/container.md (two units, three
 # tensors; the target re-seals the checksums, so none are computed here).

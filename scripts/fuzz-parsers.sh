@@ -19,8 +19,11 @@ targets=("$@")
 ((${#targets[@]})) || targets=(safetensors npy image tokenizer config server gguf hub)
 build="${BUILD_DIR:-build-asan}"
 
-bash scripts/configure-sanitize.sh "$build"
-cmake --build "$build" --target "${targets[@]/#/fuzz_}"
+# FUZZ_BUILT=1: the targets are built already (scripts/fuzz-ci.sh builds them once for both).
+if [[ "${FUZZ_BUILT:-0}" != 1 ]]; then
+  bash scripts/configure-sanitize.sh "$build"
+  cmake --build "$build" --target "${targets[@]/#/fuzz_}"
+fi
 
 # Seeds: small valid inputs of each parser, written here (and fuzz/corpus for images).
 seeds="$(pwd)/$build/fuzz-seeds"

@@ -11,6 +11,7 @@
 
 #include "formats/image/image.h"
 #include "klein/klein.h"
+#include "support/cli_image.h"
 #include "support/testing.h"
 
 namespace klein {
@@ -22,13 +23,10 @@ constexpr const char* kPrompt = "a small red cube";
 
 // `klein generate` with the parameters the library is given below.
 Image cli_image(const fs::path& out, uint64_t seed, int width, int height, int steps) {
-  std::string log;
-  const std::string args = "generate -m " + testing::tiny_model().string() + " -p \"" + kPrompt +
-                           "\" --seed " + std::to_string(seed) + " -W " + std::to_string(width) +
-                           " -H " + std::to_string(height) + " -s " + std::to_string(steps) +
-                           " --no-cache -q -o " + out.string();
-  EXPECT_EQ(testing::run_klein(args, &log), 0) << log;
-  return load_image(out);
+  return testing::cli_generate(testing::tiny_model(), kPrompt,
+                               "--seed " + std::to_string(seed) + " -W " + std::to_string(width) +
+                                   " -H " + std::to_string(height) + " -s " + std::to_string(steps),
+                               out);
 }
 
 struct Opened {
@@ -116,16 +114,9 @@ TEST(CApi, EmptyPromptMakesTheCliImage) {
   p.prompt = "";
   klein_image* image = nullptr;
   ASSERT_EQ(klein_generate(m.session, &p, &image), KLEIN_OK) << klein_session_error(m.session);
-  std::string log;
-  ASSERT_EQ(testing::run_klein("generate -m " + testing::tiny_model().string() +
-                                   " -p '' --seed 5 -W 64 -H 48 -s 2 --no-cache -q -o " +
-                                   (out / "cli.png").string(),
-                               &log),
-            0)
-      << log;
-  const Image cli = load_image(out / "cli.png");
-  ASSERT_EQ(cli.rgb.size(), size_t(64 * 48 * 3));
-  EXPECT_EQ(0, std::memcmp(cli.rgb.data(), image->pixels, cli.rgb.size()));
+  const Image cli =
+      testing::cli_generate(testing::tiny_model(), "", "--seed 5 -W 64 -H 48 -s 2", out / "cli.png");
+  EXPECT_TRUE(testing::same_pixels(cli, image->pixels, image->width, image->height));
   EXPECT_NE(cli.rgb, cli_image(out / "prompt.png", 5, 64, 48, 2).rgb);
   EXPECT_NE(std::string(image->metadata).find("\"prompt\":\"\""), std::string::npos)
       << image->metadata;
@@ -185,17 +176,11 @@ TEST(CApi, InpaintingMakesTheCliPixels) {
   EXPECT_EQ(image->height, 80);
   EXPECT_NE(std::string(image->parameters).find("Denoising strength: 0.6,"), std::string::npos)
       << image->parameters;
-  std::string log;
-  ASSERT_EQ(testing::run_klein("generate -m " + testing::tiny_model().string() + " -p \"" +
-                                   kPrompt + "\" --seed 9 -s 4 --init-image " + init.string() +
-                                   " --mask " + mask.string() + " --strength 0.6 --no-cache -q -o " +
-                                   (out / "cli.png").string(),
-                               &log),
-            0)
-      << log;
-  const Image cli = load_image(out / "cli.png");
-  ASSERT_EQ(cli.rgb.size(), size_t(image->width * image->height * 3));
-  EXPECT_EQ(0, std::memcmp(cli.rgb.data(), image->pixels, cli.rgb.size()));
+  const Image cli = testing::cli_generate(
+      testing::tiny_model(), kPrompt,
+      "--seed 9 -s 4 --init-image " + init.string() + " --mask " + mask.string() + " --strength 0.6",
+      out / "cli.png");
+  EXPECT_TRUE(testing::same_pixels(cli, image->pixels, image->width, image->height));
   klein_image_free(image);
 
   p.strength = 1.5f;
@@ -225,17 +210,10 @@ TEST(CApi, LorasMakeTheCliPixels) {
   p.lora_count = 2;
   klein_image* image = nullptr;
   ASSERT_EQ(klein_generate(m.session, &p, &image), KLEIN_OK) << klein_session_error(m.session);
-  std::string log;
-  ASSERT_EQ(testing::run_klein("generate -m " + testing::tiny_model().string() + " -p \"" +
-                                   kPrompt + "\" --seed 4 -s 4 -W 64 -H 64 --lora " + bfl +
-                                   " --lora " + kohya + ":0.7 --no-cache -q -o " +
-                                   (out / "cli.png").string(),
-                               &log),
-            0)
-      << log;
-  const Image cli = load_image(out / "cli.png");
-  ASSERT_EQ(cli.rgb.size(), size_t(64 * 64 * 3));
-  EXPECT_EQ(0, std::memcmp(cli.rgb.data(), image->pixels, cli.rgb.size()));
+  const Image cli = testing::cli_generate(
+      testing::tiny_model(), kPrompt,
+      "--seed 4 -s 4 -W 64 -H 64 --lora " + bfl + " --lora " + kohya + ":0.7", out / "cli.png");
+  EXPECT_TRUE(testing::same_pixels(cli, image->pixels, 64, 64));
   EXPECT_NE(std::string(image->parameters).find("LoRA: bfl:1 kohya:0.7"), std::string::npos)
       << image->parameters;
   klein_image_free(image);
@@ -290,17 +268,11 @@ TEST(CApi, ZImageWithItsGuidanceOptionsMakesTheCliPixels) {
   klein_image* image = nullptr;
   ASSERT_EQ(klein_generate(m.session, &p, &image), KLEIN_OK) << klein_session_error(m.session);
   EXPECT_EQ(previews, 3);
-  std::string log;
-  ASSERT_EQ(testing::run_klein("generate -m " + model.string() + " -p \"" + kPrompt +
-                                   "\" --seed 4 -W 64 -H 48 -s 3 -g 3 -n blurry "
-                                   "--cfg-normalization 1 --cfg-truncation 0.5 --no-cache -q -o " +
-                                   (out / "cli.png").string(),
-                               &log),
-            0)
-      << log;
-  const Image cli = load_image(out / "cli.png");
-  ASSERT_EQ(cli.rgb.size(), size_t(64 * 48 * 3));
-  EXPECT_EQ(0, std::memcmp(cli.rgb.data(), image->pixels, cli.rgb.size()));
+  const Image cli = testing::cli_generate(
+      model, kPrompt,
+      "--seed 4 -W 64 -H 48 -s 3 -g 3 -n blurry --cfg-normalization 1 --cfg-truncation 0.5",
+      out / "cli.png");
+  EXPECT_TRUE(testing::same_pixels(cli, image->pixels, 64, 48));
   const std::string metadata = image->metadata;
   EXPECT_NE(metadata.find("\"cfg_normalization\":1.0"), std::string::npos) << metadata;
   EXPECT_NE(metadata.find("\"cfg_truncation\":0.5"), std::string::npos) << metadata;
@@ -325,16 +297,9 @@ TEST(CApi, FluxDevWithItsEmbeddedGuidanceMakesTheCliPixels) {
   p.guidance = 4;
   klein_image* image = nullptr;
   ASSERT_EQ(klein_generate(m.session, &p, &image), KLEIN_OK) << klein_session_error(m.session);
-  std::string log;
-  ASSERT_EQ(testing::run_klein("generate -m " + model.string() + " -p \"" + kPrompt +
-                                   "\" --seed 6 -W 64 -H 48 -s 2 -g 4 --no-cache -q -o " +
-                                   (out / "cli.png").string(),
-                               &log),
-            0)
-      << log;
-  const Image cli = load_image(out / "cli.png");
-  ASSERT_EQ(cli.rgb.size(), size_t(64 * 48 * 3));
-  EXPECT_EQ(0, std::memcmp(cli.rgb.data(), image->pixels, cli.rgb.size()));
+  const Image cli =
+      testing::cli_generate(model, kPrompt, "--seed 6 -W 64 -H 48 -s 2 -g 4", out / "cli.png");
+  EXPECT_TRUE(testing::same_pixels(cli, image->pixels, 64, 48));
   klein_image_free(image);
   // Another scale makes another image: the model was given it.
   p.guidance = 1.5f;

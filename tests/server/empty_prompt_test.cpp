@@ -13,6 +13,7 @@
 #include "core/base64.h"
 #include "formats/image/image.h"
 #include "server/serve_process.h"
+#include "support/cli_image.h"
 #include "support/testing.h"
 
 namespace klein {
@@ -35,14 +36,8 @@ std::string klein_metadata(const fs::path& png) {
 
 TEST(ServeEmptyPrompt, BothApisMakeTheCliImageOfTheEmptyPrompt) {
   const fs::path out = testing::temp_dir("serve-empty-prompt");
-  std::string log;
-  ASSERT_EQ(testing::run_klein("generate -m " + testing::shell_arg(testing::tiny_model()) +
-                                   " -p '' --seed 4 -W 64 -H 48 -s 2 --no-cache -q -o " +
-                                   testing::shell_arg(out / "cli.png"),
-                               &log),
-            0)
-      << log;
-  const Image cli = load_image(out / "cli.png");
+  const Image cli =
+      testing::cli_generate(testing::tiny_model(), "", "--seed 4 -W 64 -H 48 -s 2", out / "cli.png");
 
   ServeProcess serve;
   httplib::Client c = serve.client();

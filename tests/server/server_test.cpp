@@ -25,6 +25,7 @@
 #include "formats/image/image.h"
 #include "core/base64.h"
 #include "server/serve_process.h"
+#include "support/cli_image.h"
 #include "support/testing.h"
 
 namespace klein {
@@ -230,15 +231,12 @@ TEST(Serve, ZImageRequestsMakeTheCliPixels) {
                               {"guidance", 3}, {"negative_prompt", "blurry"},
                               {"cfg_normalization", 1}, {"cfg_truncation", 0.5}});
   ASSERT_EQ(gen["data"].size(), 1u);
-  std::string log;
-  ASSERT_EQ(testing::run_klein("generate -m " + model.string() + " -p \"" + kPrompt +
-                                   "\" --no-cache -q --seed 9 -W 48 -H 32 -s 3 -g 3 -n blurry "
-                                   "--cfg-normalization 1 --cfg-truncation 0.5 -o " +
-                                   (out / "cli.png").string(),
-                               &log),
-            0)
-      << log;
-  EXPECT_EQ(png_of(gen["data"][0]["b64_json"]).rgb, load_image(out / "cli.png").rgb);
+  EXPECT_EQ(png_of(gen["data"][0]["b64_json"]).rgb,
+            testing::cli_generate(model, kPrompt,
+                                  "--seed 9 -W 48 -H 32 -s 3 -g 3 -n blurry "
+                                  "--cfg-normalization 1 --cfg-truncation 0.5",
+                                  out / "cli.png")
+                .rgb);
   // Without the options the image differs: they took effect.
   const json plain = post_json(c, "/v1/images/generations",
                                {{"prompt", kPrompt}, {"size", "48x32"}, {"seed", 9}, {"steps", 3},
@@ -255,14 +253,9 @@ TEST(Serve, FluxDevRequestsMakeTheCliPixels) {
                              {{"prompt", kPrompt}, {"size", "48x32"}, {"seed", 9}, {"steps", 2},
                               {"guidance", 4}});
   ASSERT_EQ(gen["data"].size(), 1u);
-  std::string log;
-  ASSERT_EQ(testing::run_klein("generate -m " + model.string() + " -p \"" + kPrompt +
-                                   "\" --no-cache -q --seed 9 -W 48 -H 32 -s 2 -g 4 -o " +
-                                   (out / "cli.png").string(),
-                               &log),
-            0)
-      << log;
-  EXPECT_EQ(png_of(gen["data"][0]["b64_json"]).rgb, load_image(out / "cli.png").rgb);
+  EXPECT_EQ(png_of(gen["data"][0]["b64_json"]).rgb,
+            testing::cli_generate(model, kPrompt, "--seed 9 -W 48 -H 32 -s 2 -g 4", out / "cli.png")
+                .rgb);
 }
 
 TEST(Serve, BadRequestsAreNamedAndKeysChecked) {
@@ -538,15 +531,12 @@ TEST(Serve, WebPageOffersZImagesGuidanceOptions) {
             "prompt negative width height steps seed guidance cfg_normalization cfg_truncation key");
   const json shown = browser.evaluate(tab, kShownResult);
   ASSERT_EQ(shown.value("done", ""), "ok") << shown.dump().substr(0, 2000);
-  std::string log;
-  ASSERT_EQ(testing::run_klein("generate -m " + model.string() + " -p \"" + kPrompt +
-                                   "\" --seed 4 -W 64 -H 48 -s 3 -g 3 -n blurry "
-                                   "--cfg-normalization 1 --cfg-truncation 0.5 --no-cache -q -o " +
-                                   (out / "cli.png").string(),
-                               &log),
-            0)
-      << log;
-  EXPECT_EQ(png_of(shown["png"]).rgb, load_image(out / "cli.png").rgb);
+  EXPECT_EQ(png_of(shown["png"]).rgb,
+            testing::cli_generate(model, kPrompt,
+                                  "--seed 4 -W 64 -H 48 -s 3 -g 3 -n blurry "
+                                  "--cfg-normalization 1 --cfg-truncation 0.5",
+                                  out / "cli.png")
+                .rgb);
   EXPECT_EQ(serve.stop(), 0);
 }
 
