@@ -20,9 +20,11 @@
       attention.out, x_embedder; one .alpha) and zimage-kohya (lora_unet_layers_0_..., alphas).
 
   lora_fixture.py merge-zimage BASE.safetensors OUT.safetensors LORA[:SCALE] ...
-      As merge below, with diffusers' Z-Image key conversion
-      (_convert_non_diffusers_z_image_lora_to_diffusers); a fused qkv's A is shared by
-      to_q/to_k/to_v and its B splits in thirds, as the original checkpoints' qkv weight does.
+      As merge below, for the files of make-zimage only: each is replaced by what diffusers'
+      Z-Image LoRA loader converts it to (ZImageLoraLoaderMixin.lora_state_dict, alphas folded;
+      a module it leaves in the original checkpoint's names, such as a fused qkv, mapped by
+      diffusers' single-file conversion: A shared, B in thirds), committed in
+      tests/data/zimage-lora by zimage_lora_reference.py and found by the file's sha256.
 
   lora_fixture.py merge BASE.safetensors OUT.safetensors LORA[:SCALE] ...
       The reference: every LoRA merged into the base transformer's float32 weights,
@@ -354,51 +356,36 @@ def make_zimage(transformer_path, outdir):
         rng, kohya, rank, "F32", lambda m: m, "lora_down", "lora_up", lambda i: float(2 + i % 3)))
 
 
-def _zimage_module(module):
-    """A Z-Image LoRA module in diffusers spelling, as diffusers' loader reads it
-    (loaders/lora_conversion_utils.py: _convert_non_diffusers_z_image_lora_to_diffusers): the
-    prefix dropped, kohya's underscores split except in to_q/to_k/to_v/to_out/feed_forward,
-    the over-split module names joined again, `.out` read as `.to_out.0`."""
-    for prefix in ("diffusion_model.", "transformer."):
-        if module.startswith(prefix):
-            module = module[len(prefix):]
-    if module.startswith("lora_unet_"):
-        parts = module[len("lora_unet_"):].split("_")
-        merged, i = [], 0
-        while i < len(parts):
-            if i + 1 < len(parts) and (parts[i], parts[i + 1]) in (
-                    ("to", "q"), ("to", "k"), ("to", "v"), ("to", "out"), ("feed", "forward")):
-                merged.append(parts[i] + "_" + parts[i + 1])
-                i += 2
-            else:
-                merged.append(parts[i])
-                i += 1
-        module = ".".join(merged)
-        for dotted, kept in (("context.refiner.", "context_refiner."),
-                             ("noise.refiner.", "noise_refiner."),
-                             ("adaLN.modulation.", "adaLN_modulation."),
-                             ("all.final.layer.", "all_final_layer."),
-                             ("all.x.embedder.", "all_x_embedder."),
-                             ("cap.embedder.", "cap_embedder."), ("t.embedder.", "t_embedder.")):
-            module = module.replace(dotted, kept)
-    if module.endswith(".out") and ".to_out" not in module:
-        module = module[:-len(".out")] + ".to_out.0"
-    # The original single-file names of the embedder and the final layer (diffusers'
-    # convert_z_image_transformer_checkpoint_to_diffusers).
-    for old, new in (("x_embedder", "all_x_embedder.2-1"), ("final_layer.", "all_final_layer.2-1.")):
-        if module.startswith(old):
-            module = new + module[len(old):]
-    return module
+# The Z-Image LoRA fixtures as diffusers' Z-Image LoRA loader converts them, written once by
+# zimage_lora_reference.py with the pinned diffusers tree (tests/data/zimage-lora).
+ZIMAGE_REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
+                                "data", "zimage-lora")
 
 
-def _zimage_targets(module, rows):
-    """(weight name, row range of B, swap halves): a fused qkv ([q; k; v] rows, as the
-    original checkpoints store it) updates to_q, to_k and to_v with A shared and B in thirds."""
-    if module.endswith(".attention.qkv"):
-        block, d = module[:-len(".qkv")], rows // 3
-        return [(f"{block}.{n}.weight", (k * d, (k + 1) * d), False)
-                for k, n in enumerate(["to_q", "to_k", "to_v"])]
-    return [(module + ".weight", (0, rows), False)]
+def _zimage_converted(arg):
+    """LORA[:SCALE] -> the converted file of that LoRA (found by its sha256)[:SCALE]."""
+    import hashlib
+    path, scale = arg, None
+    if ":" in arg:
+        path, scale = arg.rsplit(":", 1)
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    with open(os.path.join(ZIMAGE_REFERENCE, "manifest.json")) as f:
+        files = json.load(f)["files"]
+    for entry in files:
+        if entry["sha256"] == digest:
+            converted = os.path.join(ZIMAGE_REFERENCE, entry["converted"])
+            return converted if scale is None else f"{converted}:{scale}"
+    raise SystemExit(f"{path}: not one of the LoRA files of {ZIMAGE_REFERENCE}/manifest.json "
+                     "(make-zimage changed? run tools/lora/zimage_lora_reference.py)")
+
+
+def merge_zimage(base_path, out_path, lora_args):
+    """merge() of the diffusers conversions of the given fixtures: every module is a weight of
+    the diffusers transformer and every alpha is already folded into A and B."""
+    def targets_of(module, rows):
+        return [(module[len("transformer."):] + ".weight", (0, rows), False)]
+    merge(base_path, out_path, [_zimage_converted(a) for a in lora_args], targets_of)
 
 
 if __name__ == "__main__":
@@ -411,7 +398,6 @@ if __name__ == "__main__":
     elif len(sys.argv) == 4 and sys.argv[1] == "make-zimage":
         make_zimage(sys.argv[2], sys.argv[3])
     elif len(sys.argv) >= 5 and sys.argv[1] == "merge-zimage":
-        merge(sys.argv[2], sys.argv[3], sys.argv[4:],
-              lambda module, rows: _zimage_targets(_zimage_module(module), rows))
+        merge_zimage(sys.argv[2], sys.argv[3], sys.argv[4:])
     else:
         raise SystemExit(__doc__)
