@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -982,7 +983,8 @@ fs::path zimage_model() { return testing::tiny_dir().parent_path() / "zimage-tin
 // conversion (convert_z_image_transformer_checkpoint_to_diffusers), written here from its
 // rename table: q, k, v fused into attention.qkv, attention.out / q_norm / k_norm, x_embedder
 // and final_layer without their "all_" and patch suffix, plus the final norm the original
-// model has and never uses.
+// model has and never uses. That diffusers' conversion reads exactly these tensors back as the
+// diffusers transformer is checked by ZImageOriginalNamesAreWhatDiffusersConvertsBack.
 std::vector<StTensor> original_zimage_transformer(const std::string& prefix) {
   TensorMap d = by_name(
       testing::read_all(zimage_model() / "transformer/diffusion_pytorch_model.safetensors"));
@@ -1043,6 +1045,33 @@ TEST_F(BflLayout, ZImageOriginalNamesLoadBitIdentical) {
     EXPECT_EQ(single->config().family_transformer, diffusers->config().family_transformer);
     const ModelSummary s = describe_model(paths);
     EXPECT_EQ(s.components[0].layout, Layout::Original);
+  }
+}
+
+// The file above is what diffusers' single-file conversion reads back as the diffusers
+// transformer: tools/zimage/original_names.py ran convert_z_image_transformer_checkpoint_to_diffusers
+// (diffusers 58eb52c0) on these names and recorded each tensor (dtype, shape, FNV-1a 64 of its
+// bytes) in tests/data/zimage-single-file/manifest.json; the one tensor the conversion drops has
+// no hash.
+TEST_F(BflLayout, ZImageOriginalNamesAreWhatDiffusersConvertsBack) {
+  const auto manifest = nlohmann::json::parse(read_text_file(
+      fs::path(KLEIN_SOURCE_DIR) / "tests/data/zimage-single-file/manifest.json"));
+  ASSERT_TRUE(manifest["converts_back_exactly"].get<bool>());
+  const auto& want = manifest["tensors"];
+  const std::vector<StTensor> ours = original_zimage_transformer("");
+  EXPECT_EQ(ours.size(), want.size());
+  for (const StTensor& t : ours) {
+    SCOPED_TRACE(t.name);
+    ASSERT_TRUE(want.contains(t.name)) << "not a name diffusers' conversion reads back";
+    const auto& w = want[t.name];
+    EXPECT_EQ(t.dtype, w["dtype"].get<std::string>());
+    EXPECT_EQ(t.shape, w["shape"].get<Shape>());
+    if (!w.contains("fnv1a64")) continue;
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (std::byte b : t.bytes) h = (h ^ uint64_t(b)) * 0x100000001B3ull;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    EXPECT_EQ(std::string(hex), w["fnv1a64"].get<std::string>());
   }
 }
 
