@@ -358,7 +358,7 @@ TokenizerBytes read_tokenizer_files(const ModelPaths& paths) {
     case TokenizerSource::Kind::Gguf:
       return gguf_tokenizer(gguf::File(source.path));
     case TokenizerSource::Kind::Tekken: {
-      const SafetensorsSet set(source.path);
+      const SafetensorsSet& set = *source.tekken_files;
       const SafetensorsSet::Located* t = set.find(kTekkenTensor);
       const std::string where = source.path.string() + ": tensor " + kTekkenTensor;
       check(t && t->entry->dtype == DType::U8 && t->entry->shape.size() == 1, where,

@@ -411,9 +411,10 @@ TokenizerSource tokenizer_source(const ModelPaths& paths) {
   if (gguf_text_encoder && gguf::File(paths.text_encoder).value("tokenizer.ggml.model"))
     return {Kind::Gguf, paths.text_encoder};
   // ComfyUI's Mistral text encoders carry Mistral's tekken.json in a tensor.
-  if (!paths.text_encoder.empty() && !gguf_text_encoder && fs::is_regular_file(paths.text_encoder) &&
-      SafetensorsSet(paths.text_encoder).find(kTekkenTensor))
-    return {Kind::Tekken, paths.text_encoder};
+  if (!paths.text_encoder.empty() && !gguf_text_encoder && fs::is_regular_file(paths.text_encoder)) {
+    auto files = std::make_shared<const SafetensorsSet>(paths.text_encoder);
+    if (files->find(kTekkenTensor)) return {Kind::Tekken, paths.text_encoder, std::move(files)};
+  }
   const std::string gguf_lacks =
       gguf_text_encoder ? "--text-encoder " + paths.text_encoder.string() +
                               " carries no tokenizer (no tokenizer.ggml.model in its metadata)"

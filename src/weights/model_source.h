@@ -61,6 +61,8 @@ inline std::unique_ptr<WeightStore> open_model(const std::filesystem::path& mode
 }
 
 // Where a model's tokenizer comes from (the rule above).
+class SafetensorsSet;
+
 struct TokenizerSource {
   enum class Kind {
     Directory,  // vocab.json + merges.txt (+ tokenizer_config.json), tokenizer.json, or
@@ -71,6 +73,9 @@ struct TokenizerSource {
   };
   Kind kind = Kind::Directory;
   std::filesystem::path path;  // the directory, the GGUF file, the container or the text encoder
+  // Tekken: the text encoder's files as opened to find the tensor, so that reading the
+  // tokenizer parses their headers no second time.
+  std::shared_ptr<const SafetensorsSet> tekken_files;
 };
 
 // "directory", "gguf", "container" or "tekken", for messages and machine-readable output.
