@@ -1,6 +1,7 @@
 // klein encode-text: a prompt -> the text-encoder context the transformer attends to, saved as
-// .npy float32 [1, 512, 3 * hidden] (the pipeline's prompt_embeds). Parses the options, calls
-// the tokenizer, the prompt cache and the encoder, and prints what happened.
+// .npy float32 [1, text tokens, context width] (the pipeline's prompt_embeds), as the model's
+// family encodes its prompts (FamilyStages::encode_text). Parses the options, calls the
+// family's text conditioning with the prompt cache, and prints what happened.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -18,7 +19,7 @@
 #include "models/qwen3/text_encoder.h"
 #include "pipeline/memory_plan.h"
 #include "pipeline/model_tokenizer.h"
-#include "tokenizer/klein_prompt.h"
+#include "pipeline/stages.h"
 #include "weights/model_source.h"
 
 namespace klein::cli {
@@ -46,16 +47,16 @@ void run_encode_text(const EncodeTextOptions& o) {
   store->set_residency(plan.residency);
   if (o.verbose) std::fprintf(stderr, "memory: %s\n", plan.reason.c_str());
   const Tokenizer tokenizer = load_model_tokenizer(o.paths);
-  const KleinPromptTokens tokens = tokenize_klein_prompt(tokenizer, o.prompt);
-  if (!tokens.warning.empty()) std::fprintf(stderr, "warning: %s\n", tokens.warning.c_str());
+  const FamilyStages& family = stages_for(store->config());
 
   Compute cx(o.threads);
   qwen3::TextEncoder encoder(*store, cx);
   std::optional<qwen3::PromptCache> cache;
   if (!o.no_cache)
     cache.emplace(o.cache_dir.empty() ? qwen3::PromptCache::default_dir() : o.cache_dir);
-  qwen3::CachedContext result =
-      qwen3::encode_with_cache(encoder, cache ? &*cache : nullptr, tokens.ids, tokens.mask);
+  EncodedText result = family.encode_text(encoder, tokenizer, o.prompt, cache ? &*cache : nullptr);
+  const KleinPromptTokens& tokens = result.tokens;
+  if (!tokens.warning.empty()) std::fprintf(stderr, "warning: %s\n", tokens.warning.c_str());
   if (!result.store_error.empty())
     std::fprintf(stderr, "warning: the context was not cached: %s\n", result.store_error.c_str());
 
@@ -66,7 +67,7 @@ void run_encode_text(const EncodeTextOptions& o) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("%s: context %s from %d prompt tokens + %d padding, %s in %.2f s\n",
               o.output.string().c_str(), shape_str(context.shape()).c_str(), tokens.real_tokens,
-              int(tokens.ids.size()) - tokens.real_tokens,
+              int(context.dim(1)) - tokens.real_tokens,
               result.from_cache ? "read from the prompt cache" : "encoded", seconds);
   if (o.verbose)
     std::fprintf(stderr, "peak RSS %s, at most %zu weight unit%s (%s) resident at once\n",
@@ -84,7 +85,9 @@ static Registration reg("encode-text", 40, [](CLI::App& app) {
   add_model_options(*cmd, options->paths);
   cmd->add_option("-p,--prompt", options->prompt, "the prompt text")->required();
   cmd->add_option("-o,--output", options->output,
-                  "output .npy file: float32 [1, 512, 3 x text hidden size]")
+                  "output .npy file: float32 [1, text tokens, context width], the context the "
+                  "model's pipeline gives its transformer (FLUX.2: [1, 512, 3 x text hidden "
+                  "size]; Z-Image: the prompt's tokens only, [1, tokens, text hidden size])")
       ->required();
   cmd->add_flag("--no-cache", options->no_cache,
                 "always run the text encoder; neither read nor write the prompt cache");

@@ -1,6 +1,7 @@
-// klein tokenize: the token ids of a text, or with --template the 512 padded ids and the
-// attention mask the text encoder receives for a prompt. Parses the options and prints; the
-// tokenizer does the work.
+// klein tokenize: the token ids of a text, or with --template the padded ids and the
+// attention mask the text encoder receives for a prompt, as the model's family builds them
+// (FamilyStages::prompt_tokens). Parses the options and prints; the tokenizer and the
+// family's stages do the work.
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include "core/error.h"
 #include "formats/container/reader.h"
 #include "pipeline/model_tokenizer.h"
+#include "pipeline/stages.h"
 #include "tokenizer/klein_prompt.h"
 #include "tokenizer/tokenizer.h"
 #include "weights/gguf_source.h"
@@ -30,11 +32,11 @@ struct TokenizeOptions {
   bool json = false;
 };
 
-// The tokenizer of MODEL, which names it as one of the model options would: a klein container
-// or a diffusers directory as -m, a llama.cpp GGUF text encoder or a Mistral file carrying
-// tekken.json as --text-encoder, a directory of tokenizer files as --tokenizer.
-// tokenizer_source then reads it from where every other command would.
-Tokenizer tokenizer_of(const fs::path& model) {
+// MODEL as one of the model options would name it: a klein container or a diffusers
+// directory as -m, a llama.cpp GGUF text encoder or a Mistral file carrying tekken.json as
+// --text-encoder, a directory of tokenizer files as --tokenizer. tokenizer_source then reads
+// the tokenizer from where every other command would.
+ModelPaths paths_of(const fs::path& model) {
   check(fs::exists(model), model.string(), " does not exist");
   ModelPaths paths;
   if (is_gguf(model) || (fs::is_regular_file(model) && !container::is_container(model) &&
@@ -49,7 +51,15 @@ Tokenizer tokenizer_of(const fs::path& model) {
           "tekken.json in ", (model / "tokenizer").string(), " or in the directory itself)");
     paths.tokenizer = model;
   }
-  return load_model_tokenizer(paths);
+  return paths;
+}
+
+// The family whose text conditioning --template shows: the model's, when MODEL is one (a
+// container or a diffusers directory, opened as generate opens it); a tokenizer or a text
+// encoder alone has no family and gets the default configuration's.
+const FamilyStages& family_of(const ModelPaths& paths) {
+  if (paths.model.empty()) return stages_for(ModelConfig{});
+  return stages_for(open_model(paths)->config());
 }
 
 void print_ids(const std::vector<int32_t>& ids) {
@@ -76,8 +86,9 @@ void print_raw(const Tokenizer& tokenizer, const TokenizeOptions& o) {
   std::printf("%s\n", out.dump().c_str());
 }
 
-void print_template(const Tokenizer& tokenizer, const TokenizeOptions& o) {
-  const KleinPromptTokens p = tokenize_klein_prompt(tokenizer, o.text);
+void print_template(const Tokenizer& tokenizer, const FamilyStages& family,
+                    const TokenizeOptions& o) {
+  const KleinPromptTokens p = family.prompt_tokens(tokenizer, o.text);
   if (!p.warning.empty()) std::fprintf(stderr, "warning: %s\n", p.warning.c_str());
   if (!o.json) {
     print_ids(p.ids);
@@ -85,7 +96,7 @@ void print_template(const Tokenizer& tokenizer, const TokenizeOptions& o) {
     return;
   }
   nlohmann::json out;
-  out["chat_text"] = klein_chat_text(o.text);
+  out["chat_text"] = family.prompt_chat_text(o.text);
   out["ids"] = p.ids;
   out["attention_mask"] = p.mask;
   out["real_tokens"] = p.real_tokens;
@@ -96,9 +107,10 @@ void print_template(const Tokenizer& tokenizer, const TokenizeOptions& o) {
 }
 
 void run_tokenize(const TokenizeOptions& o) {
-  const Tokenizer tokenizer = tokenizer_of(o.model);
+  const ModelPaths paths = paths_of(o.model);
+  const Tokenizer tokenizer = load_model_tokenizer(paths);
   if (o.use_template) {
-    print_template(tokenizer, o);
+    print_template(tokenizer, family_of(paths), o);
   } else {
     print_raw(tokenizer, o);
   }
@@ -109,7 +121,7 @@ void run_tokenize(const TokenizeOptions& o) {
 static Registration reg("tokenize", 30, [](CLI::App& app) {
   auto options = std::make_shared<TokenizeOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "tokenize", "Print the Qwen3 token ids of a text, or the text encoder's input for a prompt");
+      "tokenize", "Print the token ids of a text, or the text encoder's input for a prompt");
   cmd->add_option("-m,--model", options->model,
                   "a klein container (the tokenizer stored in it), a diffusers directory (its "
                   "tokenizer/), a llama.cpp GGUF text encoder (the tokenizer in its metadata), a "
@@ -118,8 +130,9 @@ static Registration reg("tokenize", 30, [](CLI::App& app) {
                   "tokenizer.json, or Mistral's tekken.json)")
       ->required();
   cmd->add_flag("--template", options->use_template,
-                "wrap TEXT in FLUX.2-klein's chat template as its pipeline does and print the "
-                "512 padded ids, then the attention mask");
+                "wrap TEXT in the chat template of the model's pipeline as generate does and "
+                "print the padded ids, then the attention mask (a tokenizer or text encoder "
+                "alone: FLUX.2-klein's template)");
   cmd->add_flag("--json", options->json, "print JSON (ids, tokens, decoded text / mask, counts)");
   // The text as the other subcommands take a prompt (-p), or as the last argument.
   CLI::Option* prompt = cmd->add_option("-p,--prompt", options->text, "the text or prompt");

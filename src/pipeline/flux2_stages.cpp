@@ -50,12 +50,14 @@ Tensor initial_noise(const Generation& g, uint64_t seed, int64_t channels) {
 // embedded in the model, text-to-image and references only).
 struct Flux2Pipeline {
   const char* name;
+  std::string (*chat_text)(std::string_view);
   KleinPromptTokens (*tokenize)(const Tokenizer&, std::string_view, int);
   bool image_to_image;      // --init-image, --mask
   bool embedded_guidance;   // the guidance goes to the model; no negative prompt
 };
-constexpr Flux2Pipeline kKlein{"FLUX.2-klein", tokenize_klein_prompt, true, false};
-constexpr Flux2Pipeline kDev{"FLUX.2-dev", tokenize_dev_prompt, false, true};
+constexpr Flux2Pipeline kKlein{"FLUX.2-klein", klein_chat_text, tokenize_klein_prompt, true,
+                                false};
+constexpr Flux2Pipeline kDev{"FLUX.2-dev", dev_chat_text, tokenize_dev_prompt, false, true};
 
 class Flux2Stages final : public FamilyStages {
  public:
@@ -71,6 +73,30 @@ class Flux2Stages final : public FamilyStages {
   void start(Session& session, Generation& g, Progress& progress) const override;
   void encode_prompt(Session& session, Generation& g, Progress& progress,
                      const TextLayerHook& on_layer) const override;
+  std::string prompt_chat_text(std::string_view prompt) const override {
+    return p_.chat_text(prompt);
+  }
+  KleinPromptTokens prompt_tokens(const Tokenizer& tokenizer,
+                                  std::string_view prompt) const override {
+    return p_.tokenize(tokenizer, prompt, kKleinMaxTokens);
+  }
+  // The 512 padded ids with their mask: the padding rows are part of the context.
+  EncodedText encode_text(qwen3::TextEncoder& encoder, const Tokenizer& tokenizer,
+                          std::string_view prompt, qwen3::PromptCache* cache,
+                          const TextLayerHook& observe) const override {
+    EncodedText out;
+    out.tokens = prompt_tokens(tokenizer, prompt);
+    if (observe) {
+      out.context = encoder.encode(out.tokens.ids, out.tokens.mask, observe);
+      return out;
+    }
+    qwen3::CachedContext c = qwen3::encode_with_cache(encoder, cache, out.tokens.ids,
+                                                      out.tokens.mask);
+    out.context = std::move(c.context);
+    out.from_cache = c.from_cache;
+    out.store_error = std::move(c.store_error);
+    return out;
+  }
   void prepare_latents(Session& session, Generation& g, Progress& progress) const override;
   void denoise(Session& session, Generation& g, Progress& progress,
                const StepHook& on_step) const override;
@@ -380,16 +406,12 @@ void Flux2Stages::encode_prompt(Session& session, Generation& g, Progress& progr
     if (o.prompt_cache_dir) cache.emplace(*o.prompt_cache_dir);
     auto encode = [&](const std::string& text, bool& from_cache,
                       const TextLayerHook& observe) {
-      KleinPromptTokens tokens = p_.tokenize(session.tokenizer(), text, kKleinMaxTokens);
-      if (!tokens.warning.empty()) session.warn(g, progress, tokens.warning);
-      if (observe) {
-        from_cache = false;
-        return encoder.encode(tokens.ids, tokens.mask, observe);
-      }
-      auto c = qwen3::encode_with_cache(encoder, cache ? &*cache : nullptr, tokens.ids, tokens.mask);
-      if (!c.store_error.empty()) session.warn(g, progress, "prompt cache: " + c.store_error);
-      from_cache = c.from_cache;
-      return std::move(c.context);
+      EncodedText e =
+          encode_text(encoder, session.tokenizer(), text, cache ? &*cache : nullptr, observe);
+      if (!e.tokens.warning.empty()) session.warn(g, progress, e.tokens.warning);
+      if (!e.store_error.empty()) session.warn(g, progress, "prompt cache: " + e.store_error);
+      from_cache = e.from_cache;
+      return std::move(e.context);
     };
     g.context = encode(o.prompt, g.result.context_from_cache, on_layer);
     bool unused;

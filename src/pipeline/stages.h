@@ -9,13 +9,20 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/memory.h"
 #include "ops/work.h"
 #include "pipeline/pipeline.h"
+#include "tokenizer/klein_prompt.h"
 
 namespace klein {
+
+namespace qwen3 {
+class TextEncoder;
+class PromptCache;
+}  // namespace qwen3
 
 // For callers that compare two stores of one model network by network (klein report,
 // convert/report/e2e.h): a transformer block in the order the forward runs them, named as
@@ -49,6 +56,14 @@ struct SyntheticProbe {
 using BlockObserver =
     std::function<void(size_t block, int64_t offset, const float* data, int64_t count)>;
 
+// One prompt through a family's text conditioning (FamilyStages::encode_text).
+struct EncodedText {
+  KleinPromptTokens tokens;  // the prompt's ids and mask (FamilyStages::prompt_tokens)
+  Tensor context;            // [text tokens, context width]: what the transformer attends to
+  bool from_cache = false;
+  std::string store_error;   // non-empty when the context could not be cached (still valid)
+};
+
 class FamilyStages {
  public:
   virtual ~FamilyStages() = default;
@@ -61,6 +76,23 @@ class FamilyStages {
   virtual void start(Session& s, Generation& g, Progress& progress) const = 0;
   virtual void encode_prompt(Session& s, Generation& g, Progress& progress,
                              const TextLayerHook& on_layer) const = 0;
+
+  // The family's text conditioning, which encode_prompt runs for the prompt and the negative
+  // prompt, for front ends that show it alone (klein tokenize --template, klein encode-text).
+  //
+  // The text the pipeline's chat template renders the prompt to.
+  virtual std::string prompt_chat_text(std::string_view prompt) const = 0;
+  // Its ids as the pipeline's tokenizer call gives them: cut or padded to the pipeline's
+  // length, with the attention mask; `warning` says what a cut dropped.
+  virtual KleinPromptTokens prompt_tokens(const Tokenizer& tokenizer,
+                                          std::string_view prompt) const = 0;
+  // Those ids through `encoder` (in the compute context's current arithmetic): the context
+  // the transformer receives. Read from `cache` when it holds it, else stored there (`cache`
+  // may be null); with `observe`, which sees every layer, the cache is neither read nor
+  // written.
+  virtual EncodedText encode_text(qwen3::TextEncoder& encoder, const Tokenizer& tokenizer,
+                                  std::string_view prompt, qwen3::PromptCache* cache,
+                                  const TextLayerHook& observe = {}) const = 0;
   virtual void prepare_latents(Session& s, Generation& g, Progress& progress) const = 0;
   virtual void denoise(Session& s, Generation& g, Progress& progress,
                        const StepHook& on_step) const = 0;

@@ -255,6 +255,33 @@ class ZImageStages final : public FamilyStages {
     g.family = std::move(state);
   }
 
+  std::string prompt_chat_text(std::string_view prompt) const override {
+    return zimage::chat_text(prompt);
+  }
+  KleinPromptTokens prompt_tokens(const Tokenizer& tokenizer,
+                                  std::string_view prompt) const override {
+    return zimage::tokenize_prompt(tokenizer, prompt);
+  }
+  // The real tokens only (the pipeline drops the padding rows): [real tokens, hidden].
+  EncodedText encode_text(qwen3::TextEncoder& encoder, const Tokenizer& tokenizer,
+                          std::string_view prompt, qwen3::PromptCache* cache,
+                          const TextLayerHook& observe) const override {
+    EncodedText out;
+    out.tokens = prompt_tokens(tokenizer, prompt);
+    const std::vector<int32_t> ids(out.tokens.ids.begin(),
+                                   out.tokens.ids.begin() + out.tokens.real_tokens);
+    const std::vector<int32_t> mask(ids.size(), 1);
+    if (observe) {
+      out.context = encoder.encode(ids, mask, observe);
+      return out;
+    }
+    qwen3::CachedContext c = qwen3::encode_with_cache(encoder, cache, ids, mask);
+    out.context = std::move(c.context);
+    out.from_cache = c.from_cache;
+    out.store_error = std::move(c.store_error);
+    return out;
+  }
+
   // The prompt's features: the last layer but one, valid tokens only. Float32 always, as
   // for FLUX.2-klein.
   void encode_prompt(Session& session, Generation& g, Progress& progress,
@@ -272,18 +299,12 @@ class ZImageStages final : public FamilyStages {
       std::optional<qwen3::PromptCache> cache;
       if (o.prompt_cache_dir) cache.emplace(*o.prompt_cache_dir);
       auto encode = [&](const std::string& text, bool& from_cache, const TextLayerHook& observe) {
-        const KleinPromptTokens tokens = zimage::tokenize_prompt(session.tokenizer(), text);
-        if (!tokens.warning.empty()) session.warn(g, progress, tokens.warning);
-        const std::vector<int32_t> ids(tokens.ids.begin(), tokens.ids.begin() + tokens.real_tokens);
-        const std::vector<int32_t> mask(ids.size(), 1);
-        if (observe) {
-          from_cache = false;
-          return encoder.encode(ids, mask, observe);
-        }
-        auto c = qwen3::encode_with_cache(encoder, cache ? &*cache : nullptr, ids, mask);
-        if (!c.store_error.empty()) session.warn(g, progress, "prompt cache: " + c.store_error);
-        from_cache = c.from_cache;
-        return std::move(c.context);
+        EncodedText e =
+            encode_text(encoder, session.tokenizer(), text, cache ? &*cache : nullptr, observe);
+        if (!e.tokens.warning.empty()) session.warn(g, progress, e.tokens.warning);
+        if (!e.store_error.empty()) session.warn(g, progress, "prompt cache: " + e.store_error);
+        from_cache = e.from_cache;
+        return std::move(e.context);
       };
       g.context = encode(o.prompt, g.result.context_from_cache, on_layer);
       pass = 1;
