@@ -1,0 +1,67 @@
+// The routes around the APIs: the web page, /health for a load balancer and /metrics for a
+// scraper. /health and /metrics need no API key: a probe and a scraper usually carry none,
+// and neither tells anything about the images.
+#include "core/memory.h"
+#include "server/impl.h"
+#include "server/page.h"
+
+namespace klein::serve {
+
+namespace {
+
+json health(Impl& s, httplib::Response& res) {
+  const Model* m = s.model.load();
+  bool busy;
+  int queue;
+  {
+    const std::lock_guard lock(s.mutex);
+    busy = s.running;
+    queue = int(s.line.size());
+  }
+  if (!m) res.status = 503;  // not ready: a load balancer sends nothing here yet
+  json reply = {{"status", m ? "ok" : "loading"},
+                {"model", m ? json(m->name) : json(nullptr)},
+                {"busy", busy},
+                {"queue", queue}};
+  if (m) {
+    // What this model's requests may carry beyond a prompt (the page shows only these).
+    const Capabilities c = capabilities(*m);
+    reply["family"] = c.family;
+    reply["accepts"] = {{"references", c.references},
+                        {"init_image", c.image_to_image},
+                        {"negative_prompt", c.guidance},
+                        {"cfg_normalization", c.guidance_options},
+                        {"cfg_truncation", c.guidance_options},
+                        {"loras", c.loras}};
+  }
+  return reply;
+}
+
+std::string metrics_text(Impl& s) {
+  Metrics::Gauges g;
+  g.jobs = kept_jobs(s);
+  {
+    const std::lock_guard lock(s.mutex);
+    g.queue = int(s.line.size());
+    g.running = s.running;
+  }
+  g.ready = s.model.load() != nullptr;
+  g.peak_rss = peak_rss_bytes();
+  return s.metrics.render(g);
+}
+
+}  // namespace
+
+void add_service_routes(httplib::Server& http, Impl& s) {
+  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(kServerPage, "text/html; charset=utf-8");
+  });
+  http.Get("/health", [&s](const httplib::Request&, httplib::Response& res) {
+    res.set_content(health(s, res).dump(), "application/json");
+  });
+  http.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_text(s), "text/plain; version=0.0.4; charset=utf-8");
+  });
+}
+
+}  // namespace klein::serve
