@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build pkg-config lld
   libzstd-dev libpng-dev libjpeg-dev libwebp-dev libopenblas-dev libxxhash-dev libcli11-dev
   nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libcurl4-openssl-dev
   libssl-dev

@@ -46,7 +46,13 @@ if [[ "${1:-}" == "--sanitize" ]]; then
   # FLUX.2-dev's transformer and text encoder (16 s), nor the two real-shape banded VAE
   # comparisons (60 s, and the last tests to finish): their band code is the one the small
   # banded comparisons (VaeGolden, BandedVae) run under the sanitizers.
-  labels=(-E '^UpsampleTiny/LanguageModelIsa[.][A-Za-z]+/(long|t2i|t2i_think|t2i_sample_icdf|non_ascii|edit|untied_sample_torch)_scalar |^Isas/DevTransformerIsa[.][A-Za-z]+/scalar |^Cases/DevTextEncoder[.][A-Za-z]+/[a-z_]+_scalar |^VaeRealShapes[.]Banded(Encode|Decode)MatchesWholeImage$|^Isa/BatchDenoise[.][A-Za-z0-9]+/scalar |^(TinyReport[.](CliReportsQ8AndQ4|CliPolicyIsVerifiedAndConvertAcceptsIt|EndToEndQ8IsCloserThanQ4|PolicySearch|EndToEndPsnrIsThatOfTwoDefaultGenerations)|ZImageReport[.](EndToEndQ8IsCloserThanQ4|EndToEndPsnrIsThatOfTwoDefaultGenerations|CliReportsAndVerifiesAPolicy)|GgufModel[.]ConvertedGivesTheGenerationOfItsDecodedWeights)$|^TinyModel/KleinBase[.]MatchesTheOfficialPipelineAtEveryStep/base_defaults_h48_w48 ')
+  # Nor five more end-to-end repeats (about 130 of the stage's test-seconds): FP8's direct
+  # generation in two of its three scale conventions (their decoding runs under the sanitizers
+  # in each convention's conversion test, the direct path in the third), Z-Image's 50-step
+  # defaults with CFG (as klein-base's), the Q8/Q4 precision bounds (the quantized containers
+  # run in LoraOnContainer and the kernels in test_quant), the report over an FP8 reference
+  # (the report's code runs in 24 other tests), and the second LoRA-against-merge case.
+  labels=(-E '^Conventions/Fp8Checkpoint[.]GeneratesTheReferenceImage/(comfy_scaled|e5m2)$|^ZImageCli[.]VariantPicksTheDefaults$|^ContainerCli[.]QuantizedGenerationsStayWithinTheirBounds$|^Fp8Fixtures[.]ReportTakesItAsTheReference$|^TinyModel/LoraMatchesMerge[.]AtEveryStep/bfl_negative$|^UpsampleTiny/LanguageModelIsa[.][A-Za-z]+/(long|t2i|t2i_think|t2i_sample_icdf|non_ascii|edit|untied_sample_torch)_scalar |^Isas/DevTransformerIsa[.][A-Za-z]+/scalar |^Cases/DevTextEncoder[.][A-Za-z]+/[a-z_]+_scalar |^VaeRealShapes[.]Banded(Encode|Decode)MatchesWholeImage$|^Isa/BatchDenoise[.][A-Za-z0-9]+/scalar |^(TinyReport[.](CliReportsQ8AndQ4|CliPolicyIsVerifiedAndConvertAcceptsIt|EndToEndQ8IsCloserThanQ4|PolicySearch|EndToEndPsnrIsThatOfTwoDefaultGenerations)|ZImageReport[.](EndToEndQ8IsCloserThanQ4|EndToEndPsnrIsThatOfTwoDefaultGenerations|CliReportsAndVerifiesAPolicy)|GgufModel[.]ConvertedGivesTheGenerationOfItsDecodedWeights)$|^TinyModel/KleinBase[.]MatchesTheOfficialPipelineAtEveryStep/base_defaults_h48_w48 ')
   [[ -n "${2:-}" ]] && labels=(-L "$2")
 fi
 # Which instruction-set paths the run exercised: the tests append "ran PATH TEST" or "skipped
