@@ -6,6 +6,17 @@
 
 namespace klein {
 
+Tensor FamilyStages::encode_for(Session& s, Generation& g, Progress& progress,
+                                qwen3::TextEncoder& encoder, qwen3::PromptCache* cache,
+                                std::string_view text, bool& from_cache,
+                                const TextLayerHook& observe) const {
+  EncodedText e = encode_text(encoder, s.tokenizer(), text, cache, observe);
+  if (!e.tokens.warning.empty()) s.warn(g, progress, e.tokens.warning);
+  if (!e.store_error.empty()) s.warn(g, progress, "prompt cache: " + e.store_error);
+  from_cache = e.from_cache;
+  return std::move(e.context);
+}
+
 const FamilyStages& stages_for(const ModelConfig& config) {
   if (config.family == "flux2-klein") return flux2_stages();
   if (config.family == "flux2-dev") return flux2_dev_stages();

@@ -108,6 +108,15 @@ class FamilyStages {
   }
   virtual void decode(Session& s, Generation& g, Progress& progress) const = 0;
 
+ protected:
+  // encode_text as encode_prompt runs it: the session's tokenizer, the generation's prompt
+  // cache (null: none), and what it warns of (a prompt cut short, a context that could not be
+  // cached) reported on `g`. The context; `from_cache` says where it came from.
+  Tensor encode_for(Session& s, Generation& g, Progress& progress, qwen3::TextEncoder& encoder,
+                    qwen3::PromptCache* cache, std::string_view text, bool& from_cache,
+                    const TextLayerHook& observe) const;
+ public:
+
   // The networks one at a time, outside a generation and in the compute context's current
   // arithmetic, for comparing two stores of the same model block by block (klein report).
   //

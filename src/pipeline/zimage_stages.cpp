@@ -299,12 +299,8 @@ class ZImageStages final : public FamilyStages {
       std::optional<qwen3::PromptCache> cache;
       if (o.prompt_cache_dir) cache.emplace(*o.prompt_cache_dir);
       auto encode = [&](const std::string& text, bool& from_cache, const TextLayerHook& observe) {
-        EncodedText e =
-            encode_text(encoder, session.tokenizer(), text, cache ? &*cache : nullptr, observe);
-        if (!e.tokens.warning.empty()) session.warn(g, progress, e.tokens.warning);
-        if (!e.store_error.empty()) session.warn(g, progress, "prompt cache: " + e.store_error);
-        from_cache = e.from_cache;
-        return std::move(e.context);
+        return encode_for(session, g, progress, encoder, cache ? &*cache : nullptr, text,
+                          from_cache, observe);
       };
       g.context = encode(o.prompt, g.result.context_from_cache, on_layer);
       pass = 1;

@@ -21,12 +21,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-// BFL's 46 bits as the official library's fixtures record them (tools/watermark/official.py).
-std::string official_mark() {
-  return json::parse(read_text_file(fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "watermark" /
-                                    "manifest.json"))["message_bits"];
-}
-
 // One image of the tiny model, 256x256, one step, seed 2.
 klein_image* generate(klein_session* session, bool no_watermark) {
   klein_generate_params p;
@@ -69,7 +63,7 @@ TEST(CApiWatermark, MarkedByDefaultAndNotWithNoWatermark) {
   ASSERT_EQ(marked->width, 256);
   ASSERT_EQ(plain->height, 256);
 
-  const std::string mark = official_mark();
+  const std::string mark = testing::official_watermark_bits();
   const Image m = pixels(marked);
   Image p = pixels(plain);
   EXPECT_EQ(bits_text(read_watermark(m, mark.size()).bits), mark);

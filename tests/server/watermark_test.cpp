@@ -23,12 +23,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-// BFL's 46 bits as the official library's fixtures record them (tools/watermark/official.py).
-std::string official_mark() {
-  return json::parse(read_text_file(fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "watermark" /
-                                    "manifest.json"))["message_bits"];
-}
-
 // The PNG of a reply, written to `file`.
 Image reply_png(const json& b64, const fs::path& file) {
   std::ofstream(file, std::ios::binary) << base64_decode(b64.get<std::string>()).value_or("");
@@ -57,7 +51,7 @@ TEST(ServeWatermark, MarkedByDefaultAndNotWhenTheRequestSaysFalse) {
   ASSERT_EQ(marked.width, 256);
   ASSERT_EQ(plain.height, 256);
 
-  const std::string mark = official_mark();
+  const std::string mark = testing::official_watermark_bits();
   EXPECT_EQ(bits_text(read_watermark(marked, mark.size()).bits), mark);
   EXPECT_NE(bits_text(read_watermark(plain, mark.size()).bits), mark);
   json m = watermark_metadata(out / "marked.png");

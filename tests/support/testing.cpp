@@ -1,6 +1,9 @@
 #include "support/testing.h"
 
 #include "core/error.h"
+#include "core/files.h"
+
+#include <nlohmann/json.hpp>
 
 #include <array>
 #include <cmath>
@@ -43,6 +46,11 @@ const fs::path& process_temp_root() {
 }
 
 }  // namespace
+
+std::string official_watermark_bits() {
+  return nlohmann::json::parse(read_text_file(fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" /
+                                              "watermark" / "manifest.json"))["message_bits"];
+}
 
 fs::path temp_dir(const std::string& name) {
   fs::path dir = process_temp_root() / name;

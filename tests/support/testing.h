@@ -20,6 +20,10 @@ std::filesystem::path tiny_vectors();  // tiny_dir()/vectors
 // A fresh empty directory under the build's temp area, removed by nobody (ctest is short-lived).
 std::filesystem::path temp_dir(const std::string& name);
 
+// BFL's 46 watermark bits ("0"/"1") as the official library's fixtures record them
+// (tests/data/watermark/manifest.json, written by tools/watermark/official.py).
+std::string official_watermark_bits();
+
 // The tiny model's tokenizer as the one-file tokenizer.json of the Hugging Face tokenizers
 // library, `variant` "merge-strings" or "merge-pairs" (the layout of the Qwen3 repositories),
 // written once per test program by tools/tokenizer_json/make_fixture.py from vocab.json,
