@@ -22,12 +22,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-// The PNG of a reply, written to `file`.
-Image reply_png(const json& b64, const fs::path& file) {
-  std::ofstream(file, std::ios::binary) << base64_decode(b64.get<std::string>()).value_or("");
-  return load_image(file);
-}
-
 std::string klein_metadata(const fs::path& png) {
   for (const auto& [k, v] : read_image_metadata(png))
     if (k == "klein") return v;

@@ -10,11 +10,14 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "core/base64.h"
+#include "formats/image/image.h"
 #include "support/testing.h"
 
 namespace klein {
@@ -88,6 +91,12 @@ class ServeProcess {
   int port_ = 0;
   int out_ = -1;
 };
+
+// The PNG of a reply's base64 field, written to `file` (to read its metadata back) and loaded.
+inline Image reply_png(const nlohmann::json& b64, const std::filesystem::path& file) {
+  std::ofstream(file, std::ios::binary) << base64_decode(b64.get<std::string>()).value_or("");
+  return load_image(file);
+}
 
 inline nlohmann::json post_json(httplib::Client& c, const std::string& path,
                                 const nlohmann::json& body, int status = 200) {
