@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -12,11 +13,18 @@
 
 namespace klein::fuzz {
 
-// The input bytes as a file (rewritten on every call), named with `suffix`.
+// The input bytes as a file (rewritten on every call), named with `suffix`. Its directory is
+// removed when the process exits normally (the scripts also point TMPDIR into the build tree,
+// for a run that ends in a crash).
 inline std::filesystem::path as_file(const uint8_t* data, size_t size, const std::string& suffix) {
   static const std::filesystem::path dir = [] {
     auto d = std::filesystem::temp_directory_path() / ("klein-fuzz-" + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(
+          std::filesystem::temp_directory_path() / ("klein-fuzz-" + std::to_string(::getpid())), ec);
+    });
     return d;
   }();
   const std::filesystem::path p = dir / ("input" + suffix);

@@ -63,5 +63,7 @@ open(sys.argv[1], "wb").write(header + index)
 PY
 
 echo "== fuzz_container: ${seconds}s"
-"$build/fuzz_container" "$corpus" -max_total_time="$seconds" -max_len=4096 -timeout=10 \
+# The target's input files go to a folder of the build tree, not the system's temporary one.
+mkdir -p "$build/fuzz-tmp"
+TMPDIR="$(cd "$build/fuzz-tmp" && pwd)" "$build/fuzz_container" "$corpus" -max_total_time="$seconds" -max_len=4096 -timeout=10 \
   -rss_limit_mb=2048 -print_final_stats=1 "$@"

@@ -199,7 +199,8 @@ PY
 fuzz_one() {
   local t=$1 corpus="$build/fuzz-corpus-$1" rc=0
   mkdir -p "$corpus"
-  "$build/fuzz_$t" "$corpus" "$seeds/$t" -max_total_time="$seconds" -max_len=8192 \
+  mkdir -p "$build/fuzz-tmp"
+  TMPDIR="$(cd "$build/fuzz-tmp" && pwd)" "$build/fuzz_$t" "$corpus" "$seeds/$t" -max_total_time="$seconds" -max_len=8192 \
     -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$build/fuzz_$t-" \
     >"$build/fuzz_$t.log" 2>&1 || rc=$?
   echo "$rc" >"$build/fuzz_$t.rc"
