@@ -189,6 +189,22 @@ Image tensor_to_image(const Tensor& chw) {
   return tensor_to_image(chw.data(), int(s[s.size() - 2]), int(s[s.size() - 1]));
 }
 
+Image tensor_to_image_truncated(const Tensor& chw) {
+  const Shape& s = chw.shape();
+  const bool planar = (s.size() == 3 && s[0] == 3) || (s.size() == 4 && s[0] == 1 && s[1] == 3);
+  check(planar, "image tensor must be [3, H, W] or [1, 3, H, W], got ", shape_str(s));
+  const int height = int(s[s.size() - 2]), width = int(s[s.size() - 1]);
+  const int64_t plane = int64_t(width) * height;
+  Image out(width, height);
+  for (int64_t i = 0; i < plane; ++i)
+    for (int64_t c = 0; c < 3; ++c) {
+      const float x = std::clamp(chw.data()[c * plane + i], -1.0f, 1.0f);
+      const float v = 127.5f * (x + 1.0f);                      // in [0, 255]
+      out.rgb[size_t(3 * i + c)] = v >= 0.0f ? uint8_t(v) : 0;  // truncates; NaN is 0
+    }
+  return out;
+}
+
 Tensor load_reference(const std::filesystem::path& path, const ImageLimits& limits) {
   return image_to_tensor(prepare_reference(load_image(path, limits), path.string()));
 }

@@ -67,6 +67,12 @@ Tensor image_to_tensor(const Image& image);
 Image tensor_to_image(const Tensor& chw);
 Image tensor_to_image(const float* chw, int height, int width);
 
+// A decoded image [3, H, W] or [1, 3, H, W] in [-1, 1] to 8-bit RGB as BFL's safety check
+// converts it before classifying (flux2's text_encoder.py:
+// (127.5 * (x.clamp(-1, 1) + 1.0)).byte()): clamp, add 1, multiply by 127.5, each in float32,
+// then truncate toward zero (no rounding, unlike tensor_to_image). NaN becomes 0.
+Image tensor_to_image_truncated(const Tensor& chw);
+
 // load_image + prepare_reference + image_to_tensor: a reference file as the VAE input.
 Tensor load_reference(const std::filesystem::path& path, const ImageLimits& limits = {});
 

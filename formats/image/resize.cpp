@@ -11,8 +11,6 @@ namespace klein {
 
 namespace {
 
-constexpr double kLobes = 3.0;  // Lanczos-3: the kernel spans [-3, 3) input pixels at scale 1
-
 // Weights are fixed-point with 22 fraction bits: 8 bits of pixel value and 2 spare bits
 // (negative lobes can push a sum below 0 or above 255) still fit a 32-bit sum, which is the
 // arithmetic PIL's 8-bit path uses and whose rounding we reproduce.
@@ -25,10 +23,24 @@ double sinc(double x) {
   return std::sin(x) / x;
 }
 
-double lanczos3(double x) {
-  if (-kLobes <= x && x < kLobes) return sinc(x) * sinc(x / kLobes);
+// PIL's filters: a kernel and its support (in input pixels at scale 1).
+struct Filter {
+  double support;
+  double (*kernel)(double);
+};
+
+// Lanczos-3: the kernel spans [-3, 3) input pixels at scale 1.
+constexpr Filter kLanczos3 = {3.0, [](double x) {
+  if (-3.0 <= x && x < 3.0) return sinc(x) * sinc(x / 3.0);
   return 0.0;
-}
+}};
+
+// The triangle 1 - |x| on (-1, 1).
+constexpr Filter kBilinear = {1.0, [](double x) {
+  if (x < 0.0) x = -x;
+  if (x < 1.0) return 1.0 - x;
+  return 0.0;
+}};
 
 int32_t to_fixed(double w) {
   const double scaled = w * double(1 << kFractionBits);
@@ -49,12 +61,12 @@ struct Taps {
 // The weights PIL computes in double precision and then rounds to fixed point, step for step
 // (the same truncating casts and the same order of operations), since one unit of difference in
 // a weight can move a pixel by one level.
-Taps lanczos_taps(int in_size, int out_size) {
+Taps filter_taps(const Filter& filter, int in_size, int out_size) {
   const double scale = double(in_size) / out_size;
   // When shrinking, the kernel is stretched to cover `scale` input pixels per lobe, so that it
   // low-passes instead of aliasing.
   const double filter_scale = std::max(scale, 1.0);
-  const double support = kLobes * filter_scale;
+  const double support = filter.support * filter_scale;
 
   Taps taps;
   taps.stride = int(std::ceil(support)) * 2 + 1;
@@ -71,7 +83,7 @@ Taps lanczos_taps(int in_size, int out_size) {
           " for output pixel ", i);
     double total = 0.0;
     for (int k = 0; k < count; ++k) {
-      w[size_t(k)] = lanczos3((k + first - center + 0.5) * (1.0 / filter_scale));
+      w[size_t(k)] = filter.kernel((k + first - center + 0.5) * (1.0 / filter_scale));
       total += w[size_t(k)];
     }
     int32_t* out = taps.weights.data() + size_t(i) * size_t(taps.stride);
@@ -128,21 +140,30 @@ Image resample_columns(const Image& in, const Taps& taps, int height, int row_of
   return out;
 }
 
-}  // namespace
-
-Image resize_lanczos(const Image& image, int width, int height) {
+Image resize_with(const Filter& filter, const Image& image, int width, int height) {
   check(image.width > 0 && image.height > 0, "resize: empty input image");
   check(width > 0 && height > 0, "resize: bad output size ", width, "x", height);
   if (width == image.width && height == image.height) return image;
 
-  const Taps vertical = lanczos_taps(image.height, height);
+  const Taps vertical = filter_taps(filter, image.height, height);
   if (width == image.width) return resample_columns(image, vertical, height, 0);
 
   const int row_begin = vertical.first.front();
   const int row_end = vertical.first.back() + vertical.count.back();
-  Image wide = resample_rows(image, lanczos_taps(image.width, width), width, row_begin, row_end);
+  Image wide =
+      resample_rows(image, filter_taps(filter, image.width, width), width, row_begin, row_end);
   if (height == image.height) return wide;
   return resample_columns(wide, vertical, height, row_begin);
+}
+
+}  // namespace
+
+Image resize_lanczos(const Image& image, int width, int height) {
+  return resize_with(kLanczos3, image, width, height);
+}
+
+Image resize_bilinear(const Image& image, int width, int height) {
+  return resize_with(kBilinear, image, width, height);
 }
 
 }  // namespace klein

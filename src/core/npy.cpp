@@ -17,7 +17,8 @@ DType parse_descr(const std::string& descr, const std::string& where) {
   if (descr == "<f4") return DType::F32;
   if (descr == "<i8") return DType::I64;
   if (descr == "<i4") return DType::I32;
-  fail(where, ": unsupported .npy dtype '", descr, "' (expected <f4, <i8 or <i4)");
+  if (descr == "|u1") return DType::U8;
+  fail(where, ": unsupported .npy dtype '", descr, "' (expected <f4, <i8, <i4 or |u1)");
 }
 
 const char* descr_of(DType t) {
@@ -92,10 +93,12 @@ NpyArray read_npy(const std::filesystem::path& path) {
 
 namespace {
 
-// Element i of an array of `dtype` (F32, I32 or I64, the types read_npy accepts) as T.
+// Element i of an array of `dtype` (F32, I32, I64 or U8, the types read_npy accepts) as T.
 template <class T>
 T element_as(DType dtype, const std::vector<std::byte>& bytes, size_t i) {
   switch (dtype) {
+    case DType::U8:
+      return T(uint8_t(bytes[i]));
     case DType::I64: {
       int64_t v;
       std::memcpy(&v, bytes.data() + 8 * i, 8);

@@ -1,5 +1,6 @@
 #pragma once
-// NumPy .npy files (format 1.0/2.0/3.0, little-endian, C order): float32, int64, int32.
+// NumPy .npy files (format 1.0/2.0/3.0, little-endian, C order): float32, int64, int32
+// (and uint8, read only).
 // Used for golden test vectors, --noise input and --dump output.
 #include <filesystem>
 #include <vector>
@@ -9,7 +10,7 @@
 namespace klein {
 
 struct NpyArray {
-  DType dtype = DType::F32;  // F32, I64 or I32
+  DType dtype = DType::F32;  // F32, I64, I32 or U8
   Shape shape;
   std::vector<std::byte> bytes;
 
