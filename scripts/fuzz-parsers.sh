@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of fuzz/ (safetensors + LoRA files, .npy, PNG/JPEG + the
 # reference preprocessing, tokenizer files, config JSON + precision policy, the server's
-# request fields, GGUF files) with clang,
+# request fields, GGUF files, PyTorch .pth zips) with clang,
 # AddressSanitizer and UBSan, and runs each for a bounded time from a seed corpus. A crash,
 # a leak of a klein::Error into anything else, a hang (-timeout) or an allocation beyond
 # -rss_limit_mb fails the run; the input that did it is left in the build directory.
@@ -16,7 +16,7 @@ bash scripts/install-packages.sh clang python3
 seconds="${1:-30}"
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(safetensors npy image tokenizer config server gguf hub)
+((${#targets[@]})) || targets=(safetensors npy image tokenizer config server gguf hub pth)
 build="${BUILD_DIR:-build-asan}"
 
 # FUZZ_BUILT=1: the targets are built already (scripts/fuzz-ci.sh builds them once for both).
@@ -28,9 +28,11 @@ fi
 # Seeds: small valid inputs of each parser, written here (and fuzz/corpus for images).
 seeds="$(pwd)/$build/fuzz-seeds"
 rm -rf "$seeds"
-mkdir -p "$seeds"/{safetensors,npy,image,tokenizer,config,server,gguf,hub}
+mkdir -p "$seeds"/{safetensors,npy,image,tokenizer,config,server,gguf,hub,pth}
 cp fuzz/corpus/seed.png fuzz/corpus/seed.jpg fuzz/corpus/seed-exif.jpg tests/data/images/cmyk.jpg \
   tests/data/images/lossy.webp tests/data/images/alpha.webp tests/data/images/animated.webp tests/data/images/exif6.webp "$seeds/image/"
+# .pth: torch.save's own small files (views of shared storages, float16; a refused global).
+cp tests/data/taef2/bad/*.pth "$seeds/pth/"
 python3 - "$seeds" <<'PY'
 import json, struct, sys
 root = sys.argv[1]
