@@ -22,6 +22,7 @@
 #include "models/vit/preprocess.h"
 #include "models/vit/safety.h"
 #include "models/vit/vit.h"
+#include "quant/matmul.h"
 #include "support/isa.h"
 #include "support/testing.h"
 #include "weights/safety_model.h"
@@ -206,6 +207,71 @@ TEST_P(SafetyGolden, EveryLayerLogitsAndProbabilities) {
 }
 
 KLEIN_INSTANTIATE_ON_EVERY_ISA(SafetyGolden);
+
+// The classifier's store with every matrix (the dense layers, the patch projection, the
+// classifier) stored as Q8 in the layout the converter writes, as a container would hold it.
+class Q8Store : public WeightStore {
+ public:
+  explicit Q8Store(WeightStore& inner) : inner_(inner) {}
+
+  UnitRef acquire(const std::string& name) override {
+    UnitRef real = inner_.acquire(name);
+    auto unit = std::make_shared<Unit>(real->name(), real->prefix());
+    for (Weight w : real->weights()) {
+      if (w.shape.size() >= 2 && w.cols() % 32 == 0 && w.rows() > 1) {
+        const std::vector<float> values = weight_to_floats(w);
+        const auto layout = w.rows() % 16 == 0 ? quant::Layout::Interleaved16
+                                               : quant::Layout::RowMajor;
+        w.nbytes = quant::storage_bytes(DType::Q8, layout, w.rows(), w.cols());
+        unit->bytes.push_back(alloc_aligned<std::byte>(w.nbytes));
+        quant::pack(values.data(), w.rows(), w.cols(), DType::Q8, layout,
+                    unit->bytes.back().get());
+        w.dtype = DType::Q8;
+        w.layout = uint8_t(layout);
+        w.data = unit->bytes.back().get();
+      }
+      unit->add(w);
+    }
+    return unit;
+  }
+  bool has_unit(const std::string& unit) const override { return inner_.has_unit(unit); }
+  std::vector<std::string> units() const override { return inner_.units(); }
+  const ModelConfig& config() const override { return inner_.config(); }
+  std::string identity() const override { return inner_.identity() + "+q8"; }
+
+ private:
+  struct Unit : WeightUnit {
+    Unit(std::string name, std::string prefix) : WeightUnit(std::move(name), std::move(prefix)) {}
+    using WeightUnit::add;
+    std::vector<std::unique_ptr<std::byte[], FreeAligned>> bytes;
+  };
+  WeightStore& inner_;
+};
+
+class SafetyQ8 : public testing::OnEveryIsa {};
+
+// Q8 moves each weight by up to half a step of its block (max|w| / 254); the scores stay
+// within a few thousandths of the official ones and every verdict is the official one (each
+// case is at least 0.048 from the threshold).
+TEST_P(SafetyQ8, EveryCaseKeepsItsVerdict) {
+  Compute cx(2, isa());
+  Q8Store store(*tiny().store);
+  ASSERT_EQ(store.acquire(safety_layer_unit(0))->get("output.dense.weight").dtype, DType::Q8);
+  for (const std::string& name : case_names()) {
+    SCOPED_TRACE(name);
+    Tensor pixels = read_npy(case_dir(name) / "pixel_values.npy").to_tensor();
+    pixels.reshape({3, 224, 224});
+    const vit::Classification out = vit::classify(store, tiny().config, pixels, cx);
+    const std::vector<float> probs = read_npy(case_dir(name) / "probs.npy").to_f32();
+    const double d = testing::scaled_diff(out.probs.data(), probs.data(), 2);
+    std::cout << "  " << quant::isa_name(isa()) << " Q8 " << name << ": probs scaled diff " << d
+              << "\n";
+    EXPECT_LE(d, 2e-2);
+    EXPECT_EQ(vit::judge(out, tiny().config).flagged, case_json(name)["flagged"].get<bool>());
+  }
+}
+
+KLEIN_INSTANTIATE_ON_EVERY_ISA(SafetyQ8);
 
 // From the file (or the decoded tensor) to the verdict, as `klein safety` runs it.
 TEST(SafetyEndToEnd, EveryCaseFromItsInput) {
