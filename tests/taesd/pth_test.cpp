@@ -81,6 +81,13 @@ TEST(Pth, RefusesATensorThatIsNotRowMajor) {
   EXPECT_THAT(e, HasSubstr("not contiguous"));
 }
 
+TEST(Pth, RefusesAStorageShorterThanItsTensors) {
+  const fs::path file = data_dir() / "bad" / "short_storage.pth";  // 44 bytes for 12 floats
+  const std::string e = testing::error_of([&] { PthFile f(file); });
+  EXPECT_THAT(e, HasSubstr(file.string()));
+  EXPECT_THAT(e, HasSubstr("holds 44 bytes, but 12 F32 elements need 48"));
+}
+
 // Cut anywhere, the published file is an error naming it: the end records go first, then the
 // central directory, the entries' data, the pickle.
 TEST(Pth, RefusesATruncatedFile) {

@@ -109,6 +109,17 @@ def bad_files(out):
     x = torch.arange(12.0).reshape(4, 3)
     torch.save({"whole": x, "rows": x[1:3], "half": torch.arange(4, dtype=torch.float16) / 4},
                os.path.join(out, "views.pth"))
+    # A storage entry 4 bytes shorter than its tensor needs (the pickle says 12 floats).
+    saved = io.BytesIO()
+    torch.save({"whole": x}, saved)
+    with zipfile.ZipFile(saved) as src, zipfile.ZipFile(
+            os.path.join(out, "short_storage.pth"), "w", zipfile.ZIP_STORED) as z:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename.endswith("/data/0"):
+                data = data[:-4]
+            name = "short_storage/" + info.filename.split("/", 1)[1]
+            z.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
     # A pickle that would call os.system if unpickled: GLOBAL 'os system', REDUCE.
     evil = (b"\x80\x02cos\nsystem\nq\x00X\x04\x00\x00\x00trueq\x01\x85q\x02Rq\x03.")
     with zipfile.ZipFile(os.path.join(out, "os_system.pth"), "w", zipfile.ZIP_STORED) as z:
