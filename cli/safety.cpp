@@ -39,7 +39,8 @@ void run_safety(const SafetyArgs& a) {
   std::string model = a.model;
   if (model.empty())
     if (const char* env = std::getenv("KLEIN_SAFETY_MODEL")) model = env;
-  check(!model.empty(), "safety: no classifier given: --model DIR (the Hugging Face directory "
+  check(!model.empty(),
+        "safety: no classifier given: --model DIR (the Hugging Face directory "
         "of Falconsai/nsfw_image_detection) or KLEIN_SAFETY_MODEL");
   // Every image there before the model is read.
   for (const std::string& image : a.images) {

@@ -24,7 +24,8 @@ namespace {
 constexpr const char* kPrefix = "safety.";
 
 json read_json(const fs::path& path) {
-  check(fs::is_regular_file(path), path.string(), ": missing (a safety classifier directory "
+  check(fs::is_regular_file(path), path.string(),
+        ": missing (a safety classifier directory "
         "holds config.json, model.safetensors and preprocessor_config.json)");
   json j = json::parse(read_text_file(path), nullptr, false);
   check(!j.is_discarded(), path.string(), ": not valid JSON");
@@ -45,8 +46,8 @@ std::vector<std::string> read_labels(const json& j, const std::string& where) {
   std::vector<bool> seen(m.size(), false);
   for (const auto& [key, value] : m.items()) {
     size_t id = 0;
-    const bool numeric = !key.empty() && key.size() <= 6 &&
-                         key.find_first_not_of("0123456789") == std::string::npos;
+    const bool numeric =
+        !key.empty() && key.size() <= 6 && key.find_first_not_of("0123456789") == std::string::npos;
     if (numeric) id = size_t(std::stoul(key));
     check(numeric && id < labels.size() && !seen[id], where, ": id2label key \"", key,
           "\" is not one of the ids 0..", labels.size() - 1, " (each once)");
@@ -69,8 +70,8 @@ std::string file_identity(const fs::path& p) {
   struct stat st {};
   std::string id = fs::absolute(p).string();
   if (::stat(p.c_str(), &st) == 0)
-    for (const long long part : {(long long)st.st_size, (long long)st.st_mtim.tv_sec,
-                                 (long long)st.st_mtim.tv_nsec})
+    for (const long long part :
+         {(long long)st.st_size, (long long)st.st_mtim.tv_sec, (long long)st.st_mtim.tv_nsec})
       id.append(":").append(std::to_string(part));
   return id;
 }
@@ -79,8 +80,7 @@ std::string file_identity(const fs::path& p) {
 // Nothing is copied: a unit is its tensors' views, the pages come in as the layers read them.
 class SafetyStore final : public WeightStore {
  public:
-  SafetyStore(std::unique_ptr<SafetensorsSet> files, std::string name)
-      : files_(std::move(files)) {
+  SafetyStore(std::unique_ptr<SafetensorsSet> files, std::string name) : files_(std::move(files)) {
     config_.name = std::move(name);
     for (const auto& t : files_->tensors()) {
       const std::string canonical = kPrefix + t.entry->name;
@@ -179,10 +179,10 @@ VitConfig parse_vit_config(const json& j, const std::string& where) {
         " is not a multiple of num_attention_heads ", c.num_heads);
   check(c.image_size % c.patch_size == 0, where, ": image_size ", c.image_size,
         " is not a multiple of patch_size ", c.patch_size);
-  check(c.hidden <= 65536 && c.intermediate <= 262144 && c.num_layers <= 1024 &&
-            c.image_size <= 4096,
-        where, ": sizes beyond any ViT (hidden_size ", c.hidden, ", intermediate_size ",
-        c.intermediate, ", num_hidden_layers ", c.num_layers, ", image_size ", c.image_size, ")");
+  check(
+      c.hidden <= 65536 && c.intermediate <= 262144 && c.num_layers <= 1024 && c.image_size <= 4096,
+      where, ": sizes beyond any ViT (hidden_size ", c.hidden, ", intermediate_size ",
+      c.intermediate, ", num_hidden_layers ", c.num_layers, ", image_size ", c.image_size, ")");
   check(c.channels == 3, where, ": num_channels ", c.channels, "; expected 3 (RGB)");
   check(std::isfinite(c.layer_norm_eps) && c.layer_norm_eps > 0, where,
         ": layer_norm_eps must be positive, got ", c.layer_norm_eps);
@@ -193,7 +193,8 @@ VitConfig parse_vit_config(const json& j, const std::string& where) {
         "\" is not supported; expected \"gelu\" (the exact erf GELU of ViT)");
   bool qkv_bias = true;
   read_json_field(j, "qkv_bias", qkv_bias, where);
-  check(qkv_bias, where, ": qkv_bias false is not supported; expected true (ViT's query, key "
+  check(qkv_bias, where,
+        ": qkv_bias false is not supported; expected true (ViT's query, key "
         "and value have biases)");
   std::string problem = "single_label_classification";
   read_json_field(j, "problem_type", problem, where);
@@ -202,7 +203,8 @@ VitConfig parse_vit_config(const json& j, const std::string& where) {
 
   c.labels = read_labels(j, where);
   check(c.label_id("nsfw") >= 0 && c.label_id("normal") >= 0, where, ": id2label is ",
-        labels_text(c.labels), "; expected a classifier with the labels \"normal\" and \"nsfw\" "
+        labels_text(c.labels),
+        "; expected a classifier with the labels \"normal\" and \"nsfw\" "
         "(Falconsai/nsfw_image_detection)");
   return c;
 }
@@ -303,7 +305,8 @@ ShapeMap expected_safety_tensors(const VitConfig& c) {
 
 SafetyModel open_safety_model(const fs::path& dir) {
   check(fs::exists(dir), "safety model ", dir.string(), " does not exist");
-  check(fs::is_directory(dir), "safety model ", dir.string(), " is not a directory (expected "
+  check(fs::is_directory(dir), "safety model ", dir.string(),
+        " is not a directory (expected "
         "the Hugging Face directory of Falconsai/nsfw_image_detection: config.json, "
         "model.safetensors, preprocessor_config.json)");
   SafetyModel model;
@@ -337,14 +340,14 @@ SafetyModel open_safety_model(const fs::path& dir) {
           dtype_name(t.entry->dtype), "; expected F32, BF16 or F16");
     check(t.entry->shape == it->second, where, ": tensor ", t.entry->name, " has shape ",
           shape_str(t.entry->shape), "; expected ", shape_str(it->second), " for ",
-          config_file.string(), " (hidden_size ", c.hidden, ", intermediate_size ",
-          c.intermediate, ", image_size ", c.image_size, ", patch_size ", c.patch_size, ", ",
-          c.labels.size(), " labels)");
+          config_file.string(), " (hidden_size ", c.hidden, ", intermediate_size ", c.intermediate,
+          ", image_size ", c.image_size, ", patch_size ", c.patch_size, ", ", c.labels.size(),
+          " labels)");
     found.insert(canonical);
   }
   for (const auto& [name, shape] : expected)
-    check(found.count(name), where, ": tensor ", name.substr(std::string(kPrefix).size()),
-          " ", shape_str(shape), " is missing (", config_file.string(), " has ", c.num_layers,
+    check(found.count(name), where, ": tensor ", name.substr(std::string(kPrefix).size()), " ",
+          shape_str(shape), " is missing (", config_file.string(), " has ", c.num_layers,
           " layers)");
 
   model.store = std::make_unique<SafetyStore>(std::move(files),

@@ -42,7 +42,7 @@ struct VitConfig {
   int64_t intermediate = 3072;  // "intermediate_size"
   int64_t image_size = 224;
   int64_t patch_size = 16;
-  int64_t channels = 3;         // "num_channels"
+  int64_t channels = 3;  // "num_channels"
   double layer_norm_eps = 1e-12;
   std::vector<std::string> labels;  // id2label, in id order
 

@@ -40,15 +40,14 @@ TEST(SafetyCli, JsonVerdictsAreThePipelines) {
     ASSERT_TRUE(std::getline(lines, line)) << out;
     const json got = json::parse(line, nullptr, false);
     ASSERT_FALSE(got.is_discarded()) << line;
-    const json want =
-        json::parse(read_text_file(safety_dir() / "cases" / n / "case.json"));
+    const json want = json::parse(read_text_file(safety_dir() / "cases" / n / "case.json"));
     EXPECT_EQ(got["file"], input_of(n).string());
     EXPECT_NEAR(got["nsfw"].get<double>(), want["nsfw_score"].get<double>(), 1e-5);
     EXPECT_EQ(got["flagged"], want["flagged"]);
     EXPECT_EQ(got["label"], want["pipeline_scores"][0]["label"]);
     EXPECT_EQ(got["threshold"].get<double>(), 0.85);
-    EXPECT_NEAR(got["scores"]["normal"].get<double>() + got["scores"]["nsfw"].get<double>(),
-                1.0, 1e-6);
+    EXPECT_NEAR(got["scores"]["normal"].get<double>() + got["scores"]["nsfw"].get<double>(), 1.0,
+                1e-6);
   }
 }
 
@@ -67,9 +66,8 @@ TEST(SafetyCli, BadInputIsAnError) {
   const std::string image = testing::shell_arg(input_of("rgb_landscape"));
   std::string out;
   for (const char* t : {"1.5", "-0.1"}) {
-    EXPECT_EQ(testing::run_klein("safety --threshold " + std::string(t) + " " + model_arg() +
-                                     " " + image,
-                                 &out),
+    EXPECT_EQ(testing::run_klein(
+                  "safety --threshold " + std::string(t) + " " + model_arg() + " " + image, &out),
               kError)
         << out;
     EXPECT_NE(out.find("--threshold " + std::string(t) + " is outside [0, 1]"), std::string::npos)

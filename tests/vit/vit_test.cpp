@@ -78,8 +78,8 @@ Image image_npy(const fs::path& path) {
       worst = std::max(worst, std::abs(int(got.rgb[i]) - int(want.rgb[i])));
     }
   if (differ == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << differ << " of " << got.rgb.size()
-                                       << " values differ, by up to " << worst;
+  return ::testing::AssertionFailure()
+         << differ << " of " << got.rgb.size() << " values differ, by up to " << worst;
 }
 
 // The picture of a case as BFL hands it to the classifier: the file opened as load_image
@@ -123,8 +123,8 @@ TEST(SafetyPreprocess, BilinearResizeIsPillows) {
 TEST(SafetyPreprocess, PixelValuesAreExact) {
   for (const std::string& name : case_names()) {
     SCOPED_TRACE(name);
-    const Tensor got = vit::pixel_values(image_npy(case_dir(name) / "image_rgb.npy"),
-                                         tiny().processor);
+    const Tensor got =
+        vit::pixel_values(image_npy(case_dir(name) / "image_rgb.npy"), tiny().processor);
     const NpyArray want = read_npy(case_dir(name) / "pixel_values.npy");
     ASSERT_EQ(want.shape, (Shape{1, 3, 224, 224}));
     ASSERT_EQ(got.shape(), (Shape{3, 224, 224}));
@@ -139,8 +139,8 @@ TEST(SafetyPreprocess, PixelValuesAreExact) {
 // BFL's conversion truncates: 127.5 * (x + 1) for x = 0.999 is 254.87 -> 254, not 255.
 TEST(SafetyPreprocess, DecodedTensorIsClampedScaledAndTruncated) {
   Tensor t({3, 1, 4});
-  const float values[] = {-2.0f, 0.999f, 1.5f, NAN, -1.0f, 0.0f, 1.0f, -0.9999f,
-                          0.5f, -0.5f, 0.2f, 0.99f};
+  const float values[] = {-2.0f, 0.999f,   1.5f, NAN,   -1.0f, 0.0f,
+                          1.0f,  -0.9999f, 0.5f, -0.5f, 0.2f,  0.99f};
   std::memcpy(t.data(), values, sizeof(values));
   const Image image = tensor_to_image_truncated(t);
   ASSERT_EQ(image.width, 4);
@@ -189,14 +189,13 @@ TEST_P(SafetyGolden, EveryLayerLogitsAndProbabilities) {
 
     EXPECT_TRUE(testing::matches_npy(out.logits.data(), int64_t(out.logits.size()),
                                      dir / "logits.npy", kTolerance));
-    EXPECT_TRUE(testing::matches_npy(out.probs.data(), int64_t(out.probs.size()),
-                                     dir / "probs.npy", kTolerance));
+    EXPECT_TRUE(testing::matches_npy(out.probs.data(), int64_t(out.probs.size()), dir / "probs.npy",
+                                     kTolerance));
     const std::vector<float> logits = read_npy(dir / "logits.npy").to_f32();
     const std::vector<float> probs = read_npy(dir / "probs.npy").to_f32();
-    std::cout << "  " << quant::isa_name(isa()) << " " << name
-              << ": scaled diff, worst layer " << worst << ", logits "
-              << testing::scaled_diff(out.logits.data(), logits.data(), 2) << ", probs "
-              << testing::scaled_diff(out.probs.data(), probs.data(), 2) << "\n";
+    std::cout << "  " << quant::isa_name(isa()) << " " << name << ": scaled diff, worst layer "
+              << worst << ", logits " << testing::scaled_diff(out.logits.data(), logits.data(), 2)
+              << ", probs " << testing::scaled_diff(out.probs.data(), probs.data(), 2) << "\n";
 
     const json cj = case_json(name);
     const vit::SafetyVerdict v = vit::judge(out, c);
@@ -220,12 +219,11 @@ class Q8Store : public WeightStore {
     for (Weight w : real->weights()) {
       if (w.shape.size() >= 2 && w.cols() % 32 == 0 && w.rows() > 1) {
         const std::vector<float> values = weight_to_floats(w);
-        const auto layout = w.rows() % 16 == 0 ? quant::Layout::Interleaved16
-                                               : quant::Layout::RowMajor;
+        const auto layout =
+            w.rows() % 16 == 0 ? quant::Layout::Interleaved16 : quant::Layout::RowMajor;
         w.nbytes = quant::storage_bytes(DType::Q8, layout, w.rows(), w.cols());
         unit->bytes.push_back(alloc_aligned<std::byte>(w.nbytes));
-        quant::pack(values.data(), w.rows(), w.cols(), DType::Q8, layout,
-                    unit->bytes.back().get());
+        quant::pack(values.data(), w.rows(), w.cols(), DType::Q8, layout, unit->bytes.back().get());
         w.dtype = DType::Q8;
         w.layout = uint8_t(layout);
         w.data = unit->bytes.back().get();
@@ -300,9 +298,9 @@ TEST(SafetyVerdict, StrictlyAboveTheThreshold) {
   s.probs = {0.0f, 1.0f};
   EXPECT_FALSE(vit::judge(s, c, 1.0).flagged);
   for (double bad : {-0.01, 1.01, double(NAN)})
-    EXPECT_NE(testing::error_of([&] { vit::check_threshold(bad, "--threshold"); })
-                  .find("outside [0, 1]"),
-              std::string::npos)
+    EXPECT_NE(
+        testing::error_of([&] { vit::check_threshold(bad, "--threshold"); }).find("outside [0, 1]"),
+        std::string::npos)
         << bad;
 }
 
@@ -344,28 +342,23 @@ TEST(SafetyRefuses, AnActivationOtherThanGelu) {
 
 TEST(SafetyRefuses, TensorsOfOtherShapes) {
   // The weights are of hidden 32: a config of 64 names the first tensor that disagrees.
-  const std::string e = open_error(edited_model("hidden", [](json& j) {
-    j["hidden_size"] = 64;
-  }));
+  const std::string e = open_error(edited_model("hidden", [](json& j) { j["hidden_size"] = 64; }));
   EXPECT_NE(e.find("model.safetensors: tensor "), std::string::npos) << e;
   EXPECT_NE(e.find("; expected ["), std::string::npos) << e;
   EXPECT_NE(e.find("(hidden_size 64"), std::string::npos) << e;
-  const std::string mlp = open_error(edited_model("mlp", [](json& j) {
-    j["intermediate_size"] = 48;
-  }));
+  const std::string mlp =
+      open_error(edited_model("mlp", [](json& j) { j["intermediate_size"] = 48; }));
   EXPECT_NE(mlp.find("intermediate.dense."), std::string::npos) << mlp;
   EXPECT_NE(mlp.find("; expected [48"), std::string::npos) << mlp;
 }
 
 TEST(SafetyRefuses, MissingAndUnexpectedTensors) {
-  const std::string missing = open_error(edited_model("deeper", [](json& j) {
-    j["num_hidden_layers"] = 3;
-  }));
+  const std::string missing =
+      open_error(edited_model("deeper", [](json& j) { j["num_hidden_layers"] = 3; }));
   EXPECT_NE(missing.find("tensor vit.encoder.layer.2."), std::string::npos) << missing;
   EXPECT_NE(missing.find("is missing"), std::string::npos) << missing;
-  const std::string extra = open_error(edited_model("shallower", [](json& j) {
-    j["num_hidden_layers"] = 1;
-  }));
+  const std::string extra =
+      open_error(edited_model("shallower", [](json& j) { j["num_hidden_layers"] = 1; }));
   EXPECT_NE(extra.find("tensor vit.encoder.layer.1."), std::string::npos) << extra;
   EXPECT_NE(extra.find("another layout"), std::string::npos) << extra;
 }
@@ -374,8 +367,9 @@ TEST(SafetyRefuses, OtherPreprocessing) {
   const std::string resample =
       open_error(edited_model("resample", {}, [](json& j) { j["resample"] = 3; }));
   EXPECT_NE(resample.find("preprocessor_config.json: resample 3"), std::string::npos) << resample;
-  const std::string size = open_error(edited_model(
-      "size", {}, [](json& j) { j["size"] = {{"shortest_edge", 224}}; }));
+  const std::string size = open_error(edited_model("size", {}, [](json& j) {
+    j["size"] = {{"shortest_edge", 224}};
+  }));
   EXPECT_NE(size.find("expected {\"height\""), std::string::npos) << size;
   const std::string type = open_error(edited_model(
       "fast", {}, [](json& j) { j["image_processor_type"] = "ViTImageProcessorFast"; }));
@@ -383,8 +377,7 @@ TEST(SafetyRefuses, OtherPreprocessing) {
 }
 
 TEST(SafetyRefuses, AModelThatIsNotAViT) {
-  const std::string e =
-      open_error(edited_model("type", [](json& j) { j["model_type"] = "deit"; }));
+  const std::string e = open_error(edited_model("type", [](json& j) { j["model_type"] = "deit"; }));
   EXPECT_NE(e.find("model_type \"deit\""), std::string::npos) << e;
   const std::string none = open_error(testing::temp_dir("safety-empty"));
   EXPECT_NE(none.find("config.json: missing"), std::string::npos) << none;

@@ -9,8 +9,8 @@
 namespace klein::vit {
 
 void check_threshold(double threshold, const std::string& option) {
-  check(std::isfinite(threshold) && threshold >= 0.0 && threshold <= 1.0, option, " ",
-        threshold, " is outside [0, 1] (a probability; BFL's is 0.85)");
+  check(std::isfinite(threshold) && threshold >= 0.0 && threshold <= 1.0, option, " ", threshold,
+        " is outside [0, 1] (a probability; BFL's is 0.85)");
 }
 
 SafetyVerdict judge(const Classification& scores, const VitConfig& c, double threshold) {

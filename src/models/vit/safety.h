@@ -13,8 +13,8 @@ namespace klein::vit {
 inline constexpr double kNsfwThreshold = 0.85;
 
 struct SafetyVerdict {
-  std::string label;   // the top-scoring label ("normal" or "nsfw")
-  float nsfw = 0;      // the "nsfw" probability
+  std::string label;     // the top-scoring label ("normal" or "nsfw")
+  float nsfw = 0;        // the "nsfw" probability
   bool flagged = false;  // nsfw > threshold
   double threshold = kNsfwThreshold;
 };
