@@ -29,4 +29,11 @@ Tensor decoder_input(const Tensor& latents, const LatentScale& scale) {
   return z;
 }
 
+Tensor latents_from_encoder(const Tensor& z, const LatentScale& scale) {
+  Tensor latents(z.shape());
+  for (int64_t i = 0; i < z.numel(); ++i)
+    latents.data()[i] = (z.data()[i] - scale.shift) * scale.scaling;
+  return latents;
+}
+
 }  // namespace klein::zimage

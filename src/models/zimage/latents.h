@@ -21,5 +21,8 @@ LatentScale parse_latent_scale(const nlohmann::json& j, const std::string& where
 
 // The VAE decoder's input for the pipeline's final latents.
 Tensor decoder_input(const Tensor& latents, const LatentScale& scale);
+// The inverse, for an encoded image: the VAE encoder's mean z → the pipeline's latents
+// (z - shift_factor) * scaling_factor, as diffusers' image-to-image pipelines scale theirs.
+Tensor latents_from_encoder(const Tensor& z, const LatentScale& scale);
 
 }  // namespace klein::zimage
