@@ -12,6 +12,7 @@
 #include "formats/image/image.h"
 #include "klein/klein.h"
 #include "support/cli_image.h"
+#include "support/build_tree.h"
 #include "support/testing.h"
 
 namespace klein {
@@ -364,14 +365,12 @@ int run(const std::string& command, std::string* output = nullptr) {
 }
 
 TEST(Install, ExampleBuildsAgainstTheInstalledLibraryAndMakesTheCliPixels) {
-#if defined(KLEIN_SANITIZED)
   // A program built without the sanitizer cannot load an instrumented library; the normal
   // build runs this test.
-  GTEST_SKIP() << "sanitizer build";
-#endif
+  if (testing::sanitized()) GTEST_SKIP() << "sanitizer build";
   const fs::path dir = testing::temp_dir("install");
   const fs::path prefix = dir / "prefix";
-  const fs::path build = fs::path(KLEIN_BINARY).parent_path();
+  const fs::path build = fs::path(testing::klein_binary()).parent_path();
   const fs::path example = fs::path(KLEIN_SOURCE_DIR) / "examples" / "c" / "generate.c";
   std::string log;
   ASSERT_EQ(run("cmake --install " + build.string() + " --prefix " + prefix.string(), &log), 0)

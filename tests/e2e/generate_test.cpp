@@ -24,6 +24,7 @@
 #include "formats/image/image.h"
 #include "formats/safetensors.h"
 #include "pipeline/preview.h"
+#include "support/build_tree.h"
 #include "support/testing.h"
 #include "core/cpu.h"
 #include "support/isa.h"
@@ -246,7 +247,7 @@ TEST(GenerateCli, PromptCacheWithoutHomeOrInADirectory) {
                            " -p x -W 32 -H 32 -s 1 --seed 1 -q ";
   std::string log;
   ASSERT_EQ(testing::run_klein("--version", &log), 0);
-  const std::string cmd = "env -u HOME -u XDG_CACHE_HOME " + std::string(KLEIN_BINARY) + " " +
+  const std::string cmd = "env -u HOME -u XDG_CACHE_HOME " + std::string(testing::klein_binary()) + " " +
                           base + "-o " + (out / "a.png").string() + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
@@ -407,7 +408,7 @@ int generate_and_meddle(const std::string& args, const std::function<void()>& me
   const char* asan = std::getenv("ASAN_OPTIONS");
   const std::string command = "ASAN_OPTIONS='" + (asan ? std::string(asan) + ":" : "") +
                               "handle_sigbus=0:allow_user_segv_handler=1' " +
-                              std::string(KLEIN_BINARY) + " generate " + args + " --json 2>" +
+                              std::string(testing::klein_binary()) + " generate " + args + " --json 2>" +
                               err.string();
   FILE* pipe = ::popen(command.c_str(), "r");
   if (!pipe) return -1;
@@ -487,7 +488,7 @@ TEST(ContainerCli, HangupDuringConvertLeavesNoFiles) {
     const pid_t pid = ::fork();
     if (pid == 0) {
       const std::string model = testing::tiny_model().string(), target = (out / "m.klein").string();
-      ::execl(KLEIN_BINARY, KLEIN_BINARY, "convert", "-m", model.c_str(), "-t", "f32", "-o",
+      ::execl(testing::klein_binary(), testing::klein_binary(), "convert", "-m", model.c_str(), "-t", "f32", "-o",
               target.c_str(), "--threads", "1", static_cast<char*>(nullptr));
       ::_exit(127);
     }

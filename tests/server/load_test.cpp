@@ -25,11 +25,6 @@ namespace {
 
 using json = nlohmann::json;
 
-#ifdef KLEIN_SANITIZED
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
 
 // VmRSS of a process, in bytes (0 when unknown).
 uint64_t resident_bytes(pid_t pid) {
@@ -123,7 +118,7 @@ TEST(ServeLoad, ExcessRequestsGet429TheQueueStaysBoundedAndMemoryFlat) {
                 ok.load(), refused.load(), deepest.load(), double(rss) / (1 << 20));
     if (round == 0) {
       settled = rss;
-    } else if (kSanitized) {
+    } else if (testing::sanitized()) {
       // Under AddressSanitizer freed blocks wait in its quarantine (256 MiB by default) before
       // they are reused, so the resident size grows for a while by design: the flat-memory
       // check is the Release tree's (this test there, same rounds); the queue checks above

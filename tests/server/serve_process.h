@@ -18,6 +18,7 @@
 
 #include "core/base64.h"
 #include "formats/image/image.h"
+#include "support/build_tree.h"
 #include "support/testing.h"
 
 namespace klein {
@@ -37,7 +38,7 @@ class ServeProcess {
       ::dup2(out[1], STDOUT_FILENO);
       ::close(out[0]);
       ::close(out[1]);
-      const std::string command = std::string(KLEIN_BINARY) + " serve -m " + model.string() +
+      const std::string command = std::string(testing::klein_binary()) + " serve -m " + model.string() +
                                   " --port 0 --threads 2 " + extra;
       ::execl("/bin/sh", "sh", "-c", ("exec " + command).c_str(), static_cast<char*>(nullptr));
       ::_exit(127);

@@ -1,3 +1,4 @@
+#include "support/build_tree.h"
 #include "support/testing.h"
 
 #include "core/error.h"
@@ -144,8 +145,18 @@ double scaled_diff(const float* got, const float* ref, int64_t n) {
   return matches_npy(got.data(), got.numel(), ref, tol);
 }
 
+const char* klein_binary() { return KLEIN_BINARY; }
+
+bool sanitized() {
+#if defined(KLEIN_SANITIZED)
+  return true;
+#else
+  return false;
+#endif
+}
+
 int run_klein(const std::string& args, std::string* output) {
-  std::string cmd = std::string(KLEIN_BINARY) + " " + args + " 2>&1";
+  std::string cmd = std::string(klein_binary()) + " " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return -1;
   std::array<char, 4096> buf;
