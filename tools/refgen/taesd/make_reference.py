@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Reference values of the tiny autoencoders (tests/taesd) from madebyollin/taesd's own taesd.py.
 
-    /usr/bin/python3 tools/refgen/taesd/make_reference.py TAESD_DIR [OUT_DIR]
+    /usr/bin/python3 tools/refgen/taesd/make_reference.py TAESD_DIR [OUT_DIR] [--astronaut PNG]
 
 TAESD_DIR holds taesd.py and taef2_{encoder,decoder}.pth of madebyollin/taesd at commit
 5cccb12dc72074a4be35680c3b108548a7c69978 (the .pth files are the ones in tests/data/taef2,
@@ -20,6 +20,13 @@ Writes:
   ref/taef1_{dec,enc}_in.npy, ref/taef1_{dec,enc}_NN.npy
                                       the same for it: latents [1, 16, 1, 2], image [1, 3, 8, 16]
   bad/*.pth                           small files the .pth reader must refuse or read (below)
+  astronaut-128.png                   a public-domain photograph (NASA's portrait of Eileen
+                                      Collins, scikit-image's skimage/data/astronaut.png, 512x512)
+                                      reduced to 128x128 with Pillow's LANCZOS; made only when
+                                      --astronaut names that file, else read as committed
+  ref/photo.json                      TAEF2's round trip of it: decoder(encoder(x)).clamp(0, 1)
+                                      against x, PSNR (dB) and SSIM (Gaussian window 11, sigma 1.5,
+                                      K1 0.01, K2 0.03, per channel over the valid windows, float64)
   ref/manifest.json                   versions, hashes, shapes
 """
 import hashlib
@@ -98,6 +105,42 @@ def seeded_weights(net, seed):
             p.copy_(v)
 
 
+def ssim(a, b):
+    """Mean SSIM of two [C, H, W] float64 arrays in [0, 1] (Wang et al. 2004): Gaussian
+    window 11x11, sigma 1.5, over the valid positions, per channel, then averaged."""
+    x = np.arange(11) - 5
+    g = np.exp(-(x ** 2) / (2 * 1.5 ** 2))
+    g /= g.sum()
+
+    def blur(img):  # separable, 'valid'
+        rows = np.stack([np.convolve(r, g, mode="valid") for r in img])
+        return np.stack([np.convolve(c, g, mode="valid") for c in rows.T]).T
+
+    c1, c2 = 0.01 ** 2, 0.03 ** 2
+    out = []
+    for p, q in zip(a, b):
+        mp, mq = blur(p), blur(q)
+        vp, vq, cov = blur(p * p) - mp * mp, blur(q * q) - mq * mq, blur(p * q) - mp * mq
+        s = ((2 * mp * mq + c1) * (2 * cov + c2)) / ((mp * mp + mq * mq + c1) * (vp + vq + c2))
+        out.append(s.mean())
+    return float(np.mean(out))
+
+
+def photo_round_trip(tae, out, astronaut):
+    from PIL import Image
+    path = os.path.join(out, "astronaut-128.png")
+    if astronaut:
+        Image.open(astronaut).convert("RGB").resize((128, 128), Image.LANCZOS).save(path)
+    x = torch.from_numpy(np.asarray(Image.open(path).convert("RGB"), dtype=np.float32) / 255.0)
+    x = x.permute(2, 0, 1)[None].contiguous()
+    with torch.no_grad():
+        y = tae.decoder(tae.encoder(x)).clamp(0, 1)
+    a, b = x[0].double().numpy(), y[0].double().numpy()
+    mse = float(np.mean((a - b) ** 2))
+    return {"image": "astronaut-128.png", "psnr_db": 10 * np.log10(1.0 / mse), "ssim": ssim(b, a),
+            "what": "decoder(encoder(x)).clamp(0, 1) against x, float64, x = pixels / 255"}
+
+
 def bad_files(out):
     """Files for the reader's refusals, and one with views into shared storages."""
     os.makedirs(out, exist_ok=True)
@@ -128,8 +171,14 @@ def bad_files(out):
 
 
 def main():
-    taesd_dir = sys.argv[1]
-    out = sys.argv[2] if len(sys.argv) > 2 else os.path.join(
+    args = sys.argv[1:]
+    astronaut = None
+    if "--astronaut" in args:
+        i = args.index("--astronaut")
+        astronaut = args[i + 1]
+        del args[i:i + 2]
+    taesd_dir = args[0]
+    out = args[1] if len(args) > 1 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests", "data", "taef2")
     out = os.path.abspath(out)
     ref = os.path.join(out, "ref")
@@ -159,6 +208,10 @@ def main():
     save(os.path.join(ref, "taef2_enc_in.npy"), image[0])
     _, shapes = run_layers(tae.encoder, image, "taef2_enc", ref)
     manifest["shapes"].update(shapes)
+
+    with open(os.path.join(ref, "photo.json"), "w") as f:
+        json.dump(photo_round_trip(tae, out, astronaut), f, indent=1, sort_keys=True)
+        f.write("\n")
 
     # TAEF1's shape with seeded weights (taef1's published weights are not in the snapshot).
     decoder, encoder = taesd.Decoder(16), taesd.Encoder(16)
