@@ -39,9 +39,9 @@ namespace fs = std::filesystem;
 
 struct VaeOptions {
   ModelPaths paths;
-  fs::path input;   // decode: --latents; encode: the image
+  fs::path input;  // decode: --latents; encode: the image
   fs::path output;
-  fs::path tiny;    // --vae-decoder / --vae-encoder
+  fs::path tiny;                  // --vae-decoder / --vae-encoder
   int64_t width = 0, height = 0;  // decode of FLUX.2 tokens that are not a square grid
   int threads = 0;
 };
@@ -239,19 +239,21 @@ void run_encode(const VaeOptions& o) {
 
 static Registration reg("vae", 45, [](CLI::App& app) {
   CLI::App* vae = app.add_subcommand(
-      "vae", "Decode saved latents into an image, or encode an image into latents, with the "
-             "model's VAE or a tiny autoencoder (TAEF2, TAEF1)");
+      "vae",
+      "Decode saved latents into an image, or encode an image into latents, with the "
+      "model's VAE or a tiny autoencoder (TAEF2, TAEF1)");
   vae->require_subcommand(1);
 
   auto d = std::make_shared<VaeOptions>();
-  CLI::App* decode = vae->add_subcommand(
-      "decode", "Latents (.npy, the layouts generate --dump writes) -> image");
+  CLI::App* decode =
+      vae->add_subcommand("decode", "Latents (.npy, the layouts generate --dump writes) -> image");
   add_model_options(*decode, d->paths);
-  decode->add_option("--latents", d->input,
-                     "latents .npy: FLUX.2 tokens [1, h*w, 128] (final_latents), [1, 128, h, w] "
-                     "or the decoder's input [1, 32, H/8, W/8] (vae_input); Z-Image "
-                     "[1, 16, H/8, W/8] (final_latents); with only --vae-decoder, the tiny "
-                     "network's own [1, C, H/8, W/8]")
+  decode
+      ->add_option("--latents", d->input,
+                   "latents .npy: FLUX.2 tokens [1, h*w, 128] (final_latents), [1, 128, h, w] "
+                   "or the decoder's input [1, 32, H/8, W/8] (vae_input); Z-Image "
+                   "[1, 16, H/8, W/8] (final_latents); with only --vae-decoder, the tiny "
+                   "network's own [1, C, H/8, W/8]")
       ->required()
       ->check(CLI::ExistingFile);
   decode->add_option("-o,--output", d->output, "output image (.png, .jpg, .webp)")->required();
@@ -259,9 +261,12 @@ static Registration reg("vae", 45, [](CLI::App& app) {
                      "a tiny autoencoder's decoder (taesd.py's layout, .pth or .safetensors: "
                      "taef2_decoder.pth for FLUX.2, taef1_decoder.pth for Z-Image) instead of "
                      "the model's VAE; needs no -m");
-  decode->add_option("--width", d->width, "image width, for FLUX.2 tokens of a grid that is not square")
+  decode
+      ->add_option("--width", d->width,
+                   "image width, for FLUX.2 tokens of a grid that is not square")
       ->check(CLI::PositiveNumber);
-  decode->add_option("--height", d->height, "image height, with --width")->check(CLI::PositiveNumber);
+  decode->add_option("--height", d->height, "image height, with --width")
+      ->check(CLI::PositiveNumber);
   decode->add_option("--threads", d->threads, "worker threads (default: all cores)")
       ->check(CLI::NonNegativeNumber);
   decode->callback([d] { run_decode(*d); });
@@ -270,14 +275,17 @@ static Registration reg("vae", 45, [](CLI::App& app) {
   CLI::App* encode = vae->add_subcommand(
       "encode", "Image -> latents (.npy, in the layout generate --dump writes)");
   add_model_options(*encode, e->paths);
-  encode->add_option("image", e->input, "the image (PNG, JPEG, WebP); cut to multiples of 16 "
-                                         "(8 with only a tiny encoder)")
+  encode
+      ->add_option("image", e->input,
+                   "the image (PNG, JPEG, WebP); cut to multiples of 16 "
+                   "(8 with only a tiny encoder)")
       ->required()
       ->check(CLI::ExistingFile);
-  encode->add_option("-o,--output", e->output,
-                     "output .npy: FLUX.2 [1, 128, H/16, W/16] (normalized, as image_latents), "
-                     "Z-Image [1, 16, H/8, W/8] (scaled); with only --vae-encoder, the tiny "
-                     "network's own [1, C, H/8, W/8]")
+  encode
+      ->add_option("-o,--output", e->output,
+                   "output .npy: FLUX.2 [1, 128, H/16, W/16] (normalized, as image_latents), "
+                   "Z-Image [1, 16, H/8, W/8] (scaled); with only --vae-encoder, the tiny "
+                   "network's own [1, C, H/8, W/8]")
       ->required();
   encode->add_option("--vae-encoder", e->tiny,
                      "a tiny autoencoder's encoder (taesd.py's layout, .pth or .safetensors) "

@@ -72,7 +72,8 @@ Directory find_directory(const Bytes& b, const std::string& where) {
   const uint64_t lowest = b.size() >= 22 + 65535 ? b.size() - 22 - 65535 : 0;
   uint64_t end = b.size() - 22;
   while (b.u32(end, "end record") != kEndRecord) {
-    check(end > lowest, where, ": no zip end of central directory record (not a .pth zip, or "
+    check(end > lowest, where,
+          ": no zip end of central directory record (not a .pth zip, or "
           "truncated)");
     --end;
   }
@@ -171,13 +172,15 @@ PthFile::PthFile(const fs::path& path) : file_(path) {
   for (const ZipEntry& e : zip) {
     const size_t slash = e.name.find('/');
     if (slash == std::string::npos || e.name.substr(slash) != "/data.pkl") continue;
-    check(pickle == nullptr, where, ": two data.pkl entries (", pickle ? pickle->name : "",
-          " and ", e.name, ")");
+    check(pickle == nullptr, where, ": two data.pkl entries (", pickle ? pickle->name : "", " and ",
+          e.name, ")");
     pickle = &e;
   }
-  check(pickle != nullptr, where, ": no <folder>/data.pkl entry: not a .pth file of torch.save "
+  check(pickle != nullptr, where,
+        ": no <folder>/data.pkl entry: not a .pth file of torch.save "
         "(the legacy non-zip format is not read)");
-  const std::string top = pickle->name.substr(0, pickle->name.size() - std::string("data.pkl").size());
+  const std::string top =
+      pickle->name.substr(0, pickle->name.size() - std::string("data.pkl").size());
   std::map<std::string, const ZipEntry*> storages;
   for (const ZipEntry& e : zip) {
     if (e.name == top + "byteorder") {
@@ -185,13 +188,13 @@ PthFile::PthFile(const fs::path& path) : file_(path) {
       check(order == "little", where, ": byteorder is '", order.substr(0, 16),
             "'; only little-endian files are read");
     } else if (e.name.starts_with(top + "data/")) {
-      check(storages.emplace(e.name.substr(top.size() + 5), &e).second, where,
-            ": storage entry ", e.name, " appears twice");
+      check(storages.emplace(e.name.substr(top.size() + 5), &e).second, where, ": storage entry ",
+            e.name, " appears twice");
     }
   }
 
-  const std::vector<TorchTensorRecord> records = read_torch_state_dict_pickle(
-      std::span(b.at(pickle->begin), size_t(pickle->size)), where);
+  const std::vector<TorchTensorRecord> records =
+      read_torch_state_dict_pickle(std::span(b.at(pickle->begin), size_t(pickle->size)), where);
   for (const TorchTensorRecord& r : records) {
     auto it = storages.find(r.storage);
     check(it != storages.end(), where, ": tensor ", r.name, " refers to storage ", r.storage,

@@ -127,9 +127,9 @@ enum class Callable { OrderedDict, RebuildTensor, StorageClass };
 
 struct Value {
   Kind kind = Kind::None;
-  int64_t number = 0;  // Int, Bool
-  std::string text;    // String; Global: "module.name"; Storage: its key
-  std::vector<int32_t> items;                        // Tuple
+  int64_t number = 0;          // Int, Bool
+  std::string text;            // String; Global: "module.name"; Storage: its key
+  std::vector<int32_t> items;  // Tuple
   std::vector<std::pair<int32_t, int32_t>> entries;  // Dict
   Callable callable = Callable::OrderedDict;         // Global
   DType dtype = DType::F32;                          // Global StorageClass, Storage, Tensor
@@ -177,16 +177,16 @@ class Machine {
           marks_.push_back(stack_.size());
           break;
         case 0x4e: push(make(Kind::None)); break;  // NONE
-        case 0x88:                                  // NEWTRUE
-        case 0x89: {                                // NEWFALSE
+        case 0x88:                                 // NEWTRUE
+        case 0x89: {                               // NEWFALSE
           const int32_t v = make(Kind::Bool);
           values_[size_t(v)].number = op == 0x88;
           push(v);
           break;
         }
-        case 0x4b: push_int(u8()); break;          // BININT1
-        case 0x4d: push_int(uint_le(2)); break;    // BININT2
-        case 0x4a: {                               // BININT
+        case 0x4b: push_int(u8()); break;        // BININT1
+        case 0x4d: push_int(uint_le(2)); break;  // BININT2
+        case 0x4a: {                             // BININT
           const uint32_t u = uint32_t(uint_le(4));
           push_int(int32_t(u));
           break;
@@ -238,14 +238,14 @@ class Machine {
           stack_.resize(base);
           break;
         }
-        case 0x71: put(u8()); break;                    // BINPUT
-        case 0x72: put(uint32_t(uint_le(4))); break;    // LONG_BINPUT
-        case 0x68: get(u8()); break;                    // BINGET
-        case 0x6a: get(uint32_t(uint_le(4))); break;    // LONG_BINGET
-        case 0x63: global(); break;                     // GLOBAL
-        case 0x51: persistent_id(); break;              // BINPERSID
-        case 0x52: reduce(); break;                     // REDUCE
-        case 0x62: {                                    // BUILD
+        case 0x71: put(u8()); break;                  // BINPUT
+        case 0x72: put(uint32_t(uint_le(4))); break;  // LONG_BINPUT
+        case 0x68: get(u8()); break;                  // BINGET
+        case 0x6a: get(uint32_t(uint_le(4))); break;  // LONG_BINGET
+        case 0x63: global(); break;                   // GLOBAL
+        case 0x51: persistent_id(); break;            // BINPERSID
+        case 0x52: reduce(); break;                   // REDUCE
+        case 0x62: {                                  // BUILD
           check(stack_.size() >= 2, where_, ": BUILD at byte ", op_at_, " on a short stack");
           pop();  // the state: the state dict's _metadata, which nothing here needs
           const Value& target = values_[size_t(stack_.back())];
@@ -430,8 +430,8 @@ class Machine {
   // [, metadata]) with row-major strides and no hooks.
   int32_t rebuild_tensor(const Value& args) {
     const std::string at = " at byte " + std::to_string(op_at_);
-    check(args.items.size() == 6 || args.items.size() == 7, where_,
-          ": _rebuild_tensor_v2", at, " with ", args.items.size(), " arguments, expected 6 or 7");
+    check(args.items.size() == 6 || args.items.size() == 7, where_, ": _rebuild_tensor_v2", at,
+          " with ", args.items.size(), " arguments, expected 6 or 7");
     const Value& storage = item(args, 0);
     const Value& offset = item(args, 1);
     const Value& size = item(args, 2);
@@ -443,8 +443,10 @@ class Machine {
           ": the storage offset is not a non-negative int");
     check(size.kind == Kind::Tuple && stride.kind == Kind::Tuple &&
               size.items.size() == stride.items.size() && size.items.size() <= kMaxDims,
-          where_, ": _rebuild_tensor_v2", at, ": size and stride are not tuples of equal length "
-          "(at most ", kMaxDims, " dimensions)");
+          where_, ": _rebuild_tensor_v2", at,
+          ": size and stride are not tuples of equal length "
+          "(at most ",
+          kMaxDims, " dimensions)");
     check(item(args, 4).kind == Kind::Bool, where_, ": _rebuild_tensor_v2", at,
           ": requires_grad is not a bool");
     check(hooks.kind == Kind::Dict && hooks.entries.empty(), where_, ": _rebuild_tensor_v2", at,
@@ -475,8 +477,8 @@ class Machine {
         const Value& s = item(stride, i);
         check(s.kind == Kind::Int, where_, ": _rebuild_tensor_v2", at, ": stride entry ", i,
               " is not an int");
-        check(r.shape[i] == 1 || uint64_t(s.number) == expected, where_, ": _rebuild_tensor_v2",
-              at, ": a tensor of shape ", shape_str(r.shape),
+        check(r.shape[i] == 1 || uint64_t(s.number) == expected, where_, ": _rebuild_tensor_v2", at,
+              ": a tensor of shape ", shape_str(r.shape),
               " that is not contiguous (row-major) in its storage; not supported");
         expected *= uint64_t(r.shape[i]);
       }

@@ -20,7 +20,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const klein::TensorView v = file.view(e);
       if (klein::dtype_is_float(v.dtype) && v.numel() > 0) {
         float last;  // the tensor's last element: its whole span must be in the file
-        klein::to_f32(v.dtype, static_cast<const std::byte*>(v.data) + v.nbytes - klein::dtype_size(v.dtype),
+        klein::to_f32(v.dtype,
+                      static_cast<const std::byte*>(v.data) + v.nbytes - klein::dtype_size(v.dtype),
                       &last, 1);
         sink += last;
       }

@@ -95,8 +95,8 @@ TEST(VaeCli, DecodesZImageLatents) {
 // (packed [1, N, 128] there, [1, 128, h, w] here).
 TEST(VaeCli, EncodesAsThePipelineDoes) {
   const fs::path dir = testing::temp_dir("taesd-cli-encode");
-  const fs::path v = testing::tiny_dir().parent_path() / "klein-tiny-edit" / "vectors" /
-                     "inpaint" / "inpaint_s06_h80_w64";
+  const fs::path v = testing::tiny_dir().parent_path() / "klein-tiny-edit" / "vectors" / "inpaint" /
+                     "inpaint_s06_h80_w64";
   klein_ok("vae encode -m " + shell_arg(testing::tiny_model()) + " " + shell_arg(v / "init.png") +
            " -o " + shell_arg(dir / "latents.npy"));
   const NpyArray got = read_npy(dir / "latents.npy");
@@ -161,22 +161,21 @@ TEST(VaeCli, RefusesATinyAutoencoderOfTheWrongWidthAndNothingToDecodeWith) {
   const fs::path dir = testing::temp_dir("taesd-cli-refuse");
   std::string log;
   const fs::path v = zimage() / "vectors" / "e2e" / "turbo_h64_w96";
-  EXPECT_EQ(testing::run_klein("vae decode -m " + shell_arg(zimage() / "model") + " --vae-decoder " +
-                                   shell_arg(taef2() / "taef2_decoder.pth") + " --latents " +
-                                   shell_arg(v / "final_latents.npy") + " -o " +
-                                   shell_arg(dir / "x.png"),
-                               &log),
-            1);
+  EXPECT_EQ(
+      testing::run_klein("vae decode -m " + shell_arg(zimage() / "model") + " --vae-decoder " +
+                             shell_arg(taef2() / "taef2_decoder.pth") + " --latents " +
+                             shell_arg(v / "final_latents.npy") + " -o " + shell_arg(dir / "x.png"),
+                         &log),
+      1);
   EXPECT_THAT(log, HasSubstr((taef2() / "taef2_decoder.pth").string() +
                              ": a tiny autoencoder of 32 latent channels: TAEF2"));
   EXPECT_THAT(log, HasSubstr("need one of 16 latent channels: TAEF1"));
-  EXPECT_EQ(testing::run_klein("vae encode -m " + shell_arg(testing::tiny_model()) +
-                                   " --vae-encoder " +
-                                   shell_arg(taef2() / "taef1_random_encoder.pth") + " " +
-                                   shell_arg(t2i() / "image.png") + " -o " +
-                                   shell_arg(dir / "x.npy"),
-                               &log),
-            1);
+  EXPECT_EQ(
+      testing::run_klein("vae encode -m " + shell_arg(testing::tiny_model()) + " --vae-encoder " +
+                             shell_arg(taef2() / "taef1_random_encoder.pth") + " " +
+                             shell_arg(t2i() / "image.png") + " -o " + shell_arg(dir / "x.npy"),
+                         &log),
+      1);
   EXPECT_THAT(log, HasSubstr("taef1_random_encoder.pth: a tiny autoencoder of 16 latent channels"));
   EXPECT_EQ(testing::run_klein("vae decode --latents " + shell_arg(t2i() / "vae_input.npy") +
                                    " -o " + shell_arg(dir / "x.png"),

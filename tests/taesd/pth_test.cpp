@@ -98,7 +98,8 @@ TEST(Pth, RefusesATruncatedFile) {
   for (size_t keep : {size_t(0), size_t(10), size_t(200), size_t(11000), bytes.size() / 2,
                       bytes.size() - 200, bytes.size() - 1}) {
     SCOPED_TRACE(keep);
-    std::ofstream(cut, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(keep));
+    std::ofstream(cut, std::ios::binary | std::ios::trunc)
+        .write(bytes.data(), std::streamsize(keep));
     const std::string e = testing::error_of([&] { PthFile f(cut); });
     EXPECT_THAT(e, HasSubstr(cut.string()));
   }
@@ -109,9 +110,8 @@ TEST(Pth, RefusesATruncatedFile) {
 TEST(TorchPickle, RefusesTruncatedAndForeignPickles) {
   auto read = [](const std::string& bytes) {
     return testing::error_of([&] {
-      read_torch_state_dict_pickle(std::span(reinterpret_cast<const std::byte*>(bytes.data()),
-                                             bytes.size()),
-                                   "x.pth");
+      read_torch_state_dict_pickle(
+          std::span(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()), "x.pth");
     });
   };
   EXPECT_EQ(read_torch_state_dict_pickle(
@@ -124,10 +124,14 @@ TEST(TorchPickle, RefusesTruncatedAndForeignPickles) {
   EXPECT_THAT(read(std::string("\x80\x02]q\x00.", 6)), HasSubstr("EMPTY_LIST"));
   EXPECT_THAT(read(std::string("\x80\x02K\x01.", 5)), HasSubstr("x.pth: data.pkl holds an int"));
   // A dict holding an int where a tensor belongs.
-  EXPECT_THAT(read(std::string("\x80\x02}X\x01\x00\x00\x00" "aK\x01s.", 13)),
+  EXPECT_THAT(read(std::string("\x80\x02}X\x01\x00\x00\x00"
+                               "aK\x01s.",
+                               13)),
               HasSubstr("entry a is an int, expected a tensor"));
   // A storage class called through REDUCE.
-  EXPECT_THAT(read(std::string("\x80\x02" "ctorch\nFloatStorage\n)R.", 24)),
+  EXPECT_THAT(read(std::string("\x80\x02"
+                               "ctorch\nFloatStorage\n)R.",
+                               24)),
               HasSubstr("only accepted inside a storage reference"));
 }
 

@@ -58,7 +58,8 @@ void expect_layers(const std::map<std::string, Tensor>& got, const std::string& 
     const NpyArray expected = read_npy(path);
     ASSERT_EQ(expected.shape, it->second.shape()) << name;
     const std::vector<float> values = expected.to_f32();
-    const double diff = testing::scaled_diff(it->second.data(), values.data(), int64_t(values.size()));
+    const double diff =
+        testing::scaled_diff(it->second.data(), values.data(), int64_t(values.size()));
     EXPECT_LE(diff, kLayerBound) << name << " against " << path.filename().string();
     worst = std::max(worst, diff);
   }
@@ -88,7 +89,8 @@ TEST_P(TinyAutoencoder, Taef2EncoderMatchesTaesdPy) {
   EXPECT_TRUE(encoder.mid_block_norm());
   Compute cx(2, isa());
   std::map<std::string, Tensor> layers;
-  const Tensor latents = encoder.encode(read_npy(ref("taef2_enc_in")).to_tensor(), cx, keep(layers));
+  const Tensor latents =
+      encoder.encode(read_npy(ref("taef2_enc_in")).to_tensor(), cx, keep(layers));
   EXPECT_EQ(latents.shape(), (Shape{32, 2, 3}));
   expect_layers(layers, "encoder", "taef2_enc");
 }
@@ -110,7 +112,8 @@ TEST_P(TinyAutoencoder, Taef1ShapedEncoderMatchesTaesdPy) {
   EXPECT_FALSE(encoder.mid_block_norm());
   Compute cx(2, isa());
   std::map<std::string, Tensor> layers;
-  const Tensor latents = encoder.encode(read_npy(ref("taef1_enc_in")).to_tensor(), cx, keep(layers));
+  const Tensor latents =
+      encoder.encode(read_npy(ref("taef1_enc_in")).to_tensor(), cx, keep(layers));
   EXPECT_EQ(latents.shape(), (Shape{16, 1, 2}));
   expect_layers(layers, "encoder", "taef1_enc");
 }
@@ -145,7 +148,8 @@ double ssim(const std::vector<double>& a, const std::vector<double>& b, int64_t 
     std::vector<double> p(a.begin() + c * H * W, a.begin() + (c + 1) * H * W);
     std::vector<double> q(b.begin() + c * H * W, b.begin() + (c + 1) * H * W);
     std::vector<double> pp(p.size()), qq(p.size()), pq(p.size());
-    for (size_t i = 0; i < p.size(); ++i) pp[i] = p[i] * p[i], qq[i] = q[i] * q[i], pq[i] = p[i] * q[i];
+    for (size_t i = 0; i < p.size(); ++i)
+      pp[i] = p[i] * p[i], qq[i] = q[i] * q[i], pq[i] = p[i] * q[i];
     const auto mp = blur(p), mq = blur(q), spp = blur(pp), sqq = blur(qq), spq = blur(pq);
     double s = 0;
     for (size_t i = 0; i < mp.size(); ++i) {
@@ -164,7 +168,8 @@ double ssim(const std::vector<double>& a, const std::vector<double>& b, int64_t 
 // SSIM within 1e-3. On the best instruction set only (the scalar path takes a second here; every
 // path's layers are checked above).
 TEST(TinyAutoencoderPhoto, Taef2RoundTripAsTaesdPy) {
-  const nlohmann::json want = nlohmann::json::parse(read_text_file(data_dir() / "ref" / "photo.json"));
+  const nlohmann::json want =
+      nlohmann::json::parse(read_text_file(data_dir() / "ref" / "photo.json"));
   const Image photo = load_image(data_dir() / want.at("image").get<std::string>());
   const int64_t H = photo.height, W = photo.width;
   Tensor x({3, H, W});

@@ -8,7 +8,7 @@ namespace klein::taesd {
 constexpr int64_t kChannels = 64;       // every layer's width
 constexpr int64_t kPoolChannels = 256;  // a GroupNorm pool's inner width (4 x 64)
 constexpr int64_t kPoolGroups = 4;
-constexpr float kPoolEps = 1e-5f;       // nn.GroupNorm's default
+constexpr float kPoolEps = 1e-5f;  // nn.GroupNorm's default
 
 class Layers {
  public:

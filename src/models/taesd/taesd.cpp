@@ -110,7 +110,8 @@ int64_t latent_width(const Layers& l, const std::string& conv, bool input, int64
 
 // ---- Decoder
 
-TinyDecoder::TinyDecoder(const std::filesystem::path& path, int64_t expected, const std::string& use)
+TinyDecoder::TinyDecoder(const std::filesystem::path& path, int64_t expected,
+                         const std::string& use)
     : TinyDecoder(read_tiny_weights(path, Half::Decoder), expected, use) {}
 
 TinyDecoder::TinyDecoder(TinyWeights weights, int64_t expected, const std::string& use)
@@ -131,8 +132,8 @@ TinyDecoder::TinyDecoder(TinyWeights weights, int64_t expected, const std::strin
 Tensor TinyDecoder::decode(const Tensor& latents, Compute& cx, const Observer& observe) const {
   check(latents.shape().size() == 3 && latents.dim(0) == latent_channels_ && latents.dim(1) > 0 &&
             latents.dim(2) > 0,
-        path_.string(), ": the tiny decoder takes latents [", latent_channels_,
-        ", h, w], got ", shape_str(latents.shape()));
+        path_.string(), ": the tiny decoder takes latents [", latent_channels_, ", h, w], got ",
+        shape_str(latents.shape()));
   const Net n{convs_, norms_, cx, observe, "decoder"};
   // Clamp: 3·tanh(z/3)                                                 [C, h, w]
   Tensor x = latents.copy();
@@ -162,7 +163,8 @@ Tensor TinyDecoder::decode(const Tensor& latents, Compute& cx, const Observer& o
 
 // ---- Encoder
 
-TinyEncoder::TinyEncoder(const std::filesystem::path& path, int64_t expected, const std::string& use)
+TinyEncoder::TinyEncoder(const std::filesystem::path& path, int64_t expected,
+                         const std::string& use)
     : TinyEncoder(read_tiny_weights(path, Half::Encoder), expected, use) {}
 
 TinyEncoder::TinyEncoder(TinyWeights weights, int64_t expected, const std::string& use)

@@ -44,8 +44,8 @@ std::string describe_latent_width(int64_t latent_channels) {
 
 TinyWeights read_tiny_weights(const fs::path& path, Half half) {
   const std::string where = path.string();
-  check(fs::is_regular_file(path), where, ": no such file (a tiny autoencoder's ",
-        half_name(half), ", .pth or .safetensors)");
+  check(fs::is_regular_file(path), where, ": no such file (a tiny autoencoder's ", half_name(half),
+        ", .pth or .safetensors)");
   // The file stays mapped while its tensors are converted.
   std::unique_ptr<PthFile> pth;
   std::unique_ptr<SafetensorsFile> safetensors;
@@ -72,8 +72,8 @@ TinyWeights read_tiny_weights(const fs::path& path, Half half) {
     }
   if (prefix == nullptr) {
     const Half other = half == Half::Decoder ? Half::Encoder : Half::Decoder;
-    const bool is_other = has(marker(other)) || has("taesd_" + std::string(half_name(other)) +
-                                                    "." + marker(other));
+    const bool is_other =
+        has(marker(other)) || has("taesd_" + std::string(half_name(other)) + "." + marker(other));
     fail(where, ": no tensor ", marker(half), " (bare or under taesd_", own,
          "): not a tiny autoencoder's ", half_name(half), " in taesd.py's layout",
          is_other ? std::string(" (it looks like the ") + half_name(other) + ")" : "");
@@ -131,13 +131,14 @@ void Layers::block(const std::string& name, bool pool) {
     norms[name + ".pool.1.bias"] = take(name + ".pool.1.bias", {kPoolChannels});
     conv(name + ".pool.3", kChannels, kPoolChannels, 1, false);
   }
-  for (const char* i : {".conv.0", ".conv.2", ".conv.4"}) conv(name + i, kChannels, kChannels, 3, true);
+  for (const char* i : {".conv.0", ".conv.2", ".conv.4"})
+    conv(name + i, kChannels, kChannels, 3, true);
 }
 
 void Layers::finish() {
-  check(w_.tensors.empty(), where_, ": tensor ", w_.tensors.empty() ? "" : w_.tensors.begin()->first,
-        " is not part of taesd.py's layout (", w_.tensors.size(),
-        " such; another variant of the network?)");
+  check(w_.tensors.empty(), where_, ": tensor ",
+        w_.tensors.empty() ? "" : w_.tensors.begin()->first, " is not part of taesd.py's layout (",
+        w_.tensors.size(), " such; another variant of the network?)");
 }
 
 }  // namespace klein::taesd
