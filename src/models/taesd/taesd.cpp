@@ -55,8 +55,9 @@ struct Net {
 };
 
 // Block: x ← x + pool(x) (when it has one); y = ReLU(conv.4(ReLU(conv.2(ReLU(conv.0(x))))) + x).
-// Consumes x [64, H, W]; memory: x, one intermediate (and the pool's [256, H, W]).
-Tensor block(const Net& n, int layer, Tensor x, bool pool) {
+// Consumes x [64, H, W]; memory: x, the intermediate h (reused from block to block: a fresh
+// tensor of that size costs its page faults again), and the pool's [256, H, W].
+Tensor block(const Net& n, int layer, Tensor x, bool pool, Tensor& h) {
   n.cx.stop_if_cancelled();
   const std::string p = std::to_string(layer);
   if (pool) {
@@ -71,7 +72,9 @@ Tensor block(const Net& n, int layer, Tensor x, bool pool) {
     ops::conv2d_into(g, nullptr, n.conv(p + ".pool.3"), kPointwise, x, ops::ConvWrite::Accumulate,
                      n.cx);
   }
-  Tensor h = ops::conv2d(x, n.conv(p + ".conv.0"), kSame3x3, n.cx);  // [64, H, W]
+  if (h.shape() != x.shape()) h = Tensor(x.shape());
+  ops::conv2d_into(x, nullptr, n.conv(p + ".conv.0"), kSame3x3, h, ops::ConvWrite::Overwrite,
+                   n.cx);  // [64, H, W]
   relu(h, n.cx);
   ops::conv2d_into(h, nullptr, n.conv(p + ".conv.2"), kSame3x3, h, ops::ConvWrite::Overwrite, n.cx);
   relu(h, n.cx);
@@ -83,8 +86,9 @@ Tensor block(const Net& n, int layer, Tensor x, bool pool) {
 }
 
 Tensor blocks(const Net& n, std::initializer_list<int> layers, Tensor x, bool pool) {
+  Tensor h;
   for (int layer : layers) {
-    x = block(n, layer, std::move(x), pool);
+    x = block(n, layer, std::move(x), pool, h);
     n.report(layer, x);
   }
   return x;
