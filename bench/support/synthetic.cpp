@@ -57,10 +57,6 @@ class UnitUniform {
   uint64_t state_[4];
 };
 
-bool ends_with(const std::string& s, const char* suffix) {
-  const std::string x(suffix);
-  return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
-}
 
 // value = offset + scale * u, per the rules in synthetic.h.
 struct Rule {
@@ -74,11 +70,11 @@ Rule rule_for(const std::string& name, const Shape& shape) {
                            name.find("norm_added_") != std::string::npos ||
                            name.find("q_norm") != std::string::npos ||
                            name.find("k_norm") != std::string::npos;
-  if (ends_with(name, "running_mean")) return {0.f, 0.3f};
-  if (ends_with(name, "running_var")) return {0.f, 0.4f, true};
+  if (name.ends_with("running_mean")) return {0.f, 0.3f};
+  if (name.ends_with("running_var")) return {0.f, 0.4f, true};
   if (name.find("embed_tokens") != std::string::npos) return {0.f, 0.5f};
   if (shape.size() == 1) {
-    if (ends_with(name, ".bias")) return {0.f, 0.02f};
+    if (name.ends_with(".bias")) return {0.f, 0.02f};
     if (is_norm_q_k) return {1.8f, 0.18f};
     return {1.f, 0.1f};
   }

@@ -13,7 +13,6 @@ using json = nlohmann::json;
 
 namespace {
 
-bool starts_with(const std::string& s, std::string_view p) { return s.rfind(p, 0) == 0; }
 
 // Field-by-field comparison of a config.json with what the tensors imply.
 void same(int64_t from_file, int64_t from_shapes, const char* key, const std::string& where) {
@@ -323,7 +322,7 @@ const ModelFamily& family_of_pipeline(const std::string& class_name, const std::
 }
 
 std::optional<UnitOf> unit_of(const ModelFamily& family, const std::string& canonical) {
-  if (starts_with(canonical, "transformer.")) return family.transformer_unit_of(canonical);
+  if (canonical.starts_with("transformer.")) return family.transformer_unit_of(canonical);
   return component_unit_of(canonical);
 }
 

@@ -9,9 +9,6 @@ namespace klein {
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 
 // What a tensor name says it is beside the weights, or "" for a weight.
 enum class Role { Weight, Scale, InputScale, Marker, LayerConfig };
@@ -27,11 +24,11 @@ Role role_of(const std::string& name, std::string& layer) {
       {".comfy_quant", Role::LayerConfig},
   };
   for (const auto& s : suffixes)
-    if (ends_with(name, s.text)) {
+    if (name.ends_with(s.text)) {
       layer = name.substr(0, name.size() - std::string(s.text).size());
       return s.role;
     }
-  if (name == "scaled_fp8" || ends_with(name, ".scaled_fp8")) return Role::Marker;
+  if (name == "scaled_fp8" || name.ends_with(".scaled_fp8")) return Role::Marker;
   return Role::Weight;
 }
 

@@ -15,10 +15,6 @@ namespace klein {
 
 namespace {
 
-bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
-bool ends_with(const std::string& s, const std::string& p) {
-  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
-}
 
 // What one tensor of a LoRA file is: a module's A (down), B (up) or alpha.
 enum class Part { Down, Up, Alpha };
@@ -36,7 +32,7 @@ std::optional<Key> split_key(const std::string& name) {
       {".alpha", Part::Alpha},
   };
   for (const auto& [suffix, part] : suffixes)
-    if (ends_with(name, suffix)) return Key{name.substr(0, name.size() - strlen(suffix)), part};
+    if (name.ends_with(suffix)) return Key{name.substr(0, name.size() - strlen(suffix)), part};
   return std::nullopt;
 }
 
@@ -117,7 +113,7 @@ Adapters Adapters::load(std::span<const LoraFile> files, const ModelConfig& conf
              "magnitudes, biases and full weight differences are not supported)");
       }
       const std::string& m = key->module;
-      if (starts_with(m, "lora_te") || m.find("text_encoder") != std::string::npos)
+      if (m.starts_with("lora_te") || m.find("text_encoder") != std::string::npos)
         fail(where, ": tensor ", e.name, " adapts the text encoder; only transformer LoRAs "
              "are supported");
       Module& mod = modules[m];

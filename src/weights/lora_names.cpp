@@ -10,7 +10,6 @@ namespace klein {
 
 namespace {
 
-bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 
 // A kohya module ("lora_unet_double_blocks_0_img_attn_qkv") in the BFL spelling.
 std::optional<std::string> kohya_to_bfl(const std::string& module) {
@@ -49,7 +48,7 @@ bool is_bfl_module(const std::string& m) {
   for (const char* p : {"double_blocks.", "single_blocks.", "img_in", "txt_in", "time_in.",
                         "final_layer.", "double_stream_modulation_img.lin",
                         "double_stream_modulation_txt.lin", "single_stream_modulation.lin"})
-    if (starts_with(m, p)) return true;
+    if (m.starts_with(p)) return true;
   return false;
 }
 
@@ -58,14 +57,14 @@ bool is_bfl_module(const std::string& m) {
 std::vector<TensorSource> klein_lora_targets(const std::string& module, const Shape& up,
                                              const std::string& where) {
   std::string m = module;
-  if (starts_with(m, "lora_unet_")) {
+  if (m.starts_with("lora_unet_")) {
     const auto bfl = kohya_to_bfl(m);
     if (!bfl) return {};
     m = *bfl;
   }
   for (const char* p : {"base_model.model.", "transformer.", "model.diffusion_model.",
                         "diffusion_model."})
-    if (starts_with(m, p)) m = m.substr(strlen(p));
+    if (m.starts_with(p)) m = m.substr(strlen(p));
   const Layout layout = is_bfl_module(m) ? Layout::Bfl : Layout::Diffusers;
   return map_transformer_tensor({m + ".weight", up}, layout, where);
 }

@@ -9,12 +9,11 @@ namespace klein {
 
 namespace {
 
-bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 
 // "a.b.7.rest" with prefix "a.b." -> index 7 and rest "rest".
 bool split_index(const std::string& name, const std::string& prefix, int64_t& index,
                  std::string& rest) {
-  if (!starts_with(name, prefix)) return false;
+  if (!name.starts_with(prefix)) return false;
   const size_t dot = name.find('.', prefix.size());
   if (dot == std::string::npos) return false;
   const std::string num = name.substr(prefix.size(), dot - prefix.size());
@@ -27,7 +26,7 @@ bool split_index(const std::string& name, const std::string& prefix, int64_t& in
 std::string strip_known_prefixes(std::string name) {
   for (const char* p : {"model.diffusion_model.", "diffusion_model.", "text_encoders.qwen3_4b.",
                         "first_stage_model.", "vae."}) {
-    if (starts_with(name, p)) return name.substr(std::string(p).size());
+    if (name.starts_with(p)) return name.substr(std::string(p).size());
   }
   return name;
 }
@@ -37,7 +36,7 @@ std::string strip_known_prefixes(std::string name) {
 bool is_bfl_transformer(const std::vector<NamedShape>& t) {
   for (const auto& x : t) {
     const std::string n = strip_known_prefixes(x.name);
-    if (starts_with(n, "double_blocks.") || starts_with(n, "img_in.")) return true;
+    if (n.starts_with("double_blocks.") || n.starts_with("img_in.")) return true;
   }
   return false;
 }
@@ -149,23 +148,23 @@ std::vector<TensorSource> map_text_encoder(const std::vector<NamedShape>& tensor
     // image generation never reads (they map to names without a unit: dropped, and recorded).
     // Single-file repacks may put the language model under "text_encoder." or under
     // "language_model." without its "model." (the spellings InvokeAI's loader accepts).
-    if (starts_with(n, "text_encoder.")) n = n.substr(std::string("text_encoder.").size());
-    if (starts_with(n, "language_model.model.")) n = n.substr(std::string("language_model.").size());
-    else if (starts_with(n, "language_model.lm_head.")) n = n.substr(std::string("language_model.").size());
-    else if (starts_with(n, "language_model.")) n = "model." + n.substr(std::string("language_model.").size());
-    else if (starts_with(n, "model.language_model.")) n = "model." + n.substr(std::string("model.language_model.").size());
-    else if (starts_with(n, "model.vision_tower.") || starts_with(n, "model.multi_modal_projector."))
+    if (n.starts_with("text_encoder.")) n = n.substr(std::string("text_encoder.").size());
+    if (n.starts_with("language_model.model.")) n = n.substr(std::string("language_model.").size());
+    else if (n.starts_with("language_model.lm_head.")) n = n.substr(std::string("language_model.").size());
+    else if (n.starts_with("language_model.")) n = "model." + n.substr(std::string("language_model.").size());
+    else if (n.starts_with("model.language_model.")) n = "model." + n.substr(std::string("model.language_model.").size());
+    else if (n.starts_with("model.vision_tower.") || n.starts_with("model.multi_modal_projector."))
       n = n.substr(std::string("model.").size());
-    if (starts_with(n, "vision_tower.") || starts_with(n, "multi_modal_projector.")) {
+    if (n.starts_with("vision_tower.") || n.starts_with("multi_modal_projector.")) {
       out.push_back({"text_encoder." + n, t.name});
       continue;
     }
-    if (starts_with(n, "lm_head.")) {
+    if (n.starts_with("lm_head.")) {
       out.push_back({"text_encoder." + n, t.name});
       continue;
     }
     // Some single-file exports drop the leading "model.".
-    if (!starts_with(n, "model.")) n = "model." + n;
+    if (!n.starts_with("model.")) n = "model." + n;
     out.push_back({"text_encoder." + n, t.name});
   }
   return out;
@@ -176,8 +175,8 @@ std::vector<TensorSource> map_text_encoder(const std::vector<NamedShape>& tensor
 bool is_bfl_vae(const std::vector<NamedShape>& t) {
   for (const auto& x : t) {
     const std::string n = strip_known_prefixes(x.name);
-    if (starts_with(n, "encoder.down.") || starts_with(n, "decoder.up.") ||
-        starts_with(n, "encoder.mid.") || starts_with(n, "decoder.mid."))
+    if (n.starts_with("encoder.down.") || n.starts_with("decoder.up.") ||
+        n.starts_with("encoder.mid.") || n.starts_with("decoder.mid."))
       return true;
   }
   return false;
@@ -320,9 +319,9 @@ std::optional<UnitOf> component_unit_of(const std::string& name) {
     return UnitOf{"text_encoder.norm", "text_encoder.model."};
   if (name == "text_encoder.lm_head.weight")  // untied (Qwen3-8B); prompt upsampling reads it
     return UnitOf{"text_encoder.lm_head", "text_encoder."};
-  if (starts_with(name, "vae.encoder.") || starts_with(name, "vae.quant_conv."))
+  if (name.starts_with("vae.encoder.") || name.starts_with("vae.quant_conv."))
     return UnitOf{"vae.encoder", "vae."};
-  if (starts_with(name, "vae.decoder.") || starts_with(name, "vae.post_quant_conv."))
+  if (name.starts_with("vae.decoder.") || name.starts_with("vae.post_quant_conv."))
     return UnitOf{"vae.decoder", "vae."};
   if (name == "vae.bn.running_mean" || name == "vae.bn.running_var")
     return UnitOf{"vae.latent_stats", "vae."};
@@ -338,12 +337,12 @@ std::optional<UnitOf> klein_transformer_unit_of(const std::string& name) {
   if (split_index(name, "transformer.single_transformer_blocks.", i, rest))
     return UnitOf{"transformer.single." + std::to_string(i),
                   "transformer.single_transformer_blocks." + std::to_string(i) + "."};
-  if (starts_with(name, "transformer.")) return UnitOf{"transformer.shared", "transformer."};
+  if (name.starts_with("transformer.")) return UnitOf{"transformer.shared", "transformer."};
   return std::nullopt;
 }
 
 std::optional<UnitOf> unit_of(const std::string& name) {
-  if (starts_with(name, "transformer.")) return klein_transformer_unit_of(name);
+  if (name.starts_with("transformer.")) return klein_transformer_unit_of(name);
   return component_unit_of(name);
 }
 

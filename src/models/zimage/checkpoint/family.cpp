@@ -17,12 +17,11 @@ namespace {
 
 using json = nlohmann::json;
 
-bool starts_with(const std::string& s, std::string_view p) { return s.rfind(p, 0) == 0; }
 
 // Source names without the prefixes single files carry.
 std::string strip_prefix(const std::string& name) {
   for (std::string_view p : {"model.diffusion_model.", "diffusion_model.", "transformer."})
-    if (starts_with(name, p)) return name.substr(p.size());
+    if (name.starts_with(p)) return name.substr(p.size());
   return name;
 }
 
@@ -43,7 +42,7 @@ std::optional<std::string> original_name(const std::string& name) {
   static const std::pair<std::string_view, std::string_view> prefixes[] = {
       {"final_layer.", "all_final_layer.2-1."}, {"x_embedder.", "all_x_embedder.2-1."}};
   for (const auto& [from, to] : prefixes)
-    if (starts_with(name, from)) return std::string(to) + name.substr(from.size());
+    if (name.starts_with(from)) return std::string(to) + name.substr(from.size());
   static const std::pair<std::string_view, std::string_view> parts[] = {
       {".attention.out.", ".attention.to_out.0."},
       {".attention.q_norm.", ".attention.norm_q."},
@@ -99,7 +98,7 @@ class ZImage final : public ModelFamily {
   bool recognises_transformer(const std::vector<NamedShape>& tensors) const override {
     for (const auto& t : tensors) {
       const std::string n = strip_prefix(t.name);
-      if (starts_with(n, "cap_embedder.") || starts_with(n, "context_refiner.")) return true;
+      if (n.starts_with("cap_embedder.") || n.starts_with("context_refiner.")) return true;
     }
     return false;
   }
@@ -156,9 +155,9 @@ class ZImage final : public ModelFamily {
   std::vector<TensorSource> lora_targets(const std::string& module, const Shape& up,
                                          const std::string& where) const override {
     std::string name = module;
-    if (starts_with(name, "base_model.model.")) name = name.substr(17);
+    if (name.starts_with("base_model.model.")) name = name.substr(17);
     name = strip_prefix(name);
-    if (starts_with(name, "lora_unet_")) name = kohya_module(name);
+    if (name.starts_with("lora_unet_")) name = kohya_module(name);
     name += ".weight";
     if (name.ends_with(kFusedQkv)) return map_transformer({{name, up}}, where);
     return {{"transformer." + original_name(name).value_or(name), module}};
