@@ -45,6 +45,7 @@ void Session::warn(Generation& g, Progress& progress, const std::string& message
 
 Generation Session::start(const GenerateOptions& o, Progress& progress) {
   check(o.batch >= 1, "batch: expected 1 or more images denoised together, got ", o.batch);
+  vit::check_threshold(o.safety.threshold, "safety threshold");
   Generation g;
   g.options = o;
   weights_.reset_peak();
@@ -52,6 +53,8 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
   for (const auto& file : weights_.origin().files)
     g.model_files.emplace_back(file, FileStamp::of(file));
   stages_.start(*this, g, progress);
+  // The inputs are checked once every option is: the classifier is the first network to run.
+  if (o.safety.on() && !o.plan_only) check_safety_inputs(*this, g, progress);
   return g;
 }
 
@@ -97,6 +100,7 @@ int64_t Session::batch_that_fits(const GenerateOptions& options, int64_t n) {
 
 void Session::decode(Generation& g, Progress& progress) {
   stages_.decode(*this, g, progress);
+  if (g.options.safety.on()) check_safety_output(*this, g, progress);
   mark_image(g.options, g.result);
 }
 
@@ -228,6 +232,7 @@ std::string parameters_text(const GenerateOptions& o, const GenerateResult& r,
     s << ", LoRA: ";
     for (size_t i = 0; i < o.loras.size(); ++i) s << (i ? " " : "") << lora_label(o.loras[i]);
   }
+  if (r.safety) s << ", Safety: " << safety_text(*r.safety);
   s << ", Version: klein " << KLEIN_VERSION;
   return s.str();
 }
@@ -274,6 +279,7 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
     }
     j["watermark"] = w;
   }
+  if (r.safety) j["safety"] = safety_json(*r.safety);
   j["program"] = std::string("klein ") + KLEIN_VERSION;
   return j.dump();
 }

@@ -30,6 +30,7 @@
 #include "ops/compute.h"
 #include "pipeline/memory_plan.h"
 #include "pipeline/progress.h"
+#include "pipeline/safety.h"
 #include "tokenizer/tokenizer.h"
 #include "weights/lora.h"
 #include "weights/model_source.h"
@@ -107,6 +108,10 @@ struct GenerateOptions {
   // The invisible dwtDct mark with BFL's FLUX message on the final pixels
   // (formats/image/watermark.h); images smaller than the method needs stay unmarked.
   bool watermark = true;
+  // The image safety check (pipeline/safety.h): with a classifier, the input images are
+  // classified in start() and the generated image in decode(); a flagged one stops the
+  // generation (SafetyFlagged) or, with SafetyAction::Blur, the output is blurred.
+  SafetyOptions safety;
 };
 
 // Peak RSS during one phase.
@@ -141,6 +146,8 @@ struct GenerateResult {
   // Whether the image carries the invisible mark, and why not when it does not.
   bool watermarked = false;
   std::string watermark_note;
+  // The safety check's verdicts, when options.safety.on() (for the metadata).
+  std::optional<SafetyReport> safety;
   std::vector<std::string> warnings;
 };
 
@@ -225,13 +232,15 @@ using TextLayerHook = std::function<void(int64_t layer, const Tensor& hidden)>;
 //
 //   start            options → sizes, steps, guidance, seed, precision, memory plan; references
 //                    loaded and checked. Everything that can be checked is, before any
-//                    network runs.
+//                    network runs; then, with options.safety, the safety classifier on the
+//                    input images (a flagged one: SafetyFlagged).
 //   encode_prompt    prompt (and negative prompt) → context, with the prompt cache (a
 //                    TextLayerHook sees every layer; with one, the cache is not read)
 //   prepare_latents  seed or --noise → initial latents; references → VAE encode → tokens
 //   denoise          the sampler loop; Progress per step, the StepHook for previews, the
 //                    context's cancel flag checked between blocks
-//   decode           latents → VAE decode → the image
+//   decode           latents → VAE decode → the image (with options.safety, classified:
+//                    SafetyFlagged, or blurred) → the invisible mark
 //
 // generate() runs them all. Cancelling (Compute::cancel, from any thread) makes the running
 // stage throw Cancelled; nothing is written.
