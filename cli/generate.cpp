@@ -3,7 +3,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
 #include <unistd.h>
 
 #include "cli/commands.h"
@@ -20,6 +23,7 @@
 #include "pipeline/noise.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/preview.h"
+#include "pipeline/safety.h"
 
 namespace klein::cli {
 namespace {
@@ -44,7 +48,17 @@ struct Args {
   std::string prompts_file;  // --prompts: one image per line, image i with seed s+i
 
   UpsampleArgs upsample_args;
+
+  // --safety: the safety classifier on the inputs and the generated image.
+  bool safety = false;
+  std::string safety_model;  // --safety-model DIR (else $KLEIN_SAFETY_MODEL)
+  std::optional<double> safety_threshold;
+  std::optional<std::string> safety_action;
 };
+
+// The exit status when the safety check flagged an image and none was written (as `klein
+// safety`'s for flagged images; errors exit with 1).
+constexpr int kFlagged = 2;
 
 // Progress on stderr: on a terminal, one line per phase rewritten in place while it runs;
 // into a file or a pipe, one plain line per event (no carriage returns in logs).
@@ -190,6 +204,7 @@ nlohmann::ordered_json result_json(const Args& a, const GenerateResult& r, const
   j["weights_peak_units"] = r.weights.peak_units;
   j["weights_peak_bytes"] = r.weights.peak_bytes;
   j["threads"] = threads;
+  if (r.safety) j["safety"] = safety_json(*r.safety);
   j["warnings"] = r.warnings;
   return j;
 }
@@ -299,6 +314,27 @@ void run(Args& a) {
   run_batch(a, prompts, seed);
 }
 
+// --safety and its options: the classifier opened (every file checked) before the model is.
+void fill_safety(Args& a) {
+  SafetyOptions& s = a.gen.safety;
+  const bool on = a.safety || !a.safety_model.empty();
+  check(on || (!a.safety_threshold && !a.safety_action),
+        "--safety-threshold and --safety-action need --safety (or --safety-model DIR)");
+  if (a.safety_threshold) {
+    vit::check_threshold(*a.safety_threshold, "--safety-threshold");
+    s.threshold = *a.safety_threshold;
+  }
+  if (a.safety_action) s.action = parse_safety_action(*a.safety_action, "--safety-action");
+  if (!on || s.model) return;
+  std::string dir = a.safety_model;
+  if (dir.empty())
+    if (const char* env = std::getenv("KLEIN_SAFETY_MODEL")) dir = env;
+  check(!dir.empty(), "--safety: no classifier given: --safety-model DIR (the Hugging Face "
+        "directory of Falconsai/nsfw_image_detection) or KLEIN_SAFETY_MODEL");
+  s.model = open_shared_safety_model(dir, a.safety_model.empty() ? "KLEIN_SAFETY_MODEL"
+                                                                 : "--safety-model");
+}
+
 // The generation's options from the command line; returns why the prompt cache is off when
 // it was not turned off (empty otherwise).
 std::string fill_options(Args& a) {
@@ -322,6 +358,7 @@ std::string fill_options(Args& a) {
     }
   }
   g.plan_only = a.dry_run;
+  fill_safety(a);
   return cache_off;
 }
 
@@ -578,9 +615,44 @@ Registration reg("generate", 10, [](CLI::App& app) {
                 "chat model before encoding it (greedy unless an --upsample-temperature, -top-p, "
                 "-top-k or -seed is given); the image records both prompts");
   add_upsample_options(*cmd, a->upsample_args, "upsample-");
+  cmd->add_flag("--safety", a->safety,
+                "Classify the input images before any work and the generated image after "
+                "decoding with FLUX.2's safety classifier (BFL's check); a flagged image "
+                "(nsfw probability above --safety-threshold) stops the run with exit status 2 "
+                "and no image, unless --safety-action blur");
+  cmd->add_option("--safety-model", a->safety_model,
+                  "The classifier's Hugging Face directory (config.json, model.safetensors, "
+                  "preprocessor_config.json of Falconsai/nsfw_image_detection); implies "
+                  "--safety; default $KLEIN_SAFETY_MODEL")
+      ->type_name("DIR");
+  cmd->add_option_function<double>(
+         "--safety-threshold", [a](double t) { a->safety_threshold = t; },
+         "Flag an image when its nsfw probability is strictly above this, in [0, 1] "
+         "(default 0.85, BFL's)")
+      ->type_name("P");
+  cmd->add_option_function<std::string>(
+         "--safety-action", [a](const std::string& s) { a->safety_action = s; },
+         "What a flagged generated image gets: refuse (no image, exit status 2; the default) "
+         "or blur (a strongly blurred image, its metadata saying why); a flagged input image "
+         "always stops the run")
+      ->type_name("refuse|blur");
   cmd->callback([a, prompt] {
     a->prompt_given = prompt->count() > 0;
-    run(*a);
+    try {
+      run(*a);
+    } catch (const SafetyFlagged& e) {
+      // Not an error of the input or the engine: a status of its own, and the verdict as a
+      // JSON event for --json.
+      if (a->json)
+        JsonProgress::emit({{"event", "safety"},
+                            {"image", e.check.image},
+                            {"nsfw", e.check.nsfw},
+                            {"flagged", true},
+                            {"threshold", e.threshold},
+                            {"message", e.what()}});
+      std::fprintf(stderr, "error: %s\n", e.what());
+      throw CLI::RuntimeError(kFlagged);
+    }
   });
 });
 
