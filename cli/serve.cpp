@@ -7,8 +7,10 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include "cli/commands.h"
@@ -17,6 +19,7 @@
 #include "core/cpu.h"
 #include "core/error.h"
 #include "ops/compute.h"
+#include "pipeline/safety.h"
 #include "server/server.h"
 
 namespace klein::cli {
@@ -27,7 +30,41 @@ struct ServeArgs {
   ServerOptions server;
   MemoryOptions memory;
   int threads = 0;
+  // The safety check: on when a classifier is given (--safety-model or $KLEIN_SAFETY_MODEL)
+  // unless --no-safety.
+  std::string safety_model;
+  bool no_safety = false;
+  std::optional<double> safety_threshold;
+  std::optional<std::string> safety_action;
 };
+
+// The safety options of the server, the classifier opened (every file checked) before the
+// socket is bound.
+SafetyOptions safety_options(const ServeArgs& a) {
+  SafetyOptions s;
+  if (a.safety_threshold) {
+    vit::check_threshold(*a.safety_threshold, "--safety-threshold");
+    s.threshold = *a.safety_threshold;
+  }
+  if (a.safety_action) s.action = parse_safety_action(*a.safety_action, "--safety-action");
+  if (a.no_safety) {
+    check(a.safety_model.empty() && !a.safety_threshold && !a.safety_action,
+          "--no-safety with --safety-model, --safety-threshold or --safety-action: give one");
+    return s;
+  }
+  std::string dir = a.safety_model;
+  const bool from_env = dir.empty();
+  if (from_env)
+    if (const char* env = std::getenv("KLEIN_SAFETY_MODEL")) dir = env;
+  if (dir.empty()) {
+    check(!a.safety_threshold && !a.safety_action,
+          "--safety-threshold and --safety-action need a classifier: --safety-model DIR or "
+          "KLEIN_SAFETY_MODEL");
+    return s;
+  }
+  s.model = open_shared_safety_model(dir, from_env ? "KLEIN_SAFETY_MODEL" : "--safety-model");
+  return s;
+}
 
 // SIGINT and SIGTERM write their number into this pipe (write() is async-signal-safe), so
 // that whichever thread the kernel picks (OpenBLAS starts threads of its own at load time),
@@ -43,6 +80,7 @@ void serve(const ServeArgs& a) {
   ServerOptions options = a.server;
   options.max_memory = a.memory.budget();  // a bad size fails before the model is opened
   options.residency = a.memory.forced();
+  options.safety = safety_options(a);
   check(::pipe(g_signal_pipe) == 0, "serve: cannot create the signal pipe");
   struct sigaction action = {};
   action.sa_handler = on_stop_signal;
@@ -56,6 +94,11 @@ void serve(const ServeArgs& a) {
   const int port = server.bind();
   std::printf("klein serve: listening on http://%s:%d (%d threads)\n", options.host.c_str(), port,
               cx.threads());
+  if (options.safety.on())
+    std::printf("klein serve: safety checks on (threshold %g, %s)\n", options.safety.threshold,
+                safety_action_name(options.safety.action));
+  else
+    std::printf("klein serve: safety checks off\n");
   std::fflush(stdout);
   std::thread waiter([&] {
     unsigned char signal = 0;
@@ -120,6 +163,23 @@ Registration reg("serve", 85, [](CLI::App& app) {
                   "LoRAs requests may use: DIR/NAME.safetensors as <lora:NAME:SCALE> in the "
                   "prompt (listed at /sdapi/v1/loras)")
       ->check(CLI::ExistingDirectory);
+  cmd->add_option("--safety-model", a->safety_model,
+                  "The safety classifier's Hugging Face directory (Falconsai/nsfw_image_detection; "
+                  "default $KLEIN_SAFETY_MODEL): with one, every request's input and generated "
+                  "images are checked (a flagged one gets 422), and no request can turn it off")
+      ->type_name("DIR");
+  cmd->add_flag("--no-safety", a->no_safety,
+                "No safety checks, even when $KLEIN_SAFETY_MODEL names a classifier");
+  cmd->add_option_function<double>(
+         "--safety-threshold", [a](double t) { a->safety_threshold = t; },
+         "Flag an image when its nsfw probability is strictly above this, in [0, 1] "
+         "(default 0.85, BFL's)")
+      ->type_name("P");
+  cmd->add_option_function<std::string>(
+         "--safety-action", [a](const std::string& s) { a->safety_action = s; },
+         "What a flagged generated image gets: refuse (422, no image; the default) or blur (a "
+         "strongly blurred image, its metadata saying why)")
+      ->type_name("refuse|blur");
   add_precision_option(*cmd, a->server.precision);
   add_memory_options(*cmd, a->memory);
   cmd->callback([a] { serve(*a); });

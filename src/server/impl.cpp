@@ -256,6 +256,8 @@ Made generate(Impl& s, ImageRequest request, Slot& slot, const Ticket& t) {
   } catch (const Cancelled&) {
     // Which cancellation it was is known only here.
     throw cancelled(s, progress, t);
+  } catch (const SafetyFlagged&) {
+    throw;  // neither bad input nor our failure: http_error's 422
   } catch (const Error& e) {
     // Whose fault it was is known only here; a later failure goes on to http_error (500).
     if (!running) throw bad_request(e.what());
@@ -301,6 +303,9 @@ HttpError http_error(const std::exception_ptr& thrown) {
     std::rethrow_exception(thrown);
   } catch (const HttpError& e) {
     return e;
+  } catch (const SafetyFlagged& e) {
+    // A request well formed, but an image of it the safety check refuses.
+    return {422, e.what(), "flagged"};
   } catch (const std::bad_alloc&) {
     return {500, "out of memory"};
   } catch (const std::exception& e) {
@@ -327,6 +332,7 @@ const char* status_name(int status) {
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 404: return "Not Found";
+    case 422: return "Unprocessable Entity";
     case 429: return "Too Many Requests";
     case 503: return "Service Unavailable";
     default: return "Internal Server Error";
@@ -336,7 +342,9 @@ const char* status_name(int status) {
 json error_body(Api api, const HttpError& error) {
   const int status = error.status;
   if (api == Api::A1111) return {{"error", status_name(status)}, {"detail", error.message}};
-  const char* type = status == 400 || status == 401 ? "invalid_request_error" : "server_error";
+  const char* type = status == 422                   ? "content_policy_violation"
+                     : status == 400 || status == 401 ? "invalid_request_error"
+                                                      : "server_error";
   return {{"error", {{"message", error.message}, {"type", type}, {"code", status}}}};
 }
 

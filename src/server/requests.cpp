@@ -72,6 +72,8 @@ void read_common(const json& body, const ServerOptions& s, GenerateOptions& o,
   o.max_memory = s.max_memory;
   o.residency = s.residency;
   o.precision = s.precision;
+  // The server's safety check: no request field turns it off (or changes its threshold).
+  o.safety = s.safety;
 }
 
 std::map<std::string, fs::path> list_loras(const fs::path& dir) {

@@ -4,7 +4,8 @@
 // stages one at a time, and answers with base64 PNGs:
 //
 //   GET  /                         a web page: the form, progress with the preview, cancel
-//   GET  /health                   {"status", "model", "busy", "queue"} (and, when ready,
+//   GET  /health                   {"status", "model", "busy", "queue", "safety": {"enabled",
+//                                  "threshold", "action"}} (and, when ready,
 //                                  "family" and "accepts": the request fields the model
 //                                  takes beyond a prompt): 200 "ok" once the
 //                                  model is open, 503 "loading" before (a load balancer's
@@ -49,7 +50,9 @@
 // the connection is cancelled, waiting or running. With an API key every request but /health
 // and /metrics needs "Authorization: Bearer KEY" (401 otherwise): a load balancer's probe
 // and a metrics scraper usually carry no key, and neither route tells anything about the
-// images. Bad requests get 400 with a message naming the field. stop() (SIGINT/SIGTERM in the
+// images. Bad requests get 400 with a message naming the field; an image the safety check
+// flags (an input, or the generated one unless the action is blur) gets 422 with a message
+// naming its nsfw probability and the threshold. stop() (SIGINT/SIGTERM in the
 // CLI) cancels the running generation, answers the waiting ones with 503 and returns from
 // run().
 //
@@ -86,6 +89,11 @@ struct ServerOptions {
   std::filesystem::path lora_dir;
   double job_ttl_seconds = 600;  // a finished job is forgotten this long after it finished
   int max_jobs = 32;             // jobs kept at once, in any state
+  // The safety check of every request's input and generated images (pipeline/safety.h),
+  // with the classifier opened by the caller; a flagged image is answered with 422 (or
+  // blurred with SafetyAction::Blur). No request can turn it off. /health says whether it
+  // is on and its threshold.
+  SafetyOptions safety;
 };
 
 class Server {

@@ -23,6 +23,11 @@ json health(Impl& s, httplib::Response& res) {
                 {"model", m ? json(m->name) : json(nullptr)},
                 {"busy", busy},
                 {"queue", queue}};
+  reply["safety"] = {{"enabled", s.options.safety.on()}};
+  if (s.options.safety.on()) {
+    reply["safety"]["threshold"] = s.options.safety.threshold;
+    reply["safety"]["action"] = safety_action_name(s.options.safety.action);
+  }
   if (m) {
     // What this model's requests may carry beyond a prompt (the page shows only these).
     const Capabilities c = capabilities(*m);
