@@ -40,6 +40,10 @@
  * different models run in parallel. The same parameters give the same pixels whatever the
  * thread count, and the same pixels as `klein generate`.
  *
+ * Fields are only ever added at the end of the structs, and every struct has an _init
+ * function that sets the defaults: call it before setting fields, so that a program built
+ * against an older header keeps its meaning.
+ *
  * Errors: functions return a klein_status; the message is in *error (klein_model_open,
  * klein_session_new, klein_image_save; free it with klein_string_free) or
  * klein_session_error(session) (klein_generate). Nothing in this library exits, aborts or
@@ -65,7 +69,10 @@ typedef enum klein_status {
   KLEIN_OK = 0,
   KLEIN_ERROR = 1,            /* bad input or a failure; the message says which */
   KLEIN_ERROR_CANCELLED = 2,  /* the progress callback or klein_session_cancel stopped it */
-  KLEIN_ERROR_ARGUMENT = 3    /* a NULL handle or an option out of range */
+  KLEIN_ERROR_ARGUMENT = 3,   /* a NULL handle or an option out of range */
+  KLEIN_ERROR_FLAGGED = 4     /* the safety check flagged an input or the generated image
+                                 (params.safety_model); no image is given, the message names
+                                 the nsfw probability and the threshold */
 } klein_status;
 
 typedef enum klein_precision {
@@ -73,6 +80,12 @@ typedef enum klein_precision {
   KLEIN_PRECISION_EXACT = 1, /* float32 activations throughout */
   KLEIN_PRECISION_FAST = 2   /* bf16 tiles for the transformer and the VAE on CPUs with AMX */
 } klein_precision;
+
+typedef enum klein_safety_action {
+  KLEIN_SAFETY_REFUSE = 0, /* a flagged generated image: KLEIN_ERROR_FLAGGED, no image */
+  KLEIN_SAFETY_BLUR = 1    /* a flagged generated image is given strongly blurred; its
+                              metadata says why */
+} klein_safety_action;
 
 typedef enum klein_residency {
   KLEIN_RESIDENCY_AUTO = 0,     /* the default: paged */
@@ -194,6 +207,17 @@ typedef struct klein_generate_params {
                               to 1) is above it run unguided */
   int no_watermark; /* non-zero: no invisible mark on the pixels (by default every image of
                        at least 256x256 pixels carries the dwtDct mark with FLUX's message) */
+  /* The safety check of BFL's FLUX.2 reference (as `klein generate --safety`): the input
+   * images (references, init image) are classified before any work and the generated image
+   * after decoding; an image whose nsfw probability is strictly above the threshold is
+   * flagged: KLEIN_ERROR_FLAGGED (a flagged input always; the output unless safety_action is
+   * KLEIN_SAFETY_BLUR). The verdicts are in the image's metadata ("safety"). */
+  const char* safety_model; /* the classifier's Hugging Face directory
+                               (Falconsai/nsfw_image_detection), opened once per session and
+                               path; NULL: no checks */
+  float safety_threshold;   /* in [0, 1]; < 0: 0.85 (BFL's; what klein_generate_params_init
+                               sets) */
+  klein_safety_action safety_action;
 } klein_generate_params;
 
 KLEIN_API void klein_generate_params_init(klein_generate_params* params);

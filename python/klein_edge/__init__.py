@@ -22,7 +22,8 @@ from . import _capi
 
 __version__ = "0.1.0"
 
-__all__ = ["Model", "KleinError", "Cancelled", "library_version", "save", "__version__"]
+__all__ = ["Model", "KleinError", "Cancelled", "Flagged", "library_version", "save",
+           "__version__"]
 
 
 class KleinError(RuntimeError):
@@ -31,6 +32,11 @@ class KleinError(RuntimeError):
 
 class Cancelled(KleinError):
     """The generation was stopped: by `Model.cancel`, or by a progress or preview callback."""
+
+
+class Flagged(KleinError):
+    """The safety check flagged an input image or the generated one (safety_model=...): no
+    image is given; the message names the nsfw probability and the threshold."""
 
 
 def library_version():
@@ -192,7 +198,8 @@ class Model:
     def generate(self, prompt, *, negative_prompt=None, width=None, height=None, steps=None,
                  guidance=None, seed=None, references=(), init_image=None, mask=None,
                  strength=None, loras=(), cfg_normalization=None, cfg_truncation=None,
-                 watermark=True, progress=None, preview=None, count=None):
+                 watermark=True, progress=None, preview=None, count=None, safety_model=None,
+                 safety_threshold=None, safety_action="refuse"):
         """Generates one image and returns it as a PIL image (RGB); with count=N, a list of N
         images with seeds seed, seed+1, ... denoised together (each transformer block read
         once per step for all of them), image i the one generate makes with seed + i.
@@ -208,6 +215,12 @@ class Model:
         cfg_normalization, cfg_truncation: Z-Image's guidance options.
         watermark: False leaves the pixels without the invisible dwtDct mark (FLUX's message)
         that images of at least 256x256 pixels carry by default.
+        safety_model: the safety classifier's Hugging Face directory
+        (Falconsai/nsfw_image_detection), as `klein generate --safety-model`: the input images
+        are classified before any work and the generated one after decoding; an image whose
+        nsfw probability is above safety_threshold (None: 0.85) raises Flagged, unless
+        safety_action is "blur" (the generated image is returned strongly blurred). The
+        verdicts are in image.info["klein"]'s "safety".
         progress(phase, done, total, seconds): called as phases begin, step and end.
         preview(step, steps, image): a small PIL image of the latents after each step (with
         count, of the first image).
@@ -241,6 +254,21 @@ class Model:
         if not isinstance(watermark, bool):
             raise TypeError(f"watermark: expected True or False, got {watermark!r}")
         params.no_watermark = 0 if watermark else 1
+        if safety_action not in _capi.SAFETY_ACTIONS:
+            raise ValueError(f"safety_action: expected one of "
+                             f"{', '.join(_capi.SAFETY_ACTIONS)}, got {safety_action!r}")
+        if safety_model is None and (safety_threshold is not None or safety_action != "refuse"):
+            raise ValueError("safety_threshold and safety_action need safety_model (the "
+                             "classifier's directory)")
+        params.safety_model = _optional_path(safety_model, "safety_model")
+        if safety_threshold is not None:
+            if (isinstance(safety_threshold, bool)
+                    or not isinstance(safety_threshold, (int, float))
+                    or not 0 <= safety_threshold <= 1):
+                raise ValueError(f"safety_threshold: expected a number in [0, 1], got "
+                                 f"{safety_threshold!r}")
+            params.safety_threshold = float(safety_threshold)
+        params.safety_action = _capi.SAFETY_ACTIONS[safety_action]
         if count is not None and (isinstance(count, bool) or not isinstance(count, int)
                                   or not 1 <= count <= 1000):
             raise ValueError(f"count: expected an integer from 1 to 1000, got {count!r}")
@@ -321,6 +349,8 @@ class Model:
             raise raised[0]
         if status == _capi.KLEIN_ERROR_CANCELLED:
             raise Cancelled(message or "cancelled")
+        if status == _capi.KLEIN_ERROR_FLAGGED:
+            raise Flagged(message or "the safety check flagged an image")
         if status != _capi.KLEIN_OK:
             raise KleinError(message or f"generation failed (status {status})")
         images = []

@@ -14,9 +14,11 @@ KLEIN_OK = 0
 KLEIN_ERROR = 1
 KLEIN_ERROR_CANCELLED = 2
 KLEIN_ERROR_ARGUMENT = 3
+KLEIN_ERROR_FLAGGED = 4
 
 PRECISIONS = {"auto": 0, "exact": 1, "fast": 2}
 RESIDENCIES = {"auto": 0, "paged": 1, "resident": 2}
+SAFETY_ACTIONS = {"refuse": 0, "blur": 1}
 
 
 class ModelOptions(ctypes.Structure):
@@ -85,6 +87,9 @@ class GenerateParams(ctypes.Structure):
         ("cfg_normalization", ctypes.c_float),
         ("cfg_truncation", ctypes.c_float),
         ("no_watermark", ctypes.c_int),
+        ("safety_model", ctypes.c_char_p),
+        ("safety_threshold", ctypes.c_float),
+        ("safety_action", ctypes.c_int),
     ]
 
 

@@ -36,6 +36,10 @@ struct klein_session {
   std::unique_ptr<klein::Compute> cx;
   std::string prompt_cache_dir;
   std::string error;
+  // The safety classifier of params.safety_model, opened on first use and kept while the
+  // path stays the same.
+  std::string safety_path;
+  std::shared_ptr<const klein::SafetyModel> safety;
 };
 
 namespace {
@@ -60,6 +64,9 @@ klein_status guarded(std::string& message, Fn&& fn) {
   } catch (const klein::Cancelled&) {
     message = "cancelled";
     return KLEIN_ERROR_CANCELLED;
+  } catch (const klein::SafetyFlagged& e) {
+    message = e.what();
+    return KLEIN_ERROR_FLAGGED;
   } catch (const std::bad_alloc&) {
     message = "out of memory";
   } catch (const std::exception& e) {
@@ -68,6 +75,13 @@ klein_status guarded(std::string& message, Fn&& fn) {
     message = "unknown error";
   }
   return KLEIN_ERROR;
+}
+
+// A float as the double its shortest decimal reads as (0.6f: 0.6).
+double shortest_decimal(float value) {
+  char text[32];
+  const auto end = std::to_chars(text, text + sizeof text, value).ptr;
+  return std::strtod(std::string(text, end).c_str(), nullptr);
 }
 
 // The C progress callback as the pipeline's Progress; a non-zero return cancels.
@@ -97,7 +111,7 @@ class CallbackProgress final : public klein::Progress {
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };
 
-klein::GenerateOptions to_options(const klein_session& s, const klein_generate_params& p) {
+klein::GenerateOptions to_options(klein_session& s, const klein_generate_params& p) {
   using klein::check;
   check(p.prompt != nullptr, "params.prompt: a prompt is required (\"\" for the empty prompt)");
   check(p.width == 0 || (p.width >= 16 && p.width <= 8192), "params.width: expected 0 or 16 to ",
@@ -134,13 +148,9 @@ klein::GenerateOptions to_options(const klein_session& s, const klein_generate_p
   if (p.mask) o.mask = p.mask;
   check(std::isfinite(p.strength) && p.strength >= 0 && p.strength <= 1, "params.strength: "
         "expected 0 (the default) or a number in (0, 1], got ", p.strength);
-  if (p.strength > 0) {
-    // The float's shortest decimal (0.6f is 0.6, as the CLI reads "0.6"), so that the steps
-    // strength picks and the metadata are the CLI's.
-    char text[32];
-    const auto end = std::to_chars(text, text + sizeof text, p.strength).ptr;
-    o.strength = std::strtod(std::string(text, end).c_str(), nullptr);
-  }
+  // The float's shortest decimal (0.6f is 0.6, as the CLI reads "0.6"), so that the steps
+  // strength picks and the metadata are the CLI's.
+  if (p.strength > 0) o.strength = shortest_decimal(p.strength);
   check(p.lora_count >= 0 && (p.lora_count == 0 || p.loras != nullptr), "params.loras: ",
         p.lora_count, " LoRAs but no array");
   for (int i = 0; i < p.lora_count; ++i) {
@@ -148,6 +158,26 @@ klein::GenerateOptions to_options(const klein_session& s, const klein_generate_p
     const float scale = p.lora_scales ? p.lora_scales[i] : 1.0f;
     check(std::isfinite(scale), "params.lora_scales[", i, "]: expected a finite number");
     o.loras.push_back({p.loras[i], scale});
+  }
+  check(std::isfinite(p.safety_threshold) && p.safety_threshold <= 1,
+        "params.safety_threshold: expected a number in [0, 1] (negative: 0.85), got ",
+        p.safety_threshold);
+  check(p.safety_action == KLEIN_SAFETY_REFUSE || p.safety_action == KLEIN_SAFETY_BLUR,
+        "params.safety_action: expected KLEIN_SAFETY_REFUSE or KLEIN_SAFETY_BLUR, got ",
+        int(p.safety_action));
+  check(p.safety_model || (p.safety_threshold < 0 && p.safety_action == KLEIN_SAFETY_REFUSE),
+        "params.safety_threshold and safety_action need params.safety_model (the classifier)");
+  if (p.safety_model) {
+    if (!s.safety || s.safety_path != p.safety_model) {
+      s.safety = nullptr;  // a new path: the old classifier goes first
+      s.safety = klein::open_shared_safety_model(p.safety_model, "params.safety_model");
+      s.safety_path = p.safety_model;
+    }
+    o.safety.model = s.safety;
+    // The float's shortest decimal, as the CLI reads "0.3" (see strength below).
+    if (p.safety_threshold >= 0) o.safety.threshold = shortest_decimal(p.safety_threshold);
+    o.safety.action =
+        p.safety_action == KLEIN_SAFETY_BLUR ? klein::SafetyAction::Blur : klein::SafetyAction::Refuse;
   }
   if (!s.prompt_cache_dir.empty()) o.prompt_cache_dir = s.prompt_cache_dir;
   if (s.options.max_memory) o.max_memory = s.options.max_memory;
@@ -289,6 +319,8 @@ void klein_generate_params_init(klein_generate_params* params) {
   params->guidance = -1;
   params->cfg_normalization = -1;
   params->cfg_truncation = std::numeric_limits<float>::quiet_NaN();
+  params->safety_threshold = -1;
+  params->safety_action = KLEIN_SAFETY_REFUSE;
 }
 
 klein_status klein_generate(klein_session* session, const klein_generate_params* params,
