@@ -23,6 +23,7 @@
 #include "ops/compute.h"
 #include "pipeline/memory_plan.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/stages.h"
 #include "pipeline/step_bench.h"
 #include "quant/peak.h"
 #include "weights/model_source.h"
@@ -159,7 +160,7 @@ struct BenchStepArgs {
 
 void run_bench_step(const BenchStepArgs& a) {
   auto store = open_model(a.paths);
-  MemoryPlanInputs need;
+  MemoryPlanInputs need = stages_for(store->config()).memory_inputs(store->config());
   need.width = a.width;
   need.height = a.height;
   need.text_encoder = false;

@@ -40,14 +40,14 @@ void run_encode_text(const EncodeTextOptions& o) {
   const std::optional<uint64_t> budget = o.memory.budget();
   const auto start = std::chrono::steady_clock::now();
   auto store = open_model(o.paths);
-  MemoryPlanInputs need;
+  const FamilyStages& family = stages_for(store->config());
+  MemoryPlanInputs need = family.memory_inputs(store->config());
   need.image = false;
   const MemoryPlan plan = plan_memory(estimate_memory(*store, need), budget,
                                       available_memory_bytes(), o.memory.forced());
   store->set_residency(plan.residency);
   if (o.verbose) std::fprintf(stderr, "memory: %s\n", plan.reason.c_str());
   const Tokenizer tokenizer = load_model_tokenizer(o.paths);
-  const FamilyStages& family = stages_for(store->config());
 
   Compute cx(o.threads);
   qwen3::TextEncoder encoder(*store, cx);

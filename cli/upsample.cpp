@@ -18,6 +18,7 @@
 #include "ops/compute.h"
 #include "pipeline/memory_plan.h"
 #include "pipeline/noise.h"
+#include "pipeline/stages.h"
 #include "pipeline/upsample.h"
 
 namespace klein::cli {
@@ -81,7 +82,7 @@ void run_upsample(const UpsampleCommand& a) {
   Model model = open_upsample_model(a.model);
   const std::string why = upsample_unavailable(model);
   check(why.empty(), why);
-  MemoryPlanInputs need;
+  MemoryPlanInputs need = stages_for(model.weights->config()).memory_inputs(model.weights->config());
   need.image = false;
   const MemoryPlan plan = plan_memory(estimate_memory(*model.weights, need), budget,
                                       available_memory_bytes(), a.memory.forced());

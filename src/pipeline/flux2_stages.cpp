@@ -44,6 +44,61 @@ Tensor initial_noise(const Generation& g, uint64_t seed, int64_t channels) {
   return flux2::pack_latents(chw);
 }
 
+uint64_t f32_bytes(int64_t n) { return uint64_t(n) * sizeof(float); }
+
+// FLUX.2's denoising phases, for the memory plan. Two phases: the set-up holds the shared unit (embedders and modulation; 0.7 GB of bf16 in
+// klein-9B) while the embeddings and every step's modulation are computed, with the first
+// block read ahead; it is released before the blocks' activations are allocated. Then the
+// steps run the blocks, two at a time (one at a time without read-ahead).
+std::pair<PhaseNeed, PhaseNeed> denoise_need(const WeightStore& store, const MemoryPlanInputs& in) {
+  const TransformerConfig& c = store.config().transformer;
+  PhaseNeed setup{"denoise set-up"}, p{"denoise"};
+  UnitSizes blocks;
+  for (int64_t i = 0; i < c.num_double_blocks; ++i) blocks.add(store.unit_bytes(double_block_unit(i)));
+  for (int64_t i = 0; i < c.num_single_blocks; ++i) blocks.add(store.unit_bytes(single_block_unit(i)));
+  const uint64_t shared = store.unit_bytes("transformer.shared");
+  const uint64_t first = store.unit_bytes(c.num_double_blocks > 0 ? double_block_unit(0)
+                                                                   : single_block_unit(0));
+  setup.weights_paged = setup.weights_resident = shared + first;
+  setup.weights_one_unit = shared;
+  p.weights_paged = blocks.two_largest();
+  p.weights_resident = blocks.total + shared;  // resident, the shared unit stays
+  p.weights_one_unit = blocks.largest;
+
+  flux2::TokenLayout layout;
+  layout.text_tokens = in.text_tokens;
+  layout.target = {in.height / 16, in.width / 16};
+  for (const auto& [w, h] : in.references) layout.references.push_back({h / 16, w / 16});
+  const int64_t D = c.inner_dim(), S = layout.total_tokens(), N = layout.target_tokens();
+  const int64_t contexts = in.guided ? 2 : 1;
+  // The K/V pipeline: a pass over the references alone fills the cache, then the steps run on
+  // text and target with the cached rows appended to their keys and values.
+  const int64_t B = std::max<int64_t>(in.batch, 1);
+  uint64_t block_activations = flux2::Activations::plan_bytes(
+      c, layout, flux2::Activations::kDefaultChunkRows, 0, B);
+  if (store.config().reference_cache && !layout.references.empty()) {
+    flux2::TokenLayout references_only;
+    references_only.text_tokens = 0;
+    references_only.references = layout.references;
+    flux2::TokenLayout steps = layout;
+    steps.references.clear();
+    const int64_t R = layout.reference_tokens();
+    block_activations =
+        std::max(flux2::Activations::plan_bytes(c, references_only),
+                 flux2::Activations::plan_bytes(c, steps, flux2::Activations::kDefaultChunkRows,
+                                                R, B)) +
+        flux2::ReferenceKV::plan_bytes(size_t(c.num_double_blocks + c.num_single_blocks), R, D);
+  }
+  setup.activations =
+      f32_bytes(B * contexts * layout.text_tokens * (c.context_dim + D)) +  // contexts, embedded
+      f32_bytes(layout.reference_tokens() * (D + c.in_channels)) +          // references
+      f32_bytes(B * 5 * N * c.in_channels) +                                // noise, x, velocities
+      f32_bytes(std::max<int64_t>(in.steps, 1) * (19 * D + c.timestep_channels)) +  // modulation
+      f32_bytes(2 * S * c.head_dim);                                    // RoPE tables
+  p.activations = setup.activations + block_activations;
+  return {setup, p};
+}
+
 // What differs between the two FLUX.2 pipelines these stages run: klein's (Flux2KleinPipeline
 // and its image-to-image, inpainting and K/V siblings: a Qwen3 chat, CFG for base models) and
 // dev's (Flux2Pipeline: a Mistral-Small-3.1 chat under a system message, the guidance scale
@@ -62,6 +117,13 @@ constexpr Flux2Pipeline kDev{"FLUX.2-dev", dev_chat_text, tokenize_dev_prompt, f
 class Flux2Stages final : public FamilyStages {
  public:
   explicit constexpr Flux2Stages(const Flux2Pipeline& pipeline) : p_(pipeline) {}
+  MemoryPlanInputs memory_inputs(const ModelConfig& config) const override {
+    MemoryPlanInputs in;
+    in.text_tokens = kKleinMaxTokens;
+    in.context_width = config.transformer.context_dim;
+    in.denoise = denoise_need;
+    return in;
+  }
   Capabilities capabilities(const ModelConfig& config) const override {
     Capabilities c;
     c.references = c.loras = true;
@@ -360,7 +422,7 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
 
   // Memory: how much this generation needs, resident or paged, against the budget.
   if (o.plan_memory) {
-    MemoryPlanInputs need;
+    MemoryPlanInputs need = memory_inputs(session.weights().config());
     need.width = width;
     need.height = height;
     for (const auto& ref : g.reference_pixels) need.references.emplace_back(ref.dim(2), ref.dim(1));

@@ -5,9 +5,7 @@
 
 #include "core/error.h"
 #include "core/memory.h"
-#include "models/flux2/transformer.h"
 #include "models/vae/vae.h"
-#include "tokenizer/klein_prompt.h"
 
 namespace klein {
 
@@ -19,9 +17,8 @@ constexpr uint64_t kFixedBytes = uint64_t(96) << 20;
 
 uint64_t f32_bytes(int64_t n) { return uint64_t(n) * sizeof(float); }
 
-PhaseNeed text_encoder_need(const WeightStore& store) {
+PhaseNeed text_encoder_need(const WeightStore& store, int64_t S) {
   const TextEncoderConfig& c = store.config().text_encoder;
-  const int64_t S = kKleinMaxTokens;
   PhaseNeed p{"text encoder"};
   UnitSizes layers;
   for (int64_t l = 0; l < c.layers_needed(); ++l) layers.add(store.unit_bytes(text_layer_unit(l)));
@@ -39,60 +36,6 @@ PhaseNeed text_encoder_need(const WeightStore& store) {
   p.activations = f32_bytes(S * (2 * c.hidden + 2 * q + 2 * kv + 2 * c.intermediate)) +
                   f32_bytes(S * c.head_dim) + f32_bytes(S * c.context_dim());
   return p;
-}
-
-// Two phases: the set-up holds the shared unit (embedders and modulation; 0.7 GB of bf16 in
-// klein-9B) while the embeddings and every step's modulation are computed, with the first
-// block read ahead; it is released before the blocks' activations are allocated. Then the
-// steps run the blocks, two at a time (one at a time without read-ahead).
-std::pair<PhaseNeed, PhaseNeed> denoise_needs(const WeightStore& store,
-                                              const MemoryPlanInputs& in) {
-  const TransformerConfig& c = store.config().transformer;
-  PhaseNeed setup{"denoise set-up"}, p{"denoise"};
-  UnitSizes blocks;
-  for (int64_t i = 0; i < c.num_double_blocks; ++i) blocks.add(store.unit_bytes(double_block_unit(i)));
-  for (int64_t i = 0; i < c.num_single_blocks; ++i) blocks.add(store.unit_bytes(single_block_unit(i)));
-  const uint64_t shared = store.unit_bytes("transformer.shared");
-  const uint64_t first = store.unit_bytes(c.num_double_blocks > 0 ? double_block_unit(0)
-                                                                   : single_block_unit(0));
-  setup.weights_paged = setup.weights_resident = shared + first;
-  setup.weights_one_unit = shared;
-  p.weights_paged = blocks.two_largest();
-  p.weights_resident = blocks.total + shared;  // resident, the shared unit stays
-  p.weights_one_unit = blocks.largest;
-
-  flux2::TokenLayout layout;
-  layout.text_tokens = kKleinMaxTokens;
-  layout.target = {in.height / 16, in.width / 16};
-  for (const auto& [w, h] : in.references) layout.references.push_back({h / 16, w / 16});
-  const int64_t D = c.inner_dim(), S = layout.total_tokens(), N = layout.target_tokens();
-  const int64_t contexts = in.guided ? 2 : 1;
-  // The K/V pipeline: a pass over the references alone fills the cache, then the steps run on
-  // text and target with the cached rows appended to their keys and values.
-  const int64_t B = std::max<int64_t>(in.batch, 1);
-  uint64_t block_activations = flux2::Activations::plan_bytes(
-      c, layout, flux2::Activations::kDefaultChunkRows, 0, B);
-  if (store.config().reference_cache && !layout.references.empty()) {
-    flux2::TokenLayout references_only;
-    references_only.text_tokens = 0;
-    references_only.references = layout.references;
-    flux2::TokenLayout steps = layout;
-    steps.references.clear();
-    const int64_t R = layout.reference_tokens();
-    block_activations =
-        std::max(flux2::Activations::plan_bytes(c, references_only),
-                 flux2::Activations::plan_bytes(c, steps, flux2::Activations::kDefaultChunkRows,
-                                                R, B)) +
-        flux2::ReferenceKV::plan_bytes(size_t(c.num_double_blocks + c.num_single_blocks), R, D);
-  }
-  setup.activations =
-      f32_bytes(B * contexts * layout.text_tokens * (c.context_dim + D)) +  // contexts, embedded
-      f32_bytes(layout.reference_tokens() * (D + c.in_channels)) +          // references
-      f32_bytes(B * 5 * N * c.in_channels) +                                // noise, x, velocities
-      f32_bytes(std::max<int64_t>(in.steps, 1) * (19 * D + c.timestep_channels)) +  // modulation
-      f32_bytes(2 * S * c.head_dim);                                    // RoPE tables
-  p.activations = setup.activations + block_activations;
-  return {setup, p};
 }
 
 }  // namespace
@@ -119,10 +62,10 @@ MemoryEstimate estimate_memory(const WeightStore& store, const MemoryPlanInputs&
   MemoryEstimate e;
   e.fixed = kFixedBytes + in.adapter_bytes;
   const VaeConfig& vae = store.config().vae;
-  const int64_t context_width =
-      in.context_width > 0 ? in.context_width : store.config().transformer.context_dim;
-  const uint64_t context = f32_bytes((in.guided ? 2 : 1) * kKleinMaxTokens * context_width);
-  if (in.text_encoder) e.phases.push_back(text_encoder_need(store));
+  check(in.text_tokens > 0 && (!in.image || (in.context_width > 0 && in.denoise)),
+        "memory plan: the family's inputs are missing (FamilyStages::memory_inputs)");
+  const uint64_t context = f32_bytes((in.guided ? 2 : 1) * in.text_tokens * in.context_width);
+  if (in.text_encoder) e.phases.push_back(text_encoder_need(store, in.text_tokens));
   if (!in.image) return e;
   if (!in.references.empty()) {
     PhaseNeed p{"vae encode"};
@@ -136,7 +79,7 @@ MemoryEstimate estimate_memory(const WeightStore& store, const MemoryPlanInputs&
     p.activations += context;
     e.phases.push_back(p);
   }
-  auto [setup, denoise] = in.denoise ? in.denoise(store, in) : denoise_needs(store, in);
+  auto [setup, denoise] = in.denoise(store, in);
   e.phases.push_back(setup);
   e.phases.push_back(denoise);
   PhaseNeed d{"vae decode"};

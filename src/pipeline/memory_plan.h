@@ -4,10 +4,10 @@
 // A generation runs three networks one after the other, each holding its weights only while
 // it runs (the pipeline releases a network when it is done):
 //   text encoder   the layers that feed the context, the token rows of the embedding table,
-//                  activations for 512 tokens
+//                  activations for the family's prompt length (512 ids)
 //   transformer    every block, the shared unit (embedders, modulation) while the embeddings
 //                  and all steps' modulation vectors are computed, the planned activations
-//                  (flux2::Activations::plan_bytes) and the per-generation tensors
+//                  and the per-generation tensors (each family's, FamilyStages::memory_inputs)
 //   VAE            the decoder (the encoder first when there are references) and its
 //                  activation bound at the image size (vae::decode_memory)
 // Paged, a network needs its two largest units at once (one computing, the next read ahead);
@@ -79,10 +79,11 @@ struct MemoryPlanInputs {
   bool image = true;                                       // false: the text encoder alone
   uint64_t adapter_bytes = 0;                              // LoRA updates, held throughout
   vae::VaeMemory vae_memory;                               // how the VAE encodes and decodes
-  // Another family's denoising phases and the width of its context rows (Z-Image's stages
-  // give them); unset: FLUX.2-klein's.
-  DenoiseNeed denoise;
+  // The family's part (FamilyStages::memory_inputs): the ids every prompt becomes, the width
+  // of its context rows, and its denoising phases.
+  int64_t text_tokens = 0;
   int64_t context_width = 0;
+  DenoiseNeed denoise;
 };
 
 

@@ -69,6 +69,10 @@ class FamilyStages {
   virtual ~FamilyStages() = default;
   // What the family's pipelines take beyond a prompt (for front ends that show only those).
   virtual Capabilities capabilities(const ModelConfig& config) const = 0;
+  // The family's part of a memory plan's inputs (the ids every prompt becomes, the width of
+  // the context rows, its denoising phases); the caller adds the generation's size, steps,
+  // references, guidance and batch.
+  virtual MemoryPlanInputs memory_inputs(const ModelConfig& config) const = 0;
   // g.options is set and the common bookkeeping done (peak marks, the model's files); the
   // family fills g.result's sizes, steps, guidance, seed, precision and memory plan, and
   // checks every option it can before any network runs (options it does not support are

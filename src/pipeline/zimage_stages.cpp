@@ -100,10 +100,10 @@ std::pair<PhaseNeed, PhaseNeed> denoise_need(const zimage::TransformerConfig& c,
   steps.weights_one_unit = shared + blocks.largest;
   const int64_t contexts = in.guided ? 2 : 1;
   const int64_t h = in.height / kPixelsPerLatent, w = in.width / kPixelsPerLatent;
-  const zimage::SequenceLayout layout{h, w, kKleinMaxTokens, c.patch};
+  const zimage::SequenceLayout layout{h, w, in.text_tokens, c.patch};
   const uint64_t activations =
       uint64_t(contexts) * zimage::Activations::plan_bytes(c, layout) +
-      uint64_t(6 * c.in_channels * h * w + contexts * kKleinMaxTokens * c.cap_feat_dim) *
+      uint64_t(6 * c.in_channels * h * w + contexts * in.text_tokens * c.cap_feat_dim) *
           sizeof(float);
   setup.activations = steps.activations = activations;
   return {setup, steps};
@@ -165,6 +165,18 @@ class ZImageProbe final : public FamilyStages::Probe {
 
 class ZImageStages final : public FamilyStages {
  public:
+  MemoryPlanInputs memory_inputs(const ModelConfig& config) const override {
+    return memory_inputs(transformer_config(config));
+  }
+  static MemoryPlanInputs memory_inputs(const zimage::TransformerConfig& transformer) {
+    MemoryPlanInputs in;
+    in.text_tokens = kKleinMaxTokens;  // the captions' max_sequence_length, 512 as klein's
+    in.context_width = transformer.cap_feat_dim;
+    in.denoise = [transformer](const WeightStore& store, const MemoryPlanInputs& in) {
+      return denoise_need(transformer, store, in);
+    };
+    return in;
+  }
   Capabilities capabilities(const ModelConfig&) const override {
     Capabilities c;
     c.guidance = c.guidance_options = c.loras = true;  // Turbo's default guidance is 0
@@ -233,18 +245,13 @@ class ZImageStages final : public FamilyStages {
                          r.width / kPixelsPerLatent});
     r.fast = runs_fast(o.precision, weights);
     if (o.plan_memory) {
-      MemoryPlanInputs need;
+      MemoryPlanInputs need = memory_inputs(state->transformer);
       need.width = width;
       need.height = height;
       need.steps = r.steps;
       need.guided = g.guided;
       need.vae_memory = o.vae_memory;
-      need.context_width = state->transformer.cap_feat_dim;
       need.adapter_bytes = g.adapters ? g.adapters->bytes() : 0;
-      const zimage::TransformerConfig transformer = state->transformer;
-      need.denoise = [transformer](const WeightStore& store, const MemoryPlanInputs& in) {
-        return denoise_need(transformer, store, in);
-      };
       r.memory = plan_memory(estimate_memory(weights, need), o.max_memory,
                              available_memory_bytes(), o.residency);
       weights.set_residency(r.memory->residency);

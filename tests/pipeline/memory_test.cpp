@@ -15,6 +15,7 @@
 #include "pipeline/memory_plan.h"
 #include "pipeline/model_tokenizer.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/stages.h"
 #include "support/testing.h"
 #include "support/tiny_container.h"
 #include "weights/container_store.h"
@@ -169,7 +170,7 @@ const Tokenizer& tiny_tokenizer() {
 
 TEST(MemoryEstimate, FollowsTheUnitsAndTheImageSize) {
   ContainerStore store(tiny_container());
-  MemoryPlanInputs small;
+  MemoryPlanInputs small = stages_for(store.config()).memory_inputs(store.config());
   small.width = small.height = 64;
   MemoryPlanInputs large = small;
   large.width = large.height = 512;
