@@ -14,7 +14,9 @@ namespace {
 // from `src` into `dst`, with the border samples repeated beyond the ends.
 void box_line(const uint8_t* src, uint8_t* dst, int n, size_t stride, int radius) {
   const int64_t width = 2 * int64_t(radius) + 1;
-  auto at = [&](int64_t i) { return int64_t(src[size_t(std::clamp<int64_t>(i, 0, n - 1)) * stride]); };
+  auto at = [&](int64_t i) {
+    return int64_t(src[size_t(std::clamp<int64_t>(i, 0, n - 1)) * stride]);
+  };
   int64_t sum = 0;
   for (int64_t i = -radius; i <= radius; ++i) sum += at(i);
   for (int64_t i = 0; i < n; ++i) {

@@ -26,7 +26,8 @@ SafetyAction parse_safety_action(const std::string& text, const std::string& opt
 std::shared_ptr<const SafetyModel> open_shared_safety_model(const fs::path& dir,
                                                             const std::string& option) {
   check(!dir.empty(), option, ": no safety classifier directory given");
-  check(fs::is_directory(dir), option, " ", dir.string(), ": not a directory (the Hugging Face "
+  check(fs::is_directory(dir), option, " ", dir.string(),
+        ": not a directory (the Hugging Face "
         "directory of Falconsai/nsfw_image_detection: config.json, model.safetensors, "
         "preprocessor_config.json)");
   return std::make_shared<const SafetyModel>(open_safety_model(dir));
@@ -41,8 +42,7 @@ std::string probability(double p) {
 }
 
 // The verdict on one 8-bit image.
-SafetyCheck classify(Session& session, const SafetyOptions& o, const Image& rgb,
-                     std::string name) {
+SafetyCheck classify(Session& session, const SafetyOptions& o, const Image& rgb, std::string name) {
   Compute& cx = session.compute();
   const Compute::Use exact(cx, Arithmetic::exact());
   const vit::SafetyVerdict v =
@@ -89,8 +89,7 @@ void check_safety_output(Session& session, Generation& g, Progress& progress) {
   session.timed(g, progress, "safety check image", 0, [&](Phase&) {
     // BFL classifies the decoded tensor converted to 8 bits by truncation, not the rounded
     // pixels that are written.
-    const Image rgb = g.decoded.numel() > 0 ? tensor_to_image_truncated(g.decoded)
-                                            : g.result.image;
+    const Image rgb = g.decoded.numel() > 0 ? tensor_to_image_truncated(g.decoded) : g.result.image;
     report.output = classify(session, o.safety, rgb, "output");
   });
   const SafetyCheck& c = *report.output;
@@ -104,9 +103,10 @@ void check_safety_output(Session& session, Generation& g, Progress& progress) {
   Image& image = g.result.image;
   box_blur(image, strong_blur_radius(image.width, image.height));
   report.blurred = true;
-  session.warn(g, progress, "safety check: the generated image has an nsfw probability of " +
-                                probability(c.nsfw) + ", above the threshold " +
-                                probability(o.safety.threshold) + ": it is blurred");
+  session.warn(g, progress,
+               "safety check: the generated image has an nsfw probability of " +
+                   probability(c.nsfw) + ", above the threshold " +
+                   probability(o.safety.threshold) + ": it is blurred");
 }
 
 nlohmann::ordered_json safety_json(const SafetyReport& r) {
@@ -138,7 +138,8 @@ nlohmann::ordered_json safety_json(const SafetyReport& r) {
 std::string safety_text(const SafetyReport& r) {
   if (!r.output) return "inputs checked (threshold " + probability(r.threshold) + ")";
   const SafetyCheck& c = *r.output;
-  if (!c.flagged) return "nsfw " + probability(c.nsfw) + " (threshold " + probability(r.threshold) + ")";
+  if (!c.flagged)
+    return "nsfw " + probability(c.nsfw) + " (threshold " + probability(r.threshold) + ")";
   return "flagged, nsfw " + probability(c.nsfw) + " > " + probability(r.threshold) +
          (r.blurred ? ", blurred" : "");
 }

@@ -81,10 +81,10 @@ const Plain& plain() {
     p.image = p.dir / "plain.png";
     std::string log;
     EXPECT_EQ(generate(p.image, "", &log), 0) << log;
-    EXPECT_EQ(testing::run_klein("safety --json --model " + safety_model() + " " +
-                                     testing::shell_arg(p.image),
-                                 &log),
-              0)
+    EXPECT_EQ(
+        testing::run_klein(
+            "safety --json --model " + safety_model() + " " + testing::shell_arg(p.image), &log),
+        0)
         << log;
     const json v = json::parse(log, nullptr, false);
     if (v.is_object()) p.nsfw = v["nsfw"].get<double>();
@@ -102,8 +102,9 @@ TEST(SafetyGenerate, FlaggedStrictlyAboveTheThresholdAndRefused) {
   std::string log;
 
   const fs::path passed = p.dir / "passed.png";
-  ASSERT_EQ(generate(passed, "--json --safety-model " + safety_model() + " --safety-threshold " +
-                                 fixed(p.nsfw + 0.05),
+  ASSERT_EQ(generate(passed,
+                     "--json --safety-model " + safety_model() + " --safety-threshold " +
+                         fixed(p.nsfw + 0.05),
                      &log),
             0)
       << log;
@@ -126,8 +127,8 @@ TEST(SafetyGenerate, FlaggedStrictlyAboveTheThresholdAndRefused) {
 
   // Strictly above: a threshold equal to the probability (the float's exact value) passes.
   const fs::path equal = p.dir / "equal.png";
-  ASSERT_EQ(generate(equal, "--safety-model " + safety_model() + " --safety-threshold " +
-                                m["nsfw"].dump(),
+  ASSERT_EQ(generate(equal,
+                     "--safety-model " + safety_model() + " --safety-threshold " + m["nsfw"].dump(),
                      &log),
             0)
       << log;
@@ -136,8 +137,9 @@ TEST(SafetyGenerate, FlaggedStrictlyAboveTheThresholdAndRefused) {
 
   const fs::path refused = p.dir / "refused.png";
   const double below = p.nsfw - 0.05;
-  EXPECT_EQ(generate(refused, "--json --safety --safety-model " + safety_model() +
-                                  " --safety-threshold " + fixed(below),
+  EXPECT_EQ(generate(refused,
+                     "--json --safety --safety-model " + safety_model() + " --safety-threshold " +
+                         fixed(below),
                      &log),
             kFlagged)
       << log;
@@ -161,8 +163,9 @@ TEST(SafetyGenerate, BlurWritesTheImageBlurredWithTheReason) {
   ASSERT_GT(p.nsfw, 0.06);
   std::string log;
   const fs::path blurred = p.dir / "blurred.png";
-  ASSERT_EQ(generate(blurred, "--safety-model " + safety_model() + " --safety-action blur " +
-                                  "--safety-threshold " + fixed(p.nsfw - 0.05),
+  ASSERT_EQ(generate(blurred,
+                     "--safety-model " + safety_model() + " --safety-action blur " +
+                         "--safety-threshold " + fixed(p.nsfw - 0.05),
                      &log),
             0)
       << log;
@@ -197,8 +200,9 @@ TEST(SafetyGenerate, ReferencesAreCheckedBeforeAnyWork) {
   std::string log;
   const fs::path out = dir / "out.png";
   // grey_224: nsfw 0.897625 by the official pipeline, above BFL's 0.85.
-  EXPECT_EQ(generate(out, "--json --safety-model " + safety_model() + " -r " +
-                              testing::shell_arg(case_input("grey_224")),
+  EXPECT_EQ(generate(out,
+                     "--json --safety-model " + safety_model() + " -r " +
+                         testing::shell_arg(case_input("grey_224")),
                      &log),
             kFlagged)
       << log;
@@ -207,13 +211,13 @@ TEST(SafetyGenerate, ReferencesAreCheckedBeforeAnyWork) {
                      " has an nsfw probability of 0.8976, above the threshold 0.8500"),
             std::string::npos)
       << log;
-  EXPECT_EQ(log.find("\"event\":\"begin\",\"phase\":\"text encoder\""), std::string::npos)
-      << log;
+  EXPECT_EQ(log.find("\"event\":\"begin\",\"phase\":\"text encoder\""), std::string::npos) << log;
   EXPECT_EQ(event(log, "safety")["image"], "input.png") << log;
 
   // rgba_portrait: 0.462759, not flagged; the output may be either (blur keeps it written).
-  ASSERT_EQ(generate(out, "--safety-model " + safety_model() + " --safety-action blur -r " +
-                              testing::shell_arg(case_input("rgba_portrait")),
+  ASSERT_EQ(generate(out,
+                     "--safety-model " + safety_model() + " --safety-action blur -r " +
+                         testing::shell_arg(case_input("rgba_portrait")),
                      &log),
             0)
       << log;
@@ -247,8 +251,8 @@ TEST(SafetyGenerate, BadOptionsAreErrors) {
     SCOPED_TRACE(c.extra);
     std::string log;
     EXPECT_EQ(testing::run_klein("generate -m " + testing::shell_arg(testing::tiny_model()) +
-                                     " -p x -W 32 -H 32 -s 1 -q --no-cache " + c.extra +
-                                     " -o " + testing::shell_arg(out),
+                                     " -p x -W 32 -H 32 -s 1 -q --no-cache " + c.extra + " -o " +
+                                     testing::shell_arg(out),
                                  &log),
               kError)
         << log;

@@ -62,10 +62,9 @@ TEST(ServeSafety, FlaggedImagesAreRefusedWith422) {
   EXPECT_EQ(openai["error"]["type"], "content_policy_violation");
   EXPECT_EQ(openai["error"]["code"], 422);
 
-  const json a1111 = post_json(c, "/sdapi/v1/txt2img",
-                               {{"prompt", kPrompt}, {"width", 32}, {"height", 32},
-                                {"steps", 1}, {"seed", 2}},
-                               422);
+  const json a1111 = post_json(
+      c, "/sdapi/v1/txt2img",
+      {{"prompt", kPrompt}, {"width", 32}, {"height", 32}, {"steps", 1}, {"seed", 2}}, 422);
   EXPECT_EQ(a1111["error"], "Unprocessable Entity") << a1111.dump();
   EXPECT_NE(a1111["detail"].get<std::string>().find("nsfw probability"), std::string::npos);
 }
@@ -109,15 +108,13 @@ TEST(ServeSafety, OffWithoutAClassifierAndBadOptionsAreErrors) {
   }
   std::string log;
   const std::string serve = "serve -m " + testing::shell_arg(testing::tiny_model()) + " --port 0 ";
-  EXPECT_EQ(testing::run_klein(serve + "--safety-model " + safety_model() +
-                                   " --safety-threshold 2",
+  EXPECT_EQ(testing::run_klein(serve + "--safety-model " + safety_model() + " --safety-threshold 2",
                                &log),
             1);
   EXPECT_NE(log.find("--safety-threshold 2 is outside [0, 1]"), std::string::npos) << log;
   EXPECT_EQ(log.find("listening"), std::string::npos) << log;
-  EXPECT_EQ(testing::run_klein(serve + "--safety-model " +
-                                   testing::shell_arg(testing::tiny_model()),
-                               &log),
+  EXPECT_EQ(testing::run_klein(
+                serve + "--safety-model " + testing::shell_arg(testing::tiny_model()), &log),
             1);
   EXPECT_NE(log.find("config.json"), std::string::npos) << log;
   EXPECT_EQ(testing::run_klein(serve + "--no-safety --safety-model " + safety_model(), &log), 1);
