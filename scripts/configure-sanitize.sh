@@ -12,14 +12,8 @@ cd "$(dirname "$0")/.."
 
 bash scripts/install-packages.sh clang  # libFuzzer and the sanitizer runtimes come with it
 build=${1:-build-asan}
-# The test programs' objects are the Release tree's when there is one (tests/CMakeLists.txt:
-# KLEIN_TEST_OBJECTS_FROM): their code is compiled the same, uninstrumented, in both trees.
-# KLEIN_TEST_OBJECTS_FROM= (empty) compiles them here instead.
-objects=${KLEIN_TEST_OBJECTS_FROM-}
-if [[ -z "${KLEIN_TEST_OBJECTS_FROM+set}" && -f build/build.ninja ]]; then objects=$PWD/build; fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER="${CC:-clang}" -DCMAKE_CXX_COMPILER="${CXX:-clang++}" \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only -DNDEBUG" \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only -DNDEBUG" \
-  -DKLEIN_SANITIZE=ON -DKLEIN_FUZZ=ON -DKLEIN_BUILD_BENCH=OFF \
-  -DKLEIN_TEST_OBJECTS_FROM="$objects" >/dev/null
+  -DKLEIN_SANITIZE=ON -DKLEIN_FUZZ=ON -DKLEIN_BUILD_BENCH=OFF >/dev/null

@@ -1,8 +1,8 @@
 #pragma once
-// What differs between the build trees a test program can belong to, answered at run time by
-// klein_testing, which each tree compiles for itself: the test programs' own objects are the
-// same in every tree (the sanitizer tree links the Release tree's: tests/CMakeLists.txt,
-// KLEIN_TEST_OBJECTS_FROM), so their code cannot ask the preprocessor.
+// What differs between the build trees a test program can belong to (Release, sanitizers,
+// cross builds), answered at run time by klein_testing, the one file each tree compiles with
+// its own definitions: the test programs' sources are compiled alike in every tree and share
+// klein_testing's precompiled header, which GCC refuses where a definition differs.
 
 namespace klein::testing {
 
