@@ -72,7 +72,7 @@ Tensor to_signed(Tensor image) {
 struct ModelLatents {
   enum Kind { Tokens, VaeLatent, Scaled } kind = Tokens;
   Tensor value;  // tokens [h*w, 128], the VAE latent [32, H/8, W/8], or Z-Image's [16, h, w]
-  flux2::LatentGrid grid;
+  LatentGrid grid;
 };
 
 ModelLatents read_model_latents(const VaeOptions& o, const VaeConfig& vc) {

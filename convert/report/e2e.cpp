@@ -162,7 +162,7 @@ bool wants_isolated(BlockProbes p) { return p == BlockProbes::Isolated || p == B
 
 struct E2eSession::ReferenceCase {
   E2eCase spec;  // steps resolved
-  flux2::LatentGrid grid;
+  LatentGrid grid;
   Tensor context;
   std::vector<Tensor> layers;        // the stream after every text-encoder layer
   std::vector<Tensor> step_latents;  // after every Euler step

@@ -99,6 +99,14 @@ std::pair<PhaseNeed, PhaseNeed> denoise_need(const WeightStore& store, const Mem
   return {setup, p};
 }
 
+// What FLUX.2's stages keep in a generation between stages: the joint sequence's token list
+// (text, target, references), which prepare_latents lays out and denoise follows.
+struct Flux2State final : Generation::FamilyState {
+  flux2::TokenLayout layout;
+};
+
+flux2::TokenLayout& token_layout(Generation& g) { return static_cast<Flux2State&>(*g.family).layout; }
+
 // What differs between the two FLUX.2 pipelines these stages run: klein's (Flux2KleinPipeline
 // and its image-to-image, inpainting and K/V siblings: a Qwen3 chat, CFG for base models) and
 // dev's (Flux2Pipeline: a Mistral-Small-3.1 chat under a system message, the guidance scale
@@ -178,7 +186,7 @@ class Flux2Stages final : public FamilyStages {
   int64_t transformer_width(const ModelConfig& config) const override {
     return config.transformer.inner_dim();
   }
-  SyntheticProbe synthetic_probe(const ModelConfig& config, flux2::LatentGrid grid) const override {
+  SyntheticProbe synthetic_probe(const ModelConfig& config, LatentGrid grid) const override {
     const TransformerConfig& c = config.transformer;
     SyntheticProbe p;
     p.grid = grid;
@@ -188,14 +196,14 @@ class Flux2Stages final : public FamilyStages {
     fill_gaussian(p.context, 2);
     return p;
   }
-  ops::ForwardWork forward_work(const ModelConfig& config, flux2::LatentGrid grid) const override {
+  ops::ForwardWork forward_work(const ModelConfig& config, LatentGrid grid) const override {
     flux2::TokenLayout layout;
     layout.target = grid;
     return flux2::forward_work(config.transformer, layout);
   }
   std::unique_ptr<Probe> start_probe(WeightStore& store, const ProbeInputs& in,
                                      Compute& cx) const override;
-  Tensor decode_latents(WeightStore& store, const Tensor& latents, flux2::LatentGrid grid,
+  Tensor decode_latents(WeightStore& store, const Tensor& latents, LatentGrid grid,
                         Compute& cx) const override {
     vae::Vae vae(store, cx);
     return vae.decode(latents, grid.rows, grid.cols);
@@ -312,6 +320,7 @@ std::unique_ptr<FamilyStages::Probe> Flux2Stages::start_probe(WeightStore& store
 // Sizes, steps, guidance, seed and precision as the official pipeline picks them, the
 // references loaded and checked, and the memory plan: all before any network runs.
 void Flux2Stages::start(Session& session, Generation& g, Progress& progress) const {
+  g.family = std::make_shared<Flux2State>();
   const GenerateOptions& o = g.options;
   const ModelConfig& config = session.weights().config();
   GenerateResult& r = g.result;
@@ -527,15 +536,15 @@ void Flux2Stages::prepare_latents(Session& session, Generation& g, Progress& pro
     if (g.inpaint) g.init_latents = std::move(image);
   }
 
-  g.layout = flux2::TokenLayout{};
-  g.layout.text_tokens = g.context.dim(0);
-  g.layout.target = g.grid;
+  token_layout(g) = flux2::TokenLayout{};
+  token_layout(g).text_tokens = g.context.dim(0);
+  token_layout(g).target = g.grid;
   if (g.inpaint) {  // the init image is the first condition, before any reference
     Tensor condition(g.init_latents.shape());
     std::memcpy(condition.data(), g.init_latents.data(),
                 size_t(condition.numel()) * sizeof(float));
     g.reference_tokens.push_back(std::move(condition));
-    g.layout.references.push_back(g.grid);
+    token_layout(g).references.push_back(g.grid);
   }
   if (!g.reference_pixels.empty()) {
     const int n = int(g.reference_pixels.size());
@@ -550,7 +559,7 @@ void Flux2Stages::prepare_latents(Session& session, Generation& g, Progress& pro
       for (; i < n; ++i) {
         const Tensor& pixels = g.reference_pixels[size_t(i)];
         g.reference_tokens.push_back(vae.encode(pixels));
-        g.layout.references.push_back(
+        token_layout(g).references.push_back(
             {pixels.dim(1) / kPixelsPerToken, pixels.dim(2) / kPixelsPerToken});
       }
     });
@@ -558,11 +567,11 @@ void Flux2Stages::prepare_latents(Session& session, Generation& g, Progress& pro
     g.reference_pixels.clear();
   }
   if (dump.on()) {
-    dump.ids("txt_ids", flux2::text_position_ids(g.layout.text_tokens));
-    if (session.weights().config().reference_cache && !g.layout.references.empty()) {
+    dump.ids("txt_ids", flux2::text_position_ids(token_layout(g).text_tokens));
+    if (session.weights().config().reference_cache && !token_layout(g).references.empty()) {
       // The K/V pipeline: references first at step 0 (as its reference pass sees them), the
       // target alone at every step.
-      flux2::TokenLayout target = g.layout, references = g.layout;
+      flux2::TokenLayout target = token_layout(g), references = token_layout(g);
       target.references.clear();
       references.target = {};
       std::vector<flux2::PositionId> step0 = flux2::image_position_ids(references);
@@ -571,10 +580,10 @@ void Flux2Stages::prepare_latents(Session& session, Generation& g, Progress& pro
       dump.ids("step0_img_ids", step0);
       dump.ids("img_ids", image);
     } else {
-      dump.ids("img_ids", flux2::image_position_ids(g.layout));
+      dump.ids("img_ids", flux2::image_position_ids(token_layout(g)));
     }
     if (!g.reference_tokens.empty()) {
-      Tensor all({g.layout.reference_tokens(), g.noise.dim(1)});
+      Tensor all({token_layout(g).reference_tokens(), g.noise.dim(1)});
       float* p = all.data();
       for (const auto& t : g.reference_tokens) {
         std::memcpy(p, t.data(), size_t(t.numel()) * sizeof(float));
@@ -596,7 +605,7 @@ flux2::SamplerInputs Flux2Stages::sampler_inputs(Session& session, Generation& g
   in.noise = &g.noise;
   in.target = g.grid;
   for (size_t i = 0; i < g.reference_tokens.size(); ++i)
-    in.references.push_back({&g.reference_tokens[i], g.layout.references[i]});
+    in.references.push_back({&g.reference_tokens[i], token_layout(g).references[i]});
   in.schedule = flux2::make_schedule(session.weights().config().scheduler, g.grid.tokens(), r.steps);
   if (g.inpaint) {
     // Inpainting: the schedule from where the kept steps start; after each Euler update

@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "core/files.h"
+#include "core/grid.h"
 #include "core/tensor.h"
 #include "formats/image/image.h"
-#include "models/flux2/positions.h"
 #include "models/vae/blocks.h"
 #include "ops/compute.h"
 #include "pipeline/memory_plan.h"
@@ -174,7 +174,7 @@ struct Model {
 struct Generation {
   GenerateOptions options;
   GenerateResult result;  // sizes, steps, seed, precision, memory plan; timings as they run
-  flux2::LatentGrid grid;
+  LatentGrid grid;
   bool guided = false;    // classifier-free guidance runs (klein-base with guidance > 1)
 
   // encode_prompt
@@ -183,7 +183,6 @@ struct Generation {
   Tensor noise_from_file;                // [C, h, w]: --noise, read and checked in start
   Tensor noise;                          // [N, 128] packed initial latents
   std::vector<Tensor> reference_tokens;  // [n_i, 128] clean latents of each reference
-  flux2::TokenLayout layout;
   // denoise
   Tensor latents;  // [N, 128]
   // decode
@@ -216,7 +215,7 @@ struct StepView {
   const Tensor& latents;     // after the step: FLUX.2 [N, 128] packed, Z-Image [16, h, w]
   const Tensor& latents_in;  // the same before the step
   float timestep = 0;        // the scheduler's timestep at this step (σ · 1000)
-  flux2::LatentGrid grid;    // tokens of 16x16 pixels
+  LatentGrid grid;           // tokens of 16x16 pixels
   const Tensor& velocity;    // what the Euler update used (after guidance)
   float sigma = 0;           // σ of the update: x0 is estimated as latents_in − σ·velocity
   // A quick look at the image this step points to (preview.h), in the family's latent space.

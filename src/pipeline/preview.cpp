@@ -53,7 +53,7 @@ uint8_t to_byte(float v) {
 
 }  // namespace
 
-Image latent_preview(const Tensor& tokens, flux2::LatentGrid grid) {
+Image latent_preview(const Tensor& tokens, LatentGrid grid) {
   check(tokens.shape().size() == 2 && tokens.dim(0) == grid.tokens() &&
             tokens.dim(1) == 4 * kChannels,
         "preview: expected packed latents [", grid.tokens(), ", ", 4 * kChannels, "], got ",
@@ -75,7 +75,7 @@ Image latent_preview(const Tensor& tokens, flux2::LatentGrid grid) {
 }
 
 Image step_preview(const Tensor& latents_in, const Tensor& velocity, float sigma,
-                   flux2::LatentGrid grid) {
+                   LatentGrid grid) {
   check(latents_in.shape() == velocity.shape(), "preview: latents ",
         shape_str(latents_in.shape()), " and velocity ", shape_str(velocity.shape()), " differ");
   Tensor x0(latents_in.shape());

@@ -5,19 +5,19 @@
 // 2x2 sub-positions of 32 channels), so a 1024x1024 generation previews at 128x128.
 // The map is the published latent-to-RGB fit of the FLUX.2 VAE's latent space; on other
 // weights (the random-weight test models) it shows structure, not the picture.
-#include "formats/image/image.h"
-#include "models/flux2/positions.h"
+#include "core/grid.h"
 #include "core/tensor.h"
+#include "formats/image/image.h"
 
 namespace klein {
 
 // tokens: [rows·cols, 128] packed latents in the transformer's (normalised) space.
 // RGB = clamp((F·z + b + 1) / 2) for each 32-channel sub-position z.
-Image latent_preview(const Tensor& tokens, flux2::LatentGrid grid);
+Image latent_preview(const Tensor& tokens, LatentGrid grid);
 
 // The clean estimate x0 = x_in − σ·v of one step, as latent_preview shows it.
 Image step_preview(const Tensor& latents_in, const Tensor& velocity, float sigma,
-                   flux2::LatentGrid grid);
+                   LatentGrid grid);
 
 // Z-Image's latents [16, h, w] (the FLUX.1 VAE's channels, scaled as the transformer sees
 // them): one pixel per latent position (8x8 pixels of the image), by the published fit of that

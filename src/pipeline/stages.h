@@ -37,7 +37,7 @@ struct ProbeInputs {
   const Tensor* latents = nullptr;  // StepView::latents_in
   const Tensor* context = nullptr;  // Generation::context after encode_prompt (the prompt's)
   float timestep = 0;               // StepView::timestep
-  flux2::LatentGrid grid;           // Generation::grid
+  LatentGrid grid;           // Generation::grid
   float guidance = 1;               // GenerateResult::guidance (FLUX.2-dev embeds it)
 };
 
@@ -46,7 +46,7 @@ struct ProbeInputs {
 // depends on the shapes only (klein bench step).
 struct SyntheticProbe {
   Tensor latents, context;
-  flux2::LatentGrid grid;
+  LatentGrid grid;
   ProbeInputs inputs() const { return {&latents, &context, 0.5f, grid, 4.0f}; }
 };
 
@@ -147,12 +147,12 @@ class FamilyStages {
   }
   // Made-up inputs of one forward at `grid` (see SyntheticProbe) and the multiply-adds that
   // forward does.
-  virtual SyntheticProbe synthetic_probe(const ModelConfig& config, flux2::LatentGrid grid) const = 0;
-  virtual ops::ForwardWork forward_work(const ModelConfig& config, flux2::LatentGrid grid) const = 0;
+  virtual SyntheticProbe synthetic_probe(const ModelConfig& config, LatentGrid grid) const = 0;
+  virtual ops::ForwardWork forward_work(const ModelConfig& config, LatentGrid grid) const = 0;
   // The VAE decoder alone on the latents denoise leaves (Generation::latents): the decoder's
   // output [3, H, W] in [-1, 1], as Generation::decoded.
   virtual Tensor decode_latents(WeightStore& store, const Tensor& latents,
-                                flux2::LatentGrid grid, Compute& cx) const = 0;
+                                LatentGrid grid, Compute& cx) const = 0;
 };
 
 const FamilyStages& flux2_stages();

@@ -25,7 +25,7 @@ StepBench bench_step(WeightStore& store, int64_t width, int64_t height, int forw
         height);
   const ModelConfig& config = store.config();
   const FamilyStages& stages = stages_for(config);
-  const flux2::LatentGrid grid{height / 16, width / 16};
+  const LatentGrid grid{height / 16, width / 16};
   StepBench b;
   b.width = width;
   b.height = height;

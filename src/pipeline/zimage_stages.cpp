@@ -442,7 +442,7 @@ class ZImageStages final : public FamilyStages {
     return transformer_config(config).dim;
   }
   // The caption at its longest (512 tokens): the work of a long prompt.
-  SyntheticProbe synthetic_probe(const ModelConfig& config, flux2::LatentGrid grid) const override {
+  SyntheticProbe synthetic_probe(const ModelConfig& config, LatentGrid grid) const override {
     const zimage::TransformerConfig c = transformer_config(config);
     SyntheticProbe p;
     p.grid = grid;
@@ -452,7 +452,7 @@ class ZImageStages final : public FamilyStages {
     fill_gaussian(p.context, 2);
     return p;
   }
-  ops::ForwardWork forward_work(const ModelConfig& config, flux2::LatentGrid grid) const override {
+  ops::ForwardWork forward_work(const ModelConfig& config, LatentGrid grid) const override {
     const zimage::TransformerConfig c = transformer_config(config);
     return zimage::forward_work(
         c, {grid.rows * c.patch, grid.cols * c.patch, kSyntheticCaption, c.patch});
@@ -463,7 +463,7 @@ class ZImageStages final : public FamilyStages {
                                      Compute& cx) const override {
     return std::make_unique<ZImageProbe>(store, in, cx);
   }
-  Tensor decode_latents(WeightStore& store, const Tensor& latents, flux2::LatentGrid,
+  Tensor decode_latents(WeightStore& store, const Tensor& latents, LatentGrid,
                         Compute& cx) const override {
     vae::Vae vae(store, cx);
     return vae.decode_latent(decoder_input(store, latents));

@@ -16,6 +16,7 @@
 #include <span>
 #include <vector>
 
+#include "core/grid.h"
 #include "core/tensor.h"
 #include "ops/compute.h"
 #include "ops/rope.h"
@@ -23,12 +24,7 @@
 namespace klein::flux2 {
 
 // A latent grid of packed tokens: rows = H/16, cols = W/16 for an image of H×W pixels.
-struct LatentGrid {
-  int64_t rows = 0;
-  int64_t cols = 0;
-
-  int64_t tokens() const { return rows * cols; }
-};
+using LatentGrid = klein::LatentGrid;
 
 // The token list of one generation: text, the target image and any number of references.
 struct TokenLayout {
