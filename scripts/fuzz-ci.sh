@@ -10,8 +10,9 @@ parser_seconds=${2:-25}
 build="${BUILD_DIR:-build-asan}"
 bash scripts/install-packages.sh clang python3
 bash scripts/configure-sanitize.sh "$build"
-cmake --build "$build" --target fuzz_container fuzz_safetensors fuzz_npy fuzz_image fuzz_tokenizer \
-  fuzz_config fuzz_server fuzz_gguf fuzz_hub
+# The parsers' targets as fuzz-parsers.sh lists them (one list: a target added there is built here).
+read -ra parsers <<<"$(bash scripts/fuzz-parsers.sh --list)"
+cmake --build "$build" --target fuzz_container "${parsers[@]/#/fuzz_}"
 export FUZZ_BUILT=1
 container_log="$build/fuzz-container-ci.log"
 bash scripts/fuzz-container.sh "$container_seconds" >"$container_log" 2>&1 &

@@ -6,17 +6,24 @@
 # a leak of a klein::Error into anything else, a hang (-timeout) or an allocation beyond
 # -rss_limit_mb fails the run; the input that did it is left in the build directory.
 # Usage: scripts/fuzz-parsers.sh [seconds per target, default 30] [targets...]
+#        scripts/fuzz-parsers.sh --list     the default targets (scripts/fuzz-ci.sh builds them)
 # Environment: BUILD_DIR (default build-asan, the tree the sanitizer suite uses too:
 # scripts/configure-sanitize.sh), CC/CXX (default clang/clang++).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+default_targets=(safetensors npy image tokenizer config server gguf hub pth)
+if [[ "${1:-}" == --list ]]; then
+  echo "${default_targets[@]}"
+  exit 0
+fi
 
 bash scripts/install-packages.sh clang python3
 
 seconds="${1:-30}"
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(safetensors npy image tokenizer config server gguf hub pth)
+((${#targets[@]})) || targets=("${default_targets[@]}")
 build="${BUILD_DIR:-build-asan}"
 
 # FUZZ_BUILT=1: the targets are built already (scripts/fuzz-ci.sh builds them once for both).
