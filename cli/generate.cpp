@@ -151,13 +151,6 @@ std::string lowercase(std::string text) {
   return text;
 }
 
-// The image formats save_image writes, by extension (any case).
-bool is_image_name(const std::string& path) {
-  const std::string lower = lowercase(path);
-  return lower.ends_with(".png") || lower.ends_with(".jpg") || lower.ends_with(".jpeg") ||
-         lower.ends_with(".webp");
-}
-
 // What the run measured, for --verbose and --json.
 struct LoadPhase {
   double seconds = 0;

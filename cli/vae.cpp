@@ -21,6 +21,7 @@
 #include "cli/commands.h"
 #include "cli/model_options.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/npy.h"
 #include "formats/image/image.h"
 #include "formats/image/preprocess.h"
@@ -123,6 +124,9 @@ ModelLatents read_model_latents(const VaeOptions& o, const VaeConfig& vc) {
 }
 
 void run_decode(const VaeOptions& o) {
+  check(is_image_name(o.output), "-o ", o.output.string(),
+        ": the output must end in .png, .jpg, .jpeg or .webp");
+  check_writable_output(o.output, "-o");
   const auto start = std::chrono::steady_clock::now();
   Compute cx(o.threads);
   Tensor image;  // [3, H, W] in [-1, 1]
@@ -188,6 +192,7 @@ Tensor unit_pixels(const Image& image) {
 }
 
 void run_encode(const VaeOptions& o) {
+  check_writable_output(o.output, "-o");
   const auto start = std::chrono::steady_clock::now();
   Compute cx(o.threads);
   Tensor latents;  // without the batch dimension

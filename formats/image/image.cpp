@@ -227,6 +227,11 @@ void save_webp(const fs::path& path, const Image& image) {
   file.commit();
 }
 
+bool is_image_name(const fs::path& path) {
+  const std::string ext = lowercase_extension(path);
+  return ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".webp";
+}
+
 void save_image(const fs::path& path, const Image& image, const ImageMetadata& metadata,
                 int jpeg_quality) {
   const std::string ext = lowercase_extension(path);

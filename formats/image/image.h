@@ -79,6 +79,9 @@ std::string png_bytes(const Image& image, const ImageMetadata& metadata = {},
                       const std::string& name = "image");
 // Lossless WebP (the exact pixels); WebP carries no text metadata.
 void save_webp(const std::filesystem::path& path, const Image& image);
+// Whether save_image writes `path`'s format: .png, .jpg, .jpeg or .webp, any case (for front ends
+// that check an output name before the long work).
+bool is_image_name(const std::filesystem::path& path);
 // PNG, JPEG or WebP chosen by the extension of `path` (.png, .jpg, .jpeg, .webp; any case);
 // metadata goes into PNG and JPEG only.
 void save_image(const std::filesystem::path& path, const Image& image,

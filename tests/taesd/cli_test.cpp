@@ -186,5 +186,29 @@ TEST(VaeCli, RefusesATinyAutoencoderOfTheWrongWidthAndNothingToDecodeWith) {
   EXPECT_FALSE(fs::exists(dir / "x.npy"));
 }
 
+// The output is checked before the networks are read: an image name save_image cannot write,
+// and a directory that does not exist, each named with -o; nothing written.
+TEST(VaeCli, RefusesAnOutputItCannotWriteBeforeAnyWork) {
+  const fs::path dir = testing::temp_dir("taesd-cli-output");
+  const std::string decode = "vae decode --vae-decoder " + shell_arg(taef2() / "taef2_decoder.pth") +
+                             " --latents " + shell_arg(t2i() / "vae_input.npy") + " -o ";
+  std::string log;
+  EXPECT_EQ(testing::run_klein(decode + shell_arg(dir / "x.bmp"), &log), 1);
+  EXPECT_THAT(log, HasSubstr("-o " + (dir / "x.bmp").string() +
+                             ": the output must end in .png, .jpg, .jpeg or .webp"));
+  EXPECT_EQ(testing::run_klein(decode + shell_arg(dir / "no" / "x.png"), &log), 1);
+  EXPECT_THAT(log, HasSubstr("-o"));
+  EXPECT_THAT(log, HasSubstr((dir / "no").string()));
+  EXPECT_EQ(testing::run_klein("vae encode --vae-encoder " +
+                                   shell_arg(taef2() / "taef2_encoder.pth") + " " +
+                                   shell_arg(t2i() / "image.png") + " -o " +
+                                   shell_arg(dir / "no" / "x.npy"),
+                               &log),
+            1);
+  EXPECT_THAT(log, HasSubstr((dir / "no").string()));
+  EXPECT_FALSE(fs::exists(dir / "x.bmp"));
+  EXPECT_FALSE(fs::exists(dir / "no"));
+}
+
 }  // namespace
 }  // namespace klein
