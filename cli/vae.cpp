@@ -28,7 +28,6 @@
 #include "models/taesd/taesd.h"
 #include "models/vae/latents.h"
 #include "models/vae/vae.h"
-#include "models/zimage/latents.h"
 #include "ops/compute.h"
 #include "pipeline/stages.h"
 #include "weights/model_source.h"
@@ -219,14 +218,7 @@ void run_encode(const VaeOptions& o) {
         latents = vae::unpack_tokens(vae.latent_to_tokens(latents), rows, cols);
       by = "the tiny encoder " + o.tiny.string();
     } else {
-      const Tensor pixels = image_to_tensor(image);
-      if (vc.latent_batch_norm) {
-        latents = vae::unpack_tokens(vae.encode(pixels), rows, cols);
-      } else {
-        latents = zimage::latents_from_encoder(
-            vae.encode_mean(pixels),
-            zimage::LatentScale{float(vc.scaling_factor), float(vc.shift_factor)});
-      }
+      latents = stages_for(store->config()).encode_image(*store, image_to_tensor(image), cx);
       by = "the VAE of the model";
     }
   }

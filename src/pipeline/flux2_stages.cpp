@@ -208,6 +208,11 @@ class Flux2Stages final : public FamilyStages {
     vae::Vae vae(store, cx);
     return vae.decode(latents, grid.rows, grid.cols);
   }
+  Tensor encode_image(WeightStore& store, const Tensor& pixels, Compute& cx) const override {
+    vae::Vae vae(store, cx);
+    const int64_t side = vae.pixels_per_token();
+    return vae::unpack_tokens(vae.encode(pixels), pixels.dim(1) / side, pixels.dim(2) / side);
+  }
 
  private:
   // One generation's sampler inputs; its steps go to `phase` when `report_steps` is set.

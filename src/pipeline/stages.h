@@ -153,6 +153,11 @@ class FamilyStages {
   // output [3, H, W] in [-1, 1], as Generation::decoded.
   virtual Tensor decode_latents(WeightStore& store, const Tensor& latents,
                                 LatentGrid grid, Compute& cx) const = 0;
+  // The VAE encoder alone on an image [3, H, W] in [-1, 1] (sides multiples of the VAE's pixels
+  // per token): the latents of the family's denoising space as an image [C, h, w] (FLUX.2: the
+  // normalized patchified latents [128, H/16, W/16]; Z-Image: the scaled [16, H/8, W/8]), the
+  // layout `klein vae decode` reads back.
+  virtual Tensor encode_image(WeightStore& store, const Tensor& pixels, Compute& cx) const = 0;
 };
 
 const FamilyStages& flux2_stages();

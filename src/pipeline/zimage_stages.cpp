@@ -468,6 +468,13 @@ class ZImageStages final : public FamilyStages {
     vae::Vae vae(store, cx);
     return vae.decode_latent(decoder_input(store, latents));
   }
+  Tensor encode_image(WeightStore& store, const Tensor& pixels, Compute& cx) const override {
+    vae::Vae vae(store, cx);
+    const VaeConfig& config = store.config().vae;
+    return zimage::latents_from_encoder(
+        vae.encode_mean(pixels),
+        zimage::LatentScale{float(config.scaling_factor), float(config.shift_factor)});
+  }
 };
 
 }  // namespace
