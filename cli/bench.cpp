@@ -225,7 +225,7 @@ void run_bench_step(const BenchStepArgs& a) {
 
 }  // namespace
 
-static Registration reg("bench", 60, [](CLI::App& app) {
+static Registration bench_command("bench", 60, [](CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Measure the speed of the kernels");
   bench->require_subcommand(1);
   auto a = std::make_shared<BenchMatmulArgs>();

@@ -113,7 +113,7 @@ void run_convert(const ConvertArgs& a) {
                  static_cast<unsigned long long>(t.parameters), mb(t.bytes).c_str());
 }
 
-static Registration reg("convert", 10, [](CLI::App& app) {
+static Registration convert_command("convert", 10, [](CLI::App& app) {
   auto a = std::make_shared<ConvertArgs>();
   CLI::App* cmd = app.add_subcommand(
       "convert", "Convert a checkpoint (FLUX.2-klein, Z-Image) into one klein container file");

@@ -78,7 +78,7 @@ void run_encode_text(const EncodeTextOptions& o) {
 
 }  // namespace
 
-static Registration reg("encode-text", 40, [](CLI::App& app) {
+static Registration encode_text_command("encode-text", 40, [](CLI::App& app) {
   auto options = std::make_shared<EncodeTextOptions>();
   CLI::App* cmd = app.add_subcommand(
       "encode-text", "Encode a prompt with the text encoder and save the context as .npy");

@@ -490,7 +490,7 @@ void run_batch(Args& a, const std::vector<std::string>& prompts, uint64_t seed) 
   });
 }
 
-Registration reg("generate", 10, [](CLI::App& app) {
+Registration generate_command("generate", 10, [](CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("generate", "Generate an image from a prompt (and reference images)");
   add_model_options(*cmd, a->model);

@@ -135,7 +135,7 @@ void run_inspect(const InspectOptions& o) {
 
 }  // namespace
 
-static Registration reg("inspect", 20, [](CLI::App& app) {
+static Registration inspect_command("inspect", 20, [](CLI::App& app) {
   auto options = std::make_shared<InspectOptions>();
   CLI::App* cmd = app.add_subcommand(
       "inspect", "Describe a model: files, layout, configuration, tensor and parameter counts");

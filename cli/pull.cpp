@@ -449,7 +449,7 @@ void run_pull(const PullArgs& a) {
 
 }  // namespace
 
-static Registration reg("pull", 9, [](CLI::App& app) {
+static Registration pull_command("pull", 9, [](CLI::App& app) {
   auto a = std::make_shared<PullArgs>();
   CLI::App* cmd = app.add_subcommand(
       "pull", "Download a model from the Hugging Face Hub and convert it into a container");

@@ -79,7 +79,7 @@ void run_report(ReportArgs& a) {
     std::printf("%s", report::report_table(r, a.worst).c_str());
 }
 
-Registration reg("report", 15, [](CLI::App& app) {
+Registration report_command("report", 15, [](CLI::App& app) {
   auto a = std::make_shared<ReportArgs>();
   CLI::App* cmd = app.add_subcommand(
       "report", "Quantization error of a container against its reference, per tensor and in "

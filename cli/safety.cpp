@@ -77,7 +77,7 @@ void run_safety(const SafetyArgs& a) {
 
 }  // namespace
 
-static Registration reg("safety", 36, [](CLI::App& app) {
+static Registration safety_command("safety", 36, [](CLI::App& app) {
   auto a = std::make_shared<SafetyArgs>();
   CLI::App* cmd = app.add_subcommand(
       "safety",

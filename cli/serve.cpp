@@ -127,7 +127,7 @@ void serve(const ServeArgs& a) {
   if (failed) std::rethrow_exception(failed);
 }
 
-Registration reg("serve", 85, [](CLI::App& app) {
+Registration serve_command("serve", 85, [](CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   auto* cmd = app.add_subcommand(
       "serve", "Serve the model over HTTP: OpenAI images API and the AUTOMATIC1111 API");

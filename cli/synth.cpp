@@ -15,7 +15,7 @@
 namespace klein::cli {
 namespace {
 
-Registration reg("synth", 90, [](CLI::App& app) {
+Registration synth_command("synth", 90, [](CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "synth", "Write a synthetic model (random weights, exact layout) for benchmarks");
   struct Args {

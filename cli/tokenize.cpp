@@ -118,7 +118,7 @@ void run_tokenize(const TokenizeOptions& o) {
 
 }  // namespace
 
-static Registration reg("tokenize", 30, [](CLI::App& app) {
+static Registration tokenize_command("tokenize", 30, [](CLI::App& app) {
   auto options = std::make_shared<TokenizeOptions>();
   CLI::App* cmd = app.add_subcommand(
       "tokenize", "Print the token ids of a text, or the text encoder's input for a prompt");

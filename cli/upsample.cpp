@@ -128,7 +128,7 @@ void run_upsample(const UpsampleCommand& a) {
 
 }  // namespace
 
-static Registration reg("upsample", 35, [](CLI::App& app) {
+static Registration upsample_command("upsample", 35, [](CLI::App& app) {
   auto a = std::make_shared<UpsampleCommand>();
   CLI::App* cmd = app.add_subcommand(
       "upsample",

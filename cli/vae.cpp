@@ -234,7 +234,7 @@ void run_encode(const VaeOptions& o) {
 
 }  // namespace
 
-static Registration reg("vae", 45, [](CLI::App& app) {
+static Registration vae_command("vae", 45, [](CLI::App& app) {
   CLI::App* vae = app.add_subcommand(
       "vae",
       "Decode saved latents into an image, or encode an image into latents, with the "

@@ -48,7 +48,7 @@ void run_verify(const VerifyArgs& a) {
 
 }  // namespace
 
-static Registration reg("verify", 30, [](CLI::App& app) {
+static Registration verify_command("verify", 30, [](CLI::App& app) {
   auto a = std::make_shared<VerifyArgs>();
   CLI::App* cmd = app.add_subcommand(
       "verify", "Check every checksum of a klein container and name each bad unit or tensor");

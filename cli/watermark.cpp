@@ -65,7 +65,7 @@ void run_embed(const WatermarkArgs& a) {
 
 }  // namespace
 
-static Registration reg("watermark", 35, [](CLI::App& app) {
+static Registration watermark_command("watermark", 35, [](CLI::App& app) {
   auto a = std::make_shared<WatermarkArgs>();
   CLI::App* cmd = app.add_subcommand(
       "watermark",

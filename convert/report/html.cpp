@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "convert/policy.h"
+#include "convert/report/number_text.h"
 #include "convert/report/writers.h"
 #include "core/base64.h"
 #include "formats/image/image.h"
@@ -47,9 +48,6 @@ std::string fx(double v, int digits) {
   std::snprintf(format, sizeof format, "%%.%df", digits);
   return num(v, format);
 }
-std::string sci(double v) { return num(v, "%.3e"); }
-std::string mb(uint64_t b) { return fx(double(b) / 1e6, 2) + " MB"; }
-std::string type_name(DType t) { return convert::storage_type_name(t); }
 
 // --- charts ---------------------------------------------------------------------------------------
 

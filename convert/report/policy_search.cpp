@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "convert/policy.h"
+#include "convert/report/number_text.h"
 #include "convert/storage.h"
 #include "core/error.h"
 #include "quant/types.h"
@@ -46,12 +47,6 @@ DType default_minimum(const TensorError& t) {
   static const convert::PrecisionPolicy defaults;
   const DType type = defaults.choose(t.name, t.shape, DType::Q4).type;
   return convert::can_store(type, t.shape) ? type : DType::BF16;
-}
-
-std::string mb(uint64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f MB", double(bytes) / 1e6);
-  return buf;
 }
 
 std::string db(double v) {

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "convert/policy.h"
+#include "convert/report/number_text.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "formats/image/codecs.h"
@@ -38,12 +39,8 @@ std::string formatted(double v, const char* format, int digits) {
 
 std::string fixed(double v, int digits) { return formatted(v, "%.*f", digits); }
 
-std::string sci(double v) { return formatted(v, "%.*e", 3); }
-
 // Full precision for CSV (scripts read it back).
 std::string exact(double v) { return formatted(v, "%.*g", 9); }
-
-std::string type_name(DType t) { return convert::storage_type_name(t); }
 
 std::string shape_text(const Shape& s) {
   std::string out;

@@ -44,4 +44,7 @@ std::string format_bytes(uint64_t bytes);
 // In decimal units, as file and checkpoint sizes are usually quoted: "7.75 GB", "512 B".
 std::string format_decimal_bytes(uint64_t bytes, int decimals = 2);
 
+// The bytes of n floats.
+inline uint64_t f32_bytes(int64_t n) { return uint64_t(n) * sizeof(float); }
+
 }  // namespace klein

@@ -20,6 +20,9 @@ std::string shape_str(const Shape& s);  // "[512, 3072]"
 // Memory aligned for the widest vector loads (and whole cache lines).
 constexpr size_t kAlign = 64;
 
+// x rounded up to a multiple of m (m > 0).
+constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
 struct FreeAligned {
   void operator()(void* p) const { std::free(p); }
 };

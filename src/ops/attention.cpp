@@ -7,6 +7,7 @@
 
 #include "core/cpu.h"
 #include "core/error.h"
+#include "core/tensor.h"
 #include "ops/attention_kernels.h"
 #include "ops/gemm.h"
 
@@ -58,8 +59,6 @@ constexpr int64_t kQueryTile = 256;
 constexpr int64_t kMaxKeyChunk = 1024;
 // The bf16 path packs the keys and values of this many bytes of kv heads at a time.
 constexpr int64_t kPackBudget = int64_t(16) << 20;
-
-int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 // Keys per chunk: all of them up to kMaxKeyChunk, else equal chunks of at most that.
 int64_t key_chunk(int64_t keys, int64_t align) {

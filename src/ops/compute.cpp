@@ -10,10 +10,10 @@ namespace klein {
 
 namespace {
 
-constexpr size_t kAlign = 64;
+constexpr size_t kBlockAlign = 64;
 constexpr size_t kMinBlock = size_t(1) << 20;
 
-size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+size_t aligned(size_t bytes) { return (bytes + kBlockAlign - 1) / kBlockAlign * kBlockAlign; }
 
 }  // namespace
 
@@ -30,7 +30,7 @@ size_t Arena::capacity() const {
 void Arena::add_block(size_t bytes) {
   Block b;
   b.size = aligned(bytes);
-  b.data = static_cast<std::byte*>(std::aligned_alloc(kAlign, b.size));
+  b.data = static_cast<std::byte*>(std::aligned_alloc(kBlockAlign, b.size));
   if (!b.data) throw std::bad_alloc();
   blocks_.push_back(b);
 }

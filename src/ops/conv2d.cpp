@@ -8,9 +8,10 @@
 
 #include "core/cpu.h"
 #include "core/error.h"
-#include "ops/gemm.h"
+#include "core/tensor.h"
 #include "ops/conv2d_kernels.h"
 #include "ops/conv2d_winograd.h"
+#include "ops/gemm.h"
 
 namespace klein::ops {
 
@@ -166,8 +167,8 @@ const float* pack_weights(const Conv2dWeights& w, Arena::Scope& scratch, const C
 
 // result [Cout, n] (row stride ldc) = W · b [K, n] (row stride ldb) (+ result), W as
 // pack_weights packed it; the packing buffer from the worker's arena.
-void gemm(const Conv2dWeights& w, const float* packed_w, const float* b, int64_t n, int64_t ldb,
-          float* result, int64_t ldc, bool accumulate, Compute& cx, int worker) {
+void conv_gemm(const Conv2dWeights& w, const float* packed_w, const float* b, int64_t n,
+               int64_t ldb, float* result, int64_t ldc, bool accumulate, Compute& cx, int worker) {
   Arena::Scope scratch(cx.arena(worker));
   ops::gemm({.M = w.out_channels, .N = n, .K = w.in_channels * w.kernel * w.kernel, .b = b,
              .ldb = ldb, .c = result, .ldc = ldc, .accumulate = accumulate, .a_packed = packed_w},
@@ -202,7 +203,7 @@ void gemm_band(const ConvGeometry& g, const Conv2dWeights& w, const float* packe
     float* cols = scratch.take<float>(size_t(g.column_rows() * tile_columns));
     const int64_t p0 = t * tile_columns, width = std::min(tile_columns, n - p0);
     gather_tile(g, band_input, g.band_rows(rows), p0, width, cols);
-    gemm(w, packed_w, cols, width, width, result + p0, n, false, cx, worker);
+    conv_gemm(w, packed_w, cols, width, width, result + p0, n, false, cx, worker);
   });
 }
 
@@ -329,8 +330,6 @@ void pack_bf16_direct_weights(const Conv2dWeights& w, uint32_t* packed) {
 #if defined(KLEIN_X86)
 
 using WordBuffer = std::unique_ptr<uint32_t[], FreeAligned>;
-
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // Weights [Cout, C, k, k] as A tiles (conv2d_kernels.h): bf16 [Cout rounded up to 16, K
 // rounded up to 32], K index ((cp·k + ky)·k + kx)·2 + i for input channel 2cp + i.
@@ -493,7 +492,7 @@ void pointwise_conv(const ConvInput& in, const ConvGeometry& g, const Conv2dWeig
   cx.pool().for_each_task(tiles, [&](int64_t t, int worker) {
     const int64_t p0 = first > 0 ? (t == 0 ? 0 : first + (t - 1) * kTileColumns) : t * kTileColumns;
     const int64_t width = first > 0 && t == 0 ? first : std::min(kTileColumns, n - p0);
-    gemm(w, packed_w, in.data + p0, width, n, out + p0, n, accumulate, cx, worker);
+    conv_gemm(w, packed_w, in.data + p0, width, n, out + p0, n, accumulate, cx, worker);
   });
   if (w.bias.empty()) return;
   cx.pool().parallel_for(g.out_channels, [&](int64_t c0, int64_t c1, int) {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/tensor.h"
 #include "ops/gemm.h"
 #include "ops/winograd_kernels.h"
 
@@ -12,7 +13,7 @@ namespace klein::ops::detail {
 namespace {
 
 // The portable transforms: "vectors" of 4 floats, tiles in order.
-struct Scalar {
+struct ScalarWinogradVec {
   struct Reg {
     float v[4];
   };
@@ -47,7 +48,7 @@ struct Scalar {
 
 }  // namespace
 
-WinogradKernels winograd_kernels_scalar() { return Winograd<Scalar>::kernels(); }
+WinogradKernels winograd_kernels_scalar() { return Winograd<ScalarWinogradVec>::kernels(); }
 
 namespace {
 
@@ -64,8 +65,6 @@ WinogradKernels kernels_for(quant::Isa isa) {
     default: return winograd_kernels_scalar();
   }
 }
-
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // The transforms for a row of `tiles` tiles: on AVX-512, the AVX2 ones (8 lanes) where 16
 // would compute more padding tiles (a 32-pixel-wide layer has 8 tiles a row: half of each

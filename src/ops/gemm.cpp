@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/tensor.h"
 #include "ops/gemm_kernels.h"
 
 namespace klein::ops {
@@ -14,7 +15,7 @@ namespace {
 
 // The portable kernel: 4 rows x 8 columns, "vectors" of 4 floats that the compiler may map
 // to whatever the target has.
-struct Scalar {
+struct ScalarGemmVec {
   struct Reg {
     float v[4];
   };
@@ -31,7 +32,7 @@ struct Scalar {
 
 }  // namespace
 
-GemmKernel gemm_kernel_scalar() { return make_gemm_kernel<Scalar, 4>(); }
+GemmKernel gemm_kernel_scalar() { return make_gemm_kernel<ScalarGemmVec, 4>(); }
 
 }  // namespace detail
 
@@ -111,8 +112,6 @@ void pack_a(const float* a, int64_t lda, int64_t i0, int64_t mc, int64_t k0, int
     }
   }
 }
-
-int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 }  // namespace
 

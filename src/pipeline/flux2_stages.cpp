@@ -44,8 +44,6 @@ Tensor initial_noise(const Generation& g, uint64_t seed, int64_t channels) {
   return flux2::pack_latents(chw);
 }
 
-uint64_t f32_bytes(int64_t n) { return uint64_t(n) * sizeof(float); }
-
 // FLUX.2's denoising phases, for the memory plan. Two phases: the set-up holds the shared unit (embedders and modulation; 0.7 GB of bf16 in
 // klein-9B) while the embeddings and every step's modulation are computed, with the first
 // block read ahead; it is released before the blocks' activations are allocated. Then the

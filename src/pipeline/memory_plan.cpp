@@ -15,8 +15,6 @@ namespace {
 // Measured: 35 MiB of RSS once the full-size model's container and tokenizer are open.
 constexpr uint64_t kFixedBytes = uint64_t(96) << 20;
 
-uint64_t f32_bytes(int64_t n) { return uint64_t(n) * sizeof(float); }
-
 PhaseNeed text_encoder_need(const WeightStore& store, int64_t S) {
   const TextEncoderConfig& c = store.config().text_encoder;
   PhaseNeed p{"text encoder"};

@@ -23,7 +23,7 @@ namespace {
 
 constexpr const char* kPrefix = "safety.";
 
-json read_json(const fs::path& path) {
+json read_safety_json(const fs::path& path) {
   check(fs::is_regular_file(path), path.string(),
         ": missing (a safety classifier directory "
         "holds config.json, model.safetensors and preprocessor_config.json)");
@@ -66,7 +66,7 @@ std::string labels_text(const std::vector<std::string>& labels) {
 }
 
 // A path's identity for caches: path, size and modification time.
-std::string file_identity(const fs::path& p) {
+std::string safety_file_identity(const fs::path& p) {
   struct stat st {};
   std::string id = fs::absolute(p).string();
   if (::stat(p.c_str(), &st) == 0)
@@ -96,7 +96,7 @@ class SafetyStore final : public WeightStore {
       units_[u->unit].push_back(std::move(w));
       prefixes_[u->unit] = u->prefix;
     }
-    for (const auto& f : files_->files()) identity_ += file_identity(f->path()) + ";";
+    for (const auto& f : files_->files()) identity_ += safety_file_identity(f->path()) + ";";
   }
 
   UnitRef acquire(const std::string& unit) override {
@@ -313,8 +313,9 @@ SafetyModel open_safety_model(const fs::path& dir) {
   model.path = dir;
   const fs::path config_file = dir / "config.json";
   const fs::path processor_file = dir / "preprocessor_config.json";
-  model.config = parse_vit_config(read_json(config_file), config_file.string());
-  model.processor = parse_vit_image_processor(read_json(processor_file), processor_file.string());
+  model.config = parse_vit_config(read_safety_json(config_file), config_file.string());
+  model.processor =
+      parse_vit_image_processor(read_safety_json(processor_file), processor_file.string());
   const VitConfig& c = model.config;
   check(!model.processor.do_resize ||
             (model.processor.height == c.image_size && model.processor.width == c.image_size),

@@ -25,7 +25,7 @@ using Ids = std::vector<int32_t>;
 using testing::shell_arg;
 
 fs::path zimage_set() { return testing::tiny_dir().parent_path() / "zimage-tiny"; }
-fs::path dev_set() { return fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "flux2-dev-tiny"; }
+using testing::dev_set;
 
 // Any text quoted for the shell of run_klein.
 std::string quoted(const std::string& s) {

@@ -21,7 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::shell_arg;
 
-fs::path dev_set() { return fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "flux2-dev-tiny"; }
+using testing::dev_set;
 fs::path dev_model() { return dev_set() / "model"; }
 
 // The spec's first e2e_prompt case as generate arguments, dumping into out/dump.

@@ -22,12 +22,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path kSource = KLEIN_SOURCE_DIR;
+using testing::kSource;
 
 using testing::shell_arg;
 using testing::tiny_components;
 
-const std::string kRun = testing::kComparedRun;
+using testing::kRun;
 
 // The fixtures, made once for the program.
 class Fp8Fixtures : public ::testing::Test {

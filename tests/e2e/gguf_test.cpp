@@ -30,7 +30,7 @@ const fs::path kFixtures = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "gguf
 
 using testing::shell_arg;
 
-const std::string kRun = testing::kComparedRun;
+using testing::kRun;
 
 std::string vae() {
   return shell_arg(testing::tiny_model() / "vae" / "diffusion_pytorch_model.safetensors");

@@ -13,6 +13,8 @@ namespace klein::testing {
 // steps at 64x64, seed 7, no cache, 2 threads, quiet.
 inline constexpr const char* kComparedRun =
     " -p \"a red cube on a table\" -s 4 -W 64 -H 64 --seed 7 --no-cache --threads 2 -q";
+// The same as a string, to append to.
+inline const std::string kRun = kComparedRun;
 
 // `klein generate MODEL_ARGS <kComparedRun> --dump DIR/NAME -o DIR/NAME.png`: success, or a
 // failure that shows the command's output.

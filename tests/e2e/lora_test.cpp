@@ -18,7 +18,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path kSource = KLEIN_SOURCE_DIR;
+using testing::kSource;
 
 using testing::shell_arg;
 using testing::tiny_components;
@@ -29,7 +29,7 @@ fs::path lora_file(const std::string& name) {
   return testing::lora_fixtures() / file;
 }
 
-const std::string kRun = testing::kComparedRun;
+using testing::kRun;
 
 // The reference: the LoRAs merged into the tiny transformer by the fixture script.
 fs::path reference_merge(const fs::path& dir, const std::string& loras) {

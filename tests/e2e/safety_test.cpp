@@ -26,7 +26,7 @@ using json = nlohmann::json;
 
 constexpr int kError = 1, kFlagged = 2;  // cli/main.cpp, cli/generate.cpp
 
-fs::path safety_dir() { return testing::tiny_dir().parent_path() / "safety-tiny"; }
+using testing::safety_dir;
 std::string safety_model() { return testing::shell_arg(safety_dir() / "model"); }
 fs::path case_input(const std::string& name) {
   const fs::path dir = safety_dir() / "cases" / name;

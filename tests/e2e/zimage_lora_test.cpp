@@ -19,9 +19,9 @@ namespace {
 namespace fs = std::filesystem;
 using testing::shell_arg;
 
-const fs::path kSource = KLEIN_SOURCE_DIR;
+using testing::kSource;
 
-fs::path zimage_model() { return testing::tiny_dir().parent_path() / "zimage-tiny" / "model"; }
+using testing::zimage_model;
 fs::path zimage_transformer() {
   return zimage_model() / "transformer" / "diffusion_pytorch_model.safetensors";
 }

@@ -23,7 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-fs::path zimage_model() { return testing::tiny_dir().parent_path() / "zimage-tiny" / "model"; }
+using testing::zimage_model;
 
 struct Case {
   const char* name;

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/npy.h"
+#include "flux2/official_forward.h"
 #include "models/flux2/sampler.h"
 #include "support/config_override.h"
 #include "support/testing.h"
@@ -19,7 +20,7 @@
 namespace klein::flux2 {
 namespace {
 
-constexpr double kTolerance = 1e-4;
+constexpr double kSamplerTolerance = 1e-4;
 
 std::filesystem::path e2e(const std::string& case_name, const std::string& file) {
   return testing::tiny_vectors() / "e2e" / case_name / (file + ".npy");
@@ -31,16 +32,10 @@ std::filesystem::path e2e(const std::string& case_name, const std::string& file)
     std::printf("  %-40s scaled diff %.3g\n",
                 (ref.parent_path().filename() / ref.filename()).string().c_str(),
                 testing::scaled_diff(got.data(), r.data(), got.numel()));
-  return testing::matches_npy(got, ref, kTolerance);
+  return testing::matches_npy(got, ref, kSamplerTolerance);
 }
 
-// [1, rows, width] .npy → [rows, width]
-Tensor load_rows(const std::filesystem::path& path) {
-  NpyArray a = read_npy(path);
-  Tensor t = a.to_tensor();
-  t.reshape({numel(a.shape) / a.shape.back(), a.shape.back()});
-  return t;
-}
+using testing::load_rows;  // [1, rows, width] .npy → [rows, width]
 
 // [1, C, h, w] .npy → [C, h, w]
 Tensor load_chw(const std::filesystem::path& path) {

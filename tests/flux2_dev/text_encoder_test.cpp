@@ -16,7 +16,7 @@
 namespace klein::testing {
 namespace {
 
-constexpr double kTolerance = 1e-4;  // max|diff| / max|ref|
+constexpr double kEncoderTolerance = 1e-4;  // max|diff| / max|ref|
 
 class DevTextEncoder
     : public ::testing::TestWithParam<std::tuple<std::string, quant::Isa>> {};
@@ -52,9 +52,9 @@ TEST_P(DevTextEncoder, MatchesTheOfficialContextAndLayers) {
     const int64_t n = int64_t(hidden.size());
     std::printf("  %-32s scaled diff %.3g\n", ref.filename().string().c_str(),
                 scaled_diff(hidden.data(), read_npy(ref).to_f32().data(), n));
-    EXPECT_TRUE(matches_npy(hidden.data(), n, ref, kTolerance)) << "layer " << layer;
+    EXPECT_TRUE(matches_npy(hidden.data(), n, ref, kEncoderTolerance)) << "layer " << layer;
   }
-  EXPECT_TRUE(matches_npy(context, v / (name + "_context.npy"), kTolerance));
+  EXPECT_TRUE(matches_npy(context, v / (name + "_context.npy"), kEncoderTolerance));
 }
 
 // The four padding cases on this CPU's best path, and one of them on every compiled path

@@ -19,7 +19,7 @@
 namespace klein::testing {
 namespace {
 
-constexpr double kTolerance = 1e-4;  // max|diff| / max|ref|
+constexpr double kTransformerTolerance = 1e-4;  // max|diff| / max|ref|
 
 ComponentFileStore transformer_store() {
   return ComponentFileStore(dev_dir() / "model" / "transformer" /
@@ -51,7 +51,7 @@ TEST_P(DevTransformerIsa, ForwardWithGuidanceMatchesTheOfficialModel) {
   flux2::Modulation mod(model.config());
   model.modulate(timestep, mod, cx, guidance);
   EXPECT_TRUE(matches_npy(mod.temb.data(), mod.temb.numel(), v / "time_guidance_embed.npy",
-                          kTolerance));
+                          kTransformerTolerance));
   std::vector<float> velocity(size_t(layout.target_tokens() * model.config().out_channels));
   int observed = 0;
   model.forward(hidden.data(), text, nullptr, mod, rope, act, velocity.data(), cx,
@@ -63,10 +63,11 @@ TEST_P(DevTransformerIsa, ForwardWithGuidanceMatchesTheOfficialModel) {
                   ++observed;
                   std::printf("  %-40s scaled diff %.3g\n", ref.filename().string().c_str(),
                               scaled_diff(data, read_npy(ref).to_f32().data(), numel(shape)));
-                  EXPECT_TRUE(matches_npy(data, numel(shape), ref, kTolerance)) << name;
+                  EXPECT_TRUE(matches_npy(data, numel(shape), ref, kTransformerTolerance)) << name;
                 });
   EXPECT_GE(observed, 6);  // 2 x 2 double-block streams, 2 single blocks, norm_out
-  EXPECT_TRUE(matches_npy(velocity.data(), int64_t(velocity.size()), v / "out.npy", kTolerance));
+  EXPECT_TRUE(
+      matches_npy(velocity.data(), int64_t(velocity.size()), v / "out.npy", kTransformerTolerance));
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, DevTransformerIsa, ::testing::ValuesIn(compiled_isas()),

@@ -26,7 +26,7 @@ using testing::TinyModelCopy;
 
 const char* kTransformer = "transformer/diffusion_pytorch_model.safetensors";
 
-std::string test_name() { return ::testing::UnitTest::GetInstance()->current_test_info()->name(); }
+using testing::test_name;
 
 std::vector<std::byte> f32_bytes(const std::vector<float>& v) {
   std::vector<std::byte> b(v.size() * 4);

@@ -22,10 +22,10 @@ using ::testing::HasSubstr;
 using testing::StTensor;
 using testing::TinyModelCopy;
 
-const char* kTransformer = "transformer/diffusion_pytorch_model.safetensors";
+const char* kTransformerFile = "transformer/diffusion_pytorch_model.safetensors";
 const char* kVae = "vae/diffusion_pytorch_model.safetensors";
 
-std::string test_name() { return ::testing::UnitTest::GetInstance()->current_test_info()->name(); }
+using testing::test_name;
 
 std::string open_error(const fs::path& model) {
   return error_of([&] { open_model(model); });
@@ -90,7 +90,7 @@ TEST(ModelErrors, MissingComponentDirectory) {
 
 TEST(ModelErrors, MissingWeightsFile) {
   TinyModelCopy copy(test_name());
-  copy.remove(kTransformer);
+  copy.remove(kTransformerFile);
   EXPECT_THAT(open_error(copy.dir()), AllOf(HasSubstr((copy / "transformer").string()),
                                             HasSubstr("no diffusion_pytorch_model.safetensors")));
 }
@@ -121,35 +121,35 @@ TEST(ModelErrors, ConfigThatIsNotJson) {
 
 TEST(ModelErrors, MissingTensor) {
   TinyModelCopy copy(test_name());
-  auto tensors = tiny_tensors(kTransformer);
+  auto tensors = tiny_tensors(kTransformerFile);
   std::erase_if(
       tensors, [](const StTensor& t) { return t.name == "transformer_blocks.1.attn.to_k.weight"; });
-  copy.write_safetensors(kTransformer, tensors);
+  copy.write_safetensors(kTransformerFile, tensors);
   EXPECT_THAT(open_error(copy.dir()),
-              AllOf(HasSubstr((copy / kTransformer).string()),
+              AllOf(HasSubstr((copy / kTransformerFile).string()),
                     HasSubstr("the transformer lacks 1 tensor(s):\n  "
                               "transformer.transformer_blocks.1.attn.to_k.weight")));
 }
 
 TEST(ModelErrors, MissingTensorThatTheConfigIsReadFrom) {
   TinyModelCopy copy(test_name());
-  auto tensors = tiny_tensors(kTransformer);
+  auto tensors = tiny_tensors(kTransformerFile);
   std::erase_if(tensors, [](const StTensor& t) { return t.name == "x_embedder.weight"; });
-  copy.write_safetensors(kTransformer, tensors);
+  copy.write_safetensors(kTransformerFile, tensors);
   EXPECT_THAT(open_error(copy.dir()),
-              AllOf(HasSubstr((copy / kTransformer).string()),
+              AllOf(HasSubstr((copy / kTransformerFile).string()),
                     HasSubstr("missing tensor transformer.x_embedder.weight")));
 }
 
 TEST(ModelErrors, TensorWithTheWrongShape) {
   TinyModelCopy copy(test_name());
-  auto tensors = tiny_tensors(kTransformer);
+  auto tensors = tiny_tensors(kTransformerFile);
   reshape(tensors, "transformer_blocks.1.attn.norm_added_k.weight", {64});
-  copy.write_safetensors(kTransformer, tensors);
+  copy.write_safetensors(kTransformerFile, tensors);
   EXPECT_THAT(
       open_error(copy.dir()),
       AllOf(
-          HasSubstr((copy / kTransformer).string()),
+          HasSubstr((copy / kTransformerFile).string()),
           HasSubstr("transformer tensor transformer.transformer_blocks.1.attn.norm_added_k.weight "
                     "has shape [64] but the configuration implies [128]")));
 }
@@ -174,11 +174,11 @@ TEST(ModelErrors, TransformerThatExpectsAnotherTextEncoder) {
   // the tiny text encoder whose three stacked hidden states give 3 x 64 = 192.
   TinyModelCopy copy(test_name());
   set_config_value(copy, "transformer/config.json", "joint_attention_dim", 256);
-  auto tensors = tiny_tensors(kTransformer);
+  auto tensors = tiny_tensors(kTransformerFile);
   reshape(tensors, "context_embedder.weight", {256, 256});
-  copy.write_safetensors(kTransformer, tensors);
+  copy.write_safetensors(kTransformerFile, tensors);
   EXPECT_THAT(open_error(copy.dir()),
-              AllOf(HasSubstr("the transformer (" + (copy / kTransformer).string() +
+              AllOf(HasSubstr("the transformer (" + (copy / kTransformerFile).string() +
                               ") expects a text context 256 wide"),
                     HasSubstr("the text encoder (" +
                               (copy / "text_encoder/model.safetensors.index.json").string() +
@@ -202,7 +202,7 @@ TEST(ModelErrors, VaeWithAnotherLatentWidth) {
   reshape(tensors, "bn.running_var", {64});
   copy.write_safetensors(kVae, tensors);
   EXPECT_THAT(open_error(copy.dir()),
-              AllOf(HasSubstr("the transformer (" + (copy / kTransformer).string() +
+              AllOf(HasSubstr("the transformer (" + (copy / kTransformerFile).string() +
                               ") works on latents of 128 channels"),
                     HasSubstr("the VAE (" + (copy / kVae).string() + ") gives 16 x 2 x 2 = 64")));
 }
@@ -229,7 +229,7 @@ TEST(ModelErrors, TextEncoderShardThatIsMissing) {
 
 TEST(ModelErrors, SingleFilesWithoutTheRest) {
   ModelPaths paths;
-  paths.diffusion_model = testing::tiny_model() / kTransformer;
+  paths.diffusion_model = testing::tiny_model() / kTransformerFile;
   EXPECT_THAT(error_of([&] { open_model(paths); }),
               HasSubstr("no model given for: --text-encoder --vae"));
   paths.vae = "/no/such/vae.safetensors";
@@ -239,7 +239,7 @@ TEST(ModelErrors, SingleFilesWithoutTheRest) {
 
 TEST(ModelErrors, SingleFilesAloneMakeAModel) {
   ModelPaths paths;
-  paths.diffusion_model = testing::tiny_model() / kTransformer;
+  paths.diffusion_model = testing::tiny_model() / kTransformerFile;
   paths.text_encoder = testing::tiny_model() / "text_encoder/model.safetensors.index.json";
   paths.vae = testing::tiny_model() / kVae;
   auto store = open_model(paths);
@@ -252,7 +252,7 @@ TEST(ModelErrors, SingleFilesAloneMakeAModel) {
 // the path that converts (q8) and on the one that copies bytes (bf16 from bf16); no output.
 TEST(ModelErrors, ConvertRefusesNonFiniteWeights) {
   TinyModelCopy copy(test_name());
-  auto tensors = tiny_tensors(kTransformer);
+  auto tensors = tiny_tensors(kTransformerFile);
   for (auto& t : tensors)
     if (t.name == "transformer_blocks.1.attn.to_k.weight") {
       ASSERT_EQ(t.dtype, "BF16");
@@ -260,7 +260,7 @@ TEST(ModelErrors, ConvertRefusesNonFiniteWeights) {
       t.bytes[size_t(2 * index)] = std::byte{0xc0};
       t.bytes[size_t(2 * index + 1)] = std::byte{0x7f};  // 0x7fc0: a quiet NaN
     }
-  copy.write_safetensors(kTransformer, tensors);
+  copy.write_safetensors(kTransformerFile, tensors);
   for (const char* type : {"q8", "bf16"}) {
     const fs::path out = copy / (std::string("out-") + type + ".klein");
     std::string log;

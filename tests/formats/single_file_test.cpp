@@ -39,7 +39,7 @@ namespace fs = std::filesystem;
 using testing::StTensor;
 using testing::write_llama_cpp_text_encoder;
 
-std::string test_name() { return ::testing::UnitTest::GetInstance()->current_test_info()->name(); }
+using testing::test_name;
 
 using TensorMap = std::map<std::string, StTensor>;
 
@@ -977,7 +977,7 @@ TEST_F(BflLayout, GgufQuantizedBlocksConvertToTheirDecodedWeights) {
 
 // --- Z-Image: the original names of Tongyi-MAI's checkpoints, as ComfyUI ships them -------
 
-fs::path zimage_model() { return testing::tiny_dir().parent_path() / "zimage-tiny" / "model"; }
+using testing::zimage_model;
 
 // zimage-tiny's transformer under the original names: the inverse of diffusers' single-file
 // conversion (convert_z_image_transformer_checkpoint_to_diffusers), written here from its

@@ -25,7 +25,7 @@ using Kind = TokenizerSource::Kind;
 using ::testing::HasSubstr;
 using testing::shell_arg;
 
-std::string test_name() { return ::testing::UnitTest::GetInstance()->current_test_info()->name(); }
+using testing::test_name;
 
 // The vocabularies of the candidates, told apart by `which_read`.
 const json kDirectoryVocab = {{"x", 0}, {"y", 1}, {"xy", 2}};

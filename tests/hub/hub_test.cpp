@@ -282,7 +282,7 @@ fs::path tiny_copy(const std::string& name, const fs::path& model = testing::tin
   return dir;
 }
 
-fs::path zimage_model() { return testing::tiny_dir().parent_path() / "zimage-tiny" / "model"; }
+using testing::zimage_model;
 
 // The files of the fake Hub that were downloaded (resolved), by path in the repository.
 std::set<std::string> fetched_files(FakeHub& hub) {

@@ -322,7 +322,7 @@ inline void _tile_dpbf16ps(int c, int a, int b) {
 namespace klein::ops {
 namespace {
 
-struct Case {
+struct AttentionCase {
   int64_t q_len, kv_len, heads, kv_heads, head_dim, chunk;
   bool causal;
   int64_t hidden_keys;  // the last keys masked out (right padding), and the first two when > 0
@@ -333,7 +333,7 @@ struct Inputs {
   std::vector<float> bias;  // empty: no mask
 };
 
-Inputs make_inputs(const Case& c, uint32_t seed) {
+Inputs make_inputs(const AttentionCase& c, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.0f, 1.0f);
   Inputs in;
@@ -352,7 +352,7 @@ Inputs make_inputs(const Case& c, uint32_t seed) {
 
 // The emulated kernels driven as attention.cpp drives the hardware ones: all kv heads packed
 // at once, then one task per (query head, block of 128 queries).
-std::vector<float> emulated_attention(const Case& c, const Inputs& in, float scale) {
+std::vector<float> emulated_attention(const AttentionCase& c, const Inputs& in, float scale) {
   using namespace detail;
   const int64_t D = c.head_dim, group = c.heads / c.kv_heads;
   const int64_t kv_padded = (c.kv_len + kAmxKeyAlign - 1) / kAmxKeyAlign * kAmxKeyAlign;
@@ -412,7 +412,7 @@ std::vector<float> emulated_attention(const Case& c, const Inputs& in, float sca
 }
 
 // The attention parameters of a case, its mask (when it has one) as key_valid, held in `valid`.
-AttentionParams params_of(const Case& c, const Inputs& in, float scale,
+AttentionParams params_of(const AttentionCase& c, const Inputs& in, float scale,
                           std::vector<uint8_t>& valid) {
   AttentionParams p;
   p.q_len = c.q_len;
@@ -431,7 +431,7 @@ AttentionParams params_of(const Case& c, const Inputs& in, float scale,
 }
 
 // The reference of tests/ops/attention_reference.h, given the case's mask as key_valid.
-std::vector<double> float64_attention(const Case& c, const Inputs& in, float scale) {
+std::vector<double> float64_attention(const AttentionCase& c, const Inputs& in, float scale) {
   std::vector<uint8_t> valid;
   const std::vector<float> out = naive_attention(in.q, in.k, in.v, params_of(c, in, scale, valid));
   return {out.begin(), out.end()};
@@ -448,13 +448,13 @@ double scaled_error(const std::vector<float>& got, const std::vector<double>& re
   return err / std::max(mag, 1e-30);
 }
 
-const Case kCases[] = {
-    {141, 77, 3, 3, 128, 96, false, 0},    // neither length a multiple of 32; one key chunk
-    {77, 141, 2, 2, 64, 64, false, 0},     // three key chunks, the last ragged
-    {1, 50, 2, 2, 128, 64, false, 0},      // one query row
-    {200, 300, 2, 1, 64, 96, false, 0},    // two query tasks of 128 rows, grouped heads
-    {130, 130, 8, 2, 128, 64, true, 30},   // the text encoder's case: GQA, causal, padding
-    {70, 70, 2, 2, 32, 32, true, 5},       // causal across many small chunks, rows that see nothing
+const AttentionCase kCases[] = {
+    {141, 77, 3, 3, 128, 96, false, 0},   // neither length a multiple of 32; one key chunk
+    {77, 141, 2, 2, 64, 64, false, 0},    // three key chunks, the last ragged
+    {1, 50, 2, 2, 128, 64, false, 0},     // one query row
+    {200, 300, 2, 1, 64, 96, false, 0},   // two query tasks of 128 rows, grouped heads
+    {130, 130, 8, 2, 128, 64, true, 30},  // the text encoder's case: GQA, causal, padding
+    {70, 70, 2, 2, 32, 32, true, 5},      // causal across many small chunks, rows that see nothing
 };
 
 // Against float64: the bf16 rounding of Q, K, V and P is all that separates them. The real
@@ -463,7 +463,7 @@ const Case kCases[] = {
 // gives (errors near 1).
 TEST(AmxEmulated, Bf16AttentionMatchesFloat64) {
   klein::testing::log_isa_path("ran", "amx-emulated");
-  for (const Case& c : kCases) {
+  for (const AttentionCase& c : kCases) {
     const Inputs in = make_inputs(c, uint32_t(c.q_len * 31 + c.kv_len));
     const float scale = float(1.0 / std::sqrt(double(c.head_dim)));
     const std::vector<float> got = emulated_attention(c, in, scale);
@@ -484,7 +484,7 @@ TEST(AmxEmulated, Bf16AttentionMatchesFloat64) {
 // (q 77, kv 141) at 4.3e-5; a wrong layout or mask gives errors near 1.
 TEST(AmxEmulated, ModelMatchesTheHardware) {
   KLEIN_REQUIRE_ISA(quant::Isa::Amx);
-  for (const Case& c : kCases) {
+  for (const AttentionCase& c : kCases) {
     const Inputs in = make_inputs(c, 99);
     const float scale = float(1.0 / std::sqrt(double(c.head_dim)));
     std::vector<uint8_t> valid;
@@ -496,7 +496,7 @@ TEST(AmxEmulated, ModelMatchesTheHardware) {
               in.v.data(), c.kv_heads * c.head_dim, hw.data(), c.heads * c.head_dim, p, cx);
     // With attention.cpp's key chunks (one chunk of kv_len rounded up to 32 below its
     // largest chunk), the same values are rounded at the same places.
-    Case same = c;
+    AttentionCase same = c;
     same.chunk = (c.kv_len + detail::kAmxKeyAlign - 1) / detail::kAmxKeyAlign * detail::kAmxKeyAlign;
     const std::vector<float> model = emulated_attention(same, in, scale);
     std::vector<double> hw64(hw.begin(), hw.end());

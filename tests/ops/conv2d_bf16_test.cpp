@@ -85,7 +85,7 @@ bool runs(ConvAlgorithm a, const Conv2dParams& p) {
 
 class Conv2dBf16 : public ::testing::TestWithParam<ConvAlgorithm> {};
 
-struct Case {
+struct Bf16ConvCase {
   const char* name;
   int64_t in, out, height, width, kernel;
   Conv2dParams params;
@@ -96,7 +96,7 @@ struct Case {
 
 // Every kind of convolution of the decoder and encoder at klein's channel counts, on small
 // images whose sides are not multiples of 16 (partial pixel blocks, rows straddling blocks).
-const Case kVaeCases[] = {
+const Bf16ConvCase kVaeCases[] = {
     {"resnet_512", 512, 512, 12, 21, 3, same3x3(), true, true, ConvWrite::Overwrite},
     {"resnet_512_accumulate", 512, 512, 9, 10, 3, same3x3(), true, true, ConvWrite::Accumulate},
     {"resnet_512_to_256", 512, 256, 11, 19, 3, same3x3(), true, true, ConvWrite::Overwrite},
@@ -117,7 +117,7 @@ const Case kVaeCases[] = {
 };
 
 // Runs `algorithm` on the case's input; in Accumulate mode onto a fixed random output.
-Tensor run(const Case& c, const Tensor& x, const Conv2dWeights& w, const ChannelAffine* t,
+Tensor run(const Bf16ConvCase& c, const Tensor& x, const Conv2dWeights& w, const ChannelAffine* t,
            ConvAlgorithm algorithm, Compute& cx) {
   const Conv2dParams p = with(c.params, algorithm);
   const Shape shape = {c.out,
@@ -135,7 +135,7 @@ TEST_P(Conv2dBf16, MatchesExactPathAtVaeGeometries) {
                      "this CPU has no " << path_of(GetParam()) << " convolution kernel");
   Compute cx(2);
   double worst = 0;
-  for (const Case& c : kVaeCases) {
+  for (const Bf16ConvCase& c : kVaeCases) {
     if (!runs(GetParam(), c.params)) continue;
     SCOPED_TRACE(c.name);
     const Tensor x = random_tensor({c.in, c.height, c.width}, uint32_t(c.in + c.height));
@@ -166,7 +166,7 @@ TEST_P(Conv2dBf16, MatchesDefinitionOnRoundedOperands) {
   KLEIN_REQUIRE_PATH(available(GetParam()), path_of(GetParam()),
                      "this CPU has no " << path_of(GetParam()) << " convolution kernel");
   Compute cx(3);
-  const Case cases[] = {
+  const Bf16ConvCase cases[] = {
       {"same3x3_odd", 5, 7, 13, 11, 3, same3x3(), true, true, ConvWrite::Overwrite},
       {"same3x3_wide", 19, 9, 6, 37, 3, same3x3(), false, true, ConvWrite::Overwrite},
       {"narrow", 6, 17, 9, 3, 3, same3x3(), true, true, ConvWrite::Overwrite},
@@ -182,7 +182,7 @@ TEST_P(Conv2dBf16, MatchesDefinitionOnRoundedOperands) {
       {"channels_48", 48, 48, 10, 18, 3, same3x3(), true, true, ConvWrite::Overwrite},
   };
   double worst = 0;
-  for (const Case& c : cases) {
+  for (const Bf16ConvCase& c : cases) {
     if (!runs(GetParam(), c.params)) continue;
     SCOPED_TRACE(c.name);
     const Tensor x = random_tensor({c.in, c.height, c.width}, 7);

@@ -46,7 +46,7 @@ Conv2dParams winograd(int64_t upsample = 1) {
   return p;
 }
 
-struct Case {
+struct WinogradCase {
   const char* name;
   int64_t in, out, height, width;
   Conv2dParams params;
@@ -66,7 +66,7 @@ TEST_P(Conv2dWinograd, MatchesDefinition) {
   asymmetric.pad_bottom = 2;
   asymmetric.pad_left = 2;
   asymmetric.pad_right = 0;
-  const Case cases[] = {
+  const WinogradCase cases[] = {
       {"resnet_512", 512, 512, 12, 21, winograd(), true, true, ConvWrite::Overwrite},
       {"resnet_512_to_256", 512, 256, 11, 19, winograd(), true, true, ConvWrite::Accumulate},
       {"resnet_256_to_128", 256, 128, 13, 35, winograd(), true, true, ConvWrite::Overwrite},
@@ -82,7 +82,7 @@ TEST_P(Conv2dWinograd, MatchesDefinition) {
       {"asymmetric_padding", 20, 18, 10, 26, asymmetric, true, true, ConvWrite::Overwrite},
   };
   double worst = 0;
-  for (const Case& c : cases) {
+  for (const WinogradCase& c : cases) {
     SCOPED_TRACE(c.name);
     const Tensor x = random_tensor({c.in, c.height, c.width}, uint32_t(c.in + c.width));
     const Conv2dWeights w = random_conv(c.out, c.in, 3, uint32_t(c.out + 1), c.bias);

@@ -35,7 +35,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-fs::path upsample_dir() { return testing::tiny_dir().parent_path() / "upsample-tiny"; }
+using testing::upsample_dir;
 
 struct Case {
   std::string name;

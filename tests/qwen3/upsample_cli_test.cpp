@@ -21,7 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-fs::path upsample_dir() { return testing::tiny_dir().parent_path() / "upsample-tiny"; }
+using testing::upsample_dir;
 
 json case_json(const std::string& name) {
   std::ifstream in(upsample_dir() / "cases" / name / "case.json");

@@ -33,9 +33,9 @@ using json = nlohmann::json;
 using ::testing::HasSubstr;
 using namespace report;
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kInfinite = std::numeric_limits<double>::infinity();
 
-fs::path zimage_model() { return testing::tiny_dir().parent_path() / "zimage-tiny" / "model"; }
+using testing::zimage_model;
 
 std::unique_ptr<WeightStore> open_zimage() {
   ModelPaths paths;
@@ -110,7 +110,7 @@ TEST_F(ZImageReport, AModelAgainstItselfHasNoError) {
   EXPECT_EQ(c.step_latents.size(), 8u);
   EXPECT_EQ(c.context.nmse, 0.0);
   EXPECT_EQ(c.final_latents.nmse, 0.0);
-  EXPECT_EQ(c.psnr_db, kInf);
+  EXPECT_EQ(c.psnr_db, kInfinite);
   // Qwen3 to the last layer but one: 5 of the tiny encoder's 6 layers.
   EXPECT_EQ(c.text_layers.size(), 5u);
   ASSERT_TRUE(e.probe);

@@ -15,6 +15,28 @@ namespace klein::testing {
 
 // ../shared/testdata/klein-tiny (KLEIN_TESTDATA at configure time, or the env var of that name).
 std::filesystem::path tiny_dir();
+// ../shared/testdata/zimage-tiny, beside tiny_dir().
+inline std::filesystem::path zimage_dir() { return tiny_dir().parent_path() / "zimage-tiny"; }
+// Its model directory.
+inline std::filesystem::path zimage_model() { return zimage_dir() / "model"; }
+// ../shared/testdata/upsample-tiny and safety-tiny.
+inline std::filesystem::path upsample_dir() { return tiny_dir().parent_path() / "upsample-tiny"; }
+inline std::filesystem::path safety_dir() { return tiny_dir().parent_path() / "safety-tiny"; }
+#ifdef KLEIN_SOURCE_DIR
+// The repository's own test data: the tiny FLUX.2-dev set and TAEF2's published weights.
+inline std::filesystem::path dev_set() {
+  return std::filesystem::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "flux2-dev-tiny";
+}
+// The repository.
+inline const std::filesystem::path kSource = KLEIN_SOURCE_DIR;
+inline std::filesystem::path taef2_dir() {
+  return std::filesystem::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "taef2";
+}
+#endif
+// The running test's name (GoogleTest's, without its suite).
+inline std::string test_name() {
+  return ::testing::UnitTest::GetInstance()->current_test_info()->name();
+}
 std::filesystem::path tiny_model();    // tiny_dir()/model
 std::filesystem::path tiny_vectors();  // tiny_dir()/vectors
 // A fresh empty directory under the build's temp area, removed by nobody (ctest is short-lived).

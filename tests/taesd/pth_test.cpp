@@ -23,7 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-fs::path data_dir() { return fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "taef2"; }
+using testing::taef2_dir;
 
 std::vector<float> values_of(const PthFile& f, const std::string& name) {
   const PthEntry* e = f.find(name);
@@ -38,7 +38,7 @@ std::vector<float> values_of(const PthFile& f, const std::string& name) {
 // torch.save({"whole": x, "rows": x[1:3], "half": arange(4, float16) / 4}), x = arange(12) as
 // [4, 3]: two views of one storage, one at an offset, and a float16 tensor.
 TEST(Pth, ReadsViewsOfSharedStorages) {
-  const PthFile f(data_dir() / "bad" / "views.pth");
+  const PthFile f(taef2_dir() / "bad" / "views.pth");
   ASSERT_EQ(f.entries().size(), 3u);
   EXPECT_EQ(f.entries()[0].name, "whole");  // the state dict's order
   EXPECT_EQ(f.find("whole")->shape, (Shape{4, 3}));
@@ -50,17 +50,17 @@ TEST(Pth, ReadsViewsOfSharedStorages) {
 }
 
 TEST(Pth, ReadsThePublishedTaef2Files) {
-  const PthFile decoder(data_dir() / "taef2_decoder.pth");
+  const PthFile decoder(taef2_dir() / "taef2_decoder.pth");
   EXPECT_EQ(decoder.entries().size(), 79u);
   EXPECT_EQ(decoder.find("1.weight")->shape, (Shape{64, 32, 3, 3}));
   EXPECT_EQ(decoder.find("3.pool.0.weight")->shape, (Shape{256, 64, 1, 1}));
   EXPECT_EQ(decoder.find("19.bias")->dtype, DType::F16);
-  const PthFile encoder(data_dir() / "taef2_encoder.pth");
+  const PthFile encoder(taef2_dir() / "taef2_encoder.pth");
   EXPECT_EQ(encoder.find("14.weight")->shape, (Shape{32, 64, 3, 3}));
 }
 
 TEST(Pth, RefusesAGlobalThatIsNotATensors) {
-  const fs::path file = data_dir() / "bad" / "os_system.pth";
+  const fs::path file = taef2_dir() / "bad" / "os_system.pth";
   const std::string e = testing::error_of([&] { PthFile f(file); });
   EXPECT_THAT(e, HasSubstr(file.string()));
   EXPECT_THAT(e, HasSubstr("global os.system"));
@@ -68,21 +68,21 @@ TEST(Pth, RefusesAGlobalThatIsNotATensors) {
 }
 
 TEST(Pth, RefusesAnOpcodeAStateDictDoesNotUse) {
-  const fs::path file = data_dir() / "bad" / "float_value.pth";  // {"w": tensor, "lr": 0.5}
+  const fs::path file = taef2_dir() / "bad" / "float_value.pth";  // {"w": tensor, "lr": 0.5}
   const std::string e = testing::error_of([&] { PthFile f(file); });
   EXPECT_THAT(e, HasSubstr(file.string()));
   EXPECT_THAT(e, HasSubstr("BINFLOAT (0x47)"));
 }
 
 TEST(Pth, RefusesATensorThatIsNotRowMajor) {
-  const fs::path file = data_dir() / "bad" / "transposed.pth";
+  const fs::path file = taef2_dir() / "bad" / "transposed.pth";
   const std::string e = testing::error_of([&] { PthFile f(file); });
   EXPECT_THAT(e, HasSubstr(file.string()));
   EXPECT_THAT(e, HasSubstr("not contiguous"));
 }
 
 TEST(Pth, RefusesAStorageShorterThanItsTensors) {
-  const fs::path file = data_dir() / "bad" / "short_storage.pth";  // 44 bytes for 12 floats
+  const fs::path file = taef2_dir() / "bad" / "short_storage.pth";  // 44 bytes for 12 floats
   const std::string e = testing::error_of([&] { PthFile f(file); });
   EXPECT_THAT(e, HasSubstr(file.string()));
   EXPECT_THAT(e, HasSubstr("holds 44 bytes, but 12 F32 elements need 48"));
@@ -91,7 +91,7 @@ TEST(Pth, RefusesAStorageShorterThanItsTensors) {
 // Cut anywhere, the published file is an error naming it: the end records go first, then the
 // central directory, the entries' data, the pickle.
 TEST(Pth, RefusesATruncatedFile) {
-  const fs::path source = data_dir() / "taef2_decoder.pth";
+  const fs::path source = taef2_dir() / "taef2_decoder.pth";
   std::ifstream in(source, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const fs::path cut = testing::temp_dir("taesd-truncated") / "taef2_decoder.pth";
@@ -137,16 +137,16 @@ TEST(TorchPickle, RefusesTruncatedAndForeignPickles) {
 
 // TAEF2 on FLUX.1 latents (Z-Image), TAEF1 on FLUX.2's, a decoder given as the encoder.
 TEST(TinyAutoencoderFile, RefusesTheWrongLatentWidthOrHalf) {
-  const fs::path taef2 = data_dir() / "taef2_decoder.pth";
+  const fs::path taef2 = taef2_dir() / "taef2_decoder.pth";
   std::string e = testing::error_of([&] { taesd::TinyDecoder d(taef2, 16, "Z-Image's latents"); });
   EXPECT_THAT(e, HasSubstr(taef2.string()));
   EXPECT_THAT(e, HasSubstr("32 latent channels: TAEF2"));
   EXPECT_THAT(e, HasSubstr("Z-Image's latents need one of 16 latent channels: TAEF1"));
-  const fs::path taef1 = data_dir() / "taef1_random_encoder.pth";
+  const fs::path taef1 = taef2_dir() / "taef1_random_encoder.pth";
   e = testing::error_of([&] { taesd::TinyEncoder d(taef1, 32, "FLUX.2's latents"); });
   EXPECT_THAT(e, HasSubstr(taef1.string()));
   EXPECT_THAT(e, HasSubstr("16 latent channels: TAEF1"));
-  const fs::path encoder = data_dir() / "taef2_encoder.pth";
+  const fs::path encoder = taef2_dir() / "taef2_encoder.pth";
   e = testing::error_of([&] { taesd::TinyDecoder d(encoder); });
   EXPECT_THAT(e, HasSubstr(encoder.string()));
   EXPECT_THAT(e, HasSubstr("it looks like the encoder"));
@@ -158,7 +158,7 @@ TEST(TinyAutoencoderFile, PthAndSafetensorsGiveTheSameWeights) {
   const fs::path copy = testing::temp_dir("taesd-safetensors") / "taef2.safetensors";
   std::vector<SafetensorsDecl> decls;
   std::vector<std::pair<const PthFile*, const PthEntry*>> sources;
-  const PthFile dec(data_dir() / "taef2_decoder.pth"), enc(data_dir() / "taef2_encoder.pth");
+  const PthFile dec(taef2_dir() / "taef2_decoder.pth"), enc(taef2_dir() / "taef2_encoder.pth");
   for (const auto& [file, prefix] : {std::pair{&dec, "taesd_decoder."}, {&enc, "taesd_encoder."}})
     for (const PthEntry& e : file->entries()) {
       decls.push_back({prefix + e.name, e.dtype, e.shape});
@@ -172,7 +172,7 @@ TEST(TinyAutoencoderFile, PthAndSafetensorsGiveTheSameWeights) {
   w.finish();
   for (const taesd::Half half : {taesd::Half::Decoder, taesd::Half::Encoder}) {
     const taesd::TinyWeights a = taesd::read_tiny_weights(
-        data_dir() / (half == taesd::Half::Decoder ? "taef2_decoder.pth" : "taef2_encoder.pth"),
+        taef2_dir() / (half == taesd::Half::Decoder ? "taef2_decoder.pth" : "taef2_encoder.pth"),
         half);
     const taesd::TinyWeights b = taesd::read_tiny_weights(copy, half);
     ASSERT_EQ(a.tensors.size(), b.tensors.size());
@@ -187,7 +187,7 @@ TEST(TinyAutoencoderFile, PthAndSafetensorsGiveTheSameWeights) {
   }
   Compute cx(2);
   const Tensor z = testing::random_tensor({32, 2, 2}, 5);
-  const Tensor x = taesd::TinyDecoder(data_dir() / "taef2_decoder.pth").decode(z, cx);
+  const Tensor x = taesd::TinyDecoder(taef2_dir() / "taef2_decoder.pth").decode(z, cx);
   const Tensor y = taesd::TinyDecoder(copy).decode(z, cx);
   EXPECT_EQ(0, std::memcmp(x.data(), y.data(), size_t(x.numel()) * sizeof(float)));
 }

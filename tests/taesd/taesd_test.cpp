@@ -28,13 +28,13 @@ namespace fs = std::filesystem;
 
 constexpr double kLayerBound = 1e-4;
 
-fs::path data_dir() { return fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "taef2"; }
-fs::path ref(const std::string& name) { return data_dir() / "ref" / (name + ".npy"); }
+using testing::taef2_dir;
+fs::path ref(const std::string& name) { return taef2_dir() / "ref" / (name + ".npy"); }
 
 // The reference files "<prefix>_NN.npy" of one network's layers: NN -> path.
 std::map<int, fs::path> reference_layers(const std::string& prefix) {
   std::map<int, fs::path> out;
-  for (const auto& e : fs::directory_iterator(data_dir() / "ref")) {
+  for (const auto& e : fs::directory_iterator(taef2_dir() / "ref")) {
     const std::string stem = e.path().stem().string();
     if (!stem.starts_with(prefix + "_") || stem.ends_with("_in")) continue;
     out[std::stoi(stem.substr(prefix.size() + 1))] = e.path();
@@ -75,7 +75,7 @@ taesd::Observer keep(std::map<std::string, Tensor>& layers) {
 class TinyAutoencoder : public testing::OnEveryIsa {};
 
 TEST_P(TinyAutoencoder, Taef2DecoderMatchesTaesdPy) {
-  const taesd::TinyDecoder decoder(data_dir() / "taef2_decoder.pth", taesd::kTaef2LatentChannels);
+  const taesd::TinyDecoder decoder(taef2_dir() / "taef2_decoder.pth", taesd::kTaef2LatentChannels);
   EXPECT_TRUE(decoder.mid_block_norm());
   Compute cx(2, isa());
   std::map<std::string, Tensor> layers;
@@ -85,7 +85,7 @@ TEST_P(TinyAutoencoder, Taef2DecoderMatchesTaesdPy) {
 }
 
 TEST_P(TinyAutoencoder, Taef2EncoderMatchesTaesdPy) {
-  const taesd::TinyEncoder encoder(data_dir() / "taef2_encoder.pth", taesd::kTaef2LatentChannels);
+  const taesd::TinyEncoder encoder(taef2_dir() / "taef2_encoder.pth", taesd::kTaef2LatentChannels);
   EXPECT_TRUE(encoder.mid_block_norm());
   Compute cx(2, isa());
   std::map<std::string, Tensor> layers;
@@ -96,7 +96,7 @@ TEST_P(TinyAutoencoder, Taef2EncoderMatchesTaesdPy) {
 }
 
 TEST_P(TinyAutoencoder, Taef1ShapedDecoderMatchesTaesdPy) {
-  const taesd::TinyDecoder decoder(data_dir() / "taef1_random_decoder.safetensors",
+  const taesd::TinyDecoder decoder(taef2_dir() / "taef1_random_decoder.safetensors",
                                    taesd::kTaef1LatentChannels);
   EXPECT_FALSE(decoder.mid_block_norm());
   Compute cx(2, isa());
@@ -107,7 +107,7 @@ TEST_P(TinyAutoencoder, Taef1ShapedDecoderMatchesTaesdPy) {
 }
 
 TEST_P(TinyAutoencoder, Taef1ShapedEncoderMatchesTaesdPy) {
-  const taesd::TinyEncoder encoder(data_dir() / "taef1_random_encoder.pth",
+  const taesd::TinyEncoder encoder(taef2_dir() / "taef1_random_encoder.pth",
                                    taesd::kTaef1LatentChannels);
   EXPECT_FALSE(encoder.mid_block_norm());
   Compute cx(2, isa());
@@ -169,16 +169,16 @@ double ssim(const std::vector<double>& a, const std::vector<double>& b, int64_t 
 // path's layers are checked above).
 TEST(TinyAutoencoderPhoto, Taef2RoundTripAsTaesdPy) {
   const nlohmann::json want =
-      nlohmann::json::parse(read_text_file(data_dir() / "ref" / "photo.json"));
-  const Image photo = load_image(data_dir() / want.at("image").get<std::string>());
+      nlohmann::json::parse(read_text_file(taef2_dir() / "ref" / "photo.json"));
+  const Image photo = load_image(taef2_dir() / want.at("image").get<std::string>());
   const int64_t H = photo.height, W = photo.width;
   Tensor x({3, H, W});
   for (int64_t c = 0; c < 3; ++c)
     for (int64_t i = 0; i < H * W; ++i)
       x.data()[c * H * W + i] = float(photo.rgb[size_t(i * 3 + c)]) / 255.0f;
   Compute cx(2);
-  const Tensor latents = taesd::TinyEncoder(data_dir() / "taef2_encoder.pth").encode(x, cx);
-  const Tensor y = taesd::TinyDecoder(data_dir() / "taef2_decoder.pth").decode(latents, cx);
+  const Tensor latents = taesd::TinyEncoder(taef2_dir() / "taef2_encoder.pth").encode(x, cx);
+  const Tensor y = taesd::TinyDecoder(taef2_dir() / "taef2_decoder.pth").decode(latents, cx);
   ASSERT_EQ(y.shape(), x.shape());
   std::vector<double> a(size_t(x.numel())), b(a.size());
   double mse = 0;

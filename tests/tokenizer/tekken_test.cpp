@@ -29,7 +29,7 @@ using json = nlohmann::json;
 using Ids = std::vector<int32_t>;
 namespace fs = std::filesystem;
 
-fs::path dev_set() { return fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "flux2-dev-tiny"; }
+using testing::dev_set;
 
 const Tokenizer& tekken() {
   static const Tokenizer tokenizer = Tokenizer::from_directory(dev_set() / "model" / "tokenizer");

@@ -30,7 +30,7 @@ json read_vector_json(const std::string& name) {
   return json::parse(read_text_file(testing::tiny_vectors() / "tokenizer" / name));
 }
 
-Ids read_ids_npy(const std::string& name) {
+Ids golden_ids(const std::string& name) {
   std::vector<int64_t> v = read_npy(testing::tiny_vectors() / "tokenizer" / name).to_i64();
   return Ids(v.begin(), v.end());
 }
@@ -78,8 +78,8 @@ TEST_P(TokenizerJsonFixture, GivesTheGoldenIds) {
     const std::string stem = "prompt" + std::to_string(p["index"].get<int>());
     SCOPED_TRACE(stem);
     const KleinPromptTokens got = tokenize_klein_prompt(t, p["prompt"].get<std::string>());
-    EXPECT_EQ(got.ids, read_ids_npy(stem + "_input_ids.npy"));
-    EXPECT_EQ(got.mask, read_ids_npy(stem + "_attention_mask.npy"));
+    EXPECT_EQ(got.ids, golden_ids(stem + "_input_ids.npy"));
+    EXPECT_EQ(got.mask, golden_ids(stem + "_attention_mask.npy"));
   }
 }
 

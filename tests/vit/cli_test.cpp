@@ -18,7 +18,7 @@ using json = nlohmann::json;
 
 constexpr int kError = 1, kFlagged = 2;  // cli/safety.cpp
 
-fs::path safety_dir() { return testing::tiny_dir().parent_path() / "safety-tiny"; }
+using testing::safety_dir;
 std::string model_arg() { return "--model " + testing::shell_arg(safety_dir() / "model"); }
 fs::path input_of(const std::string& name) {
   const fs::path dir = safety_dir() / "cases" / name;

@@ -36,7 +36,7 @@ using json = nlohmann::json;
 // Activations and logits: float32 reference, other summation order (the README's 1e-4).
 constexpr double kTolerance = 1e-4;
 
-fs::path safety_dir() { return testing::tiny_dir().parent_path() / "safety-tiny"; }
+using testing::safety_dir;
 fs::path safety_model_dir() { return safety_dir() / "model"; }
 fs::path case_dir(const std::string& name) { return safety_dir() / "cases" / name; }
 

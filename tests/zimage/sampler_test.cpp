@@ -29,7 +29,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-fs::path zimage_dir() { return testing::tiny_dir().parent_path() / "zimage-tiny"; }
+using testing::zimage_dir;
 
 SchedulerConfig scheduler_config() {
   return parse_scheduler_config(

@@ -22,7 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-fs::path zimage_dir() { return testing::tiny_dir().parent_path() / "zimage-tiny"; }
+using testing::zimage_dir;
 fs::path vector_path(const std::string& group, const std::string& name) {
   return zimage_dir() / "vectors" / group / name;
 }

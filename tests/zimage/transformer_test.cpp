@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 
 constexpr double kTolerance = 1e-4;  // the set's README: transformer group target (scaled)
 
-fs::path zimage_dir() { return testing::tiny_dir().parent_path() / "zimage-tiny"; }
+using testing::zimage_dir;
 fs::path transformer_vector(const std::string& name) {
   return zimage_dir() / "vectors" / "transformer" / (name + ".npy");
 }

@@ -21,7 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-fs::path zimage_dir() { return testing::tiny_dir().parent_path() / "zimage-tiny"; }
+using testing::zimage_dir;
 
 // [C, H, W] from a [1, C, H, W] .npy.
 Tensor chw(const fs::path& path) {
