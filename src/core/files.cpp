@@ -176,6 +176,17 @@ void install_mapping_fault_handler() {
   ::sigaction(SIGBUS, &action, nullptr);
 }
 
+std::string file_identity(const fs::path& p) {
+  struct stat st {};
+  std::string id = fs::absolute(p).string();
+  if (::stat(p.c_str(), &st) == 0)
+    id += ":" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" +
+          std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+          std::to_string(st.st_mtim.tv_nsec) + ":" + std::to_string(st.st_ctim.tv_sec) + "." +
+          std::to_string(st.st_ctim.tv_nsec);
+  return id;
+}
+
 FileStamp FileStamp::of(const fs::path& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)

@@ -80,6 +80,12 @@ struct FileStamp {
   static FileStamp of(const std::filesystem::path& path);
 };
 
+// A string that identifies a file's contents for caches without reading them: the absolute
+// path, device and inode, size, modification time and change time (the kernel sets the change
+// time on every write and it cannot be set back, so a file rewritten in place with its size and
+// time restored still gets a new identity). The path alone when the file cannot be examined.
+std::string file_identity(const std::filesystem::path& path);
+
 std::string read_text_file(const std::filesystem::path& path);
 
 // Reads the open file `fd` (named `path` in errors) from where it stands to its end through

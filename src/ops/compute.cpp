@@ -5,15 +5,15 @@
 #include <new>
 
 #include "core/error.h"
+#include "core/tensor.h"
 
 namespace klein {
 
 namespace {
 
-constexpr size_t kBlockAlign = 64;
 constexpr size_t kMinBlock = size_t(1) << 20;
 
-size_t aligned(size_t bytes) { return (bytes + kBlockAlign - 1) / kBlockAlign * kBlockAlign; }
+size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
 
@@ -30,7 +30,7 @@ size_t Arena::capacity() const {
 void Arena::add_block(size_t bytes) {
   Block b;
   b.size = aligned(bytes);
-  b.data = static_cast<std::byte*>(std::aligned_alloc(kBlockAlign, b.size));
+  b.data = static_cast<std::byte*>(std::aligned_alloc(kAlign, b.size));
   if (!b.data) throw std::bad_alloc();
   blocks_.push_back(b);
 }

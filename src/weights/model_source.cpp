@@ -1,7 +1,5 @@
 #include "weights/model_source.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cctype>
 #include <set>
@@ -240,21 +238,6 @@ TextEncoderConfig text_encoder_config(const Located& where, const SourceComponen
 }
 
 std::string vec_str(const std::vector<int64_t>& v) { return shape_str(v); }
-
-// What identifies a source file's contents for the prompt cache without reading gigabytes:
-// the path, device and inode, size, modification time and change time. The change time is
-// set by the kernel on every write and cannot be set back (touch restores only mtime), so a
-// file rewritten in place with its size and mtime restored still gets a new identity.
-std::string file_identity(const fs::path& p) {
-  struct stat st {};
-  std::string id = fs::absolute(p).string();
-  if (::stat(p.c_str(), &st) == 0)
-    id += ":" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" +
-          std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
-          std::to_string(st.st_mtim.tv_nsec) + ":" + std::to_string(st.st_ctim.tv_sec) + "." +
-          std::to_string(st.st_ctim.tv_nsec);
-  return id;
-}
 
 }  // namespace
 

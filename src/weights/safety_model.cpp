@@ -1,7 +1,5 @@
 #include "weights/safety_model.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -65,17 +63,6 @@ std::string labels_text(const std::vector<std::string>& labels) {
   return "{" + s + "}";
 }
 
-// A path's identity for caches: path, size and modification time.
-std::string safety_file_identity(const fs::path& p) {
-  struct stat st {};
-  std::string id = fs::absolute(p).string();
-  if (::stat(p.c_str(), &st) == 0)
-    for (const long long part :
-         {(long long)st.st_size, (long long)st.st_mtim.tv_sec, (long long)st.st_mtim.tv_nsec})
-      id.append(":").append(std::to_string(part));
-  return id;
-}
-
 // The classifier's tensors as views into the mapped safetensors file(s), grouped in units.
 // Nothing is copied: a unit is its tensors' views, the pages come in as the layers read them.
 class SafetyStore final : public WeightStore {
@@ -96,7 +83,7 @@ class SafetyStore final : public WeightStore {
       units_[u->unit].push_back(std::move(w));
       prefixes_[u->unit] = u->prefix;
     }
-    for (const auto& f : files_->files()) identity_ += safety_file_identity(f->path()) + ";";
+    for (const auto& f : files_->files()) identity_ += file_identity(f->path()) + ";";
   }
 
   UnitRef acquire(const std::string& unit) override {
