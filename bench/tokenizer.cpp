@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "core/files.h"
-#include "tokenizer/klein_prompt.h"
+#include "families/flux2_klein/prompt.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -105,7 +105,7 @@ void BM_TokenizeKleinPrompt(benchmark::State& state) {
   const klein::Tokenizer tokenizer = klein::Tokenizer::from_directory(tokenizer_dir());
   const std::string prompt = long_prompt(tokenizer);
   for (auto _ : state) {
-    klein::KleinPromptTokens p = klein::tokenize_klein_prompt(tokenizer, prompt);
+    klein::PromptTokens p = klein::tokenize_klein_prompt(tokenizer, prompt);
     benchmark::DoNotOptimize(p.ids.data());
   }
 }

@@ -55,7 +55,7 @@ void run_encode_text(const EncodeTextOptions& o) {
   if (!o.no_cache)
     cache.emplace(o.cache_dir.empty() ? qwen3::PromptCache::default_dir() : o.cache_dir);
   EncodedText result = family.encode_text(encoder, tokenizer, o.prompt, cache ? &*cache : nullptr);
-  const KleinPromptTokens& tokens = result.tokens;
+  const PromptTokens& tokens = result.tokens;
   if (!tokens.warning.empty()) std::fprintf(stderr, "warning: %s\n", tokens.warning.c_str());
   if (!result.store_error.empty())
     std::fprintf(stderr, "warning: the context was not cached: %s\n", result.store_error.c_str());

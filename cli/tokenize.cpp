@@ -15,7 +15,7 @@
 #include "formats/container/reader.h"
 #include "pipeline/model_tokenizer.h"
 #include "pipeline/stages.h"
-#include "tokenizer/klein_prompt.h"
+#include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 #include "weights/gguf_source.h"
 #include "weights/model_source.h"
@@ -88,7 +88,7 @@ void print_raw(const Tokenizer& tokenizer, const TokenizeOptions& o) {
 
 void print_template(const Tokenizer& tokenizer, const FamilyStages& family,
                     const TokenizeOptions& o) {
-  const KleinPromptTokens p = family.prompt_tokens(tokenizer, o.text);
+  const PromptTokens p = family.prompt_tokens(tokenizer, o.text);
   if (!p.warning.empty()) std::fprintf(stderr, "warning: %s\n", p.warning.c_str());
   if (!o.json) {
     print_ids(p.ids);

@@ -9,10 +9,10 @@
 
 #include "convert/policy.h"
 #include "core/error.h"
+#include "families/zimage/prompt.h"
 #include "fuzz/fuzz_support.h"
 #include "models/zimage/checkpoint/config.h"
 #include "models/zimage/latents.h"
-#include "models/zimage/prompt.h"
 #include "weights/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -6,11 +6,17 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "families/registry.h"
 #include "formats/safetensors.h"
 #include "fuzz/fuzz_support.h"
 #include "weights/lora.h"
 
+// The LoRA readers below need the model families (klein_families): without them every input
+// would end in the same refusal. Registered here, whatever the order of static initialisation.
+static const bool families_registered = (klein::register_built_in_families(), true);
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  (void)families_registered;
   const auto path = klein::fuzz::as_file(data, size, ".safetensors");
   try {
     const klein::SafetensorsFile file(path);

@@ -111,7 +111,26 @@ std::vector<BlockError> block_list(const std::vector<TransformerBlock>& blocks) 
   return out;
 }
 
-// The reference's block outputs (over the real tokens), as the probes compare against them.
+double velocity_nmse(const Tensor& ref, const Tensor& cand) {
+  return compare(ref.data(), cand.data(), ref.numel()).nmse;
+}
+
+std::vector<std::string> units_starting(WeightStore& store, const std::string& prefix) {
+  std::vector<std::string> units;
+  for (const auto& u : store.units())
+    if (u.starts_with(prefix)) units.push_back(u);
+  return units;
+}
+
+bool wants_accumulated(BlockProbes p) {
+  return p == BlockProbes::Accumulated || p == BlockProbes::Both;
+}
+bool wants_isolated(BlockProbes p) { return p == BlockProbes::Isolated || p == BlockProbes::Both; }
+
+}  // namespace
+
+// The reference's block outputs, outside the anonymous namespace: ReferenceProbe (a member of
+// E2eSession, declared in e2e.h) holds one.
 class BlockOutputs {
  public:
   explicit BlockOutputs(size_t blocks) : outputs_(blocks) {}
@@ -139,24 +158,6 @@ class BlockOutputs {
  private:
   std::vector<std::vector<float>> outputs_;
 };
-
-double velocity_nmse(const Tensor& ref, const Tensor& cand) {
-  return compare(ref.data(), cand.data(), ref.numel()).nmse;
-}
-
-std::vector<std::string> units_starting(WeightStore& store, const std::string& prefix) {
-  std::vector<std::string> units;
-  for (const auto& u : store.units())
-    if (u.starts_with(prefix)) units.push_back(u);
-  return units;
-}
-
-bool wants_accumulated(BlockProbes p) {
-  return p == BlockProbes::Accumulated || p == BlockProbes::Both;
-}
-bool wants_isolated(BlockProbes p) { return p == BlockProbes::Isolated || p == BlockProbes::Both; }
-
-}  // namespace
 
 // --- the session ------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/version.h"
+#include "families/registry.h"
 #include "formats/image/image.h"
 #include "ops/compute.h"
 #include "pipeline/noise.h"
@@ -251,6 +252,7 @@ klein_status klein_model_open(const char* path, const klein_model_options* optio
   *model = nullptr;
   std::string message;
   const klein_status status = guarded(message, [&] {
+    klein::register_built_in_families();  // libklein.a: nothing else links the table in
     klein::ModelPaths paths;
     if (path) paths.model = path;
     if (options) {

@@ -1,6 +1,8 @@
-// The pipeline stages of each model family (stages.h), by ModelConfig::family: the one place
-// that maps a family to the code that runs it. The family's checkpoint side is listed in
-// weights/family.cpp.
+// The pipeline stages of each model family (stages.h), by ModelConfig::family, as the
+// families registered them (src/families/registry.cpp).
+#include <map>
+#include <string>
+
 #include "core/error.h"
 #include "pipeline/stages.h"
 
@@ -17,11 +19,25 @@ Tensor FamilyStages::encode_for(Session& s, Generation& g, Progress& progress,
   return std::move(e.context);
 }
 
+namespace {
+
+std::map<std::string, const FamilyStages*, std::less<>>& registered_stages() {
+  static std::map<std::string, const FamilyStages*, std::less<>> all;
+  return all;
+}
+
+}  // namespace
+
+void register_stages(std::string_view family, const FamilyStages& stages) {
+  check(registered_stages().emplace(std::string(family), &stages).second, "model family \"", family,
+        "\" has its stages registered twice");
+}
+
 const FamilyStages& stages_for(const ModelConfig& config) {
-  if (config.family == "flux2-klein") return flux2_stages();
-  if (config.family == "flux2-dev") return flux2_dev_stages();
-  if (config.family == "z-image") return zimage_stages();
-  fail("model family \"", config.family, "\" has no pipeline in this build");
+  const auto it = registered_stages().find(config.family);
+  check(it != registered_stages().end(), "model family \"", config.family,
+        "\" has no pipeline in this program");
+  return *it->second;
 }
 
 Capabilities capabilities(const Model& model) {

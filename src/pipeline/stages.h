@@ -1,10 +1,10 @@
 #pragma once
 // How a model family runs the pipeline's stages (pipeline.h: start, encode_prompt,
 // prepare_latents, denoise, decode). A Session holds the stages of its model's family
-// (ModelConfig::family), chosen in families.cpp; each family's stages are one file here:
-// flux2_stages.cpp (FLUX.2-klein: text-to-image, references, image-to-image, inpainting, the
-// K/V cache, LoRA; FLUX.2-dev: the same stages with its prompt and embedded guidance) and zimage_stages.cpp (Z-Image: text-to-image with CFG options). The front
-// ends see none of this: they call the Session.
+// (ModelConfig::family), as the family registered them: each family's stages are in its
+// folder of src/families (flux2/stages.cpp: FLUX.2-klein's and FLUX.2-dev's, each with what
+// its own folder says differs; zimage/stages.cpp: Z-Image's). The front ends see none of this:
+// they call the Session.
 #include <functional>
 #include <memory>
 #include <span>
@@ -15,7 +15,7 @@
 #include "core/memory.h"
 #include "ops/work.h"
 #include "pipeline/pipeline.h"
-#include "tokenizer/klein_prompt.h"
+#include "tokenizer/chat.h"
 
 namespace klein {
 
@@ -58,7 +58,7 @@ using BlockObserver =
 
 // One prompt through a family's text conditioning (FamilyStages::encode_text).
 struct EncodedText {
-  KleinPromptTokens tokens;  // the prompt's ids and mask (FamilyStages::prompt_tokens)
+  PromptTokens tokens;       // the prompt's ids and mask (FamilyStages::prompt_tokens)
   Tensor context;            // [text tokens, context width]: what the transformer attends to
   bool from_cache = false;
   std::string store_error;   // non-empty when the context could not be cached (still valid)
@@ -88,8 +88,7 @@ class FamilyStages {
   virtual std::string prompt_chat_text(std::string_view prompt) const = 0;
   // Its ids as the pipeline's tokenizer call gives them: cut or padded to the pipeline's
   // length, with the attention mask; `warning` says what a cut dropped.
-  virtual KleinPromptTokens prompt_tokens(const Tokenizer& tokenizer,
-                                          std::string_view prompt) const = 0;
+  virtual PromptTokens prompt_tokens(const Tokenizer& tokenizer, std::string_view prompt) const = 0;
   // Those ids through `encoder` (in the compute context's current arithmetic): the context
   // the transformer receives. Read from `cache` when it holds it, else stored there (`cache`
   // may be null); with `observe`, which sees every layer, the cache is neither read nor
@@ -160,9 +159,9 @@ class FamilyStages {
   virtual Tensor encode_image(WeightStore& store, const Tensor& pixels, Compute& cx) const = 0;
 };
 
-const FamilyStages& flux2_stages();
-const FamilyStages& flux2_dev_stages();
-const FamilyStages& zimage_stages();
+// Registers the stages of the family of this id (ModelConfig::family): src/families does, for
+// each family it registers (families/registry.h). Throws if the id has stages already.
+void register_stages(std::string_view family, const FamilyStages& stages);
 // The stages of the configuration's family; throws naming a family without stages.
 const FamilyStages& stages_for(const ModelConfig& config);
 

@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "models/qwen3/language_model.h"
 #include "pipeline/model_tokenizer.h"
-#include "tokenizer/klein_prompt.h"
+#include "tokenizer/chat.h"
 
 namespace klein {
 

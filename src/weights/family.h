@@ -4,13 +4,13 @@
 // Every family the engine runs shares the kinds of components around its transformer: a
 // decoder-only text encoder (Qwen3; FLUX.2-dev's is the language model of Mistral3, the same
 // decoder without q/k norms: TextEncoderConfig::qk_norm) and a diffusers VAE, whose names,
-// shapes and configuration naming.h, expected.h and config.h know. What a family brings is its transformer: how checkpoints name, group
-// and shape its tensors, its configuration, which text-encoder layers its pipeline reads,
-// how its latents meet the VAE, and what its model_index.json says beyond the components.
+// shapes and configuration naming.h, expected.h and config.h know. What a family brings is its
+// transformer: how checkpoints name, group and shape its tensors, its configuration, which
+// text-encoder layers its pipeline reads, how its latents meet the VAE, and what its
+// model_index.json says beyond the components.
 //
-// The families are listed once, in family.cpp (model_families()): FLUX.2-klein's entry is
-// there, beside the klein naming it wraps; Z-Image's is in its own folder
-// (models/zimage/checkpoint/). Nothing else in the weights layer asks which family a model
+// The families are registered, not listed here: each is a folder of src/families with one
+// line in src/families/registry.cpp. Nothing in the weights layer asks which family a model
 // is: the stores, the container and the summaries call the entry of the model's family.
 #include <optional>
 #include <string>
@@ -115,7 +115,12 @@ class ModelFamily {
   virtual void check_pairing(const ModelConfig& c, const Files& files) const = 0;
 };
 
-// Every family, FLUX.2-klein first.
+// Adds a family (src/families/registry.cpp: the built-in ones when the program starts);
+// throws if one of the same id is registered. `family` must live as long as the program.
+void register_model_family(const ModelFamily& family);
+// Every registered family, in the order registered: a transformer file without a
+// model_index.json is recognised in this order, and the first is the default. Throws when
+// none is registered (a program that does not link klein_families).
 const std::vector<const ModelFamily*>& model_families();
 // The family with this id; throws naming the id and the known ones (`where`: whose id).
 const ModelFamily& model_family(std::string_view id, const std::string& where = "");

@@ -9,7 +9,7 @@
 // alpha / r; without it by 1). Which weights a module changes is the model family's
 // (ModelFamily::lora_targets): FLUX.2-klein reads the diffusers/PEFT, BFL / ai-toolkit and
 // kohya spellings (weights/lora_names.cpp), Z-Image the diffusers/PEFT, original (ComfyUI,
-// musubi-tuner) and kohya ones (models/zimage/checkpoint/family.cpp); a fused projection's
+// musubi-tuner) and kohya ones (families/zimage/checkpoint.cpp); a fused projection's
 // B is split by rows among the weights it becomes.
 // Anything else (text-encoder LoRAs, DoRA magnitudes, biases, full weight differences, a
 // module of another family's transformer) is refused with the tensor's name: an adapter

@@ -22,7 +22,7 @@
 #include "ops/compute.h"
 #include "support/isa.h"
 #include "support/testing.h"
-#include "tokenizer/klein_prompt.h"
+#include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 #include "weights/config.h"
 #include "weights/model_source.h"

@@ -8,9 +8,9 @@
 
 #include "core/files.h"
 #include "core/npy.h"
+#include "families/flux2_klein/prompt.h"
 #include "support/testing.h"
 #include "tokenizer/byte_level.h"
-#include "tokenizer/klein_prompt.h"
 #include "tokenizer/pretokenize.h"
 #include "tokenizer/tokenizer.h"
 
@@ -80,7 +80,7 @@ TEST(KleinPrompt, MatchesThePipelineInputs) {
     const std::string prompt = p["prompt"];
     EXPECT_EQ(klein_chat_text(prompt), p["chat_text"].get<std::string>());
 
-    const KleinPromptTokens got = tokenize_klein_prompt(qwen3(), prompt);
+    const PromptTokens got = tokenize_klein_prompt(qwen3(), prompt);
     const std::string stem = "prompt" + std::to_string(index);
     EXPECT_EQ(got.ids, read_ids_npy(stem + "_input_ids.npy"));
     EXPECT_EQ(got.mask, read_ids_npy(stem + "_attention_mask.npy"));
@@ -95,7 +95,7 @@ TEST(KleinPrompt, MatchesThePipelineInputs) {
 TEST(KleinPrompt, LongPromptReportsWhatWasDropped) {
   const json prompts = read_json("prompts.json")["prompts"];
   const std::string prompt = prompts[2]["prompt"];
-  const KleinPromptTokens got = tokenize_klein_prompt(qwen3(), prompt);
+  const PromptTokens got = tokenize_klein_prompt(qwen3(), prompt);
   EXPECT_EQ(got.real_tokens, 512);
   EXPECT_EQ(got.dropped, 1030 - 512);
   EXPECT_NE(got.warning.find("1030"), std::string::npos) << got.warning;
@@ -105,7 +105,7 @@ TEST(KleinPrompt, LongPromptReportsWhatWasDropped) {
 }
 
 TEST(KleinPrompt, EmptyPromptIsTheTemplateAlone) {
-  const KleinPromptTokens got = tokenize_klein_prompt(qwen3(), "");
+  const PromptTokens got = tokenize_klein_prompt(qwen3(), "");
   const Ids expected = {151644, 872,    198, 151645, 198, 151644,
                         77091,  198, 151667, 271, 151668, 271};
   EXPECT_EQ(Ids(got.ids.begin(), got.ids.begin() + 12), expected);
@@ -122,11 +122,11 @@ TEST(KleinPrompt, ExactlyFullPromptDropsNothing) {
   // 12 template tokens + 500 single-token words fill the 512 ids exactly.
   std::string prompt;
   for (int i = 0; i < 500; ++i) prompt += i ? " cat" : "cat";
-  const KleinPromptTokens got = tokenize_klein_prompt(qwen3(), prompt);
+  const PromptTokens got = tokenize_klein_prompt(qwen3(), prompt);
   EXPECT_EQ(got.real_tokens, 512);
   EXPECT_EQ(got.dropped, 0);
   EXPECT_TRUE(got.warning.empty());
-  const KleinPromptTokens over = tokenize_klein_prompt(qwen3(), prompt + " cat");
+  const PromptTokens over = tokenize_klein_prompt(qwen3(), prompt + " cat");
   EXPECT_EQ(over.dropped, 1);
   EXPECT_FALSE(over.warning.empty());
 }

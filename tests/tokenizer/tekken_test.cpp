@@ -16,8 +16,8 @@
 #include <string_view>
 
 #include "core/files.h"
+#include "families/flux2_dev/prompt.h"
 #include "support/testing.h"
-#include "tokenizer/dev_prompt.h"
 #include "tokenizer/pretokenize.h"
 #include "tokenizer/tekken.h"
 #include "tokenizer/tokenizer.h"
@@ -104,7 +104,7 @@ TEST(Tekken, DevPromptIsTheRenderedChatPadded) {
     SCOPED_TRACE(p["prompt"].dump(-1, ' ', false, json::error_handler_t::replace));
     EXPECT_EQ(dev_chat_text(prompt), p["rendered"].get<std::string>());
     const Ids want = p["ids"].get<Ids>();
-    const KleinPromptTokens got = tokenize_dev_prompt(tekken(), prompt);
+    const PromptTokens got = tokenize_dev_prompt(tekken(), prompt);
     ASSERT_EQ(got.ids.size(), 512u);
     const size_t pad = 512 - want.size();
     EXPECT_EQ(Ids(got.ids.begin(), got.ids.begin() + long(pad)), Ids(pad, 11));
@@ -287,8 +287,8 @@ TEST(TekkenJson, GivesTheOfficialIds) {
   for (const json& p : vectors()["prompts"]) {
     SCOPED_TRACE(p["prompt"].dump(-1, ' ', false, json::error_handler_t::replace));
     EXPECT_EQ(t.encode(p["rendered"].get<std::string>()), p["ids"].get<Ids>());
-    const KleinPromptTokens got = tokenize_dev_prompt(t, p["prompt"].get<std::string>());
-    const KleinPromptTokens want = tokenize_dev_prompt(tekken(), p["prompt"].get<std::string>());
+    const PromptTokens got = tokenize_dev_prompt(t, p["prompt"].get<std::string>());
+    const PromptTokens want = tokenize_dev_prompt(tekken(), p["prompt"].get<std::string>());
     EXPECT_EQ(got.ids, want.ids);
   }
 }

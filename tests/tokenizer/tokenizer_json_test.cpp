@@ -12,9 +12,9 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/npy.h"
+#include "families/flux2_klein/prompt.h"
 #include "support/testing.h"
 #include "tokenizer/byte_level.h"
-#include "tokenizer/klein_prompt.h"
 #include "tokenizer/tokenizer.h"
 
 namespace klein {
@@ -77,7 +77,7 @@ TEST_P(TokenizerJsonFixture, GivesTheGoldenIds) {
   for (const json& p : prompts) {
     const std::string stem = "prompt" + std::to_string(p["index"].get<int>());
     SCOPED_TRACE(stem);
-    const KleinPromptTokens got = tokenize_klein_prompt(t, p["prompt"].get<std::string>());
+    const PromptTokens got = tokenize_klein_prompt(t, p["prompt"].get<std::string>());
     EXPECT_EQ(got.ids, golden_ids(stem + "_input_ids.npy"));
     EXPECT_EQ(got.mask, golden_ids(stem + "_attention_mask.npy"));
   }

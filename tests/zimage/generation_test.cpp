@@ -13,13 +13,13 @@
 
 #include "core/files.h"
 #include "core/npy.h"
+#include "families/zimage/prompt.h"
 #include "models/qwen3/text_encoder.h"
 #include "models/vae/decoder.h"
+#include "models/zimage/checkpoint/units.h"
 #include "models/zimage/latents.h"
-#include "models/zimage/prompt.h"
 #include "models/zimage/sampler.h"
 #include "models/zimage/transformer.h"
-#include "models/zimage/checkpoint/units.h"
 #include "support/testing.h"
 #include "zimage/cases.h"
 #include "zimage/file_store.h"
@@ -56,7 +56,7 @@ TEST_P(ZImageGeneration, MatchesTheOfficialRun) {
   const Tokenizer tokenizer = Tokenizer::from_directory(model_dir() / "tokenizer");
   qwen3::TextEncoder encoder(text_store, cx);
   auto encode = [&](const std::string& text, const std::string& stem) {
-    const KleinPromptTokens t = tokenize_prompt(tokenizer, text);
+    const PromptTokens t = tokenize_prompt(tokenizer, text);
     const std::vector<int32_t> ids(t.ids.begin(), t.ids.begin() + t.real_tokens);
     const std::vector<int64_t> want = read_npy(dir / (stem + "_input_ids.npy")).to_i64();
     EXPECT_TRUE(std::equal(ids.begin(), ids.end(), want.begin())) << stem;

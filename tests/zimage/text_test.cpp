@@ -10,8 +10,8 @@
 
 #include "core/files.h"
 #include "core/npy.h"
+#include "families/zimage/prompt.h"
 #include "models/qwen3/text_encoder.h"
-#include "models/zimage/prompt.h"
 #include "support/testing.h"
 #include "weights/config.h"
 #include "zimage/file_store.h"
@@ -40,7 +40,7 @@ TEST(ZImagePrompt, ChatTextAndIdsOfEveryPrompt) {
     SCOPED_TRACE("prompt " + std::to_string(index));
     const std::string prompt = p["prompt"].get<std::string>();
     EXPECT_EQ(chat_text(prompt), p["chat_text"].get<std::string>());
-    const KleinPromptTokens t = tokenize_prompt(tokenizer, prompt);
+    const PromptTokens t = tokenize_prompt(tokenizer, prompt);
     const int n = p["num_tokens"].get<int>();
     ASSERT_EQ(t.real_tokens, n);
     const std::vector<int64_t> ids =
@@ -77,7 +77,7 @@ TEST_F(ZImageText, EncoderGivesTheOfficialEmbeddings) {
   for (const json& p : prompts()) {
     const int index = p["index"].get<int>();
     SCOPED_TRACE("prompt " + std::to_string(index));
-    const KleinPromptTokens t = tokenize_prompt(tokenizer, p["prompt"].get<std::string>());
+    const PromptTokens t = tokenize_prompt(tokenizer, p["prompt"].get<std::string>());
     const std::vector<int32_t> ids(t.ids.begin(), t.ids.begin() + t.real_tokens);
     const std::vector<int32_t> mask(ids.size(), 1);
     std::vector<std::vector<float>> hidden;

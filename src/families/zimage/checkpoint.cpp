@@ -1,4 +1,4 @@
-#include "models/zimage/checkpoint/family.h"
+#include "families/zimage/checkpoint.h"
 
 #include <cctype>
 #include <filesystem>
@@ -16,7 +16,6 @@ namespace klein::zimage {
 namespace {
 
 using json = nlohmann::json;
-
 
 // Source names without the prefixes single files carry.
 std::string strip_prefix(const std::string& name) {
@@ -59,10 +58,18 @@ std::optional<std::string> original_name(const std::string& name) {
 // feed_forward, the refiners, adaLN_modulation, the embedders and the final layer), as
 // diffusers' _convert_non_diffusers_z_image_lora_to_diffusers reads them.
 std::string kohya_module(const std::string& module) {
-  static const std::string_view kept[] = {
-      "noise_refiner", "context_refiner", "adaLN_modulation", "all_final_layer",
-      "all_x_embedder", "cap_embedder", "t_embedder", "feed_forward", "to_q", "to_k", "to_v",
-      "to_out"};
+  static const std::string_view kept[] = {"noise_refiner",
+                                          "context_refiner",
+                                          "adaLN_modulation",
+                                          "all_final_layer",
+                                          "all_x_embedder",
+                                          "cap_embedder",
+                                          "t_embedder",
+                                          "feed_forward",
+                                          "to_q",
+                                          "to_k",
+                                          "to_v",
+                                          "to_out"};
   const std::string rest = module.substr(std::string_view("lora_unet_").size());
   std::string out;
   size_t i = 0;
@@ -130,8 +137,7 @@ class ZImage final : public ModelFamily {
           out.push_back({"transformer." + block + parts[i], t.name, i * d, (i + 1) * d});
         continue;
       }
-      const std::string canonical =
-          "transformer." + original_name(name).value_or(name);
+      const std::string canonical = "transformer." + original_name(name).value_or(name);
       if (transformer_unit_of(canonical))
         out.push_back({canonical, t.name});
       else
@@ -141,8 +147,10 @@ class ZImage final : public ModelFamily {
       std::string list;
       for (size_t i = 0; i < unknown.size() && i < 5; ++i) list += "\n  " + unknown[i];
       if (unknown.size() > 5) list += "\n  ... and " + std::to_string(unknown.size() - 5) + " more";
-      fail(where, ": ", unknown.size(), " tensor(s) are not Z-Image transformer tensors (diffusers "
-           "or original names):", list);
+      fail(where, ": ", unknown.size(),
+           " tensor(s) are not Z-Image transformer tensors (diffusers "
+           "or original names):",
+           list);
     }
     return out;
   }
@@ -163,8 +171,8 @@ class ZImage final : public ModelFamily {
     return {{"transformer." + original_name(name).value_or(name), module}};
   }
   ShapeMap expected_transformer(const ModelConfig& c) const override {
-    return zimage::expected_transformer(parse_transformer_config(c.family_transformer,
-                                                                 "the Z-Image configuration"));
+    return zimage::expected_transformer(
+        parse_transformer_config(c.family_transformer, "the Z-Image configuration"));
   }
 
   void read_transformer_config(const json& j, const ShapeMap* shapes, const std::string& where,
@@ -187,9 +195,7 @@ class ZImage final : public ModelFamily {
                                 ModelConfig& c) const override {
     c.family_transformer = to_json(infer(shapes, where));
   }
-  json transformer_config_json(const ModelConfig& c) const override {
-    return c.family_transformer;
-  }
+  json transformer_config_json(const ModelConfig& c) const override { return c.family_transformer; }
 
   std::vector<int64_t> text_output_layers(int64_t num_layers) const override {
     // hidden_states[-2]: the output of the last layer but one.
@@ -237,7 +243,8 @@ class ZImage final : public ModelFamily {
       c.is_distilled = true;
     } else {
       c.undecided_variant =
-          transformer_file + ": without a model_index.json nothing says whether this is "
+          transformer_file +
+          ": without a model_index.json nothing says whether this is "
           "Z-Image-Turbo or the Z-Image base model (the weights are the same shape, and the file "
           "name does not say \"turbo\"); give --variant zimage-turbo or --variant zimage";
     }
@@ -295,7 +302,8 @@ transformer.all_final_layer.*              >=bf16
     TransformerConfig c;
     const Shape& pad = shape_of(t, "transformer.x_pad_token", where);
     const Shape& cap = shape_of(t, "transformer.cap_embedder.1.weight", where);
-    check(pad.size() == 2 && cap.size() == 2, where, ": x_pad_token and cap_embedder.1.weight "
+    check(pad.size() == 2 && cap.size() == 2, where,
+          ": x_pad_token and cap_embedder.1.weight "
           "must be 2-D");
     c.dim = pad[1];
     c.cap_feat_dim = cap[1];
@@ -316,7 +324,7 @@ transformer.all_final_layer.*              >=bf16
 
 }  // namespace
 
-const ModelFamily& checkpoint_family() {
+const ModelFamily& checkpoint() {
   static const ZImage family;
   return family;
 }

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tokenizer/klein_prompt.h"
+#include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 #include "weights/config.h"
 
@@ -23,7 +23,7 @@ constexpr int kMaxPromptTokens = 512;
 std::string chat_text(std::string_view prompt);
 
 // The real tokens of the prompt (ids [0, real_tokens)); `warning` says what a cut dropped.
-KleinPromptTokens tokenize_prompt(const Tokenizer& tokenizer, std::string_view prompt);
+PromptTokens tokenize_prompt(const Tokenizer& tokenizer, std::string_view prompt);
 
 // The decoder layer (1-based) whose output conditions the transformer, for a text encoder of
 // `num_layers` layers: hidden_states[-2].

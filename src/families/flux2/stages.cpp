@@ -1,4 +1,6 @@
-// The FLUX.2-klein stages (pipeline.h describes them; stages.h how a family provides them).
+// The FLUX.2 stages (pipeline.h describes them; stages.h how a family provides them), which
+// FLUX.2-klein and FLUX.2-dev share: families/flux2_klein and families/flux2_dev say what
+// differs (flux2/stages.h: Flux2Pipeline).
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -7,6 +9,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/npy.h"
+#include "families/flux2/stages.h"
 #include "formats/image/preprocess.h"
 #include "formats/image/resize.h"
 #include "models/flux2/positions.h"
@@ -20,8 +23,6 @@
 #include "pipeline/noise.h"
 #include "pipeline/preview.h"
 #include "pipeline/stages.h"
-#include "tokenizer/dev_prompt.h"
-#include "tokenizer/klein_prompt.h"
 
 namespace klein {
 
@@ -44,19 +45,22 @@ Tensor initial_noise(const Generation& g, uint64_t seed, int64_t channels) {
   return flux2::pack_latents(chw);
 }
 
-// FLUX.2's denoising phases, for the memory plan. Two phases: the set-up holds the shared unit (embedders and modulation; 0.7 GB of bf16 in
-// klein-9B) while the embeddings and every step's modulation are computed, with the first
-// block read ahead; it is released before the blocks' activations are allocated. Then the
-// steps run the blocks, two at a time (one at a time without read-ahead).
+// FLUX.2's denoising phases, for the memory plan. Two phases: the set-up holds the shared unit
+// (embedders and modulation; 0.7 GB of bf16 in klein-9B) while the embeddings and every step's
+// modulation are computed, with the first block read ahead; it is released before the blocks'
+// activations are allocated. Then the steps run the blocks, two at a time (one at a time without
+// read-ahead).
 std::pair<PhaseNeed, PhaseNeed> denoise_need(const WeightStore& store, const MemoryPlanInputs& in) {
   const TransformerConfig& c = store.config().transformer;
   PhaseNeed setup{"denoise set-up"}, p{"denoise"};
   UnitSizes blocks;
-  for (int64_t i = 0; i < c.num_double_blocks; ++i) blocks.add(store.unit_bytes(double_block_unit(i)));
-  for (int64_t i = 0; i < c.num_single_blocks; ++i) blocks.add(store.unit_bytes(single_block_unit(i)));
+  for (int64_t i = 0; i < c.num_double_blocks; ++i)
+    blocks.add(store.unit_bytes(double_block_unit(i)));
+  for (int64_t i = 0; i < c.num_single_blocks; ++i)
+    blocks.add(store.unit_bytes(single_block_unit(i)));
   const uint64_t shared = store.unit_bytes("transformer.shared");
-  const uint64_t first = store.unit_bytes(c.num_double_blocks > 0 ? double_block_unit(0)
-                                                                   : single_block_unit(0));
+  const uint64_t first =
+      store.unit_bytes(c.num_double_blocks > 0 ? double_block_unit(0) : single_block_unit(0));
   setup.weights_paged = setup.weights_resident = shared + first;
   setup.weights_one_unit = shared;
   p.weights_paged = blocks.two_largest();
@@ -72,8 +76,8 @@ std::pair<PhaseNeed, PhaseNeed> denoise_need(const WeightStore& store, const Mem
   // The K/V pipeline: a pass over the references alone fills the cache, then the steps run on
   // text and target with the cached rows appended to their keys and values.
   const int64_t B = std::max<int64_t>(in.batch, 1);
-  uint64_t block_activations = flux2::Activations::plan_bytes(
-      c, layout, flux2::Activations::kDefaultChunkRows, 0, B);
+  uint64_t block_activations =
+      flux2::Activations::plan_bytes(c, layout, flux2::Activations::kDefaultChunkRows, 0, B);
   if (store.config().reference_cache && !layout.references.empty()) {
     flux2::TokenLayout references_only;
     references_only.text_tokens = 0;
@@ -82,9 +86,9 @@ std::pair<PhaseNeed, PhaseNeed> denoise_need(const WeightStore& store, const Mem
     steps.references.clear();
     const int64_t R = layout.reference_tokens();
     block_activations =
-        std::max(flux2::Activations::plan_bytes(c, references_only),
-                 flux2::Activations::plan_bytes(c, steps, flux2::Activations::kDefaultChunkRows,
-                                                R, B)) +
+        std::max(
+            flux2::Activations::plan_bytes(c, references_only),
+            flux2::Activations::plan_bytes(c, steps, flux2::Activations::kDefaultChunkRows, R, B)) +
         flux2::ReferenceKV::plan_bytes(size_t(c.num_double_blocks + c.num_single_blocks), R, D);
   }
   setup.activations =
@@ -92,7 +96,7 @@ std::pair<PhaseNeed, PhaseNeed> denoise_need(const WeightStore& store, const Mem
       f32_bytes(layout.reference_tokens() * (D + c.in_channels)) +          // references
       f32_bytes(B * 5 * N * c.in_channels) +                                // noise, x, velocities
       f32_bytes(std::max<int64_t>(in.steps, 1) * (19 * D + c.timestep_channels)) +  // modulation
-      f32_bytes(2 * S * c.head_dim);                                    // RoPE tables
+      f32_bytes(2 * S * c.head_dim);                                                // RoPE tables
   p.activations = setup.activations + block_activations;
   return {setup, p};
 }
@@ -103,29 +107,16 @@ struct Flux2State final : Generation::FamilyState {
   flux2::TokenLayout layout;
 };
 
-flux2::TokenLayout& token_layout(Generation& g) { return static_cast<Flux2State&>(*g.family).layout; }
-
-// What differs between the two FLUX.2 pipelines these stages run: klein's (Flux2KleinPipeline
-// and its image-to-image, inpainting and K/V siblings: a Qwen3 chat, CFG for base models) and
-// dev's (Flux2Pipeline: a Mistral-Small-3.1 chat under a system message, the guidance scale
-// embedded in the model, text-to-image and references only).
-struct Flux2Pipeline {
-  const char* name;
-  std::string (*chat_text)(std::string_view);
-  KleinPromptTokens (*tokenize)(const Tokenizer&, std::string_view, int);
-  bool image_to_image;      // --init-image, --mask
-  bool embedded_guidance;   // the guidance goes to the model; no negative prompt
-};
-constexpr Flux2Pipeline kKlein{"FLUX.2-klein", klein_chat_text, tokenize_klein_prompt, true,
-                                false};
-constexpr Flux2Pipeline kDev{"FLUX.2-dev", dev_chat_text, tokenize_dev_prompt, false, true};
+flux2::TokenLayout& token_layout(Generation& g) {
+  return static_cast<Flux2State&>(*g.family).layout;
+}
 
 class Flux2Stages final : public FamilyStages {
  public:
   explicit constexpr Flux2Stages(const Flux2Pipeline& pipeline) : p_(pipeline) {}
   MemoryPlanInputs memory_inputs(const ModelConfig& config) const override {
     MemoryPlanInputs in;
-    in.text_tokens = kKleinMaxTokens;
+    in.text_tokens = p_.max_tokens;
     in.context_width = config.transformer.context_dim;
     in.denoise = denoise_need;
     return in;
@@ -144,9 +135,8 @@ class Flux2Stages final : public FamilyStages {
   std::string prompt_chat_text(std::string_view prompt) const override {
     return p_.chat_text(prompt);
   }
-  KleinPromptTokens prompt_tokens(const Tokenizer& tokenizer,
-                                  std::string_view prompt) const override {
-    return p_.tokenize(tokenizer, prompt, kKleinMaxTokens);
+  PromptTokens prompt_tokens(const Tokenizer& tokenizer, std::string_view prompt) const override {
+    return p_.tokenize(tokenizer, prompt, p_.max_tokens);
   }
   // The 512 padded ids with their mask: the padding rows are part of the context.
   EncodedText encode_text(qwen3::TextEncoder& encoder, const Tokenizer& tokenizer,
@@ -158,8 +148,8 @@ class Flux2Stages final : public FamilyStages {
       out.context = encoder.encode(out.tokens.ids, out.tokens.mask, observe);
       return out;
     }
-    qwen3::CachedContext c = qwen3::encode_with_cache(encoder, cache, out.tokens.ids,
-                                                      out.tokens.mask);
+    qwen3::CachedContext c =
+        qwen3::encode_with_cache(encoder, cache, out.tokens.ids, out.tokens.mask);
     out.context = std::move(c.context);
     out.from_cache = c.from_cache;
     out.store_error = std::move(c.store_error);
@@ -241,7 +231,8 @@ std::optional<BlockPart> block_part(std::string_view name, int64_t text_tokens,
     }
     return digits.empty() ? int64_t(-1) : i;
   };
-  constexpr std::string_view kDouble = "transformer_blocks.", kSingle = "single_transformer_blocks.";
+  constexpr std::string_view kDouble = "transformer_blocks.",
+                             kSingle = "single_transformer_blocks.";
   if (name.starts_with(kDouble) && (name.ends_with(".txt") || name.ends_with(".img"))) {
     const int64_t i = index(name.substr(kDouble.size(), name.size() - kDouble.size() - 4));
     if (i < 0) return std::nullopt;
@@ -327,8 +318,10 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
   const GenerateOptions& o = g.options;
   const ModelConfig& config = session.weights().config();
   GenerateResult& r = g.result;
-  check(!o.cfg_normalization && !o.cfg_truncation, "--cfg-normalization and --cfg-truncation "
-        "are Z-Image's guidance options; ", p_.name, "'s guidance has neither");
+  check(!o.cfg_normalization && !o.cfg_truncation,
+        "--cfg-normalization and --cfg-truncation "
+        "are Z-Image's guidance options; ",
+        p_.name, "'s guidance has neither");
   check(p_.image_to_image || (o.init_image.empty() && o.mask.empty() && !o.strength), p_.name,
         "'s pipeline has no image-to-image or inpainting: give the picture as a --reference "
         "(an edit) instead of --init-image");
@@ -352,7 +345,8 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
         "--mask needs --init-image (the picture the mask applies to)");
   g.inpaint = !o.mask.empty();
   if (!o.init_image.empty()) {
-    check(g.inpaint || o.references.empty(), "--init-image and --reference exclude each other "
+    check(g.inpaint || o.references.empty(),
+          "--init-image and --reference exclude each other "
           "without --mask: image-to-image passes no reference images to the transformer");
     const double s = o.strength.value_or(kDefaultStrength);
     check(std::isfinite(s) && s > 0 && s <= 1, "strength: expected a number in (0, 1], got ", s);
@@ -391,8 +385,7 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
     Image mask_image;
     session.timed(g, progress, "load mask", 0, [&](Phase&) { mask_image = load_image(o.mask); });
     g.mask_latents = resample_bilinear(binary_mask(mask_image, int(width), int(height)),
-                                       int(height), int(width), int(g.grid.rows),
-                                       int(g.grid.cols));
+                                       int(height), int(width), int(g.grid.rows), int(g.grid.cols));
   } else if (init_size) {
     g.init_pixels = image_to_tensor(crop_centered(init, int(width), int(height)));
   }
@@ -405,8 +398,9 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
     // steps - int(steps - min(steps · s, steps)), which rounds the other way.
     const double scaled = double(r.steps) * *r.strength;
     const int64_t run =
-        g.inpaint ? r.steps - int64_t(std::max(double(r.steps) - std::min(scaled, double(r.steps)), 0.0))
-                  : std::min(int64_t(scaled), r.steps);
+        g.inpaint
+            ? r.steps - int64_t(std::max(double(r.steps) - std::min(scaled, double(r.steps)), 0.0))
+            : std::min(int64_t(scaled), r.steps);
     check(run >= 1, "strength ", *r.strength, " with ", r.steps,
           " steps runs no step (int(steps x strength) = 0): raise --strength or --steps");
     g.first_step = r.steps - run;
@@ -414,9 +408,11 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
   r.guidance = o.guidance.value_or(config.is_distilled && !p_.embedded_guidance ? 1.0f : 4.0f);
   check(std::isfinite(r.guidance), "guidance: expected a finite number, got ", r.guidance);
   // The noise file replaces the seed: a seed would describe noise that was not used.
-  check(o.noise_file.empty() || !o.seed, "--noise and --seed exclude each other: the noise file "
+  check(o.noise_file.empty() || !o.seed,
+        "--noise and --seed exclude each other: the noise file "
         "is the initial noise");
-  if (o.noise_file.empty()) r.seed = o.seed ? *o.seed : random_seed();
+  if (o.noise_file.empty())
+    r.seed = o.seed ? *o.seed : random_seed();
   else
     g.noise_from_file = read_noise_file(
         o.noise_file, {1, config.transformer.in_channels, g.grid.rows, g.grid.cols});
@@ -424,12 +420,16 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
   r.guided = g.guided;
   r.embedded_guidance = p_.embedded_guidance;
   if (p_.embedded_guidance && !o.negative_prompt.empty())
-    session.warn(g, progress, std::string(p_.name) + " runs one pass per step (its guidance is "
-                 "embedded in the model): the negative prompt has no effect and is not recorded");
+    session.warn(
+        g, progress,
+        std::string(p_.name) +
+            " runs one pass per step (its guidance is "
+            "embedded in the model): the negative prompt has no effect and is not recorded");
   else if (!p_.embedded_guidance && config.is_distilled &&
            ((o.guidance && *o.guidance != 1.0f) || !o.negative_prompt.empty()))
-    session.warn(g, progress, "this model is distilled (no classifier-free guidance): the guidance and "
-                      "the negative prompt have no effect and are not recorded in the image");
+    session.warn(g, progress,
+                 "this model is distilled (no classifier-free guidance): the guidance and "
+                 "the negative prompt have no effect and are not recorded in the image");
   r.fast = runs_fast(o.precision, session.weights());
 
   // Memory: how much this generation needs, resident or paged, against the budget.
@@ -478,10 +478,9 @@ void Flux2Stages::encode_prompt(Session& session, Generation& g, Progress& progr
     qwen3::TextEncoder encoder(session.weights(), session.compute());
     std::optional<qwen3::PromptCache> cache;
     if (o.prompt_cache_dir) cache.emplace(*o.prompt_cache_dir);
-    auto encode = [&](const std::string& text, bool& from_cache,
-                      const TextLayerHook& observe) {
-      return encode_for(session, g, progress, encoder, cache ? &*cache : nullptr, text,
-                        from_cache, observe);
+    auto encode = [&](const std::string& text, bool& from_cache, const TextLayerHook& observe) {
+      return encode_for(session, g, progress, encoder, cache ? &*cache : nullptr, text, from_cache,
+                        observe);
     };
     g.context = encode(o.prompt, g.result.context_from_cache, on_layer);
     bool unused;
@@ -544,8 +543,7 @@ void Flux2Stages::prepare_latents(Session& session, Generation& g, Progress& pro
   token_layout(g).target = g.grid;
   if (g.inpaint) {  // the init image is the first condition, before any reference
     Tensor condition(g.init_latents.shape());
-    std::memcpy(condition.data(), g.init_latents.data(),
-                size_t(condition.numel()) * sizeof(float));
+    std::memcpy(condition.data(), g.init_latents.data(), size_t(condition.numel()) * sizeof(float));
     g.reference_tokens.push_back(std::move(condition));
     token_layout(g).references.push_back(g.grid);
   }
@@ -609,7 +607,8 @@ flux2::SamplerInputs Flux2Stages::sampler_inputs(Session& session, Generation& g
   in.target = g.grid;
   for (size_t i = 0; i < g.reference_tokens.size(); ++i)
     in.references.push_back({&g.reference_tokens[i], token_layout(g).references[i]});
-  in.schedule = flux2::make_schedule(session.weights().config().scheduler, g.grid.tokens(), r.steps);
+  in.schedule =
+      flux2::make_schedule(session.weights().config().scheduler, g.grid.tokens(), r.steps);
   if (g.inpaint) {
     // Inpainting: the schedule from where the kept steps start; after each Euler update
     // the unmasked part goes back to the init image, noised to the next step's σ (clean
@@ -659,8 +658,8 @@ flux2::SamplerInputs Flux2Stages::sampler_inputs(Session& session, Generation& g
     }
     if (report_steps) phase.step(int(s.step + 1), int(s.steps));
     if (on_step)
-      on_step(StepView{s.step, s.steps, s.latents_out, s.latents_in, s.timestep, g.grid,
-                       s.velocity, s.sigma,
+      on_step(StepView{s.step, s.steps, s.latents_out, s.latents_in, s.timestep, g.grid, s.velocity,
+                       s.sigma,
                        [&] { return step_preview(s.latents_in, s.velocity, s.sigma, g.grid); }});
   };
   return in;
@@ -687,7 +686,8 @@ void Flux2Stages::denoise(Session& session, Generation& g, Progress& progress,
   const Dumper dump(g.options.dump_dir);
   flux2::SamplerResult out;
   session.timed(g, progress, "denoise", int(r.steps - g.first_step), [&](Phase& phase) {
-    const flux2::SamplerInputs in = sampler_inputs(session, g, progress, phase, true, dump, on_step);
+    const flux2::SamplerInputs in =
+        sampler_inputs(session, g, progress, phase, true, dump, on_step);
     const Compute::Use arithmetic(session.compute(), arithmetic_for(r.fast));
     out = flux2::sample(session.weights(), in, session.compute());
     for (const auto& w : out.warnings) session.warn(g, progress, w);
@@ -710,17 +710,17 @@ void Flux2Stages::denoise_batch(Session& session, std::span<Generation* const> b
   std::vector<Dumper> dumps;
   for (Generation* g : batch) dumps.emplace_back(g->options.dump_dir);
   std::vector<flux2::SamplerResult> out;
-  session.timed(first, progress, "denoise", int(first.result.steps - first.first_step),
-                [&](Phase& phase) {
-    std::vector<flux2::SamplerInputs> inputs;
-    for (size_t i = 0; i < batch.size(); ++i)
-      inputs.push_back(sampler_inputs(session, *batch[i], progress, phase, i == 0, dumps[i],
-                                      i == 0 ? on_first : StepHook()));
-    const Compute::Use arithmetic(session.compute(), arithmetic_for(first.result.fast));
-    out = flux2::sample_batch(session.weights(), inputs, session.compute());
-    for (size_t i = 0; i < batch.size(); ++i)
-      for (const auto& w : out[i].warnings) session.warn(*batch[i], progress, w);
-  });
+  session.timed(
+      first, progress, "denoise", int(first.result.steps - first.first_step), [&](Phase& phase) {
+        std::vector<flux2::SamplerInputs> inputs;
+        for (size_t i = 0; i < batch.size(); ++i)
+          inputs.push_back(sampler_inputs(session, *batch[i], progress, phase, i == 0, dumps[i],
+                                          i == 0 ? on_first : StepHook()));
+        const Compute::Use arithmetic(session.compute(), arithmetic_for(first.result.fast));
+        out = flux2::sample_batch(session.weights(), inputs, session.compute());
+        for (size_t i = 0; i < batch.size(); ++i)
+          for (const auto& w : out[i].warnings) session.warn(*batch[i], progress, w);
+      });
   session.weights().release("transformer.");
   for (size_t i = 0; i < batch.size(); ++i) {
     Generation& g = *batch[i];
@@ -738,9 +738,8 @@ void Flux2Stages::decode(Session& session, Generation& g, Progress& progress) co
   Tensor decoded;
   session.timed(g, progress, "vae decode", 0, [&](Phase& phase) {
     const Compute::Use arithmetic(session.compute(), arithmetic_for(g.result.fast));
-    const Compute::Reporting blocks(session.compute(), [&](int64_t done, int64_t total) {
-      phase.step(int(done), int(total));
-    });
+    const Compute::Reporting blocks(
+        session.compute(), [&](int64_t done, int64_t total) { phase.step(int(done), int(total)); });
     vae::Vae vae(session.weights(), session.compute(), g.options.vae_memory);
     Tensor z = vae.tokens_to_latent(g.latents, g.grid.rows, g.grid.cols);
     dump.f32("vae_input", z, {1, z.dim(0), z.dim(1), z.dim(2)});
@@ -755,14 +754,8 @@ void Flux2Stages::decode(Session& session, Generation& g, Progress& progress) co
   check_model_files_unchanged(g);
 }
 
-const FamilyStages& flux2_stages() {
-  static const Flux2Stages stages(kKlein);
-  return stages;
-}
-
-const FamilyStages& flux2_dev_stages() {
-  static const Flux2Stages stages(kDev);
-  return stages;
+std::unique_ptr<FamilyStages> flux2_stages(const Flux2Pipeline& pipeline) {
+  return std::make_unique<Flux2Stages>(pipeline);
 }
 
 }  // namespace klein

@@ -1,4 +1,4 @@
-#include "tokenizer/klein_prompt.h"
+#include "tokenizer/chat.h"
 
 #include "core/error.h"
 #include "tokenizer/byte_level.h"
@@ -31,25 +31,12 @@ std::string truncation_warning(const Tokenizer& tokenizer, const std::vector<int
 
 }  // namespace
 
-std::string klein_chat_text(std::string_view prompt) {
-  std::string text = "<|im_start|>user\n";
-  text.append(prompt);
-  text += "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
-  return text;
-}
-
-KleinPromptTokens tokenize_klein_prompt(const Tokenizer& tokenizer, std::string_view prompt,
-                                        int max_tokens) {
-  return tokenize_chat_text(tokenizer, klein_chat_text(prompt), max_tokens);
-}
-
-KleinPromptTokens tokenize_chat_text(const Tokenizer& tokenizer, const std::string& chat_text,
-                                     int max_tokens, const ChatPadding& padding) {
+PromptTokens tokenize_chat_text(const Tokenizer& tokenizer, const std::string& chat_text,
+                                int max_tokens, const ChatPadding& padding) {
   check(max_tokens > 0, "the maximum prompt length must be positive, got ", max_tokens);
-  KleinPromptTokens out;
+  PromptTokens out;
   out.pad_id = tokenizer.token_id(padding.pad_token);
-  check(out.pad_id >= 0, "the tokenizer has no ", padding.pad_token,
-        " token to pad prompts with");
+  check(out.pad_id >= 0, "the tokenizer has no ", padding.pad_token, " token to pad prompts with");
 
   const std::vector<int32_t> all = tokenizer.encode(chat_text);
   const int total = int(all.size());

@@ -18,14 +18,15 @@
 
 #include "core/error.h"
 #include "core/npy.h"
+#include "families/zimage/prompt.h"
+#include "families/zimage/stages.h"
+#include "formats/image/preprocess.h"
 #include "models/qwen3/prompt_cache.h"
 #include "models/qwen3/text_encoder.h"
-#include "formats/image/preprocess.h"
 #include "models/vae/vae.h"
 #include "models/zimage/checkpoint/config.h"
 #include "models/zimage/checkpoint/units.h"
 #include "models/zimage/latents.h"
-#include "models/zimage/prompt.h"
 #include "models/zimage/sampler.h"
 #include "models/zimage/transformer.h"
 #include "pipeline/dump.h"
@@ -38,7 +39,7 @@ namespace klein {
 
 namespace {
 
-constexpr int64_t kDefaultSide = 1024;  // the pipeline's default size
+constexpr int64_t kDefaultSide = 1024;   // the pipeline's default size
 constexpr int64_t kPixelsPerToken = 16;  // VAE 8 x patch 2: sizes are multiples of 16
 constexpr int64_t kPixelsPerLatent = 8;
 // Z-Image-Turbo as the pipeline's own example runs it: 8 steps (8 transformer calls; the
@@ -122,7 +123,8 @@ class ZImageProbe final : public FamilyStages::Probe {
         cx_(cx),
         config_(transformer_config(store)),
         model_(store, config_),
-        act_(config_, {in.latents->dim(1), in.latents->dim(2), in.context->dim(0), config_.patch}) {}
+        act_(config_, {in.latents->dim(1), in.latents->dim(2), in.context->dim(0), config_.patch}) {
+  }
 
   Tensor forward(const BlockObserver& observe) override {
     const zimage::SequenceLayout& l = act_.layout;
@@ -170,7 +172,7 @@ class ZImageStages final : public FamilyStages {
   }
   static MemoryPlanInputs memory_inputs(const zimage::TransformerConfig& transformer) {
     MemoryPlanInputs in;
-    in.text_tokens = kKleinMaxTokens;  // the captions' max_sequence_length, 512 as klein's
+    in.text_tokens = zimage::kMaxPromptTokens;  // the captions' max_sequence_length
     in.context_width = transformer.cap_feat_dim;
     in.denoise = [transformer](const WeightStore& store, const MemoryPlanInputs& in) {
       return denoise_need(transformer, store, in);
@@ -219,8 +221,10 @@ class ZImageStages final : public FamilyStages {
 
     zimage::Guidance& guidance = state->guidance;
     guidance.scale = o.guidance.value_or(turbo ? kTurboGuidance : kBaseGuidance);
-    check(std::isfinite(guidance.scale) && guidance.scale >= 0, "guidance: expected a number of "
-          "0 or more (Z-Image: 0 runs without classifier-free guidance), got ", guidance.scale);
+    check(std::isfinite(guidance.scale) && guidance.scale >= 0,
+          "guidance: expected a number of "
+          "0 or more (Z-Image: 0 runs without classifier-free guidance), got ",
+          guidance.scale);
     guidance.normalization = o.cfg_normalization.value_or(0.0f);
     check(std::isfinite(guidance.normalization) && guidance.normalization >= 0,
           "--cfg-normalization: expected a number of 0 (off) or more, got ",
@@ -232,17 +236,19 @@ class ZImageStages final : public FamilyStages {
     r.no_guidance = 0;
     g.guided = r.guided = guidance.scale > 0;
     if (!g.guided && (!o.negative_prompt.empty() || o.cfg_normalization || o.cfg_truncation))
-      session.warn(g, progress, "guidance is 0 (no classifier-free guidance): the negative "
-                                "prompt and the CFG options have no effect");
+      session.warn(g, progress,
+                   "guidance is 0 (no classifier-free guidance): the negative "
+                   "prompt and the CFG options have no effect");
 
-    check(o.noise_file.empty() || !o.seed, "--noise and --seed exclude each other: the noise "
+    check(o.noise_file.empty() || !o.seed,
+          "--noise and --seed exclude each other: the noise "
           "file is the initial noise");
     if (o.noise_file.empty())
       r.seed = o.seed ? *o.seed : random_seed();
     else
-      g.noise_from_file = read_noise_file(
-          o.noise_file, {1, state->transformer.in_channels, r.height / kPixelsPerLatent,
-                         r.width / kPixelsPerLatent});
+      g.noise_from_file =
+          read_noise_file(o.noise_file, {1, state->transformer.in_channels,
+                                         r.height / kPixelsPerLatent, r.width / kPixelsPerLatent});
     r.fast = runs_fast(o.precision, weights);
     if (o.plan_memory) {
       MemoryPlanInputs need = memory_inputs(state->transformer);
@@ -252,8 +258,8 @@ class ZImageStages final : public FamilyStages {
       need.guided = g.guided;
       need.vae_memory = o.vae_memory;
       need.adapter_bytes = g.adapters ? g.adapters->bytes() : 0;
-      r.memory = plan_memory(estimate_memory(weights, need), o.max_memory,
-                             available_memory_bytes(), o.residency);
+      r.memory = plan_memory(estimate_memory(weights, need), o.max_memory, available_memory_bytes(),
+                             o.residency);
       weights.set_residency(r.memory->residency);
       weights.set_read_ahead(r.memory->read_ahead);
       progress.memory_plan(*r.memory);
@@ -265,8 +271,7 @@ class ZImageStages final : public FamilyStages {
   std::string prompt_chat_text(std::string_view prompt) const override {
     return zimage::chat_text(prompt);
   }
-  KleinPromptTokens prompt_tokens(const Tokenizer& tokenizer,
-                                  std::string_view prompt) const override {
+  PromptTokens prompt_tokens(const Tokenizer& tokenizer, std::string_view prompt) const override {
     return zimage::tokenize_prompt(tokenizer, prompt);
   }
   // The real tokens only (the pipeline drops the padding rows): [real tokens, hidden].
@@ -348,8 +353,7 @@ class ZImageStages final : public FamilyStages {
       zimage::Transformer model(session.weights(), st.transformer, g.adapters.get());
       Tensor x = std::move(g.noise);
       const int64_t H = x.dim(1), W = x.dim(2);
-      zimage::Activations positive(st.transformer,
-                                   {H, W, g.context.dim(0), st.transformer.patch});
+      zimage::Activations positive(st.transformer, {H, W, g.context.dim(0), st.transformer.patch});
       model.embed_caption(g.context, positive, cx);
       std::unique_ptr<zimage::Activations> negative;
       if (g.guided) {
@@ -394,8 +398,7 @@ class ZImageStages final : public FamilyStages {
       g.latents = std::move(x);
     });
     session.weights().release("transformer.");
-    dump.f32("final_latents", g.latents,
-             {1, g.latents.dim(0), g.latents.dim(1), g.latents.dim(2)});
+    dump.f32("final_latents", g.latents, {1, g.latents.dim(0), g.latents.dim(1), g.latents.dim(2)});
     g.context = Tensor();
     g.negative = Tensor();
   }
@@ -407,9 +410,8 @@ class ZImageStages final : public FamilyStages {
     session.timed(g, progress, "vae decode", 0, [&](Phase& phase) {
       Compute& cx = session.compute();
       const Compute::Use arithmetic(cx, arithmetic_for(g.result.fast));
-      const Compute::Reporting blocks(cx, [&](int64_t done, int64_t total) {
-        phase.step(int(done), int(total));
-      });
+      const Compute::Reporting blocks(
+          cx, [&](int64_t done, int64_t total) { phase.step(int(done), int(total)); });
       const Tensor z = decoder_input(weights, g.latents);
       dump.f32("vae_input", z, {1, z.dim(0), z.dim(1), z.dim(2)});
       vae::Vae vae(weights, cx, g.options.vae_memory);
@@ -479,7 +481,7 @@ class ZImageStages final : public FamilyStages {
 
 }  // namespace
 
-const FamilyStages& zimage_stages() {
+const FamilyStages& zimage::stages() {
   static const ZImageStages stages;
   return stages;
 }

@@ -6,10 +6,12 @@
 #include <string>
 #include <string_view>
 
-#include "tokenizer/klein_prompt.h"
-#include "tokenizer/tokenizer.h"
+#include "tokenizer/chat.h"
 
 namespace klein {
+
+// The pipeline's max_sequence_length: every prompt becomes exactly this many ids.
+constexpr int kDevMaxTokens = 512;
 
 // The chat text the pipeline's processor renders for [system, user] with Mistral-Small-3.1's
 // template, every "[IMG]" taken out of the prompt first (as the pipeline does):
@@ -18,7 +20,7 @@ std::string dev_chat_text(std::string_view prompt);
 
 // Renders, tokenizes (the control tokens in the text become their ids), keeps the first 512
 // ids and pads with <pad> (on the left when tokenizer.pads_left()).
-KleinPromptTokens tokenize_dev_prompt(const Tokenizer& tokenizer, std::string_view prompt,
-                                      int max_tokens = kKleinMaxTokens);
+PromptTokens tokenize_dev_prompt(const Tokenizer& tokenizer, std::string_view prompt,
+                                 int max_tokens = kDevMaxTokens);
 
 }  // namespace klein

@@ -1,4 +1,4 @@
-#include "tokenizer/dev_prompt.h"
+#include "families/flux2_dev/prompt.h"
 
 namespace klein {
 
@@ -24,8 +24,8 @@ std::string dev_chat_text(std::string_view prompt) {
   return text;
 }
 
-KleinPromptTokens tokenize_dev_prompt(const Tokenizer& tokenizer, std::string_view prompt,
-                                      int max_tokens) {
+PromptTokens tokenize_dev_prompt(const Tokenizer& tokenizer, std::string_view prompt,
+                                 int max_tokens) {
   return tokenize_chat_text(tokenizer, dev_chat_text(prompt), max_tokens,
                             ChatPadding{"<pad>", tokenizer.pads_left()});
 }

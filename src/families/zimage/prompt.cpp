@@ -1,4 +1,4 @@
-#include "models/zimage/prompt.h"
+#include "families/zimage/prompt.h"
 
 #include <nlohmann/json.hpp>
 
@@ -13,7 +13,7 @@ std::string chat_text(std::string_view prompt) {
   return text;
 }
 
-KleinPromptTokens tokenize_prompt(const Tokenizer& tokenizer, std::string_view prompt) {
+PromptTokens tokenize_prompt(const Tokenizer& tokenizer, std::string_view prompt) {
   return tokenize_chat_text(tokenizer, chat_text(prompt), kMaxPromptTokens);
 }
 

@@ -22,7 +22,8 @@ TEST(ForwardWork, CountsEveryTransformerMatrixOnItsRows) {
   double linear = 0, blocks = 0;
   for (const std::string& name : store->units()) {
     if (!name.starts_with("transformer.")) continue;
-    const bool shared = name == "transformer.shared", single = name.starts_with("transformer.single.");
+    const bool shared = name == "transformer.shared",
+               single = name.starts_with("transformer.single.");
     if (!shared) ++blocks;
     auto unit = store->acquire(name);
     for (const Weight& w : unit->weights()) {
@@ -32,14 +33,14 @@ TEST(ForwardWork, CountsEveryTransformerMatrixOnItsRows) {
       double rows;
       if (shared) {
         if (n.find("context_embedder") != std::string::npos) continue;  // once per prompt
-        const bool image = n.find("x_embedder") != std::string::npos ||
-                           n.find("proj_out") != std::string::npos;
+        const bool image =
+            n.find("x_embedder") != std::string::npos || n.find("proj_out") != std::string::npos;
         rows = image ? N : 1;  // the embedders and modulations run on one row
       } else if (single) {
         rows = S;
       } else {  // a double block: the text stream's own weights on the text rows
-        const bool text = n.find("add_") != std::string::npos ||
-                          n.find("ff_context") != std::string::npos;
+        const bool text =
+            n.find("add_") != std::string::npos || n.find("ff_context") != std::string::npos;
         rows = text ? T : N;
       }
       linear += macs * rows;
