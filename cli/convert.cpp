@@ -18,6 +18,7 @@
 #include "convert/policy.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "weights/family.h"
 
 namespace klein::cli {
 namespace {
@@ -116,7 +117,7 @@ void run_convert(const ConvertArgs& a) {
 static Registration convert_command("convert", 10, [](CLI::App& app) {
   auto a = std::make_shared<ConvertArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "convert", "Convert a checkpoint (FLUX.2-klein, Z-Image) into one klein container file");
+      "convert", "Convert a checkpoint (" + family_titles() + ") into one klein container file");
   add_model_options(*cmd, a->paths);
   cmd->add_option("-o,--output", a->output, "the container file to write");
   cmd->add_option("-t,--type", a->type,

@@ -514,8 +514,7 @@ Registration generate_command("generate", 10, [](CLI::App& app) {
   cmd->add_option("-H,--height", a->gen.height, "Height in pixels (default: the init image's or the first reference's, else 1024)")
       ->check(CLI::Range(int64_t(16), int64_t(8192)));
   cmd->add_option("-s,--steps", a->gen.steps,
-                  "Denoising steps (default: the model's pipeline's: 4 for klein, 50 for "
-                  "klein-base, 50 for FLUX.2-dev, 8 for Z-Image-Turbo, 50 for Z-Image)")
+                  "Denoising steps (default: the model's pipeline's; --variant lists them)")
       ->check(CLI::Range(int64_t(1), kMaxSteps));
   cmd->add_option_function<std::string>(
       "--seed", [a](const std::string& s) { a->gen.seed = parse_seed(s, "--seed"); },

@@ -10,9 +10,10 @@
 #include "core/files.h"
 #include "core/memory.h"
 #include "core/version.h"
+#include "weights/family.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"klein: FLUX.2-klein and Z-Image image generation on the CPU"};
+  CLI::App app{"klein: " + klein::family_titles() + " image generation on the CPU"};
   app.set_version_flag("--version", std::string("klein ") + KLEIN_VERSION);
   app.require_subcommand(1);
   klein::cli::register_commands(app);

@@ -2,13 +2,16 @@
 
 #include <map>
 
+#include "weights/family.h"
+
 namespace klein::cli {
 
 void add_model_options(CLI::App& cmd, ModelPaths& paths) {
   const char* group = "Model";
   cmd.add_option("-m,--model", paths.model,
-                 "FLUX.2-klein diffusers directory (model_index.json, transformer/, "
-                 "text_encoder/, vae/, tokenizer/) or klein container file")
+                 "diffusers directory (model_index.json, transformer/, text_encoder/, vae/, "
+                 "tokenizer/) of " +
+                     family_titles() + ", or klein container file")
       ->group(group);
   cmd.add_option("--diffusion-model", paths.diffusion_model,
                  "transformer safetensors file (BFL, ComfyUI or diffusers names) or GGUF file "
@@ -22,13 +25,12 @@ void add_model_options(CLI::App& cmd, ModelPaths& paths) {
   cmd.add_option("--vae", paths.vae,
                  "VAE safetensors file (BFL or diffusers names); overrides the one in -m")
       ->group(group);
-  std::string names;
-  for (const auto& n : variant_names()) names += (names.empty() ? "" : ", ") + n;
+  std::string variants;
+  for (const ModelFamily* f : model_families())
+    variants += (variants.empty() ? "" : "; ") + f->variants_help();
   cmd.add_option("--variant", paths.variant,
-                 "which model a checkpoint is where its files do not say (" + names +
-                     "): base models run 50 steps with CFG, 9b-kv caches its references' "
-                     "keys and values, zimage-turbo runs 8 steps without guidance; must "
-                     "agree where the checkpoint says")
+                 "which model a checkpoint is where its files do not say (" + variants +
+                     "); must agree where the checkpoint says")
       ->group(group);
   cmd.add_option("--tokenizer", paths.tokenizer,
                  "tokenizer directory (vocab.json + merges.txt + tokenizer_config.json, or "

@@ -31,6 +31,7 @@
 #include "formats/safetensors.h"
 #include "formats/xxh3.h"
 #include "hub/hub.h"
+#include "weights/family.h"
 
 namespace klein::cli {
 namespace {
@@ -215,9 +216,11 @@ void run_pull(const PullArgs& a) {
   if (!index) {
     std::string examples;
     for (size_t i = 0; i < all.size() && i < 4; ++i) examples += (i ? ", " : "") + all[i].path;
-    fail(repo.id, " has no model_index.json: `klein pull` takes diffusers repositories "
-         "(FLUX.2-klein, Z-Image). It holds ", all.size(), " files", all.empty() ? "" : " (",
-         examples, all.size() > 4 ? ", ..." : "", all.empty() ? "" : ")",
+    fail(repo.id,
+         " has no model_index.json: `klein pull` takes diffusers repositories "
+         "(",
+         family_titles(), "). It holds ", all.size(), " files", all.empty() ? "" : " (", examples,
+         all.size() > 4 ? ", ..." : "", all.empty() ? "" : ")",
          "; for single files, download them and run `klein convert --diffusion-model FILE "
          "--text-encoder FILE --vae FILE --tokenizer DIR`");
   }

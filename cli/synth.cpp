@@ -7,10 +7,11 @@
 #include <cstdio>
 #include <thread>
 
-#include "cli/commands.h"
 #include "bench/support/synthetic.h"
+#include "cli/commands.h"
 #include "convert/convert.h"
 #include "convert/policy.h"
+#include "weights/family.h"
 
 namespace klein::cli {
 namespace {
@@ -40,15 +41,15 @@ Registration synth_command("synth", 90, [](CLI::App& app) {
                   "vocab.json, merges.txt, tokenizer_config.json, or tokenizer.json")
       ->required();
   cmd->add_option("--seed", args->seed, "Seed of the random weights");
-  cmd->add_option("--variant", args->variant,
-                  "4b: FLUX.2-klein-4B (distilled); 4b-base: its base model (50 steps, CFG); "
-                  "4b-kv: the 4B declared for the reference K/V cache pipeline; 9b, 9b-base, "
-                  "9b-kv: FLUX.2-klein-9B (Qwen3-8B; about 36 GB) likewise; zimage-turbo: "
-                  "Z-Image-Turbo (6B, Qwen3-4B, FLUX.1 VAE; about 20 GB); dev: FLUX.2-dev "
-                  "(32B, Mistral-Small-3.1 up to layer 30; with -t only, e.g. -t q4: about "
-                  "30 GB; the tokenizer a Tekken tokenizer.json)")
-      ->check(CLI::IsMember(
-          {"4b", "4b-base", "4b-kv", "9b", "9b-base", "9b-kv", "zimage-turbo", "dev"}))
+  std::string models;
+  std::vector<std::string> names;
+  for (const ModelFamily* f : model_families())
+    for (const auto& m : f->published_models()) {
+      models += (models.empty() ? "" : "; ") + m.name + ": " + m.about;
+      names.push_back(m.name);
+    }
+  cmd->add_option("--variant", args->variant, "The published model whose shapes to make: " + models)
+      ->check(CLI::IsMember(names))
       ->capture_default_str();
   cmd->add_flag("-q,--quiet", args->quiet, "No progress output");
   cmd->callback([args] {

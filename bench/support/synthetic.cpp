@@ -8,7 +8,6 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "formats/safetensors_writer.h"
-#include "models/zimage/checkpoint/config.h"
 #include "weights/expected.h"
 #include "weights/family.h"
 
@@ -146,80 +145,18 @@ json diffusers_config(const char* cls, const nlohmann::json& fields) {
   return j;
 }
 
-// Z-Image-Turbo (Tongyi-MAI/Z-Image-Turbo's config files): the transformer's defaults
-// (zimage::TransformerConfig: 30 + 2 + 2 layers of width 3840, 30 heads), Qwen3-4B read at
-// its last layer but one, the FLUX.1 VAE (16 latent channels, no quant convs, scaling 0.3611,
-// shift 0.1159) and a static shift of 3.
-ModelConfig zimage_turbo_config() {
-  ModelConfig c;
-  c.family = "z-image";
-  c.family_transformer = zimage::to_json(zimage::TransformerConfig{});
-  c.text_encoder.output_layers = {c.text_encoder.num_layers - 1};
-  c.vae.latent_channels = 16;
-  c.vae.use_quant_conv = false;
-  c.vae.use_post_quant_conv = false;
-  c.vae.latent_batch_norm = false;
-  c.vae.scaling_factor = 0.3611;
-  c.vae.shift_factor = 0.1159;
-  c.scheduler.use_dynamic_shifting = false;
-  c.scheduler.shift = 3.0;
-  return c;
-}
-
 }  // namespace
 
-// FLUX.2-dev (diffusers' scripts/convert_flux2_to_diffusers.py and the published configs):
-// 8 double and 48 single blocks, 48 heads of 128 (width 6144), a guidance embedder, context
-// 15360 = 3 x 5120 from layers 10, 20 and 30 of Mistral-Small-3.1's language model (40
-// layers, hidden 5120, MLP 32768, 32 query and 8 key/value heads of 128, no q/k norms,
-// vocabulary 131072, RoPE theta 1e9, RMSNorm eps 1e-5); klein's VAE.
-static ModelConfig flux2_dev_config() {
-  ModelConfig c;
-  c.family = "flux2-dev";
-  c.transformer.num_double_blocks = 8;
-  c.transformer.num_single_blocks = 48;
-  c.transformer.num_heads = 48;
-  c.transformer.context_dim = 15360;
-  c.transformer.guidance_embeds = true;
-  c.text_encoder.vocab_size = 131072;
-  c.text_encoder.hidden = 5120;
-  c.text_encoder.intermediate = 32768;
-  c.text_encoder.num_layers = 40;
-  c.text_encoder.num_heads = 32;
-  c.text_encoder.num_kv_heads = 8;
-  c.text_encoder.head_dim = 128;
-  c.text_encoder.rms_eps = 1e-5;
-  c.text_encoder.rope_theta = 1e9;
-  c.text_encoder.qk_norm = false;
-  c.text_encoder.output_layers = {10, 20, 30};
-  return c;
-}
-
 ModelConfig klein_variant_config(const std::string& variant) {
-  if (variant == "zimage-turbo") return zimage_turbo_config();
-  if (variant == "dev") return flux2_dev_config();
-  static const char* const known[] = {"4b", "4b-base", "4b-kv", "9b", "9b-base", "9b-kv"};
-  check(std::find(std::begin(known), std::end(known), variant) != std::end(known), "variant ",
-        variant, ": expected 4b, 4b-base, 4b-kv, 9b, 9b-base, 9b-kv, zimage-turbo or dev");
-  ModelConfig c;  // the defaults are klein-4B's: 5 + 20 blocks of width 3072, Qwen3-4B
-  if (variant.rfind("9b", 0) == 0) {
-    // klein-9B (diffusers' scripts/convert_flux2_to_diffusers.py, "klein-9b"): 8 double and
-    // 24 single blocks, 32 heads of 128 (width 4096), context 12288 = 3 x Qwen3-8B's 4096.
-    c.transformer.num_double_blocks = 8;
-    c.transformer.num_single_blocks = 24;
-    c.transformer.num_heads = 32;
-    c.transformer.context_dim = 12288;
-    // Qwen3-8B: 36 layers, 32 query and 8 key/value heads of 128, hidden 4096, MLP 12288.
-    c.text_encoder.hidden = 4096;
-    c.text_encoder.intermediate = 12288;
-    c.text_encoder.num_layers = 36;
-    c.text_encoder.num_heads = 32;
-    c.text_encoder.num_kv_heads = 8;
-    c.text_encoder.head_dim = 128;
-  }
-  c.is_distilled = variant.find("-base") == std::string::npos;
-  c.reference_cache = variant.size() > 3 && variant.compare(variant.size() - 3, 3, "-kv") == 0;
-  return c;
+  std::string known;
+  for (const ModelFamily* f : model_families())
+    for (const auto& m : f->published_models()) {
+      if (m.name == variant) return f->published_config(variant);
+      known += (known.empty() ? "" : ", ") + m.name;
+    }
+  const size_t last = known.rfind(", ");
+  if (last != std::string::npos) known.replace(last, 2, " or ");
+  fail("variant ", variant, ": expected ", known);
 }
 
 void write_synthetic_model(const SyntheticModelOptions& o, const SyntheticProgress& progress) {

@@ -35,10 +35,10 @@ struct SyntheticModelOptions {
   uint64_t seed = 0;
 };
 
-// The configuration of a published variant, for synthetic models: klein's "4b", "4b-base",
-// "4b-kv", "9b", "9b-base", "9b-kv", "zimage-turbo" and FLUX.2-dev's "dev" (docs/MODELS.md
-// gives the sources of every number).
-// Throws klein::Error for other names.
+// The configuration of a published model of a registered family (ModelFamily::published_models:
+// klein's "4b", "4b-base", "4b-kv", "9b", "9b-base", "9b-kv", Z-Image's "zimage-turbo",
+// FLUX.2-dev's "dev"; docs/MODELS.md gives the sources of every number).
+// Throws klein::Error naming the known ones for other names.
 ModelConfig klein_variant_config(const std::string& variant);
 
 // Called after each tensor: file being written, bytes written so far, bytes in total.

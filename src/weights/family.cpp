@@ -29,6 +29,17 @@ const std::vector<const ModelFamily*>& model_families() {
   return registered_families();
 }
 
+std::string family_titles() {
+  const auto& all = model_families();
+  std::string text;
+  for (size_t i = 0; i < all.size(); ++i)
+    text += std::string(i == 0                ? ""
+                        : i + 1 == all.size() ? " or "
+                                              : ", ") +
+            std::string(all[i]->title());
+  return text;
+}
+
 const ModelFamily& model_family(std::string_view id, const std::string& where) {
   std::string known;
   for (const ModelFamily* f : model_families()) {

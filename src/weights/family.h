@@ -81,6 +81,18 @@ class ModelFamily {
   // it is none of them: test models).
   virtual std::vector<std::string> variant_names() const = 0;
   virtual std::string variant_name(const ModelConfig& c) const = 0;
+  // The published models of this family by name ("4b", "9b-kv", "zimage-turbo", "dev"), each
+  // with a line for help texts ("FLUX.2-klein-9B, Qwen3-8B, about 36 GB of BF16"), and the
+  // configuration of one (its real shapes: docs/MODELS.md gives the sources; throws for
+  // another name). For full-size synthetic checkpoints: klein synth, the benchmarks.
+  struct PublishedModel {
+    std::string name, about;
+  };
+  virtual std::vector<PublishedModel> published_models() const = 0;
+  virtual ModelConfig published_config(const std::string& name) const = 0;
+  // What each of those names is and how its pipeline runs by default, for --variant's help:
+  // "4b, 9b: distilled, 4 steps without guidance; ...".
+  virtual std::string variants_help() const = 0;
 
   // For `klein inspect`: how the pipeline runs this model (one line each: guidance, caches),
   // and the transformer in a few words ("5 double + 20 single blocks, inner width 3072").
@@ -122,6 +134,8 @@ void register_model_family(const ModelFamily& family);
 // model_index.json is recognised in this order, and the first is the default. Throws when
 // none is registered (a program that does not link klein_families).
 const std::vector<const ModelFamily*>& model_families();
+// The registered families' titles for help texts: "FLUX.2-klein, Z-Image or FLUX.2-dev".
+std::string family_titles();
 // The family with this id; throws naming the id and the known ones (`where`: whose id).
 const ModelFamily& model_family(std::string_view id, const std::string& where = "");
 inline const ModelFamily& model_family(const ModelConfig& c) { return model_family(c.family); }

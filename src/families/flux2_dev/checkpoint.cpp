@@ -44,6 +44,41 @@ class Flux2Dev final : public Flux2Klein {
     c.reference_cache = false;
   }
   std::vector<std::string> variant_names() const override { return {"dev"}; }
+  std::string variants_help() const override {
+    return "dev: FLUX.2-dev, 50 steps with the guidance embedded";
+  }
+  std::vector<PublishedModel> published_models() const override {
+    return {{"dev",
+             "FLUX.2-dev (32B, Mistral-Small-3.1 up to layer 30; with -t only, e.g. -t "
+             "q4: about 30 GB; the tokenizer a Tekken tokenizer.json)"}};
+  }
+  // FLUX.2-dev (diffusers' scripts/convert_flux2_to_diffusers.py and the published configs):
+  // 8 double and 48 single blocks, 48 heads of 128 (width 6144), a guidance embedder, context
+  // 15360 = 3 x 5120 from layers 10, 20 and 30 of Mistral-Small-3.1's language model (40
+  // layers, hidden 5120, MLP 32768, 32 query and 8 key/value heads of 128, no q/k norms,
+  // vocabulary 131072, RoPE theta 1e9, RMSNorm eps 1e-5); klein's VAE.
+  ModelConfig published_config(const std::string& name) const override {
+    check(name == "dev", "FLUX.2-dev has no published model \"", name, "\"");
+    ModelConfig c;
+    c.family = "flux2-dev";
+    c.transformer.num_double_blocks = 8;
+    c.transformer.num_single_blocks = 48;
+    c.transformer.num_heads = 48;
+    c.transformer.context_dim = 15360;
+    c.transformer.guidance_embeds = true;
+    c.text_encoder.vocab_size = 131072;
+    c.text_encoder.hidden = 5120;
+    c.text_encoder.intermediate = 32768;
+    c.text_encoder.num_layers = 40;
+    c.text_encoder.num_heads = 32;
+    c.text_encoder.num_kv_heads = 8;
+    c.text_encoder.head_dim = 128;
+    c.text_encoder.rms_eps = 1e-5;
+    c.text_encoder.rope_theta = 1e9;
+    c.text_encoder.qk_norm = false;
+    c.text_encoder.output_layers = {10, 20, 30};
+    return c;
+  }
   std::string variant_name(const ModelConfig& c) const override {
     return c.transformer.inner_dim() == 6144 && c.text_encoder.hidden == 5120 ? "dev" : "";
   }

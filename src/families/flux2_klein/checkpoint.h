@@ -96,6 +96,12 @@ class Flux2Klein : public ModelFamily {
   std::vector<std::string> variant_names() const override {
     return {"4b", "4b-base", "9b", "9b-base", "9b-kv"};
   }
+  std::vector<PublishedModel> published_models() const override;
+  ModelConfig published_config(const std::string& name) const override;
+  std::string variants_help() const override {
+    return "4b, 9b: FLUX.2-klein distilled, 4 steps without guidance; 4b-base, 9b-base: 50 steps "
+           "with CFG; 9b-kv: references' keys and values computed once";
+  }
   std::string variant_name(const ModelConfig& c) const override {
     const int64_t width = c.transformer.inner_dim(), hidden = c.text_encoder.hidden;
     std::string size;

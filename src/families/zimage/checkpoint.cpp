@@ -225,6 +225,33 @@ class ZImage final : public ModelFamily {
   // --variant says otherwise; a single file is what its name says.
   void read_model_index(const json&, ModelConfig& c) const override { c.is_distilled = true; }
   std::vector<std::string> variant_names() const override { return {"zimage-turbo", "zimage"}; }
+  std::vector<PublishedModel> published_models() const override {
+    return {{"zimage-turbo", "Z-Image-Turbo (6B, Qwen3-4B, FLUX.1 VAE; about 20 GB)"}};
+  }
+  // Z-Image-Turbo (Tongyi-MAI/Z-Image-Turbo's config files): the transformer's defaults
+  // (zimage::TransformerConfig: 30 + 2 + 2 layers of width 3840, 30 heads), Qwen3-4B read at
+  // its last layer but one, the FLUX.1 VAE (16 latent channels, no quant convs, scaling 0.3611,
+  // shift 0.1159) and a static shift of 3.
+  ModelConfig published_config(const std::string& name) const override {
+    check(name == "zimage-turbo", "Z-Image has no published model \"", name, "\"");
+    ModelConfig c;
+    c.family = "z-image";
+    c.family_transformer = to_json(TransformerConfig{});
+    c.text_encoder.output_layers = {c.text_encoder.num_layers - 1};
+    c.vae.latent_channels = 16;
+    c.vae.use_quant_conv = false;
+    c.vae.use_post_quant_conv = false;
+    c.vae.latent_batch_norm = false;
+    c.vae.scaling_factor = 0.3611;
+    c.vae.shift_factor = 0.1159;
+    c.scheduler.use_dynamic_shifting = false;
+    c.scheduler.shift = 3.0;
+    return c;
+  }
+  std::string variants_help() const override {
+    return "zimage-turbo: Z-Image-Turbo, 8 steps without guidance; zimage: Z-Image, 50 steps "
+           "with CFG";
+  }
   std::string variant_name(const ModelConfig& c) const override {
     return c.is_distilled ? "zimage-turbo" : "zimage";
   }
