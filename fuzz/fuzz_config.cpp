@@ -1,6 +1,7 @@
 // libFuzzer target: the model configuration JSON (config.json of each network, the scheduler,
-// the container's stored configuration, and Z-Image's transformer, text encoder and VAE
-// factors) and the precision policy text (globs, PCRE2
+// the container's stored configuration, Z-Image's transformer, text encoder and VAE factors,
+// the safety classifier's config.json and preprocessor_config.json, and the tensors a parsed
+// classifier configuration expects) and the precision policy text (globs, PCRE2
 // patterns, types), as `klein convert --policy` reads it.
 #include <cstdint>
 #include <string>
@@ -14,6 +15,7 @@
 #include "models/zimage/checkpoint/config.h"
 #include "models/zimage/latents.h"
 #include "weights/config.h"
+#include "weights/safety_model.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto parts = klein::fuzz::split<2>(data, size);
@@ -33,6 +35,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     each([&] { (void)klein::zimage::parse_transformer_config(j, "fuzz"); });
     each([&] { (void)klein::zimage::parse_text_encoder_config(j, "fuzz"); });
     each([&] { (void)klein::zimage::parse_latent_scale(j, "fuzz"); });
+    each([&] { (void)klein::expected_safety_tensors(klein::parse_vit_config(j, "fuzz")); });
+    each([&] { (void)klein::parse_vit_image_processor(j, "fuzz"); });
   }
   try {
     const auto policy = klein::convert::PrecisionPolicy::with_user_rules(parts[1], "fuzz");

@@ -111,6 +111,13 @@ flux2::TokenLayout& token_layout(Generation& g) {
   return static_cast<Flux2State&>(*g.family).layout;
 }
 
+// The init image of image-to-image and inpainting as start() reads it: scaled down to a
+// megapixel when larger, and the output size it implies (floored to multiples of 16).
+struct InitImage {
+  Image image;
+  std::optional<ImageSize> size;
+};
+
 class Flux2Stages final : public FamilyStages {
  public:
   explicit constexpr Flux2Stages(const Flux2Pipeline& pipeline) : p_(pipeline) {}
@@ -209,6 +216,22 @@ class Flux2Stages final : public FamilyStages {
                                       const StepHook& on_step) const;
   // What denoise leaves: the latents and times in g, the inputs it no longer needs released.
   static void finish_denoise(Generation& g, flux2::SamplerResult& out, const Dumper& dump);
+
+  // The steps of start(), in order.
+  //
+  // Options this pipeline has no counterpart for, refused by name.
+  void refuse_what_the_pipeline_lacks(const GenerateOptions& o) const;
+  // The LoRAs, the references and the init image, read and checked.
+  static InitImage load_inputs(Session& session, Generation& g, Progress& progress);
+  // The output size and the token grid; the init image (and mask) at that size.
+  static void settle_size(Session& session, Generation& g, Progress& progress, InitImage& init);
+  // The steps, and the first one that runs for image-to-image and inpainting.
+  static void settle_steps(Generation& g, const ModelConfig& config);
+  // Guidance, seed or noise file, arithmetic; what has no effect is said.
+  void settle_guidance_and_noise(Session& session, Generation& g, Progress& progress) const;
+  // The memory plan against the budget, and the VAE's scratch files checked.
+  void plan_memory_and_scratch(Session& session, Generation& g, Progress& progress,
+                               const InitImage& init) const;
 
   const Flux2Pipeline& p_;
 };
@@ -315,9 +338,15 @@ std::unique_ptr<FamilyStages::Probe> Flux2Stages::start_probe(WeightStore& store
 // references loaded and checked, and the memory plan: all before any network runs.
 void Flux2Stages::start(Session& session, Generation& g, Progress& progress) const {
   g.family = std::make_shared<Flux2State>();
-  const GenerateOptions& o = g.options;
-  const ModelConfig& config = session.weights().config();
-  GenerateResult& r = g.result;
+  refuse_what_the_pipeline_lacks(g.options);
+  InitImage init = load_inputs(session, g, progress);
+  settle_size(session, g, progress, init);
+  settle_steps(g, session.weights().config());
+  settle_guidance_and_noise(session, g, progress);
+  plan_memory_and_scratch(session, g, progress, init);
+}
+
+void Flux2Stages::refuse_what_the_pipeline_lacks(const GenerateOptions& o) const {
   check(!o.cfg_normalization && !o.cfg_truncation,
         "--cfg-normalization and --cfg-truncation "
         "are Z-Image's guidance options; ",
@@ -325,7 +354,12 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
   check(p_.image_to_image || (o.init_image.empty() && o.mask.empty() && !o.strength), p_.name,
         "'s pipeline has no image-to-image or inpainting: give the picture as a --reference "
         "(an edit) instead of --init-image");
+}
 
+InitImage Flux2Stages::load_inputs(Session& session, Generation& g, Progress& progress) {
+  const GenerateOptions& o = g.options;
+  const ModelConfig& config = session.weights().config();
+  GenerateResult& r = g.result;
   // LoRAs: every file read and checked against this transformer before any other work.
   if (!o.loras.empty())
     session.timed(g, progress, "load LoRA", 0, [&](Phase&) {
@@ -339,8 +373,7 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
   // to multiples of 16 is the output's unless the caller gives one.
   check(!o.strength || !o.init_image.empty(),
         "--strength needs --init-image (the picture whose content it keeps)");
-  Image init;
-  std::optional<ImageSize> init_size;
+  InitImage init;
   check(o.mask.empty() || !o.init_image.empty(),
         "--mask needs --init-image (the picture the mask applies to)");
   g.inpaint = !o.mask.empty();
@@ -352,18 +385,27 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
     check(std::isfinite(s) && s > 0 && s <= 1, "strength: expected a number in (0, 1], got ", s);
     r.strength = s;
     session.timed(g, progress, "load init image", 0, [&](Phase&) {
-      init = load_image(o.init_image);
+      init.image = load_image(o.init_image);
       // The image-to-image pipeline checks the init image like a reference; inpainting not.
-      if (!g.inpaint) check_reference_size(o.init_image.string(), init.width, init.height);
-      const ImageSize t = reference_resize_target(init.width, init.height);
-      if (t.width != init.width || t.height != init.height)
-        init = resize_lanczos(init, t.width, t.height);
+      if (!g.inpaint)
+        check_reference_size(o.init_image.string(), init.image.width, init.image.height);
+      const ImageSize t = reference_resize_target(init.image.width, init.image.height);
+      if (t.width != init.image.width || t.height != init.image.height)
+        init.image = resize_lanczos(init.image, t.width, t.height);
     });
-    init_size = init_image_size(init);
-    check(init_size->width >= kPixelsPerToken && init_size->height >= kPixelsPerToken,
-          o.init_image.string(), ": ", init.width, "x", init.height,
+    init.size = init_image_size(init.image);
+    check(init.size->width >= kPixelsPerToken && init.size->height >= kPixelsPerToken,
+          o.init_image.string(), ": ", init.image.width, "x", init.image.height,
           " is too small for an init image (at least 16x16 pixels)");
   }
+  return init;
+}
+
+void Flux2Stages::settle_size(Session& session, Generation& g, Progress& progress,
+                              InitImage& init) {
+  const GenerateOptions& o = g.options;
+  GenerateResult& r = g.result;
+  const std::optional<ImageSize>& init_size = init.size;
   if (g.inpaint)  // the inpainting pipeline always takes the init image's size
     check((o.width <= 0 || o.width == init_size->width) &&
               (o.height <= 0 || o.height == init_size->height),
@@ -379,16 +421,21 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
   g.grid = {height / kPixelsPerToken, width / kPixelsPerToken};
   if (init_size && g.inpaint) {
     // Scaled to the size (the processor's "default" mode; unchanged when it already fits).
-    if (init.width != width || init.height != height)
-      init = resize_lanczos(init, int(width), int(height));
-    g.init_pixels = image_to_tensor(init);
+    if (init.image.width != width || init.image.height != height)
+      init.image = resize_lanczos(init.image, int(width), int(height));
+    g.init_pixels = image_to_tensor(init.image);
     Image mask_image;
     session.timed(g, progress, "load mask", 0, [&](Phase&) { mask_image = load_image(o.mask); });
     g.mask_latents = resample_bilinear(binary_mask(mask_image, int(width), int(height)),
                                        int(height), int(width), int(g.grid.rows), int(g.grid.cols));
   } else if (init_size) {
-    g.init_pixels = image_to_tensor(crop_centered(init, int(width), int(height)));
+    g.init_pixels = image_to_tensor(crop_centered(init.image, int(width), int(height)));
   }
+}
+
+void Flux2Stages::settle_steps(Generation& g, const ModelConfig& config) {
+  const GenerateOptions& o = g.options;
+  GenerateResult& r = g.result;
   check(o.steps >= 0 && o.steps <= kMaxSteps, "steps: expected 1 to ", kMaxSteps, ", got ",
         o.steps);
   r.steps = o.steps > 0 ? o.steps : flux2::default_steps(config);
@@ -405,6 +452,13 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
           " steps runs no step (int(steps x strength) = 0): raise --strength or --steps");
     g.first_step = r.steps - run;
   }
+}
+
+void Flux2Stages::settle_guidance_and_noise(Session& session, Generation& g,
+                                            Progress& progress) const {
+  const GenerateOptions& o = g.options;
+  const ModelConfig& config = session.weights().config();
+  GenerateResult& r = g.result;
   r.guidance = o.guidance.value_or(config.is_distilled && !p_.embedded_guidance ? 1.0f : 4.0f);
   check(std::isfinite(r.guidance), "guidance: expected a finite number, got ", r.guidance);
   // The noise file replaces the seed: a seed would describe noise that was not used.
@@ -431,7 +485,15 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
                  "this model is distilled (no classifier-free guidance): the guidance and "
                  "the negative prompt have no effect and are not recorded in the image");
   r.fast = runs_fast(o.precision, session.weights());
+}
 
+void Flux2Stages::plan_memory_and_scratch(Session& session, Generation& g, Progress& progress,
+                                          const InitImage& init) const {
+  const GenerateOptions& o = g.options;
+  const ModelConfig& config = session.weights().config();
+  GenerateResult& r = g.result;
+  const int64_t width = r.width, height = r.height;
+  const std::optional<ImageSize>& init_size = init.size;
   // Memory: how much this generation needs, resident or paged, against the budget.
   if (o.plan_memory) {
     MemoryPlanInputs need = memory_inputs(session.weights().config());
