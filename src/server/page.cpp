@@ -22,10 +22,7 @@ const char* const kServerPage = R"html(<!doctype html>
   h1 { font-size: 1.3em; margin: 0 0 .6em; }
   [hidden] { display: none !important; }
   input, textarea, button { font: inherit; }
-  form { display: grid; grid-template-columns: max-content minmax(0, 1fr); gap: .5em 1em; align-items: center; }
-  form > * { min-width: 0; max-width: 100%; box-sizing: border-box; }
-  /* A phone's width: one column, each label above its field. */
-  @media (max-width: 560px) { form { grid-template-columns: minmax(0, 1fr); gap: .3em; } }
+  form { display: grid; grid-template-columns: max-content 1fr; gap: .5em 1em; align-items: center; }
   textarea { width: 100%; min-height: 4em; box-sizing: border-box; }
   #negative { width: 100%; box-sizing: border-box; }
   .row { display: flex; gap: .4em .8em; flex-wrap: wrap; align-items: flex-end; }
@@ -39,7 +36,7 @@ const char* const kServerPage = R"html(<!doctype html>
   #images { display: flex; gap: 1em; flex-wrap: wrap; margin-top: 1em; }
   figure { margin: 0; min-width: 0; max-width: 100%; }
   figure img, #preview { display: block; max-width: 100%; image-rendering: pixelated; border: 1px solid #ccc; }
-  figure img { min-width: min(256px, 100%); }
+  figure img { min-width: 256px; }
   figcaption { display: flex; gap: .6em; align-items: center; flex-wrap: wrap; margin-top: .4em; }
   #preview { width: 256px; }
   .error { color: #b00020; }
