@@ -126,6 +126,20 @@ def test_zimage_guidance_options_are_the_cli_ones(cli, testdata, tmp_path):
     assert image.info["klein"] == expected.info["klein"]
 
 
+def test_zimage_inpainting_is_the_cli_image(cli, testdata, tmp_path):
+    path = testdata / "zimage-tiny" / "model"
+    case = testdata / "zimage-control" / "vectors" / "e2e" / "inpaint_rect_h64_w80"
+    init, mask = case / "init.png", case / "mask.png"
+    with klein_edge.Model(path, threads=2) as zimage:
+        image = zimage.generate(PROMPT, steps=3, seed=8, init_image=Image.open(init), mask=mask,
+                                strength=0.8)
+    expected = cli_png(cli, tmp_path, path, "--seed", 8, "-s", 3, "--init-image", init,
+                       "--mask", mask, "--strength", 0.8)
+    same_pixels(image, expected)
+    assert image.size == (80, 64)
+    assert image.info["parameters"] == expected.info["parameters"]
+
+
 def test_flux_dev_with_its_embedded_guidance_is_the_cli_image(cli, tmp_path):
     path = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "flux2-dev-tiny" / "model"
     with klein_edge.Model(path, threads=2) as dev:

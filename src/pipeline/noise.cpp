@@ -24,12 +24,13 @@ std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> c, std::array<uint32_
   return c;
 }
 
-std::vector<float> gaussian_noise(uint64_t seed, int64_t n) {
+std::vector<float> gaussian_noise(uint64_t seed, int64_t n, NoiseStream stream) {
   std::vector<float> out(static_cast<size_t>(n));
   const std::array<uint32_t, 2> key = {uint32_t(seed), uint32_t(seed >> 32)};
   const double two_pi = 6.283185307179586476925286766559;
   for (int64_t pair = 0; 2 * pair < n; ++pair) {
-    const auto r = philox4x32({uint32_t(pair), uint32_t(uint64_t(pair) >> 32), 0, 0}, key);
+    const auto r = philox4x32(
+        {uint32_t(pair), uint32_t(uint64_t(pair) >> 32), uint32_t(stream), 0}, key);
     const double u1 = (double(r[0]) + 1.0) / 4294967296.0;
     const double u2 = double(r[1]) / 4294967296.0;
     const double radius = std::sqrt(-2.0 * std::log(u1));
@@ -41,21 +42,22 @@ std::vector<float> gaussian_noise(uint64_t seed, int64_t n) {
 
 uint64_t random_seed() { return os_random_u64() % kRandomSeedBound; }
 
-void fill_gaussian(Tensor& t, uint64_t seed) {
-  const std::vector<float> values = gaussian_noise(seed, t.numel());
+void fill_gaussian(Tensor& t, uint64_t seed, NoiseStream stream) {
+  const std::vector<float> values = gaussian_noise(seed, t.numel(), stream);
   std::copy(values.begin(), values.end(), t.data());
 }
 
-Tensor read_noise_file(const std::filesystem::path& file, const Shape& expected) {
+Tensor read_noise_file(const std::filesystem::path& file, const Shape& expected,
+                       const char* option) {
   const NpyArray a = read_npy(file);
-  check(a.dtype == DType::F32 && a.shape == expected, "--noise ", file.string(),
+  check(a.dtype == DType::F32 && a.shape == expected, option, " ", file.string(),
         ": expected float32 ", shape_str(expected), " for this size, got ", dtype_name(a.dtype),
         " ", shape_str(a.shape));
   Tensor t(Shape(expected.begin() + 1, expected.end()));
   std::memcpy(t.data(), a.bytes.data(), a.bytes.size());
   for (int64_t i = 0; i < t.numel(); ++i)
-    check(std::isfinite(t.data()[i]), "--noise ", file.string(), ": value ", i, " is ",
-          t.data()[i], "; the initial noise must be finite");
+    check(std::isfinite(t.data()[i]), option, " ", file.string(), ": value ", i, " is ",
+          t.data()[i], "; the noise must be finite");
   return t;
 }
 

@@ -13,6 +13,11 @@
 // rounded to float32. Element i of the noise tensor [1, 128, H/16, W/16] (C order) is value i
 // of this sequence. Every value depends only on (seed, i), never on threads or order.
 //
+// Other draws of a generation take other streams of the same seed: stream s puts s in the
+// counter's third word, (pair low, pair high, s, 0). Stream 0 is the initial noise above;
+// stream 1 the VAE's posterior sample of an init image (Z-Image's image-to-image encodes
+// mean + std · ε, ε from stream 1).
+//
 // Any 64-bit seed is valid. A seed drawn at random is below 2^32 (random_seed).
 #include <array>
 #include <cstdint>
@@ -26,11 +31,14 @@ namespace klein {
 // Words r0..r3 of Philox-4x32-10 for one counter and key (exposed for tests).
 std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
 
-// n standard normal values of the sequence above.
-std::vector<float> gaussian_noise(uint64_t seed, int64_t n);
+enum class NoiseStream : uint32_t { initial = 0, vae_sample = 1 };
 
-// Fills `t` with gaussian_noise(seed, t.numel()).
-void fill_gaussian(Tensor& t, uint64_t seed);
+// n standard normal values of the sequence above.
+std::vector<float> gaussian_noise(uint64_t seed, int64_t n,
+                                  NoiseStream stream = NoiseStream::initial);
+
+// Fills `t` with gaussian_noise(seed, t.numel(), stream).
+void fill_gaussian(Tensor& t, uint64_t seed, NoiseStream stream = NoiseStream::initial);
 
 // Seeds drawn at random are below this bound. A seed is only useful if it survives the trip
 // from the image to the user and back: a JSON number read by JavaScript (and by many other
@@ -46,6 +54,8 @@ uint64_t random_seed();
 // The initial noise a user gave as a file (--noise): a float32 .npy of shape `expected`
 // ([1, C, h, w]), every value finite, returned as [C, h, w]. Read when a generation starts,
 // so that a wrong file is refused before the text encoder runs.
-Tensor read_noise_file(const std::filesystem::path& file, const Shape& expected);
+// `option` names the option in errors ("--noise", "--vae-noise").
+Tensor read_noise_file(const std::filesystem::path& file, const Shape& expected,
+                       const char* option = "--noise");
 
 }  // namespace klein

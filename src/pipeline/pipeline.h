@@ -77,11 +77,14 @@ struct GenerateOptions {
   std::filesystem::path init_image;
   // With init_image: how much of the schedule runs, 0 < s <= 1; int(steps * s) steps run,
   // the last ones, from s0 · noise + (1 - s0) · image (s0: the σ where they start).
-  std::optional<double> strength;  // none: 0.8, the official default
+  std::optional<double> strength;  // none: the pipeline's default (klein 0.8; Z-Image 0.6, inpainting 1)
   // With init_image: inpainting (Flux2KleinInpaintPipeline): white repaints, black keeps. The
   // init image is also a condition (before any reference), and the output keeps its size.
   std::filesystem::path mask;
   std::filesystem::path noise_file;               // optional [1, 128, H/16, W/16] float32 .npy
+  // With init_image and noise_file, for a pipeline that encodes the init image as a posterior
+  // sample (Z-Image): its ε, [1, 16, H/8, W/8] float32 .npy (else drawn from the seed).
+  std::filesystem::path vae_noise_file;
   std::filesystem::path dump_dir;                 // optional: write every stage as .npy here
   std::optional<std::filesystem::path> prompt_cache_dir;  // none: no prompt cache
   // Memory: plan and set the store's residency (false: leave the store as it is), within

@@ -279,6 +279,22 @@ TEST(CApi, ZImageWithItsGuidanceOptionsMakesTheCliPixels) {
   EXPECT_NE(metadata.find("\"cfg_truncation\":0.5"), std::string::npos) << metadata;
   klein_image_free(image);
 
+  // Image-to-image (ZImageImg2ImgPipeline) at the init image's size, as the CLI makes it.
+  const fs::path init = testing::tiny_dir().parent_path() / "zimage-control" / "vectors" / "e2e" /
+                        "img2img_s060_h64_w96" / "init.png";
+  p = params(4, 0, 0, 3);
+  p.init_image = init.c_str();
+  p.strength = 0.7f;
+  ASSERT_EQ(klein_generate(m.session, &p, &image), KLEIN_OK) << klein_session_error(m.session);
+  EXPECT_EQ(image->width, 96);
+  EXPECT_EQ(image->height, 64);
+  EXPECT_TRUE(testing::same_pixels(
+      testing::cli_generate(model, kPrompt,
+                            "--seed 4 -s 3 --strength 0.7 --init-image " + testing::shell_arg(init),
+                            out / "img2img.png"),
+      image->pixels, 96, 64));
+  klein_image_free(image);
+
   // The same options on a FLUX.2-klein model are refused by name.
   Opened klein_model;
   p = params(4, 64, 48, 1);

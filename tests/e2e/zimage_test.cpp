@@ -203,7 +203,7 @@ TEST(ZImageCli, RefusesWhatTheFamilyCannotDo) {
   save_image(some_png, Image(32, 32));
   for (const Refusal& r : std::vector<Refusal>{
            {"-r " + testing::shell_arg(some_png), "--reference: not available with Z-Image"},
-           {"--init-image " + testing::shell_arg(some_png), "--init-image/--strength: not available"},
+           {"--mask " + testing::shell_arg(some_png), "--mask needs --init-image"},
            {"--variant 4b", "is a Z-Image model; expected zimage-turbo or zimage"},
            {"--max-memory 1M", "--max-memory"},
            {"-g -1", "-g/--guidance"}}) {

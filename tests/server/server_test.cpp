@@ -242,6 +242,27 @@ TEST(Serve, ZImageRequestsMakeTheCliPixels) {
                                {{"prompt", kPrompt}, {"size", "48x32"}, {"seed", 9}, {"steps", 3},
                                 {"guidance", 3}, {"negative_prompt", "blurry"}});
   EXPECT_NE(png_of(plain["data"][0]["b64_json"]).rgb, png_of(gen["data"][0]["b64_json"]).rgb);
+
+  // Inpainting through A1111 img2img (ZImageInpaintPipeline), as the CLI makes it; /health
+  // offers the init image.
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(json::parse(health->body)["accepts"]["init_image"], true) << health->body;
+  const fs::path dir =
+      testing::tiny_dir().parent_path() / "zimage-control" / "vectors" / "e2e" / "inpaint_rect_h64_w80";
+  const json i2i = post_json(
+      c, "/sdapi/v1/img2img",
+      {{"prompt", kPrompt}, {"steps", 3}, {"seed", 9}, {"denoising_strength", 0.7},
+       {"init_images", {"data:image/png;base64," + file_b64(dir / "init.png")}},
+       {"mask", file_b64(dir / "mask.png")}});
+  ASSERT_EQ(i2i["images"].size(), 1u);
+  EXPECT_EQ(png_of(i2i["images"][0]).rgb,
+            testing::cli_generate(model, kPrompt,
+                                  "--seed 9 -s 3 --strength 0.7 --init-image " +
+                                      testing::shell_arg(dir / "init.png") + " --mask " +
+                                      testing::shell_arg(dir / "mask.png"),
+                                  out / "inpaint.png")
+                .rgb);
 }
 
 TEST(Serve, FluxDevRequestsMakeTheCliPixels) {

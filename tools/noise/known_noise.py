@@ -3,7 +3,7 @@
 
 The engine's initial noise is defined in src/pipeline/noise.h: Philox-4x32 with 10 rounds
 (Salmon et al., SC'11) keyed by the 64-bit seed (low word first), counter (pair index low
-word, pair index high word, 0, 0), and the Box-Muller transform of the first two words in
+word, pair index high word, stream, 0), and the Box-Muller transform of the first two words in
 double precision, rounded to float32. This script implements that text in plain Python
 (no numpy, no engine code) and writes, for a few seeds and lengths, the float32 bit patterns
 of the values; tests/pipeline/noise_test.cpp compares gaussian_noise() with them, so a change
@@ -31,12 +31,12 @@ def philox4x32_10(counter, key):
     return c0, c1, c2, c3
 
 
-def noise(seed, n):
+def noise(seed, n, stream=0):
     key = (seed & MASK, (seed >> 32) & MASK)
     out = []
     pair = 0
     while len(out) < n:
-        r = philox4x32_10((pair & MASK, (pair >> 32) & MASK, 0, 0), key)
+        r = philox4x32_10((pair & MASK, (pair >> 32) & MASK, stream, 0), key)
         u1 = (r[0] + 1) / 4294967296.0
         u2 = r[1] / 4294967296.0
         radius = math.sqrt(-2.0 * math.log(u1))
@@ -59,6 +59,11 @@ def main():
                     (15548176435081533121, 8), (18446744073709551615, 8), (42, 1001)]:
         values = noise(seed, n)
         cases.append({"seed": str(seed), "n": n,
+                      "float32_bits": [float32_bits(v) for v in values]})
+    # Stream 1 (the VAE's posterior sample) of the same seeds: other values.
+    for seed, n in [(0, 16), (42, 33)]:
+        values = noise(seed, n, 1)
+        cases.append({"seed": str(seed), "n": n, "stream": 1,
                       "float32_bits": [float32_bits(v) for v in values]})
     print('{"definition": "src/pipeline/noise.h", "cases": [')
     print(",\n".join(json.dumps(c) for c in cases))

@@ -351,6 +351,8 @@ void Flux2Stages::refuse_what_the_pipeline_lacks(const GenerateOptions& o) const
         "--cfg-normalization and --cfg-truncation "
         "are Z-Image's guidance options; ",
         p_.name, "'s guidance has neither");
+  check(o.vae_noise_file.empty(), "--vae-noise: ", p_.name,
+        "'s pipelines encode the init image's mean, which draws no noise");
   check(p_.image_to_image || (o.init_image.empty() && o.mask.empty() && !o.strength), p_.name,
         "'s pipeline has no image-to-image or inpainting: give the picture as a --reference "
         "(an edit) instead of --init-image");

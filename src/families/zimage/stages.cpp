@@ -1,4 +1,5 @@
-// The Z-Image stages (diffusers ZImagePipeline), text to image:
+// The Z-Image stages (diffusers ZImagePipeline; ZImageImg2ImgPipeline and
+// ZImageInpaintPipeline with an init image, and a mask):
 //
 //   prompt → chat template (no think block) → tokens (≤ 512) → Qwen3 layers 1..N-1 → the
 //   valid tokens' features [T, hidden]; the negative prompt too when guidance > 0
@@ -6,6 +7,11 @@
 //   for each σ: model time (1000 − σ·1000)/1000 → transformer (positive, and negative where
 //   CFG applies) → guided velocity → Euler step
 //   latents / scaling_factor + shift_factor → the FLUX.1 VAE decoder → pixels
+//
+// From an init image (its own size floored to 16): VAE posterior sample (mean + std · ε) →
+// (z − shift)·scaling → noised to the σ of the first step that runs (strength) → the last
+// steps of the same loop; inpainting puts the kept part back after every step
+// (models/zimage/sampler.h).
 //
 // The maths is in models/zimage; this file runs it through the Session's phases (timed, with
 // progress, cancellation and --dump) and refuses what ZImagePipeline does not do.
@@ -20,7 +26,9 @@
 #include "core/npy.h"
 #include "families/zimage/prompt.h"
 #include "families/zimage/stages.h"
+#include "formats/image/image.h"
 #include "formats/image/preprocess.h"
+#include "formats/image/resize.h"
 #include "models/qwen3/prompt_cache.h"
 #include "models/qwen3/text_encoder.h"
 #include "models/vae/vae.h"
@@ -51,7 +59,16 @@ constexpr float kTurboGuidance = 0.0f, kBaseGuidance = 5.0f;
 struct State final : Generation::FamilyState {
   zimage::TransformerConfig transformer;
   zimage::Guidance guidance;
-  zimage::Schedule schedule;
+  zimage::Schedule schedule;  // the steps that run (for an init image, the last ones)
+  // Image-to-image and inpainting.
+  Tensor init_pixels;          // [3, H, W] in [-1, 1], encoded by prepare_latents
+  Tensor vae_noise;            // ε of the init image's posterior sample: --vae-noise, else seed
+  int64_t first_step = 0;      // steps of the full schedule skipped
+  bool inpaint = false;
+  std::vector<float> mask_pixels;  // [H·W], 1 repaints
+  std::vector<float> mask_latent;  // [h·w]: the mask at latent size
+  Tensor image_latents;        // from prepare_latents: the init image's latents, for the blend
+  Tensor blend_noise;          // and the noise its kept part is re-noised with
 };
 
 State& state_of(Generation& g) { return static_cast<State&>(*g.family); }
@@ -182,44 +199,115 @@ class ZImageStages final : public FamilyStages {
   Capabilities capabilities(const ModelConfig&) const override {
     Capabilities c;
     c.guidance = c.guidance_options = c.loras = true;  // Turbo's default guidance is 0
+    c.image_to_image = true;
     return c;
   }
   void start(Session& session, Generation& g, Progress& progress) const override {
     const GenerateOptions& o = g.options;
     WeightStore& weights = session.weights();
     GenerateResult& r = g.result;
-    refuse(!o.references.empty(), "--reference", "ZImagePipeline takes no reference images");
-    refuse(!o.init_image.empty() || o.strength, "--init-image/--strength",
-           "ZImagePipeline is text-to-image");
-    refuse(!o.mask.empty(), "--mask", "ZImagePipeline is text-to-image");
+    refuse(!o.references.empty(), "--reference",
+           "its pipelines take no reference images; --init-image starts from a picture");
+    auto state = std::make_shared<State>();
+    state->transformer = transformer_config(weights);
     // LoRAs: every file read and checked against this transformer before any other work.
     if (!o.loras.empty())
       session.timed(g, progress, "load LoRA", 0, [&](Phase&) {
         g.adapters = std::make_shared<const Adapters>(Adapters::load(o.loras, weights.config()));
       });
+    load_init_image(session, g, progress, *state);
+    settle_size(session, g, progress, *state);
+    settle_steps(g, weights.config(), *state);
+    settle_guidance_and_noise(session, g, progress, *state);
+    plan_memory_and_scratch(session, g, progress, *state);
+    g.family = std::move(state);
+  }
 
-    auto state = std::make_shared<State>();
-    state->transformer = transformer_config(weights);
+  // Image-to-image and inpainting (ZImageImg2ImgPipeline, ZImageInpaintPipeline): the init
+  // image at its own size floored to multiples of 16 (scaled to it, Lanczos, as the image
+  // processor does when the size differs), which is the output's size.
+  static void load_init_image(Session& session, Generation& g, Progress& progress, State& st) {
+    const GenerateOptions& o = g.options;
+    check(!o.strength || !o.init_image.empty(),
+          "--strength needs --init-image (the picture whose content it keeps)");
+    check(o.mask.empty() || !o.init_image.empty(),
+          "--mask needs --init-image (the picture the mask applies to)");
+    check(o.vae_noise_file.empty() || !o.init_image.empty(),
+          "--vae-noise needs --init-image (it is the noise of the init image's encoding)");
+    if (o.init_image.empty()) return;
+    st.inpaint = !o.mask.empty();
+    // The pipelines' defaults: 0.6 for image-to-image, 1 for inpainting.
+    const double strength = o.strength.value_or(st.inpaint ? 1.0 : 0.6);
+    check(std::isfinite(strength) && strength > 0 && strength <= 1,
+          "strength: expected a number in (0, 1], got ", strength);
+    g.result.strength = strength;
+    Image image;
+    session.timed(g, progress, "load init image", 0,
+                  [&](Phase&) { image = load_image(o.init_image); });
+    const int width = image.width - image.width % int(kPixelsPerToken);
+    const int height = image.height - image.height % int(kPixelsPerToken);
+    check(width >= kPixelsPerToken && height >= kPixelsPerToken, o.init_image.string(), ": ",
+          image.width, "x", image.height, " is too small for an init image (at least 16x16 pixels)");
+    check((o.width <= 0 || o.width == width) && (o.height <= 0 || o.height == height),
+          "Z-Image's image-to-image keeps the init image's size, ", width, "x", height,
+          " (its own size floored to multiples of 16); -W/-H ask for ", o.width, "x", o.height);
+    if (image.width != width || image.height != height)
+      image = resize_lanczos(image, width, height);
+    st.init_pixels = image_to_tensor(image);
+  }
 
-    int64_t width = o.width > 0 ? o.width : kDefaultSide;
-    int64_t height = o.height > 0 ? o.height : kDefaultSide;
+  // The output size and the token grid; for inpainting the mask at that size.
+  static void settle_size(Session& session, Generation& g, Progress& progress, State& st) {
+    const GenerateOptions& o = g.options;
+    GenerateResult& r = g.result;
+    const bool init = st.init_pixels.numel() > 0;
+    int64_t width = init ? st.init_pixels.dim(2) : o.width > 0 ? o.width : kDefaultSide;
+    int64_t height = init ? st.init_pixels.dim(1) : o.height > 0 ? o.height : kDefaultSide;
     settle_output_size(session, g, progress, width, height, kPixelsPerToken);
     width = r.width;
     height = r.height;
     g.grid = {height / kPixelsPerToken, width / kPixelsPerToken};
     // The RoPE positions of the image must stay within the model's axes_lens.
-    const auto& lens = state->transformer.axes_lens;
+    const auto& lens = st.transformer.axes_lens;
     check(g.grid.rows < lens[1] && g.grid.cols < lens[2], "image size ", width, "x", height,
           " is too large for this model (", lens[1] * kPixelsPerToken, "x",
           lens[2] * kPixelsPerToken, " at most: axes_lens)");
+    if (!st.inpaint) return;
+    Image mask;
+    session.timed(g, progress, "load mask", 0, [&](Phase&) { mask = load_image(o.mask); });
+    // The mask processor's mask (grey, scaled to the size, binarised), then nearest at latent
+    // size: position (i, j) takes pixel (8i, 8j).
+    st.mask_pixels = binary_mask(mask, int(width), int(height));
+    const int64_t h = height / kPixelsPerLatent, w = width / kPixelsPerLatent;
+    st.mask_latent.resize(size_t(h * w));
+    for (int64_t i = 0; i < h; ++i)
+      for (int64_t j = 0; j < w; ++j)
+        st.mask_latent[size_t(i * w + j)] =
+            st.mask_pixels[size_t(i * kPixelsPerLatent * width + j * kPixelsPerLatent)];
+  }
 
+  // The steps, their schedule, and for an init image the last ones only.
+  static void settle_steps(Generation& g, const ModelConfig& config, State& st) {
+    const GenerateOptions& o = g.options;
+    GenerateResult& r = g.result;
     check(o.steps >= 0 && o.steps <= kMaxSteps, "steps: expected 1 to ", kMaxSteps, ", got ",
           o.steps);
-    const bool turbo = weights.config().is_distilled;
+    const bool turbo = config.is_distilled;
     r.steps = o.steps > 0 ? o.steps : turbo ? kTurboSteps : kBaseSteps;
-    state->schedule = zimage::make_schedule(weights.config().scheduler, r.steps);
+    st.schedule = zimage::make_schedule(config.scheduler, r.steps);
+    if (!r.strength) return;
+    st.first_step = zimage::first_step(r.steps, *r.strength);
+    check(st.first_step < r.steps, "strength ", *r.strength, " with ", r.steps,
+          " steps runs no step: raise --strength or --steps");
+    st.schedule = zimage::tail(st.schedule, st.first_step);
+  }
 
-    zimage::Guidance& guidance = state->guidance;
+  void settle_guidance_and_noise(Session& session, Generation& g, Progress& progress,
+                                 State& st) const {
+    const GenerateOptions& o = g.options;
+    GenerateResult& r = g.result;
+    const bool turbo = session.weights().config().is_distilled;
+    zimage::Guidance& guidance = st.guidance;
     guidance.scale = o.guidance.value_or(turbo ? kTurboGuidance : kBaseGuidance);
     check(std::isfinite(guidance.scale) && guidance.scale >= 0,
           "guidance: expected a number of "
@@ -243,17 +331,35 @@ class ZImageStages final : public FamilyStages {
     check(o.noise_file.empty() || !o.seed,
           "--noise and --seed exclude each other: the noise "
           "file is the initial noise");
-    if (o.noise_file.empty())
+    // The init image's encoding draws noise too: from files, both are files.
+    const bool init = st.init_pixels.numel() > 0;
+    check(!init || o.noise_file.empty() == o.vae_noise_file.empty(),
+          o.noise_file.empty()
+              ? "--vae-noise needs --noise too (with a seed, the seed draws both)"
+              : "--noise with --init-image needs --vae-noise too: the init image's encoding "
+                "samples noise, which a seed would otherwise draw");
+    const Shape latent = {1, st.transformer.in_channels, r.height / kPixelsPerLatent,
+                          r.width / kPixelsPerLatent};
+    if (o.noise_file.empty()) {
       r.seed = o.seed ? *o.seed : random_seed();
-    else
-      g.noise_from_file =
-          read_noise_file(o.noise_file, {1, state->transformer.in_channels,
-                                         r.height / kPixelsPerLatent, r.width / kPixelsPerLatent});
-    r.fast = runs_fast(o.precision, weights);
+    } else {
+      g.noise_from_file = read_noise_file(o.noise_file, latent);
+      if (init) st.vae_noise = read_noise_file(o.vae_noise_file, latent, "--vae-noise");
+    }
+    r.fast = runs_fast(o.precision, session.weights());
+  }
+
+  void plan_memory_and_scratch(Session& session, Generation& g, Progress& progress,
+                               const State& st) const {
+    const GenerateOptions& o = g.options;
+    GenerateResult& r = g.result;
+    WeightStore& weights = session.weights();
+    const bool init = st.init_pixels.numel() > 0;
     if (o.plan_memory) {
-      MemoryPlanInputs need = memory_inputs(state->transformer);
-      need.width = width;
-      need.height = height;
+      MemoryPlanInputs need = memory_inputs(st.transformer);
+      need.width = r.width;
+      need.height = r.height;
+      if (init) need.references.emplace_back(r.width, r.height);  // the init image's encode
       need.steps = r.steps;
       need.guided = g.guided;
       need.vae_memory = o.vae_memory;
@@ -264,8 +370,11 @@ class ZImageStages final : public FamilyStages {
       weights.set_read_ahead(r.memory->read_ahead);
       progress.memory_plan(*r.memory);
     }
-    if (!o.plan_only) vae::check_scratch(weights.config().vae, {}, height, width, o.vae_memory);
-    g.family = std::move(state);
+    if (!o.plan_only) {
+      std::vector<std::pair<int64_t, int64_t>> encodes;  // (height, width)
+      if (init) encodes.emplace_back(r.height, r.width);
+      vae::check_scratch(weights.config().vae, encodes, r.height, r.width, o.vae_memory);
+    }
   }
 
   std::string prompt_chat_text(std::string_view prompt) const override {
@@ -327,10 +436,14 @@ class ZImageStages final : public FamilyStages {
   }
 
   // The initial latents [16, H/8, W/8]: --noise ([1, 16, H/8, W/8] float32), else drawn from
-  // the seed.
-  void prepare_latents(Session&, Generation& g, Progress&) const override {
+  // the seed. From an init image: its VAE posterior sample mean + std · ε (ε: --vae-noise, else
+  // the seed's VAE stream), scaled as the pipeline scales latents, noised to the σ where the
+  // steps start.
+  void prepare_latents(Session& session, Generation& g, Progress& progress) const override {
     const GenerateOptions& o = g.options;
-    const int64_t C = state_of(g).transformer.in_channels;
+    State& st = state_of(g);
+    const Dumper dump(o.dump_dir);
+    const int64_t C = st.transformer.in_channels;
     const int64_t h = g.result.height / kPixelsPerLatent, w = g.result.width / kPixelsPerLatent;
     if (g.noise_from_file.numel() > 0) {
       g.noise = std::move(g.noise_from_file);
@@ -338,7 +451,52 @@ class ZImageStages final : public FamilyStages {
       g.noise = Tensor({C, h, w});
       fill_gaussian(g.noise, *g.result.seed);
     }
-    Dumper(o.dump_dir).f32("noise", g.noise, {1, C, h, w});
+    dump.f32("noise", g.noise, {1, C, h, w});
+    if (st.init_pixels.numel() == 0) return;
+
+    const Shape latent = {1, C, h, w};
+    dump.f32("init_pixels", st.init_pixels, {1, 3, g.result.height, g.result.width});
+    if (st.inpaint) {
+      dump.f32("mask_pixels", st.mask_pixels.data(), {1, 1, g.result.height, g.result.width});
+      dump.f32("mask_latent", st.mask_latent.data(), {1, 1, h, w});
+    }
+    vae::Vae::Posterior posterior;
+    session.timed(g, progress, "vae encode", 0, [&](Phase& phase) {
+      const Compute::Use arithmetic(session.compute(), arithmetic_for(g.result.fast));
+      const Compute::Reporting blocks(session.compute(), [&](int64_t done, int64_t total) {
+        phase.step(int(done), int(total));
+      });
+      vae::Vae vae(session.weights(), session.compute(), o.vae_memory);
+      posterior = vae.encode_posterior(st.init_pixels);
+    });
+    session.weights().release("vae.encoder");
+    st.init_pixels = Tensor();
+    check(posterior.mean.shape() == g.noise.shape(), "internal: init image latents ",
+          shape_str(posterior.mean.shape()), " against noise ", shape_str(g.noise.shape()));
+    Tensor& eps = st.vae_noise;
+    if (eps.numel() == 0) {
+      eps = Tensor(g.noise.shape());
+      fill_gaussian(eps, *g.result.seed, NoiseStream::vae_sample);
+    }
+    dump.f32("init_latent_mean", posterior.mean, latent);
+    dump.f32("init_latent_std", posterior.std, latent);
+    dump.f32("vae_encode_noise0", eps, latent);
+    Tensor sample(posterior.mean.shape());
+    for (int64_t i = 0; i < sample.numel(); ++i)
+      sample.data()[i] = posterior.mean.data()[i] + posterior.std.data()[i] * eps.data()[i];
+    eps = Tensor();
+    const VaeConfig& vc = session.weights().config().vae;
+    Tensor image = zimage::latents_from_encoder(
+        sample, zimage::LatentScale{float(vc.scaling_factor), float(vc.shift_factor)});
+    dump.f32("image_latents", image, latent);
+    Tensor x(g.noise.shape());
+    zimage::scale_noise(image.data(), g.noise.data(), x.numel(), st.schedule.sigmas[0], x.data());
+    dump.f32("latents_initial", x, latent);
+    if (st.inpaint) {
+      st.image_latents = std::move(image);
+      st.blend_noise = std::move(g.noise);
+    }
+    g.noise = std::move(x);
   }
 
   void denoise(Session& session, Generation& g, Progress& progress,
@@ -365,6 +523,8 @@ class ZImageStages final : public FamilyStages {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
       const zimage::Schedule& s = st.schedule;
       Tensor v(x.shape()), x_in(x.shape());
+      Tensor proper;  // inpainting's blend target
+      if (st.inpaint) proper = Tensor(x.shape());
       for (int64_t i = 0; i < s.steps(); ++i) {
         cx.stop_if_cancelled();
         cx.level_arenas();
@@ -379,6 +539,19 @@ class ZImageStages final : public FamilyStages {
                          v.data());
         const float sigma = s.sigmas[size_t(i)];
         zimage::euler_step(x.data(), v.data(), x.numel(), sigma, s.sigmas[size_t(i + 1)]);
+        if (st.inpaint) {
+          // The kept part back: the init image's latents at the next σ (clean after the last).
+          if (dump.on()) dump.f32("step" + std::to_string(i) + "_latents_stepped", x,
+                                  {1, x.dim(0), H, W});
+          if (i + 1 < s.steps())
+            zimage::scale_noise(st.image_latents.data(), st.blend_noise.data(), x.numel(),
+                                s.sigmas[size_t(i + 1)], proper.data());
+          else
+            std::memcpy(proper.data(), st.image_latents.data(), size_t(x.numel()) * sizeof(float));
+          if (dump.on()) dump.f32("step" + std::to_string(i) + "_init_latents_proper", proper,
+                                  {1, x.dim(0), H, W});
+          zimage::keep_unmasked(x.data(), proper.data(), st.mask_latent.data(), x.dim(0), H * W);
+        }
         r.step_seconds.push_back(
             std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
         if (dump.on()) {
@@ -397,6 +570,8 @@ class ZImageStages final : public FamilyStages {
       }
       g.latents = std::move(x);
     });
+    st.image_latents = Tensor();
+    st.blend_noise = Tensor();
     session.weights().release("transformer.");
     dump.f32("final_latents", g.latents, {1, g.latents.dim(0), g.latents.dim(1), g.latents.dim(2)});
     g.context = Tensor();

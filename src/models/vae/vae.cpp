@@ -1,5 +1,7 @@
 #include "models/vae/vae.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -57,7 +59,7 @@ Tensor Vae::decode(const Tensor& tokens, int64_t h, int64_t w, const Observer& o
   return decode_latent(tokens_to_latent(tokens, h, w, observe), observe);
 }
 
-Tensor Vae::encode_mean(const Tensor& pixels, const Observer& observe) const {
+Tensor Vae::encode_moments(const Tensor& pixels, const Observer& observe) const {
   const int64_t multiple = pixels_per_token();
   check(pixels.shape().size() == 3 && pixels.dim(0) == config().in_channels,
         "VAE encode: expected an image [", config().in_channels, ", H, W], got ",
@@ -66,17 +68,35 @@ Tensor Vae::encode_mean(const Tensor& pixels, const Observer& observe) const {
             pixels.dim(2) > 0,
         "VAE encode: image is ", pixels.dim(2), "x", pixels.dim(1), " (WxH); both sides must be ",
         "positive multiples of ", multiple);
-  Tensor moments;
-  {
-    const UnitRef unit = store_.acquire("vae.encoder");
-    moments = run_encoder(*unit, config(), pixels, cx_, observe, memory_);
-  }
+  const UnitRef unit = store_.acquire("vae.encoder");
+  return run_encoder(*unit, config(), pixels, cx_, observe, memory_);
+}
+
+Tensor Vae::encode_mean(const Tensor& pixels, const Observer& observe) const {
+  const Tensor moments = encode_moments(pixels, observe);
   // The pipeline takes the distribution's mode, the mean: the first latent_channels channels.
   const int64_t latent = config().latent_channels;
   Tensor mean({latent, moments.dim(1), moments.dim(2)});
   std::memcpy(mean.data(), moments.data(), size_t(mean.numel()) * sizeof(float));
   report(observe, "vae_mean", mean);
   return mean;
+}
+
+Vae::Posterior Vae::encode_posterior(const Tensor& pixels, const Observer& observe) const {
+  const Tensor moments = encode_moments(pixels, observe);
+  const int64_t latent = config().latent_channels;
+  check(moments.dim(0) == 2 * latent, "VAE encode: the encoder gave ", moments.dim(0),
+        " channels; a posterior needs ", 2 * latent, " (mean and log-variance)");
+  Posterior p{Tensor({latent, moments.dim(1), moments.dim(2)}),
+              Tensor({latent, moments.dim(1), moments.dim(2)})};
+  const int64_t n = p.mean.numel();
+  std::memcpy(p.mean.data(), moments.data(), size_t(n) * sizeof(float));
+  const float* logvar = moments.data() + n;
+  for (int64_t i = 0; i < n; ++i)
+    p.std.data()[i] = std::exp(0.5f * std::clamp(logvar[i], -30.0f, 20.0f));
+  report(observe, "vae_mean", p.mean);
+  report(observe, "vae_std", p.std);
+  return p;
 }
 
 Tensor Vae::latent_to_tokens(const Tensor& mean, const Observer& observe) const {

@@ -45,10 +45,20 @@ class Vae {
   Tensor encode(const Tensor& pixels, const Observer& observe = {}) const;
   // The encoder alone, keeping the posterior mean: [32, H/8, W/8].
   Tensor encode_mean(const Tensor& pixels, const Observer& observe = {}) const;
+  // The encoder alone, the whole diagonal Gaussian posterior (diffusers'
+  // DiagonalGaussianDistribution): the mean and std = exp(logvar / 2) with logvar clamped to
+  // [-30, 20], each [latent_channels, H/8, W/8]. Reports vae_mean and vae_std.
+  struct Posterior {
+    Tensor mean, std;
+  };
+  Posterior encode_posterior(const Tensor& pixels, const Observer& observe = {}) const;
   // The remaining steps: mean → patchify → normalize → pack.
   Tensor latent_to_tokens(const Tensor& mean, const Observer& observe = {}) const;
 
  private:
+  // The encoder's moments [2 · latent_channels, H/8, W/8] (mean, then logvar).
+  Tensor encode_moments(const Tensor& pixels, const Observer& observe) const;
+
   WeightStore& store_;
   Compute& cx_;
   LatentStats stats_;

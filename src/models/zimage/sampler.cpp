@@ -1,5 +1,6 @@
 #include "models/zimage/sampler.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -54,6 +55,41 @@ bool velocity(const float* pos, const float* neg, int64_t n, const Guidance& g, 
   }
   for (int64_t i = 0; i < n; ++i) v[i] = -v[i];
   return rescaled;
+}
+
+int64_t first_step(int64_t steps, double strength) {
+  check(std::isfinite(strength) && strength > 0 && strength <= 1,
+        "strength: expected a number in (0, 1], got ", strength);
+  const double scaled = std::min(double(steps) * strength, double(steps));
+  return int64_t(std::max(double(steps) - scaled, 0.0));
+}
+
+Schedule tail(const Schedule& s, int64_t first) {
+  check(first >= 0 && first < s.steps(), "internal: first step ", first, " of ", s.steps());
+  Schedule t;
+  t.timesteps.assign(s.timesteps.begin() + first, s.timesteps.end());
+  t.sigmas.assign(s.sigmas.begin() + first, s.sigmas.end());
+  return t;
+}
+
+void scale_noise(const float* clean, const float* noise, int64_t n, float sigma, float* out) {
+  const float keep = 1.0f - sigma;
+  for (int64_t i = 0; i < n; ++i) {
+    const float noised = sigma * noise[i];
+    const float kept = keep * clean[i];
+    out[i] = noised + kept;
+  }
+}
+
+void keep_unmasked(float* x, const float* proper, const float* mask, int64_t channels,
+                   int64_t positions) {
+  for (int64_t c = 0; c < channels; ++c)
+    for (int64_t p = 0; p < positions; ++p) {
+      const int64_t i = c * positions + p;
+      const float kept = (1.0f - mask[p]) * proper[i];
+      const float repainted = mask[p] * x[i];
+      x[i] = kept + repainted;
+    }
 }
 
 }  // namespace klein::zimage

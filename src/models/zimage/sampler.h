@@ -11,6 +11,14 @@
 //         ‖pred‖ > c·‖pos‖ (L2 over the whole latent)
 //   v     = −pred (the model predicts the negative velocity)
 //   x    ← x + (σ_{i+1} − σ_i)·v
+//
+// Image-to-image and inpainting (ZImageImg2ImgPipeline, ZImageInpaintPipeline) run the last
+// steps of the same schedule, from the image's latents noised to the σ where they start:
+//   first = int(max(n − min(n·strength, n), 0))     (double, as Python computes it)
+//   x     = σ_first·noise + (1 − σ_first)·x0        (the scheduler's scale_noise, float32)
+// and inpainting, after every step, puts the kept part back:
+//   x     = (1 − m)·proper + m·x,  proper = σ_{i+1}·noise + (1 − σ_{i+1})·x0, x0 at the last
+// with the mask m (1: repaint) at latent size, the same over every channel.
 #include <cstdint>
 #include <vector>
 
@@ -47,5 +55,17 @@ bool guided_at(const Guidance& g, const Schedule& s, int64_t i);
 bool velocity(const float* pos, const float* neg, int64_t n, const Guidance& g, float* v);
 
 using flow::euler_step;
+
+// The first step of `steps` that runs at `strength` in (0, 1] (see above).
+int64_t first_step(int64_t steps, double strength);
+// The schedule from step `first` on (its timesteps and σs, the final 0 kept).
+Schedule tail(const Schedule& s, int64_t first);
+// σ·noise + (1 − σ)·clean over n values, in float32 (FlowMatchEulerDiscreteScheduler's
+// scale_noise).
+void scale_noise(const float* clean, const float* noise, int64_t n, float sigma, float* out);
+// Inpainting's blend of latents [channels, positions]: where mask[p] is 0 the value becomes
+// proper's, where 1 it stays; (1 − m)·proper + m·x in float32.
+void keep_unmasked(float* x, const float* proper, const float* mask, int64_t channels,
+                   int64_t positions);
 
 }  // namespace klein::zimage
