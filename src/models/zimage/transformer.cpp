@@ -30,6 +30,7 @@
 
 #include "core/error.h"
 #include "models/zimage/checkpoint/units.h"
+#include "models/zimage/linear.h"
 #include "ops/attention.h"
 #include "ops/linear.h"
 #include "ops/low_rank.h"
@@ -39,45 +40,6 @@
 namespace klein::zimage {
 
 namespace {
-
-// --- checked weights -------------------------------------------------------------------------
-
-const Weight& matrix(const WeightUnit& unit, std::string_view name, int64_t out, int64_t in) {
-  const Weight& w = unit.get(name);
-  if (w.shape.size() != 2 || w.shape[0] != out || w.shape[1] != in)
-    fail("tensor ", w.name, ": expected shape ", shape_str({out, in}), ", got ",
-         shape_str(w.shape));
-  return w;
-}
-
-// A small float tensor (norm weight, bias, pad token) of n values, as float32.
-std::vector<float> vector_of(const WeightUnit& unit, std::string_view name, int64_t n) {
-  const Weight& w = unit.get(name);
-  if (w.numel() != n || (w.shape.size() != 1 && !(w.shape.size() == 2 && w.shape[0] == 1)))
-    fail("tensor ", w.name, ": expected ", n, " values, got shape ", shape_str(w.shape));
-  if (!dtype_is_float(w.dtype) || w.layout != 0)
-    fail("tensor ", w.name, ": expected a plain float type, got ", dtype_name(w.dtype));
-  return weight_to_floats(w);
-}
-
-// y = x·Wᵀ for M rows (x and y contiguous), plus s · (x·Aᵀ)·Bᵀ for every LoRA update of W
-// (weights/lora.h; `adapters` may be null).
-void linear(const float* x, int64_t M, const Weight& w, float* y, const Adapters* adapters,
-            Compute& cx) {
-  ops::linear(x, M, w, y, cx);
-  if (!adapters) return;
-  for (const LoraUpdate& u : adapters->on(w.name))
-    ops::add_low_rank(x, M, w.cols(), u.down.data(), u.up.data(), w.rows(), w.cols(),
-                      u.down.dim(0), u.scale, y, w.rows(), cx);
-}
-
-// y = x·Wᵀ + b for M rows.
-void linear_bias(const float* x, int64_t M, const WeightUnit& unit, const std::string& name,
-                 int64_t out, int64_t in, float* y, const Adapters* adapters, Compute& cx) {
-  linear(x, M, matrix(unit, name + ".weight", out, in), y, adapters, cx);
-  const std::vector<float> b = vector_of(unit, name + ".bias", out);
-  ops::add_bias(y, M, out, out, b.data());
-}
 
 void rms_norm(const float* x, float* y, int64_t rows, int64_t dim, const std::vector<float>& w,
               float eps, Compute& cx) {
@@ -205,14 +167,52 @@ void Transformer::embed_caption(const Tensor& cap_feats, Activations& a, Compute
   for (int64_t i = 0; i < config_.n_refiner_layers; ++i) {
     UnitRef w = store_.acquire(context_refiner_unit(i));
     if (i + 1 < config_.n_refiner_layers) store_.prefetch(context_refiner_unit(i + 1));
-    block(*w, nullptr, row0, Lc, a, cx);
+    block(*w, nullptr, a.seq.data(), row0, Lc, a, cx);
     if (observe) observe("context_refiner_" + std::to_string(i), rows, {Lc, D});
   }
   std::memcpy(a.caption.data(), rows, size_t(Lc * D) * sizeof(float));
 }
 
+void Transformer::embed_patches(const Tensor& grid, const WeightUnit& unit,
+                                const std::string& embedder, float* out, Activations& a,
+                                Compute& cx, const Observer& observe) {
+  const SequenceLayout& l = a.layout;
+  const int64_t D = config_.dim, C = grid.dim(0), p = config_.patch, H = l.height, W = l.width;
+  const int64_t P = p * p * C, cols = W / p, N = l.image_tokens(), Nx = l.image_rows();
+  check(grid.shape() == Shape{C, H, W}, "Z-Image transformer: a grid of shape ",
+        shape_str(grid.shape()), " for a sequence of ", H, "x", W, " latents");
+  // Patchify: token (y, x) holds grid[c, p·y + dy, p·x + dx] at feature (dy·p + dx)·C + c;
+  // the pad rows repeat the last token.
+  Tensor tokens({Nx, P});
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t y = n / cols, x = n % cols;
+    float* t = tokens.row(n);
+    for (int64_t dy = 0; dy < p; ++dy)
+      for (int64_t dx = 0; dx < p; ++dx)
+        for (int64_t c = 0; c < C; ++c)
+          t[(dy * p + dx) * C + c] = grid.data()[(c * H + p * y + dy) * W + p * x + dx];
+  }
+  for (int64_t n = N; n < Nx; ++n)
+    std::memcpy(tokens.row(n), tokens.row(N - 1), size_t(P) * sizeof(float));
+  linear_bias(tokens.data(), Nx, unit, embedder, D, P, out, adapters_, cx);
+  if (observe) observe("x_embedder", out, {Nx, D});
+  // The pad rows become the transformer's x_pad_token.
+  UnitRef shared = store_.acquire("transformer.shared");
+  const std::vector<float> pad = vector_of(*shared, "x_pad_token", D);
+  for (int64_t r = N; r < Nx; ++r) std::memcpy(out + r * D, pad.data(), size_t(D) * sizeof(float));
+  if (observe) observe("x_seq_in", out, {Nx, D});
+}
+
+void Transformer::embed_image(const Tensor& latents, float* out, Activations& a, Compute& cx,
+                              const Observer& observe) {
+  const std::string key =
+      std::to_string(config_.patch) + "-" + std::to_string(config_.frame_patch);
+  UnitRef shared = store_.acquire("transformer.shared");
+  embed_patches(latents, *shared, "all_x_embedder." + key, out, a, cx, observe);
+}
+
 Tensor Transformer::forward(const Tensor& latents, const Tensor& adaln, Activations& a, Compute& cx,
-                            const Observer& observe) {
+                            const Observer& observe, const LayerHook& after_layer) {
   const SequenceLayout& l = a.layout;
   const int64_t D = config_.dim, C = config_.in_channels, P = config_.patch_features();
   const int64_t p = config_.patch, H = l.height, W = l.width, cols = W / p;
@@ -223,32 +223,9 @@ Tensor Transformer::forward(const Tensor& latents, const Tensor& adaln, Activati
         adaln.numel(), " values, expected ", config_.adaln_dim());
   if (observe) observe("t_embedder", adaln.data(), {1, config_.adaln_dim()});
   const std::string key = std::to_string(p) + "-" + std::to_string(config_.frame_patch);
+  if (config_.n_refiner_layers > 0) store_.prefetch(noise_refiner_unit(0));
 
-  // Patchify: token (y, x) holds latent[c, p·y + dy, p·x + dx] at feature (dy·p + dx)·C + c;
-  // the pad rows repeat the last token.
-  Tensor tokens({Nx, P});
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t y = n / cols, x = n % cols;
-    float* t = tokens.row(n);
-    for (int64_t dy = 0; dy < p; ++dy)
-      for (int64_t dx = 0; dx < p; ++dx)
-        for (int64_t c = 0; c < C; ++c)
-          t[(dy * p + dx) * C + c] = latents.data()[(c * H + p * y + dy) * W + p * x + dx];
-  }
-  for (int64_t n = N; n < Nx; ++n)
-    std::memcpy(tokens.row(n), tokens.row(N - 1), size_t(P) * sizeof(float));
-
-  {
-    UnitRef shared = store_.acquire("transformer.shared");
-    if (config_.n_refiner_layers > 0) store_.prefetch(noise_refiner_unit(0));
-    linear_bias(tokens.data(), Nx, *shared, "all_x_embedder." + key, D, P, a.seq.data(),
-                adapters_, cx);
-    if (observe) observe("x_embedder", a.seq.data(), {Nx, D});
-    const std::vector<float> pad = vector_of(*shared, "x_pad_token", D);
-    for (int64_t r = N; r < Nx; ++r)
-      std::memcpy(a.seq.row(r), pad.data(), size_t(D) * sizeof(float));
-    if (observe) observe("x_seq_in", a.seq.data(), {Nx, D});
-  }
+  embed_image(latents, a.seq.data(), a, cx, observe);
   std::memcpy(a.seq.row(Nx), a.caption.data(), size_t(a.caption.numel()) * sizeof(float));
 
   for (int64_t i = 0; i < config_.n_refiner_layers; ++i) {
@@ -257,7 +234,7 @@ Tensor Transformer::forward(const Tensor& latents, const Tensor& adaln, Activati
     if (i + 1 < config_.n_refiner_layers) store_.prefetch(noise_refiner_unit(i + 1));
     else if (config_.n_layers > 0) store_.prefetch(layer_unit(0));
     const Tensor mod = modulation(*w, adaln, cx);
-    block(*w, mod.data(), 0, Nx, a, cx);
+    block(*w, mod.data(), a.seq.data(), 0, Nx, a, cx);
     if (observe) observe("noise_refiner_" + std::to_string(i), a.seq.data(), {Nx, D});
   }
   if (observe) observe("unified_in", a.seq.data(), {S, D});
@@ -270,7 +247,8 @@ Tensor Transformer::forward(const Tensor& latents, const Tensor& adaln, Activati
     else if (config_.n_refiner_layers > 0)
       store_.prefetch(noise_refiner_unit(0));
     const Tensor mod = modulation(*w, adaln, cx);
-    block(*w, mod.data(), 0, S, a, cx);
+    block(*w, mod.data(), a.seq.data(), 0, S, a, cx);
+    if (after_layer) after_layer(i, a.seq.data());
     if (observe) observe("layers_" + std::to_string(i), a.seq.data(), {S, D});
   }
 
@@ -309,11 +287,11 @@ Tensor Transformer::forward(const Tensor& latents, const Tensor& adaln, Activati
 
 // x += g_a ⊙ RMSNorm_a2(Attn(RMSNorm_a1(x) ⊙ s_a)); x += g_f ⊙ RMSNorm_f2(FFN(RMSNorm_f1(x) ⊙
 // s_f)).
-void Transformer::block(const WeightUnit& w, const float* mod, int64_t row0, int64_t rows,
-                        Activations& a, Compute& cx) {
+void Transformer::block(const WeightUnit& w, const float* mod, float* stream, int64_t row0,
+                        int64_t rows, Activations& a, Compute& cx) {
   const int64_t D = config_.dim;
   const float eps = float(config_.norm_eps);
-  float* x = a.seq.row(row0);
+  float* x = stream + row0 * D;
   float* h = a.normed.row(row0);
 
   rms_norm(x, h, rows, D, vector_of(w, "attention_norm1.weight", D), eps, cx);
@@ -338,7 +316,8 @@ void Transformer::block(const WeightUnit& w, const float* mod, int64_t row0, int
       },
       16);
 
-  feed_forward(w, mod ? mod + 2 * D : nullptr, mod ? mod + 3 * D : nullptr, row0, rows, a, cx);
+  feed_forward(w, mod ? mod + 2 * D : nullptr, mod ? mod + 3 * D : nullptr, stream, row0, rows,
+               a, cx);
 }
 
 // Attention of rows [row0, row0 + rows) among themselves, reading act.normed; the projected
@@ -371,7 +350,8 @@ void Transformer::attention(const WeightUnit& w, int64_t row0, int64_t rows, Act
 
 // x += g_f ⊙ RMSNorm_f2(w2(silu(w1 h) ⊙ w3 h)), h = RMSNorm_f1(x) ⊙ s_f, in chunks of rows.
 void Transformer::feed_forward(const WeightUnit& w, const float* scale, const float* gate,
-                               int64_t row0, int64_t rows, Activations& a, Compute& cx) {
+                               float* stream, int64_t row0, int64_t rows, Activations& a,
+                               Compute& cx) {
   const int64_t D = config_.dim, F = config_.ffn_hidden();
   const float eps = float(config_.norm_eps);
   const Weight& w1 = matrix(w, "feed_forward.w1.weight", F, D);
@@ -379,7 +359,7 @@ void Transformer::feed_forward(const WeightUnit& w, const float* scale, const fl
   const Weight& w2 = matrix(w, "feed_forward.w2.weight", D, F);
   const std::vector<float> norm1 = vector_of(w, "ffn_norm1.weight", D);
   const std::vector<float> norm2 = vector_of(w, "ffn_norm2.weight", D);
-  float* x = a.seq.row(row0);
+  float* x = stream + row0 * D;
   float* h = a.normed.row(row0);
   rms_norm(x, h, rows, D, norm1, eps, cx);
   if (scale)

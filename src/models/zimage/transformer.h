@@ -18,6 +18,7 @@
 // masks the batch padding, which makes each item equal to its run alone).
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -94,6 +95,7 @@ class Transformer {
               const Adapters* adapters = nullptr);
 
   const TransformerConfig& config() const { return config_; }
+  WeightStore& store() const { return store_; }
 
   // The modulation input [adaln_dim] for model time t (0 = noise, 1 = clean; the pipeline's
   // (1000 - timestep) / 1000): t_embedder(t · t_scale).
@@ -104,21 +106,36 @@ class Transformer {
   // refiner. They depend on the prompt only.
   void embed_caption(const Tensor& cap_feats, Activations& act, Compute& cx,
                      const Observer& observe = {});
+  // Called after each main layer with the stream [S, D] (a ControlNet adds its hints there).
+  using LayerHook = std::function<void(int64_t layer, float* stream)>;
   // The model output for latents [C, height, width] at the modulation `adaln` (embed_timestep),
   // after embed_caption on the same `act`: [C, height, width].
   Tensor forward(const Tensor& latents, const Tensor& adaln, Activations& act, Compute& cx,
-                 const Observer& observe = {});
+                 const Observer& observe = {}, const LayerHook& after_layer = {});
 
- private:
-  // One block on rows [row0, row0 + rows) of act.seq; `mod` is the block's
-  // [scale_msa | gate_msa | scale_mlp | gate_mlp] or null for an unmodulated block.
-  void block(const WeightUnit& w, const float* mod, int64_t row0, int64_t rows, Activations& a,
-             Compute& cx);
-  void attention(const WeightUnit& w, int64_t row0, int64_t rows, Activations& a, Compute& cx);
-  void feed_forward(const WeightUnit& w, const float* scale, const float* gate, int64_t row0,
-                    int64_t rows, Activations& a, Compute& cx);
+  // The pieces of a forward, for a control model (controlnet.h) that runs them on streams of
+  // its own, with act's scratch buffers and RoPE table:
+  //
+  // A grid [C', height, width] of act's layout as patch tokens (rows [0, Nx) of `out`, D wide):
+  // patchified as the latents are (pad rows repeating the last token), through the linear layer
+  // `embedder` of `unit`, the pad rows then set to x_pad_token. Reports "x_embedder" (before the
+  // pad token) and "x_seq_in".
+  void embed_patches(const Tensor& grid, const WeightUnit& unit, const std::string& embedder,
+                     float* out, Activations& act, Compute& cx, const Observer& observe = {});
+  // The latents so, through all_x_embedder: the image rows a forward starts from.
+  void embed_image(const Tensor& latents, float* out, Activations& act, Compute& cx,
+                   const Observer& observe = {});
   // A block's modulation [4D] for `adaln`, tanh applied to the gates and 1 added to the scales.
   Tensor modulation(const WeightUnit& w, const Tensor& adaln, Compute& cx);
+  // One block on rows [row0, row0 + rows) of `stream` ([S, D], act.seq or another); `mod` is
+  // the block's [scale_msa | gate_msa | scale_mlp | gate_mlp] or null for an unmodulated block.
+  void block(const WeightUnit& w, const float* mod, float* stream, int64_t row0, int64_t rows,
+             Activations& act, Compute& cx);
+
+ private:
+  void attention(const WeightUnit& w, int64_t row0, int64_t rows, Activations& a, Compute& cx);
+  void feed_forward(const WeightUnit& w, const float* scale, const float* gate, float* stream,
+                    int64_t row0, int64_t rows, Activations& a, Compute& cx);
 
   WeightStore& store_;
   TransformerConfig config_;
