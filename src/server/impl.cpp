@@ -77,8 +77,9 @@ HttpError abandoned_error(const Ticket& t) {
 Slot::Slot(Impl& s) : s_(s) {
   const std::lock_guard lock(s_.mutex);
   if (s_.stopping) throw shutting_down();
-  const int waiting = int(s_.line.size());
-  if (waiting + (s_.running ? 1 : 0) > s_.options.max_queue)
+  // One runs (or is about to: first in line between two generations), up to max_queue wait.
+  const int waiting = s_.waiting();
+  if (int(s_.line.size()) + (s_.running ? 1 : 0) > s_.options.max_queue)
     throw HttpError{429,
                     "busy: " + std::to_string(waiting) +
                         " requests are already waiting (--max-queue " +

@@ -53,6 +53,10 @@ struct Server::Impl {
   // by number, first come first.
   std::deque<uint64_t> line;
   uint64_t next_place = 0;
+  // The requests waiting (under `mutex`): the line, less its first when nothing runs (between
+  // two generations the next one is still in the line until it takes its turn; it is not
+  // waiting behind anyone). At most --max-queue.
+  int waiting() const { return int(line.size()) - (!running && !line.empty() ? 1 : 0); }
   bool stopping = false;
   std::atomic<bool> serving{false};  // inside run()'s listen (set under `mutex`)
 

@@ -16,7 +16,7 @@ json health(Impl& s, httplib::Response& res) {
   {
     const std::lock_guard lock(s.mutex);
     busy = s.running;
-    queue = int(s.line.size());
+    queue = s.waiting();
   }
   if (!m) res.status = 503;  // not ready: a load balancer sends nothing here yet
   json reply = {{"status", m ? "ok" : "loading"},
@@ -47,7 +47,7 @@ std::string metrics_text(Impl& s) {
   g.jobs = kept_jobs(s);
   {
     const std::lock_guard lock(s.mutex);
-    g.queue = int(s.line.size());
+    g.queue = s.waiting();
     g.running = s.running;
   }
   g.ready = s.model.load() != nullptr;
