@@ -588,6 +588,23 @@ Registration generate_command("generate", 10, [](CLI::App& app) {
                   "Initial noise as float32 .npy: [1, 128, H/16, W/16] for klein, [1, 16, H/8, W/8] "
                   "for Z-Image")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--controlnet", a->gen.controlnet,
+                  "Z-Image: a control model (Z-Image-Turbo-Fun-Controlnet-Union 2.1: a diffusers "
+                  "directory or the original .safetensors file), with --control-image")
+      ->check(CLI::ExistingPath);
+  cmd->add_option("--control-image", a->gen.control_image,
+                  "Z-Image with --controlnet: the image the generation follows (edges, depth, "
+                  "pose...; scaled to the output size, which is its own unless -W/-H are given); "
+                  "with --init-image and --mask: inpainting guided by it")
+      ->check(CLI::ExistingFile);
+  cmd->add_option_function<float>(
+         "--control-scale",
+         [a](float v) {
+           check(std::isfinite(v), "--control-scale: expected a number, got ", v);
+           a->gen.control_scale = v;
+         },
+         "How strongly the control image steers (controlnet_conditioning_scale; default 0.75)")
+      ->type_name("S");
   cmd->add_option("--vae-noise", a->vae_noise,
                   "Z-Image with --init-image and --noise: the noise of the init image's VAE "
                   "sample (mean + std x noise) as float32 .npy [1, 16, H/8, W/8]; without "

@@ -85,6 +85,13 @@ struct GenerateOptions {
   // With init_image and noise_file, for a pipeline that encodes the init image as a posterior
   // sample (Z-Image): its ε, [1, 16, H/8, W/8] float32 .npy (else drawn from the seed).
   std::filesystem::path vae_noise_file;
+  // Z-Image's ControlNet (ZImageControlNetPipeline; with init_image and mask,
+  // ZImageControlNetInpaintPipeline): the control model (a diffusers directory or the
+  // original single file), the control image (an edge map, a depth map, a pose...), and
+  // controlnet_conditioning_scale (none: the pipelines' 0.75).
+  std::filesystem::path controlnet;
+  std::filesystem::path control_image;
+  std::optional<float> control_scale;
   std::filesystem::path dump_dir;                 // optional: write every stage as .npy here
   std::optional<std::filesystem::path> prompt_cache_dir;  // none: no prompt cache
   // Memory: plan and set the store's residency (false: leave the store as it is), within

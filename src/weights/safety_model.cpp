@@ -11,6 +11,7 @@
 #include "core/files.h"
 #include "core/json_fields.h"
 #include "formats/safetensors.h"
+#include "weights/component_store.h"
 
 namespace klein {
 
@@ -62,73 +63,6 @@ std::string labels_text(const std::vector<std::string>& labels) {
     s += (i ? ", " : "") + std::to_string(i) + ": \"" + labels[i] + "\"";
   return "{" + s + "}";
 }
-
-// The classifier's tensors as views into the mapped safetensors file(s), grouped in units.
-// Nothing is copied: a unit is its tensors' views, the pages come in as the layers read them.
-class SafetyStore final : public WeightStore {
- public:
-  SafetyStore(std::unique_ptr<SafetensorsSet> files, std::string name) : files_(std::move(files)) {
-    config_.name = std::move(name);
-    for (const auto& t : files_->tensors()) {
-      const std::string canonical = kPrefix + t.entry->name;
-      const std::optional<UnitOf> u = safety_unit_of(canonical);
-      if (!u) continue;
-      const TensorView v = t.file->view(*t.entry);
-      Weight w;
-      w.name = canonical;
-      w.dtype = v.dtype;
-      w.shape = v.shape;
-      w.data = v.data;
-      w.nbytes = v.nbytes;
-      units_[u->unit].push_back(std::move(w));
-      prefixes_[u->unit] = u->prefix;
-    }
-    for (const auto& f : files_->files()) identity_ += file_identity(f->path()) + ";";
-  }
-
-  UnitRef acquire(const std::string& unit) override {
-    auto it = units_.find(unit);
-    check(it != units_.end(), "the safety classifier has no weight unit ", unit);
-    auto u = std::make_shared<Unit>(unit, prefixes_.at(unit));
-    for (const Weight& w : it->second) u->add(w);
-    return u;
-  }
-  bool has_unit(const std::string& unit) const override { return units_.count(unit) > 0; }
-  std::vector<std::string> units() const override {
-    std::vector<std::string> out;
-    for (const auto& [name, _] : units_) out.push_back(name);
-    return out;
-  }
-  const ModelConfig& config() const override { return config_; }
-  std::string identity() const override { return identity_; }
-  uint64_t unit_bytes(const std::string& unit) const override {
-    uint64_t n = 0;
-    if (auto it = units_.find(unit); it != units_.end())
-      for (const Weight& w : it->second) n += w.nbytes;
-    return n;
-  }
-  StoreOrigin origin() const override {
-    StoreOrigin o;
-    for (const auto& f : files_->files()) {
-      o.files.push_back(f->path());
-      o.mappings.emplace_back(f->mapping().data(), f->mapping().size());
-    }
-    return o;
-  }
-
- private:
-  class Unit final : public WeightUnit {
-   public:
-    Unit(std::string name, std::string prefix) : WeightUnit(std::move(name), std::move(prefix)) {}
-    using WeightUnit::add;
-  };
-
-  std::unique_ptr<SafetensorsSet> files_;
-  ModelConfig config_;
-  std::string identity_;
-  std::map<std::string, std::vector<Weight>> units_;
-  std::map<std::string, std::string> prefixes_;
-};
 
 }  // namespace
 
@@ -338,8 +272,9 @@ SafetyModel open_safety_model(const fs::path& dir) {
           shape_str(shape), " is missing (", config_file.string(), " has ", c.num_layers,
           " layers)");
 
-  model.store = std::make_unique<SafetyStore>(std::move(files),
-                                              fs::absolute(dir).lexically_normal().string());
+  model.store = std::make_unique<ComponentStore>(std::move(files), kPrefix, safety_unit_of,
+                                                 fs::absolute(dir).lexically_normal().string(),
+                                                 "the safety classifier");
   return model;
 }
 

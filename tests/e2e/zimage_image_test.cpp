@@ -20,6 +20,7 @@
 #include "support/testing.h"
 
 namespace klein {
+namespace zimage_image_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -192,4 +193,5 @@ TEST(ZImageFromAPicture, RefusesBadInputBeforeAnyWork) {
 }
 
 }  // namespace
+}  // namespace zimage_image_test
 }  // namespace klein

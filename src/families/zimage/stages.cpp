@@ -24,6 +24,7 @@
 
 #include "core/error.h"
 #include "core/npy.h"
+#include "families/zimage/controlnet.h"
 #include "families/zimage/prompt.h"
 #include "families/zimage/stages.h"
 #include "formats/image/image.h"
@@ -34,6 +35,7 @@
 #include "models/vae/vae.h"
 #include "models/zimage/checkpoint/config.h"
 #include "models/zimage/checkpoint/units.h"
+#include "models/zimage/controlnet.h"
 #include "models/zimage/latents.h"
 #include "models/zimage/sampler.h"
 #include "models/zimage/transformer.h"
@@ -55,6 +57,8 @@ constexpr int64_t kPixelsPerLatent = 8;
 // zimage): the pipeline's own defaults, 50 steps with guidance 5.
 constexpr int64_t kTurboSteps = 8, kBaseSteps = 50;
 constexpr float kTurboGuidance = 0.0f, kBaseGuidance = 5.0f;
+// The ControlNet pipelines' controlnet_conditioning_scale.
+constexpr float kDefaultControlScale = 0.75f;
 
 struct State final : Generation::FamilyState {
   zimage::TransformerConfig transformer;
@@ -69,6 +73,14 @@ struct State final : Generation::FamilyState {
   std::vector<float> mask_latent;  // [h·w]: the mask at latent size
   Tensor image_latents;        // from prepare_latents: the init image's latents, for the blend
   Tensor blend_noise;          // and the noise its kept part is re-noised with
+  // ControlNet (the ControlNet pipelines; inpainting with one when init_image and mask).
+  std::shared_ptr<zimage::ControlModel> control;
+  float control_scale = kDefaultControlScale;
+  Image control_source, init_source;  // as read, until the size is settled
+  Tensor control_pixels;        // [3, H, W] in [-1, 1]
+  Tensor masked_init_pixels;    // inpainting: the init image where the mask keeps, 0 elsewhere
+  std::vector<float> keep_latent;  // inpainting: 1 - mask at latent size (1: keep)
+  Tensor control_context;       // [control_in_dim, h, w], from prepare_latents
 };
 
 State& state_of(Generation& g) { return static_cast<State&>(*g.family); }
@@ -215,7 +227,14 @@ class ZImageStages final : public FamilyStages {
       session.timed(g, progress, "load LoRA", 0, [&](Phase&) {
         g.adapters = std::make_shared<const Adapters>(Adapters::load(o.loras, weights.config()));
       });
-    load_init_image(session, g, progress, *state);
+    check(o.control_image.empty() == o.controlnet.empty(),
+          o.controlnet.empty() ? "--control-image needs --controlnet (the control model)"
+                               : "--controlnet needs --control-image (the picture it follows)");
+    check(!o.control_scale || !o.control_image.empty(), "--control-scale needs --control-image");
+    if (o.control_image.empty())
+      load_init_image(session, g, progress, *state);
+    else
+      load_control_inputs(session, g, progress, *state);
     settle_size(session, g, progress, *state);
     settle_steps(g, weights.config(), *state);
     settle_guidance_and_noise(session, g, progress, *state);
@@ -256,13 +275,53 @@ class ZImageStages final : public FamilyStages {
     st.init_pixels = image_to_tensor(image);
   }
 
+  // The ControlNet pipelines: the control model (checked against this transformer), the control
+  // image, and for inpainting the init image and mask, each read now (scaled to the output size
+  // once it is settled).
+  static void load_control_inputs(Session& session, Generation& g, Progress& progress, State& st) {
+    const GenerateOptions& o = g.options;
+    check(!o.controlnet.empty(),
+          "--control-image needs --controlnet (the control model: a diffusers "
+          "ZImageControlNetModel directory or Z-Image-Turbo-Fun-Controlnet-Union-2.1.safetensors)");
+    check(o.init_image.empty() || !o.mask.empty(),
+          "--control-image with --init-image needs --mask: the control pipelines take an init "
+          "image only to inpaint (ZImageControlNetInpaintPipeline)");
+    check(o.mask.empty() || !o.init_image.empty(),
+          "--mask needs --init-image (the picture the mask applies to)");
+    check(!o.strength, "--strength: the ControlNet pipelines run every step (no strength)");
+    check(o.vae_noise_file.empty(),
+          "--vae-noise: the ControlNet pipelines encode the images' means, which draw no noise");
+    st.control_scale = o.control_scale.value_or(kDefaultControlScale);
+    check(std::isfinite(st.control_scale), "--control-scale: expected a number, got ",
+          st.control_scale);
+    session.timed(g, progress, "load control model", 0, [&](Phase&) {
+      st.control = std::make_shared<zimage::ControlModel>(
+          zimage::open_control_model(o.controlnet, st.transformer));
+    });
+    check(o.mask.empty() || st.control->config.in_channels ==
+                                2 * st.transformer.in_channels + 1,
+          "--mask with --control-image: the control model ", o.controlnet.string(), " takes ",
+          st.control->config.in_channels, " control channels; inpainting needs ",
+          2 * st.transformer.in_channels + 1, " (control, mask and masked-image latents: Union 2.1)");
+    session.timed(g, progress, "load control image", 0, [&](Phase&) {
+      st.control_source = load_image(o.control_image);
+      if (!o.init_image.empty()) st.init_source = load_image(o.init_image);
+    });
+    st.inpaint = !o.mask.empty();
+  }
+
   // The output size and the token grid; for inpainting the mask at that size.
   static void settle_size(Session& session, Generation& g, Progress& progress, State& st) {
     const GenerateOptions& o = g.options;
     GenerateResult& r = g.result;
     const bool init = st.init_pixels.numel() > 0;
-    int64_t width = init ? st.init_pixels.dim(2) : o.width > 0 ? o.width : kDefaultSide;
-    int64_t height = init ? st.init_pixels.dim(1) : o.height > 0 ? o.height : kDefaultSide;
+    const bool control = st.control != nullptr;
+    // With a control image and no -W/-H: its size (the pipelines' default is 1024x1024; a
+    // control image of the picture's size is what people give).
+    const int64_t default_width = control ? st.control_source.width : kDefaultSide;
+    const int64_t default_height = control ? st.control_source.height : kDefaultSide;
+    int64_t width = init ? st.init_pixels.dim(2) : o.width > 0 ? o.width : default_width;
+    int64_t height = init ? st.init_pixels.dim(1) : o.height > 0 ? o.height : default_height;
     settle_output_size(session, g, progress, width, height, kPixelsPerToken);
     width = r.width;
     height = r.height;
@@ -272,6 +331,38 @@ class ZImageStages final : public FamilyStages {
     check(g.grid.rows < lens[1] && g.grid.cols < lens[2], "image size ", width, "x", height,
           " is too large for this model (", lens[1] * kPixelsPerToken, "x",
           lens[2] * kPixelsPerToken, " at most: axes_lens)");
+    if (control) {
+      // The image processor's preprocess(image, height, width): scaled (Lanczos) when the size
+      // differs, then [-1, 1].
+      auto at_size = [&](Image image) {
+        if (image.width != width || image.height != height)
+          image = resize_lanczos(image, int(width), int(height));
+        return image_to_tensor(image);
+      };
+      st.control_pixels = at_size(std::move(st.control_source));
+      st.control_source = Image();
+      if (!st.inpaint) return;
+      Tensor init_pixels = at_size(std::move(st.init_source));
+      st.init_source = Image();
+      Image mask;
+      session.timed(g, progress, "load mask", 0, [&](Phase&) { mask = load_image(o.mask); });
+      st.mask_pixels = binary_mask(mask, int(width), int(height));
+      // The init image where the mask keeps (mask < 0.5), 0 where it repaints; the mask
+      // channel is 1 - mask, nearest at latent size.
+      const int64_t plane = width * height;
+      for (int64_t c = 0; c < 3; ++c)
+        for (int64_t p = 0; p < plane; ++p)
+          if (!(st.mask_pixels[size_t(p)] < 0.5f)) init_pixels.data()[c * plane + p] = 0.0f;
+      st.masked_init_pixels = std::move(init_pixels);
+      const int64_t h = height / kPixelsPerLatent, w = width / kPixelsPerLatent;
+      st.keep_latent.resize(size_t(h * w));
+      for (int64_t i = 0; i < h; ++i)
+        for (int64_t j = 0; j < w; ++j)
+          st.keep_latent[size_t(i * w + j)] =
+              1.0f - st.mask_pixels[size_t(i * kPixelsPerLatent * width + j * kPixelsPerLatent)];
+      st.inpaint = false;  // no per-step blend: the control model sees the mask
+      return;
+    }
     if (!st.inpaint) return;
     Image mask;
     session.timed(g, progress, "load mask", 0, [&](Phase&) { mask = load_image(o.mask); });
@@ -354,12 +445,16 @@ class ZImageStages final : public FamilyStages {
     const GenerateOptions& o = g.options;
     GenerateResult& r = g.result;
     WeightStore& weights = session.weights();
-    const bool init = st.init_pixels.numel() > 0;
+    // The images the VAE encodes: the init image; or the control image, and for inpainting
+    // with it the masked init image.
+    const int encodes = st.init_pixels.numel() > 0 ? 1
+                        : st.control ? (st.masked_init_pixels.numel() > 0 ? 2 : 1)
+                                     : 0;
     if (o.plan_memory) {
       MemoryPlanInputs need = memory_inputs(st.transformer);
       need.width = r.width;
       need.height = r.height;
-      if (init) need.references.emplace_back(r.width, r.height);  // the init image's encode
+      for (int i = 0; i < encodes; ++i) need.references.emplace_back(r.width, r.height);
       need.steps = r.steps;
       need.guided = g.guided;
       need.vae_memory = o.vae_memory;
@@ -371,9 +466,8 @@ class ZImageStages final : public FamilyStages {
       progress.memory_plan(*r.memory);
     }
     if (!o.plan_only) {
-      std::vector<std::pair<int64_t, int64_t>> encodes;  // (height, width)
-      if (init) encodes.emplace_back(r.height, r.width);
-      vae::check_scratch(weights.config().vae, encodes, r.height, r.width, o.vae_memory);
+      const std::vector<std::pair<int64_t, int64_t>> sizes(size_t(encodes), {r.height, r.width});
+      vae::check_scratch(weights.config().vae, sizes, r.height, r.width, o.vae_memory);
     }
   }
 
@@ -452,6 +546,7 @@ class ZImageStages final : public FamilyStages {
       fill_gaussian(g.noise, *g.result.seed);
     }
     dump.f32("noise", g.noise, {1, C, h, w});
+    if (st.control) prepare_control(session, g, progress, st);
     if (st.init_pixels.numel() == 0) return;
 
     const Shape latent = {1, C, h, w};
@@ -499,6 +594,50 @@ class ZImageStages final : public FamilyStages {
     g.noise = std::move(x);
   }
 
+  // The control context [control_in_dim, h, w]: the control image's VAE mean, scaled as the
+  // pipeline scales latents; then zeros up to control_in_dim, or for inpainting the keep mask
+  // (1 - mask) and the masked init image's latents likewise.
+  static void prepare_control(Session& session, Generation& g, Progress& progress, State& st) {
+    const Dumper dump(g.options.dump_dir);
+    const int64_t C = st.transformer.in_channels, Cin = st.control->config.in_channels;
+    const int64_t H = g.result.height, W = g.result.width;
+    const int64_t h = H / kPixelsPerLatent, w = W / kPixelsPerLatent;
+    const bool inpaint = st.masked_init_pixels.numel() > 0;
+    dump.f32("control_pixels", st.control_pixels, {1, 3, H, W});
+    if (inpaint) dump.f32("masked_init_pixels", st.masked_init_pixels, {1, 3, H, W});
+    Tensor control_mean, masked_mean;
+    session.timed(g, progress, "vae encode", 0, [&](Phase& phase) {
+      const Compute::Use arithmetic(session.compute(), arithmetic_for(g.result.fast));
+      const int n = inpaint ? 2 : 1;
+      int i = 0;
+      const Compute::Reporting blocks(session.compute(), [&](int64_t done, int64_t total) {
+        phase.step(int(i * total + done), int(n * total));
+      });
+      vae::Vae vae(session.weights(), session.compute(), g.options.vae_memory);
+      control_mean = vae.encode_mean(st.control_pixels);
+      ++i;
+      if (inpaint) masked_mean = vae.encode_mean(st.masked_init_pixels);
+    });
+    session.weights().release("vae.encoder");
+    st.control_pixels = Tensor();
+    st.masked_init_pixels = Tensor();
+    dump.f32("control_latent_mean", control_mean, {1, C, h, w});
+    if (inpaint) dump.f32("masked_init_latent_mean", masked_mean, {1, C, h, w});
+    const VaeConfig& vc = session.weights().config().vae;
+    const zimage::LatentScale scale{float(vc.scaling_factor), float(vc.shift_factor)};
+    st.control_context = Tensor({Cin, h, w});
+    float* ctx = st.control_context.data();
+    std::fill(ctx, ctx + st.control_context.numel(), 0.0f);
+    const Tensor control = zimage::latents_from_encoder(control_mean, scale);
+    std::memcpy(ctx, control.data(), size_t(control.numel()) * sizeof(float));
+    if (inpaint) {
+      std::memcpy(ctx + C * h * w, st.keep_latent.data(), size_t(h * w) * sizeof(float));
+      const Tensor masked = zimage::latents_from_encoder(masked_mean, scale);
+      std::memcpy(ctx + (C + 1) * h * w, masked.data(), size_t(masked.numel()) * sizeof(float));
+    }
+    dump.f32("control_context", st.control_context, {1, Cin, 1, h, w});
+  }
+
   void denoise(Session& session, Generation& g, Progress& progress,
                const StepHook& on_step) const override {
     State& st = state_of(g);
@@ -519,6 +658,31 @@ class ZImageStages final : public FamilyStages {
             st.transformer, zimage::SequenceLayout{H, W, g.negative.dim(0), st.transformer.patch});
         model.embed_caption(g.negative, *negative, cx);
       }
+      // The control model beside the transformer: its context embedded once per sequence.
+      std::unique_ptr<zimage::ControlNet> control;
+      std::unique_ptr<zimage::ControlActivations> control_positive, control_negative;
+      if (st.control) {
+        control = std::make_unique<zimage::ControlNet>(*st.control->store, st.control->config,
+                                                       model);
+        control_positive =
+            std::make_unique<zimage::ControlActivations>(st.transformer, positive.layout);
+        control->embed_control(st.control_context, *control_positive, positive, cx);
+        if (negative) {
+          control_negative =
+              std::make_unique<zimage::ControlActivations>(st.transformer, negative->layout);
+          control->embed_control(st.control_context, *control_negative, *negative, cx);
+        }
+        st.control_context = Tensor();
+      }
+      // One forward, with the control model's hints when there is one.
+      auto forward = [&](const Tensor& latents, const Tensor& adaln, zimage::Activations& act,
+                         zimage::ControlActivations* ca) {
+        if (!control) return model.forward(latents, adaln, act, cx);
+        control->start_forward(latents, adaln, st.control_scale, *ca, act, cx);
+        return model.forward(latents, adaln, act, cx, {}, [&](int64_t layer, float* stream) {
+          control->add_hints(layer, stream, *ca, act, cx);
+        });
+      };
       r.denoise_setup_seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
       const zimage::Schedule& s = st.schedule;
@@ -531,10 +695,10 @@ class ZImageStages final : public FamilyStages {
         const auto step_start = std::chrono::steady_clock::now();
         std::memcpy(x_in.data(), x.data(), size_t(x.numel()) * sizeof(float));
         const Tensor adaln = model.embed_timestep(s.model_time(i), cx);
-        const Tensor pos = model.forward(x, adaln, positive, cx);
+        const Tensor pos = forward(x, adaln, positive, control_positive.get());
         const bool guided = g.guided && zimage::guided_at(st.guidance, s, i);
         Tensor neg;
-        if (guided) neg = model.forward(x, adaln, *negative, cx);
+        if (guided) neg = forward(x, adaln, *negative, control_negative.get());
         zimage::velocity(pos.data(), guided ? neg.data() : nullptr, pos.numel(), st.guidance,
                          v.data());
         const float sigma = s.sigmas[size_t(i)];
@@ -572,6 +736,7 @@ class ZImageStages final : public FamilyStages {
     });
     st.image_latents = Tensor();
     st.blend_noise = Tensor();
+    st.control.reset();
     session.weights().release("transformer.");
     dump.f32("final_latents", g.latents, {1, g.latents.dim(0), g.latents.dim(1), g.latents.dim(2)});
     g.context = Tensor();

@@ -1,0 +1,160 @@
+// Z-Image with a control model through the engine's front door: `klein generate --controlnet
+// --control-image` (and with --init-image and --mask, inpainting guided by it) reproduces every
+// stage of diffusers' ZImageControlNetPipeline and ZImageControlNetInpaintPipeline on
+// ../shared/testdata/zimage-control (a tiny Z-Image and a tiny control model of the Union 2.1
+// structure): the preprocessed images, their VAE means, the control context, every step, the
+// final latents, the decoder's output, the image and the PNG. The original single file makes the
+// directory's image, and what cannot run is refused by name before any work.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/files.h"
+#include "core/npy.h"
+#include "e2e/golden_dump.h"
+#include "formats/image/image.h"
+#include "support/testing.h"
+
+namespace klein {
+namespace zimage_control_test {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+fs::path set_dir() { return testing::tiny_dir().parent_path() / "zimage-control"; }
+fs::path case_dir(const std::string& name) { return set_dir() / "vectors" / "e2e" / name; }
+
+std::string command_for(const fs::path& ref, const fs::path& controlnet, const fs::path& out) {
+  const json c = json::parse(read_text_file(ref / "case.json"));
+  std::string args = "generate -m " + testing::shell_arg(set_dir() / "model") + " -p " +
+                     testing::shell_arg(c["prompt"].get<std::string>()) + " -s " +
+                     std::to_string(c["steps"].get<int>()) + " -g " +
+                     std::to_string(c["guidance_scale"].get<double>()) + " -W " +
+                     std::to_string(c["width"].get<int>()) + " -H " +
+                     std::to_string(c["height"].get<int>()) + " --control-scale " +
+                     std::to_string(c["controlnet_conditioning_scale"].get<double>()) +
+                     " --controlnet " + testing::shell_arg(controlnet) + " --control-image " +
+                     testing::shell_arg(ref / "control.png");
+  if (c.contains("negative_prompt") && c["negative_prompt"].is_string())
+    args += " -n " + testing::shell_arg(c["negative_prompt"].get<std::string>());
+  if (fs::exists(ref / "mask.png"))
+    args += " --init-image " + testing::shell_arg(ref / "init.png") + " --mask " +
+            testing::shell_arg(ref / "mask.png");
+  return args + " --noise " + testing::shell_arg(ref / "noise.npy") + " --dump " +
+         testing::shell_arg(out / "dump") + " -o " + testing::shell_arg(out / "image.png") +
+         " --no-cache --threads 2 -q";
+}
+
+// `got` against the first item of `want` (the control context is stored for the CFG batch).
+void expect_close(const fs::path& got, const fs::path& want, double tolerance) {
+  ASSERT_TRUE(fs::exists(got)) << got;
+  const std::vector<float> g = read_npy(got).to_f32();
+  std::vector<float> w = read_npy(want).to_f32();
+  ASSERT_EQ(w.size() % g.size(), 0u) << got;
+  w.resize(g.size());
+  EXPECT_LE(testing::scaled_diff(g.data(), w.data(), int64_t(g.size())), tolerance) << got;
+}
+
+class ZImageControl : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ZImageControl, MatchesTheOfficialPipelineAtEveryStage) {
+  const std::string name = GetParam();
+  const fs::path ref = case_dir(name);
+  const fs::path out = testing::temp_dir("zimage-control-" + name);
+  std::string log;
+  ASSERT_EQ(testing::run_klein(command_for(ref, set_dir() / "controlnet", out), &log), 0) << log;
+  const json info = json::parse(read_text_file(ref / "case.json"));
+  const fs::path dump = out / "dump";
+  constexpr double kTolerance = 1e-4;
+  std::vector<std::string> files = {"prompt_embeds", "control_pixels", "control_latent_mean",
+                                    "control_context"};
+  if (fs::exists(ref / "mask.png"))
+    files.insert(files.end(), {"masked_init_pixels", "masked_init_latent_mean"});
+  if (info["guidance_scale"].get<double>() > 0) files.push_back("negative_prompt_embeds");
+  for (const std::string& f : files) expect_close(dump / (f + ".npy"), ref / (f + ".npy"), kTolerance);
+  const int steps = info["steps"].get<int>();
+  for (int i = 0; i < steps; ++i) {
+    const std::string p = "step" + std::to_string(i) + "_";
+    for (const char* part : {"latents_in", "velocity", "latents_out"})
+      expect_close(dump / (p + part + ".npy"), ref / (p + part + ".npy"), kTolerance);
+  }
+  for (const char* f : {"final_latents", "vae_input", "image_decoded", "image"})
+    expect_close(dump / (std::string(f) + ".npy"), ref / (std::string(f) + ".npy"), kTolerance);
+  testing::expect_png_matches(out / "image.png", ref / "image.png", info["width"].get<int>(),
+                              info["height"].get<int>());
+}
+
+INSTANTIATE_TEST_SUITE_P(OfficialRuns, ZImageControl,
+                         ::testing::Values("controlnet_c075_h64_w96", "controlnet_c100_cfg_h96_w64",
+                                           "controlnet_inpaint_h80_w64"),
+                         [](const auto& info) { return std::string(info.param); });
+
+// The original single file (its places from the 2.1 release's rule) makes the directory's image,
+// bit for bit; without -W/-H the output takes the control image's size.
+TEST(ZImageControlFiles, TheSingleFileMakesTheDirectorysImage) {
+  const fs::path ref = case_dir("controlnet_c075_h64_w96");
+  const fs::path dir = testing::temp_dir("zimage-control-single");
+  fs::create_directories(dir / "a");
+  fs::create_directories(dir / "b");
+  std::string log;
+  ASSERT_EQ(testing::run_klein(command_for(ref, set_dir() / "controlnet", dir / "a"), &log), 0)
+      << log;
+  const fs::path single =
+      set_dir() / "controlnet_original" / "Z-Image-Turbo-Fun-Controlnet-Union-2.1.safetensors";
+  ASSERT_EQ(testing::run_klein(command_for(ref, single, dir / "b"), &log), 0) << log;
+  EXPECT_EQ(read_npy(dir / "a" / "dump" / "image.npy").to_f32(),
+            read_npy(dir / "b" / "dump" / "image.npy").to_f32());
+  ASSERT_EQ(testing::run_klein("generate -m " + testing::shell_arg(set_dir() / "model") +
+                                   " -p x -s 1 --seed 1 --no-cache -q --controlnet " +
+                                   testing::shell_arg(single) + " --control-image " +
+                                   testing::shell_arg(ref / "control.png") + " -o " +
+                                   testing::shell_arg(dir / "sized.png"),
+                               &log),
+            0)
+      << log;
+  const Image sized = load_image(dir / "sized.png");
+  EXPECT_EQ(sized.width, 96);
+  EXPECT_EQ(sized.height, 64);
+}
+
+TEST(ZImageControlFiles, RefusesWhatCannotRunBeforeAnyWork) {
+  const fs::path ref = case_dir("controlnet_inpaint_h80_w64");
+  const fs::path dir = testing::temp_dir("zimage-control-refusals");
+  const std::string control = " --control-image " + testing::shell_arg(ref / "control.png");
+  const std::string net = " --controlnet " + testing::shell_arg(set_dir() / "controlnet");
+  const std::string init = " --init-image " + testing::shell_arg(ref / "init.png");
+  const std::string model = testing::shell_arg(set_dir() / "model");
+  struct Refusal {
+    std::string model, args, expected;
+  };
+  for (const Refusal& r : std::vector<Refusal>{
+           {model, control, "--control-image needs --controlnet"},
+           {model, net, "--controlnet needs --control-image"},
+           {model, " --control-scale 0.5", "--control-scale needs --control-image"},
+           {model, net + control + init, "--control-image with --init-image needs --mask"},
+           {model, net + control + " --strength 0.5", "--strength: the ControlNet pipelines"},
+           {model, " --controlnet " + testing::shell_arg(ref / "init.png") + control,
+            "expected a diffusers directory or the original .safetensors"},
+           // The tiny control model against another Z-Image (dim 256 against its 128).
+           {testing::shell_arg(testing::zimage_model()), net + control, "another model"},
+           {testing::shell_arg(testing::tiny_model()), net + control, "has no control model"}}) {
+    std::string log;
+    const fs::path out = dir / "out.png";
+    EXPECT_NE(testing::run_klein("generate -m " + r.model + " -p x -s 2 --no-cache" + r.args +
+                                     " -o " + testing::shell_arg(out),
+                                 &log),
+              0)
+        << r.args;
+    EXPECT_NE(log.find(r.expected), std::string::npos) << r.args << ": " << log;
+    EXPECT_EQ(log.find("text encoder"), std::string::npos) << "work started: " << r.args << log;
+    EXPECT_FALSE(fs::exists(out)) << r.args;
+  }
+}
+
+}  // namespace
+}  // namespace zimage_control_test
+}  // namespace klein
