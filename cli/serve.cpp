@@ -163,6 +163,11 @@ Registration serve_command("serve", 85, [](CLI::App& app) {
                   "LoRAs requests may use: DIR/NAME.safetensors as <lora:NAME:SCALE> in the "
                   "prompt (listed at /sdapi/v1/loras)")
       ->check(CLI::ExistingDirectory);
+  cmd->add_option("--controlnet", a->server.controlnet,
+                  "Z-Image: the control model (Z-Image-Turbo-Fun-Controlnet-Union 2.1, a diffusers "
+                  "directory or the original .safetensors) that requests with a \"control_image\" "
+                  "use")
+      ->check(CLI::ExistingPath);
   cmd->add_option("--safety-model", a->safety_model,
                   "The safety classifier's Hugging Face directory (Falconsai/nsfw_image_detection; "
                   "default $KLEIN_SAFETY_MODEL): with one, every request's input and generated "

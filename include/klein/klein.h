@@ -218,6 +218,12 @@ typedef struct klein_generate_params {
   float safety_threshold;   /* in [0, 1]; < 0: 0.85 (BFL's; what klein_generate_params_init
                                sets) */
   klein_safety_action safety_action;
+  /* Z-Image's ControlNet (as `klein generate --controlnet --control-image --control-scale`;
+   * with init_image and mask, inpainting guided by it): */
+  const char* controlnet;    /* the control model (Z-Image-Turbo-Fun-Controlnet-Union 2.1: a
+                                diffusers directory or the original .safetensors); NULL: none */
+  const char* control_image; /* image file the generation follows; needs controlnet */
+  float control_scale;       /* NAN: not given (0.75, controlnet_conditioning_scale) */
 } klein_generate_params;
 
 KLEIN_API void klein_generate_params_init(klein_generate_params* params);

@@ -199,7 +199,8 @@ class Model:
                  guidance=None, seed=None, references=(), init_image=None, mask=None,
                  strength=None, loras=(), cfg_normalization=None, cfg_truncation=None,
                  watermark=True, progress=None, preview=None, count=None, safety_model=None,
-                 safety_threshold=None, safety_action="refuse"):
+                 safety_threshold=None, safety_action="refuse", controlnet=None,
+                 control_image=None, control_scale=None):
         """Generates one image and returns it as a PIL image (RGB); with count=N, a list of N
         images with seeds seed, seed+1, ... denoised together (each transformer block read
         once per step for all of them), image i the one generate makes with seed + i.
@@ -213,6 +214,9 @@ class Model:
         init_image, mask, strength: image-to-image and inpainting (mask: white repaints).
         loras: LoRA files of the transformer, as paths or (path, scale) pairs.
         cfg_normalization, cfg_truncation: Z-Image's guidance options.
+        controlnet, control_image, control_scale: Z-Image's ControlNet (the control model's
+        directory or single file, the image to follow as a PIL image or a path, and
+        controlnet_conditioning_scale, None: 0.75); with init_image and mask, inpainting.
         watermark: False leaves the pixels without the invisible dwtDct mark (FLUX's message)
         that images of at least 256x256 pixels carry by default.
         safety_model: the safety classifier's Hugging Face directory
@@ -251,6 +255,9 @@ class Model:
             params.cfg_normalization = float(cfg_normalization)
         if cfg_truncation is not None:
             params.cfg_truncation = float(cfg_truncation)
+        params.controlnet = _optional_path(controlnet, "controlnet")
+        if control_scale is not None:
+            params.control_scale = float(control_scale)
         if not isinstance(watermark, bool):
             raise TypeError(f"watermark: expected True or False, got {watermark!r}")
         params.no_watermark = 0 if watermark else 1
@@ -322,6 +329,7 @@ class Model:
             params.reference_count = len(ref_paths)
             params.init_image = files.path(init_image, "init_image")
             params.mask = files.path(mask, "mask")
+            params.control_image = files.path(control_image, "control_image")
             lora_array = _c_array(ctypes.c_char_p, lora_files)
             scale_array = _c_array(ctypes.c_float, lora_scales)
             params.loras = lora_array

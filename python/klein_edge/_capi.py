@@ -90,6 +90,9 @@ class GenerateParams(ctypes.Structure):
         ("safety_model", ctypes.c_char_p),
         ("safety_threshold", ctypes.c_float),
         ("safety_action", ctypes.c_int),
+        ("controlnet", ctypes.c_char_p),
+        ("control_image", ctypes.c_char_p),
+        ("control_scale", ctypes.c_float),
     ]
 
 

@@ -140,6 +140,19 @@ def test_zimage_inpainting_is_the_cli_image(cli, testdata, tmp_path):
     assert image.info["parameters"] == expected.info["parameters"]
 
 
+def test_zimage_controlnet_is_the_cli_image(cli, testdata, tmp_path):
+    set_dir = testdata / "zimage-control"
+    control = set_dir / "vectors" / "e2e" / "controlnet_c075_h64_w96" / "control.png"
+    with klein_edge.Model(set_dir / "model", threads=2) as zimage:
+        image = zimage.generate(PROMPT, steps=3, seed=5, controlnet=set_dir / "controlnet",
+                                control_image=Image.open(control), control_scale=0.9)
+    expected = cli_png(cli, tmp_path, set_dir / "model", "--seed", 5, "-s", 3,
+                       "--controlnet", set_dir / "controlnet", "--control-image", control,
+                       "--control-scale", 0.9)
+    same_pixels(image, expected)
+    assert image.size == (96, 64)
+
+
 def test_flux_dev_with_its_embedded_guidance_is_the_cli_image(cli, tmp_path):
     path = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "flux2-dev-tiny" / "model"
     with klein_edge.Model(path, threads=2) as dev:

@@ -147,6 +147,10 @@ klein::GenerateOptions to_options(klein_session& s, const klein_generate_params&
   }
   if (p.init_image) o.init_image = p.init_image;
   if (p.mask) o.mask = p.mask;
+  if (p.controlnet) o.controlnet = p.controlnet;
+  if (p.control_image) o.control_image = p.control_image;
+  check(!std::isinf(p.control_scale), "params.control_scale: expected a number (NAN: not given)");
+  if (!std::isnan(p.control_scale)) o.control_scale = p.control_scale;
   check(std::isfinite(p.strength) && p.strength >= 0 && p.strength <= 1, "params.strength: "
         "expected 0 (the default) or a number in (0, 1], got ", p.strength);
   // The float's shortest decimal (0.6f is 0.6, as the CLI reads "0.6"), so that the steps
@@ -323,6 +327,7 @@ void klein_generate_params_init(klein_generate_params* params) {
   params->cfg_truncation = std::numeric_limits<float>::quiet_NaN();
   params->safety_threshold = -1;
   params->safety_action = KLEIN_SAFETY_REFUSE;
+  params->control_scale = std::numeric_limits<float>::quiet_NaN();
 }
 
 klein_status klein_generate(klein_session* session, const klein_generate_params* params,

@@ -327,6 +327,7 @@ struct Capabilities {
   bool guidance = false;            // classifier-free guidance with a negative prompt
   bool guidance_options = false;    // cfg_normalization and cfg_truncation (Z-Image)
   bool loras = false;
+  bool control = false;             // a control model and image (Z-Image's ControlNet)
 };
 Capabilities capabilities(const Model& model);
 

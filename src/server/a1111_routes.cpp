@@ -13,6 +13,8 @@ json generate_images(Impl& s, const httplib::Request& req, bool img2img) {
   A1111Request a = read_a1111_request(body, s.options, img2img);
   ImageRequest& r = a.request;
   UploadDir uploads;
+  if (!r.control_image.empty())
+    r.options.control_image = uploads.write("control_image", r.control_image);
   if (img2img) {
     r.options.init_image = uploads.write("init_images", a.init_image);
     if (!a.mask.empty()) r.options.mask = uploads.write("mask", a.mask);
@@ -37,6 +39,7 @@ json generate_images(Impl& s, const httplib::Request& req, bool img2img) {
   if (first.strength) info["denoising_strength"] = *first.strength;
   json parameters = body;
   if (img2img) parameters.erase("init_images"), parameters.erase("mask");  // no echo of images
+  parameters.erase("control_image");
   return {{"images", made.png}, {"parameters", parameters}, {"info", info.dump()}};
 }
 

@@ -123,6 +123,9 @@ void run_job(Impl& s, const std::shared_ptr<Job>& job, std::unique_ptr<Slot> slo
 json submit_job(Impl& s, const httplib::Request& req, httplib::Response& res) {
   s.ready_model();
   ImageRequest r = read_openai_request(parse_json(req), s.options);
+  if (!r.control_image.empty())
+    throw bad_request("\"control_image\": not taken by jobs yet; POST the request to "
+                      "/v1/images/generations or /sdapi/v1/txt2img");
   take_lora_tags(r.options, s.loras);
   auto slot = std::make_unique<Slot>(s);
   auto job = std::make_shared<Job>();

@@ -11,6 +11,9 @@ namespace {
 
 json generations(Impl& s, const httplib::Request& req) {
   ImageRequest r = read_openai_request(parse_json(req), s.options);
+  UploadDir uploads;
+  if (!r.control_image.empty())
+    r.options.control_image = uploads.write("control_image", r.control_image);
   const std::string prompt = r.options.prompt;
   return openai_reply(generate_now(s, std::move(r), req, "/v1/images/generations"), prompt);
 }

@@ -56,6 +56,17 @@ void read_common(const json& body, const ServerOptions& s, GenerateOptions& o,
     if (!(*v >= -100 && *v <= 100)) throw bad_request("\"cfg_truncation\": expected -100 to 100");
     o.cfg_truncation = float(*v);
   }
+  // Z-Image's ControlNet: the control image; the control model is the server's (--controlnet).
+  if (body.contains("control_image") && !body["control_image"].is_null()) {
+    if (s.controlnet.empty())
+      throw bad_request("\"control_image\": this server has no control model (klein serve "
+                        "--controlnet PATH)");
+    o.controlnet = s.controlnet;
+  }
+  if (auto v = get<double>(body, "control_scale")) {
+    if (!(*v >= -100 && *v <= 100)) throw bad_request("\"control_scale\": expected -100 to 100");
+    o.control_scale = float(*v);
+  }
   if (body.contains("seed") && !body["seed"].is_null()) {
     const json& seed = body["seed"];
     if (seed.is_number_unsigned()) {
@@ -148,6 +159,10 @@ ImageRequest read_openai_request(const json& body, const ServerOptions& s) {
     throw bad_request("\"response_format\": only \"b64_json\" is supported (this server keeps "
                       "no files to link to), got \"" + *format + "\"");
   read_common(body, s, r.options, "guidance");
+  if (body.contains("control_image") && !body["control_image"].is_null()) {
+    r.control_image = decode_image_field(body["control_image"], "control_image");
+    if (r.control_image.empty()) throw bad_request("\"control_image\": the image is empty");
+  }
   return r;
 }
 
@@ -169,6 +184,10 @@ A1111Request read_a1111_request(const json& body, const ServerOptions& s, bool i
                                       s.max_images, "n_iter");
   r.count = int(in_range(batch * iterations, 1, s.max_images, "batch_size x n_iter"));
   read_common(body, s, r.options, "cfg_scale");
+  if (body.contains("control_image") && !body["control_image"].is_null()) {
+    r.control_image = decode_image_field(body["control_image"], "control_image");
+    if (r.control_image.empty()) throw bad_request("\"control_image\": the image is empty");
+  }
   if (!img2img) return a;
   if (!body.contains("init_images") || !body["init_images"].is_array() ||
       body["init_images"].empty())

@@ -35,6 +35,9 @@ inline HttpError bad_request(const std::string& message) { return {400, message}
 struct ImageRequest {
   GenerateOptions options;
   int count = 1;
+  // Z-Image's control image ("control_image", base64), written to a file by the route
+  // (options.control_image) before the generation; the control model is the server's.
+  std::string control_image;
 };
 
 // The value of `key` when present and not null, as T; a wrong type is a 400 naming the field.

@@ -87,6 +87,9 @@ struct ServerOptions {
   // LoRAs requests may use, by file name without ".safetensors" (A1111's <lora:NAME:SCALE> in
   // the prompt); empty: none. Requests never name files.
   std::filesystem::path lora_dir;
+  // Z-Image's control model (a diffusers directory or the original single file) that requests
+  // with a "control_image" use; empty: none. Requests never name files.
+  std::filesystem::path controlnet;
   double job_ttl_seconds = 600;  // a finished job is forgotten this long after it finished
   int max_jobs = 32;             // jobs kept at once, in any state
   // The safety check of every request's input and generated images (pipeline/safety.h),

@@ -37,7 +37,8 @@ json health(Impl& s, httplib::Response& res) {
                         {"negative_prompt", c.guidance},
                         {"cfg_normalization", c.guidance_options},
                         {"cfg_truncation", c.guidance_options},
-                        {"loras", c.loras}};
+                        {"loras", c.loras},
+                        {"control_image", c.control && !s.options.controlnet.empty()}};
   }
   return reply;
 }

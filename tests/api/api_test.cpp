@@ -304,6 +304,38 @@ TEST(CApi, ZImageWithItsGuidanceOptionsMakesTheCliPixels) {
             std::string::npos);
 }
 
+// Z-Image's ControlNet through the library: the control model, image and scale make the CLI's
+// pixels (the CLI's are checked against the official pipeline in
+// tests/e2e/zimage_control_test.cpp); a control image without a control model is refused.
+TEST(CApi, ZImageControlNetMakesTheCliPixels) {
+  const fs::path set = testing::tiny_dir().parent_path() / "zimage-control";
+  const fs::path controlnet = set / "controlnet";
+  const fs::path control = set / "vectors" / "e2e" / "controlnet_c075_h64_w96" / "control.png";
+  const fs::path out = testing::temp_dir("capi-zimage-control");
+  Opened m(set / "model");
+  klein_generate_params p = params(5, 0, 0, 3);
+  p.controlnet = controlnet.c_str();
+  p.control_image = control.c_str();
+  p.control_scale = 0.9f;
+  klein_image* image = nullptr;
+  ASSERT_EQ(klein_generate(m.session, &p, &image), KLEIN_OK) << klein_session_error(m.session);
+  EXPECT_EQ(image->width, 96);
+  EXPECT_EQ(image->height, 64);
+  EXPECT_TRUE(testing::same_pixels(
+      testing::cli_generate(set / "model", kPrompt,
+                            "--seed 5 -s 3 --control-scale 0.9 --controlnet " +
+                                testing::shell_arg(controlnet) + " --control-image " +
+                                testing::shell_arg(control),
+                            out / "cli.png"),
+      image->pixels, 96, 64));
+  klein_image_free(image);
+  p.controlnet = nullptr;
+  EXPECT_EQ(klein_generate(m.session, &p, &image), KLEIN_ERROR);
+  EXPECT_NE(std::string(klein_session_error(m.session)).find("--control-image needs --controlnet"),
+            std::string::npos)
+      << klein_session_error(m.session);
+}
+
 // FLUX.2-dev (the tiny one in the official layout): the guidance scale goes to the model
 // (embedded, one pass per step), as on the command line.
 TEST(CApi, FluxDevWithItsEmbeddedGuidanceMakesTheCliPixels) {

@@ -265,6 +265,46 @@ TEST(Serve, ZImageRequestsMakeTheCliPixels) {
                 .rgb);
 }
 
+// A Z-Image server with a control model: a request's control image and scale make the CLI's
+// pixels (OpenAI generations and A1111 txt2img); /health offers the control image; a server
+// without a control model refuses one by name.
+TEST(Serve, ZImageControlImagesMakeTheCliPixels) {
+  const fs::path set = testing::tiny_dir().parent_path() / "zimage-control";
+  const fs::path control = set / "vectors" / "e2e" / "controlnet_c075_h64_w96" / "control.png";
+  const fs::path out = testing::temp_dir("serve-zimage-control");
+  const Image cli = testing::cli_generate(set / "model", kPrompt,
+                                          "--seed 5 -s 3 -W 96 -H 64 --control-scale 0.9 "
+                                          "--controlnet " + testing::shell_arg(set / "controlnet") +
+                                              " --control-image " + testing::shell_arg(control),
+                                          out / "cli.png");
+  {
+    ServeProcess serve("--controlnet " + testing::shell_arg(set / "controlnet"), set / "model");
+    httplib::Client c = serve.client();
+    auto health = c.Get("/health");
+    ASSERT_TRUE(health);
+    EXPECT_EQ(json::parse(health->body)["accepts"]["control_image"], true) << health->body;
+    const json gen = post_json(c, "/v1/images/generations",
+                               {{"prompt", kPrompt}, {"size", "96x64"}, {"seed", 5}, {"steps", 3},
+                                {"control_image", file_b64(control)}, {"control_scale", 0.9}});
+    ASSERT_EQ(gen["data"].size(), 1u);
+    EXPECT_EQ(png_of(gen["data"][0]["b64_json"]).rgb, cli.rgb);
+    const json t2i = post_json(c, "/sdapi/v1/txt2img",
+                               {{"prompt", kPrompt}, {"width", 96}, {"height", 64}, {"seed", 5},
+                                {"steps", 3}, {"control_image", file_b64(control)},
+                                {"control_scale", 0.9}});
+    ASSERT_EQ(t2i["images"].size(), 1u);
+    EXPECT_EQ(png_of(t2i["images"][0]).rgb, cli.rgb);
+    EXPECT_FALSE(t2i["parameters"].contains("control_image"));
+  }
+  ServeProcess plain("", set / "model");
+  httplib::Client c = plain.client();
+  const json refused = post_json(c, "/v1/images/generations",
+                                 {{"prompt", kPrompt}, {"size", "96x64"},
+                                  {"control_image", file_b64(control)}},
+                                 400);
+  EXPECT_NE(refused.dump().find("no control model"), std::string::npos) << refused.dump();
+}
+
 TEST(Serve, FluxDevRequestsMakeTheCliPixels) {
   const fs::path model = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "flux2-dev-tiny" / "model";
   const fs::path out = testing::temp_dir("serve-dev");

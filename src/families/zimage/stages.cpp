@@ -211,13 +211,12 @@ class ZImageStages final : public FamilyStages {
   Capabilities capabilities(const ModelConfig&) const override {
     Capabilities c;
     c.guidance = c.guidance_options = c.loras = true;  // Turbo's default guidance is 0
-    c.image_to_image = true;
+    c.image_to_image = c.control = true;
     return c;
   }
   void start(Session& session, Generation& g, Progress& progress) const override {
     const GenerateOptions& o = g.options;
     WeightStore& weights = session.weights();
-    GenerateResult& r = g.result;
     refuse(!o.references.empty(), "--reference",
            "its pipelines take no reference images; --init-image starts from a picture");
     auto state = std::make_shared<State>();
