@@ -1,5 +1,6 @@
 // libFuzzer target: the model configuration JSON (config.json of each network, the scheduler,
-// the container's stored configuration, Z-Image's transformer, text encoder and VAE factors,
+// the container's stored configuration, Z-Image's transformer, text encoder, VAE factors and
+// control model,
 // the safety classifier's config.json and preprocessor_config.json, and the tensors a parsed
 // classifier configuration expects) and the precision policy text (globs, PCRE2
 // patterns, types), as `klein convert --policy` reads it.
@@ -13,6 +14,7 @@
 #include "families/zimage/prompt.h"
 #include "fuzz/fuzz_support.h"
 #include "models/zimage/checkpoint/config.h"
+#include "models/zimage/checkpoint/controlnet.h"
 #include "models/zimage/latents.h"
 #include "weights/config.h"
 #include "weights/safety_model.h"
@@ -35,6 +37,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     each([&] { (void)klein::zimage::parse_transformer_config(j, "fuzz"); });
     each([&] { (void)klein::zimage::parse_text_encoder_config(j, "fuzz"); });
     each([&] { (void)klein::zimage::parse_latent_scale(j, "fuzz"); });
+    // A control model's config.json against Turbo's transformer, and the tensors it expects.
+    each([&] {
+      const klein::zimage::TransformerConfig base;
+      (void)klein::zimage::expected_controlnet(
+          klein::zimage::parse_controlnet_config(j, "fuzz", base), base);
+    });
     each([&] { (void)klein::expected_safety_tensors(klein::parse_vit_config(j, "fuzz")); });
     each([&] { (void)klein::parse_vit_image_processor(j, "fuzz"); });
   }

@@ -78,10 +78,12 @@ void expect_gguf_py_values(const fs::path& f32_container) {
     if (name.rfind("text_encoder.model.layers.", 0) == 0)
       last_layer = std::max(last_layer, std::stoi(name.substr(26)));
   const std::string unused_layer = "text_encoder.model.layers." + std::to_string(last_layer) + ".";
-  for (const auto& [name, _] : decoded.items())
-    if (!seen.count(name))
+  for (const auto& [name, _] : decoded.items()) {
+    if (!seen.count(name)) {
       EXPECT_TRUE(name == "text_encoder.model.norm.weight" || name.rfind(unused_layer, 0) == 0)
           << name << ": decoded by gguf-py, missing from the container";
+    }
+  }
   EXPECT_GT(seen.size(), decoded.size() - 20);
 }
 

@@ -121,6 +121,29 @@ TEST(ZImageControlFiles, TheSingleFileMakesTheDirectorysImage) {
   EXPECT_EQ(sized.height, 64);
 }
 
+// The memory plan counts the control model: its weights and streams in the denoising phase.
+TEST(ZImageControlFiles, TheMemoryPlanCountsTheControlModel) {
+  const fs::path ref = case_dir("controlnet_c075_h64_w96");
+  auto denoise_line = [&](const std::string& extra) {
+    std::string log;
+    EXPECT_EQ(testing::run_klein("generate -m " + testing::shell_arg(set_dir() / "model") +
+                                     " -p x -s 2 -W 96 -H 64 --dry-run" + extra,
+                                 &log),
+              0)
+        << log;
+    const size_t at = log.find("  denoise        weights");
+    EXPECT_NE(at, std::string::npos) << log;
+    return at == std::string::npos ? std::string() : log.substr(at, log.find('\n', at) - at);
+  };
+  const std::string plain = denoise_line("");
+  const std::string control =
+      denoise_line(" --controlnet " + testing::shell_arg(set_dir() / "controlnet") +
+                   " --control-image " + testing::shell_arg(ref / "control.png"));
+  // The tiny control model is 2.3 MB: 2 MiB more weights, resident and paged.
+  EXPECT_NE(plain.find("weights 2 MiB paged / 4 MiB resident"), std::string::npos) << plain;
+  EXPECT_NE(control.find("weights 4 MiB paged / 6 MiB resident"), std::string::npos) << control;
+}
+
 TEST(ZImageControlFiles, RefusesWhatCannotRunBeforeAnyWork) {
   const fs::path ref = case_dir("controlnet_inpaint_h80_w64");
   const fs::path dir = testing::temp_dir("zimage-control-refusals");

@@ -110,9 +110,11 @@ void refuse(bool given, const char* option, const char* why) {
 // embedders and the final layer, read every step) and the blocks, two at a time when paged;
 // the buffers of one sequence per context (zimage::Activations, captions at their 512-token
 // maximum), the latents (noise, x, x before the step, velocity, both predictions) and the
-// contexts.
+// contexts. With a control model (`control_bytes` of weights, 0: none): its weights, every step
+// (its file's pages stay mapped in), and its streams per context (zimage::ControlActivations).
 std::pair<PhaseNeed, PhaseNeed> denoise_need(const zimage::TransformerConfig& c,
-                                             const WeightStore& store, const MemoryPlanInputs& in) {
+                                             const WeightStore& store, const MemoryPlanInputs& in,
+                                             uint64_t control_bytes = 0) {
   UnitSizes refiners, blocks;
   for (int64_t i = 0; i < c.n_refiner_layers; ++i) {
     refiners.add(store.unit_bytes(zimage::context_refiner_unit(i)));
@@ -136,6 +138,13 @@ std::pair<PhaseNeed, PhaseNeed> denoise_need(const zimage::TransformerConfig& c,
       uint64_t(6 * c.in_channels * h * w + contexts * in.text_tokens * c.cap_feat_dim) *
           sizeof(float);
   setup.activations = steps.activations = activations;
+  if (control_bytes > 0) {
+    steps.weights_paged += control_bytes;
+    steps.weights_resident += control_bytes;
+    steps.weights_one_unit += control_bytes;
+    steps.activations +=
+        uint64_t(contexts) * zimage::ControlActivations::plan_bytes(c, layout);
+  }
   return {setup, steps};
 }
 
@@ -199,12 +208,19 @@ class ZImageStages final : public FamilyStages {
   MemoryPlanInputs memory_inputs(const ModelConfig& config) const override {
     return memory_inputs(transformer_config(config));
   }
-  static MemoryPlanInputs memory_inputs(const zimage::TransformerConfig& transformer) {
+  // `control`: the generation's control model, if any.
+  static MemoryPlanInputs memory_inputs(const zimage::TransformerConfig& transformer,
+                                        const zimage::ControlModel* control = nullptr) {
     MemoryPlanInputs in;
     in.text_tokens = zimage::kMaxPromptTokens;  // the captions' max_sequence_length
     in.context_width = transformer.cap_feat_dim;
-    in.denoise = [transformer](const WeightStore& store, const MemoryPlanInputs& in) {
-      return denoise_need(transformer, store, in);
+    uint64_t control_bytes = 0;
+    if (control)
+      for (const std::string& unit : control->store->units())
+        control_bytes += control->store->unit_bytes(unit);
+    in.denoise = [transformer, control_bytes](const WeightStore& store,
+                                              const MemoryPlanInputs& in) {
+      return denoise_need(transformer, store, in, control_bytes);
     };
     return in;
   }
@@ -450,7 +466,7 @@ class ZImageStages final : public FamilyStages {
                         : st.control ? (st.masked_init_pixels.numel() > 0 ? 2 : 1)
                                      : 0;
     if (o.plan_memory) {
-      MemoryPlanInputs need = memory_inputs(st.transformer);
+      MemoryPlanInputs need = memory_inputs(st.transformer, st.control.get());
       need.width = r.width;
       need.height = r.height;
       for (int i = 0; i < encodes; ++i) need.references.emplace_back(r.width, r.height);
