@@ -330,6 +330,24 @@ void fill_safety(Args& a) {
                                                                  : "--safety-model");
 }
 
+// --control-preprocess: "canny" or "canny:LOW:HIGH".
+std::pair<double, double> parse_canny(const std::string& v) {
+  std::pair<double, double> t = {100, 200};
+  if (v == "canny") return t;
+  char low[32] = {}, high[32] = {};
+  const bool ok = v.size() < 64 && v.rfind("canny:", 0) == 0 &&
+                  std::sscanf(v.c_str(), "canny:%31[^:]:%31s", low, high) == 2;
+  char* end = nullptr;
+  if (ok) t.first = std::strtod(low, &end);
+  const bool low_ok = ok && end && *end == 0;
+  if (low_ok) t.second = std::strtod(high, &end);
+  check(low_ok && end && *end == 0 && std::isfinite(t.first) && std::isfinite(t.second) &&
+            t.first >= 0 && t.second >= 0,
+        "--control-preprocess: expected canny or canny:LOW:HIGH (thresholds of 0 or more), got \"",
+        v, "\"");
+  return t;
+}
+
 // The generation's options from the command line; returns why the prompt cache is off when
 // it was not turned off (empty otherwise).
 std::string fill_options(Args& a) {
@@ -605,6 +623,12 @@ Registration generate_command("generate", 10, [](CLI::App& app) {
          },
          "How strongly the control image steers (controlnet_conditioning_scale; default 0.75)")
       ->type_name("S");
+  cmd->add_option_function<std::string>(
+         "--control-preprocess",
+         [a](const std::string& v) { a->gen.control_canny = parse_canny(v); },
+         "canny[:LOW:HIGH]: the control image is a picture; its Canny edges (OpenCV's, default "
+         "thresholds 100 and 200, as `klein control canny`) are the control image")
+      ->type_name("canny");
   cmd->add_option("--vae-noise", a->vae_noise,
                   "Z-Image with --init-image and --noise: the noise of the init image's VAE "
                   "sample (mean + std x noise) as float32 .npy [1, 16, H/8, W/8]; without "

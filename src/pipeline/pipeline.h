@@ -92,6 +92,9 @@ struct GenerateOptions {
   std::filesystem::path controlnet;
   std::filesystem::path control_image;
   std::optional<float> control_scale;
+  // The control image is a picture to take Canny edges from first (formats/image/canny.h), with
+  // these low and high thresholds; none: it is the control image itself.
+  std::optional<std::pair<double, double>> control_canny;
   std::filesystem::path dump_dir;                 // optional: write every stage as .npy here
   std::optional<std::filesystem::path> prompt_cache_dir;  // none: no prompt cache
   // Memory: plan and set the store's residency (false: leave the store as it is), within

@@ -121,6 +121,52 @@ TEST(ZImageControlFiles, TheSingleFileMakesTheDirectorysImage) {
   EXPECT_EQ(sized.height, 64);
 }
 
+// `klein control canny` writes OpenCV's edges (tests/data/canny), and --control-preprocess canny
+// makes the image that the edge map given as the control image makes.
+TEST(ZImageControlFiles, CannyEdgesAsACommandAndOnTheFly) {
+  const fs::path canny = testing::kSource / "tests" / "data" / "canny";
+  const fs::path dir = testing::temp_dir("zimage-control-canny");
+  std::string log;
+  ASSERT_EQ(testing::run_klein("control canny " + testing::shell_arg(canny / "shapes_96x64.png") +
+                                   " -o " + testing::shell_arg(dir / "edges.png"),
+                               &log),
+            0)
+      << log;
+  EXPECT_EQ(load_image(dir / "edges.png").rgb,
+            load_image(canny / "shapes_96x64_canny_100_200.png").rgb);
+  ASSERT_EQ(testing::run_klein("control canny --low 50 --high 150 " +
+                                   testing::shell_arg(canny / "shapes_96x64.png") + " -o " +
+                                   testing::shell_arg(dir / "edges50.png"),
+                               &log),
+            0)
+      << log;
+  EXPECT_EQ(load_image(dir / "edges50.png").rgb,
+            load_image(canny / "shapes_96x64_canny_50_150.png").rgb);
+  EXPECT_NE(testing::run_klein("control canny " + testing::shell_arg(canny / "shapes_96x64.png") +
+                                   " -o " + testing::shell_arg(dir / "edges.txt"),
+                               &log),
+            0);
+  EXPECT_NE(log.find("expected a .png"), std::string::npos) << log;
+
+  auto generate = [&](const std::string& control, const std::string& extra, const fs::path& out) {
+    return testing::run_klein("generate -m " + testing::shell_arg(set_dir() / "model") +
+                                  " -p x -s 2 --seed 3 --no-cache -q --controlnet " +
+                                  testing::shell_arg(set_dir() / "controlnet") +
+                                  " --control-image " + testing::shell_arg(control) + extra +
+                                  " -o " + testing::shell_arg(out),
+                              &log);
+  };
+  ASSERT_EQ(generate(dir / "edges.png", "", dir / "given.png"), 0) << log;
+  ASSERT_EQ(generate(canny / "shapes_96x64.png", " --control-preprocess canny", dir / "fly.png"), 0)
+      << log;
+  ASSERT_EQ(generate(canny / "shapes_96x64.png", "", dir / "raw.png"), 0) << log;
+  EXPECT_EQ(load_image(dir / "given.png").rgb, load_image(dir / "fly.png").rgb);
+  EXPECT_NE(load_image(dir / "raw.png").rgb, load_image(dir / "fly.png").rgb);
+  EXPECT_NE(generate(canny / "shapes_96x64.png", " --control-preprocess sobel", dir / "bad.png"),
+            0);
+  EXPECT_NE(log.find("--control-preprocess: expected canny"), std::string::npos) << log;
+}
+
 // The memory plan counts the control model: its weights and streams in the denoising phase.
 TEST(ZImageControlFiles, TheMemoryPlanCountsTheControlModel) {
   const fs::path ref = case_dir("controlnet_c075_h64_w96");

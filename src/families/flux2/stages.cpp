@@ -351,7 +351,8 @@ void Flux2Stages::refuse_what_the_pipeline_lacks(const GenerateOptions& o) const
         "--cfg-normalization and --cfg-truncation "
         "are Z-Image's guidance options; ",
         p_.name, "'s guidance has neither");
-  check(o.control_image.empty() && o.controlnet.empty() && !o.control_scale, p_.name,
+  check(o.control_image.empty() && o.controlnet.empty() && !o.control_scale && !o.control_canny,
+        p_.name,
         " has no control model: --controlnet, --control-image and --control-scale are Z-Image's");
   check(o.vae_noise_file.empty(), "--vae-noise: ", p_.name,
         "'s pipelines encode the init image's mean, which draws no noise");

@@ -27,6 +27,7 @@
 #include "families/zimage/controlnet.h"
 #include "families/zimage/prompt.h"
 #include "families/zimage/stages.h"
+#include "formats/image/canny.h"
 #include "formats/image/image.h"
 #include "formats/image/preprocess.h"
 #include "formats/image/resize.h"
@@ -246,6 +247,8 @@ class ZImageStages final : public FamilyStages {
           o.controlnet.empty() ? "--control-image needs --controlnet (the control model)"
                                : "--controlnet needs --control-image (the picture it follows)");
     check(!o.control_scale || !o.control_image.empty(), "--control-scale needs --control-image");
+    check(!o.control_canny || !o.control_image.empty(),
+          "--control-preprocess needs --control-image (the picture to take edges from)");
     if (o.control_image.empty())
       load_init_image(session, g, progress, *state);
     else
@@ -320,6 +323,9 @@ class ZImageStages final : public FamilyStages {
           2 * st.transformer.in_channels + 1, " (control, mask and masked-image latents: Union 2.1)");
     session.timed(g, progress, "load control image", 0, [&](Phase&) {
       st.control_source = load_image(o.control_image);
+      if (o.control_canny)
+        st.control_source =
+            canny_edges(st.control_source, o.control_canny->first, o.control_canny->second);
       if (!o.init_image.empty()) st.init_source = load_image(o.init_image);
     });
     st.inpaint = !o.mask.empty();
