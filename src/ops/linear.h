@@ -5,7 +5,7 @@
 
 #include "ops/compute.h"
 #include "quant/matmul.h"
-#include "weights/weight_store.h"
+#include "core/weight.h"
 
 namespace klein::ops {
 
