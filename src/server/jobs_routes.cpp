@@ -123,9 +123,12 @@ void run_job(Impl& s, const std::shared_ptr<Job>& job, std::unique_ptr<Slot> slo
 json submit_job(Impl& s, const httplib::Request& req, httplib::Response& res) {
   s.ready_model();
   ImageRequest r = read_openai_request(parse_json(req), s.options);
-  if (!r.control_image.empty())
-    throw bad_request("\"control_image\": not taken by jobs yet; POST the request to "
-                      "/v1/images/generations or /sdapi/v1/txt2img");
+  // The control image's file lives as long as the job's thread.
+  std::shared_ptr<UploadDir> uploads;
+  if (!r.control_image.empty()) {
+    uploads = std::make_shared<UploadDir>();
+    r.options.control_image = uploads->write("control_image", r.control_image);
+  }
   take_lora_tags(r.options, s.loras);
   auto slot = std::make_unique<Slot>(s);
   auto job = std::make_shared<Job>();
@@ -152,9 +155,11 @@ json submit_job(Impl& s, const httplib::Request& req, httplib::Response& res) {
       s.jobs.erase(oldest);
     }
     s.jobs[job->id] = job;
-    job->thread = std::thread([&s, job, slot = std::move(slot), r = std::move(r)]() mutable {
-      run_job(s, job, std::move(slot), std::move(r));
-    });
+    job->thread = std::thread(
+        [&s, job, slot = std::move(slot), r = std::move(r), uploads = std::move(uploads)]() mutable {
+          run_job(s, job, std::move(slot), std::move(r));
+          uploads.reset();
+        });
     reply = job_json(s, *job, false);
   }
   join(dropped);

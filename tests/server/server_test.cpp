@@ -295,6 +295,21 @@ TEST(Serve, ZImageControlImagesMakeTheCliPixels) {
     ASSERT_EQ(t2i["images"].size(), 1u);
     EXPECT_EQ(png_of(t2i["images"][0]).rgb, cli.rgb);
     EXPECT_FALSE(t2i["parameters"].contains("control_image"));
+    // A job keeps its control image until it has run.
+    const json job = post_json(c, "/v1/jobs",
+                               {{"prompt", kPrompt}, {"size", "96x64"}, {"seed", 5}, {"steps", 3},
+                                {"control_image", file_b64(control)}, {"control_scale", 0.9}},
+                               202);
+    json done = json::object();
+    for (int i = 0; i < 600 && done.value("state", "") != "done"; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      auto r = c.Get(("/v1/jobs/" + job["id"].get<std::string>()).c_str());
+      ASSERT_TRUE(r);
+      done = json::parse(r->body);
+      ASSERT_NE(done.value("state", ""), "failed") << r->body;
+    }
+    ASSERT_EQ(done["state"], "done") << done.dump().substr(0, 400);
+    EXPECT_EQ(png_of(done["result"]["data"][0]["b64_json"]).rgb, cli.rgb);
   }
   ServeProcess plain("", set / "model");
   httplib::Client c = plain.client();
