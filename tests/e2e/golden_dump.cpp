@@ -72,4 +72,13 @@ void expect_png_matches(const fs::path& got_path, const fs::path& want_path, int
                                        << log;
 }
 
+void expect_refused_before_work(const std::string& args, const std::string& expected,
+                                const std::filesystem::path& out) {
+  std::string log;
+  EXPECT_NE(run_klein(args + " -o " + shell_arg(out), &log), 0) << args;
+  EXPECT_NE(log.find(expected), std::string::npos) << args << ": " << log;
+  EXPECT_EQ(log.find("text encoder"), std::string::npos) << "work started: " << args << log;
+  EXPECT_FALSE(std::filesystem::exists(out)) << args;
+}
+
 }  // namespace klein::testing

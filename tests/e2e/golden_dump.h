@@ -42,4 +42,9 @@ void expect_dump_matches(const std::filesystem::path& dump, const std::filesyste
 void expect_png_matches(const std::filesystem::path& got, const std::filesystem::path& want,
                         int width, int height);
 
+// `klein <args> -o <out>` fails, says `expected`, writes no `out`, and stops before the text
+// encoder runs (its progress line would name it): a refusal before any work.
+void expect_refused_before_work(const std::string& args, const std::string& expected,
+                                const std::filesystem::path& out);
+
 }  // namespace klein::testing

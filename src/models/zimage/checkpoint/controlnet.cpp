@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/json_fields.h"
+#include "models/zimage/checkpoint/units.h"
 
 namespace klein::zimage {
 
@@ -89,24 +90,15 @@ std::optional<UnitOf> controlnet_unit_of(const std::string& canonical) {
 }
 
 ShapeMap expected_controlnet(const ControlNetConfig& c, const TransformerConfig& base) {
-  const int64_t D = c.dim, F = base.ffn_hidden(), A = base.adaln_dim(), hd = D / c.n_heads;
+  const int64_t D = c.dim;
   const int64_t P = base.frame_patch * base.patch * base.patch * c.in_channels;
   const std::string key = std::to_string(base.patch) + "-" + std::to_string(base.frame_patch);
   ShapeMap m;
   m["controlnet.control_all_x_embedder." + key + ".weight"] = {D, P};
   m["controlnet.control_all_x_embedder." + key + ".bias"] = {D};
+  // Control blocks are modulated blocks of the transformer's shapes with their projections.
   auto block = [&](const std::string& p, bool first) {
-    for (const char* n : {"to_q", "to_k", "to_v"}) m[p + "attention." + n + ".weight"] = {D, D};
-    m[p + "attention.to_out.0.weight"] = {D, D};
-    m[p + "attention.norm_q.weight"] = {hd};
-    m[p + "attention.norm_k.weight"] = {hd};
-    for (const char* n : {"attention_norm1", "attention_norm2", "ffn_norm1", "ffn_norm2"})
-      m[p + n + ".weight"] = {D};
-    m[p + "feed_forward.w1.weight"] = {F, D};
-    m[p + "feed_forward.w3.weight"] = {F, D};
-    m[p + "feed_forward.w2.weight"] = {D, F};
-    m[p + "adaLN_modulation.0.weight"] = {4 * D, A};
-    m[p + "adaLN_modulation.0.bias"] = {4 * D};
+    add_block_shapes(m, p, base, true);
     m[p + "after_proj.weight"] = {D, D};
     m[p + "after_proj.bias"] = {D};
     if (first) {

@@ -27,8 +27,26 @@ std::optional<UnitOf> transformer_unit_of(const std::string& canonical) {
   return std::nullopt;
 }
 
-ShapeMap expected_transformer(const TransformerConfig& c) {
+void add_block_shapes(ShapeMap& m, const std::string& p, const TransformerConfig& c,
+                      bool modulated) {
   const int64_t D = c.dim, F = c.ffn_hidden(), A = c.adaln_dim(), hd = c.head_dim();
+  for (const char* n : {"to_q", "to_k", "to_v"}) m[p + "attention." + n + ".weight"] = {D, D};
+  m[p + "attention.to_out.0.weight"] = {D, D};
+  m[p + "attention.norm_q.weight"] = {hd};
+  m[p + "attention.norm_k.weight"] = {hd};
+  for (const char* n : {"attention_norm1", "attention_norm2", "ffn_norm1", "ffn_norm2"})
+    m[p + n + ".weight"] = {D};
+  m[p + "feed_forward.w1.weight"] = {F, D};
+  m[p + "feed_forward.w3.weight"] = {F, D};
+  m[p + "feed_forward.w2.weight"] = {D, F};
+  if (modulated) {
+    m[p + "adaLN_modulation.0.weight"] = {4 * D, A};
+    m[p + "adaLN_modulation.0.bias"] = {4 * D};
+  }
+}
+
+ShapeMap expected_transformer(const TransformerConfig& c) {
+  const int64_t D = c.dim, A = c.adaln_dim();
   const int64_t P = c.patch_features();
   const std::string key = std::to_string(c.patch) + "-" + std::to_string(c.frame_patch);
   ShapeMap m;
@@ -48,26 +66,12 @@ ShapeMap expected_transformer(const TransformerConfig& c) {
   m[t + "t_embedder.mlp.2.bias"] = {A};
   m[t + "x_pad_token"] = {1, D};
   m[t + "cap_pad_token"] = {1, D};
-  auto block = [&](const std::string& p, bool modulated) {
-    for (const char* n : {"to_q", "to_k", "to_v"}) m[p + "attention." + n + ".weight"] = {D, D};
-    m[p + "attention.to_out.0.weight"] = {D, D};
-    m[p + "attention.norm_q.weight"] = {hd};
-    m[p + "attention.norm_k.weight"] = {hd};
-    for (const char* n : {"attention_norm1", "attention_norm2", "ffn_norm1", "ffn_norm2"})
-      m[p + n + ".weight"] = {D};
-    m[p + "feed_forward.w1.weight"] = {F, D};
-    m[p + "feed_forward.w3.weight"] = {F, D};
-    m[p + "feed_forward.w2.weight"] = {D, F};
-    if (modulated) {
-      m[p + "adaLN_modulation.0.weight"] = {4 * D, A};
-      m[p + "adaLN_modulation.0.bias"] = {4 * D};
-    }
-  };
   for (int64_t i = 0; i < c.n_refiner_layers; ++i) {
-    block(t + "noise_refiner." + std::to_string(i) + ".", true);
-    block(t + "context_refiner." + std::to_string(i) + ".", false);
+    add_block_shapes(m, t + "noise_refiner." + std::to_string(i) + ".", c, true);
+    add_block_shapes(m, t + "context_refiner." + std::to_string(i) + ".", c, false);
   }
-  for (int64_t i = 0; i < c.n_layers; ++i) block(t + "layers." + std::to_string(i) + ".", true);
+  for (int64_t i = 0; i < c.n_layers; ++i)
+    add_block_shapes(m, t + "layers." + std::to_string(i) + ".", c, true);
   return m;
 }
 

@@ -24,6 +24,11 @@ std::string layer_unit(int64_t i);
 // The unit of a canonical transformer tensor; nothing for names outside the layout above.
 std::optional<UnitOf> transformer_unit_of(const std::string& canonical);
 
+// The tensors of one block (prefix `p`, e.g. "transformer.layers.3."), with its modulation
+// when `modulated`.
+void add_block_shapes(ShapeMap& m, const std::string& p, const TransformerConfig& c,
+                      bool modulated);
+
 // Every tensor of the transformer with its shape (canonical names).
 ShapeMap expected_transformer(const TransformerConfig& c);
 
