@@ -1,5 +1,6 @@
 // The OpenAI images API: POST /v1/images/generations (JSON) and /v1/images/edits (multipart).
 #include <ctime>
+#include <optional>
 
 #include "server/impl.h"
 
@@ -11,9 +12,9 @@ namespace {
 
 json generations(Impl& s, const httplib::Request& req) {
   ImageRequest r = read_openai_request(parse_json(req), s.options);
-  UploadDir uploads;
+  std::optional<UploadDir> uploads;  // only for a control image
   if (!r.control_image.empty())
-    r.options.control_image = uploads.write("control_image", r.control_image);
+    r.options.control_image = uploads.emplace().write("control_image", r.control_image);
   const std::string prompt = r.options.prompt;
   return openai_reply(generate_now(s, std::move(r), req, "/v1/images/generations"), prompt);
 }
@@ -35,6 +36,8 @@ json edits(Impl& s, const httplib::Request& req) {
   ImageRequest r = read_openai_request(body, s.options);
 
   UploadDir uploads;
+  if (!r.control_image.empty())  // a base64 text field, as the JSON APIs take it
+    r.options.control_image = uploads.write("control_image", r.control_image);
   std::vector<std::filesystem::path> images;
   for (const char* key : {"image", "image[]"}) {
     const auto [first, last] = req.files.equal_range(key);

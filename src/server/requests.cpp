@@ -38,8 +38,9 @@ void read_size(const std::optional<std::string>& size, int64_t max_side, Generat
   o.height = in_range(h, 16, max_side, "size (height)");
 }
 
-void read_common(const json& body, const ServerOptions& s, GenerateOptions& o,
+void read_common(const json& body, const ServerOptions& s, ImageRequest& r,
                  const char* guidance_key) {
+  GenerateOptions& o = r.options;
   if (auto v = get<int64_t>(body, "steps")) o.steps = in_range(*v, 1, kMaxSteps, "steps");
   if (auto v = get<double>(body, guidance_key)) {
     if (!(*v >= 0 && *v <= 100))
@@ -62,6 +63,8 @@ void read_common(const json& body, const ServerOptions& s, GenerateOptions& o,
       throw bad_request("\"control_image\": this server has no control model (klein serve "
                         "--controlnet PATH)");
     o.controlnet = s.controlnet;
+    r.control_image = decode_image_field(body["control_image"], "control_image");
+    if (r.control_image.empty()) throw bad_request("\"control_image\": the image is empty");
   }
   if (auto v = get<double>(body, "control_scale")) {
     if (!(*v >= -100 && *v <= 100)) throw bad_request("\"control_scale\": expected -100 to 100");
@@ -158,11 +161,7 @@ ImageRequest read_openai_request(const json& body, const ServerOptions& s) {
   if (format && *format != "b64_json")
     throw bad_request("\"response_format\": only \"b64_json\" is supported (this server keeps "
                       "no files to link to), got \"" + *format + "\"");
-  read_common(body, s, r.options, "guidance");
-  if (body.contains("control_image") && !body["control_image"].is_null()) {
-    r.control_image = decode_image_field(body["control_image"], "control_image");
-    if (r.control_image.empty()) throw bad_request("\"control_image\": the image is empty");
-  }
+  read_common(body, s, r, "guidance");
   return r;
 }
 
@@ -183,11 +182,7 @@ A1111Request read_a1111_request(const json& body, const ServerOptions& s, bool i
   const int64_t iterations = in_range(get<int64_t>(body, "n_iter").value_or(1), 1,
                                       s.max_images, "n_iter");
   r.count = int(in_range(batch * iterations, 1, s.max_images, "batch_size x n_iter"));
-  read_common(body, s, r.options, "cfg_scale");
-  if (body.contains("control_image") && !body["control_image"].is_null()) {
-    r.control_image = decode_image_field(body["control_image"], "control_image");
-    if (r.control_image.empty()) throw bad_request("\"control_image\": the image is empty");
-  }
+  read_common(body, s, r, "cfg_scale");
   if (!img2img) return a;
   if (!body.contains("init_images") || !body["init_images"].is_array() ||
       body["init_images"].empty())

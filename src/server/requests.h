@@ -59,8 +59,8 @@ std::optional<T> get(const json& body, const char* key) {
 int64_t in_range(int64_t v, int64_t lo, int64_t hi, const char* key);
 // "WxH" (OpenAI's size); "auto" or absent: the model's default (or the first image's).
 void read_size(const std::optional<std::string>& size, int64_t max_side, GenerateOptions& o);
-// The options every API shares: steps, guidance, seed, negative prompt.
-void read_common(const json& body, const ServerOptions& s, GenerateOptions& o,
+// The options every API shares: steps, guidance, seed, negative prompt, the control image.
+void read_common(const json& body, const ServerOptions& s, ImageRequest& r,
                  const char* guidance_key);
 int read_count(std::optional<int64_t> n, int max_images, const char* key);
 // The LoRAs of --lora-dir: file name without ".safetensors" -> path.

@@ -7,7 +7,8 @@
 //   per generation   control context [Cin, H, W] (the control image's latents, zero channels
 //                    or the inpainting mode's mask and masked latents up to Cin) → patch
 //                    tokens (as the latents, pad rows repeating the last) →
-//                    control_all_x_embedder → pad rows = x_pad_token: ctx [Nx, D]
+//                    control_all_x_embedder → pad rows = x_pad_token: ctx [Nx, D], and
+//                    before_proj_r0(ctx), which does not change with the step
 //   per forward      x = the latents embedded as the transformer embeds them (pad token
 //                    included), rows [0, Nx)
 //     refiner stage  c = before_proj_r0(ctx) + x; for each control refiner block j:
@@ -35,11 +36,13 @@ struct ControlActivations {
   // What the constructor allocates for this layout, for memory plans before a run.
   static size_t plan_bytes(const TransformerConfig& base, const SequenceLayout& layout);
 
-  Tensor context;  // [Nx, D] the embedded control context (per generation)
+  Tensor context;  // [Nx, D] before_proj_r0 of the embedded control context (per generation)
   Tensor x;        // [S, D] the control model's pass of the image rows, then u; a hint after
   Tensor c;        // [S, D] the control stream
-  // The forward in flight: its modulation input, scale, and the next control layer to run.
-  Tensor adaln;
+  Tensor scratch;  // [S, D] a projection of c before it is added, a refiner hint
+  // The forward in flight: its modulation input (the caller's, alive during the forward),
+  // scale, and the next control layer to run.
+  const Tensor* adaln = nullptr;
   float scale = 1;
   size_t next_layer = 0;
 };
