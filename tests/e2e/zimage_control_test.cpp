@@ -190,9 +190,27 @@ TEST(ZImageControlFiles, TheMemoryPlanCountsTheControlModel) {
   EXPECT_NE(control.find("weights 4 MiB paged / 6 MiB resident"), std::string::npos) << control;
 }
 
+// A single .safetensors file of [1, 2] BF16 tensors of these names (the header, then 4 zero
+// bytes each).
+void write_tiny_safetensors(const fs::path& path, const std::vector<std::string>& names) {
+  nlohmann::json header = nlohmann::json::object();
+  for (size_t i = 0; i < names.size(); ++i)
+    header[names[i]] = {{"dtype", "BF16"}, {"shape", {1, 2}}, {"data_offsets", {4 * i, 4 * i + 4}}};
+  const std::string text = header.dump();
+  std::string bytes(8, '\0');
+  for (int b = 0; b < 8; ++b) bytes[size_t(b)] = char((uint64_t(text.size()) >> (8 * b)) & 0xff);
+  bytes += text + std::string(4 * names.size(), '\0');
+  testing::write_text(path, bytes);
+}
+
 TEST(ZImageControlFiles, RefusesWhatCannotRunBeforeAnyWork) {
   const fs::path ref = case_dir("controlnet_inpaint_h80_w64");
   const fs::path dir = testing::temp_dir("zimage-control-refusals");
+  // A single file whose block index does not fit any counter, and one of another model.
+  write_tiny_safetensors(dir / "huge-index.safetensors",
+                         {"control_all_x_embedder.2-1.weight",
+                          "control_layers.99999999999999999999.after_proj.weight"});
+  write_tiny_safetensors(dir / "other.safetensors", {"double_blocks.0.img_attn.qkv.weight"});
   const std::string control = " --control-image " + testing::shell_arg(ref / "control.png");
   const std::string net = " --controlnet " + testing::shell_arg(set_dir() / "controlnet");
   const std::string init = " --init-image " + testing::shell_arg(ref / "init.png");
@@ -202,6 +220,10 @@ TEST(ZImageControlFiles, RefusesWhatCannotRunBeforeAnyWork) {
   };
   for (const Refusal& r : std::vector<Refusal>{
            {model, control, "--control-image needs --controlnet"},
+           {model, control + " --controlnet " + testing::shell_arg(dir / "huge-index.safetensors"),
+            "not a Z-Image control model"},
+           {model, control + " --controlnet " + testing::shell_arg(dir / "other.safetensors"),
+            "not a Z-Image control model"},
            {model, net, "--controlnet needs --control-image"},
            {model, " --control-scale 0.5", "--control-scale needs --control-image"},
            {model, net + control + init, "--control-image with --init-image needs --mask"},

@@ -23,7 +23,9 @@ constexpr const char* kPrefix = "controlnet.";
 // The configuration of an original single file, from its tensors (see controlnet.h).
 json single_file_config(const SafetensorsSet& files, const TransformerConfig& base,
                         const std::string& where) {
-  static const std::regex block(R"(^(control_noise_refiner|control_layers)\.(\d+)\..+$)");
+  // At most 4 digits: an index past that is no block of a real control model (the tensor is
+  // then refused as unknown below), and stoll cannot overflow.
+  static const std::regex block(R"(^(control_noise_refiner|control_layers)\.(\d{1,4})\..+$)");
   int64_t layers = 0, refiners = 0, embedder_width = -1;
   const SafetensorsSet::Located* first_before = nullptr;
   const std::string embedder = "control_all_x_embedder." + std::to_string(base.patch) + "-" +

@@ -249,6 +249,8 @@ class ZImageStages final : public FamilyStages {
     check(!o.control_scale || !o.control_image.empty(), "--control-scale needs --control-image");
     check(!o.control_canny || !o.control_image.empty(),
           "--control-preprocess needs --control-image (the picture to take edges from)");
+    check(o.mask.empty() || !o.init_image.empty(),
+          "--mask needs --init-image (the picture the mask applies to)");
     if (o.control_image.empty())
       load_init_image(session, g, progress, *state);
     else
@@ -267,8 +269,6 @@ class ZImageStages final : public FamilyStages {
     const GenerateOptions& o = g.options;
     check(!o.strength || !o.init_image.empty(),
           "--strength needs --init-image (the picture whose content it keeps)");
-    check(o.mask.empty() || !o.init_image.empty(),
-          "--mask needs --init-image (the picture the mask applies to)");
     check(o.vae_noise_file.empty() || !o.init_image.empty(),
           "--vae-noise needs --init-image (it is the noise of the init image's encoding)");
     if (o.init_image.empty()) return;
@@ -298,14 +298,9 @@ class ZImageStages final : public FamilyStages {
   // once it is settled).
   static void load_control_inputs(Session& session, Generation& g, Progress& progress, State& st) {
     const GenerateOptions& o = g.options;
-    check(!o.controlnet.empty(),
-          "--control-image needs --controlnet (the control model: a diffusers "
-          "ZImageControlNetModel directory or Z-Image-Turbo-Fun-Controlnet-Union-2.1.safetensors)");
     check(o.init_image.empty() || !o.mask.empty(),
           "--control-image with --init-image needs --mask: the control pipelines take an init "
           "image only to inpaint (ZImageControlNetInpaintPipeline)");
-    check(o.mask.empty() || !o.init_image.empty(),
-          "--mask needs --init-image (the picture the mask applies to)");
     check(!o.strength, "--strength: the ControlNet pipelines run every step (no strength)");
     check(o.vae_noise_file.empty(),
           "--vae-noise: the ControlNet pipelines encode the images' means, which draw no noise");
