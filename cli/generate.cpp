@@ -24,6 +24,7 @@
 #include "pipeline/pipeline.h"
 #include "pipeline/preview.h"
 #include "pipeline/safety.h"
+#include "pipeline/tiny_decoder.h"
 
 namespace klein::cli {
 namespace {
@@ -54,6 +55,10 @@ struct Args {
   std::string safety_model;  // --safety-model DIR (else $KLEIN_SAFETY_MODEL)
   std::optional<double> safety_threshold;
   std::optional<std::string> safety_action;
+
+  // The tiny autoencoder: previews by it, and --decoder tiny.
+  std::string tiny_vae;
+  std::string decoder = "full";
 };
 
 // The exit status when the safety check flagged an image and none was written (as `klein
@@ -373,6 +378,13 @@ std::string fill_options(Args& a) {
   }
   g.plan_only = a.dry_run;
   fill_safety(a);
+  check(a.decoder == "full" || a.decoder == "tiny", "--decoder ", a.decoder,
+        ": expected full (the model's VAE) or tiny (the tiny autoencoder of --tiny-vae)");
+  g.tiny.decode = a.decoder == "tiny";
+  check(!g.tiny.decode || !a.tiny_vae.empty(),
+        "--decoder tiny needs a tiny autoencoder: --tiny-vae FILE (taef2_decoder.pth for "
+        "FLUX.2, taef1_decoder.pth for Z-Image, from madebyollin/taesd)");
+  if (!a.tiny_vae.empty()) g.tiny.model = open_shared_tiny_decoder(a.tiny_vae, "--tiny-vae");
   return cache_off;
 }
 
@@ -543,8 +555,23 @@ Registration generate_command("generate", 10, [](CLI::App& app) {
   cmd->add_option("-r,--reference", a->references, "Reference image(s) for editing, in order")
       ->check(CLI::ExistingFile);
   cmd->add_option("--preview", a->preview,
-                  "After every step, write a small preview of the image forming (.png or .jpg; "
-                  "one pixel per 8x8, from the latents without the VAE), replaced atomically");
+                  "After every step, write a preview of the image forming (.png or .jpg), "
+                  "replaced atomically: with --tiny-vae the tiny decoder's picture of the step's "
+                  "estimate (at most --preview-size on the long side), else a colour fit of the "
+                  "latents (one pixel per 8x8)");
+  cmd->add_option("--preview-size", a->gen.tiny.preview_size,
+                  "Longest side of a tiny decoder's preview, in pixels")
+      ->default_val(256)
+      ->check(CLI::Range(8, 8192));
+  cmd->add_option("--tiny-vae", a->tiny_vae,
+                  "A tiny autoencoder's decoder (madebyollin/taesd: taef2_decoder.pth for FLUX.2, "
+                  "taef1_decoder.pth for Z-Image, or a .safetensors copy): previews by it, and "
+                  "--decoder tiny")
+      ->type_name("FILE");
+  cmd->add_option("--decoder", a->decoder,
+                  "What decodes the final latents: full (the model's VAE) or tiny (the tiny "
+                  "autoencoder of --tiny-vae: a draft at a fraction of the cost)")
+      ->default_val("full");
   cmd->add_option("-i,--init-image", a->gen.init_image,
                   "Image-to-image: start from this picture (the output takes its size, floored "
                   "to multiples of 16, unless -W/-H are given; Z-Image keeps its size)")

@@ -30,6 +30,7 @@
 #include "models/vae/vae.h"
 #include "ops/compute.h"
 #include "pipeline/stages.h"
+#include "pipeline/tiny_decoder.h"
 #include "weights/model_source.h"
 
 namespace klein::cli {
@@ -60,12 +61,6 @@ Tensor without_batch(Tensor t, const fs::path& file, const std::string& expected
         shape_str(t.shape()), ", expected ", expected);
   t.reshape(Shape(t.shape().begin() + 1, t.shape().end()));
   return t;
-}
-
-// The image a tiny decoder makes ([0, 1]) in the full decoders' range [-1, 1].
-Tensor to_signed(Tensor image) {
-  for (int64_t i = 0; i < image.numel(); ++i) image.data()[i] = image.data()[i] * 2.0f - 1.0f;
-  return image;
 }
 
 // What --latents holds, read against the model's VAE.
@@ -140,7 +135,8 @@ void run_decode(const VaeOptions& o) {
     Tensor z = read_npy(o.input).to_tensor();
     check(z.shape().size() == 4 && z.dim(1) == c, o.input.string(), ": latents are ",
           shape_str(z.shape()), ", expected ", expected);
-    image = to_signed(tiny.decode(without_batch(std::move(z), o.input, expected), cx));
+    image = tiny.decode(without_batch(std::move(z), o.input, expected), cx);
+    tiny_output_to_signed(image);
     by = "the tiny decoder " + o.tiny.string();
   } else {
     auto store = open_model(o.paths);
@@ -150,10 +146,12 @@ void run_decode(const VaeOptions& o) {
     if (!o.tiny.empty()) {
       const taesd::TinyDecoder tiny(o.tiny, vc.latent_channels,
                                     "the latents of " + latent_space(vc));
-      // TAEF2 reads the FLUX.2 VAE's own latent; TAEF1 the scaled latents of the sampler.
-      if (m.kind == ModelLatents::Tokens)
-        m.value = vae::Vae(*store, cx).tokens_to_latent(m.value, m.grid.rows, m.grid.cols);
-      image = to_signed(tiny.decode(m.value, cx));
+      // The family says what its tiny autoencoder reads (TAEF2: the FLUX.2 VAE's own latent;
+      // TAEF1: the scaled latents of the sampler); the VAE latent already is TAEF2's.
+      if (m.kind != ModelLatents::VaeLatent)
+        m.value = stages_for(store->config()).tiny_decoder_input(*store, m.value, m.grid, cx);
+      image = tiny.decode(m.value, cx);
+      tiny_output_to_signed(image);
       by = "the tiny decoder " + o.tiny.string();
     } else {
       if (m.kind == ModelLatents::VaeLatent)

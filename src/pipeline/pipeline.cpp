@@ -7,7 +7,11 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/version.h"
+#include "formats/image/preprocess.h"
 #include "formats/image/watermark.h"
+#include "models/taesd/taesd.h"
+#include "ops/finite.h"
+#include "pipeline/dump.h"
 #include "pipeline/model_tokenizer.h"
 #include "pipeline/stages.h"
 
@@ -46,6 +50,7 @@ void Session::warn(Generation& g, Progress& progress, const std::string& message
 Generation Session::start(const GenerateOptions& o, Progress& progress) {
   check(o.batch >= 1, "batch: expected 1 or more images denoised together, got ", o.batch);
   vit::check_threshold(o.safety.threshold, "safety threshold");
+  check_tiny_decoder(o.tiny, weights_.config());
   Generation g;
   g.options = o;
   weights_.reset_peak();
@@ -67,7 +72,18 @@ void Session::prepare_latents(Generation& g, Progress& progress) {
 }
 
 void Session::denoise(Generation& g, Progress& progress, const StepHook& on_step) {
-  stages_.denoise(*this, g, progress, on_step);
+  stages_.denoise(*this, g, progress, with_tiny_preview(g, on_step));
+}
+
+StepHook Session::with_tiny_preview(const Generation& g, const StepHook& on_step) {
+  if (!on_step || !g.options.tiny.on()) return on_step;
+  return [this, &g, on_step](const StepView& step) {
+    StepView view = step;
+    view.preview = [this, &g, &step] {
+      return tiny_step_preview(stages_, weights_, cx_, g.options.tiny, step);
+    };
+    on_step(view);
+  };
 }
 
 void Session::denoise(std::span<Generation* const> batch, Progress& progress,
@@ -77,7 +93,7 @@ void Session::denoise(std::span<Generation* const> batch, Progress& progress,
     check(batch[i]->options.batch == int64_t(batch.size()), "denoise: a batch of ", batch.size(),
           " images, but image ", i, " was started with options.batch = ",
           batch[i]->options.batch, " (its memory plan counts that many)");
-  stages_.denoise_batch(*this, batch, progress, on_first);
+  stages_.denoise_batch(*this, batch, progress, with_tiny_preview(*batch[0], on_first));
 }
 
 int64_t Session::batch_that_fits(const GenerateOptions& options, int64_t n) {
@@ -99,9 +115,33 @@ int64_t Session::batch_that_fits(const GenerateOptions& options, int64_t n) {
 }
 
 void Session::decode(Generation& g, Progress& progress) {
-  stages_.decode(*this, g, progress);
+  if (g.options.tiny.decode)
+    decode_tiny(g, progress);
+  else
+    stages_.decode(*this, g, progress);
   if (g.options.safety.on()) check_safety_output(*this, g, progress);
   mark_image(g.options, g.result);
+}
+
+// The final latents through the tiny decoder; what the family's decode leaves, the same way.
+void Session::decode_tiny(Generation& g, Progress& progress) {
+  const Dumper dump(g.options.dump_dir);
+  Tensor decoded;
+  timed(g, progress, "tiny decode", 0, [&](Phase&) {
+    const Compute::Use arithmetic(cx_, arithmetic_for(g.result.fast));
+    const Tensor z = stages_.tiny_decoder_input(weights_, g.latents, g.grid, cx_);
+    dump.f32("tiny_decoder_input", z, {1, z.dim(0), z.dim(1), z.dim(2)});
+    decoded = g.options.tiny.model->decode(z, cx_);
+    ops::require_finite(decoded.data(), decoded.numel(), "the tiny decoder's output", cx_);
+    tiny_output_to_signed(decoded);
+  });
+  weights_.release("vae.");
+  g.latents = Tensor();
+  g.result.weights = weights_.residency_stats();
+  dump.image(decoded);
+  g.result.image = tensor_to_image(decoded);
+  g.decoded = std::move(decoded);
+  check_model_files_unchanged(g);
 }
 
 void mark_image(const GenerateOptions& o, GenerateResult& r) {
@@ -232,6 +272,8 @@ std::string parameters_text(const GenerateOptions& o, const GenerateResult& r,
     s << ", LoRA: ";
     for (size_t i = 0; i < o.loras.size(); ++i) s << (i ? " " : "") << lora_label(o.loras[i]);
   }
+  if (o.tiny.decode && o.tiny.on())
+    s << ", Decoder: tiny (" << o.tiny.model->path().filename().string() << ")";
   if (r.safety) s << ", Safety: " << safety_text(*r.safety);
   s << ", Version: klein " << KLEIN_VERSION;
   return s.str();
@@ -267,6 +309,8 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
     for (const LoraFile& f : o.loras)
       loras.push_back({{"file", f.path.filename().string()}, {"scale", f.scale}});
   }
+  if (o.tiny.decode && o.tiny.on())
+    j["decoder"] = {{"name", "tiny"}, {"file", o.tiny.model->path().filename().string()}};
   if (r.image.width) {  // a plan alone has no image to mark
     nlohmann::ordered_json w;
     w["embedded"] = r.watermarked;

@@ -31,6 +31,7 @@
 #include "pipeline/memory_plan.h"
 #include "pipeline/progress.h"
 #include "pipeline/safety.h"
+#include "pipeline/tiny_decoder.h"
 #include "tokenizer/tokenizer.h"
 #include "weights/lora.h"
 #include "weights/model_source.h"
@@ -125,6 +126,9 @@ struct GenerateOptions {
   // classified in start() and the generated image in decode(); a flagged one stops the
   // generation (SafetyFlagged) or, with SafetyAction::Blur, the output is blurred.
   SafetyOptions safety;
+  // The tiny autoencoder (pipeline/tiny_decoder.h): with one, step previews are its pictures;
+  // with tiny.decode, it decodes the final latents instead of the model's VAE.
+  TinyDecoderOptions tiny;
 };
 
 // Peak RSS during one phase.
@@ -231,7 +235,8 @@ struct StepView {
   LatentGrid grid;           // tokens of 16x16 pixels
   const Tensor& velocity;    // what the Euler update used (after guidance)
   float sigma = 0;           // σ of the update: x0 is estimated as latents_in − σ·velocity
-  // A quick look at the image this step points to (preview.h), in the family's latent space.
+  // A quick look at the image this step points to: the colour fit of preview.h, or with a
+  // tiny decoder (GenerateOptions::tiny) its picture (tiny_decoder.h).
   std::function<Image()> preview;
 };
 using StepHook = std::function<void(const StepView&)>;
@@ -251,7 +256,8 @@ using TextLayerHook = std::function<void(int64_t layer, const Tensor& hidden)>;
 //   prepare_latents  seed or --noise → initial latents; references → VAE encode → tokens
 //   denoise          the sampler loop; Progress per step, the StepHook for previews, the
 //                    context's cancel flag checked between blocks
-//   decode           latents → VAE decode → the image (with options.safety, classified:
+//   decode           latents → VAE decode (or the tiny decoder: options.tiny.decode) → the
+//                    image (with options.safety, classified:
 //                    SafetyFlagged, or blurred) → the invisible mark
 //
 // generate() runs them all. Cancelling (Compute::cancel, from any thread) makes the running
@@ -308,6 +314,10 @@ class Session {
   const Tokenizer& tokenizer_;
   Compute& cx_;
   const FamilyStages& stages_;
+
+  // on_step with previews by the tiny decoder when g's options have one.
+  StepHook with_tiny_preview(const Generation& g, const StepHook& on_step);
+  void decode_tiny(Generation& g, Progress& progress);
 };
 
 // Marks result.image as options.watermark asks (Session::decode calls it), and records in

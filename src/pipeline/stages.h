@@ -152,6 +152,12 @@ class FamilyStages {
   // output [3, H, W] in [-1, 1], as Generation::decoded.
   virtual Tensor decode_latents(WeightStore& store, const Tensor& latents,
                                 LatentGrid grid, Compute& cx) const = 0;
+  // The latents denoise leaves (Generation::latents, or a step's estimate in that layout) as
+  // the family's tiny autoencoder takes them (pipeline/tiny_decoder.h), [C, H/8, W/8]:
+  // FLUX.2's VAE latent, its statistics undone and its patches unpacked (TAEF2); Z-Image's
+  // scaled latents as they are (TAEF1).
+  virtual Tensor tiny_decoder_input(WeightStore& store, const Tensor& latents, LatentGrid grid,
+                                    Compute& cx) const = 0;
   // The VAE encoder alone on an image [3, H, W] in [-1, 1] (sides multiples of the VAE's pixels
   // per token): the latents of the family's denoising space as an image [C, h, w] (FLUX.2: the
   // normalized patchified latents [128, H/16, W/16]; Z-Image: the scaled [16, H/8, W/8]), the

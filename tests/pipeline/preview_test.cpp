@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "pipeline/preview.h"
+#include "pipeline/tiny_decoder.h"
 
 namespace klein {
 namespace {
@@ -44,3 +45,31 @@ TEST(Preview, EstimatesTheCleanLatentsFromTheStep) {
 
 }  // namespace
 }  // namespace klein
+
+namespace klein::tiny_preview_test {
+
+// The tiny decoder's preview input: whole k x k cells averaged, k the least factor that brings
+// 8 · the longest side to the size asked; cells past a multiple of k left out.
+TEST(TinyPreview, AveragesWholeCellsToTheSizeAsked) {
+  Tensor z({2, 4, 7});  // 7 cells wide: 56 pixels
+  for (int64_t i = 0; i < z.numel(); ++i) z.data()[i] = float(i);
+  // 16 pixels: 2 cells a side at most, k = 4: one row of one cell (4x4 of the 4x7; the last
+  // three columns left out).
+  const Tensor p = pool_latents_for_preview(z, 16);
+  ASSERT_EQ(p.shape(), (Shape{2, 1, 1}));
+  // Channel 0: rows 0..3, columns 0..3 of 7i + j: mean 7 · 1.5 + 1.5 = 12.
+  EXPECT_FLOAT_EQ(p.data()[0], 12.0f);
+  EXPECT_FLOAT_EQ(p.data()[1], 28.0f + 12.0f);  // channel 1 is 28 more
+  // 32 pixels: 4 cells, k = 2: 2x3 cells of 2x2.
+  const Tensor q = pool_latents_for_preview(z, 32);
+  ASSERT_EQ(q.shape(), (Shape{2, 2, 3}));
+  EXPECT_FLOAT_EQ(q.data()[0], (0 + 1 + 7 + 8) / 4.0f);
+  EXPECT_FLOAT_EQ(q.data()[5], (18 + 19 + 25 + 26) / 4.0f);  // row 1, column 2
+  // Large enough: the latents as they are.
+  const Tensor same = pool_latents_for_preview(z, 56);
+  ASSERT_EQ(same.shape(), z.shape());
+  for (int64_t i = 0; i < z.numel(); ++i) EXPECT_EQ(same.data()[i], z.data()[i]);
+  EXPECT_THROW(pool_latents_for_preview(Tensor({4, 7}), 16), Error);
+}
+
+}  // namespace klein::tiny_preview_test

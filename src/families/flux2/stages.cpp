@@ -203,6 +203,10 @@ class Flux2Stages final : public FamilyStages {
     vae::Vae vae(store, cx);
     return vae.decode(latents, grid.rows, grid.cols);
   }
+  Tensor tiny_decoder_input(WeightStore& store, const Tensor& latents, LatentGrid grid,
+                            Compute& cx) const override {
+    return vae::Vae(store, cx).tokens_to_latent(latents, grid.rows, grid.cols);
+  }
   Tensor encode_image(WeightStore& store, const Tensor& pixels, Compute& cx) const override {
     vae::Vae vae(store, cx);
     const int64_t side = vae.pixels_per_token();

@@ -826,6 +826,14 @@ class ZImageStages final : public FamilyStages {
     vae::Vae vae(store, cx);
     return vae.decode_latent(decoder_input(store, latents));
   }
+  // TAEF1 was distilled on the FLUX.1 VAE's latents as its pipelines scale them for the
+  // transformer: the sampler's latents, as they are.
+  Tensor tiny_decoder_input(WeightStore&, const Tensor& latents, LatentGrid,
+                            Compute&) const override {
+    check(latents.shape().size() == 3, "Z-Image latents [16, h, w] expected, got ",
+          shape_str(latents.shape()));
+    return latents.copy();
+  }
   Tensor encode_image(WeightStore& store, const Tensor& pixels, Compute& cx) const override {
     vae::Vae vae(store, cx);
     const VaeConfig& config = store.config().vae;

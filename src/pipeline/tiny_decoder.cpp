@@ -1,0 +1,82 @@
+#include "pipeline/tiny_decoder.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "formats/image/preprocess.h"
+#include "models/taesd/taesd.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/stages.h"
+#include "weights/config.h"
+
+namespace klein {
+
+std::shared_ptr<const taesd::TinyDecoder> open_shared_tiny_decoder(
+    const std::filesystem::path& path, const std::string& option) {
+  check(!path.empty(), option, ": no file given");
+  check(std::filesystem::is_regular_file(path), option, " ", path.string(),
+        ": no such file (a tiny autoencoder's decoder: taef2_decoder.pth for FLUX.2, "
+        "taef1_decoder.pth for Z-Image, or a .safetensors copy)");
+  return std::make_shared<const taesd::TinyDecoder>(path);
+}
+
+void check_tiny_decoder(const TinyDecoderOptions& tiny, const ModelConfig& config) {
+  check(!tiny.decode || tiny.on(),
+        "the tiny decoder was asked for (--decoder tiny) but none was given: --tiny-vae FILE "
+        "(taef2_decoder.pth for FLUX.2, taef1_decoder.pth for Z-Image)");
+  check(tiny.preview_size >= 8 && tiny.preview_size <= 8192,
+        "preview size: expected 8 to 8192 pixels on the long side, got ", tiny.preview_size);
+  if (!tiny.on()) return;
+  const int64_t width = tiny.model->latent_channels(), expected = config.vae.latent_channels;
+  check(width == expected, tiny.model->path().string(), ": a tiny autoencoder of ",
+        taesd::describe_latent_width(width), "; the latents of this model (", config.family,
+        ") need one of ",
+        taesd::describe_latent_width(expected));
+}
+
+Tensor pool_latents_for_preview(const Tensor& latents, int64_t pixels) {
+  check(latents.shape().size() == 3, "preview: latents [C, h, w] expected, got ",
+        shape_str(latents.shape()));
+  const int64_t c = latents.dim(0), h = latents.dim(1), w = latents.dim(2);
+  const int64_t cells = std::max<int64_t>(1, pixels / 8);
+  const int64_t k = std::max<int64_t>(1, (std::max(h, w) + cells - 1) / cells);
+  if (k == 1) return latents.copy();
+  const int64_t ph = std::max<int64_t>(1, h / k), pw = std::max<int64_t>(1, w / k);
+  const int64_t kh = std::min(k, h), kw = std::min(k, w);
+  Tensor out({c, ph, pw});
+  const float scale = 1.0f / float(kh * kw);
+  for (int64_t ch = 0; ch < c; ++ch)
+    for (int64_t y = 0; y < ph; ++y)
+      for (int64_t x = 0; x < pw; ++x) {
+        float sum = 0;
+        for (int64_t dy = 0; dy < kh; ++dy) {
+          const float* row = latents.data() + (ch * h + y * kh + dy) * w + x * kw;
+          for (int64_t dx = 0; dx < kw; ++dx) sum += row[dx];
+        }
+        out.data()[(ch * ph + y) * pw + x] = sum * scale;
+      }
+  return out;
+}
+
+void tiny_output_to_signed(Tensor& image) {
+  float* p = image.data();
+  for (int64_t i = 0; i < image.numel(); ++i) p[i] = p[i] * 2.0f - 1.0f;
+}
+
+Image tiny_step_preview(const FamilyStages& stages, WeightStore& store, Compute& cx,
+                        const TinyDecoderOptions& tiny, const StepView& step) {
+  check(tiny.on(), "tiny preview: no tiny decoder");
+  const Tensor& in = step.latents_in;
+  const Tensor& v = step.velocity;
+  check(in.shape() == v.shape(), "tiny preview: latents ", shape_str(in.shape()),
+        " and velocity ", shape_str(v.shape()), " differ");
+  Tensor x0(in.shape());
+  for (int64_t i = 0; i < in.numel(); ++i) x0.data()[i] = in.data()[i] - step.sigma * v.data()[i];
+  const Tensor z = pool_latents_for_preview(
+      stages.tiny_decoder_input(store, x0, step.grid, cx), tiny.preview_size);
+  Tensor image = tiny.model->decode(z, cx);
+  tiny_output_to_signed(image);
+  return tensor_to_image(image);
+}
+
+}  // namespace klein
