@@ -20,6 +20,8 @@
 #include "core/error.h"
 #include "ops/compute.h"
 #include "pipeline/safety.h"
+#include "models/taesd/taesd.h"
+#include "pipeline/tiny_decoder.h"
 #include "server/server.h"
 
 namespace klein::cli {
@@ -36,6 +38,7 @@ struct ServeArgs {
   bool no_safety = false;
   std::optional<double> safety_threshold;
   std::optional<std::string> safety_action;
+  std::string tiny_vae;  // --tiny-vae FILE
 };
 
 // The safety options of the server, the classifier opened (every file checked) before the
@@ -81,6 +84,7 @@ void serve(const ServeArgs& a) {
   options.max_memory = a.memory.budget();  // a bad size fails before the model is opened
   options.residency = a.memory.forced();
   options.safety = safety_options(a);
+  if (!a.tiny_vae.empty()) options.tiny.model = open_shared_tiny_decoder(a.tiny_vae, "--tiny-vae");
   check(::pipe(g_signal_pipe) == 0, "serve: cannot create the signal pipe");
   struct sigaction action = {};
   action.sa_handler = on_stop_signal;
@@ -99,6 +103,9 @@ void serve(const ServeArgs& a) {
                 safety_action_name(options.safety.action));
   else
     std::printf("klein serve: safety checks off\n");
+  if (options.tiny.on())
+    std::printf("klein serve: previews by the tiny decoder %s (requests may ask \"decoder\": "
+                "\"tiny\")\n", options.tiny.model->path().string().c_str());
   std::fflush(stdout);
   std::thread waiter([&] {
     unsigned char signal = 0;
@@ -113,6 +120,7 @@ void serve(const ServeArgs& a) {
   std::exception_ptr failed;
   try {
     model.emplace(Model::open(a.model));
+    check_tiny_decoder(options.tiny, model->weights->config());
     server.set_model(*model);
     std::printf("klein serve: %s ready\n", model->name.c_str());
     std::fflush(stdout);
@@ -163,6 +171,11 @@ Registration serve_command("serve", 85, [](CLI::App& app) {
                   "LoRAs requests may use: DIR/NAME.safetensors as <lora:NAME:SCALE> in the "
                   "prompt (listed at /sdapi/v1/loras)")
       ->check(CLI::ExistingDirectory);
+  cmd->add_option("--tiny-vae", a->tiny_vae,
+                  "A tiny autoencoder's decoder (taef2_decoder.pth for FLUX.2, taef1_decoder.pth "
+                  "for Z-Image): the step previews are its pictures, and requests may ask "
+                  "\"decoder\": \"tiny\"")
+      ->type_name("FILE");
   cmd->add_option("--controlnet", a->server.controlnet,
                   "Z-Image: the control model (Z-Image-Turbo-Fun-Controlnet-Union 2.1, a diffusers "
                   "directory or the original .safetensors) that requests with a \"control_image\" "

@@ -224,6 +224,12 @@ typedef struct klein_generate_params {
                                 diffusers directory or the original .safetensors); NULL: none */
   const char* control_image; /* image file the generation follows; needs controlnet */
   float control_scale;       /* NAN: not given (0.75, controlnet_conditioning_scale) */
+  /* The tiny autoencoder (as `klein generate --tiny-vae --decoder tiny --preview-size`): */
+  const char* tiny_vae; /* its decoder (taef2_decoder.pth for FLUX.2, taef1_decoder.pth for
+                           Z-Image, or a .safetensors copy), opened once per session and path:
+                           the preview callback gets its pictures; NULL: none (the colour fit) */
+  int tiny_decode;      /* non-zero: the tiny decoder decodes the image instead of the VAE */
+  int preview_size;     /* longest side of its previews in pixels, 8 to 8192; 0: 256 */
 } klein_generate_params;
 
 KLEIN_API void klein_generate_params_init(klein_generate_params* params);

@@ -200,7 +200,8 @@ class Model:
                  strength=None, loras=(), cfg_normalization=None, cfg_truncation=None,
                  watermark=True, progress=None, preview=None, count=None, safety_model=None,
                  safety_threshold=None, safety_action="refuse", controlnet=None,
-                 control_image=None, control_scale=None):
+                 control_image=None, control_scale=None, tiny_vae=None, decoder="full",
+                 preview_size=None):
         """Generates one image and returns it as a PIL image (RGB); with count=N, a list of N
         images with seeds seed, seed+1, ... denoised together (each transformer block read
         once per step for all of them), image i the one generate makes with seed + i.
@@ -225,9 +226,14 @@ class Model:
         nsfw probability is above safety_threshold (None: 0.85) raises Flagged, unless
         safety_action is "blur" (the generated image is returned strongly blurred). The
         verdicts are in image.info["klein"]'s "safety".
+        tiny_vae: a tiny autoencoder's decoder file (taef2_decoder.pth for FLUX.2,
+        taef1_decoder.pth for Z-Image): previews are its pictures, at most preview_size
+        (None: 256) pixels on the long side; decoder="tiny" decodes the image with it instead
+        of the model's VAE (a draft at a fraction of the cost).
         progress(phase, done, total, seconds): called as phases begin, step and end.
-        preview(step, steps, image): a small PIL image of the latents after each step (with
-        count, of the first image).
+        preview(step, steps, image): a PIL image of the step's estimate after each step (with
+        count, of the first image): the tiny decoder's picture with tiny_vae, else a colour fit
+        of the latents, one pixel per 8x8.
         A callback that returns True stops the generation (Cancelled); one that raises stops
         it and its exception is raised from generate.
         """
@@ -256,6 +262,19 @@ class Model:
         if cfg_truncation is not None:
             params.cfg_truncation = float(cfg_truncation)
         params.controlnet = _optional_path(controlnet, "controlnet")
+        if decoder not in ("full", "tiny"):
+            raise ValueError(f"decoder: expected 'full' or 'tiny', got {decoder!r}")
+        if decoder == "tiny" and tiny_vae is None:
+            raise ValueError("decoder='tiny' needs tiny_vae (the tiny autoencoder's decoder "
+                             "file)")
+        params.tiny_vae = _optional_path(tiny_vae, "tiny_vae")
+        params.tiny_decode = 1 if decoder == "tiny" else 0
+        if preview_size is not None:
+            if (isinstance(preview_size, bool) or not isinstance(preview_size, int)
+                    or not 8 <= preview_size <= 8192):
+                raise ValueError(f"preview_size: expected an integer from 8 to 8192, got "
+                                 f"{preview_size!r}")
+            params.preview_size = preview_size
         if control_scale is not None:
             params.control_scale = float(control_scale)
         if not isinstance(watermark, bool):

@@ -93,6 +93,9 @@ class GenerateParams(ctypes.Structure):
         ("controlnet", ctypes.c_char_p),
         ("control_image", ctypes.c_char_p),
         ("control_scale", ctypes.c_float),
+        ("tiny_vae", ctypes.c_char_p),
+        ("tiny_decode", ctypes.c_int),
+        ("preview_size", ctypes.c_int),
     ]
 
 

@@ -174,6 +174,28 @@ def test_progress_and_preview_see_every_step(model):
     assert previews == [(1, 3, (8, 6)), (2, 3, (8, 6)), (3, 3, (8, 6))]
 
 
+def test_tiny_decoder_previews_and_decodes_as_the_cli(model, cli, tiny_model, tmp_path):
+    taef2 = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "taef2" / "taef2_decoder.pth"
+    previews = []
+    image = model.generate(PROMPT, width=64, height=48, steps=2, seed=3, tiny_vae=taef2,
+                           decoder="tiny", preview_size=32,
+                           preview=lambda step, steps, im: previews.append(im.size))
+    expected = cli_png(cli, tmp_path, tiny_model, "--seed", 3, "-W", 64, "-H", 48, "-s", 2,
+                       "--tiny-vae", taef2, "--decoder", "tiny")
+    same_pixels(image, expected)
+    assert json.loads(image.info["klein"])["decoder"] == {"name": "tiny",
+                                                          "file": "taef2_decoder.pth"}
+    # 8x6 latent cells, at most 4 a side: 2x2 cells each, 4x3 of them.
+    assert previews == [(32, 24), (32, 24)]
+    full = model.generate(PROMPT, width=64, height=48, steps=2, seed=3, tiny_vae=taef2)
+    same_pixels(full, cli_png(cli, tmp_path, tiny_model, "--seed", 3, "-W", 64, "-H", 48,
+                              "-s", 2))
+    with pytest.raises(ValueError, match="tiny_vae"):
+        model.generate(PROMPT, width=64, height=48, steps=2, decoder="tiny")
+    with pytest.raises(ValueError, match="decoder"):
+        model.generate(PROMPT, width=64, height=48, steps=2, decoder="small")
+
+
 def test_a_callback_returning_true_cancels_and_the_model_goes_on(model):
     stop = lambda phase, done, total, s: phase == "denoise" and done == 1
     with pytest.raises(klein_edge.Cancelled):

@@ -41,6 +41,9 @@ struct klein_session {
   // path stays the same.
   std::string safety_path;
   std::shared_ptr<const klein::SafetyModel> safety;
+  // The tiny decoder of params.tiny_vae, the same way.
+  std::string tiny_path;
+  std::shared_ptr<const klein::taesd::TinyDecoder> tiny;
 };
 
 namespace {
@@ -184,6 +187,20 @@ klein::GenerateOptions to_options(klein_session& s, const klein_generate_params&
     o.safety.action =
         p.safety_action == KLEIN_SAFETY_BLUR ? klein::SafetyAction::Blur : klein::SafetyAction::Refuse;
   }
+  check(p.tiny_vae || !p.tiny_decode,
+        "params.tiny_decode needs params.tiny_vae (the tiny autoencoder's decoder)");
+  check(p.preview_size == 0 || (p.preview_size >= 8 && p.preview_size <= 8192),
+        "params.preview_size: expected 0 (256) or 8 to 8192, got ", p.preview_size);
+  if (p.tiny_vae) {
+    if (!s.tiny || s.tiny_path != p.tiny_vae) {
+      s.tiny = nullptr;
+      s.tiny = klein::open_shared_tiny_decoder(p.tiny_vae, "params.tiny_vae");
+      s.tiny_path = p.tiny_vae;
+    }
+    o.tiny.model = s.tiny;
+    o.tiny.decode = p.tiny_decode != 0;
+  }
+  if (p.preview_size) o.tiny.preview_size = p.preview_size;
   if (!s.prompt_cache_dir.empty()) o.prompt_cache_dir = s.prompt_cache_dir;
   if (s.options.max_memory) o.max_memory = s.options.max_memory;
   if (s.options.residency == KLEIN_RESIDENCY_PAGED) o.residency = klein::Residency::Paged;

@@ -88,6 +88,16 @@ void read_common(const json& body, const ServerOptions& s, ImageRequest& r,
   o.precision = s.precision;
   // The server's safety check: no request field turns it off (or changes its threshold).
   o.safety = s.safety;
+  // The server's tiny decoder: previews by it, and the final decode when the request asks.
+  o.tiny = s.tiny;
+  if (auto v = get<std::string>(body, "decoder")) {
+    if (*v != "full" && *v != "tiny")
+      throw bad_request("\"decoder\": expected \"full\" (the model's VAE) or \"tiny\"");
+    if (*v == "tiny" && !s.tiny.on())
+      throw bad_request("\"decoder\": this server has no tiny decoder (klein serve --tiny-vae "
+                        "FILE)");
+    o.tiny.decode = *v == "tiny";
+  }
 }
 
 std::map<std::string, fs::path> list_loras(const fs::path& dir) {

@@ -5,7 +5,8 @@
 //
 //   GET  /                         a web page: the form, progress with the preview, cancel
 //   GET  /health                   {"status", "model", "busy", "queue", "safety": {"enabled",
-//                                  "threshold", "action"}} (and, when ready,
+//                                  "threshold", "action"}, "tiny_decoder": {"enabled",
+//                                  "file"}} (and, when ready,
 //                                  "family" and "accepts": the request fields the model
 //                                  takes beyond a prompt): 200 "ok" once the
 //                                  model is open, 503 "loading" before (a load balancer's
@@ -15,7 +16,8 @@
 //                                  (histogram), seconds per pipeline phase, peak RSS
 //   POST /v1/images/generations    OpenAI images API (JSON): prompt, size "WxH", n,
 //                                  response_format b64_json; extensions seed, steps,
-//                                  guidance, negative_prompt
+//                                  guidance, negative_prompt, decoder ("full" or, with the
+//                                  server's --tiny-vae, "tiny")
 //   POST /v1/images/edits          OpenAI images API (multipart): image / image[] files,
 //                                  optional mask (white repaints; then the first image is
 //                                  the init image), prompt, size, n, strength, ...
@@ -24,7 +26,8 @@
 //                                  n_iter; img2img adds init_images, mask,
 //                                  denoising_strength
 //   GET  /sdapi/v1/progress        the running request: fraction done, ETA, step, and the
-//                                  last step's preview (base64 PNG, one pixel per 8x8)
+//                                  last step's preview (base64 PNG: the tiny decoder's picture
+//                                  with one, else the colour fit, one pixel per 8x8)
 //   POST /sdapi/v1/interrupt       cancels the running request (it gets 503)
 //   POST /v1/jobs                  an asynchronous /v1/images/generations: the same JSON
 //                                  body, answered at once with 202 {"id", "state", ...}
@@ -97,6 +100,10 @@ struct ServerOptions {
   // blurred with SafetyAction::Blur). No request can turn it off. /health says whether it
   // is on and its threshold.
   SafetyOptions safety;
+  // The tiny decoder (pipeline/tiny_decoder.h), opened by the caller; null: none. With one, the
+  // step previews of jobs and /sdapi/v1/progress are its pictures (at most 256 pixels a side),
+  // and a request's "decoder": "tiny" decodes with it. /health says whether there is one.
+  TinyDecoderOptions tiny;
 };
 
 class Server {

@@ -2,6 +2,7 @@
 // scraper. /health and /metrics need no API key: a probe and a scraper usually carry none,
 // and neither tells anything about the images.
 #include "core/memory.h"
+#include "models/taesd/taesd.h"
 #include "server/impl.h"
 #include "server/page.h"
 
@@ -28,6 +29,9 @@ json health(Impl& s, httplib::Response& res) {
     reply["safety"]["threshold"] = s.options.safety.threshold;
     reply["safety"]["action"] = safety_action_name(s.options.safety.action);
   }
+  reply["tiny_decoder"] = {{"enabled", s.options.tiny.on()}};
+  if (s.options.tiny.on())
+    reply["tiny_decoder"]["file"] = s.options.tiny.model->path().filename().string();
   if (m) {
     // What this model's requests may carry beyond a prompt (the page shows only these).
     const Capabilities c = capabilities(*m);

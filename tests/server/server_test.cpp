@@ -320,6 +320,62 @@ TEST(Serve, ZImageControlImagesMakeTheCliPixels) {
   EXPECT_NE(refused.dump().find("no control model"), std::string::npos) << refused.dump();
 }
 
+// A server with a tiny decoder: "decoder": "tiny" makes the CLI's --decoder tiny pixels, the
+// default still the full decoder's; a job's last preview is the tiny decoder's picture at the
+// image's size (the colour fit is one pixel per 8x8); /health names the file; a server without
+// one refuses "decoder": "tiny" by name, and any server an unknown decoder.
+TEST(Serve, TinyDecoderRequestsMakeTheCliPixels) {
+  const fs::path taef2 = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "taef2" / "taef2_decoder.pth";
+  const fs::path model = testing::tiny_model();
+  const fs::path out = testing::temp_dir("serve-tiny-decoder");
+  const std::string tiny = "--tiny-vae " + testing::shell_arg(taef2);
+  const Image cli_tiny =
+      testing::cli_generate(model, kPrompt, "--seed 4 -s 2 -W 64 -H 48 " + tiny + " --decoder tiny",
+                            out / "tiny.png");
+  const Image cli_full = testing::cli_generate(model, kPrompt, "--seed 4 -s 2 -W 64 -H 48",
+                                               out / "full.png");
+  ASSERT_NE(cli_tiny.rgb, cli_full.rgb);
+  {
+    ServeProcess serve(tiny, model);
+    httplib::Client c = serve.client();
+    auto health = c.Get("/health");
+    ASSERT_TRUE(health);
+    const json h = json::parse(health->body);
+    EXPECT_EQ(h["tiny_decoder"]["enabled"], true) << health->body;
+    EXPECT_EQ(h["tiny_decoder"]["file"], "taef2_decoder.pth") << health->body;
+    const json body = {{"prompt", kPrompt}, {"size", "64x48"}, {"seed", 4}, {"steps", 2}};
+    json with_tiny = body;
+    with_tiny["decoder"] = "tiny";
+    EXPECT_EQ(png_of(post_json(c, "/v1/images/generations", with_tiny)["data"][0]["b64_json"]).rgb,
+              cli_tiny.rgb);
+    EXPECT_EQ(png_of(post_json(c, "/v1/images/generations", body)["data"][0]["b64_json"]).rgb,
+              cli_full.rgb);
+    const json job = post_json(c, "/v1/jobs", with_tiny, 202);
+    json done = json::object();
+    for (int i = 0; i < 600 && done.value("state", "") != "done"; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      auto r = c.Get(("/v1/jobs/" + job["id"].get<std::string>()).c_str());
+      ASSERT_TRUE(r);
+      done = json::parse(r->body);
+      ASSERT_NE(done.value("state", ""), "failed") << r->body;
+    }
+    ASSERT_EQ(done["state"], "done") << done.dump().substr(0, 400);
+    EXPECT_EQ(png_of(done["result"]["data"][0]["b64_json"]).rgb, cli_tiny.rgb);
+    const Image preview = png_of(done["preview"]);
+    EXPECT_EQ(preview.width, 64);
+    EXPECT_EQ(preview.height, 48);
+    json unknown = body;
+    unknown["decoder"] = "small";
+    EXPECT_NE(post_json(c, "/v1/images/generations", unknown, 400).dump().find("decoder\\\": expected"),
+              std::string::npos);
+  }
+  ServeProcess plain("", model);
+  httplib::Client c = plain.client();
+  const json refused = post_json(c, "/v1/images/generations",
+                                 {{"prompt", kPrompt}, {"size", "64x48"}, {"decoder", "tiny"}}, 400);
+  EXPECT_NE(refused.dump().find("no tiny decoder"), std::string::npos) << refused.dump();
+}
+
 TEST(Serve, FluxDevRequestsMakeTheCliPixels) {
   const fs::path model = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "flux2-dev-tiny" / "model";
   const fs::path out = testing::temp_dir("serve-dev");
