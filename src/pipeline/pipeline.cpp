@@ -135,10 +135,14 @@ void Session::decode_tiny(Generation& g, Progress& progress) {
     ops::require_finite(decoded.data(), decoded.numel(), "the tiny decoder's output", cx_);
     tiny_output_to_signed(decoded);
   });
-  weights_.release("vae.");
+  finish_decode(*this, g, std::move(decoded));
+}
+
+void finish_decode(Session& s, Generation& g, Tensor decoded) {
+  s.weights().release("vae.");
   g.latents = Tensor();
-  g.result.weights = weights_.residency_stats();
-  dump.image(decoded);
+  g.result.weights = s.weights().residency_stats();
+  Dumper(g.options.dump_dir).image(decoded);
   g.result.image = tensor_to_image(decoded);
   g.decoded = std::move(decoded);
   check_model_files_unchanged(g);

@@ -176,6 +176,11 @@ const FamilyStages& stages_for(const ModelConfig& config);
 void settle_output_size(Session& s, Generation& g, Progress& progress, int64_t width,
                         int64_t height, int64_t multiple);
 
+// The end of every decode stage: the VAE's units released, the latents dropped, the residency
+// peak and the image (`decoded`: [3, H, W] in [-1, 1]) in the result (and the dump), and the
+// model's files checked (check_model_files_unchanged).
+void finish_decode(Session& s, Generation& g, Tensor decoded);
+
 // Refuses to finish when a model file has changed since start (rewritten or replaced under
 // the mapping: the image could mix two models).
 void check_model_files_unchanged(const Generation& g);

@@ -17,6 +17,7 @@
 #include "core/npy.h"
 #include "e2e/golden_dump.h"
 #include "formats/image/image.h"
+#include "support/cli_image.h"
 #include "support/testing.h"
 
 namespace klein {
@@ -24,19 +25,12 @@ namespace tiny_decoder_test {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using testing::max_level_diff;
 using testing::shell_arg;
 
 fs::path taesd_data() { return fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "taef2"; }
 fs::path taef2() { return taesd_data() / "taef2_decoder.pth"; }
 fs::path taef1() { return taesd_data() / "taef1_random_decoder.safetensors"; }
-
-// The largest difference of two images, in 8-bit levels (256: the sizes differ).
-int max_level_diff(const Image& a, const Image& b) {
-  if (a.width != b.width || a.height != b.height) return 256;
-  int worst = 0;
-  for (size_t i = 0; i < a.rgb.size(); ++i) worst = std::max(worst, std::abs(a.rgb[i] - b.rgb[i]));
-  return worst;
-}
 
 void run_ok(const std::string& args) {
   std::string log;

@@ -265,6 +265,20 @@ TEST(Serve, ZImageRequestsMakeTheCliPixels) {
                 .rgb);
 }
 
+// Polls a job (the 202 reply of POST /v1/jobs) until it is done or failed, for up to 30 s;
+// its last state.
+json wait_for_job(httplib::Client& c, const json& job) {
+  json state = json::object();
+  for (int i = 0; i < 600; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto r = c.Get(("/v1/jobs/" + job["id"].get<std::string>()).c_str());
+    if (!r) break;
+    state = json::parse(r->body);
+    if (state.value("state", "") == "done" || state.value("state", "") == "failed") break;
+  }
+  return state;
+}
+
 // A Z-Image server with a control model: a request's control image and scale make the CLI's
 // pixels (OpenAI generations and A1111 txt2img); /health offers the control image; a server
 // without a control model refuses one by name.
@@ -300,14 +314,7 @@ TEST(Serve, ZImageControlImagesMakeTheCliPixels) {
                                {{"prompt", kPrompt}, {"size", "96x64"}, {"seed", 5}, {"steps", 3},
                                 {"control_image", file_b64(control)}, {"control_scale", 0.9}},
                                202);
-    json done = json::object();
-    for (int i = 0; i < 600 && done.value("state", "") != "done"; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      auto r = c.Get(("/v1/jobs/" + job["id"].get<std::string>()).c_str());
-      ASSERT_TRUE(r);
-      done = json::parse(r->body);
-      ASSERT_NE(done.value("state", ""), "failed") << r->body;
-    }
+    const json done = wait_for_job(c, job);
     ASSERT_EQ(done["state"], "done") << done.dump().substr(0, 400);
     EXPECT_EQ(png_of(done["result"]["data"][0]["b64_json"]).rgb, cli.rgb);
   }
@@ -351,14 +358,7 @@ TEST(Serve, TinyDecoderRequestsMakeTheCliPixels) {
     EXPECT_EQ(png_of(post_json(c, "/v1/images/generations", body)["data"][0]["b64_json"]).rgb,
               cli_full.rgb);
     const json job = post_json(c, "/v1/jobs", with_tiny, 202);
-    json done = json::object();
-    for (int i = 0; i < 600 && done.value("state", "") != "done"; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      auto r = c.Get(("/v1/jobs/" + job["id"].get<std::string>()).c_str());
-      ASSERT_TRUE(r);
-      done = json::parse(r->body);
-      ASSERT_NE(done.value("state", ""), "failed") << r->body;
-    }
+    const json done = wait_for_job(c, job);
     ASSERT_EQ(done["state"], "done") << done.dump().substr(0, 400);
     EXPECT_EQ(png_of(done["result"]["data"][0]["b64_json"]).rgb, cli_tiny.rgb);
     const Image preview = png_of(done["preview"]);

@@ -5,7 +5,9 @@
 // library already.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -36,6 +38,15 @@ inline ::testing::AssertionResult same_pixels(const Image& cli, const uint8_t* p
   if (std::memcmp(cli.rgb.data(), pixels, cli.rgb.size()) != 0)
     return ::testing::AssertionFailure() << "same size, other pixels";
   return ::testing::AssertionSuccess();
+}
+
+// The largest difference of two images, in 8-bit levels (256: the sizes differ).
+inline int max_level_diff(const Image& a, const Image& b) {
+  if (a.width != b.width || a.height != b.height) return 256;
+  int worst = 0;
+  for (size_t i = 0; i < a.rgb.size(); ++i)
+    worst = std::max(worst, std::abs(int(a.rgb[i]) - int(b.rgb[i])));
+  return worst;
 }
 
 }  // namespace klein::testing

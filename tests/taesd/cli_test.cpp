@@ -13,6 +13,7 @@
 #include "formats/image/preprocess.h"
 #include "models/taesd/taesd.h"
 #include "models/vae/vae.h"
+#include "support/cli_image.h"
 #include "support/testing.h"
 #include "weights/model_source.h"
 
@@ -21,6 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using testing::max_level_diff;
 using testing::shell_arg;
 
 fs::path taef2() { return fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "taef2"; }
@@ -32,14 +34,6 @@ std::string klein_ok(const std::string& args) {
   const int rc = testing::run_klein(args, &log);
   EXPECT_EQ(rc, 0) << "klein " << args << "\n" << log;
   return log;
-}
-
-// The largest difference of two images of the same size, in 8-bit levels (256: sizes differ).
-int max_level_diff(const Image& a, const Image& b) {
-  if (a.width != b.width || a.height != b.height) return 256;
-  int worst = 0;
-  for (size_t i = 0; i < a.rgb.size(); ++i) worst = std::max(worst, std::abs(a.rgb[i] - b.rgb[i]));
-  return worst;
 }
 
 // The official pipeline's image ([H, W, 3] in [0, 1], before the 8-bit rounding) in 8 bits.

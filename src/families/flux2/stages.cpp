@@ -816,13 +816,7 @@ void Flux2Stages::decode(Session& session, Generation& g, Progress& progress) co
     dump.f32("vae_input", z, {1, z.dim(0), z.dim(1), z.dim(2)});
     decoded = vae.decode_latent(z);
   });
-  session.weights().release("vae.");
-  g.latents = Tensor();
-  g.result.weights = session.weights().residency_stats();
-  dump.image(decoded);
-  g.result.image = tensor_to_image(decoded);
-  g.decoded = std::move(decoded);
-  check_model_files_unchanged(g);
+  finish_decode(session, g, std::move(decoded));
 }
 
 std::unique_ptr<FamilyStages> flux2_stages(const Flux2Pipeline& pipeline) {

@@ -773,13 +773,7 @@ class ZImageStages final : public FamilyStages {
       vae::Vae vae(weights, cx, g.options.vae_memory);
       decoded = vae.decode_latent(z);
     });
-    weights.release("vae.");
-    g.latents = Tensor();
-    g.result.weights = weights.residency_stats();
-    dump.image(decoded);
-    g.result.image = tensor_to_image(decoded);
-    g.decoded = std::move(decoded);
-    check_model_files_unchanged(g);
+    finish_decode(session, g, std::move(decoded));
   }
 
   // The blocks as the forward runs them: the noise refiner (image rows), the context refiner
