@@ -439,6 +439,10 @@ void run_one(Args& a) {
   a.upsample_args.edit = !a.references.empty();
   const std::optional<UpsampleOptions> upsample =
       a.upsample ? std::optional(a.upsample_args.options("upsample-")) : std::nullopt;
+  check(a.upsample || a.upsample_args.endpoint.empty(),
+        "--upsample-endpoint needs --upsample (the prompt is rewritten only when asked)");
+  const std::optional<hub::ChatEndpoint> remote =
+      upsample ? a.upsample_args.remote(*upsample) : std::nullopt;
 
   const auto start = std::chrono::steady_clock::now();
   Compute cx(a.threads);
@@ -453,7 +457,26 @@ void run_one(Args& a) {
   if (!a.dry_run && lowercase(a.output).ends_with(".webp"))
     progress.warn("-o " + a.output + ": WebP carries no text metadata, so the image will not record "
                   "its prompt and settings (PNG and JPEG do)");
-  if (upsample) {
+  if (remote) {
+    progress.begin("upsample prompt", 0);
+    std::vector<std::filesystem::path> images;
+    for (const auto& r : a.references) images.emplace_back(r);
+    const hub::RemoteUpsample u = upsample_remotely(*remote, a.upsample_args, *upsample, g.prompt,
+                                                    images);
+    progress.end("upsample prompt", u.seconds);
+    if (u.fell_back) {
+      progress.warn(u.warning);
+    } else {
+      g.original_prompt = g.prompt;
+      g.prompt = u.prompt;
+    }
+    if (a.json)
+      JsonProgress::emit({{"event", "upsampled"}, {"prompt", g.prompt},
+                          {"original_prompt", g.original_prompt.empty() ? g.prompt : g.original_prompt},
+                          {"remote", true}, {"fell_back", u.fell_back}, {"seconds", u.seconds}});
+    else if (!a.quiet && !u.fell_back)
+      std::fprintf(stderr, "prompt (remote): %s\n", u.prompt.c_str());
+  } else if (upsample) {
     const std::string why = upsample_unavailable(model);
     check(why.empty(), why);
     progress.begin("upsample prompt", upsample->max_new_tokens);

@@ -2,7 +2,9 @@
 // chat model (pipeline/upsample.h). Also the options `klein generate --upsample` shares.
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -47,6 +49,43 @@ UpsampleOptions UpsampleArgs::options(const std::string& prefix) const {
   return o;
 }
 
+std::optional<hub::ChatEndpoint> UpsampleArgs::remote(const UpsampleOptions& o) const {
+  check(!endpoint.empty() || (remote_model.empty() && !key_env && !strict),
+        "--upsample-model, --upsample-key-env and --upsample-strict need --upsample-endpoint URL");
+  if (endpoint.empty()) return std::nullopt;
+  hub::ChatEndpoint e;
+  e.url = endpoint;
+  hub::completions_url(endpoint, "--upsample-endpoint");  // checked now, before any work
+  e.model = remote_model;
+  const std::string var = key_env.value_or("OPENAI_API_KEY");
+  check(!var.empty(), "--upsample-key-env: expected the name of an environment variable");
+  const char* key = std::getenv(var.c_str());
+  check(!key_env || (key && *key), "--upsample-key-env ", var,
+        ": the environment variable is not set (it holds the service's API key)");
+  if (key) e.key = key;
+  check(timeout > 0 && timeout <= 3600, "--upsample-timeout: expected more than 0 and at most "
+        "3600 seconds, got ", timeout);
+  e.timeout_seconds = timeout;
+  e.max_tokens = o.max_new_tokens;
+  if (o.sampling.sample) e.temperature = o.sampling.temperature;
+  return e;
+}
+
+hub::RemoteUpsample upsample_remotely(const hub::ChatEndpoint& endpoint, const UpsampleArgs& a,
+                                      const UpsampleOptions& o, const std::string& prompt,
+                                      const std::vector<std::filesystem::path>& images) {
+  std::vector<hub::ChatImage> sent;
+  for (const auto& path : images) {
+    std::string ext = path.extension().string();
+    for (char& c : ext) c = char(std::tolower(static_cast<unsigned char>(c)));
+    const std::string mime = ext == ".png" ? "image/png" : ext == ".webp" ? "image/webp"
+                                                                         : "image/jpeg";
+    sent.push_back({mime, read_text_file(path)});
+  }
+  return hub::remote_upsample(endpoint, o.system.empty() ? default_upsample_system(o.edit) : o.system,
+                              prompt, sent, a.strict);
+}
+
 void add_upsample_options(CLI::App& cmd, UpsampleArgs& a, const std::string& prefix) {
   const std::string p = "--" + prefix;
   cmd.add_option(p + "system", a.system_file,
@@ -61,6 +100,22 @@ void add_upsample_options(CLI::App& cmd, UpsampleArgs& a, const std::string& pre
   cmd.add_option(p + "top-k", a.top_k, "sampling: most probable tokens kept, 0 for all "
                                        "(default 20)");
   cmd.add_option(p + "seed", a.seed, "sampling: seed of the draw (default: random)");
+  cmd.add_option("--upsample-endpoint", a.endpoint,
+                 "upsample with a remote model instead: an OpenAI-compatible chat completions "
+                 "API (llama.cpp's server, vLLM, OpenRouter: e.g. http://127.0.0.1:8080/v1); "
+                 "when it fails the prompt is used as given, with a warning")
+      ->type_name("URL");
+  cmd.add_option("--upsample-model", a.remote_model, "the remote model's name (the request's "
+                 "\"model\"; default: none, for a server with one model)");
+  cmd.add_option_function<std::string>(
+      "--upsample-key-env", [&a](const std::string& v) { a.key_env = v; },
+      "the environment variable holding the remote service's API key (default OPENAI_API_KEY "
+      "when set; the key is never printed or stored)")
+      ->type_name("VAR");
+  cmd.add_option("--upsample-timeout", a.timeout, "seconds the remote model has to answer")
+      ->capture_default_str();
+  cmd.add_flag("--upsample-strict", a.strict,
+               "a failure of the remote model is an error instead of a fallback to the prompt");
 }
 
 namespace {
@@ -78,6 +133,21 @@ struct UpsampleCommand {
 void run_upsample(const UpsampleCommand& a) {
   check(!a.prompt.empty(), "upsample: give the prompt with -p");
   const UpsampleOptions o = a.args.options("");
+  if (const std::optional<hub::ChatEndpoint> remote = a.args.remote(o)) {
+    const hub::RemoteUpsample r = upsample_remotely(*remote, a.args, o, a.prompt);
+    if (a.json) {
+      nlohmann::json j = {{"prompt", r.prompt}, {"original_prompt", a.prompt},
+                          {"remote", true}, {"fell_back", r.fell_back}, {"seconds", r.seconds}};
+      if (r.fell_back) j["warning"] = r.warning;
+      std::printf("%s\n", j.dump().c_str());
+      return;
+    }
+    if (r.fell_back) std::fprintf(stderr, "warning: %s\n", r.warning.c_str());
+    std::printf("%s\n", r.prompt.c_str());
+    if (!a.quiet && !r.fell_back)
+      std::fprintf(stderr, "rewritten by the remote model in %.1f s\n", r.seconds);
+    return;
+  }
   const std::optional<uint64_t> budget = a.memory.budget();
   Model model = open_upsample_model(a.model);
   const std::string why = upsample_unavailable(model);
