@@ -105,6 +105,12 @@ std::string answer_of(const json& reply) {
 
 }  // namespace
 
+std::string chat_answer(const std::string& body) {
+  const json parsed = json::parse(body, nullptr, false);
+  check(!parsed.is_discarded(), "the reply is not JSON: ", excerpt(body, 120));
+  return answer_of(parsed);
+}
+
 std::string completions_url(const std::string& url, const std::string& option) {
   const bool http = url.rfind("http://", 0) == 0, https = url.rfind("https://", 0) == 0;
   check(http || https, option, " ", url, ": expected an http:// or https:// URL (an "
@@ -187,13 +193,10 @@ std::string chat_completion(const ChatEndpoint& e, const std::string& system,
         where + "HTTP status " + std::to_string(status) +
             (reply.body.empty() ? std::string() : ": " + excerpt(reply.body, 300)),
         e.key));
-  const json parsed = json::parse(reply.body, nullptr, false);
-  check(!parsed.is_discarded(), where, "the reply is not JSON: ",
-        without_key(excerpt(reply.body, 120), e.key));
   try {
-    return answer_of(parsed);
+    return chat_answer(reply.body);
   } catch (const Error& err) {
-    throw Error(where + err.what());
+    throw Error(without_key(where + err.what(), e.key));
   }
 }
 

@@ -32,6 +32,11 @@ struct ChatImage {
 // "/chat/completions". Throws naming `option` for anything but an http(s) URL with a host.
 std::string completions_url(const std::string& url, const std::string& option);
 
+// The assistant's text in a reply body: choices[0].message.content (a string, or the text
+// parts of an array), a leading <think> block left out, trimmed. Throws Error for a body that
+// is not JSON or holds no answer.
+std::string chat_answer(const std::string& body);
+
 // One completion: the assistant's text. Throws Error on any failure.
 std::string chat_completion(const ChatEndpoint& endpoint, const std::string& system,
                             const std::string& user, const std::vector<ChatImage>& images = {});
