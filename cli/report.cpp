@@ -12,6 +12,7 @@
 #include "core/files.h"
 #include "convert/report/report.h"
 #include "convert/report/writers.h"
+#include "pipeline/tiny_decoder.h"
 
 namespace klein::cli {
 namespace {
@@ -25,6 +26,7 @@ struct ReportArgs {
   double target_psnr = 0;
   bool no_e2e = false, json = false, quiet = false;
   size_t worst = 15;
+  std::string decoder = "full", tiny_vae;
 };
 
 // One line per phase on stderr, rewritten in place while it runs.
@@ -60,6 +62,12 @@ void run_report(ReportArgs& a) {
           "--target-psnr/--max-size: give -o DIR or --policy-out FILE for the proposed policy");
     o.goal = goal;
   }
+  check(a.decoder == "full" || a.decoder == "tiny", "--decoder ", a.decoder,
+        ": expected full (the model's VAE alone) or tiny (the tiny decoder against it too)");
+  check(a.decoder == "full" || !a.tiny_vae.empty(),
+        "--decoder tiny needs the tiny decoder: --tiny-vae FILE (taef2_decoder.pth for FLUX.2, "
+        "taef1_decoder.pth for Z-Image)");
+  if (!a.tiny_vae.empty()) o.tiny.model = open_shared_tiny_decoder(a.tiny_vae, "--tiny-vae");
   TerminalProgress progress(a.quiet);
   const report::Report r = report::build_report(o, progress);
 
@@ -94,6 +102,16 @@ Registration report_command("report", 15, [](CLI::App& app) {
 
   const char* e2e = "End to end";
   cmd->add_flag("--no-e2e", a->no_e2e, "compare the weights only")->group(e2e);
+  cmd->add_option("--decoder", a->decoder,
+                  "tiny: also decode each case's final latents with the tiny decoder of "
+                  "--tiny-vae and give its PSNR and SSIM against the full decoder's image (what "
+                  "klein generate --decoder tiny trades for its speed)")
+      ->default_val("full")
+      ->group(e2e);
+  cmd->add_option("--tiny-vae", a->tiny_vae, "the tiny decoder (taef2_decoder.pth for FLUX.2, "
+                  "taef1_decoder.pth for Z-Image); implies --decoder tiny")
+      ->type_name("FILE")
+      ->group(e2e);
   cmd->add_option("-p,--prompt", a->options.prompts,
                   "prompt of a generation to compare (repeatable; default: two built-in ones)")
       ->group(e2e);

@@ -7,7 +7,10 @@
 
 #include "core/error.h"
 #include "convert/report/mixed_store.h"
+#include "formats/image/preprocess.h"
+#include "models/taesd/taesd.h"
 #include "pipeline/stages.h"
+#include "pipeline/tiny_decoder.h"
 
 namespace klein::report {
 
@@ -174,6 +177,7 @@ struct E2eSession::ReferenceCase {
   std::vector<float> pixels;  // [3, H, W] in [0, 1]
   int height = 0, width = 0;
   Image image;
+  std::optional<TinyDecoding> tiny;
 };
 
 struct E2eSession::ReferenceProbe {
@@ -226,6 +230,7 @@ E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, Compu
     c.height = int(g.decoded.dim(1));
     c.width = int(g.decoded.dim(2));
     c.image = std::move(g.result.image);
+    if (options_.tiny.on()) c.tiny = tiny_decoding(c.final_latents, c.grid, c.pixels, c.height, c.width);
     cases_.push_back(std::move(c));
   }
   if (options_.blocks != BlockProbes::None) {
@@ -240,6 +245,26 @@ E2eSession::E2eSession(WeightStore& reference, const Tokenizer& tokenizer, Compu
 }
 
 E2eSession::~E2eSession() = default;
+
+TinyDecoding E2eSession::tiny_decoding(const Tensor& latents, LatentGrid grid,
+                                       const std::vector<float>& full, int height, int width) {
+  const Compute::Use arithmetic(cx_, arithmetic_for(reference_fast_));
+  Tensor decoded =
+      options_.tiny.model->decode(stages_.tiny_decoder_input(reference_, latents, grid, cx_), cx_);
+  tiny_output_to_signed(decoded);
+  check(decoded.dim(1) == height && decoded.dim(2) == width, "the tiny decoder made ",
+        decoded.dim(2), "x", decoded.dim(1), " of latents the full decoder made ", width, "x",
+        height, " of");
+  TinyDecoding t;
+  t.file = options_.tiny.model->path().filename().string();
+  const std::vector<float> pixels = unit_pixels(decoded);
+  const int64_t count = int64_t(pixels.size());
+  t.image = report::compare(full.data(), pixels.data(), count);
+  t.psnr_db = psnr_db(full.data(), pixels.data(), count);
+  t.ssim = ssim(full.data(), pixels.data(), 3, height, width);
+  t.tiny_image = tensor_to_image(decoded);
+  return t;
+}
 
 E2eResult E2eSession::compare(WeightStore& candidate, Progress& progress) {
   E2eResult out;
@@ -275,6 +300,7 @@ E2eResult E2eSession::compare(WeightStore& candidate, Progress& progress) {
     r.psnr_db = psnr_db(ref.pixels.data(), pixels.data(), count);
     r.ssim = ssim(ref.pixels.data(), pixels.data(), 3, ref.height, ref.width);
     r.reference_image = ref.image;
+    r.tiny = ref.tiny;
     r.candidate_image = std::move(g.result.image);
     r.difference_gain = difference_gain(r.image.max_abs);
     r.difference_image =

@@ -7,6 +7,9 @@
 //   denoising      the latents after every Euler step and at the end (each run on its own
 //                  context, from the same noise)
 //   image          PSNR and SSIM of the decoded images, and the amplified difference
+//   tiny decoder   with one (E2eOptions::tiny): the reference's final latents decoded by it
+//                  against the full decoder's image of them, PSNR and SSIM (what decoding
+//                  with `--decoder tiny` trades for its speed)
 //
 // Transformer blocks are probed at one step of the first case, on the reference run's
 // latents and context at that step, in two ways:
@@ -72,6 +75,15 @@ struct E2eOptions {
   Precision precision = Precision::Auto;
   BlockProbes blocks = BlockProbes::Both;
   int64_t probe_step = 0;  // the step of the first case whose inputs the probes use
+  TinyDecoderOptions tiny;  // with a model: the tiny decoder against the full one
+};
+
+// The tiny decoder's image of the reference's final latents against the full decoder's.
+struct TinyDecoding {
+  std::string file;    // the tiny decoder's file name
+  ErrorSummary image;  // pixel values in [0, 1]
+  double psnr_db = 0, ssim = 1;
+  Image tiny_image;
 };
 
 struct CaseResult {
@@ -84,6 +96,7 @@ struct CaseResult {
   double psnr_db = 0, ssim = 1;
   Image reference_image, candidate_image, difference_image;
   double difference_gain = 1;  // the difference image shows |candidate - reference| x gain
+  std::optional<TinyDecoding> tiny;  // with E2eOptions::tiny
 };
 
 struct BlockError {
@@ -137,6 +150,8 @@ class E2eSession {
   struct ReferenceProbe;
   BlockProbe run_probes(WeightStore& candidate, const Tensor& candidate_context,
                         Progress& progress);
+  TinyDecoding tiny_decoding(const Tensor& latents, LatentGrid grid,
+                             const std::vector<float>& full, int height, int width);
   WeightStore& reference_;
   const Tokenizer& tokenizer_;
   Compute& cx_;

@@ -235,7 +235,12 @@ void case_section(const CaseResult& c, size_t index, std::ostringstream& s) {
   s << "<h3>Case " << index + 1 << ": &#8220;" << escape(c.spec.prompt) << "&#8221;</h3>\n"
     << "<p>seed " << c.spec.seed << ", " << c.spec.width << "x" << c.spec.height << ", "
     << c.spec.steps << " steps: image PSNR <b>" << fx(c.psnr_db, 2) << " dB</b>, SSIM <b>"
-    << fx(c.ssim, 4) << "</b></p>\n<div class=\"images\">\n"
+    << fx(c.ssim, 4) << "</b>"
+    << (c.tiny ? "; the tiny decoder " + escape(c.tiny->file) + " on the reference latents: PSNR <b>" +
+                     fx(c.tiny->psnr_db, 2) + " dB</b>, SSIM <b>" + fx(c.tiny->ssim, 4) +
+                     "</b> against the full decoder"
+               : std::string())
+    << "</p>\n<div class=\"images\">\n"
     << image_figure(c.reference_image, "reference")
     << image_figure(c.candidate_image, "candidate")
     << image_figure(c.difference_image,

@@ -117,6 +117,8 @@ Report build_report(const ReportOptions& o, Progress& progress) {
         "reference ", reference_path(o.reference).string(), " a ",
         model_family(reference_config).title(), " model: compare a container with the "
         "model it was converted from");
+  check(o.e2e || !o.tiny.on(), "the tiny decoder is measured end to end: not with --no-e2e");
+  check_tiny_decoder(o.tiny, reference_config);
   Compute cx(o.threads);
 
   Report r;
@@ -138,6 +140,7 @@ Report build_report(const ReportOptions& o, Progress& progress) {
     e.blocks = o.blocks;
     e.probe_step = o.probe_step;
     e.precision = o.precision;
+    e.tiny = o.tiny;
     r.blocks = o.blocks;
     E2eSession session(*reference, tokenizer, cx, e, progress);
     r.e2e = session.compare(*candidate, progress);

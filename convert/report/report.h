@@ -32,6 +32,7 @@ struct ReportOptions {
   int verify_rounds = 3;           // proposals converted and measured (0: predict only)
   int threads = 0;
   Precision precision = Precision::Auto;  // of each model's generations, as generate picks it
+  TinyDecoderOptions tiny;  // with a model: the tiny decoder against the full one (e2e)
 };
 
 struct ModelInfo {

@@ -139,7 +139,14 @@ ojson case_json(const CaseResult& c, size_t index) {
             {"files",
              {{"reference", stem + "-reference.png"},
               {"candidate", stem + "-candidate.png"},
-              {"difference", stem + "-difference.png"}}}}}};
+              {"difference", stem + "-difference.png"}}}}},
+          {"tiny_decoder",
+           c.tiny ? ojson{{"file", c.tiny->file},
+                          {"psnr_db", number(c.tiny->psnr_db)},
+                          {"ssim", number(c.tiny->ssim)},
+                          {"pixels", error_json(c.tiny->image)},
+                          {"image", stem + "-tiny.png"}}
+                  : ojson()}};
 }
 
 ojson probe_json(const BlockProbe& p, BlockProbes mode) {
@@ -309,6 +316,13 @@ void e2e_table(const E2eResult& e, BlockProbes mode, std::ostringstream& s) {
   s << cases.str();
   for (size_t i = 0; i < e.cases.size(); ++i)
     s << "  case " << i + 1 << ": \"" << e.cases[i].spec.prompt << "\"\n";
+  if (!e.cases.empty() && e.cases[0].tiny) {
+    s << "\nTiny decoder " << e.cases[0].tiny->file
+      << " on the reference's final latents, against the full decoder's image of them:\n";
+    for (size_t i = 0; i < e.cases.size(); ++i)
+      s << "  case " << i + 1 << ": PSNR " << fixed(e.cases[i].tiny->psnr_db, 2) << " dB, SSIM "
+        << fixed(e.cases[i].tiny->ssim, 4) << "\n";
+  }
   if (!e.probe) return;
   const BlockProbe& p = *e.probe;
   s << "\nBlocks at step " << p.step << " of case 1 (" << block_probes_name(mode)
@@ -500,6 +514,7 @@ std::vector<fs::path> write_report(const Report& r, const fs::path& dir) {
       files.emplace_back(dir / (stem + "-reference.png"), png_bytes(c.reference_image));
       files.emplace_back(dir / (stem + "-candidate.png"), png_bytes(c.candidate_image));
       files.emplace_back(dir / (stem + "-difference.png"), png_bytes(c.difference_image));
+      if (c.tiny) files.emplace_back(dir / (stem + "-tiny.png"), png_bytes(c.tiny->tiny_image));
     }
   }
   if (r.policy) files.emplace_back(dir / "policy.txt", r.policy->text);

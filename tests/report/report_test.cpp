@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "formats/container/reader.h"
+#include "formats/image/image.h"
 #include "pipeline/model_tokenizer.h"
 #include "quant/matmul.h"
 #include "convert/report/e2e.h"
@@ -40,6 +41,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using namespace report;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -698,6 +700,60 @@ TEST_F(TinyReport, CliReportsQ8AndQ4) {
   EXPECT_GT(q8["e2e"]["cases"][0]["image"]["psnr_db"].get<double>(),
             q4["e2e"]["cases"][0]["image"]["psnr_db"].get<double>());
   EXPECT_LT(q8["tensors"][0]["nmse"].get<double>(), q4["tensors"][0]["nmse"].get<double>());
+}
+
+// --decoder tiny: each case's final latents (the reference's) through the tiny decoder too,
+// its image the one `klein generate --decoder tiny` makes of the same generation, and its
+// PSNR and SSIM against the full decoder's image; refused without a tiny decoder, with the
+// wrong one, or with --no-e2e.
+TEST_F(TinyReport, CliMeasuresTheTinyDecoderAgainstTheFullOne) {
+  const fs::path out = *dir_ / "out-tiny";
+  const fs::path taef2 = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "taef2" / "taef2_decoder.pth";
+  const std::string gen = " -p \"a red fox in fresh snow\" --seed 42 -W 64 -H 48 -s 2";
+  std::string log;
+  const std::string args = "report -m " + testing::tiny_model().string() + " --candidate " +
+                           container("q8").string() + " -o " + out.string() + gen +
+                           " --blocks none --decoder tiny --tiny-vae " + testing::shell_arg(taef2);
+  ASSERT_EQ(testing::run_klein(args, &log), 0) << log;
+  EXPECT_THAT(log, HasSubstr("Tiny decoder taef2_decoder.pth on the reference's final latents"));
+  const json j = json::parse(read(out / "report.json"));
+  const json& tiny = j["e2e"]["cases"][0]["tiny_decoder"];
+  ASSERT_TRUE(tiny.is_object()) << j["e2e"]["cases"][0].dump();
+  EXPECT_EQ(tiny["file"], "taef2_decoder.pth");
+  const fs::path tiny_png = out / tiny["image"].get<std::string>();
+  ASSERT_TRUE(fs::exists(tiny_png));
+  // The tiny image is the one generate makes with the tiny decoder; the full one without.
+  ASSERT_EQ(testing::run_klein("generate -m " + testing::tiny_model().string() + gen +
+                                   " --no-cache -q --no-watermark --tiny-vae " + testing::shell_arg(taef2) +
+                                   " --decoder tiny -o " + (out / "gen-tiny.png").string(),
+                               &log),
+            0)
+      << log;
+  const Image t = load_image(tiny_png), full = load_image(out / "case1-reference.png");
+  EXPECT_EQ(t.rgb, load_image(out / "gen-tiny.png").rgb);
+  // The 8-bit images' PSNR, near the report's (of the values before rounding).
+  double se = 0;
+  for (size_t i = 0; i < t.rgb.size(); ++i) {
+    const double d = (double(t.rgb[i]) - double(full.rgb[i])) / 255.0;
+    se += d * d;
+  }
+  const double psnr8 = 10 * std::log10(1.0 / (se / double(t.rgb.size())));
+  EXPECT_NEAR(tiny["psnr_db"].get<double>(), psnr8, 0.3);
+  EXPECT_GT(tiny["ssim"].get<double>(), -1.0);
+  EXPECT_LT(tiny["ssim"].get<double>(), 1.0);
+
+  const std::string base = "report -m " + testing::tiny_model().string() + " --candidate " +
+                           container("q8").string() + gen + " --blocks none";
+  EXPECT_NE(testing::run_klein(base + " --decoder tiny", &log), 0);
+  EXPECT_THAT(log, HasSubstr("--decoder tiny needs the tiny decoder"));
+  EXPECT_NE(testing::run_klein(base + " --tiny-vae " + testing::shell_arg(taef2.parent_path() /
+                                                                          "taef1_random_decoder.safetensors"),
+                               &log),
+            0);
+  EXPECT_THAT(log, HasSubstr("need one of 32 latent channels"));
+  EXPECT_THAT(log, Not(HasSubstr("compare tensors")));
+  EXPECT_NE(testing::run_klein(base + " --no-e2e --tiny-vae " + testing::shell_arg(taef2), &log), 0);
+  EXPECT_THAT(log, HasSubstr("not with --no-e2e"));
 }
 
 TEST_F(TinyReport, CliPolicyIsVerifiedAndConvertAcceptsIt) {
