@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/upsample_options.h"
 #include "cli/memory_options.h"
 #include "cli/model_options.h"
 #include "core/cpu.h"
@@ -39,6 +40,7 @@ struct ServeArgs {
   std::optional<double> safety_threshold;
   std::optional<std::string> safety_action;
   std::string tiny_vae;  // --tiny-vae FILE
+  UpsampleArgs upsample;  // requests' "upsample": true
 };
 
 // The safety options of the server, the classifier opened (every file checked) before the
@@ -85,6 +87,9 @@ void serve(const ServeArgs& a) {
   options.residency = a.memory.forced();
   options.safety = safety_options(a);
   if (!a.tiny_vae.empty()) options.tiny.model = open_shared_tiny_decoder(a.tiny_vae, "--tiny-vae");
+  options.upsample = a.upsample.options("upsample-");
+  options.upsample_endpoint = a.upsample.remote(options.upsample);
+  options.upsample_strict = a.upsample.strict;
   check(::pipe(g_signal_pipe) == 0, "serve: cannot create the signal pipe");
   struct sigaction action = {};
   action.sa_handler = on_stop_signal;
@@ -171,6 +176,7 @@ Registration serve_command("serve", 85, [](CLI::App& app) {
                   "LoRAs requests may use: DIR/NAME.safetensors as <lora:NAME:SCALE> in the "
                   "prompt (listed at /sdapi/v1/loras)")
       ->check(CLI::ExistingDirectory);
+  add_upsample_options(*cmd, a->upsample, "upsample-");
   cmd->add_option("--tiny-vae", a->tiny_vae,
                   "A tiny autoencoder's decoder (taef2_decoder.pth for FLUX.2, taef1_decoder.pth "
                   "for Z-Image): the step previews are its pictures, and requests may ask "

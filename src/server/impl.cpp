@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <new>
 
@@ -170,6 +172,50 @@ bool should_stop(Impl& s) {
   return s.stopping || s.interrupted;
 }
 
+// "upsample": true. By the remote model when the server has one (a failure falls back to the
+// prompt as given, recorded nowhere but the log, unless strict: 502); else by the model's
+// text encoder (a model without a language-model head: 400), greedy unless the server was
+// started with sampling options, the request's first seed drawing them.
+void upsample_request(Impl& s, Model& m, GenerateOptions& o, LiveProgress& progress) {
+  const bool edit = !o.references.empty();
+  std::string rewritten;
+  if (s.options.upsample_endpoint) {
+    progress.begin("upsample prompt", 0);
+    const hub::RemoteUpsample r = [&] {
+      try {
+        return hub::remote_upsample(*s.options.upsample_endpoint,
+                                    s.options.upsample.system.empty()
+                                        ? default_upsample_system(edit)
+                                        : s.options.upsample.system,
+                                    o.prompt, {}, s.options.upsample_strict);
+      } catch (const Error& e) {
+        throw HttpError{502, e.what(), "upstream_error"};
+      }
+    }();
+    progress.end("upsample prompt", r.seconds);
+    if (r.fell_back) {
+      std::fprintf(stderr, "klein serve: %s\n", r.warning.c_str());
+      return;
+    }
+    rewritten = r.prompt;
+  } else {
+    const std::string why = upsample_unavailable(m);
+    if (!why.empty()) throw bad_request("\"upsample\": " + why);
+    UpsampleOptions u = s.options.upsample;
+    u.edit = edit;
+    u.seed = o.seed.value_or(0);
+    progress.begin("upsample prompt", u.max_new_tokens);
+    const auto start = std::chrono::steady_clock::now();
+    rewritten = upsample_prompt(m, s.cx, o.prompt, u, [&](int n) {
+                  progress.step("upsample prompt", n, u.max_new_tokens);
+                }).prompt;
+    progress.end("upsample prompt",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  o.original_prompt = o.prompt;
+  o.prompt = rewritten;
+}
+
 }  // namespace
 
 Made generate(Impl& s, ImageRequest request, Slot& slot, const Ticket& t) {
@@ -205,6 +251,14 @@ Made generate(Impl& s, ImageRequest request, Slot& slot, const Ticket& t) {
     const std::lock_guard lock(s.live_mutex);
     s.live.preview = b64;
   };
+  if (request.upsample) {
+    try {
+      upsample_request(s, m, o, progress);
+    } catch (const Cancelled&) {
+      throw cancelled(s, progress, t);
+    }
+  }
+  made.prompt = o.prompt;
   // The images of the request denoised together (in groups when the memory budget does not
   // hold all of them): Session::generate_batch. Input that start() refuses is the client's
   // fault, so an error before the first group has started is a 400.

@@ -88,6 +88,11 @@ void read_common(const json& body, const ServerOptions& s, ImageRequest& r,
   o.precision = s.precision;
   // The server's safety check: no request field turns it off (or changes its threshold).
   o.safety = s.safety;
+  if (body.contains("upsample")) {
+    if (!body["upsample"].is_boolean())
+      throw bad_request("\"upsample\": expected true (the prompt rewritten first) or false");
+    r.upsample = body["upsample"].get<bool>();
+  }
   // The server's tiny decoder: previews by it, and the final decode when the request asks.
   o.tiny = s.tiny;
   if (auto v = get<std::string>(body, "decoder")) {

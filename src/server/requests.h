@@ -38,6 +38,7 @@ struct ImageRequest {
   // Z-Image's control image ("control_image", base64), written to a file by the route
   // (options.control_image) before the generation; the control model is the server's.
   std::string control_image;
+  bool upsample = false;  // "upsample": the prompt rewritten before it is encoded
 };
 
 // The value of `key` when present and not null, as T; a wrong type is a 400 naming the field.

@@ -17,7 +17,8 @@
 //   POST /v1/images/generations    OpenAI images API (JSON): prompt, size "WxH", n,
 //                                  response_format b64_json; extensions seed, steps,
 //                                  guidance, negative_prompt, decoder ("full" or, with the
-//                                  server's --tiny-vae, "tiny")
+//                                  server's --tiny-vae, "tiny"), upsample (true: the prompt
+//                                  rewritten first; revised_prompt gives it)
 //   POST /v1/images/edits          OpenAI images API (multipart): image / image[] files,
 //                                  optional mask (white repaints; then the first image is
 //                                  the init image), prompt, size, n, strength, ...
@@ -71,8 +72,10 @@
 #include <string>
 #include <vector>
 
+#include "hub/chat.h"
 #include "ops/compute.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/upsample.h"
 
 namespace klein {
 
@@ -104,6 +107,12 @@ struct ServerOptions {
   // step previews of jobs and /sdapi/v1/progress are its pictures (at most 256 pixels a side),
   // and a request's "decoder": "tiny" decodes with it. /health says whether there is one.
   TinyDecoderOptions tiny;
+  // Prompt upsampling of requests that ask for it ("upsample": true): by the remote model when
+  // there is one (hub/chat.h; falling back to the prompt as given, unless strict), else by the
+  // model's own text encoder with these options (a model that cannot is refused by name).
+  UpsampleOptions upsample;
+  std::optional<hub::ChatEndpoint> upsample_endpoint;
+  bool upsample_strict = false;
 };
 
 class Server {

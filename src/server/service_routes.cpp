@@ -42,7 +42,9 @@ json health(Impl& s, httplib::Response& res) {
                         {"cfg_normalization", c.guidance_options},
                         {"cfg_truncation", c.guidance_options},
                         {"loras", c.loras},
-                        {"control_image", c.control && !s.options.controlnet.empty()}};
+                        {"control_image", c.control && !s.options.controlnet.empty()},
+                        {"upsample", s.options.upsample_endpoint.has_value() ||
+                                         upsample_unavailable(*m).empty()}};
   }
   return reply;
 }

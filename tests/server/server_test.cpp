@@ -16,6 +16,7 @@
 #include <future>
 #include <limits>
 #include <string>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -374,6 +375,78 @@ TEST(Serve, TinyDecoderRequestsMakeTheCliPixels) {
   const json refused = post_json(c, "/v1/images/generations",
                                  {{"prompt", kPrompt}, {"size", "64x48"}, {"decoder", "tiny"}}, 400);
   EXPECT_NE(refused.dump().find("no tiny decoder"), std::string::npos) << refused.dump();
+}
+
+// "upsample": true. With a remote model (--upsample-endpoint, here a stand-in on the loopback
+// address) the prompt it returns makes the image and is the reply's revised_prompt, and a
+// failing service falls back to the prompt as given; without one, the model's own text
+// encoder writes what `klein upsample` writes; /health offers it.
+TEST(Serve, UpsampleRequestsRewriteThePromptRemotelyOrLocally) {
+  const std::string answer = "a small red cube on an oak table, soft studio light";
+  httplib::Server chat;
+  std::vector<std::string> asked;
+  std::mutex asked_mutex;
+  chat.Post("/v1/chat/completions", [&](const httplib::Request& q, httplib::Response& r) {
+    {
+      const std::lock_guard lock(asked_mutex);
+      asked.push_back(json::parse(q.body)["messages"][1]["content"].get<std::string>());
+    }
+    r.set_content(json({{"choices", {{{"message", {{"content", answer}}}}}}}).dump(),
+                  "application/json");
+  });
+  const int chat_port = chat.bind_to_any_port("127.0.0.1");
+  std::thread chat_thread([&] { chat.listen_after_bind(); });
+  while (!chat.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const std::string endpoint = "http://127.0.0.1:" + std::to_string(chat_port) + "/v1";
+  const fs::path model = testing::tiny_model();
+  const fs::path out = testing::temp_dir("serve-upsample");
+  const json body = {{"prompt", kPrompt}, {"size", "64x48"}, {"seed", 4}, {"steps", 2},
+                     {"upsample", true}};
+  {
+    ServeProcess serve("--upsample-endpoint " + endpoint, model);
+    httplib::Client c = serve.client();
+    auto health = c.Get("/health");
+    ASSERT_TRUE(health);
+    EXPECT_EQ(json::parse(health->body)["accepts"]["upsample"], true) << health->body;
+    const json gen = post_json(c, "/v1/images/generations", body);
+    ASSERT_EQ(gen["data"].size(), 1u);
+    EXPECT_EQ(gen["data"][0]["revised_prompt"], answer);
+    EXPECT_EQ(png_of(gen["data"][0]["b64_json"]).rgb,
+              testing::cli_generate(model, answer, "--seed 4 -s 2 -W 64 -H 48", out / "cli.png").rgb);
+    {
+      const std::lock_guard lock(asked_mutex);
+      ASSERT_EQ(asked.size(), 1u);
+      EXPECT_EQ(asked[0], kPrompt);
+    }
+    json plain = body;
+    plain.erase("upsample");
+    EXPECT_EQ(post_json(c, "/v1/images/generations", plain)["data"][0]["revised_prompt"], kPrompt);
+    json wrong = body;
+    wrong["upsample"] = "yes";
+    EXPECT_NE(post_json(c, "/v1/images/generations", wrong, 400).dump().find("upsample"),
+              std::string::npos);
+    const std::lock_guard lock(asked_mutex);
+    EXPECT_EQ(asked.size(), 1u);
+  }
+  chat.stop();
+  chat_thread.join();
+  {
+    // The service gone: the prompt as given.
+    ServeProcess serve("--upsample-endpoint " + endpoint + " --upsample-timeout 5", model);
+    httplib::Client c = serve.client();
+    EXPECT_EQ(post_json(c, "/v1/images/generations", body)["data"][0]["revised_prompt"], kPrompt);
+  }
+  // The model's own text encoder, as `klein upsample` runs it.
+  std::string log;
+  ASSERT_EQ(testing::run_klein("upsample -q -m " + testing::shell_arg(model) + " -p " +
+                                   testing::shell_arg(kPrompt) + " --max-tokens 8",
+                               &log),
+            0)
+      << log;
+  while (!log.empty() && (log.back() == '\n' || log.back() == '\r')) log.pop_back();
+  ServeProcess local("--upsample-max-tokens 8", model);
+  httplib::Client c = local.client();
+  EXPECT_EQ(post_json(c, "/v1/images/generations", body)["data"][0]["revised_prompt"], log);
 }
 
 TEST(Serve, FluxDevRequestsMakeTheCliPixels) {
