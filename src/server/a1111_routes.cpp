@@ -13,12 +13,7 @@ json generate_images(Impl& s, const httplib::Request& req, bool img2img) {
   A1111Request a = read_a1111_request(body, s.options, img2img);
   ImageRequest& r = a.request;
   UploadDir uploads;
-  if (!r.control_image.empty())
-    r.options.control_image = uploads.write("control_image", r.control_image);
-  if (img2img) {
-    r.options.init_image = uploads.write("init_images", a.init_image);
-    if (!a.mask.empty()) r.options.mask = uploads.write("mask", a.mask);
-  }
+  place_uploads(r, uploads);
   const Made made =
       generate_now(s, std::move(r), req, img2img ? "/sdapi/v1/img2img" : "/sdapi/v1/txt2img");
   const GenerateResult& first = made.first;

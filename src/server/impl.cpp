@@ -335,6 +335,26 @@ UploadDir::UploadDir() {
   dir_ = pattern;
 }
 
+void place_uploads(requests::ImageRequest& r, UploadDir& dir) {
+  if (!r.control_image.empty()) r.options.control_image = dir.write("control_image", r.control_image);
+  for (size_t i = 0; i < r.references.size(); ++i)
+    r.options.references.push_back(dir.write("references" + std::to_string(i), r.references[i]));
+  if (!r.init_image.empty()) r.options.init_image = dir.write(r.init_field, r.init_image);
+  if (!r.mask.empty()) r.options.mask = dir.write("mask", r.mask);
+  r.control_image.clear();
+  r.references.clear();
+  r.init_image.clear();
+  r.mask.clear();
+}
+
+std::shared_ptr<UploadDir> place_uploads(requests::ImageRequest& r) {
+  if (r.control_image.empty() && r.references.empty() && r.init_image.empty() && r.mask.empty())
+    return nullptr;
+  auto dir = std::make_shared<UploadDir>();
+  place_uploads(r, *dir);
+  return dir;
+}
+
 UploadDir::~UploadDir() {
   std::error_code ignored;
   fs::remove_all(dir_, ignored);

@@ -182,6 +182,12 @@ class UploadDir {
   std::filesystem::path dir_;
 };
 
+// The images a request carried in its body (the control image, references, init image and
+// mask) written to files, the options pointing at them: into `dir`, or into a new directory
+// (null when the request has none), which must outlive the generation.
+void place_uploads(requests::ImageRequest& r, UploadDir& dir);
+std::shared_ptr<UploadDir> place_uploads(requests::ImageRequest& r);
+
 // --- errors and routes -----------------------------------------------------------------------
 
 // The one translation of an exception into an HTTP answer: an HttpError as thrown, anything

@@ -122,13 +122,9 @@ void run_job(Impl& s, const std::shared_ptr<Job>& job, std::unique_ptr<Slot> slo
 // come here), then runs on the job's thread.
 json submit_job(Impl& s, const httplib::Request& req, httplib::Response& res) {
   s.ready_model();
-  ImageRequest r = read_openai_request(parse_json(req), s.options);
-  // The control image's file lives as long as the job's thread.
-  std::shared_ptr<UploadDir> uploads;
-  if (!r.control_image.empty()) {
-    uploads = std::make_shared<UploadDir>();
-    r.options.control_image = uploads->write("control_image", r.control_image);
-  }
+  ImageRequest r = read_openai_json_request(parse_json(req), s.options);
+  // The files of the images given in the body live as long as the job's thread.
+  std::shared_ptr<UploadDir> uploads = place_uploads(r);
   take_lora_tags(r.options, s.loras);
   auto slot = std::make_unique<Slot>(s);
   auto job = std::make_shared<Job>();

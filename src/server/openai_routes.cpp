@@ -11,10 +11,8 @@ using namespace requests;
 namespace {
 
 json generations(Impl& s, const httplib::Request& req) {
-  ImageRequest r = read_openai_request(parse_json(req), s.options);
-  std::optional<UploadDir> uploads;  // only for a control image
-  if (!r.control_image.empty())
-    r.options.control_image = uploads.emplace().write("control_image", r.control_image);
+  ImageRequest r = read_openai_json_request(parse_json(req), s.options);
+  const std::shared_ptr<UploadDir> uploads = place_uploads(r);  // images given in the body
   const std::string prompt = r.options.prompt;
   return openai_reply(generate_now(s, std::move(r), req, "/v1/images/generations"), prompt);
 }
@@ -36,8 +34,7 @@ json edits(Impl& s, const httplib::Request& req) {
   ImageRequest r = read_openai_request(body, s.options);
 
   UploadDir uploads;
-  if (!r.control_image.empty())  // a base64 text field, as the JSON APIs take it
-    r.options.control_image = uploads.write("control_image", r.control_image);
+  place_uploads(r, uploads);  // a base64 control image text field, as the JSON APIs take it
   std::vector<std::filesystem::path> images;
   for (const char* key : {"image", "image[]"}) {
     const auto [first, last] = req.files.equal_range(key);

@@ -180,6 +180,39 @@ ImageRequest read_openai_request(const json& body, const ServerOptions& s) {
   return r;
 }
 
+ImageRequest read_openai_json_request(const json& body, const ServerOptions& s) {
+  ImageRequest r = read_openai_request(body, s);
+  // Editing in the JSON body (the multipart /v1/images/edits takes files instead): reference
+  // images, and an init image with an optional mask and strength.
+  if (body.contains("references") && !body["references"].is_null()) {
+    const json& refs = body["references"];
+    if (!refs.is_array()) throw bad_request("\"references\": expected a list of base64 images");
+    if (refs.size() > kMaxReferences)
+      throw bad_request("\"references\": at most " + std::to_string(kMaxReferences) +
+                        " images, got " + std::to_string(refs.size()));
+    for (size_t i = 0; i < refs.size(); ++i) {
+      const std::string field = "references[" + std::to_string(i) + "]";
+      r.references.push_back(decode_image_field(refs[i], field));
+      if (r.references.back().empty()) throw bad_request("\"" + field + "\": the image is empty");
+    }
+  }
+  if (body.contains("init_image") && !body["init_image"].is_null()) {
+    r.init_image = decode_image_field(body["init_image"], "init_image");
+    if (r.init_image.empty()) throw bad_request("\"init_image\": the image is empty");
+  }
+  if (body.contains("mask") && !body["mask"].is_null()) {
+    if (r.init_image.empty()) throw bad_request("\"mask\": needs \"init_image\" (the image to repaint)");
+    r.mask = decode_image_field(body["mask"], "mask");
+    if (r.mask.empty()) throw bad_request("\"mask\": the image is empty");
+  }
+  if (auto v = get<double>(body, "strength")) {
+    if (r.init_image.empty()) throw bad_request("\"strength\": needs \"init_image\"");
+    if (!(*v > 0 && *v <= 1)) throw bad_request("\"strength\": expected a number in (0, 1]");
+    r.options.strength = *v;
+  }
+  return r;
+}
+
 A1111Request read_a1111_request(const json& body, const ServerOptions& s, bool img2img) {
   A1111Request a;
   ImageRequest& r = a.request;
@@ -205,11 +238,12 @@ A1111Request read_a1111_request(const json& body, const ServerOptions& s, bool i
   if (body["init_images"].size() > 1)
     throw bad_request("\"init_images\": one image is supported, got " +
                       std::to_string(body["init_images"].size()));
-  a.init_image = decode_image_field(body["init_images"][0], "init_images[0]");
-  if (a.init_image.empty()) throw bad_request("\"init_images[0]\": the image is empty");
+  r.init_image = decode_image_field(body["init_images"][0], "init_images[0]");
+  r.init_field = "init_images";
+  if (r.init_image.empty()) throw bad_request("\"init_images[0]\": the image is empty");
   if (body.contains("mask") && !body["mask"].is_null()) {
-    a.mask = decode_image_field(body["mask"], "mask");
-    if (a.mask.empty()) throw bad_request("\"mask\": the image is empty");
+    r.mask = decode_image_field(body["mask"], "mask");
+    if (r.mask.empty()) throw bad_request("\"mask\": the image is empty");
   }
   if (auto v = get<double>(body, "denoising_strength")) {
     if (!(*v > 0 && *v <= 1))

@@ -38,6 +38,11 @@ struct ImageRequest {
   // Z-Image's control image ("control_image", base64), written to a file by the route
   // (options.control_image) before the generation; the control model is the server's.
   std::string control_image;
+  // Images given in the body ("references", "init_image" and "mask" as base64 or data URLs;
+  // A1111's "init_images" and "mask"), written to files the same way before the generation.
+  std::vector<std::string> references;
+  std::string init_image, mask;
+  std::string init_field = "init_image";  // the field it came in (its file is named after it)
   bool upsample = false;  // "upsample": the prompt rewritten before it is encoded
 };
 
@@ -78,9 +83,17 @@ ImageRequest read_openai_request(const json& body, const ServerOptions& s);
 
 // An A1111 txt2img or img2img request: the options, and for img2img the decoded bytes of the
 // init image and of the mask (empty: none) for the caller to store.
+// The most reference images a JSON request may carry (the model's own limit is checked when
+// the generation starts).
+constexpr size_t kMaxReferences = 10;
+
+// POST /v1/images/generations and /v1/jobs: read_openai_request and, in the JSON body,
+// "references" (a list of base64 images or data URLs), "init_image", "mask" (white repaints;
+// needs init_image) and "strength" (needs init_image).
+ImageRequest read_openai_json_request(const json& body, const ServerOptions& s);
+
 struct A1111Request {
   ImageRequest request;
-  std::string init_image, mask;
 };
 A1111Request read_a1111_request(const json& body, const ServerOptions& s, bool img2img);
 

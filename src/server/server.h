@@ -18,7 +18,9 @@
 //                                  response_format b64_json; extensions seed, steps,
 //                                  guidance, negative_prompt, decoder ("full" or, with the
 //                                  server's --tiny-vae, "tiny"), upsample (true: the prompt
-//                                  rewritten first; revised_prompt gives it)
+//                                  rewritten first; revised_prompt gives it), and editing:
+//                                  references (base64 images or data URLs), init_image,
+//                                  mask, strength
 //   POST /v1/images/edits          OpenAI images API (multipart): image / image[] files,
 //                                  optional mask (white repaints; then the first image is
 //                                  the init image), prompt, size, n, strength, ...

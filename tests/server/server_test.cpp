@@ -449,6 +449,47 @@ TEST(Serve, UpsampleRequestsRewriteThePromptRemotelyOrLocally) {
   EXPECT_EQ(post_json(c, "/v1/images/generations", body)["data"][0]["revised_prompt"], log);
 }
 
+// Editing in the JSON body of /v1/images/generations and /v1/jobs (what the web page sends):
+// "references" as data URLs, "init_image" with "mask" and "strength": the CLI's pixels for the
+// same files; bad combinations are refused by name.
+TEST(Serve, JsonRequestsAndJobsCarryReferencesInitImageAndMask) {
+  const fs::path model = testing::tiny_model();
+  const fs::path out = testing::temp_dir("serve-json-edits");
+  const fs::path ref = testing::tiny_vectors() / "inputs" / "ref0.png";
+  const fs::path dir =
+      testing::tiny_dir().parent_path() / "zimage-control" / "vectors" / "e2e" / "inpaint_rect_h64_w80";
+  const fs::path init = dir / "init.png", mask = dir / "mask.png";
+  const std::string data_url = "data:image/png;base64," + file_b64(ref);
+  ServeProcess serve("", model);
+  httplib::Client c = serve.client();
+  const json edit = post_json(c, "/v1/images/generations",
+                              {{"prompt", kPrompt}, {"size", "64x64"}, {"seed", 3}, {"steps", 2},
+                               {"references", {data_url}}});
+  EXPECT_EQ(png_of(edit["data"][0]["b64_json"]).rgb,
+            testing::cli_generate(model, kPrompt, "--seed 3 -s 2 -W 64 -H 64 -r " +
+                                                      testing::shell_arg(ref), out / "edit.png")
+                .rgb);
+  const json inpaint = {{"prompt", kPrompt}, {"seed", 3}, {"steps", 2},
+                        {"init_image", file_b64(init)}, {"mask", file_b64(mask)}, {"strength", 0.7}};
+  const json job = post_json(c, "/v1/jobs", inpaint, 202);
+  const json done = wait_for_job(c, job);
+  ASSERT_EQ(done["state"], "done") << done.dump().substr(0, 400);
+  EXPECT_EQ(png_of(done["result"]["data"][0]["b64_json"]).rgb,
+            testing::cli_generate(model, kPrompt, "--seed 3 -s 2 --strength 0.7 --init-image " +
+                                                      testing::shell_arg(init) + " --mask " +
+                                                      testing::shell_arg(mask), out / "inpaint.png")
+                .rgb);
+  for (const auto& [bad, says] : std::vector<std::pair<json, std::string>>{
+           {{{"prompt", kPrompt}, {"mask", file_b64(mask)}}, "\\\"mask\\\": needs"},
+           {{{"prompt", kPrompt}, {"strength", 0.5}}, "\\\"strength\\\": needs"},
+           {{{"prompt", kPrompt}, {"references", "x"}}, "expected a list"},
+           {{{"prompt", kPrompt}, {"references", {"not base64!"}}}, "references[0]"},
+           {{{"prompt", kPrompt}, {"init_image", file_b64(init)}, {"strength", 2}}, "(0, 1]"}}) {
+    EXPECT_NE(post_json(c, "/v1/jobs", bad, 400).dump().find(says), std::string::npos)
+        << bad.dump().substr(0, 80) << " should say " << says;
+  }
+}
+
 TEST(Serve, FluxDevRequestsMakeTheCliPixels) {
   const fs::path model = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "flux2-dev-tiny" / "model";
   const fs::path out = testing::temp_dir("serve-dev");
