@@ -55,6 +55,15 @@ std::string latent_space(const VaeConfig& vc) {
   return vc.latent_batch_norm ? "FLUX.2's VAE" : "the FLUX.1 VAE of Z-Image";
 }
 
+// The tiny decoder under the full VAE's default memory rule (bands above its whole limit), as
+// a generation decodes with it.
+Tensor tiny_decode(const taesd::TinyDecoder& tiny, const Tensor& z, Compute& cx) {
+  const vae::VaeMemory m;
+  return tiny.decode(z, cx, {},
+                     taesd::TinyDecoder::band_rows_for(z.dim(1), z.dim(2), m.whole_limit,
+                                                       m.band_bytes));
+}
+
 // [1, ...] → [...]
 Tensor without_batch(Tensor t, const fs::path& file, const std::string& expected) {
   check(t.shape().size() >= 2 && t.dim(0) == 1, file.string(), ": latents are ",
@@ -135,7 +144,7 @@ void run_decode(const VaeOptions& o) {
     Tensor z = read_npy(o.input).to_tensor();
     check(z.shape().size() == 4 && z.dim(1) == c, o.input.string(), ": latents are ",
           shape_str(z.shape()), ", expected ", expected);
-    image = tiny.decode(without_batch(std::move(z), o.input, expected), cx);
+    image = tiny_decode(tiny, without_batch(std::move(z), o.input, expected), cx);
     tiny_output_to_signed(image);
     by = "the tiny decoder " + o.tiny.string();
   } else {
@@ -150,7 +159,7 @@ void run_decode(const VaeOptions& o) {
       // TAEF1: the scaled latents of the sampler); the VAE latent already is TAEF2's.
       if (m.kind != ModelLatents::VaeLatent)
         m.value = stages_for(store->config()).tiny_decoder_input(*store, m.value, m.grid, cx);
-      image = tiny.decode(m.value, cx);
+      image = tiny_decode(tiny, m.value, cx);
       tiny_output_to_signed(image);
       by = "the tiny decoder " + o.tiny.string();
     } else {

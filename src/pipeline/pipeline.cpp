@@ -131,7 +131,11 @@ void Session::decode_tiny(Generation& g, Progress& progress) {
     const Compute::Use arithmetic(cx_, arithmetic_for(g.result.fast));
     const Tensor z = stages_.tiny_decoder_input(weights_, g.latents, g.grid, cx_);
     dump.f32("tiny_decoder_input", z, {1, z.dim(0), z.dim(1), z.dim(2)});
-    decoded = g.options.tiny.model->decode(z, cx_);
+    // The full VAE's memory rule: whole planes below its limit, else bands.
+    decoded = g.options.tiny.model->decode(
+        z, cx_, {},
+        taesd::TinyDecoder::band_rows_for(z.dim(1), z.dim(2), g.options.vae_memory.whole_limit,
+                                          g.options.vae_memory.band_bytes));
     ops::require_finite(decoded.data(), decoded.numel(), "the tiny decoder's output", cx_);
     tiny_output_to_signed(decoded);
   });

@@ -5,6 +5,8 @@
 // tests/data/taef2/ref, written by tools/refgen/taesd/make_reference.py (Debian's torch 1.13).
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -82,6 +84,33 @@ TEST_P(TinyAutoencoder, Taef2DecoderMatchesTaesdPy) {
   const Tensor image = decoder.decode(read_npy(ref("taef2_dec_in")).to_tensor(), cx, keep(layers));
   EXPECT_EQ(image.shape(), (Shape{3, 16, 24}));
   expect_layers(layers, "decoder", "taef2_dec");
+}
+
+// Layers 8-19 on bands of the 2h plane (what decode does without an observer): every output
+// row with the bits of the whole-plane decode, whatever the band height (one row of 2h, rows
+// that do not divide the plane, one band for all), and the reference's final image with them.
+TEST_P(TinyAutoencoder, BandedDecodeHasTheWholeDecodesBits) {
+  const taesd::TinyDecoder decoder(taef2_dir() / "taef2_decoder.pth", taesd::kTaef2LatentChannels);
+  Compute cx(2, isa());
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  Tensor z({32, 11, 6});
+  for (int64_t i = 0; i < z.numel(); ++i) z.data()[i] = normal(rng);
+  std::map<std::string, Tensor> layers;
+  const Tensor whole = decoder.decode(z, cx, keep(layers));  // an observer: the whole planes
+  ASSERT_EQ(whole.shape(), (Shape{3, 88, 48}));
+  for (int64_t rows : {1, 3, 5, 8, 22, 100}) {
+    const Tensor banded = decoder.decode(z, cx, {}, rows);
+    ASSERT_EQ(banded.shape(), whole.shape()) << rows;
+    int64_t differ = 0;
+    for (int64_t i = 0; i < whole.numel(); ++i) differ += banded.data()[i] != whole.data()[i];
+    EXPECT_EQ(differ, 0) << "rows " << rows << ": " << differ << " values differ";
+  }
+  // The default bands (one, at this size) on the reference's latents: taesd.py's image.
+  layers.clear();
+  const Tensor image = decoder.decode(read_npy(ref("taef2_dec_in")).to_tensor(), cx);
+  const std::vector<float> want = read_npy(ref("taef2_dec_19")).to_f32();
+  EXPECT_LE(testing::scaled_diff(image.data(), want.data(), int64_t(want.size())), kLayerBound);
 }
 
 TEST_P(TinyAutoencoder, Taef2EncoderMatchesTaesdPy) {

@@ -4,7 +4,9 @@
 // applied in place after the convolution that feeds it; an Upsample is the convolution's own
 // nearest-neighbour input map; a Block's residual sum is the last convolution accumulating
 // into its input.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 #include "models/taesd/layers.h"
@@ -57,7 +59,11 @@ struct Net {
 // Block: x ← x + pool(x) (when it has one); y = ReLU(conv.4(ReLU(conv.2(ReLU(conv.0(x))))) + x).
 // Consumes x [64, H, W]; memory: x, the intermediate h (reused from block to block: a fresh
 // tensor of that size costs its page faults again), and the pool's [256, H, W].
-Tensor block(const Net& n, int layer, Tensor x, bool pool, Tensor& h) {
+// `origin_row`: the row of the whole plane that x's row 0 is, when x is a band of it (its
+// convolutions then keep the whole plane's bits: ops::Conv2dParams::origin_row).
+Tensor block(const Net& n, int layer, Tensor x, bool pool, Tensor& h, int64_t origin_row = 0) {
+  ops::Conv2dParams same3 = kSame3x3;
+  same3.origin_row = origin_row;
   n.cx.stop_if_cancelled();
   const std::string p = std::to_string(layer);
   if (pool) {
@@ -73,25 +79,68 @@ Tensor block(const Net& n, int layer, Tensor x, bool pool, Tensor& h) {
                      n.cx);
   }
   if (h.shape() != x.shape()) h = Tensor(x.shape());
-  ops::conv2d_into(x, nullptr, n.conv(p + ".conv.0"), kSame3x3, h, ops::ConvWrite::Overwrite,
+  ops::conv2d_into(x, nullptr, n.conv(p + ".conv.0"), same3, h, ops::ConvWrite::Overwrite,
                    n.cx);  // [64, H, W]
   relu(h, n.cx);
-  ops::conv2d_into(h, nullptr, n.conv(p + ".conv.2"), kSame3x3, h, ops::ConvWrite::Overwrite, n.cx);
+  if (origin_row == 0)
+    ops::conv2d_into(h, nullptr, n.conv(p + ".conv.2"), same3, h, ops::ConvWrite::Overwrite, n.cx);
+  else  // a band: in place works on whole planes only
+    h = ops::conv2d(h, n.conv(p + ".conv.2"), same3, n.cx);
   relu(h, n.cx);
   // The skip is the identity (64 → 64): the last conv accumulates into x, then fuse = ReLU.
-  ops::conv2d_into(h, nullptr, n.conv(p + ".conv.4"), kSame3x3, x, ops::ConvWrite::Accumulate,
+  ops::conv2d_into(h, nullptr, n.conv(p + ".conv.4"), same3, x, ops::ConvWrite::Accumulate,
                    n.cx);
   relu(x, n.cx);
   return x;
 }
 
-Tensor blocks(const Net& n, std::initializer_list<int> layers, Tensor x, bool pool) {
+Tensor blocks(const Net& n, std::initializer_list<int> layers, Tensor x, bool pool,
+              int64_t origin_row = 0) {
   Tensor h;
   for (int layer : layers) {
-    x = block(n, layer, std::move(x), pool, h);
+    x = block(n, layer, std::move(x), pool, h, origin_row);
     n.report(layer, x);
   }
   return x;
+}
+
+// ---- Bands: the decoder's last two stages on horizontal bands of the 2h plane
+
+// Layers 12-19 (from the [64, 2h, 2w] plane after layer 10 to the image) on bands of the
+// plane, each with 7 rows of the plane above and below it (the 10 convolutions at 4h and 5 at
+// 8h reach 6.25 rows of 2h): every call is the whole-plane call on fewer rows, its tiles laid
+// out from the plane's row 0 (origin_row), so the band's own rows come out with the whole
+// plane's bits, and the rows next to a band's inner edges, which saw zeros there instead of
+// the plane's rows, are never kept. No buffer holds more than a band of [64, 8h, 8w].
+Tensor decode_tail_in_bands(const Net& n, const Tensor& x2, int64_t rows) {
+  constexpr int64_t kHalo = 7;
+  const int64_t c = x2.dim(0), h2 = x2.dim(1), w2 = x2.dim(2);
+  Tensor image({3, 4 * h2, 4 * w2});
+  for (int64_t y0 = 0; y0 < h2; y0 += rows) {
+    n.cx.stop_if_cancelled();
+    const int64_t y1 = std::min(h2, y0 + rows);
+    const int64_t a = std::max<int64_t>(0, y0 - kHalo), b = std::min(h2, y1 + kHalo);
+    Tensor x({c, b - a, w2});
+    for (int64_t ch = 0; ch < c; ++ch)
+      std::memcpy(x.data() + ch * (b - a) * w2, x2.data() + (ch * h2 + a) * w2,
+                  size_t((b - a) * w2) * sizeof(float));
+    ops::Conv2dParams up = upsampled_3x3();
+    up.origin_row = 2 * a;
+    x = ops::conv2d(x, n.conv("12"), up, n.cx);  // [64, 2 (b - a), 4w], rows from 2a
+    x = blocks(n, {13, 14, 15}, std::move(x), false, 2 * a);
+    up.origin_row = 4 * a;
+    x = ops::conv2d(x, n.conv("17"), up, n.cx);  // [64, 4 (b - a), 8w], rows from 4a
+    x = blocks(n, {18}, std::move(x), false, 4 * a);
+    ops::Conv2dParams last = kSame3x3;
+    last.origin_row = 4 * a;
+    const Tensor out = ops::conv2d(x, n.conv("19"), last, n.cx);  // [3, 4 (b - a), 8w]
+    const int64_t W = 4 * w2, from = 4 * y0, to = 4 * y1;  // the band's own output rows
+    for (int64_t ch = 0; ch < 3; ++ch)
+      std::memcpy(image.data() + (ch * 4 * h2 + from) * W,
+                  out.data() + (ch * out.dim(1) + from - 4 * a) * W,
+                  size_t((to - from) * W) * sizeof(float));
+  }
+  return image;
 }
 
 // The first conv's shape names the latent width; a network of another width than the
@@ -133,7 +182,18 @@ TinyDecoder::TinyDecoder(TinyWeights weights, int64_t expected, const std::strin
   norms_ = std::move(l.norms);
 }
 
-Tensor TinyDecoder::decode(const Tensor& latents, Compute& cx, const Observer& observe) const {
+int64_t TinyDecoder::band_rows_for(int64_t h, int64_t w, uint64_t whole_limit,
+                                   uint64_t band_bytes) {
+  const uint64_t row_bytes_8h = uint64_t(kChannels) * uint64_t(8 * w) * sizeof(float);
+  // The last stage holds two [64, 8h, 8w] planes (x and h) and the [3, 8h, 8w] image.
+  if ((2 * row_bytes_8h + row_bytes_8h * 3 / uint64_t(kChannels)) * uint64_t(8 * h) <= whole_limit)
+    return 0;
+  const int64_t rows_8h = int64_t(band_bytes / row_bytes_8h);
+  return std::max<int64_t>(8, (rows_8h - 56) / 4);
+}
+
+Tensor TinyDecoder::decode(const Tensor& latents, Compute& cx, const Observer& observe,
+                           int64_t band_rows) const {
   check(latents.shape().size() == 3 && latents.dim(0) == latent_channels_ && latents.dim(1) > 0 &&
             latents.dim(2) > 0,
         path_.string(), ": the tiny decoder takes latents [", latent_channels_, ", h, w], got ",
@@ -153,6 +213,13 @@ Tensor TinyDecoder::decode(const Tensor& latents, Compute& cx, const Observer& o
   x = ops::conv2d(x, n.conv("7"), upsampled_3x3(), cx);  // [64, 2h, 2w]
   n.report(7, x);
   x = blocks(n, {8, 9, 10}, std::move(x), false);
+  if (band_rows > 0) {
+    // The rest in bands of the 2h plane; each band's rows come out with the whole plane's bits.
+    Tensor image = decode_tail_in_bands(n, x, band_rows);
+    n.report(19, image);
+    ops::require_finite(image.data(), image.numel(), "the tiny decoder's output", cx);
+    return image;
+  }
   x = ops::conv2d(x, n.conv("12"), upsampled_3x3(), cx);  // [64, 4h, 4w]
   n.report(12, x);
   x = blocks(n, {13, 14, 15}, std::move(x), false);

@@ -78,7 +78,17 @@ class TinyDecoder {
   bool mid_block_norm() const { return mid_block_norm_; }
   const std::filesystem::path& path() const { return path_; }
 
-  Tensor decode(const Tensor& latents, Compute& cx, const Observer& observe = {}) const;
+  // With band_rows > 0, layers 12-19 run on horizontal bands of the [64, 2h, 2w] plane,
+  // band_rows rows of it a band read with 7 rows of halo on each inner side, each output row
+  // with the whole plane's bits; the observer then sees layers up to 10 and the image (19).
+  // Bands hold the last stage's buffers at about 4 (band_rows + 14) rows of [64, 8w] instead
+  // of the whole [64, 8h, 8w] (256 MiB each at 1024x1024), for the halos' arithmetic.
+  Tensor decode(const Tensor& latents, Compute& cx, const Observer& observe = {},
+                int64_t band_rows = 0) const;
+  // The band rows for latents [C, h, w] under the full VAE's memory rule (vae::VaeMemory):
+  // 0 (whole planes) while the last stage's two planes fit `whole_limit`, else bands whose
+  // buffers hold about `band_bytes`.
+  static int64_t band_rows_for(int64_t h, int64_t w, uint64_t whole_limit, uint64_t band_bytes);
 
  private:
   std::filesystem::path path_;
