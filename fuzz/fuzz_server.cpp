@@ -27,6 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   };
   each([&] { return requests::read_openai_request(body, options).options; });
+  each([&] { return requests::read_openai_json_request(body, options).options; });
   each([&] { return requests::read_a1111_request(body, options, false).request.options; });
   each([&] { return requests::read_a1111_request(body, options, true).request.options; });
   return 0;
