@@ -258,7 +258,7 @@ Made generate(Impl& s, ImageRequest request, Slot& slot, const Ticket& t) {
       throw cancelled(s, progress, t);
     }
   }
-  made.prompt = o.prompt;
+  if (!o.original_prompt.empty()) made.upsampled_prompt = o.prompt;
   // The images of the request denoised together (in groups when the memory budget does not
   // hold all of them): Session::generate_batch. Input that start() refuses is the client's
   // fault, so an error before the first group has started is a 400.

@@ -151,7 +151,7 @@ class Slot {
 // --- the generation runner -------------------------------------------------------------------
 
 struct Made {
-  std::string prompt;            // the prompt the images were made from (upsampled or given)
+  std::string upsampled_prompt;  // the prompt upsampling wrote (empty: the request's was used)
   std::vector<std::string> png;  // base64 PNG files, with their metadata
   std::vector<uint64_t> seeds;
   std::vector<std::string> infotexts;

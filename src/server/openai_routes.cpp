@@ -68,7 +68,7 @@ json openai_reply(const Made& made, const std::string& prompt) {
   json data = json::array();
   for (size_t i = 0; i < made.png.size(); ++i)
     data.push_back({{"b64_json", made.png[i]},
-                    {"revised_prompt", made.prompt.empty() ? prompt : made.prompt},
+                    {"revised_prompt", made.upsampled_prompt.empty() ? prompt : made.upsampled_prompt},
                     {"seed", made.seeds[i]}, {"seed_str", std::to_string(made.seeds[i])}});
   return {{"created", int64_t(std::time(nullptr))}, {"data", data}};
 }
