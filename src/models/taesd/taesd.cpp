@@ -112,8 +112,10 @@ Tensor blocks(const Net& n, std::initializer_list<int> layers, Tensor x, bool po
 // out from the plane's row 0 (origin_row), so the band's own rows come out with the whole
 // plane's bits, and the rows next to a band's inner edges, which saw zeros there instead of
 // the plane's rows, are never kept. No buffer holds more than a band of [64, 8h, 8w].
-Tensor decode_tail_in_bands(const Net& n, const Tensor& x2, int64_t rows) {
+Tensor decode_tail_in_bands(const Net& whole, const Tensor& x2, int64_t rows) {
   constexpr int64_t kHalo = 7;
+  const Observer none;  // a band's layers are not the plane's: the caller reports the image
+  const Net n{whole.convs, whole.norms, whole.cx, none, whole.half};
   const int64_t c = x2.dim(0), h2 = x2.dim(1), w2 = x2.dim(2);
   Tensor image({3, 4 * h2, 4 * w2});
   for (int64_t y0 = 0; y0 < h2; y0 += rows) {
@@ -188,6 +190,7 @@ int64_t TinyDecoder::band_rows_for(int64_t h, int64_t w, uint64_t whole_limit,
   // The last stage holds two [64, 8h, 8w] planes (x and h) and the [3, 8h, 8w] image.
   if ((2 * row_bytes_8h + row_bytes_8h * 3 / uint64_t(kChannels)) * uint64_t(8 * h) <= whole_limit)
     return 0;
+  // A band of r rows of 2h holds 4 (r + 2·7) rows at 8h (its halo on both sides).
   const int64_t rows_8h = int64_t(band_bytes / row_bytes_8h);
   return std::max<int64_t>(8, (rows_8h - 56) / 4);
 }
