@@ -337,10 +337,13 @@ struct Capabilities {
   std::string family;               // ModelConfig::family: "flux2-klein", "z-image"
   bool references = false;          // reference images to edit from
   bool image_to_image = false;      // an init image (and a mask: inpainting)
-  bool guidance = false;            // classifier-free guidance with a negative prompt
+  bool guidance = false;            // a guidance value takes effect (CFG, or dev's embedded)
+  bool negative_prompt = false;     // classifier-free guidance runs with a negative prompt
   bool guidance_options = false;    // cfg_normalization and cfg_truncation (Z-Image)
   bool loras = false;
   bool control = false;             // a control model and image (Z-Image's ControlNet)
+  int64_t default_steps = 0;        // the steps and guidance a request without them gets
+  float default_guidance = 1;
 };
 Capabilities capabilities(const Model& model);
 

@@ -72,6 +72,7 @@ struct Server::Impl {
     requests::HttpError error{0, ""};  // failed or cancelled: why
     int step = 0, steps = 0;           // finished: the last progress seen
     std::string preview;
+    uint64_t place = 0;                // its place in the queue (Slot::place)
     std::chrono::steady_clock::time_point finished_at;
     std::thread thread;
 
@@ -140,6 +141,7 @@ class Slot {
   ~Slot();
   Slot(const Slot&) = delete;
   Slot& operator=(const Slot&) = delete;
+  uint64_t place() const { return place_; }
 
  private:
   void leave_line();  // s_.mutex held

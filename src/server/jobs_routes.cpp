@@ -1,6 +1,7 @@
 // Asynchronous generations: POST /v1/jobs takes an /v1/images/generations body and answers at
 // once; the job runs on a thread of its own through the same queue as the synchronous
 // requests; GET /v1/jobs/{id} (and its /events stream) shows it, DELETE cancels or forgets it.
+#include <algorithm>
 #include <cstdio>
 
 #include "core/random.h"
@@ -36,6 +37,12 @@ json job_json(Impl& s, const Job& j, bool with_result) {
       r["steps"] = live.steps;
       if (!live.preview.empty()) r["preview"] = live.preview;
     }
+  }
+  if (j.state == "queued") {
+    // How many requests run or wait before it (synchronous ones and other jobs alike).
+    const std::lock_guard lock(s.mutex);
+    const auto at = std::find(s.line.begin(), s.line.end(), j.place);
+    r["queue_position"] = int64_t(at - s.line.begin()) + (s.running ? 1 : 0);
   }
   if (j.state == "done") {
     r["progress"] = 1.0;
@@ -129,6 +136,7 @@ json submit_job(Impl& s, const httplib::Request& req, httplib::Response& res) {
   auto slot = std::make_unique<Slot>(s);
   auto job = std::make_shared<Job>();
   job->id = new_job_id();
+  job->place = slot->place();
   std::vector<std::shared_ptr<Job>> dropped = {};
   json reply;
   {

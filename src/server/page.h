@@ -1,5 +1,6 @@
 #pragma once
-// The web page `klein serve` answers GET / with (HTML, CSS and script in one document).
+// The studio page `klein serve` answers GET / with: src/server/studio.html (HTML, CSS and
+// script in one document), compiled in by CMake (src/server/page.cpp.in).
 namespace klein {
 
 extern const char* const kServerPage;

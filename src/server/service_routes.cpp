@@ -38,14 +38,23 @@ json health(Impl& s, httplib::Response& res) {
     reply["family"] = c.family;
     reply["accepts"] = {{"references", c.references},
                         {"init_image", c.image_to_image},
-                        {"negative_prompt", c.guidance},
+                        {"mask", c.image_to_image},
+                        {"guidance", c.guidance},
+                        {"negative_prompt", c.negative_prompt},
                         {"cfg_normalization", c.guidance_options},
                         {"cfg_truncation", c.guidance_options},
                         {"loras", c.loras},
                         {"control_image", c.control && !s.options.controlnet.empty()},
                         {"upsample", s.options.upsample_endpoint.has_value() ||
                                          upsample_unavailable(*m).empty()}};
+    reply["defaults"] = {{"steps", c.default_steps}, {"guidance", c.default_guidance}};
   }
+  // The bounds a request is checked against, and whether it needs the API key.
+  reply["limits"] = {{"max_side", s.options.max_side},
+                     {"max_images", s.options.max_images},
+                     {"max_references", requests::kMaxReferences},
+                     {"max_steps", kMaxSteps}};
+  reply["auth"] = !s.options.api_key.empty();
   return reply;
 }
 

@@ -467,7 +467,10 @@ TEST(Serve, JobsRunAsynchronouslyStreamTheirProgressAndCanBeCancelled) {
   EXPECT_GE(running["step"].get<int>(), 1);
   EXPECT_GT(running["progress"].get<double>(), 0.0);
   EXPECT_EQ(decoded_png(running["preview"]).width, 128);
-  EXPECT_EQ(get_job(c, second)["state"], "queued");
+  const json waiting = get_job(c, second);
+  EXPECT_EQ(waiting["state"], "queued");
+  EXPECT_EQ(waiting["queue_position"], 1) << waiting;  // the running one is ahead of it
+  EXPECT_FALSE(running.contains("queue_position")) << running;
 
   auto cancel = c.Delete(("/v1/jobs/" + second).c_str());
   ASSERT_TRUE(cancel);

@@ -103,6 +103,15 @@ TEST(Serve, OpenAiAndA1111RequestsMakeTheCliPixels) {
   const json h = json::parse(health->body);
   EXPECT_EQ(h["status"], "ok");
   EXPECT_EQ(h["queue"], 0);
+  // What the studio page builds its form from: the distilled klein's four steps and no
+  // guidance, the server's bounds, no API key.
+  EXPECT_EQ(h["defaults"], json({{"steps", 4}, {"guidance", 1.0}})) << h;
+  EXPECT_EQ(h["accepts"]["guidance"], false);
+  EXPECT_EQ(h["accepts"]["negative_prompt"], false);
+  EXPECT_EQ(h["accepts"]["mask"], true);
+  EXPECT_EQ(h["limits"], json({{"max_side", 2048}, {"max_images", 4}, {"max_references", 10},
+                               {"max_steps", 1000}}));
+  EXPECT_EQ(h["auth"], false);
 
   // OpenAI generations: two images, seeds 5 and 6.
   const json gen = post_json(c, "/v1/images/generations",
@@ -249,6 +258,9 @@ TEST(Serve, ZImageRequestsMakeTheCliPixels) {
   auto health = c.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(json::parse(health->body)["accepts"]["init_image"], true) << health->body;
+  // Turbo: eight steps, guidance 0 (off), a negative prompt when guidance is given.
+  EXPECT_EQ(json::parse(health->body)["defaults"], json({{"steps", 8}, {"guidance", 0.0}}));
+  EXPECT_EQ(json::parse(health->body)["accepts"]["negative_prompt"], true);
   const fs::path dir =
       testing::tiny_dir().parent_path() / "zimage-control" / "vectors" / "e2e" / "inpaint_rect_h64_w80";
   const json i2i = post_json(
@@ -495,6 +507,13 @@ TEST(Serve, FluxDevRequestsMakeTheCliPixels) {
   const fs::path out = testing::temp_dir("serve-dev");
   ServeProcess serve("", model);
   httplib::Client c = serve.client();
+  // Its guidance is embedded in the model: a guidance value and no negative prompt.
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  const json h = json::parse(health->body);
+  EXPECT_EQ(h["accepts"]["guidance"], true) << h;
+  EXPECT_EQ(h["accepts"]["negative_prompt"], false) << h;
+  EXPECT_EQ(h["defaults"]["guidance"], 4.0) << h;
   const json gen = post_json(c, "/v1/images/generations",
                              {{"prompt", kPrompt}, {"size", "48x32"}, {"seed", 9}, {"steps", 2},
                               {"guidance", 4}});
@@ -510,6 +529,8 @@ TEST(Serve, BadRequestsAreNamedAndKeysChecked) {
   auto health = c.Get("/health");  // open without the key
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(json::parse(health->body)["auth"], true);  // the page asks for the key
+  EXPECT_EQ(json::parse(health->body)["limits"]["max_side"], 512);
 
   const json body = {{"prompt", kPrompt}, {"size", "64x64"}, {"steps", 1}};
   json reply = post_json(c, "/v1/images/generations", body, 401);
@@ -547,242 +568,6 @@ TEST(Serve, BadRequestsAreNamedAndKeysChecked) {
   const json a = post_json(c, "/sdapi/v1/txt2img", {{"width", 8}}, 400);
   EXPECT_EQ(a["error"], "Bad Request");
   EXPECT_NE(a["detail"].get<std::string>().find("width"), std::string::npos);
-  EXPECT_EQ(serve.stop(), 0);
-}
-
-// Headless chromium (Debian's, as scripts/test.sh installs it) driven over the DevTools
-// protocol on a pipe (--remote-debugging-pipe: it reads commands on fd 3 and writes answers
-// and events on fd 4, each a JSON text ended by a NUL byte), so that a test can run script in
-// a page and press its buttons as a user would.
-class Browser {
- public:
-  explicit Browser(const fs::path& profile) {
-    ::signal(SIGPIPE, SIG_IGN);  // a browser that died fails the write, not the test program
-    int commands[2], answers[2];
-    EXPECT_EQ(::pipe(commands), 0);
-    EXPECT_EQ(::pipe(answers), 0);
-    const std::string profile_flag = "--user-data-dir=" + profile.string();
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      // Moved above 4 first, so that placing them at 3 and 4 cannot close one of them.
-      const int in = ::fcntl(commands[0], F_DUPFD, 10), out = ::fcntl(answers[1], F_DUPFD, 10);
-      ::dup2(in, 3);
-      ::dup2(out, 4);
-      for (int fd : {commands[0], commands[1], answers[0], answers[1], in, out})
-        if (fd > 4) ::close(fd);
-      const int null = ::open("/dev/null", O_WRONLY);
-      ::dup2(null, STDOUT_FILENO);
-      ::dup2(null, STDERR_FILENO);
-      ::execl("/usr/bin/chromium", "chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-              "--no-first-run", "--remote-debugging-pipe", profile_flag.c_str(), "about:blank",
-              static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    ::close(commands[0]);
-    ::close(answers[1]);
-    to_ = commands[1];
-    from_ = answers[0];
-  }
-  ~Browser() {
-    send("Browser.close", json::object(), "");
-    ::close(to_);
-    ::close(from_);
-    int status = 0;
-    if (pid_ > 0) ::waitpid(pid_, &status, 0);
-  }
-  Browser(const Browser&) = delete;
-  Browser& operator=(const Browser&) = delete;
-
-  // Opens a tab at `url` and waits until its page has loaded; the session its commands go to.
-  std::string open(const std::string& url) {
-    const json target = command("Target.createTarget", {{"url", url}});
-    const std::string session =
-        command("Target.attachToTarget", {{"targetId", target.value("targetId", "")},
-                                          {"flatten", true}})
-            .value("sessionId", "");
-    // Until the load, the tab may still show about:blank; what runs there is lost.
-    const json::json_pointer value("/result/result/value");
-    for (int i = 0; i < 1200; ++i) {
-      const json r = send("Runtime.evaluate",
-                          {{"expression", "location.href + ' ' + document.readyState"},
-                           {"returnByValue", true}},
-                          session);
-      if (r.value(value, "") == url + " complete") return session;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ADD_FAILURE() << url << " did not load";
-    return session;
-  }
-
-  // The value of a script expression in the page (a promise is awaited); an exception fails
-  // the test.
-  json evaluate(const std::string& session, const std::string& expression) {
-    const json r = command("Runtime.evaluate",
-                           {{"expression", expression}, {"awaitPromise", true},
-                            {"returnByValue", true}},
-                           session);
-    EXPECT_FALSE(r.contains("exceptionDetails")) << r["exceptionDetails"].dump();
-    return r.contains("result") ? r["result"].value("value", json()) : json();
-  }
-
- private:
-  // A command's result; an error answer fails the test.
-  json command(const std::string& method, const json& params, const std::string& session = "") {
-    const json answer = send(method, params, session);
-    EXPECT_FALSE(answer.contains("error")) << method << ": " << answer.dump();
-    return answer.value("result", json::object());
-  }
-
-  // Sends a command and returns its answer (skipping the events before it); {"error": ...}
-  // when the browser is gone or silent for two minutes.
-  json send(const std::string& method, const json& params, const std::string& session) {
-    json message = {{"id", ++id_}, {"method", method}, {"params", params}};
-    if (!session.empty()) message["sessionId"] = session;
-    const std::string text = message.dump() + '\0';
-    if (::write(to_, text.data(), text.size()) != ssize_t(text.size()))
-      return {{"error", "cannot write to the browser"}};
-    for (;;) {
-      const size_t end = buffer_.find('\0');
-      if (end == std::string::npos) {
-        pollfd p = {from_, POLLIN, 0};
-        char chunk[65536];
-        const ssize_t n = ::poll(&p, 1, 120000) == 1 ? ::read(from_, chunk, sizeof chunk) : -1;
-        if (n <= 0) return {{"error", "no answer from the browser to " + method}};
-        buffer_.append(chunk, size_t(n));
-        continue;
-      }
-      const json answer = json::parse(buffer_.substr(0, end), nullptr, false);
-      buffer_.erase(0, end + 1);
-      if (answer.is_object() && answer.value("id", 0) == id_) return answer;
-    }
-  }
-
-  pid_t pid_ = -1;
-  int to_ = -1, from_ = -1;
-  int id_ = 0;
-  std::string buffer_;
-};
-
-// What the page shows once its run is done: the status line, the seed shown with the first
-// image, the name and the bytes (base64) of its download link, and the text of the label of
-// every field of the form ("" where there is none).
-constexpr const char* kShownResult = R"js((async () => {
-  while (!document.body.dataset.done) await new Promise((done) => setTimeout(done, 50));
-  const figure = document.querySelector("#images figure.result");
-  const link = figure.querySelector("a.download");
-  const bytes = new Uint8Array(await (await fetch(link.href)).arrayBuffer());
-  let binary = "";
-  for (const b of bytes) binary += String.fromCharCode(b);
-  const labels = {};
-  for (const field of document.querySelectorAll("#form input, #form textarea")) {
-    const label = document.querySelector('label[for="' + field.id + '"]');
-    labels[field.id] = label ? label.textContent.trim() : "";
-  }
-  return { done: document.body.dataset.done, status: document.getElementById("status").textContent,
-           seed: figure.querySelector("output.seed").textContent, file: link.download,
-           png: btoa(binary), labels };
-})())js";
-
-// The ids of the form's fields the page shows (after it has asked /health what the model
-// takes), in order.
-constexpr const char* kVisibleFields = R"js((async () => {
-  while (!document.body.dataset.model) await new Promise((done) => setTimeout(done, 50));
-  return [...document.querySelectorAll("#form input, #form textarea")]
-      .filter((e) => e.offsetParent !== null).map((e) => e.id).join(" ");
-})())js";
-
-// The page at / in a real browser: its labels name every field; its script reads the form
-// from the query, runs txt2img, polls progress and shows the result, whose pixels are the
-// CLI's. The seed it shows is the one in the PNG it downloads, exactly, even above 2^53 (a
-// user's seed; a JavaScript number would round it), and "Reuse seed" puts exactly that seed in
-// the form.
-TEST(Serve, WebPageShowsTheSeedOfItsPngAndMakesTheCliPixelsInABrowser) {
-  ASSERT_TRUE(fs::exists("/usr/bin/chromium"))
-      << "the browser test needs chromium (apt-get install chromium; scripts/test.sh does)";
-  const fs::path out = testing::temp_dir("serve-browser");
-  ServeProcess serve;
-  Browser browser(out / "profile");
-  const std::string page = "http://127.0.0.1:" + std::to_string(serve.port()) +
-                           "/?prompt=a%20small%20red%20cube&width=64&height=48&steps=3&run=1";
-  const std::string max_seed = "18446744073709551615";  // 2^64 - 1
-
-  // A seed the user gave, the largest there is.
-  const std::string given = browser.open(page + "&seed=" + max_seed);
-  const json shown = browser.evaluate(given, kShownResult);
-  ASSERT_EQ(shown.value("done", ""), "ok") << shown.dump().substr(0, 2000);
-  EXPECT_TRUE(shown.value("status", "").starts_with("seed " + max_seed + ", 64x48, 3 steps"))
-      << shown["status"];
-  EXPECT_EQ(shown["seed"], max_seed);
-  EXPECT_EQ(shown["file"], "klein-" + max_seed + ".png");
-  const std::string png = base64_decode(shown["png"].get<std::string>()).value_or("");
-  EXPECT_EQ(metadata_seed(png, out / "given.png"), max_seed);
-  EXPECT_EQ(png_of(shown["png"]).rgb, cli("--seed " + max_seed + " -W 64 -H 48 -s 3",
-                                          out / "cli.png").rgb);
-  // The download is the server's file byte for byte, not the page's re-encoding of it.
-  httplib::Client c = serve.client();
-  const json direct = post_json(c, "/sdapi/v1/txt2img",
-                                {{"prompt", kPrompt}, {"negative_prompt", ""}, {"width", 64},
-                                 {"height", 48}, {"steps", 3},
-                                 {"seed", std::numeric_limits<uint64_t>::max()}});
-  ASSERT_EQ(direct["images"].size(), 1u);
-  EXPECT_TRUE(direct["images"][0] == shown["png"]) << "the downloaded PNG is not the server's";
-  const std::pair<const char*, const char*> labels[] = {
-      {"prompt", "Prompt"},  {"negative", "Negative prompt"}, {"width", "Width"},
-      {"height", "Height"},  {"steps", "Steps"},              {"seed", "Seed"},
-      {"guidance", "Guidance"}, {"cfg_normalization", "CFG normalization"},
-      {"cfg_truncation", "CFG truncation"}, {"refs", "References"}, {"key", "API key"}};
-  ASSERT_EQ(shown["labels"].size(), std::size(labels)) << shown["labels"];
-  for (const auto& [id, text] : labels)
-    EXPECT_TRUE(shown["labels"].value(id, "").starts_with(text)) << id << ": " << shown["labels"];
-  EXPECT_NE(shown["labels"].value("seed", "").find("random"), std::string::npos);
-  // A distilled FLUX.2-klein: references, no negative prompt, no CFG options on the page.
-  EXPECT_EQ(browser.evaluate(given, kVisibleFields), "prompt width height steps seed guidance refs key")
-      << "fields shown for a distilled klein model";
-
-  // A random seed (the field left empty): drawn below 2^32, shown as the PNG has it, and
-  // "Reuse seed" fills the field with it.
-  const std::string random = browser.open(page);
-  const json drawn = browser.evaluate(random, kShownResult);
-  ASSERT_EQ(drawn.value("done", ""), "ok") << drawn.dump().substr(0, 2000);
-  const std::string seed = drawn["seed"];
-  EXPECT_EQ(metadata_seed(base64_decode(drawn["png"].get<std::string>()).value_or(""),
-                          out / "random.png"),
-            seed);
-  ASSERT_FALSE(seed.empty());
-  EXPECT_LT(std::stoull(seed), uint64_t(1) << 32);
-  EXPECT_EQ(browser.evaluate(random, R"js(document.getElementById("seed").value)js"), "");
-  EXPECT_EQ(browser.evaluate(random, R"js((() => {
-    document.querySelector("#images figure.result button.reuse").click();
-    return document.getElementById("seed").value;
-  })())js"),
-            seed);
-  EXPECT_EQ(serve.stop(), 0);
-}
-
-// The page over a Z-Image model: the negative prompt and the two CFG options are shown (no
-// references), and a link that sets them makes the CLI's pixels.
-TEST(Serve, WebPageOffersZImagesGuidanceOptions) {
-  ASSERT_TRUE(fs::exists("/usr/bin/chromium"))
-      << "the browser test needs chromium (apt-get install chromium; scripts/test.sh does)";
-  const fs::path out = testing::temp_dir("serve-browser-zimage");
-  const fs::path model = testing::tiny_dir().parent_path() / "zimage-tiny" / "model";
-  ServeProcess serve("", model);
-  Browser browser(out / "profile");
-  const std::string tab = browser.open(
-      "http://127.0.0.1:" + std::to_string(serve.port()) +
-      "/?prompt=a%20small%20red%20cube&negative=blurry&width=64&height=48&steps=3&seed=4"
-      "&guidance=3&cfg_normalization=1&cfg_truncation=0.5&run=1");
-  EXPECT_EQ(browser.evaluate(tab, kVisibleFields),
-            "prompt negative width height steps seed guidance cfg_normalization cfg_truncation key");
-  const json shown = browser.evaluate(tab, kShownResult);
-  ASSERT_EQ(shown.value("done", ""), "ok") << shown.dump().substr(0, 2000);
-  EXPECT_EQ(png_of(shown["png"]).rgb,
-            testing::cli_generate(model, kPrompt,
-                                  "--seed 4 -W 64 -H 48 -s 3 -g 3 -n blurry "
-                                  "--cfg-normalization 1 --cfg-truncation 0.5",
-                                  out / "cli.png")
-                .rgb);
   EXPECT_EQ(serve.stop(), 0);
 }
 

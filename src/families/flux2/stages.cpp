@@ -121,6 +121,11 @@ struct InitImage {
 class Flux2Stages final : public FamilyStages {
  public:
   explicit constexpr Flux2Stages(const Flux2Pipeline& pipeline) : p_(pipeline) {}
+  // The guidance a request without one gets: the distilled klein runs none (1), klein-base's
+  // CFG scale and dev's embedded guidance are 4.
+  float default_guidance(const ModelConfig& config) const {
+    return config.is_distilled && !p_.embedded_guidance ? 1.0f : 4.0f;
+  }
   MemoryPlanInputs memory_inputs(const ModelConfig& config) const override {
     MemoryPlanInputs in;
     in.text_tokens = p_.max_tokens;
@@ -134,6 +139,9 @@ class Flux2Stages final : public FamilyStages {
     c.image_to_image = p_.image_to_image;
     // klein-base's CFG scale, or dev's embedded guidance; the distilled klein runs neither.
     c.guidance = p_.embedded_guidance || !config.is_distilled;
+    c.negative_prompt = !p_.embedded_guidance && !config.is_distilled;
+    c.default_steps = flux2::default_steps(config);
+    c.default_guidance = default_guidance(config);
     return c;
   }
   void start(Session& session, Generation& g, Progress& progress) const override;
@@ -468,7 +476,7 @@ void Flux2Stages::settle_guidance_and_noise(Session& session, Generation& g,
   const GenerateOptions& o = g.options;
   const ModelConfig& config = session.weights().config();
   GenerateResult& r = g.result;
-  r.guidance = o.guidance.value_or(config.is_distilled && !p_.embedded_guidance ? 1.0f : 4.0f);
+  r.guidance = o.guidance.value_or(default_guidance(config));
   check(std::isfinite(r.guidance), "guidance: expected a finite number, got ", r.guidance);
   // The noise file replaces the seed: a seed would describe noise that was not used.
   check(o.noise_file.empty() || !o.seed,

@@ -225,10 +225,12 @@ class ZImageStages final : public FamilyStages {
     };
     return in;
   }
-  Capabilities capabilities(const ModelConfig&) const override {
+  Capabilities capabilities(const ModelConfig& config) const override {
     Capabilities c;
-    c.guidance = c.guidance_options = c.loras = true;  // Turbo's default guidance is 0
+    c.guidance = c.negative_prompt = c.guidance_options = c.loras = true;
     c.image_to_image = c.control = true;
+    c.default_steps = config.is_distilled ? kTurboSteps : kBaseSteps;
+    c.default_guidance = config.is_distilled ? kTurboGuidance : kBaseGuidance;  // Turbo: 0, off
     return c;
   }
   void start(Session& session, Generation& g, Progress& progress) const override {
