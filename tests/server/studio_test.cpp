@@ -13,7 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -378,6 +380,97 @@ TEST(Studio, EveryModeMakesTheApisPixels) {
   expect_only_local_requests(browser, serve.port());
   expect_no_console_errors(browser, 1);  // the 400 of 5000 steps
   EXPECT_EQ(serve.stop(), 0);
+}
+
+// A server that needs an API key and upsamples through a remote model (a stand-in on the
+// loopback address): the page asks for the key and keeps it in the tab's session only; a run
+// waiting behind another shows its place in the queue, then its step preview as it forms, and
+// Cancel stops it; an upsampled prompt is shown with its image, and "Use these settings" puts
+// the prompt the image was made from in the form with upsampling off.
+TEST(Studio, KeyQueuePreviewCancelAndUpsampling) {
+  ASSERT_TRUE(fs::exists("/usr/bin/chromium"))
+      << "the browser test needs chromium (apt-get install chromium; scripts/test.sh does)";
+  const std::string answer = "a small red cube on an oak table, soft studio light";
+  httplib::Server chat;
+  chat.Post("/v1/chat/completions", [&](const httplib::Request&, httplib::Response& r) {
+    r.set_content(json({{"choices", {{{"message", {{"content", answer}}}}}}}).dump(),
+                  "application/json");
+  });
+  const int chat_port = chat.bind_to_any_port("127.0.0.1");
+  std::thread chat_thread([&] { chat.listen_after_bind(); });
+  while (!chat.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const fs::path out = testing::temp_dir("studio-queue");
+  {
+    ServeProcess serve("--api-key sesame --upsample-endpoint http://127.0.0.1:" +
+                       std::to_string(chat_port) + "/v1");
+    httplib::Client c = serve.client();
+    c.set_bearer_token_auth("sesame");
+    Browser browser(out / "profile");
+    const std::string tab =
+        browser.open_watched("http://127.0.0.1:" + std::to_string(serve.port()) + "/");
+    ASSERT_EQ(browser.evaluate(tab, kHelpers), true);
+    ASSERT_EQ(browser.evaluate(tab, "t.until(() => !!document.body.dataset.ready)"), true);
+    EXPECT_EQ(browser.evaluate(tab, R"js(document.getElementById("key-row").hidden)js"), false);
+    EXPECT_EQ(browser.evaluate(tab, R"js(document.getElementById("upsample-row").hidden)js"), false);
+
+    // A long job of another client runs; the page's waits behind it, then runs and is
+    // cancelled once its preview shows.
+    const json slow = {{"prompt", kPrompt}, {"size", "1024x1024"}, {"steps", 100}};
+    const std::string other = post_json(c, "/v1/jobs", slow, 202).value("id", "");
+    browser.evaluate(tab, R"js(t.fill("key", "sesame"); t.fill("prompt", "a small red cube");
+        t.fill("width", "1024"); t.fill("height", "1024"); t.fill("steps", "100");
+        delete document.body.dataset.done; t.click("#go"); true)js");
+    EXPECT_EQ(browser.evaluate(tab, R"js(t.until(() =>
+        document.getElementById("status").textContent === "queued: 1 request ahead"))js"),
+              true)
+        << browser.evaluate(tab, R"js(document.getElementById("status").textContent)js");
+    ASSERT_TRUE(c.Delete(("/v1/jobs/" + other).c_str()));
+    EXPECT_EQ(browser.evaluate(tab, R"js(t.until(() => {
+        const p = document.getElementById("preview");
+        return !p.hidden && p.src.startsWith("data:image/png;base64,") && p.naturalWidth === 128;
+      }))js"),
+              true);
+    EXPECT_TRUE(browser.evaluate(tab, R"js(document.getElementById("status").textContent)js")
+                    .get<std::string>()
+                    .starts_with("step "));
+    browser.evaluate(tab, R"js(t.click("#stop"); true)js");
+    const json cancelled = browser.evaluate(tab, R"js((async () => {
+      await t.until(() => document.body.dataset.done);
+      return { done: document.body.dataset.done, status: document.getElementById("status").textContent };
+    })())js");
+    EXPECT_EQ(cancelled["done"], "error");
+    EXPECT_NE(cancelled.value("status", "").find("cancelled"), std::string::npos) << cancelled;
+
+    // Upsampling: the rewritten prompt is shown with the image, which is the API's.
+    browser.evaluate(tab, R"js(t.fill("width", "64"); t.fill("height", "48"); t.fill("steps", "2");
+        t.fill("seed", "4"); t.click("#upsample"); true)js");
+    const json shown = run(browser, tab, 1);
+    const std::vector<json> sent = job_requests(browser, tab);
+    ASSERT_EQ(sent.size(), 2u);
+    EXPECT_EQ(sent[1]["upsample"], true);
+    const json reply = post_json(c, "/v1/images/generations", sent[1]);
+    ASSERT_EQ(reply["data"].size(), 1u);
+    EXPECT_EQ(reply["data"][0]["revised_prompt"], answer);
+    EXPECT_EQ(png_of(shown["images"][0]["png"]).rgb, png_of(reply["data"][0]["b64_json"]).rgb);
+    EXPECT_EQ(shown["images"][0]["prompt"], kPrompt);
+    EXPECT_EQ(browser.evaluate(tab, R"js(document.querySelector("#gallery figure.result dd.revised").textContent)js"),
+              answer);
+    const json form = browser.evaluate(tab, R"js((() => {
+      t.click("#gallery figure.result button.use-settings");
+      return { prompt: document.getElementById("prompt").value,
+               upsample: document.getElementById("upsample").checked };
+    })())js");
+    EXPECT_EQ(form, json({{"prompt", answer}, {"upsample", false}}));
+
+    // The key: in the tab's session storage, nowhere that outlives it.
+    EXPECT_EQ(browser.evaluate(tab, R"js(sessionStorage.getItem("klein-key") + " " + localStorage.length)js"),
+              "sesame 0");
+    expect_only_local_requests(browser, serve.port());
+    expect_no_console_errors(browser);
+    EXPECT_EQ(serve.stop(), 0);
+  }
+  chat.stop();
+  chat_thread.join();
 }
 
 // A Z-Image server with a control model: the negative prompt, guidance and its two CFG
