@@ -489,14 +489,14 @@ void run_one(Args& a) {
     g.original_prompt = g.prompt;
     g.prompt = u.prompt;
     const std::string seed =
-        upsample->sampling.sample ? "upsample seed " + std::to_string(upsample->seed) : "greedy";
+        u.sampled ? "upsample seed " + std::to_string(upsample->seed) : "greedy";
     if (a.json) {
       nlohmann::ordered_json e = {{"event", "upsampled"}, {"prompt", u.prompt},
                                   {"original_prompt", g.original_prompt},
                                   {"new_tokens", u.new_tokens},
                                   {"prefill_seconds", u.prefill_seconds},
                                   {"decode_seconds", u.decode_seconds}};
-      if (upsample->sampling.sample) e["upsample_seed"] = upsample->seed;
+      if (u.sampled) e["upsample_seed"] = upsample->seed;
       JsonProgress::emit(e);
     } else if (!a.quiet) {
       std::fprintf(stderr, "prompt (%s): %s\n", seed.c_str(), u.prompt.c_str());

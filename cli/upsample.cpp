@@ -33,16 +33,16 @@ UpsampleOptions UpsampleArgs::options(const std::string& prefix) const {
   }
   o.edit = edit;
   o.max_new_tokens = max_tokens;
-  o.sampling.sample = temperature || top_p || top_k || seed;
-  o.sampling.temperature = temperature.value_or(0.6f);
-  o.sampling.top_p = top_p.value_or(0.95f);
-  o.sampling.top_k = top_k.value_or(20);
-  check(o.sampling.temperature > 0 && o.sampling.temperature <= 10, "--", prefix,
-        "temperature: expected a number above 0 and at most 10, got ", o.sampling.temperature);
-  check(o.sampling.top_p > 0 && o.sampling.top_p <= 1, "--", prefix,
-        "top-p: expected a number above 0 and at most 1, got ", o.sampling.top_p);
-  check(o.sampling.top_k >= 0, "--", prefix, "top-k: expected 0 (off) or more, got ",
-        o.sampling.top_k);
+  o.temperature = temperature;
+  o.top_p = top_p;
+  o.top_k = top_k;
+  o.seeded = seed.has_value();
+  check(!temperature || (*temperature >= 0 && *temperature <= 10), "--", prefix,
+        "temperature: expected 0 (greedy) to 10, got ", temperature.value_or(0));
+  check(!top_p || (*top_p > 0 && *top_p <= 1), "--", prefix,
+        "top-p: expected a number above 0 and at most 1, got ", top_p.value_or(0));
+  check(!top_k || *top_k >= 0, "--", prefix, "top-k: expected 0 (off) or more, got ",
+        top_k.value_or(0));
   check(max_tokens >= 1 && max_tokens <= 4096, "--", prefix,
         "max-tokens: expected 1 to 4096, got ", max_tokens);
   o.seed = seed.value_or(random_seed());
@@ -67,7 +67,7 @@ std::optional<hub::ChatEndpoint> UpsampleArgs::remote(const UpsampleOptions& o) 
         "3600 seconds, got ", timeout);
   e.timeout_seconds = timeout;
   e.max_tokens = o.max_new_tokens;
-  if (o.sampling.sample) e.temperature = o.sampling.temperature;
+  if (o.temperature) e.temperature = *o.temperature;
   return e;
 }
 
@@ -82,8 +82,8 @@ hub::RemoteUpsample upsample_remotely(const hub::ChatEndpoint& endpoint, const U
                                                                          : "image/jpeg";
     sent.push_back({mime, read_text_file(path)});
   }
-  return hub::remote_upsample(endpoint, o.system.empty() ? default_upsample_system(o.edit) : o.system,
-                              prompt, sent, a.strict);
+  return hub::remote_upsample(endpoint, upsample_system(o, UpsampleStyle{}), prompt, sent,
+                              a.strict);
 }
 
 void add_upsample_options(CLI::App& cmd, UpsampleArgs& a, const std::string& prefix) {
@@ -94,11 +94,12 @@ void add_upsample_options(CLI::App& cmd, UpsampleArgs& a, const std::string& pre
   cmd.add_option(p + "max-tokens", a.max_tokens, "most tokens the rewrite may have")
       ->capture_default_str();
   cmd.add_option(p + "temperature", a.temperature,
-                 "sample instead of greedy decoding, at this temperature (default 0.6 when "
-                 "another sampling option is given)");
-  cmd.add_option(p + "top-p", a.top_p, "sampling: nucleus mass kept (default 0.95)");
+                 "sampling temperature, 0 for greedy decoding (default: greedy, or 0.6 when "
+                 "another sampling option is given; FLUX.2-dev samples at 0.15 as its pipeline "
+                 "does)");
+  cmd.add_option(p + "top-p", a.top_p, "sampling: nucleus mass kept (default 0.95; dev 1)");
   cmd.add_option(p + "top-k", a.top_k, "sampling: most probable tokens kept, 0 for all "
-                                       "(default 20)");
+                                       "(default 20; dev 50)");
   cmd.add_option(p + "seed", a.seed, "sampling: seed of the draw (default: random)");
   cmd.add_option("--upsample-endpoint", a.endpoint,
                  "upsample with a remote model instead: an OpenAI-compatible chat completions "
@@ -178,9 +179,9 @@ void run_upsample(const UpsampleCommand& a) {
                         {"prefill_seconds", r.prefill_seconds},
                         {"decode_seconds", r.decode_seconds},
                         {"decode_tokens_per_second", decode_rate},
-                        {"sampling", o.sampling.sample},
+                        {"sampling", r.sampled},
                         {"peak_rss_bytes", peak_rss_bytes()}};
-    if (o.sampling.sample) j["seed"] = o.seed;
+    if (r.sampled) j["seed"] = o.seed;
     std::printf("%s\n", j.dump().c_str());
     return;
   }
@@ -192,7 +193,7 @@ void run_upsample(const UpsampleCommand& a) {
                  r.prompt_tokens, r.prefill_seconds, r.new_tokens, r.decode_seconds, decode_rate,
                  r.stopped ? "" : ", cut at the token limit", seconds,
                  double(peak_rss_bytes()) / (1 << 20),
-                 o.sampling.sample ? (", seed " + std::to_string(o.seed)).c_str() : "");
+                 r.sampled ? (", seed " + std::to_string(o.seed)).c_str() : "");
   }
 }
 

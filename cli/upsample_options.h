@@ -1,8 +1,10 @@
 #pragma once
 // The prompt-upsampling options shared by `klein upsample` (plain names) and `klein generate`
 // (the same with an "upsample-" prefix): the system message file, the token limit and the
-// sampling settings. Any sampling setting turns sampling on (greedy otherwise), with Qwen3's
-// recommended values for the ones not given (temperature 0.6, top-k 20, top-p 0.95).
+// sampling settings. Any sampling setting turns sampling on (a temperature of 0: greedy), with
+// the family's values for the ones not given (Qwen3's recommended temperature 0.6, top-k 20,
+// top-p 0.95; FLUX.2-dev's pipeline's 0.15, top-k 50); none given, the family's default
+// (greedy for Qwen3, FLUX.2-dev's pipeline samples: pipeline/upsample.h).
 // Both also take a remote model instead of the local one (--upsample-endpoint, hub/chat.h):
 // the same system message and token limit, the sampling temperature when one is given, and
 // the user's prompt as it was when the service fails (unless --upsample-strict).

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "pipeline/stages.h"
+#include "tokenizer/tokenizer.h"
 
 namespace klein {
 
@@ -17,6 +18,18 @@ Tensor FamilyStages::encode_for(Session& s, Generation& g, Progress& progress,
   if (!e.store_error.empty()) s.warn(g, progress, "prompt cache: " + e.store_error);
   from_cache = e.from_cache;
   return std::move(e.context);
+}
+
+UpsampleChat FamilyStages::upsample_chat(const Tokenizer& tokenizer, std::string_view system,
+                                         std::string_view prompt) const {
+  UpsampleChat chat;
+  chat.ids = tokenizer.encode(qwen3_chat_text(system, prompt, /*thinking=*/false));
+  // The turn ends at <|im_end|>; <|endoftext|> ends a document (Qwen3's eos_token_id list).
+  for (const char* name : {"<|im_end|>", "<|endoftext|>"})
+    if (const int32_t id = tokenizer.token_id(name); id >= 0) chat.stop.push_back(id);
+  check(!chat.stop.empty(), "the tokenizer has neither <|im_end|> nor <|endoftext|>: not a Qwen3 "
+        "chat tokenizer, cannot upsample");
+  return chat;
 }
 
 namespace {

@@ -64,9 +64,32 @@ struct EncodedText {
   std::string store_error;   // non-empty when the context could not be cached (still valid)
 };
 
+// Prompt upsampling (pipeline/upsample.h) as a family's pipeline does it with its text
+// encoder run as a chat language model.
+struct UpsampleChat {
+  std::vector<int32_t> ids;   // the chat the answer follows
+  std::vector<int32_t> stop;  // the ids that end the answer
+  // transformers' clean_up_tokenization on the decoded answer (" ." -> ".", " 's" -> "'s", ...)
+  bool clean_up_spaces = false;
+};
+// A family's upsampling defaults: its system messages (empty: ours, default_upsample_system)
+// and the sampling it runs when the caller gives none.
+struct UpsampleStyle {
+  std::string_view text_to_image_system, edit_system;
+  bool sample = false;       // false: greedy
+  float temperature = 0.6f;  // the values sampling takes where the caller gives none
+  int top_k = 20;
+  float top_p = 0.95f;
+};
+
 class FamilyStages {
  public:
   virtual ~FamilyStages() = default;
+  // Prompt upsampling: the chat of `system` (the message in effect) and the user's prompt,
+  // tokenized. The default is the Qwen3 chat with thinking switched off (FLUX.2-klein, Z-Image).
+  virtual UpsampleChat upsample_chat(const Tokenizer& tokenizer, std::string_view system,
+                                     std::string_view prompt) const;
+  virtual UpsampleStyle upsample_style() const { return {}; }
   // What the family's pipelines take beyond a prompt (for front ends that show only those).
   virtual Capabilities capabilities(const ModelConfig& config) const = 0;
   // The family's part of a memory plan's inputs (the ids every prompt becomes, the width of

@@ -30,6 +30,22 @@ const std::string& default_upsample_system(bool edit) {
   return edit ? image_edit : text_to_image;
 }
 
+std::string upsample_system(const UpsampleOptions& o, const UpsampleStyle& style) {
+  if (!o.system.empty()) return o.system;
+  const std::string_view own = o.edit ? style.edit_system : style.text_to_image_system;
+  return own.empty() ? default_upsample_system(o.edit) : std::string(own);
+}
+
+qwen3::SamplingOptions upsample_sampling(const UpsampleOptions& o, const UpsampleStyle& style) {
+  qwen3::SamplingOptions s;
+  const bool given = o.temperature || o.top_p || o.top_k || o.seeded;
+  s.temperature = o.temperature.value_or(style.temperature);
+  s.top_k = o.top_k.value_or(style.top_k);
+  s.top_p = o.top_p.value_or(style.top_p);
+  s.sample = given ? s.temperature > 0 : style.sample;
+  return s;
+}
+
 Model open_upsample_model(const ModelPaths& paths) {
   std::unique_ptr<WeightStore> weights = open_text_encoder_model(paths);
   const std::string needs_conversion = weights->origin().needs_conversion;
@@ -41,9 +57,6 @@ Model open_upsample_model(const ModelPaths& paths) {
 }
 
 std::string upsample_unavailable(const Model& model) {
-  if (!model.weights->config().text_encoder.qk_norm)
-    return "prompt upsampling runs Qwen3 text encoders (FLUX.2-klein, Z-Image); this model's "
-           "is Mistral's (FLUX.2-dev), whose chat is not supported yet";
   std::string missing;
   if (qwen3::can_generate(*model.weights, &missing)) return "";
   return "this model cannot upsample prompts: its text encoder lacks " + missing +
@@ -58,26 +71,27 @@ UpsampleResult upsample_prompt(Model& model, Compute& cx, const std::string& pro
   check(why.empty(), why);
   check(o.max_new_tokens > 0 && o.max_new_tokens <= 4096,
         "--upsample-max-tokens: expected 1 to 4096, got ", o.max_new_tokens);
-  const std::string& system = o.system.empty() ? default_upsample_system(o.edit) : o.system;
-  const std::vector<int32_t> ids =
-      model.tokenizer.encode(qwen3_chat_text(system, prompt, /*thinking=*/false));
-  // The turn ends at <|im_end|>; <|endoftext|> ends a document (Qwen3's eos_token_id list).
-  std::vector<int32_t> stop;
-  for (const char* name : {"<|im_end|>", "<|endoftext|>"})
-    if (const int32_t id = model.tokenizer.token_id(name); id >= 0) stop.push_back(id);
-  check(!stop.empty(), "the tokenizer has neither <|im_end|> nor <|endoftext|>: not a Qwen3 "
-        "chat tokenizer, cannot upsample");
+  const FamilyStages& family = stages_for(model.weights->config());
+  const UpsampleStyle style = family.upsample_style();
+  const qwen3::SamplingOptions sampling = upsample_sampling(o, style);
+  check(sampling.temperature >= 0 && sampling.temperature <= 10,
+        "upsampling temperature: expected 0 (greedy) to 10, got ", sampling.temperature);
+  check(sampling.top_p > 0 && sampling.top_p <= 1,
+        "upsampling top-p: expected a number above 0 and at most 1, got ", sampling.top_p);
+  check(sampling.top_k >= 0, "upsampling top-k: expected 0 (off) or more, got ", sampling.top_k);
+  const UpsampleChat chat = family.upsample_chat(model.tokenizer, upsample_system(o, style), prompt);
 
-  qwen3::LanguageModel lm(*model.weights, cx, int64_t(ids.size()) + o.max_new_tokens);
-  qwen3::TokenPicker picker(o.sampling, o.seed);
+  qwen3::LanguageModel lm(*model.weights, cx, int64_t(chat.ids.size()) + o.max_new_tokens);
+  qwen3::TokenPicker picker(sampling, o.seed);
   int count = 0;
   const qwen3::GenerationResult g =
-      qwen3::generate(lm, ids, o.max_new_tokens, picker, stop, [&](int32_t) {
+      qwen3::generate(lm, chat.ids, o.max_new_tokens, picker, chat.stop, [&](int32_t) {
         ++count;
         if (on_token) on_token(count);
       });
 
   std::string text = model.tokenizer.decode(g.ids, /*skip_special=*/true);
+  if (chat.clean_up_spaces) text = clean_up_tokenization(text);
   if (const size_t think = text.rfind("</think>"); think != std::string::npos)
     text = text.substr(think + 8);
   const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
@@ -90,7 +104,8 @@ UpsampleResult upsample_prompt(Model& model, Compute& cx, const std::string& pro
 
   UpsampleResult r;
   r.prompt = text;
-  r.prompt_tokens = int(ids.size());
+  r.prompt_tokens = int(chat.ids.size());
+  r.sampled = sampling.sample;
   r.new_tokens = int(g.ids.size());
   r.stopped = g.stopped;
   r.prefill_seconds = g.prefill_seconds;

@@ -68,4 +68,21 @@ std::string qwen3_chat_text(std::string_view system, std::string_view user, bool
   return text;
 }
 
+std::string clean_up_tokenization(std::string text) {
+  static const std::pair<std::string_view, std::string_view> kReplacements[] = {
+      {" .", "."},     {" ?", "?"},     {" !", "!"},     {" ,", ","},     {" ' ", "'"},
+      {" n't", "n't"}, {" 'm", "'m"},   {" 's", "'s"},   {" 've", "'ve"}, {" 're", "'re"}};
+  for (const auto& [from, to] : kReplacements) {
+    std::string out;
+    size_t at = 0;
+    for (size_t hit; (hit = text.find(from, at)) != std::string::npos; at = hit + from.size()) {
+      out.append(text, at, hit - at);
+      out.append(to);
+    }
+    out.append(text, at, std::string::npos);
+    text = std::move(out);
+  }
+  return text;
+}
+
 }  // namespace klein

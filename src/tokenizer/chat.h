@@ -40,4 +40,10 @@ PromptTokens tokenize_chat_text(const Tokenizer& tokenizer, const std::string& c
 // Contents go in verbatim. For prompt upsampling (the text encoder as a chat model).
 std::string qwen3_chat_text(std::string_view system, std::string_view user, bool thinking);
 
+// transformers' clean_up_tokenization, which decode() applies where the tokenizer's
+// clean_up_tokenization_spaces asks (FLUX.2-dev's upsampling): the space before . ? ! , and
+// before the English contractions n't 'm 's 've 're is dropped, and " ' " becomes "'", each
+// replacement over the whole text in that order.
+std::string clean_up_tokenization(std::string text);
+
 }  // namespace klein

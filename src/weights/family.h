@@ -125,6 +125,9 @@ class ModelFamily {
     std::string transformer, text_encoder, vae;
   };
   virtual void check_pairing(const ModelConfig& c, const Files& files) const = 0;
+  // Whether the family's pipelines read a text encoder of this kind (Qwen3 or Mistral): a text
+  // encoder opened alone (for prompt upsampling) belongs to the first family that does.
+  virtual bool reads_text_encoder(const TextEncoderConfig& e) const = 0;
 };
 
 // Adds a family (src/families/registry.cpp: the built-in ones when the program starts);

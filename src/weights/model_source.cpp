@@ -348,10 +348,19 @@ std::unique_ptr<WeightStore> open_text_encoder_model(const ModelPaths& paths) {
   comps.push_back(open_component(Component::TextEncoder, d.text_encoder, family));
   const ShapeMap e_shapes = canonical_shapes(comps[0]);
   ModelConfig config;
+  config.text_encoder = text_encoder_config(d.text_encoder, comps[0], e_shapes, *family);
+  if (!d.family) {
+    // No model_index.json names the pipeline: the first family that reads this text encoder.
+    for (const ModelFamily* f : model_families())
+      if (f->reads_text_encoder(config.text_encoder)) {
+        family = f;
+        break;
+      }
+    config.text_encoder = text_encoder_config(d.text_encoder, comps[0], e_shapes, *family);
+  }
   config.family = std::string(family->id());
   config.name = !paths.model.empty() ? fs::absolute(paths.model).lexically_normal().filename().string()
                                      : d.text_encoder.weights.filename().string();
-  config.text_encoder = text_encoder_config(d.text_encoder, comps[0], e_shapes, *family);
   check_tensors(expected_tensors(config, Component::TextEncoder), e_shapes, Component::TextEncoder,
                 d.text_encoder.weights.string());
   std::string identity;

@@ -86,7 +86,8 @@ TEST(Flux2Dev, ContainerMakesTheSameImage) {
   expect_like_the_official_run(out, ref, c);
 }
 
-TEST(Flux2Dev, ImageToImageAndUpsamplingAreRefusedByName) {
+// (Upsampling runs: tests/flux2_dev/upsample_test.cpp.)
+TEST(Flux2Dev, ImageToImageIsRefusedByName) {
   const fs::path out = testing::temp_dir("dev-refusals");
   std::string log;
   const fs::path init = dev_set() / "vectors" / "e2e" / "edit_h64_w64" / "reference0.png";
@@ -94,8 +95,6 @@ TEST(Flux2Dev, ImageToImageAndUpsamplingAreRefusedByName) {
                                    shell_arg(init) + " -o " + shell_arg(out / "x.png"), &log), 0);
   EXPECT_NE(log.find("FLUX.2-dev's pipeline has no image-to-image"), std::string::npos) << log;
   EXPECT_FALSE(fs::exists(out / "x.png"));
-  EXPECT_NE(testing::run_klein("upsample -m " + shell_arg(dev_model()) + " -p cat", &log), 0);
-  EXPECT_NE(log.find("Mistral"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -238,9 +238,15 @@ TEST_F(UpsampleCli, SamplingRepeatsWithItsSeedAndOptionsAreChecked) {
   EXPECT_EQ(a.value("seed", 0), 5);
   EXPECT_EQ(a.value("prompt", "?"), b.value("prompt", "!"));
   EXPECT_NE(a.value("prompt", "?"), other.value("prompt", "?"));
+  // A temperature of 0 is greedy decoding: the default's tokens, no seed.
+  const json zero = upsample_json(model + " -p \"a fox\" --max-tokens 10 --temperature 0");
+  const json greedy = upsample_json(model + " -p \"a fox\" --max-tokens 10");
+  EXPECT_FALSE(zero.value("sampling", true));
+  EXPECT_FALSE(zero.contains("seed"));
+  EXPECT_EQ(zero.value("prompt", "?"), greedy.value("prompt", "!"));
   std::string log;
-  EXPECT_NE(testing::run_klein("upsample " + model + " -p fox --temperature 0", &log), 0);
-  EXPECT_NE(log.find("--temperature: expected a number above 0"), std::string::npos) << log;
+  EXPECT_NE(testing::run_klein("upsample " + model + " -p fox --temperature -1", &log), 0);
+  EXPECT_NE(log.find("--temperature: expected 0 (greedy) to 10"), std::string::npos) << log;
   const fs::path missing = dir_ / "nonexistent" / "sys.txt";
   EXPECT_NE(testing::run_klein(
                 "upsample " + model + " -p fox --system " + testing::shell_arg(missing), &log),

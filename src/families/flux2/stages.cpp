@@ -150,6 +150,14 @@ class Flux2Stages final : public FamilyStages {
   std::string prompt_chat_text(std::string_view prompt) const override {
     return p_.chat_text(prompt);
   }
+  UpsampleChat upsample_chat(const Tokenizer& tokenizer, std::string_view system,
+                             std::string_view prompt) const override {
+    return p_.upsample_chat ? p_.upsample_chat(tokenizer, system, prompt)
+                            : FamilyStages::upsample_chat(tokenizer, system, prompt);
+  }
+  UpsampleStyle upsample_style() const override {
+    return p_.upsample_style ? p_.upsample_style() : UpsampleStyle{};
+  }
   PromptTokens prompt_tokens(const Tokenizer& tokenizer, std::string_view prompt) const override {
     return p_.tokenize(tokenizer, prompt, p_.max_tokens);
   }

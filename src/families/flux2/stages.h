@@ -22,6 +22,10 @@ struct Flux2Pipeline {
   int max_tokens;          // every prompt becomes this many ids (max_sequence_length)
   bool image_to_image;     // --init-image, --mask
   bool embedded_guidance;  // the guidance goes to the model; no negative prompt
+  // Prompt upsampling: the pipeline's own chat and defaults (null, {}: the Qwen3 chat and ours).
+  UpsampleChat (*upsample_chat)(const Tokenizer&, std::string_view system,
+                                std::string_view prompt) = nullptr;
+  UpsampleStyle (*upsample_style)() = nullptr;
 };
 
 // The stages of one FLUX.2 pipeline (`pipeline` must outlive them: a constant of its family).

@@ -104,6 +104,7 @@ class Flux2Dev final : public Flux2Klein {
             {"transformer", {"diffusers", "Flux2Transformer2DModel"}},
             {"vae", {"diffusers", "AutoencoderKLFlux2"}}};
   }
+  bool reads_text_encoder(const TextEncoderConfig& e) const override { return !e.qk_norm; }
   void check_pairing(const ModelConfig& c, const Files& f) const override {
     const auto& t = c.transformer;
     const auto& e = c.text_encoder;

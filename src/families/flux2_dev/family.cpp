@@ -13,7 +13,9 @@ constexpr Flux2Pipeline kDev{"FLUX.2-dev",
                              tokenize_dev_prompt,
                              kDevMaxTokens,
                              /*image_to_image=*/false,
-                             /*embedded_guidance=*/true};
+                             /*embedded_guidance=*/true,
+                             dev_upsample_chat,
+                             dev_upsample_style};
 
 }  // namespace
 

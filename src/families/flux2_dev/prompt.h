@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "pipeline/stages.h"
 #include "tokenizer/chat.h"
 
 namespace klein {
@@ -22,5 +23,20 @@ std::string dev_chat_text(std::string_view prompt);
 // ids and pads with <pad> (on the left when tokenizer.pads_left()).
 PromptTokens tokenize_dev_prompt(const Tokenizer& tokenizer, std::string_view prompt,
                                  int max_tokens = kDevMaxTokens);
+
+// Prompt upsampling as the pipeline does it (Flux2Pipeline.upsample_prompt, BFL's
+// text_encoder.upsample_prompt): the same chat with an upsampling system message (BFL's
+// SYSTEM_MESSAGE_UPSAMPLING_T2I or _I2I by default), the answer ended by </s> and cleaned up
+// as transformers' decode does (clean_up_tokenization), sampled at temperature 0.15 with
+// GenerationConfig's default top-k of 50.
+//
+// The pipeline pads the chat on the left to 2048 ids. The pads are masked out of attention and
+// the positions count from the first real token (generate's cumsum of the mask, minus one), so
+// every real token sees what it would see without them: the chat runs unpadded, which gives
+// the same logits up to the order of float sums (tests/flux2_dev: the reference tokens of
+// ../shared/testdata/upsample-mistral) at a seventh of the prefill for a short prompt.
+UpsampleChat dev_upsample_chat(const Tokenizer& tokenizer, std::string_view system,
+                               std::string_view prompt);
+UpsampleStyle dev_upsample_style();
 
 }  // namespace klein

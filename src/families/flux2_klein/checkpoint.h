@@ -198,6 +198,7 @@ transformer.proj_out.*                     >=bf16
   }
   std::string diffusers_transformer_class() const override { return "Flux2Transformer2DModel"; }
 
+  bool reads_text_encoder(const TextEncoderConfig& e) const override { return e.qk_norm; }
   void check_pairing(const ModelConfig& c, const Files& f) const override {
     const auto& t = c.transformer;
     const auto& e = c.text_encoder;

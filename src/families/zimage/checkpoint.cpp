@@ -312,6 +312,7 @@ transformer.all_final_layer.*              >=bf16
   }
   std::string diffusers_transformer_class() const override { return "ZImageTransformer2DModel"; }
 
+  bool reads_text_encoder(const TextEncoderConfig& e) const override { return e.qk_norm; }
   void check_pairing(const ModelConfig& c, const Files& f) const override {
     const TransformerConfig t = parse_transformer_config(c.family_transformer, f.transformer);
     check(t.cap_feat_dim == c.text_encoder.context_dim(), "the transformer (", f.transformer,

@@ -1,5 +1,7 @@
 // Qwen3ForCausalLM forward with a key/value cache (transformers' DynamicCache, eager
-// attention). A pass over n tokens at positions p .. p+n-1, x [n, hidden]:
+// attention); MistralForCausalLM's is the same without the q/k norms (qk_norm false: the
+// language model of FLUX.2-dev's Mistral-Small-3.1). A pass over n tokens at positions
+// p .. p+n-1, x [n, hidden]:
 //   per decoder layer (all num_layers of them):
 //     h = RMS(x; input_layernorm)
 //     q = RMS_head(q_proj h; q_norm), k = RMS_head(k_proj h; k_norm), v = v_proj h
@@ -93,10 +95,12 @@ void LanguageModel::decoder_layer(const WeightUnit& layer, int64_t index, int64_
   ops::linear(h, n, projection(layer, "self_attn.q_proj.weight", H * HD, D), q, cx_);
   ops::linear(h, n, projection(layer, "self_attn.k_proj.weight", kv_dim, D), k, cx_);
   ops::linear(h, n, projection(layer, "self_attn.v_proj.weight", kv_dim, D), v, cx_);
-  const auto q_norm = norm_weight(layer, "self_attn.q_norm.weight", HD);
-  const auto k_norm = norm_weight(layer, "self_attn.k_norm.weight", HD);
-  ops::rms_norm(q, q, n * H, HD, q_norm.data(), eps, cx_);
-  ops::rms_norm(k, k, n * KV, HD, k_norm.data(), eps, cx_);
+  if (c.qk_norm) {  // Qwen3; Mistral has none
+    const auto q_norm = norm_weight(layer, "self_attn.q_norm.weight", HD);
+    const auto k_norm = norm_weight(layer, "self_attn.k_norm.weight", HD);
+    ops::rms_norm(q, q, n * H, HD, q_norm.data(), eps, cx_);
+    ops::rms_norm(k, k, n * KV, HD, k_norm.data(), eps, cx_);
+  }
   apply_rope(q, n, H);
   apply_rope(k, n, KV);
 
