@@ -80,6 +80,7 @@ void run_convert(const ConvertArgs& a) {
   o.output = a.output;
   o.keep = a.type == "keep";
   o.keep_llm = a.keep_llm;
+  o.safety_model = a.safety_model;
   if (!o.keep) o.target = convert::parse_storage_type(a.type, "-t");
   if (!a.policy.empty()) {
     o.policy_text = read_text_file(a.policy);
@@ -140,6 +141,11 @@ static Registration convert_command("convert", 10, [](CLI::App& app) {
   cmd->add_flag("--keep-llm", a->keep_llm,
                  "keep the text encoder's later layers, final norm and lm_head, which image "
                  "generation does not read but prompt upsampling (--upsample) does");
+  cmd->add_option("--safety-model", a->safety_model,
+                  "store the safety classifier of this Hugging Face directory (Falconsai/"
+                  "nsfw_image_detection) beside the model, by the same policy: `generate "
+                  "--safety` and `serve` then use it")
+      ->type_name("DIR");
   cmd->add_flag("-q,--quiet", a->quiet, "no progress output (errors are still printed)");
   cmd->callback([a] { run_convert(*a); });
 });

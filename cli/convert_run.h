@@ -26,6 +26,7 @@ struct ConvertArgs {
   std::vector<std::string> loras;
   bool quiet = false;
   bool keep_llm = false;
+  std::string safety_model;  // --safety-model DIR
   convert::SourceArrival* arrival = nullptr;  // klein pull: sources still downloading
   // Told of each unit stored, instead of the progress lines on stderr.
   std::function<void(const convert::ConvertProgress&)> on_progress;

@@ -24,6 +24,7 @@
 #include "pipeline/pipeline.h"
 #include "pipeline/preview.h"
 #include "pipeline/safety.h"
+#include "weights/safety_model.h"
 #include "pipeline/tiny_decoder.h"
 
 namespace klein::cli {
@@ -327,12 +328,16 @@ void fill_safety(Args& a) {
   if (a.safety_action) s.action = parse_safety_action(*a.safety_action, "--safety-action");
   if (!on || s.model) return;
   std::string dir = a.safety_model;
+  std::string given_by = "--safety-model";
   if (dir.empty())
-    if (const char* env = std::getenv("KLEIN_SAFETY_MODEL")) dir = env;
+    if (const char* env = std::getenv("KLEIN_SAFETY_MODEL")) dir = env, given_by = "KLEIN_SAFETY_MODEL";
+  // Else the classifier the model's container holds (klein convert --safety-model).
+  if (dir.empty() && container_has_safety_model(a.model.model))
+    dir = a.model.model.string(), given_by = "-m";
   check(!dir.empty(), "--safety: no classifier given: --safety-model DIR (the Hugging Face "
-        "directory of Falconsai/nsfw_image_detection) or KLEIN_SAFETY_MODEL");
-  s.model = open_shared_safety_model(dir, a.safety_model.empty() ? "KLEIN_SAFETY_MODEL"
-                                                                 : "--safety-model");
+        "directory of Falconsai/nsfw_image_detection), KLEIN_SAFETY_MODEL, or a container "
+        "converted with --safety-model");
+  s.model = open_shared_safety_model(dir, given_by);
 }
 
 // --control-preprocess: "canny" or "canny:LOW:HIGH".

@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "ops/compute.h"
 #include "pipeline/safety.h"
+#include "weights/safety_model.h"
 #include "models/taesd/taesd.h"
 #include "pipeline/tiny_decoder.h"
 #include "server/server.h"
@@ -33,8 +34,8 @@ struct ServeArgs {
   ServerOptions server;
   MemoryOptions memory;
   int threads = 0;
-  // The safety check: on when a classifier is given (--safety-model or $KLEIN_SAFETY_MODEL)
-  // unless --no-safety.
+  // The safety check: on when a classifier is given (--safety-model, $KLEIN_SAFETY_MODEL, or
+  // the model's container holds one) unless --no-safety.
   std::string safety_model;
   bool no_safety = false;
   std::optional<double> safety_threshold;
@@ -58,16 +59,19 @@ SafetyOptions safety_options(const ServeArgs& a) {
     return s;
   }
   std::string dir = a.safety_model;
-  const bool from_env = dir.empty();
-  if (from_env)
-    if (const char* env = std::getenv("KLEIN_SAFETY_MODEL")) dir = env;
+  std::string given_by = "--safety-model";
+  if (dir.empty())
+    if (const char* env = std::getenv("KLEIN_SAFETY_MODEL")) dir = env, given_by = "KLEIN_SAFETY_MODEL";
+  // Else the classifier the model's container holds (klein convert --safety-model).
+  if (dir.empty() && container_has_safety_model(a.model.model))
+    dir = a.model.model.string(), given_by = "-m";
   if (dir.empty()) {
     check(!a.safety_threshold && !a.safety_action,
           "--safety-threshold and --safety-action need a classifier: --safety-model DIR or "
           "KLEIN_SAFETY_MODEL");
     return s;
   }
-  s.model = open_shared_safety_model(dir, from_env ? "KLEIN_SAFETY_MODEL" : "--safety-model");
+  s.model = open_shared_safety_model(dir, given_by);
   return s;
 }
 

@@ -32,6 +32,7 @@
 #include "weights/container_store.h"
 #include "weights/fp8.h"
 #include "weights/naming.h"
+#include "weights/safety_model.h"
 #include "weights/source_store.h"
 
 namespace klein::convert {
@@ -80,6 +81,7 @@ std::pair<int, int64_t> unit_rank(const std::string& u) {
   if (u == "vae.encoder") return {5, 0};
   if (u == "vae.decoder") return {6, 0};
   if (u == "vae.latent_stats") return {7, 0};
+  if (u.rfind("safety.", 0) == 0) return {9, 0};  // the classifier beside the model, last
   return {8, 0};
 }
 
@@ -416,10 +418,29 @@ ConvertSummary convert_model(const ConvertOptions& o) {
                             {"xxh3", hash_file(f.path, bytes, [] { return false; })}});
   }
 
+  // The safety classifier: a new one (its units replace a container source's), or the
+  // source container's, carried over with its units.
+  std::optional<SafetyModel> safety;
+  json safety_meta;
+  if (!o.safety_model.empty()) {
+    note("opening the safety classifier " + o.safety_model.string());
+    safety = open_safety_model(o.safety_model);
+    safety_meta = safety_container_metadata(*safety);
+  } else if (origin.container_metadata && origin.container_metadata->contains("safety")) {
+    safety_meta = (*origin.container_metadata)["safety"];
+  }
+  // The store a unit is read from.
+  auto source_of = [&](const std::string& u) -> WeightStore& {
+    return safety && u.rfind("safety.", 0) == 0 ? *safety->store : *store;
+  };
+
   // What goes in, in which order, and what is dropped.
   json dropped = json::array();
   std::vector<std::string> units;
+  if (safety)
+    for (const auto& u : safety->store->units()) units.push_back(u);
   for (const auto& u : store->units()) {
+    if (safety && u.rfind("safety.", 0) == 0) continue;  // replaced by the new classifier
     const std::string why = o.keep_llm ? "" : unit_drop_reason(u, config.text_encoder);
     if (why.empty()) {
       units.push_back(u);
@@ -441,7 +462,11 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   // thread while the units are converted (both read the same files, through the page cache),
   // and the metadata that records them is written after the units.
   std::atomic<bool> stop_hashing{false};
-  std::future<json> hashing = std::async(std::launch::async, [&, files = source_files(o, *store)] {
+  std::vector<SourceFile> hashed_files = source_files(o, *store);
+  if (safety)
+    for (const auto& f : safety->store->origin().files)
+      hashed_files.push_back({"safety/" + f.filename().string(), f});
+  std::future<json> hashing = std::async(std::launch::async, [&, files = hashed_files] {
     const Clock::time_point start = Clock::now();
     json sources = json::array();
     const std::function<bool()> stop = [&] {
@@ -490,7 +515,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   std::map<std::string, std::vector<Planned>> plans;
   const std::map<std::string, DType>& stored_types = origin.stored_types;
   for (const auto& u : units) {
-    UnitRef ref = store->describe(u);
+    UnitRef ref = source_of(u).describe(u);
     std::vector<const Weight*> ws;
     for (const auto& w : ref->weights()) ws.push_back(&w);
     std::sort(ws.begin(), ws.end(),
@@ -537,13 +562,13 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   ConvertSummary summary;
   const Clock::time_point t0 = Clock::now();
   // (Sources still arriving are not read ahead: the bytes are not there yet.)
-  if (!units.empty() && !o.arrival) store->prefetch(units[0]);
+  if (!units.empty() && !o.arrival) source_of(units[0]).prefetch(units[0]);
   for (size_t i = 0; i < units.size(); ++i) {
     check_cancel(o);
     // The kernel reads the next unit's source while this one is converted (a cold page cache
     // otherwise stalls the packing threads on every fault).
-    if (i + 1 < units.size() && !o.arrival) store->prefetch(units[i + 1]);
-    UnitRef ref = store->acquire(units[i]);
+    if (i + 1 < units.size() && !o.arrival) source_of(units[i + 1]).prefetch(units[i + 1]);
+    UnitRef ref = source_of(units[i]).acquire(units[i]);
     std::vector<const Weight*> ws;
     for (const auto& w : ref->weights()) ws.push_back(&w);
     std::sort(ws.begin(), ws.end(),
@@ -571,7 +596,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   check_cancel(o);
   json sources = hashed["sources"];
   for (const auto& t : tokenizer_sources) sources.push_back(t);
-  const json meta = {
+  json meta = {
       {"format", "klein-container"},
       {"config", to_json(config)},
       {"tokenizer", tok},
@@ -588,6 +613,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
         {"fallbacks", fallbacks},
         {"merged_loras", merged_loras}}},
   };
+  if (!safety_meta.is_null()) meta["safety"] = safety_meta;
   out.write_metadata(meta.dump(-1, ' ', false, json::error_handler_t::strict));
   out.commit();
   summary.output = o.output;

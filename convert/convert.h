@@ -66,6 +66,11 @@ struct ConvertOptions {
   // Converts this store instead of opening `source` (klein synth -t: synthetic weights made
   // in memory); the tokenizer files still come from source.tokenizer.
   WeightStore* store = nullptr;
+  // The safety classifier's Hugging Face directory (klein convert --safety-model): its tensors
+  // stored beside the model's under the same policy, its configuration in the metadata's
+  // "safety" object (weights/safety_model.h). A container source's classifier is carried over
+  // unless this names another.
+  std::filesystem::path safety_model;
 };
 
 struct TypeTotals {

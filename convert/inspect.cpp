@@ -119,10 +119,20 @@ json describe_container(const fs::path& path, bool tensors) {
     bool all = layers > 0 && names.count("text_encoder.norm") && names.count("text_encoder.embed");
     for (int64_t l = 0; all && l < layers; ++l)
       all = names.count("text_encoder.layer." + std::to_string(l)) > 0;
-    // Only Qwen3's chat is supported (not FLUX.2-dev's Mistral).
-    if (layers > 0 && meta["config"]["text_encoder"].value("model_type", "qwen3") != "qwen3")
-      all = false;
     d["can_upsample"] = all;
+  }
+  // The safety classifier stored beside the model (convert --safety-model).
+  if (meta.contains("safety") && meta["safety"].is_object()) {
+    const json& s = meta["safety"];
+    const json& c = s.value("config", json::object());
+    uint64_t bytes = 0;
+    for (const auto& u : file.index().units)
+      if (u.name.rfind("safety.", 0) == 0)
+        for (const auto& t : file.tensors_of(u)) bytes += t.size;
+    d["safety_classifier"] = "yes (" + s.value("source", std::string("?")) + ": ViT, " +
+                             std::to_string(c.value("num_hidden_layers", 0)) + " layers, hidden " +
+                             std::to_string(c.value("hidden_size", 0)) + ", " +
+                             human_bytes(bytes) + "; generate --safety and serve use it)";
   }
   if (meta.contains("conversion")) d["conversion"] = meta["conversion"];
   json tok = json::object();
@@ -145,6 +155,8 @@ std::string describe_container_text(const json& d) {
        human_bytes(total["bytes"]) + ", " + fmt("%.2f", total["bits_per_weight"]) +
        " bits per weight");
   line("  checksum (identity): " + d["header_xxh3"].get<std::string>());
+  if (d.contains("safety_classifier"))
+    line("  safety classifier: " + d["safety_classifier"].get<std::string>());
   if (d.contains("can_upsample"))
     line(d["can_upsample"].get<bool>()
              ? "  prompt upsampling: yes (the whole text encoder and its head are kept)"

@@ -34,6 +34,10 @@ const char* const kSharedTail =
 text_encoder.model.embed_tokens.weight     >=q8
 # VAE: small, convolutions want floats.
 vae.*                                      >=bf16
+# The safety classifier: its embeddings (patch projection, position table, class token) and
+# its head are small and read once; its encoder's matrices take the type.
+safety.vit.embeddings.*                    >=bf16
+safety.classifier.*                        >=bf16
 )";
 
 int precision_rank(DType t) {

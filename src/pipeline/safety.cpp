@@ -26,10 +26,10 @@ SafetyAction parse_safety_action(const std::string& text, const std::string& opt
 std::shared_ptr<const SafetyModel> open_shared_safety_model(const fs::path& dir,
                                                             const std::string& option) {
   check(!dir.empty(), option, ": no safety classifier directory given");
-  check(fs::is_directory(dir), option, " ", dir.string(),
+  check(fs::is_directory(dir) || container_has_safety_model(dir), option, " ", dir.string(),
         ": not a directory (the Hugging Face "
         "directory of Falconsai/nsfw_image_detection: config.json, model.safetensors, "
-        "preprocessor_config.json)");
+        "preprocessor_config.json) nor a klein container holding a classifier");
   return std::make_shared<const SafetyModel>(open_safety_model(dir));
 }
 

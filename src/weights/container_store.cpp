@@ -102,6 +102,13 @@ ContainerStore::ContainerStore(const fs::path& path, ContainerOptions options)
           stored_tensor_bytes(t.name, t.type, t.layout, t.block_size, t.shape);
       check(t.size == expected, where, ": tensor ", t.name, " ", shape_str(t.shape), " as ",
             dtype_name(t.type), " should take ", expected, " bytes, the index says ", t.size);
+      // The safety classifier beside the model (klein convert --safety-model): its tensors
+      // are checked against its own configuration when it is opened (weights/safety_model.h).
+      if (t.name.rfind("safety.", 0) == 0) {
+        check(meta.contains("safety"), where, ": tensor ", t.name,
+              " is a safety classifier's, but the metadata has no \"safety\" configuration");
+        continue;
+      }
       shapes[int(component_of(t.name))][t.name] = t.shape;
     }
     order_.push_back(u.name);

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/json_fields.h"
+#include "weights/safety_model.h"
 
 namespace klein {
 
@@ -62,6 +63,7 @@ const ModelFamily& family_of_pipeline(const std::string& class_name, const std::
 
 std::optional<UnitOf> unit_of(const ModelFamily& family, const std::string& canonical) {
   if (canonical.starts_with("transformer.")) return family.transformer_unit_of(canonical);
+  if (canonical.starts_with("safety.")) return safety_unit_of(canonical);
   return component_unit_of(canonical);
 }
 

@@ -11,7 +11,9 @@
 #include "core/files.h"
 #include "core/json_fields.h"
 #include "formats/safetensors.h"
+#include "formats/container/reader.h"
 #include "weights/component_store.h"
+#include "weights/container_store.h"
 
 namespace klein {
 
@@ -224,7 +226,61 @@ ShapeMap expected_safety_tensors(const VitConfig& c) {
   return m;
 }
 
+namespace {
+
+// A classifier's units in a container, behind the store a SafetyModel owns (the container is
+// opened again: a mapping of the same file, its units checked as they are read).
+SafetyModel open_container_safety_model(const fs::path& path) {
+  auto store = std::make_unique<ContainerStore>(path);
+  const json& meta = store->file().metadata();
+  check(meta.contains("safety") && meta["safety"].is_object(), path.string(),
+        ": the container holds no safety classifier (convert with --safety-model DIR, or give "
+        "the classifier's directory)");
+  const json& s = meta["safety"];
+  const std::string where = path.string() + " (safety classifier)";
+  check(s.contains("config") && s["config"].is_object() && s.contains("preprocessor_config") &&
+            s["preprocessor_config"].is_object(),
+        where, ": the metadata lacks its config or preprocessor_config");
+  SafetyModel model;
+  model.path = path;
+  model.config_json = s["config"];
+  model.processor_json = s["preprocessor_config"];
+  model.config = parse_vit_config(model.config_json, where + " config");
+  model.processor = parse_vit_image_processor(model.processor_json, where + " preprocessor_config");
+  const ShapeMap expected = expected_safety_tensors(model.config);
+  std::set<std::string> units;
+  for (const auto& [name, shape] : expected) units.insert(safety_unit_of(name)->unit);
+  for (const std::string& unit : units) {
+    check(store->has_unit(unit), where, ": unit ", unit, " is missing");
+    const UnitRef ref = store->describe(unit);
+    for (const Weight& w : ref->weights()) {
+      const auto it = expected.find(w.name);
+      check(it != expected.end(), where, ": tensor ", w.name, " is not one of its classifier");
+      check(w.shape == it->second, where, ": tensor ", w.name, " has shape ", shape_str(w.shape),
+            "; expected ", shape_str(it->second));
+    }
+  }
+  model.store = std::move(store);
+  return model;
+}
+
+}  // namespace
+
+bool container_has_safety_model(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec) || !container::is_container(path)) return false;
+  const ContainerStore store(path);
+  return store.file().metadata().contains("safety");
+}
+
+json safety_container_metadata(const SafetyModel& model) {
+  return {{"config", model.config_json},
+          {"preprocessor_config", model.processor_json},
+          {"source", model.path.filename().string()}};
+}
+
 SafetyModel open_safety_model(const fs::path& dir) {
+  if (fs::is_regular_file(dir) && container::is_container(dir)) return open_container_safety_model(dir);
   check(fs::exists(dir), "safety model ", dir.string(), " does not exist");
   check(fs::is_directory(dir), "safety model ", dir.string(),
         " is not a directory (expected "
@@ -234,9 +290,10 @@ SafetyModel open_safety_model(const fs::path& dir) {
   model.path = dir;
   const fs::path config_file = dir / "config.json";
   const fs::path processor_file = dir / "preprocessor_config.json";
-  model.config = parse_vit_config(read_safety_json(config_file), config_file.string());
-  model.processor =
-      parse_vit_image_processor(read_safety_json(processor_file), processor_file.string());
+  model.config_json = read_safety_json(config_file);
+  model.processor_json = read_safety_json(processor_file);
+  model.config = parse_vit_config(model.config_json, config_file.string());
+  model.processor = parse_vit_image_processor(model.processor_json, processor_file.string());
   const VitConfig& c = model.config;
   check(!model.processor.do_resize ||
             (model.processor.height == c.image_size && model.processor.width == c.image_size),

@@ -87,12 +87,24 @@ struct SafetyModel {
   VitConfig config;
   VitImageProcessor processor;
   std::filesystem::path path;  // what it was opened from, for messages
+  // The two configuration files as read (what a container stores of them).
+  nlohmann::json config_json, processor_json;
 };
 
 // Opens the classifier of a Hugging Face directory (the three files above; a sharded
-// model.safetensors.index.json is read too). Throws klein::Error naming the file, key or
-// tensor that is missing or not what this classifier needs: another layout, a label set
-// without "nsfw" and "normal", an activation other than gelu.
-SafetyModel open_safety_model(const std::filesystem::path& dir);
+// model.safetensors.index.json is read too), or the one a klein container holds (klein
+// convert --safety-model: its units beside the model's, quantized by the policy, and the two
+// configuration files in the metadata's "safety" object). Throws klein::Error naming the
+// file, key or tensor that is missing or not what this classifier needs: another layout, a
+// label set without "nsfw" and "normal", an activation other than gelu; a container without
+// a classifier.
+SafetyModel open_safety_model(const std::filesystem::path& path);
+
+// Whether the container at `path` holds a classifier (false for anything else).
+bool container_has_safety_model(const std::filesystem::path& path);
+
+// The container metadata's "safety" object for a classifier: its two configuration files and
+// where it came from.
+nlohmann::json safety_container_metadata(const SafetyModel& model);
 
 }  // namespace klein

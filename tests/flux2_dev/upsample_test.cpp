@@ -200,12 +200,7 @@ INSTANTIATE_TEST_SUITE_P(
     UpsampleMistral, DevUpsampleIsa,
     ::testing::Combine(::testing::ValuesIn(all_cases()),
                        ::testing::ValuesIn(testing::compiled_isas())),
-    [](const auto& info) {
-      std::string isa(quant::isa_name(std::get<1>(info.param)));
-      for (char& ch : isa)
-        if (ch == '-') ch = '_';
-      return std::get<0>(info.param) + "_" + isa;
-    });
+    testing::case_isa_param_name);
 
 // The whole loop as `klein upsample` runs it: greedy (temperature 0) gives the official
 // tokens and, decoded without special tokens and cleaned up, the official text; left to the

@@ -216,12 +216,7 @@ INSTANTIATE_TEST_SUITE_P(
     UpsampleTiny, LanguageModelIsa,
     ::testing::Combine(::testing::ValuesIn(all_cases()),
                        ::testing::ValuesIn(testing::compiled_isas())),
-    [](const auto& info) {
-      std::string isa(quant::isa_name(std::get<1>(info.param)));
-      for (char& ch : isa)
-        if (ch == '-') ch = '_';
-      return std::get<0>(info.param) + "_" + isa;
-    });
+    testing::case_isa_param_name);
 
 INSTANTIATE_TEST_SUITE_P(UpsampleTiny, LanguageModelCase, ::testing::ValuesIn(all_cases()),
                          [](const auto& info) { return info.param; });

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <ostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/cpu.h"
@@ -90,6 +91,15 @@ inline std::string isa_param_name(const ::testing::TestParamInfo<quant::Isa>& in
   for (char& c : name)
     if (c == '-') c = '_';
   return name;
+}
+
+// For suites over (case name, ISA): "<case>_<isa>".
+inline std::string case_isa_param_name(
+    const ::testing::TestParamInfo<std::tuple<std::string, quant::Isa>>& info) {
+  std::string isa(quant::isa_name(std::get<1>(info.param)));
+  for (char& c : isa)
+    if (c == '-') c = '_';
+  return std::get<0>(info.param) + "_" + isa;
 }
 
 #define KLEIN_INSTANTIATE_ON_EVERY_ISA(suite)                                          \

@@ -79,5 +79,82 @@ TEST(SafetyCli, BadInputIsAnError) {
   EXPECT_NE(out.find("/nonexistent does not exist"), std::string::npos) << out;
 }
 
+// `klein safety -m FILE`'s verdicts, one JSON object per line.
+std::vector<json> verdicts(const std::string& model, const std::vector<std::string>& names,
+                           int status) {
+  std::string args = "safety --json -t 2 --model " + model;
+  for (const std::string& n : names) args += " " + testing::shell_arg(input_of(n));
+  std::string out;
+  EXPECT_EQ(testing::run_klein(args, &out), status) << out;
+  std::vector<json> all;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty() && line[0] == '{') all.push_back(json::parse(line, nullptr, false));
+  EXPECT_EQ(all.size(), names.size()) << out;
+  return all;
+}
+
+// `convert --safety-model DIR` stores the classifier beside the model: at -t keep its verdicts
+// are the directory's (the official pipeline's), at q8 within the quantization's reach with
+// the same verdicts; inspect says so; `generate --safety` and a conversion of the container
+// find it without being told; a directory that is no classifier is refused before anything is
+// written.
+TEST(SafetyCli, AContainerCarriesTheClassifier) {
+  const fs::path out = testing::temp_dir("safety-container");
+  const std::vector<std::string> names = {"rgb_landscape", "jpeg_exif6", "grey_224"};
+  const std::string classifier = " --safety-model " + testing::shell_arg(safety_dir() / "model");
+  ASSERT_TRUE(testing::convert_tiny(out / "keep.klein", "-t keep" + classifier));
+  ASSERT_TRUE(testing::convert_tiny(out / "q8.klein", "-t q8" + classifier));
+  const std::vector<json> kept = verdicts(testing::shell_arg(out / "keep.klein"), names, kFlagged);
+  const std::vector<json> q8 = verdicts(testing::shell_arg(out / "q8.klein"), names, kFlagged);
+  for (size_t i = 0; i < names.size() && i < kept.size() && i < q8.size(); ++i) {
+    SCOPED_TRACE(names[i]);
+    const json want = json::parse(read_text_file(safety_dir() / "cases" / names[i] / "case.json"));
+    EXPECT_NEAR(kept[i]["nsfw"].get<double>(), want["nsfw_score"].get<double>(), 1e-5);
+    // Q8 matrices and bf16 embeddings (the policy): 0.020-0.021 from the official
+    // probability on this 32-wide random network.
+    EXPECT_NEAR(q8[i]["nsfw"].get<double>(), want["nsfw_score"].get<double>(), 3e-2);
+    EXPECT_EQ(kept[i]["flagged"], want["flagged"]);
+    EXPECT_EQ(q8[i]["flagged"], want["flagged"]);
+  }
+  std::string log;
+  ASSERT_EQ(testing::run_klein("inspect -m " + testing::shell_arg(out / "q8.klein"), &log), 0);
+  EXPECT_NE(log.find("safety classifier: yes (model: ViT, 2 layers, hidden 32"), std::string::npos)
+      << log;
+
+  // generate --safety: the container's classifier, its verdict in the result.
+  ASSERT_EQ(testing::run_klein("generate -m " + testing::shell_arg(out / "keep.klein") +
+                                   " -p fox -W 64 -H 64 -s 1 --safety --json -o " +
+                                   testing::shell_arg(out / "fox.png"),
+                               &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("\"safety\""), std::string::npos) << log;
+  // A conversion of the container carries it over.
+  ASSERT_EQ(testing::run_klein("convert -m " + testing::shell_arg(out / "q8.klein") + " -t q8 -q -o " +
+                                   testing::shell_arg(out / "again.klein"),
+                               &log),
+            0)
+      << log;
+  const std::vector<json> again = verdicts(testing::shell_arg(out / "again.klein"), {"grey_224"}, kFlagged);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0]["nsfw"], q8[2]["nsfw"]);
+  // A model container without one: named as such.
+  ASSERT_TRUE(testing::convert_tiny(out / "plain.klein", "-t q8"));
+  EXPECT_EQ(testing::run_klein("safety --model " + testing::shell_arg(out / "plain.klein") + " " +
+                                   testing::shell_arg(input_of("grey_224")),
+                               &log),
+            kError);
+  EXPECT_NE(log.find("holds no safety classifier"), std::string::npos) << log;
+  // A directory that is not a classifier: refused by name, no output.
+  EXPECT_NE(testing::run_klein("convert -m " + testing::shell_arg(testing::tiny_model()) +
+                                   " -t q8 --safety-model " + testing::shell_arg(testing::tiny_model()) +
+                                   " -o " + testing::shell_arg(out / "no.klein"),
+                               &log),
+            0);
+  EXPECT_NE(log.find("config.json"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(out / "no.klein"));
+}
+
 }  // namespace
 }  // namespace klein
