@@ -270,7 +270,7 @@ TEST(DevUpsample, CliFromTheDirectoryTheTextEncoderAndAKeepLlmContainer) {
   EXPECT_NE(log.find("--keep-llm"), std::string::npos) << log;
 
   ASSERT_EQ(testing::run_klein("generate -m " + testing::shell_arg(dev) +
-                                   " -p 'a cat' --upsample --upsample-max-tokens 6 -W 32 -H 32 -s 1 "
+                                   " -p 'a cat' --upsample --upsample-max-tokens 6 -W 32 -H 32 -s 1 --no-cache "
                                    "--json -o " + testing::shell_arg(out / "up.png"),
                                &log),
             0)

@@ -124,7 +124,7 @@ TEST(SafetyCli, AContainerCarriesTheClassifier) {
 
   // generate --safety: the container's classifier, its verdict in the result.
   ASSERT_EQ(testing::run_klein("generate -m " + testing::shell_arg(out / "keep.klein") +
-                                   " -p fox -W 64 -H 64 -s 1 --safety --json -o " +
+                                   " -p fox -W 64 -H 64 -s 1 --safety --no-cache --json -o " +
                                    testing::shell_arg(out / "fox.png"),
                                &log),
             0)
