@@ -31,7 +31,6 @@
 #include "convert/report/policy_search.h"
 #include "convert/report/weights.h"
 #include "convert/report/writers.h"
-#include "ops/conv2d.h"
 #include "support/testing.h"
 #include "weights/model_source.h"
 
@@ -433,13 +432,15 @@ TEST_F(TinyReport, EndToEndQ8IsCloserThanQ4) {
     // One isolated run per transformer unit, plus the text encoder.
     EXPECT_EQ(p.sensitivities.size(), 4u + 1 + 1);
     EXPECT_EQ(p.sensitivities.back().group, "text_encoder");
-    // The VAE's weights stay bf16: its image error is only that of the candidate's fast
-    // arithmetic, bf16 convolutions where the CPU runs them (AMX, or AMD's AVX-512 BF16).
-    if (ops::conv2d_bf16_auto_available()) {
-      EXPECT_GT(p.vae_image_mse, 0.0);
-      EXPECT_LT(p.vae_image_mse, 1e-4);
+    // The VAE's weights stay bf16: its image error is only that of the arithmetic. Where the
+    // candidate runs the fast arithmetic and the reference the exact one, the convolutions
+    // differ on every CPU (bf16 products on AMX or AVX-512 BF16, float32 Winograd elsewhere):
+    // small, not zero. The same arithmetic gives the same bits.
+    if (e.candidate_fast != e.reference_fast) {
+      EXPECT_GT(p.vae_image_mse, 0.0) << type;
+      EXPECT_LT(p.vae_image_mse, 1e-4) << type;
     } else {
-      EXPECT_EQ(p.vae_image_mse, 0.0) << "the VAE stays bf16";
+      EXPECT_EQ(p.vae_image_mse, 0.0) << type << ": the VAE stays bf16";
     }
   }
   EXPECT_GT(by_type["q8"].cases[0].psnr_db, by_type["q4"].cases[0].psnr_db + 6);
