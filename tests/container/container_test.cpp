@@ -23,6 +23,7 @@
 #include "formats/container/reader.h"
 #include "quant/matmul.h"
 #include "support/testing.h"
+#include "support/tiny_container.h"
 #include "weights/container_store.h"
 #include "weights/model_source.h"
 
@@ -106,13 +107,8 @@ class Containers : public ::testing::Test {
     delete source_;
     source_ = nullptr;
   }
-  // The tiny model converted to `type`, converted on first use (ctest runs every test in a
-  // process of its own).
-  static const fs::path& file(const std::string& type) {
-    auto it = files_.find(type);
-    if (it == files_.end()) it = files_.emplace(type, convert_tiny(*dir_, type)).first;
-    return it->second;
-  }
+  // The tiny model converted to `type`, once per test run (read only: copy_of to damage it).
+  static fs::path file(const std::string& type) { return testing::shared_tiny_container(type); }
   static const std::vector<std::string>& all_types() {
     static const std::vector<std::string> types = {"f32", "bf16", "f16", "q8", "q4"};
     return types;
@@ -124,11 +120,9 @@ class Containers : public ::testing::Test {
     return p;
   }
   static fs::path* dir_;
-  static std::map<std::string, fs::path> files_;
   static WeightStore* source_;
 };
 fs::path* Containers::dir_ = nullptr;
-std::map<std::string, fs::path> Containers::files_;
 WeightStore* Containers::source_ = nullptr;
 
 // --- conversion and exactness ------------------------------------------------------------

@@ -157,7 +157,7 @@ TEST(MemoryPlan, ForcedResidencyIsCheckedAgainstAGivenBudget) {
 
 // --- the tiny model as a container -----------------------------------------------------------
 
-const fs::path& tiny_container() { return testing::tiny_q8_container("memory-container"); }
+const fs::path& tiny_container() { return testing::tiny_q8_container(); }
 
 const Tokenizer& tiny_tokenizer() {
   static const Tokenizer tokenizer = [] {

@@ -32,6 +32,7 @@
 #include "convert/report/weights.h"
 #include "convert/report/writers.h"
 #include "support/testing.h"
+#include "support/tiny_container.h"
 #include "weights/model_source.h"
 
 namespace klein {
@@ -180,23 +181,12 @@ TEST(Metrics, SizesParse) {
 
 // --- the tiny model at Q8 and Q4 -------------------------------------------------------------
 
-fs::path convert_tiny(const fs::path& dir, const std::string& type) {
-  convert::ConvertOptions o;
-  o.source.model = testing::tiny_model();
-  o.output = dir / ("tiny-" + type + ".klein");
-  o.target = convert::parse_storage_type(type, "test");
-  convert::convert_model(o);
-  return o.output;
-}
-
 class TinyReport : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { dir_ = new fs::path(testing::temp_dir("report")); }
-  // Converted on first use (ctest runs every test in a process of its own).
-  static const fs::path& container(const std::string& type) {
-    auto it = files_.find(type);
-    if (it == files_.end()) it = files_.emplace(type, convert_tiny(*dir_, type)).first;
-    return it->second;
+  // Converted once per test run (testing::shared_tiny_container).
+  static fs::path container(const std::string& type) {
+    return testing::shared_tiny_container(type);
   }
   static std::set<std::string> tensor_names(const fs::path& file) {
     const container::ContainerFile f(file);
@@ -212,10 +202,8 @@ class TinyReport : public ::testing::Test {
     return o;
   }
   static fs::path* dir_;
-  static std::map<std::string, fs::path> files_;
 };
 fs::path* TinyReport::dir_ = nullptr;
-std::map<std::string, fs::path> TinyReport::files_;
 
 TEST_F(TinyReport, DefaultCasesAreSmallForTheTinyModel) {
   auto store = open_model(testing::tiny_model());

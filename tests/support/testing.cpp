@@ -14,7 +14,12 @@
 #include <random>
 #include <sstream>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
+
+#include <map>
+#include <mutex>
 
 namespace klein::testing {
 
@@ -62,17 +67,66 @@ fs::path temp_dir(const std::string& name) {
 
 namespace {
 
-// Runs `script ARGS OUT` of tools/ (Debian's python3, which scripts/test.sh installs) into a
-// fresh temp_dir(name) and returns OUT, or a test failure and a path that does not exist.
+// An exclusive lock on a file, held while it lives.
+class FileLock {
+ public:
+  explicit FileLock(const fs::path& path)
+      : fd_(::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644)) {
+    if (fd_ < 0) throw std::runtime_error("cannot open the lock file " + path.string());
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno != EINTR) throw std::runtime_error("cannot lock " + path.string());
+    }
+  }
+  ~FileLock() { ::close(fd_); }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+fs::path shared_fixture(const std::string& key, const std::function<bool(const fs::path&)>& make) {
+  static std::mutex mutex;
+  static std::map<std::string, fs::path> made;  // by this process
+  const std::lock_guard<std::mutex> hold(mutex);
+  if (const auto it = made.find(key); it != made.end()) return it->second;
+  const char* root = std::getenv("KLEIN_TEST_FIXTURES");
+  if (root == nullptr || *root == '\0') {
+    const fs::path dir = temp_dir("fixture-" + key);
+    if (make(dir)) made[key] = dir;
+    return dir;
+  }
+  fs::create_directories(root);
+  const fs::path dir = fs::path(root) / key;
+  const fs::path complete = fs::path(root) / (key + ".complete");
+  const FileLock lock(fs::path(root) / (key + ".lock"));
+  if (!fs::exists(complete)) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    // Kept only when it was made (a throw leaves it incomplete too): the next process that
+    // asks makes it again, and fails where it fails.
+    if (!make(dir)) return dir;
+    std::ofstream(complete) << key << "\n";
+  }
+  return made[key] = dir;
+}
+
+namespace {
+
+// Runs `script ARGS OUT` of tools/ (Debian's python3, which scripts/test.sh installs) into the
+// shared fixture `name` and returns its directory (a test failure when the script fails).
 fs::path run_fixture_script(const std::string& name, const fs::path& script,
                             const std::string& args) {
-  const fs::path out = temp_dir(name);
-  const std::string cmd = "/usr/bin/python3 " +
-                          shell_arg(fs::path(KLEIN_SOURCE_DIR) / "tools" / script) + " " + args +
-                          " " + shell_arg(out) + " > /dev/null";
-  if (std::system(cmd.c_str()) == 0) return out;
-  ADD_FAILURE() << "the fixture script failed: " << cmd;
-  return fs::path("/nonexistent-fixture") / name;
+  return shared_fixture(name, [&](const fs::path& dir) {
+    const std::string cmd = "/usr/bin/python3 " +
+                            shell_arg(fs::path(KLEIN_SOURCE_DIR) / "tools" / script) + " " +
+                            args + " " + shell_arg(dir) + " > /dev/null";
+    if (std::system(cmd.c_str()) == 0) return true;
+    ADD_FAILURE() << "the fixture script failed: " << cmd;
+    return false;
+  });
 }
 
 }  // namespace
@@ -198,14 +252,31 @@ Tensor random_tensor(Shape shape, uint32_t seed) {
 
 ::testing::AssertionResult convert_tiny(const fs::path& out, const std::string& args,
                                         std::string* log) {
-  std::string output;
-  const std::string command =
-      "convert -m " + shell_arg(tiny_model()) + " " + args + " -o " + shell_arg(out);
-  const int rc = run_klein(command, &output);
-  if (log != nullptr) *log = output;
-  if (rc == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "klein " << command << " exited with " << rc << ":\n"
-                                       << output;
+  const auto convert = [&](const fs::path& to, std::string& output) {
+    const std::string command =
+        "convert -m " + shell_arg(tiny_model()) + " " + args + " -o " + shell_arg(to);
+    const int rc = run_klein(command, &output);
+    if (rc == 0) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "klein " << command << " exited with " << rc
+                                         << ":\n" << output;
+  };
+  if (log != nullptr) return convert(out, *log);
+  // One conversion per set of arguments in a test run (named by their FNV-1a hash).
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (const unsigned char c : args) hash = (hash ^ c) * 0x100000001b3ull;
+  char key[40];
+  std::snprintf(key, sizeof key, "convert-%016llx", static_cast<unsigned long long>(hash));
+  ::testing::AssertionResult result = ::testing::AssertionSuccess();
+  const fs::path dir = shared_fixture(key, [&](const fs::path& d) {
+    std::string output;
+    result = convert(d / "tiny.klein", output);
+    return bool(result);
+  });
+  if (!result) return result;
+  std::error_code ec;
+  fs::copy_file(dir / "tiny.klein", out, fs::copy_options::overwrite_existing, ec);
+  if (ec) return ::testing::AssertionFailure() << "cannot copy the converted tiny model to " << out << ": " << ec.message();
+  return ::testing::AssertionSuccess();
 }
 
 std::string shell_arg(const std::filesystem::path& p) { return "'" + p.string() + "'"; }

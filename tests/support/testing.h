@@ -42,20 +42,31 @@ std::filesystem::path tiny_vectors();  // tiny_dir()/vectors
 // A fresh empty directory under the build's temp area, removed by nobody (ctest is short-lived).
 std::filesystem::path temp_dir(const std::string& name);
 
+// A fixture made once and then only read: the directory `make` filled. When the suite runs
+// through scripts/test.sh, KLEIN_TEST_FIXTURES names a directory of that run (removed after
+// it), and the first test process to ask for `key` makes it there while the others wait for
+// it (a file lock): every test program of the run shares one conversion of the tiny model, one
+// set of the scripts' fixtures. Without it, each process makes its own, in its temp_dir. `key`
+// is a file name; nothing may write into the directory after `make` (copy what a test
+// changes).
+// `make` returns whether it made the fixture (a failed one is made again by the next asker).
+std::filesystem::path shared_fixture(const std::string& key,
+                                     const std::function<bool(const std::filesystem::path&)>& make);
+
 // BFL's 46 watermark bits ("0"/"1") as the official library's fixtures record them
 // (tests/data/watermark/manifest.json, written by tools/watermark/official.py).
 std::string official_watermark_bits();
 
 // The tiny model's tokenizer as the one-file tokenizer.json of the Hugging Face tokenizers
 // library, `variant` "merge-strings" or "merge-pairs" (the layout of the Qwen3 repositories),
-// written once per test program by tools/tokenizer_json/make_fixture.py from vocab.json,
+// written once (shared_fixture) by tools/tokenizer_json/make_fixture.py from vocab.json,
 // merges.txt and tokenizer_config.json; the pair variant must come out with the SHA-256 of the
 // published Qwen3 file. A test failure when the script fails.
 std::filesystem::path tokenizer_json_fixture(const std::string& variant);
 
 // The directory of the tiny transformer's LoRA fixtures (peft.safetensors, bfl.safetensors,
-// kohya.safetensors: one per key spelling, random values from fixed seeds), written once per
-// test program by `tools/lora/lora_fixture.py make`.
+// kohya.safetensors: one per key spelling, random values from fixed seeds), written once
+// (shared_fixture) by `tools/lora/lora_fixture.py make`.
 std::filesystem::path lora_fixtures();
 // The same for the tiny Z-Image transformer (zimage-peft, zimage-comfy, zimage-kohya:
 // `tools/lora/lora_fixture.py make-zimage`).
@@ -87,7 +98,8 @@ Tensor random_tensor(Shape shape, uint32_t seed);
 int run_klein(const std::string& args, std::string* output = nullptr);
 
 // `klein convert -m <the tiny model> ARGS -o OUT`: success, or a failure that shows the
-// command's output. `log`, when given, receives the output either way.
+// command's output. `log`, when given, receives the output either way. Without `log`, the
+// conversion is a shared_fixture (one per ARGS in a run) copied to OUT.
 ::testing::AssertionResult convert_tiny(const std::filesystem::path& out, const std::string& args,
                                         std::string* log = nullptr);
 

@@ -1,11 +1,12 @@
 #pragma once
-// The tiny model converted to a container once per test program (header-only so that only
-// the programs that link the converter use it).
+// The tiny model converted to a container once per test run (header-only so that only the
+// programs that link the converter use it).
 #include <filesystem>
 #include <string>
 #include <utility>
 
 #include "convert/convert.h"
+#include "convert/policy.h"
 #include "support/testing.h"
 
 namespace klein::testing {
@@ -20,15 +21,23 @@ inline std::filesystem::path convert_tiny(std::filesystem::path output, DType ty
   return o.output;
 }
 
-// tiny_model() as a Q8 (Q4) container in a temporary directory named after `tag`, made once.
-inline const std::filesystem::path& tiny_q8_container(const std::string& tag) {
-  static const std::filesystem::path path =
-      convert_tiny(temp_dir(tag) / "tiny-q8.klein", DType::Q8);
+// The tiny model converted by convert_tiny as a shared_fixture (once per test run; `type`
+// "q8", "q4", "bf16", ...): read it, never write it.
+inline std::filesystem::path shared_tiny_container(const std::string& type) {
+  const std::string name = "tiny-" + type + ".klein";
+  return shared_fixture(name, [&](const std::filesystem::path& dir) {
+           convert_tiny(dir / name, convert::parse_storage_type(type, "test"));
+           return true;
+         }) / name;
+}
+
+// tiny_model() as a Q8 (Q4) container, made once.
+inline const std::filesystem::path& tiny_q8_container() {
+  static const std::filesystem::path path = shared_tiny_container("q8");
   return path;
 }
-inline const std::filesystem::path& tiny_q4_container(const std::string& tag) {
-  static const std::filesystem::path path =
-      convert_tiny(temp_dir(tag) / "tiny-q4.klein", DType::Q4);
+inline const std::filesystem::path& tiny_q4_container() {
+  static const std::filesystem::path path = shared_tiny_container("q4");
   return path;
 }
 
