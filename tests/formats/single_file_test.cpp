@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -1067,11 +1066,8 @@ TEST_F(BflLayout, ZImageOriginalNamesAreWhatDiffusersConvertsBack) {
     EXPECT_EQ(t.dtype, w["dtype"].get<std::string>());
     EXPECT_EQ(t.shape, w["shape"].get<Shape>());
     if (!w.contains("fnv1a64")) continue;
-    uint64_t h = 0xCBF29CE484222325ull;
-    for (std::byte b : t.bytes) h = (h ^ uint64_t(b)) * 0x100000001B3ull;
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
-    EXPECT_EQ(std::string(hex), w["fnv1a64"].get<std::string>());
+    EXPECT_EQ(testing::fnv1a64(t.bytes.data(), t.bytes.size()),
+              w["fnv1a64"].get<std::string>());
   }
 }
 

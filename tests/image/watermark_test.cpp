@@ -29,14 +29,6 @@ nlohmann::json manifest() {
   return nlohmann::json::parse(f);
 }
 
-std::string fnv1a64(const std::vector<uint8_t>& bytes) {
-  uint64_t h = 0xCBF29CE484222325ull;
-  for (uint8_t b : bytes) h = (h ^ b) * 0x100000001B3ull;
-  char s[17];
-  std::snprintf(s, sizeof s, "%016llx", static_cast<unsigned long long>(h));
-  return s;
-}
-
 TEST(Watermark, TheMessageIsBflsFortySixBits) {
   EXPECT_EQ(bits_text(flux_watermark_bits()), kBflBits);
   EXPECT_EQ(manifest()["message_bits"], kBflBits);
@@ -52,7 +44,8 @@ TEST(Watermark, TheOfficialDecoderReadsOurMark) {
     Image image = load_image(data() / (name + ".png"));
     ASSERT_EQ(image.width, c["width"].get<int>()) << name;
     embed_watermark(image, flux_watermark_bits());
-    ASSERT_EQ(fnv1a64(image.rgb), c["ours_rgb_fnv1a64"].get<std::string>())
+    ASSERT_EQ(testing::fnv1a64(image.rgb.data(), image.rgb.size()),
+              c["ours_rgb_fnv1a64"].get<std::string>())
         << name << ": these are not the pixels the official decoder read; the encoder changed, "
         "so run tools/watermark/official.py again";
     EXPECT_EQ(c["official_decoder_on_ours"].get<std::string>(), kBflBits) << name;

@@ -87,6 +87,15 @@ class FileLock {
 
 }  // namespace
 
+std::string fnv1a64(const void* data, size_t n) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001B3ull;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
 fs::path shared_fixture(const std::string& key, const std::function<bool(const fs::path&)>& make) {
   static std::mutex mutex;
   static std::map<std::string, fs::path> made;  // by this process
@@ -261,12 +270,9 @@ Tensor random_tensor(Shape shape, uint32_t seed) {
                                          << ":\n" << output;
   };
   if (log != nullptr) return convert(out, *log);
-  // One conversion per set of arguments in a test run (named by their FNV-1a hash).
-  uint64_t hash = 0xcbf29ce484222325ull;
-  for (const unsigned char c : args) hash = (hash ^ c) * 0x100000001b3ull;
-  char key[40];
-  std::snprintf(key, sizeof key, "convert-%016llx", static_cast<unsigned long long>(hash));
+  // One conversion per set of arguments in a test run (named by their hash).
   ::testing::AssertionResult result = ::testing::AssertionSuccess();
+  const std::string key = "convert-" + fnv1a64(args.data(), args.size());
   const fs::path dir = shared_fixture(key, [&](const fs::path& d) {
     std::string output;
     result = convert(d / "tiny.klein", output);
@@ -275,8 +281,9 @@ Tensor random_tensor(Shape shape, uint32_t seed) {
   if (!result) return result;
   std::error_code ec;
   fs::copy_file(dir / "tiny.klein", out, fs::copy_options::overwrite_existing, ec);
-  if (ec) return ::testing::AssertionFailure() << "cannot copy the converted tiny model to " << out << ": " << ec.message();
-  return ::testing::AssertionSuccess();
+  if (!ec) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "cannot copy the converted tiny model to " << out
+                                       << ": " << ec.message();
 }
 
 std::string shell_arg(const std::filesystem::path& p) { return "'" + p.string() + "'"; }

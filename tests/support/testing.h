@@ -2,6 +2,7 @@
 // Helpers shared by the test programs: paths to the golden data and tensor comparison.
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -71,6 +72,10 @@ std::filesystem::path lora_fixtures();
 // The same for the tiny Z-Image transformer (zimage-peft, zimage-comfy, zimage-kohya:
 // `tools/lora/lora_fixture.py make-zimage`).
 std::filesystem::path zimage_lora_fixtures();
+
+// The FNV-1a 64-bit hash of `n` bytes as 16 lower-case hex digits (the fixtures' manifests
+// name tensors and images by it).
+std::string fnv1a64(const void* data, size_t n);
 
 // A file written with exactly these bytes (a test failure when it cannot be).
 void write_text(const std::filesystem::path& path, const std::string& text);
