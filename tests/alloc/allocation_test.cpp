@@ -56,7 +56,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path& tiny_container() { return testing::tiny_q8_container(); }
+fs::path tiny_container() { return testing::shared_tiny_container("q8"); }
 
 // Allocations counted between the end of one step and the end of the next, for steps 2..n.
 // `extra` runs inside the counted window (to show that the count can move).

@@ -124,12 +124,12 @@ TEST_P(BatchDenoise, FloatWeightsGiveEachImageItsOwnBits) {
 }
 
 TEST_P(BatchDenoise, Q4WeightsGiveEachImageItsOwnBits) {
-  const auto store = open_model(testing::tiny_q4_container());
+  const auto store = open_model(testing::shared_tiny_container("q4"));
   run_all(*store, "q4");
 }
 
 TEST_P(BatchDenoise, GuidedBatchGivesEachImageItsOwnBits) {
-  const auto inner = open_model(testing::tiny_q4_container());
+  const auto inner = open_model(testing::shared_tiny_container("q4"));
   ModelConfig base = inner->config();
   base.is_distilled = false;
   ConfigOverride store(*inner, base);

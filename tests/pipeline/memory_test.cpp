@@ -157,7 +157,7 @@ TEST(MemoryPlan, ForcedResidencyIsCheckedAgainstAGivenBudget) {
 
 // --- the tiny model as a container -----------------------------------------------------------
 
-const fs::path& tiny_container() { return testing::tiny_q8_container(); }
+fs::path tiny_container() { return testing::shared_tiny_container("q8"); }
 
 const Tokenizer& tiny_tokenizer() {
   static const Tokenizer tokenizer = [] {

@@ -31,14 +31,4 @@ inline std::filesystem::path shared_tiny_container(const std::string& type) {
          }) / name;
 }
 
-// tiny_model() as a Q8 (Q4) container, made once.
-inline const std::filesystem::path& tiny_q8_container() {
-  static const std::filesystem::path path = shared_tiny_container("q8");
-  return path;
-}
-inline const std::filesystem::path& tiny_q4_container() {
-  static const std::filesystem::path path = shared_tiny_container("q4");
-  return path;
-}
-
 }  // namespace klein::testing
