@@ -20,4 +20,9 @@ struct Registration {
 
 void register_commands(CLI::App& app);
 
+// The exit status of a run that a check stopped: an image flagged by the safety classifier
+// (klein safety, generate --safety) or a prompt by the prompt check (klein check-prompt,
+// generate --check-prompt). Errors exit with 1.
+constexpr int kExitFlagged = 2;
+
 }  // namespace klein::cli

@@ -23,6 +23,7 @@
 #include "pipeline/noise.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/preview.h"
+#include "pipeline/prompt_check.h"
 #include "pipeline/safety.h"
 #include "weights/safety_model.h"
 #include "pipeline/tiny_decoder.h"
@@ -44,6 +45,7 @@ struct Args {
   MemoryOptions memory;
   bool no_cache = false, quiet = false, json = false, verbose = false, dry_run = false;
   bool upsample = false;
+  bool check_prompt = false;  // --check-prompt: BFL's prompt check before any image work
   bool no_watermark = false;
   bool prompt_given = false;  // -p was given: "" is a prompt (the empty one), not a missing one
   int batch = 1;             // --batch: images of one prompt, seeds s, s+1, ...
@@ -61,10 +63,6 @@ struct Args {
   std::string tiny_vae;
   std::string decoder = "full";
 };
-
-// The exit status when the safety check flagged an image and none was written (as `klein
-// safety`'s for flagged images; errors exit with 1).
-constexpr int kFlagged = 2;
 
 // Progress on stderr: on a terminal, one line per phase rewritten in place while it runs;
 // into a file or a pipe, one plain line per event (no carriage returns in logs).
@@ -428,6 +426,33 @@ Model open_model(const Args& a, LoadPhase& load) {
   return model;
 }
 
+// --check-prompt: each distinct prompt asked about as BFL's reference asks
+// (pipeline/prompt_check.h); a flagged one stops the run (PromptFlagged: exit status 2)
+// before any image work.
+void check_prompts(const Args& a, Model& model, Compute& cx, Progress& progress,
+                   const std::vector<std::string>& prompts) {
+  const std::string why = prompt_check_unavailable(model);
+  check(why.empty(), "--check-prompt: ", why);
+  std::vector<std::string> done;
+  for (const std::string& prompt : prompts) {
+    if (std::find(done.begin(), done.end(), prompt) != done.end()) continue;
+    done.push_back(prompt);
+    progress.begin("check prompt", 0);
+    const PromptCheck c = check_prompt(model, cx, prompt);
+    progress.end("check prompt", c.seconds);
+    const std::string refusal = c.flagged ? prompt_check_refusal("--check-prompt") : "";
+    if (a.json) {
+      nlohmann::ordered_json e = {{"event", "prompt_check"}, {"prompt", prompt},
+                                  {"flagged", c.flagged},   {"yes_logit", c.yes_logit},
+                                  {"no_logit", c.no_logit}, {"chat_tokens", c.chat_tokens},
+                                  {"seconds", c.seconds}};
+      if (c.flagged) e["message"] = refusal;
+      JsonProgress::emit(e);
+    }
+    if (c.flagged) throw PromptFlagged(refusal, c);
+  }
+}
+
 void run_one(Args& a) {
   GenerateOptions& g = a.gen;
   const std::string cache_off = fill_options(a);
@@ -462,6 +487,7 @@ void run_one(Args& a) {
   if (!a.dry_run && lowercase(a.output).ends_with(".webp"))
     progress.warn("-o " + a.output + ": WebP carries no text metadata, so the image will not record "
                   "its prompt and settings (PNG and JPEG do)");
+  if (a.check_prompt && !a.dry_run) check_prompts(a, model, cx, progress, {g.prompt});
   if (remote) {
     progress.begin("upsample prompt", 0);
     std::vector<std::filesystem::path> images;
@@ -537,6 +563,7 @@ void run_batch(Args& a, const std::vector<std::string>& prompts, uint64_t seed) 
   if (lowercase(a.output).ends_with(".webp"))
     progress.warn("-o " + a.output + ": WebP carries no text metadata, so the images will not "
                   "record their prompts and settings (PNG and JPEG do)");
+  if (a.check_prompt) check_prompts(a, model, cx, progress, prompts);
   std::vector<Args> each(size_t(n), a);
   std::vector<GenerateOptions> images;
   for (int i = 0; i < n; ++i) {
@@ -711,6 +738,11 @@ Registration generate_command("generate", 10, [](CLI::App& app) {
                 "chat model before encoding it (greedy unless an --upsample-temperature, -top-p, "
                 "-top-k or -seed is given); the image records both prompts");
   add_upsample_options(*cmd, a->upsample_args, "upsample-");
+  cmd->add_flag("--check-prompt", a->check_prompt,
+                "Before any image work, ask the text encoder (run as a language model: a "
+                "container made with --keep-llm, or the diffusers directory) whether the prompt "
+                "names copyrighted characters, brands or living public figures, as BFL's "
+                "reference does; a flagged prompt stops the run with exit status 2 and no image");
   cmd->add_flag("--safety", a->safety,
                 "Classify the input images before any work and the generated image after "
                 "decoding with FLUX.2's safety classifier (BFL's check); a flagged image "
@@ -736,6 +768,9 @@ Registration generate_command("generate", 10, [](CLI::App& app) {
     a->prompt_given = prompt->count() > 0;
     try {
       run(*a);
+    } catch (const PromptFlagged& e) {  // its JSON event is out already (check_prompts)
+      std::fprintf(stderr, "error: %s\n", e.what());
+      throw CLI::RuntimeError(kExitFlagged);
     } catch (const SafetyFlagged& e) {
       // Not an error of the input or the engine: a status of its own, and the verdict as a
       // JSON event for --json.
@@ -747,7 +782,7 @@ Registration generate_command("generate", 10, [](CLI::App& app) {
                             {"threshold", e.threshold},
                             {"message", e.what()}});
       std::fprintf(stderr, "error: %s\n", e.what());
-      throw CLI::RuntimeError(kFlagged);
+      throw CLI::RuntimeError(kExitFlagged);
     }
   });
 });

@@ -23,9 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The exit status when some image is flagged (errors exit with 1, as every command).
-constexpr int kFlagged = 2;
-
 struct SafetyArgs {
   std::string model;
   std::vector<std::string> images;
@@ -72,7 +69,7 @@ void run_safety(const SafetyArgs& a) {
     }
   }
   std::fflush(stdout);
-  if (any_flagged) throw CLI::RuntimeError(kFlagged);
+  if (any_flagged) throw CLI::RuntimeError(kExitFlagged);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "core/cpu.h"
 #include "core/error.h"
 #include "ops/compute.h"
+#include "pipeline/prompt_check.h"
 #include "pipeline/safety.h"
 #include "weights/safety_model.h"
 #include "models/taesd/taesd.h"
@@ -112,6 +113,8 @@ void serve(const ServeArgs& a) {
                 safety_action_name(options.safety.action));
   else
     std::printf("klein serve: safety checks off\n");
+  if (options.check_prompt)
+    std::printf("klein serve: prompt checks on (BFL's, by the model's text encoder)\n");
   if (options.tiny.on())
     std::printf("klein serve: previews by the tiny decoder %s (requests may ask \"decoder\": "
                 "\"tiny\")\n", options.tiny.model->path().string().c_str());
@@ -130,6 +133,10 @@ void serve(const ServeArgs& a) {
   try {
     model.emplace(Model::open(a.model));
     check_tiny_decoder(options.tiny, model->weights->config());
+    if (options.check_prompt) {
+      const std::string why = prompt_check_unavailable(*model);
+      check(why.empty(), "--check-prompt: ", why);
+    }
     server.set_model(*model);
     std::printf("klein serve: %s ready\n", model->name.c_str());
     std::fflush(stdout);
@@ -181,6 +188,10 @@ Registration serve_command("serve", 85, [](CLI::App& app) {
                   "prompt (listed at /sdapi/v1/loras)")
       ->check(CLI::ExistingDirectory);
   add_upsample_options(*cmd, a->upsample, "upsample-");
+  cmd->add_flag("--check-prompt", a->server.check_prompt,
+                "Check every request's prompt as `klein generate --check-prompt` does (BFL's "
+                "prompt check by the text encoder, which must keep its language-model head); a "
+                "flagged prompt gets 422 and no work is done");
   cmd->add_option("--tiny-vae", a->tiny_vae,
                   "A tiny autoencoder's decoder (taef2_decoder.pth for FLUX.2, taef1_decoder.pth "
                   "for Z-Image): the step previews are its pictures, and requests may ask "

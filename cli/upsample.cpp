@@ -86,6 +86,20 @@ hub::RemoteUpsample upsample_remotely(const hub::ChatEndpoint& endpoint, const U
                               a.strict);
 }
 
+Model open_language_model(const ModelPaths& paths, const MemoryOptions& memory,
+                          std::string (*unavailable)(const Model&)) {
+  const std::optional<uint64_t> budget = memory.budget();  // a bad size fails first
+  Model model = open_upsample_model(paths);
+  const std::string why = unavailable(model);
+  check(why.empty(), why);
+  MemoryPlanInputs need = stages_for(model.weights->config()).memory_inputs(model.weights->config());
+  need.image = false;
+  const MemoryPlan plan = plan_memory(estimate_memory(*model.weights, need), budget,
+                                      available_memory_bytes(), memory.forced());
+  model.weights->set_residency(plan.residency);
+  return model;
+}
+
 void add_upsample_options(CLI::App& cmd, UpsampleArgs& a, const std::string& prefix) {
   const std::string p = "--" + prefix;
   cmd.add_option(p + "system", a.system_file,
@@ -149,15 +163,7 @@ void run_upsample(const UpsampleCommand& a) {
       std::fprintf(stderr, "rewritten by the remote model in %.1f s\n", r.seconds);
     return;
   }
-  const std::optional<uint64_t> budget = a.memory.budget();
-  Model model = open_upsample_model(a.model);
-  const std::string why = upsample_unavailable(model);
-  check(why.empty(), why);
-  MemoryPlanInputs need = stages_for(model.weights->config()).memory_inputs(model.weights->config());
-  need.image = false;
-  const MemoryPlan plan = plan_memory(estimate_memory(*model.weights, need), budget,
-                                      available_memory_bytes(), a.memory.forced());
-  model.weights->set_residency(plan.residency);
+  Model model = open_language_model(a.model, a.memory, upsample_unavailable);
   Compute cx(a.threads);
   const auto start = std::chrono::steady_clock::now();
   const bool tty = !a.quiet && !a.json && ::isatty(STDERR_FILENO);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/memory_options.h"
 #include "hub/chat.h"
 #include "pipeline/upsample.h"
 
@@ -48,5 +49,11 @@ hub::RemoteUpsample upsample_remotely(const hub::ChatEndpoint& endpoint, const U
                                       const std::vector<std::filesystem::path>& images = {});
 
 void add_upsample_options(CLI::App& cmd, UpsampleArgs& a, const std::string& prefix);
+
+// The model of a command that runs the text encoder alone as a language model (klein upsample,
+// klein check-prompt): opened as open_upsample_model does, refused with `unavailable`'s
+// sentence when it cannot, its residency planned within the memory options.
+Model open_language_model(const ModelPaths& paths, const MemoryOptions& memory,
+                          std::string (*unavailable)(const Model&));
 
 }  // namespace klein::cli

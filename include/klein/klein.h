@@ -71,8 +71,9 @@ typedef enum klein_status {
   KLEIN_ERROR_CANCELLED = 2,  /* the progress callback or klein_session_cancel stopped it */
   KLEIN_ERROR_ARGUMENT = 3,   /* a NULL handle or an option out of range */
   KLEIN_ERROR_FLAGGED = 4     /* the safety check flagged an input or the generated image
-                                 (params.safety_model); no image is given, the message names
-                                 the nsfw probability and the threshold */
+                                 (params.safety_model; the message names the nsfw probability
+                                 and the threshold), or the prompt check the prompt
+                                 (params.check_prompt); no image is given */
 } klein_status;
 
 typedef enum klein_precision {
@@ -230,6 +231,11 @@ typedef struct klein_generate_params {
                            the preview callback gets its pictures; NULL: none (the colour fit) */
   int tiny_decode;      /* non-zero: the tiny decoder decodes the image instead of the VAE */
   int preview_size;     /* longest side of its previews in pixels, 8 to 8192; 0: 256 */
+  /* BFL's prompt check (as `klein generate --check-prompt`): non-zero asks the text encoder,
+   * run as a language model (a container made with --keep-llm, or the diffusers directory),
+   * whether the prompt names copyrighted characters, brands or living public figures before
+   * any work; a flagged prompt: KLEIN_ERROR_FLAGGED, no image. */
+  int check_prompt;
 } klein_generate_params;
 
 KLEIN_API void klein_generate_params_init(klein_generate_params* params);

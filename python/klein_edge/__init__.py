@@ -35,8 +35,9 @@ class Cancelled(KleinError):
 
 
 class Flagged(KleinError):
-    """The safety check flagged an input image or the generated one (safety_model=...): no
-    image is given; the message names the nsfw probability and the threshold."""
+    """The safety check flagged an input image or the generated one (safety_model=...; the
+    message names the nsfw probability and the threshold), or the prompt check the prompt
+    (check_prompt=True): no image is given."""
 
 
 def library_version():
@@ -201,7 +202,7 @@ class Model:
                  watermark=True, progress=None, preview=None, count=None, safety_model=None,
                  safety_threshold=None, safety_action="refuse", controlnet=None,
                  control_image=None, control_scale=None, tiny_vae=None, decoder="full",
-                 preview_size=None):
+                 preview_size=None, check_prompt=False):
         """Generates one image and returns it as a PIL image (RGB); with count=N, a list of N
         images with seeds seed, seed+1, ... denoised together (each transformer block read
         once per step for all of them), image i the one generate makes with seed + i.
@@ -230,6 +231,11 @@ class Model:
         taef1_decoder.pth for Z-Image): previews are its pictures, at most preview_size
         (None: 256) pixels on the long side; decoder="tiny" decodes the image with it instead
         of the model's VAE (a draft at a fraction of the cost).
+        check_prompt: True asks the text encoder first, as BFL's reference does, whether the
+        prompt names copyrighted characters, brands or living public figures (`klein
+        generate --check-prompt`; the model must keep its language-model head: a container
+        made with --keep-llm, or the diffusers directory); a flagged prompt raises Flagged
+        before any work.
         progress(phase, done, total, seconds): called as phases begin, step and end.
         preview(step, steps, image): a PIL image of the step's estimate after each step (with
         count, of the first image): the tiny decoder's picture with tiny_vae, else a colour fit
@@ -280,6 +286,9 @@ class Model:
         if not isinstance(watermark, bool):
             raise TypeError(f"watermark: expected True or False, got {watermark!r}")
         params.no_watermark = 0 if watermark else 1
+        if not isinstance(check_prompt, bool):
+            raise TypeError(f"check_prompt: expected True or False, got {check_prompt!r}")
+        params.check_prompt = 1 if check_prompt else 0
         if safety_action not in _capi.SAFETY_ACTIONS:
             raise ValueError(f"safety_action: expected one of "
                              f"{', '.join(_capi.SAFETY_ACTIONS)}, got {safety_action!r}")

@@ -96,6 +96,7 @@ class GenerateParams(ctypes.Structure):
         ("tiny_vae", ctypes.c_char_p),
         ("tiny_decode", ctypes.c_int),
         ("preview_size", ctypes.c_int),
+        ("check_prompt", ctypes.c_int),
     ]
 
 

@@ -25,6 +25,7 @@
 #include "pipeline/noise.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/preview.h"
+#include "pipeline/prompt_check.h"
 
 struct klein_model {
   klein::Model model;
@@ -69,6 +70,9 @@ klein_status guarded(std::string& message, Fn&& fn) {
     message = "cancelled";
     return KLEIN_ERROR_CANCELLED;
   } catch (const klein::SafetyFlagged& e) {
+    message = e.what();
+    return KLEIN_ERROR_FLAGGED;
+  } catch (const klein::PromptFlagged& e) {
     message = e.what();
     return KLEIN_ERROR_FLAGGED;
   } catch (const std::bad_alloc&) {
@@ -251,6 +255,18 @@ klein_image* to_image(const klein::GenerateOptions& o, const klein::GenerateResu
 // The most images one klein_generate_batch makes (as `klein generate --batch`).
 constexpr int kMaxBatch = 1000;
 
+// params.check_prompt: the prompt asked about before any work (as generate
+// --check-prompt); a flagged one throws PromptFlagged.
+void check_prompt_if_asked(klein_model& m, klein::Compute& cx, const klein_generate_params& p,
+                   const std::string& prompt) {
+  if (!p.check_prompt) return;
+  const std::string why = klein::prompt_check_unavailable(m.model);
+  klein::check(why.empty(), "params.check_prompt: ", why);
+  const klein::PromptCheck c = klein::check_prompt(m.model, cx, prompt);
+  if (c.flagged)
+    throw klein::PromptFlagged(klein::prompt_check_refusal("params.check_prompt"), c);
+}
+
 }  // namespace
 
 extern "C" {
@@ -361,6 +377,7 @@ klein_status klein_generate(klein_session* session, const klein_generate_params*
     klein::GenerateResult r;
     {
       const std::lock_guard lock(m.generating);
+      check_prompt_if_asked(m, *session->cx, *params, o.prompt);
       CallbackProgress progress(*params, *session->cx);
       klein::Session stages(m.model, *session->cx);
       r = stages.generate(o, progress, preview_hook(*session, *params));
@@ -389,6 +406,7 @@ klein_status klein_generate_batch(klein_session* session, const klein_generate_p
     for (int i = 0; i < count; ++i) all[size_t(i)].seed = *o.seed + uint64_t(i);
     klein_model& m = *session->model;
     const std::lock_guard lock(m.generating);
+    check_prompt_if_asked(m, *session->cx, *params, o.prompt);
     CallbackProgress progress(*params, *session->cx);
     klein::Session stages(m.model, *session->cx);
     stages.generate_batch(all, progress, [&](size_t i, klein::GenerateResult& r) {

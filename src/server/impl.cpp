@@ -16,6 +16,7 @@
 #include "formats/image/image.h"
 #include "pipeline/noise.h"
 #include "pipeline/preview.h"
+#include "pipeline/prompt_check.h"
 
 namespace klein {
 
@@ -251,6 +252,12 @@ Made generate(Impl& s, ImageRequest request, Slot& slot, const Ticket& t) {
     const std::lock_guard lock(s.live_mutex);
     s.live.preview = b64;
   };
+  if (s.options.check_prompt) {
+    progress.begin("check prompt", 0);
+    const PromptCheck c = check_prompt(m, s.cx, o.prompt);
+    progress.end("check prompt", c.seconds);
+    if (c.flagged) throw PromptFlagged(prompt_check_refusal("the server's prompt check"), c);
+  }
   if (request.upsample) {
     try {
       upsample_request(s, m, o, progress);
@@ -381,6 +388,8 @@ HttpError http_error(const std::exception_ptr& thrown) {
   } catch (const SafetyFlagged& e) {
     // A request well formed, but an image of it the safety check refuses.
     return {422, e.what(), "flagged"};
+  } catch (const PromptFlagged& e) {
+    return {422, e.what(), "flagged"};  // and its prompt, the prompt check
   } catch (const std::bad_alloc&) {
     return {500, "out of memory"};
   } catch (const std::exception& e) {

@@ -115,6 +115,10 @@ struct ServerOptions {
   UpsampleOptions upsample;
   std::optional<hub::ChatEndpoint> upsample_endpoint;
   bool upsample_strict = false;
+  // The prompt check of every request (pipeline/prompt_check.h), by the model's text encoder
+  // before any other work (upsampling included); a flagged prompt is answered with 422. No
+  // request can turn it off. /health says whether it is on.
+  bool check_prompt = false;
 };
 
 class Server {

@@ -29,6 +29,7 @@ json health(Impl& s, httplib::Response& res) {
     reply["safety"]["threshold"] = s.options.safety.threshold;
     reply["safety"]["action"] = safety_action_name(s.options.safety.action);
   }
+  reply["prompt_check"] = {{"enabled", s.options.check_prompt}};
   reply["tiny_decoder"] = {{"enabled", s.options.tiny.on()}};
   if (s.options.tiny.on())
     reply["tiny_decoder"]["file"] = s.options.tiny.model->path().filename().string();

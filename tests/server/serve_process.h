@@ -79,6 +79,11 @@ class ServeProcess {
     ::close(out_);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
+  // The process was waited for by the caller: nothing left to stop.
+  void forget() {
+    pid_ = -1;
+    ::close(out_);
+  }
   int port() const { return port_; }
   pid_t pid() const { return pid_; }
   httplib::Client client() const {

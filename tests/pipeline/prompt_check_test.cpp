@@ -1,0 +1,280 @@
+// The prompt check (pipeline/prompt_check.h) against BFL's reference and transformers:
+// - the chat holds BFL's texts verbatim (black-forest-labs/flux2 ab7cca68,
+//   src/flux2/system_messages.py, copied below from that file);
+// - the answer is what transformers' greedy generate() picks with BFL's yes_no_logit_processor:
+//   on the chats of ../shared/testdata/upsample-tiny, whose next-token logits transformers'
+//   Qwen3ForCausalLM computed (logits_full.npy: after the prompt, and after the first
+//   generated token), the "yes" and "no" logits match and so does the pick, on every
+//   instruction set; the cases hold both answers;
+// - the front ends: `klein check-prompt`, and `klein generate --check-prompt`, which stops a
+//   flagged prompt before any image work (exit status 2, no file) and generates a passed one;
+//   a model without its language-model head and a tokenizer without one-token "yes"/"no" are
+//   refused by name.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/npy.h"
+#include "ops/compute.h"
+#include "pipeline/prompt_check.h"
+#include "support/isa.h"
+#include "support/testing.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+#include "weights/config.h"
+#include "weights/model_source.h"
+#include "weights/naming.h"
+#include "zimage/file_store.h"
+
+namespace klein {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// src/flux2/system_messages.py at ab7cca68018ad3ceadcace9d6ecb1bc1f6f46b4e.
+const char* const kBflContentFilter = R"(
+You are Mistral Small 3, a Large Language Model (LLM) created by Mistral AI, a French startup headquartered in Paris.
+Your task is identifying images and text for copyright concerns and depictions of public personas.
+)";
+
+// PROMPT_TEXT_INTEGRITY (a Python str.format template; stripped), the prompt put in as
+// str.format would.
+std::string bfl_text_integrity(const std::string& prompt) {
+  std::string t = R"(
+Task: Analyze a text prompt to identify potential copyright concerns or requests to depict living public figures.
+
+Output: Respond with only "yes" or "no"
+
+Criteria for "Yes":
+- The prompt explicitly names a character from copyrighted media (movies, TV, comics, games, etc.)
+- The prompt explicitly mentions a trademarked logo or brand
+- The prompt names or describes a specific living public figure (celebrities, politicians, athletes, influencers, etc.)
+
+Criteria for "No":
+- All other cases
+- When you cannot identify the specific copyrighted work or named individual
+
+Critical Requirements:
+1. You must be able to name the exact copyrighted work or specific person referenced
+2. General demographic descriptions or characteristics are not sufficient
+3. Analyze only the prompt text, not potential image outcomes
+4. Provide only the one-word answer: "yes" or "no"
+
+The prompt to check is:
+-----
+{prompt}
+-----
+
+Does this prompt have copyright concerns or includes public figures?
+)";
+  t = t.substr(1, t.size() - 2);  // .strip(): the template's first and last newline
+  return t.replace(t.find("{prompt}"), 8, prompt);
+}
+
+TEST(PromptCheck, TheChatHoldsBflsMessagesVerbatim) {
+  EXPECT_EQ(prompt_check_system(), kBflContentFilter);
+  for (const std::string prompt : {"a cat", "", "Darth Vader {prompt} \"quoted\"\nsecond line"})
+    EXPECT_EQ(prompt_check_request(prompt), bfl_text_integrity(prompt)) << prompt;
+}
+
+// torch.argmax over the processed scores: every other id is below both, so the larger of the
+// two wins, and a tie goes to the lower id (the first maximum).
+TEST(PromptCheck, TheAnswerIsTheGreedyPickAmongYesAndNo) {
+  EXPECT_TRUE(prompt_check_says_yes(1.5f, 1.25f, 9693, 2152));
+  EXPECT_FALSE(prompt_check_says_yes(1.25f, 1.5f, 9693, 2152));
+  EXPECT_FALSE(prompt_check_says_yes(2.0f, 2.0f, 9693, 2152));  // "no" has the lower id
+  EXPECT_TRUE(prompt_check_says_yes(2.0f, 2.0f, 5, 9));
+  EXPECT_TRUE(prompt_check_says_yes(-3.0f, -4.0f, 9693, 2152));
+}
+
+// The upsample-tiny cases with whole-vocabulary logits (steps 0 and 1), on the model each ran.
+struct Reference {
+  std::string name;
+  bool tied = true;
+  std::vector<int32_t> chat;  // the case's ids, and for step 1 the first generated token after
+  std::vector<float> logits;  // transformers' next-token logits after `chat`
+};
+
+std::vector<Reference> references() {
+  std::vector<Reference> all;
+  for (const std::string name : {"t2i", "t2i_think", "edit", "non_ascii", "long", "untied_eos"}) {
+    const fs::path dir = testing::upsample_dir() / "cases" / name;
+    std::ifstream in(dir / "case.json");
+    const json spec = json::parse(in);
+    std::vector<int32_t> ids;
+    for (int64_t v : read_npy(dir / "input_ids.npy").to_i64()) ids.push_back(int32_t(v));
+    const std::vector<int64_t> generated = read_npy(dir / "generated_ids.npy").to_i64();
+    const std::vector<float> full = read_npy(dir / "logits_full.npy").to_f32();
+    const size_t vocab = full.size() / 2;
+    for (int step = 0; step < 2; ++step) {
+      Reference r;
+      r.name = name + "/step" + std::to_string(step);
+      r.tied = spec["model"] == "tied";
+      r.chat = ids;
+      if (step == 1) r.chat.push_back(int32_t(generated.at(0)));
+      r.logits.assign(full.begin() + std::ptrdiff_t(step * vocab),
+                      full.begin() + std::ptrdiff_t((step + 1) * vocab));
+      all.push_back(std::move(r));
+    }
+  }
+  return all;
+}
+
+struct Models {
+  std::unique_ptr<WeightStore> tied = open_model(testing::tiny_model());
+  std::unique_ptr<WeightStore> untied = [] {
+    const fs::path te = testing::upsample_dir() / "model-untied" / "text_encoder";
+    std::ifstream in(te / "config.json");
+    ModelConfig config;
+    config.text_encoder =
+        parse_text_encoder_config(json::parse(in), "untied config.json", {9, 18, 27});
+    return std::unique_ptr<WeightStore>(std::make_unique<testing::ComponentFileStore>(
+        te / "model.safetensors.index.json", "text_encoder", component_unit_of, config));
+  }();
+  Tokenizer tokenizer = Tokenizer::from_directory(testing::tiny_model() / "tokenizer");
+};
+
+class PromptCheckIsa : public ::testing::TestWithParam<quant::Isa> {};
+
+TEST_P(PromptCheckIsa, TheAnswerIsTransformersGreedyPickWithBflsProcessor) {
+  KLEIN_REQUIRE_ISA(GetParam());
+  static Models models;
+  Compute cx(2, GetParam());
+  int yes = 0, no = 0;
+  for (const Reference& r : references()) {
+    SCOPED_TRACE(r.name);
+    const PromptCheck c = prompt_check_answer(r.tied ? *models.tied : *models.untied,
+                                              models.tokenizer, cx, r.chat);
+    ASSERT_EQ(c.yes_id, models.tokenizer.encode("yes").at(0));
+    ASSERT_EQ(c.no_id, models.tokenizer.encode("no").at(0));
+    const float ref_yes = r.logits.at(size_t(c.yes_id)), ref_no = r.logits.at(size_t(c.no_id));
+    EXPECT_NEAR(c.yes_logit, ref_yes, 2e-3);
+    EXPECT_NEAR(c.no_logit, ref_no, 2e-3);
+    // Every case's answer is far from a tie (the smallest gap is 0.37), so the pick is exact.
+    ASSERT_GT(std::fabs(ref_yes - ref_no), 0.1f);
+    const bool official = prompt_check_says_yes(ref_yes, ref_no, c.yes_id, c.no_id);
+    EXPECT_EQ(c.flagged, official);
+    (official ? yes : no) += 1;
+    EXPECT_EQ(c.chat_tokens, int(r.chat.size()));
+  }
+  EXPECT_GT(yes, 0);  // both answers are among the cases
+  EXPECT_GT(no, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(UpsampleTiny, PromptCheckIsa,
+                         ::testing::ValuesIn(testing::compiled_isas()),
+                         [](const auto& info) { return std::string(quant::isa_name(info.param)); });
+
+// The tiny klein-9B (Qwen3-8B's layout, untied head) answers both ways on these prompts.
+fs::path nine_b() { return fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "klein-tiny-9b" / "model"; }
+const char* const kPrompts[] = {"Mickey Mouse eating ice cream", "a bowl of fruit"};
+
+json check_json(const std::string& model, const std::string& prompt) {
+  std::string out;
+  EXPECT_NE(testing::run_klein("check-prompt --json --threads 2 -m " + model + " -p " +
+                                   testing::shell_arg(prompt), &out), 1) << out;
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line))
+    if (!line.empty() && line[0] == '{') return json::parse(line);
+  ADD_FAILURE() << out;
+  return json::object();
+}
+
+TEST(PromptCheckCli, GenerateStopsAFlaggedPromptBeforeAnyWorkAndRunsAPassedOne) {
+  const fs::path dir = testing::temp_dir("prompt_check_cli");
+  const std::string model = testing::shell_arg(nine_b());
+  bool seen[2] = {false, false};
+  std::string passed, flagged_prompt;
+  for (const std::string prompt : kPrompts) {
+    SCOPED_TRACE(prompt);
+    // klein check-prompt: the verdict, its exit status, and the chat's length.
+    std::string out;
+    const int status = testing::run_klein(
+        "check-prompt --threads 2 -m " + model + " -p " + testing::shell_arg(prompt), &out);
+    const json c = check_json(model, prompt);
+    const bool flagged = c.value("flagged", false);
+    seen[flagged] = true;
+    (flagged ? flagged_prompt : passed) = prompt;
+    EXPECT_EQ(status, flagged ? 2 : 0) << out;
+    EXPECT_NE(out.find(flagged ? "FLAGGED: " + prompt : "passed: " + prompt), std::string::npos)
+        << out;
+    EXPECT_GT(c.value("chat_tokens", 0), 250);
+    EXPECT_EQ(flagged, c.value("yes_logit", 0.0) > c.value("no_logit", 0.0));
+
+    // generate --check-prompt: the same verdict; flagged, no image and nothing else done.
+    const fs::path png = dir / (std::string(flagged ? "flagged" : "passed") + ".png");
+    std::string log;
+    const int generated = testing::run_klein(
+        "generate --json --no-cache --check-prompt -m " + model + " -p " +
+            testing::shell_arg(prompt) + " -W 32 -H 32 -s 1 --seed 1 --threads 2 -o " +
+            testing::shell_arg(png), &log);
+    EXPECT_NE(log.find("\"event\":\"prompt_check\""), std::string::npos) << log;
+    EXPECT_NE(log.find(std::string("\"flagged\":") + (flagged ? "true" : "false")),
+              std::string::npos) << log;
+    if (flagged) {
+      EXPECT_EQ(generated, 2) << log;
+      EXPECT_FALSE(fs::exists(png));
+      EXPECT_NE(log.find("flagged by --check-prompt for potential copyright or public personas "
+                         "concerns"), std::string::npos) << log;
+      // No image work began: no memory plan, no text encoding.
+      EXPECT_EQ(log.find("\"event\":\"memory\""), std::string::npos) << log;
+      EXPECT_EQ(log.find("\"phase\":\"text encoder\""), std::string::npos) << log;
+    } else {
+      EXPECT_NE(log.find("\"phase\":\"text encoder\""), std::string::npos) << log;
+      EXPECT_EQ(generated, 0) << log;
+      EXPECT_TRUE(fs::exists(png));
+    }
+  }
+  ASSERT_TRUE(seen[0] && seen[1]) << "the prompts no longer give both answers";
+
+  // A batch stops before its first image when any of its prompts is flagged.
+  const fs::path list = dir / "prompts.txt";
+  std::ofstream(list) << passed << "\n" << flagged_prompt << "\n";
+  std::string log;
+  EXPECT_EQ(testing::run_klein("generate --no-cache --check-prompt -m " + model + " --prompts " +
+                                   testing::shell_arg(list) +
+                                   " -W 32 -H 32 -s 1 --seed 1 --threads 2 -o " +
+                                   testing::shell_arg(dir / "batch.png"), &log),
+            2) << log;
+  EXPECT_FALSE(fs::exists(dir / "batch-0.png"));
+  EXPECT_FALSE(fs::exists(dir / "batch-1.png"));
+  fs::remove_all(dir);
+}
+
+TEST(PromptCheckCli, ModelsThatCannotAnswerAreRefusedByName) {
+  const fs::path dir = testing::temp_dir("prompt_check_refused");
+  // A container keeps only the layers generation reads: no final norm or head.
+  const fs::path container = dir / "tiny.klein";
+  ASSERT_TRUE(testing::convert_tiny(container, "-t bf16"));
+  std::string log;
+  EXPECT_EQ(testing::run_klein("generate --check-prompt --no-cache -m " +
+                                   testing::shell_arg(container) +
+                                   " -p fox -W 32 -H 32 -s 1 -o " + testing::shell_arg(dir / "x.png"),
+                               &log), 1) << log;
+  EXPECT_NE(log.find("--check-prompt: this model cannot check prompts: its text encoder lacks"),
+            std::string::npos) << log;
+  EXPECT_NE(log.find("--keep-llm"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(dir / "x.png"));
+  EXPECT_EQ(testing::run_klein("check-prompt -p fox -m " + testing::shell_arg(container), &log), 1);
+  EXPECT_NE(log.find("this model cannot check prompts"), std::string::npos) << log;
+
+  // The tiny FLUX.2-dev's tokenizer (a small Tekken BPE) writes "yes" as two tokens.
+  const fs::path dev = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "flux2-dev-tiny" / "model";
+  EXPECT_EQ(testing::run_klein("check-prompt -p fox -m " + testing::shell_arg(dev), &log), 1);
+  EXPECT_NE(log.find("this model cannot check prompts: the check reads the answer as one "
+                     "token, \"yes\" or \"no\", as BFL's does, and the model's tokenizer "
+                     "writes \"yes\" as 2 tokens"), std::string::npos) << log;
+  EXPECT_EQ(testing::run_klein("check-prompt -m " + testing::shell_arg(dev), &log), 1);
+  EXPECT_NE(log.find("give the prompt with -p"), std::string::npos) << log;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace klein
