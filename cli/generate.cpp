@@ -433,18 +433,22 @@ void check_prompts(const Args& a, Model& model, Compute& cx, Progress& progress,
                    const std::vector<std::string>& prompts) {
   const std::string why = prompt_check_unavailable(model);
   check(why.empty(), "--check-prompt: ", why);
+  PromptChecker checker(model, cx, a.gen.prompt_cache_dir);
   std::vector<std::string> done;
   for (const std::string& prompt : prompts) {
     if (std::find(done.begin(), done.end(), prompt) != done.end()) continue;
     done.push_back(prompt);
     progress.begin("check prompt", 0);
-    const PromptCheck c = check_prompt(model, cx, prompt);
+    const PromptCheck c = checker.check(prompt);
     progress.end("check prompt", c.seconds);
+    if (!c.store_error.empty()) progress.warn("prompt cache: " + c.store_error);
     const std::string refusal = c.flagged ? prompt_check_refusal("--check-prompt") : "";
     if (a.json) {
       nlohmann::ordered_json e = {{"event", "prompt_check"}, {"prompt", prompt},
                                   {"flagged", c.flagged},   {"yes_logit", c.yes_logit},
                                   {"no_logit", c.no_logit}, {"chat_tokens", c.chat_tokens},
+                                  {"reused_tokens", c.reused_tokens},
+                                  {"reused_from_cache", c.prefix_from_cache},
                                   {"seconds", c.seconds}};
       if (c.flagged) e["message"] = refusal;
       JsonProgress::emit(e);

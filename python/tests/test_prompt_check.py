@@ -15,7 +15,7 @@ NINE_B = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "klein
 
 def test_flagged_prompt_raises_before_any_work(klein_binary):
     import subprocess
-    done = subprocess.run([str(klein_binary), "check-prompt", "--threads", "2", "-m", str(NINE_B),
+    done = subprocess.run([str(klein_binary), "check-prompt", "--no-cache", "--threads", "2", "-m", str(NINE_B),
                            "-p", FLAGGED, "-p", PASSED], capture_output=True, text=True)
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"FLAGGED: {FLAGGED}" in done.stdout and f"passed: {PASSED}" in done.stdout

@@ -10,9 +10,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -257,12 +259,16 @@ constexpr int kMaxBatch = 1000;
 
 // params.check_prompt: the prompt asked about before any work (as generate
 // --check-prompt); a flagged one throws PromptFlagged.
-void check_prompt_if_asked(klein_model& m, klein::Compute& cx, const klein_generate_params& p,
-                   const std::string& prompt) {
+void check_prompt_if_asked(klein_session& s, const klein_generate_params& p,
+                           const std::string& prompt) {
   if (!p.check_prompt) return;
+  klein_model& m = *s.model;
   const std::string why = klein::prompt_check_unavailable(m.model);
   klein::check(why.empty(), "params.check_prompt: ", why);
-  const klein::PromptCheck c = klein::check_prompt(m.model, cx, prompt);
+  // BFL's fixed text's keys and values from the session's prompt cache when it has one.
+  std::optional<std::filesystem::path> cache;
+  if (!s.prompt_cache_dir.empty()) cache = s.prompt_cache_dir;
+  const klein::PromptCheck c = klein::check_prompt(m.model, *s.cx, prompt, cache);
   if (c.flagged)
     throw klein::PromptFlagged(klein::prompt_check_refusal("params.check_prompt"), c);
 }
@@ -377,7 +383,7 @@ klein_status klein_generate(klein_session* session, const klein_generate_params*
     klein::GenerateResult r;
     {
       const std::lock_guard lock(m.generating);
-      check_prompt_if_asked(m, *session->cx, *params, o.prompt);
+      check_prompt_if_asked(*session, *params, o.prompt);
       CallbackProgress progress(*params, *session->cx);
       klein::Session stages(m.model, *session->cx);
       r = stages.generate(o, progress, preview_hook(*session, *params));
@@ -406,7 +412,7 @@ klein_status klein_generate_batch(klein_session* session, const klein_generate_p
     for (int i = 0; i < count; ++i) all[size_t(i)].seed = *o.seed + uint64_t(i);
     klein_model& m = *session->model;
     const std::lock_guard lock(m.generating);
-    check_prompt_if_asked(m, *session->cx, *params, o.prompt);
+    check_prompt_if_asked(*session, *params, o.prompt);
     CallbackProgress progress(*params, *session->cx);
     klein::Session stages(m.model, *session->cx);
     stages.generate_batch(all, progress, [&](size_t i, klein::GenerateResult& r) {

@@ -1,11 +1,13 @@
 // The prompt check (prompt_check.h): BFL's chat -> one prefill -> the "yes" and "no" logits.
 #include "pipeline/prompt_check.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
 #include "core/error.h"
 #include "models/qwen3/language_model.h"
+#include "models/qwen3/prompt_cache.h"
 #include "pipeline/stages.h"
 #include "pipeline/upsample.h"
 
@@ -91,14 +93,12 @@ std::string prompt_check_unavailable(const Model& model) {
   return "";
 }
 
-PromptCheck prompt_check_answer(WeightStore& weights, const Tokenizer& tokenizer, Compute& cx,
-                                std::span<const int32_t> chat) {
-  const auto start = std::chrono::steady_clock::now();
-  PromptCheck r;
+namespace {
+
+// The verdict of the logits after a check's chat.
+void answer(const Tokenizer& tokenizer, const std::vector<float>& logits, PromptCheck& r) {
   r.yes_id = single_token(tokenizer, "yes");
   r.no_id = single_token(tokenizer, "no");
-  qwen3::LanguageModel lm(weights, cx, int64_t(chat.size()));
-  const std::vector<float> logits = lm.prefill(chat);
   check(size_t(r.yes_id) < logits.size() && size_t(r.no_id) < logits.size(),
         "the prompt check: the tokenizer's \"yes\" (", r.yes_id, ") or \"no\" (", r.no_id,
         ") is beyond the language model's ", logits.size(), " logits");
@@ -108,21 +108,119 @@ PromptCheck prompt_check_answer(WeightStore& weights, const Tokenizer& tokenizer
         "language model's logits of \"yes\" and \"no\" are ", r.yes_logit, " and ", r.no_logit,
         " (not finite: the model's weights are broken)");
   r.flagged = prompt_check_says_yes(r.yes_logit, r.no_logit, r.yes_id, r.no_id);
+}
+
+}  // namespace
+
+PromptCheck prompt_check_answer(WeightStore& weights, const Tokenizer& tokenizer, Compute& cx,
+                                std::span<const int32_t> chat) {
+  const auto start = std::chrono::steady_clock::now();
+  PromptCheck r;
+  qwen3::LanguageModel lm(weights, cx, int64_t(chat.size()));
+  answer(tokenizer, lm.prefill(chat), r);
   r.chat_tokens = int(chat.size());
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }
 
-PromptCheck check_prompt(Model& model, Compute& cx, std::string_view prompt) {
+PromptChecker::PromptChecker(Model& model, Compute& cx,
+                             std::optional<std::filesystem::path> cache_dir)
+    : model_(model), cx_(cx), cache_dir_(std::move(cache_dir)) {
   const std::string why = prompt_check_unavailable(model);
-  check(why.empty(), why);
+  klein::check(why.empty(), why);
+  // The tokens every chat starts with: those the chats of prompts that begin unlike one
+  // another share (a prompt's first characters may join the token before it: "\n" after
+  // "-----\n"), less one for safety.
+  std::vector<int32_t> common = chat("a");
+  for (const char* probe : {"\n\n", "-", " ", "0", "\xe4\xb8\x80", "'", "\t"}) {
+    const std::vector<int32_t> other = chat(probe);
+    size_t n = 0;
+    while (n < common.size() && n < other.size() && common[n] == other[n]) ++n;
+    common.resize(n);
+  }
+  if (!common.empty()) common.pop_back();
+  prefix_ = std::move(common);
+}
+
+PromptChecker::~PromptChecker() = default;
+
+std::vector<int32_t> PromptChecker::chat(std::string_view prompt) const {
+  const FamilyStages& family = stages_for(model_.weights->config());
+  return family.upsample_chat(model_.tokenizer, prompt_check_system(), prompt_check_request(prompt))
+      .ids;
+}
+
+void PromptChecker::make_room(size_t tokens) {
+  if (lm_ && size_t(lm_->max_tokens()) >= tokens) return;
+  // Room for prompts of a few hundred tokens more than this one before it is made again.
+  lm_ = std::make_unique<qwen3::LanguageModel>(*model_.weights, cx_, int64_t(tokens) + 256);
+  prefix_ready_ = false;
+}
+
+namespace {
+
+qwen3::PromptCacheKey prefix_key(const Model& model, const std::vector<int32_t>& prefix) {
+  return {model.weights->identity() + "\nprompt check: the language model's keys and values",
+          prefix, {}};
+}
+
+}  // namespace
+
+bool PromptChecker::load_prefix() {
+  if (!cache_dir_ || prefix_.empty()) return false;
+  const std::optional<Tensor> rows =
+      qwen3::PromptCache(*cache_dir_).load(prefix_key(model_, prefix_));
+  if (!rows || rows->shape().size() != 4 || rows->dim(2) != int64_t(prefix_.size())) return false;
+  lm_->restore_cache(*rows);
+  return true;
+}
+
+std::string PromptChecker::store_prefix() {
+  if (!cache_dir_ || prefix_.empty()) return "";
+  try {
+    qwen3::PromptCache(*cache_dir_)
+        .store(prefix_key(model_, prefix_), lm_->cache_rows(int64_t(prefix_.size())));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+PromptCheck PromptChecker::check(std::string_view prompt) {
   const auto start = std::chrono::steady_clock::now();
-  const FamilyStages& family = stages_for(model.weights->config());
-  const UpsampleChat chat =
-      family.upsample_chat(model.tokenizer, prompt_check_system(), prompt_check_request(prompt));
-  PromptCheck r = prompt_check_answer(*model.weights, model.tokenizer, cx, chat.ids);
+  const std::vector<int32_t> ids = chat(prompt);
+  make_room(ids.size());
+  const bool shares = !prefix_.empty() && ids.size() > prefix_.size() &&
+                      std::equal(prefix_.begin(), prefix_.end(), ids.begin());
+  PromptCheck r;
+  bool computed = false;
+  if (shares && !prefix_ready_) {
+    r.prefix_from_cache = load_prefix();
+    if (!r.prefix_from_cache) {
+      lm_->prefill_cache(prefix_);
+      r.store_error = store_prefix();
+      computed = true;
+    }
+    prefix_ready_ = true;
+  }
+  std::vector<float> logits;
+  if (shares) {
+    const std::span<const int32_t> rest(ids.data() + prefix_.size(), ids.size() - prefix_.size());
+    logits = lm_->prefill_after(int64_t(prefix_.size()), rest);
+    if (!computed) r.reused_tokens = int(prefix_.size());
+  } else {
+    logits = lm_->prefill(ids);  // a chat unlike the others: the kept part is overwritten
+    prefix_ready_ = false;
+  }
+  answer(model_.tokenizer, logits, r);
+  r.chat_tokens = int(ids.size());
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
+}
+
+PromptCheck check_prompt(Model& model, Compute& cx, std::string_view prompt,
+                         std::optional<std::filesystem::path> cache_dir) {
+  return PromptChecker(model, cx, std::move(cache_dir)).check(prompt);
 }
 
 std::string prompt_check_refusal(std::string_view option) {

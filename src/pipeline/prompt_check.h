@@ -9,15 +9,19 @@
 // and "yes" flags the prompt.
 //
 // The chat is the family's (FamilyStages::upsample_chat: Qwen3's with thinking off for
-// FLUX.2-klein and Z-Image; Mistral's for FLUX.2-dev, which is the model BFL asks), so the
-// check costs one prefill of the chat (about 230 tokens of BFL's text and the prompt's) and
-// the next token's logits.
+// FLUX.2-klein and Z-Image; Mistral's for FLUX.2-dev, which is the model BFL asks): about 260
+// tokens, most of them BFL's fixed text, whose keys and values PromptChecker keeps.
 #include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/error.h"
+#include "models/qwen3/language_model.h"
 #include "ops/compute.h"
 #include "pipeline/pipeline.h"
 
@@ -36,7 +40,11 @@ struct PromptCheck {
   bool flagged = false;       // the model answered "yes"
   float yes_logit = 0, no_logit = 0;
   int32_t yes_id = -1, no_id = -1;
-  int chat_tokens = 0;        // of the prefill
+  int chat_tokens = 0;        // of the chat
+  int reused_tokens = 0;      // of them, those whose keys and values an earlier check computed
+                              // (kept by the PromptChecker, or read from the prompt cache)
+  bool prefix_from_cache = false;  // those were read from the prompt cache directory
+  std::string store_error;    // why they could not be stored there (the check is still valid)
   double seconds = 0;
 };
 
@@ -48,9 +56,40 @@ std::string prompt_check_unavailable(const Model& model);
 PromptCheck prompt_check_answer(WeightStore& weights, const Tokenizer& tokenizer, Compute& cx,
                                 std::span<const int32_t> chat);
 
-// Asks the model about `prompt`. Throws when it cannot run as a language model or its
-// tokenizer does not write "yes" and "no" as one token each.
-PromptCheck check_prompt(Model& model, Compute& cx, std::string_view prompt);
+// Asks the model about prompts, one after another. Every check's chat starts with the same
+// tokens (the template and BFL's text up to the prompt: about 245 of a check's 260), so their
+// keys and values are computed once and kept for every later check; with a prompt cache
+// directory (qwen3::PromptCache, keyed by the weights' identity and those tokens) they are
+// read from it, or stored there for the next run. A check then costs the prefill of the
+// prompt and the chat's last few tokens, and the logits of one position. Throws when the
+// model cannot run as a language model or its tokenizer does not write "yes" and "no" as one
+// token each (prompt_check_unavailable).
+class PromptChecker {
+ public:
+  PromptChecker(Model& model, Compute& cx,
+                std::optional<std::filesystem::path> cache_dir = std::nullopt);
+  ~PromptChecker();
+  PromptCheck check(std::string_view prompt);
+  // The chat's tokens before the prompt that every check shares.
+  int fixed_tokens() const { return int(prefix_.size()); }
+
+ private:
+  std::vector<int32_t> chat(std::string_view prompt) const;
+  void make_room(size_t tokens);
+  bool load_prefix();
+  std::string store_prefix();
+
+  Model& model_;
+  Compute& cx_;
+  std::optional<std::filesystem::path> cache_dir_;
+  std::vector<int32_t> prefix_;
+  std::unique_ptr<qwen3::LanguageModel> lm_;
+  bool prefix_ready_ = false;  // lm_'s cache holds prefix_'s keys and values
+};
+
+// One check, nothing kept (PromptChecker for one prompt).
+PromptCheck check_prompt(Model& model, Compute& cx, std::string_view prompt,
+                         std::optional<std::filesystem::path> cache_dir = std::nullopt);
 
 // The sentence a flagged prompt stops with (BFL's CLI's, naming the option that asked).
 std::string prompt_check_refusal(std::string_view option);

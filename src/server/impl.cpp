@@ -16,7 +16,6 @@
 #include "formats/image/image.h"
 #include "pipeline/noise.h"
 #include "pipeline/preview.h"
-#include "pipeline/prompt_check.h"
 
 namespace klein {
 
@@ -254,7 +253,8 @@ Made generate(Impl& s, ImageRequest request, Slot& slot, const Ticket& t) {
   };
   if (s.options.check_prompt) {
     progress.begin("check prompt", 0);
-    const PromptCheck c = check_prompt(m, s.cx, o.prompt);
+    if (!s.prompt_checker) s.prompt_checker = std::make_unique<PromptChecker>(m, s.cx);
+    const PromptCheck c = s.prompt_checker->check(o.prompt);
     progress.end("check prompt", c.seconds);
     if (c.flagged) throw PromptFlagged(prompt_check_refusal("the server's prompt check"), c);
   }

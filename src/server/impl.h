@@ -30,6 +30,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pipeline/prompt_check.h"
 #include "server/connection.h"
 #include "server/metrics.h"
 #include "server/requests.h"
@@ -44,6 +45,9 @@ struct Server::Impl {
   int port = 0;
   std::atomic<Model*> model{nullptr};  // null while the model opens (set_model)
   Metrics metrics;
+  // With options.check_prompt: made at the first request and kept, with the keys and values
+  // of BFL's fixed text, for every later one (used by the generating request only).
+  std::unique_ptr<PromptChecker> prompt_checker;
 
   // One generation at a time; the others wait in turn.
   std::mutex mutex;

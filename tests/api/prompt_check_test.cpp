@@ -47,7 +47,7 @@ int record_phase(const klein_progress* p, void* user) {
 TEST(CApiPromptCheck, AFlaggedPromptStopsBeforeAnyWork) {
   const fs::path nine_b = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "klein-tiny-9b" / "model";
   std::string out;
-  ASSERT_EQ(testing::run_klein("check-prompt --threads 2 -m " + testing::shell_arg(nine_b) +
+  ASSERT_EQ(testing::run_klein("check-prompt --no-cache --threads 2 -m " + testing::shell_arg(nine_b) +
                                    " -p " + testing::shell_arg(kFlaggedPrompt) + " -p " +
                                    testing::shell_arg(kPassedPrompt), &out), 2) << out;
   ASSERT_NE(out.find(std::string("FLAGGED: ") + kFlaggedPrompt), std::string::npos) << out;

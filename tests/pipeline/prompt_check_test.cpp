@@ -22,6 +22,7 @@
 #include "core/npy.h"
 #include "ops/compute.h"
 #include "pipeline/prompt_check.h"
+#include "pipeline/stages.h"
 #include "support/isa.h"
 #include "support/testing.h"
 #include "tokenizer/chat.h"
@@ -175,9 +176,47 @@ INSTANTIATE_TEST_SUITE_P(UpsampleTiny, PromptCheckIsa,
 fs::path nine_b() { return fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "klein-tiny-9b" / "model"; }
 const char* const kPrompts[] = {"Mickey Mouse eating ice cream", "a bowl of fruit"};
 
+// The kept keys and values of BFL's fixed text give the answer a whole prefill gives, for
+// prompts whose first characters could join the text's last token; a second checker on the
+// same prompt cache directory reads them instead of computing them.
+TEST(PromptChecker, KeptTextGivesTheWholePrefillsAnswer) {
+  Model model = Model::open(ModelPaths{.model = nine_b()});
+  Compute cx(2);
+  const fs::path dir = testing::temp_dir("prompt_checker_cache");
+  PromptChecker checker(model, cx, dir);
+  EXPECT_GT(checker.fixed_tokens(), 230);
+  bool first = true;
+  for (const std::string prompt : {"a bowl of fruit", "\n\nDarth Vader", "-----", " ", "",
+                                   "Mickey Mouse eating ice cream", "\t'quoted'"}) {
+    SCOPED_TRACE(prompt);
+    const FamilyStages& family = stages_for(model.weights->config());
+    const std::vector<int32_t> ids = family.upsample_chat(model.tokenizer, prompt_check_system(),
+                                                          prompt_check_request(prompt)).ids;
+    const PromptCheck whole = prompt_check_answer(*model.weights, model.tokenizer, cx, ids);
+    const PromptCheck kept = checker.check(prompt);
+    EXPECT_EQ(kept.chat_tokens, int(ids.size()));
+    EXPECT_EQ(kept.reused_tokens, first ? 0 : checker.fixed_tokens());  // the first computes
+    EXPECT_FALSE(kept.prefix_from_cache);  // computed by the first check, kept since
+    EXPECT_TRUE(kept.store_error.empty()) << kept.store_error;
+    EXPECT_NEAR(kept.yes_logit, whole.yes_logit, 1e-4);
+    EXPECT_NEAR(kept.no_logit, whole.no_logit, 1e-4);
+    EXPECT_EQ(kept.flagged, whole.flagged);
+    if (first) ASSERT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
+    first = false;
+  }
+  PromptChecker again(model, cx, dir);
+  const PromptCheck read = again.check("a bowl of fruit");
+  EXPECT_TRUE(read.prefix_from_cache);
+  EXPECT_EQ(read.reused_tokens, checker.fixed_tokens());
+  EXPECT_NEAR(read.no_logit, checker.check("a bowl of fruit").no_logit, 1e-6);
+  // Without a directory nothing is read or stored.
+  EXPECT_FALSE(PromptChecker(model, cx).check("a bowl of fruit").prefix_from_cache);
+  fs::remove_all(dir);
+}
+
 json check_json(const std::string& model, const std::string& prompt) {
   std::string out;
-  EXPECT_NE(testing::run_klein("check-prompt --json --threads 2 -m " + model + " -p " +
+  EXPECT_NE(testing::run_klein("check-prompt --no-cache --json --threads 2 -m " + model + " -p " +
                                    testing::shell_arg(prompt), &out), 1) << out;
   std::istringstream lines(out);
   std::string line;
@@ -197,7 +236,7 @@ TEST(PromptCheckCli, GenerateStopsAFlaggedPromptBeforeAnyWorkAndRunsAPassedOne) 
     // klein check-prompt: the verdict, its exit status, and the chat's length.
     std::string out;
     const int status = testing::run_klein(
-        "check-prompt --threads 2 -m " + model + " -p " + testing::shell_arg(prompt), &out);
+        "check-prompt --no-cache --threads 2 -m " + model + " -p " + testing::shell_arg(prompt), &out);
     const json c = check_json(model, prompt);
     const bool flagged = c.value("flagged", false);
     seen[flagged] = true;
@@ -262,16 +301,16 @@ TEST(PromptCheckCli, ModelsThatCannotAnswerAreRefusedByName) {
             std::string::npos) << log;
   EXPECT_NE(log.find("--keep-llm"), std::string::npos) << log;
   EXPECT_FALSE(fs::exists(dir / "x.png"));
-  EXPECT_EQ(testing::run_klein("check-prompt -p fox -m " + testing::shell_arg(container), &log), 1);
+  EXPECT_EQ(testing::run_klein("check-prompt --no-cache -p fox -m " + testing::shell_arg(container), &log), 1);
   EXPECT_NE(log.find("this model cannot check prompts"), std::string::npos) << log;
 
   // The tiny FLUX.2-dev's tokenizer (a small Tekken BPE) writes "yes" as two tokens.
   const fs::path dev = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "flux2-dev-tiny" / "model";
-  EXPECT_EQ(testing::run_klein("check-prompt -p fox -m " + testing::shell_arg(dev), &log), 1);
+  EXPECT_EQ(testing::run_klein("check-prompt --no-cache -p fox -m " + testing::shell_arg(dev), &log), 1);
   EXPECT_NE(log.find("this model cannot check prompts: the check reads the answer as one "
                      "token, \"yes\" or \"no\", as BFL's does, and the model's tokenizer "
                      "writes \"yes\" as 2 tokens"), std::string::npos) << log;
-  EXPECT_EQ(testing::run_klein("check-prompt -m " + testing::shell_arg(dev), &log), 1);
+  EXPECT_EQ(testing::run_klein("check-prompt --no-cache -m " + testing::shell_arg(dev), &log), 1);
   EXPECT_NE(log.find("give the prompt with -p"), std::string::npos) << log;
   fs::remove_all(dir);
 }

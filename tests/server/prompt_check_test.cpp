@@ -32,7 +32,7 @@ const char* const kPassedPrompt = "a bowl of fruit";
 
 TEST(ServePromptCheck, FlaggedPromptsGet422AndPassedOnesAreGenerated) {
   std::string out;
-  ASSERT_EQ(testing::run_klein("check-prompt --threads 2 -m " + testing::shell_arg(nine_b()) +
+  ASSERT_EQ(testing::run_klein("check-prompt --no-cache --threads 2 -m " + testing::shell_arg(nine_b()) +
                                    " -p " + testing::shell_arg(kFlaggedPrompt) + " -p " +
                                    testing::shell_arg(kPassedPrompt), &out), 2) << out;
   ASSERT_NE(out.find(std::string("FLAGGED: ") + kFlaggedPrompt), std::string::npos) << out;

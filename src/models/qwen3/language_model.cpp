@@ -118,7 +118,19 @@ void LanguageModel::decoder_layer(const WeightUnit& layer, int64_t index, int64_
   p.head_dim = HD;
   p.scale = 1.0f / std::sqrt(float(HD));
   p.causal = n > 1;
-  ops::attention(q, H * HD, keys.data(), kv_dim, values.data(), kv_dim, attn, H * HD, p, cx_);
+  if (position_ == 0 || n == 1) {
+    ops::attention(q, H * HD, keys.data(), kv_dim, values.data(), kv_dim, attn, H * HD, p, cx_);
+  } else {
+    // Several tokens after kept positions (prefill_after): the causal mask counts from the
+    // first key, so each query sees the cache up to its own position on its own.
+    p.q_len = 1;
+    p.causal = false;
+    for (int64_t t = 0; t < n; ++t) {
+      p.kv_len = position_ + t + 1;
+      ops::attention(q + t * H * HD, H * HD, keys.data(), kv_dim, values.data(), kv_dim,
+                     attn + t * H * HD, H * HD, p, cx_);
+    }
+  }
   ops::linear(attn, n, projection(layer, "self_attn.o_proj.weight", D, H * HD), h, cx_);
   add_inplace(x, h, n * D);
 
@@ -131,7 +143,7 @@ void LanguageModel::decoder_layer(const WeightUnit& layer, int64_t index, int64_
   add_inplace(x, h, n * D);
 }
 
-std::vector<float> LanguageModel::forward(std::span<const int32_t> ids) {
+std::vector<float> LanguageModel::forward(std::span<const int32_t> ids, bool logits_wanted) {
   const auto& c = config_;
   const int64_t n = int64_t(ids.size());
   check(n > 0, "language model: no tokens to run");
@@ -170,6 +182,7 @@ std::vector<float> LanguageModel::forward(std::span<const int32_t> ids) {
     decoder_layer(*unit, l, n);
   }
   position_ += n;
+  if (!logits_wanted) return {};
 
   // The final norm and the logits, for the last token only.
   float* last = x_.data() + (n - 1) * c.hidden;
@@ -197,6 +210,47 @@ std::vector<float> LanguageModel::prefill(std::span<const int32_t> ids) {
 std::vector<float> LanguageModel::step(int32_t id) {
   check(position_ > 0, "language model: step() before prefill()");
   return forward(std::span<const int32_t>(&id, 1));
+}
+
+std::vector<float> LanguageModel::prefill_after(int64_t keep, std::span<const int32_t> rest) {
+  check(keep >= 0 && keep <= position_, "language model: ", keep, " positions kept of the ",
+        position_, " in the cache");
+  position_ = keep;
+  return forward(rest);
+}
+
+void LanguageModel::prefill_cache(std::span<const int32_t> ids) {
+  position_ = 0;
+  forward(ids, /*logits=*/false);
+}
+
+Tensor LanguageModel::cache_rows(int64_t n) const {
+  check(n > 0 && n <= position_, "language model: ", n, " cached positions asked of ", position_);
+  const int64_t kv_dim = config_.num_kv_heads * config_.head_dim;
+  const int64_t layers = int64_t(keys_.size());
+  Tensor out({layers, 2, n, kv_dim});
+  const size_t bytes = size_t(n * kv_dim) * sizeof(float);
+  for (int64_t l = 0; l < layers; ++l) {
+    std::memcpy(out.data() + (2 * l) * n * kv_dim, keys_[size_t(l)].data(), bytes);
+    std::memcpy(out.data() + (2 * l + 1) * n * kv_dim, values_[size_t(l)].data(), bytes);
+  }
+  return out;
+}
+
+void LanguageModel::restore_cache(const Tensor& rows) {
+  const int64_t kv_dim = config_.num_kv_heads * config_.head_dim;
+  const int64_t layers = int64_t(keys_.size());
+  check(rows.shape().size() == 4 && rows.dim(0) == layers && rows.dim(1) == 2 &&
+            rows.dim(3) == kv_dim && rows.dim(2) > 0 && rows.dim(2) <= max_tokens_,
+        "language model: cached keys and values of shape ", shape_str(rows.shape()),
+        " do not fit [", layers, ", 2, n <= ", max_tokens_, ", ", kv_dim, "]");
+  const int64_t n = rows.dim(2);
+  const size_t bytes = size_t(n * kv_dim) * sizeof(float);
+  for (int64_t l = 0; l < layers; ++l) {
+    std::memcpy(keys_[size_t(l)].data(), rows.data() + (2 * l) * n * kv_dim, bytes);
+    std::memcpy(values_[size_t(l)].data(), rows.data() + (2 * l + 1) * n * kv_dim, bytes);
+  }
+  position_ = n;
 }
 
 }  // namespace klein::qwen3

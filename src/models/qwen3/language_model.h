@@ -36,12 +36,23 @@ class LanguageModel {
   // Feeds one token at the next position and returns the logits after it.
   std::vector<float> step(int32_t id);
 
+  // A prompt whose first `keep` tokens are those of an earlier pass still in the cache (a
+  // prefix shared by many prompts): runs the rest from position `keep` and returns the logits
+  // after the last token.
+  std::vector<float> prefill_after(int64_t keep, std::span<const int32_t> rest);
+  // Runs `ids` from position 0 for the cache alone (no logits).
+  void prefill_cache(std::span<const int32_t> ids);
+  // The keys and values of the first n positions, [layers, 2, n, kv_heads * head_dim]; and
+  // the same put back, the position set to n.
+  Tensor cache_rows(int64_t n) const;
+  void restore_cache(const Tensor& rows);
+
   int64_t position() const { return position_; }
   int64_t max_tokens() const { return max_tokens_; }
   const TextEncoderConfig& config() const { return config_; }
 
  private:
-  std::vector<float> forward(std::span<const int32_t> ids);
+  std::vector<float> forward(std::span<const int32_t> ids, bool logits = true);
   void decoder_layer(const WeightUnit& layer, int64_t index, int64_t n);
   void apply_rope(float* rows, int64_t n, int64_t heads);
 
