@@ -193,24 +193,18 @@ PromptCheck PromptChecker::check(std::string_view prompt) {
   const bool shares = !prefix_.empty() && ids.size() > prefix_.size() &&
                       std::equal(prefix_.begin(), prefix_.end(), ids.begin());
   PromptCheck r;
-  bool computed = false;
-  if (shares && !prefix_ready_) {
-    r.prefix_from_cache = load_prefix();
-    if (!r.prefix_from_cache) {
-      lm_->prefill_cache(prefix_);
-      r.store_error = store_prefix();
-      computed = true;
-    }
-    prefix_ready_ = true;
-  }
+  if (shares && !prefix_ready_) prefix_ready_ = r.prefix_from_cache = load_prefix();
   std::vector<float> logits;
-  if (shares) {
+  if (shares && prefix_ready_) {
     const std::span<const int32_t> rest(ids.data() + prefix_.size(), ids.size() - prefix_.size());
     logits = lm_->prefill_after(int64_t(prefix_.size()), rest);
-    if (!computed) r.reused_tokens = int(prefix_.size());
+    r.reused_tokens = int(prefix_.size());
   } else {
-    logits = lm_->prefill(ids);  // a chat unlike the others: the kept part is overwritten
-    prefix_ready_ = false;
+    // The whole chat: its first positions are then the fixed part's, kept for the next check
+    // (and stored) when it starts as every chat does; a chat unlike the others overwrites them.
+    logits = lm_->prefill(ids);
+    prefix_ready_ = shares;
+    if (shares) r.store_error = store_prefix();
   }
   answer(model_.tokenizer, logits, r);
   r.chat_tokens = int(ids.size());

@@ -143,7 +143,7 @@ void LanguageModel::decoder_layer(const WeightUnit& layer, int64_t index, int64_
   add_inplace(x, h, n * D);
 }
 
-std::vector<float> LanguageModel::forward(std::span<const int32_t> ids, bool logits_wanted) {
+std::vector<float> LanguageModel::forward(std::span<const int32_t> ids) {
   const auto& c = config_;
   const int64_t n = int64_t(ids.size());
   check(n > 0, "language model: no tokens to run");
@@ -182,7 +182,6 @@ std::vector<float> LanguageModel::forward(std::span<const int32_t> ids, bool log
     decoder_layer(*unit, l, n);
   }
   position_ += n;
-  if (!logits_wanted) return {};
 
   // The final norm and the logits, for the last token only.
   float* last = x_.data() + (n - 1) * c.hidden;
@@ -217,11 +216,6 @@ std::vector<float> LanguageModel::prefill_after(int64_t keep, std::span<const in
         position_, " in the cache");
   position_ = keep;
   return forward(rest);
-}
-
-void LanguageModel::prefill_cache(std::span<const int32_t> ids) {
-  position_ = 0;
-  forward(ids, /*logits=*/false);
 }
 
 Tensor LanguageModel::cache_rows(int64_t n) const {

@@ -40,8 +40,6 @@ class LanguageModel {
   // prefix shared by many prompts): runs the rest from position `keep` and returns the logits
   // after the last token.
   std::vector<float> prefill_after(int64_t keep, std::span<const int32_t> rest);
-  // Runs `ids` from position 0 for the cache alone (no logits).
-  void prefill_cache(std::span<const int32_t> ids);
   // The keys and values of the first n positions, [layers, 2, n, kv_heads * head_dim]; and
   // the same put back, the position set to n.
   Tensor cache_rows(int64_t n) const;
@@ -52,7 +50,7 @@ class LanguageModel {
   const TextEncoderConfig& config() const { return config_; }
 
  private:
-  std::vector<float> forward(std::span<const int32_t> ids, bool logits = true);
+  std::vector<float> forward(std::span<const int32_t> ids);
   void decoder_layer(const WeightUnit& layer, int64_t index, int64_t n);
   void apply_rope(float* rows, int64_t n, int64_t heads);
 
