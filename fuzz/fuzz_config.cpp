@@ -2,7 +2,7 @@
 // the container's stored configuration, Z-Image's transformer, text encoder, VAE factors and
 // control model,
 // the safety classifier's config.json and preprocessor_config.json, and the tensors a parsed
-// classifier configuration expects) and the precision policy text (globs, PCRE2
+// classifier configuration expects, and both as a container's "safety" metadata holds them) and the precision policy text (globs, PCRE2
 // patterns, types), as `klein convert --policy` reads it.
 #include <cstdint>
 #include <string>
@@ -45,6 +45,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     });
     each([&] { (void)klein::expected_safety_tensors(klein::parse_vit_config(j, "fuzz")); });
     each([&] { (void)klein::parse_vit_image_processor(j, "fuzz"); });
+    // A container metadata's "safety" object (klein convert --safety-model).
+    each([&] { (void)klein::safety_model_from_metadata(j, "fuzz"); });
   }
   try {
     const auto policy = klein::convert::PrecisionPolicy::with_user_rules(parts[1], "fuzz");

@@ -236,17 +236,9 @@ SafetyModel open_container_safety_model(const fs::path& path) {
   check(meta.contains("safety") && meta["safety"].is_object(), path.string(),
         ": the container holds no safety classifier (convert with --safety-model DIR, or give "
         "the classifier's directory)");
-  const json& s = meta["safety"];
   const std::string where = path.string() + " (safety classifier)";
-  check(s.contains("config") && s["config"].is_object() && s.contains("preprocessor_config") &&
-            s["preprocessor_config"].is_object(),
-        where, ": the metadata lacks its config or preprocessor_config");
-  SafetyModel model;
+  SafetyModel model = safety_model_from_metadata(meta["safety"], where);
   model.path = path;
-  model.config_json = s["config"];
-  model.processor_json = s["preprocessor_config"];
-  model.config = parse_vit_config(model.config_json, where + " config");
-  model.processor = parse_vit_image_processor(model.processor_json, where + " preprocessor_config");
   const ShapeMap expected = expected_safety_tensors(model.config);
   std::set<std::string> units;
   for (const auto& [name, shape] : expected) units.insert(safety_unit_of(name)->unit);
@@ -265,6 +257,19 @@ SafetyModel open_container_safety_model(const fs::path& path) {
 }
 
 }  // namespace
+
+SafetyModel safety_model_from_metadata(const json& s, const std::string& where) {
+  check(s.is_object() && s.contains("config") && s["config"].is_object() &&
+            s.contains("preprocessor_config") && s["preprocessor_config"].is_object(),
+        where, ": the metadata lacks its config or preprocessor_config");
+  SafetyModel model;
+  model.config_json = s["config"];
+  model.processor_json = s["preprocessor_config"];
+  model.config = parse_vit_config(model.config_json, where + " config");
+  model.processor = parse_vit_image_processor(model.processor_json, where + " preprocessor_config");
+  (void)expected_safety_tensors(model.config);  // a configuration whose tensors cannot be named
+  return model;
+}
 
 bool container_has_safety_model(const fs::path& path) {
   std::error_code ec;

@@ -106,5 +106,8 @@ bool container_has_safety_model(const std::filesystem::path& path);
 // The container metadata's "safety" object for a classifier: its two configuration files and
 // where it came from.
 nlohmann::json safety_container_metadata(const SafetyModel& model);
+// Its inverse, as a container is read: the configurations of a "safety" object, checked (no
+// store yet). `where` names the container in messages.
+SafetyModel safety_model_from_metadata(const nlohmann::json& safety, const std::string& where);
 
 }  // namespace klein

@@ -235,7 +235,9 @@ TEST_P(PlaneFiles, FileAndMemoryHoldTheSameValues) {
     span = p->span(64, 100, buffer.data());  // channel 0's last rows to channel 2's first
     for (int64_t i = 0; i < 100; ++i) {
       const int64_t y = (64 + i) % 70 / 7;
-      if (y >= 2 && y <= 4) ASSERT_EQ(span[i], all.data()[64 + i]) << i;
+      if (y >= 2 && y <= 4) {
+        ASSERT_EQ(span[i], all.data()[64 + i]) << i;
+      }
     }
   }
   Plane moved = std::move(file);

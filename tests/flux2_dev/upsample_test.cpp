@@ -101,7 +101,9 @@ TEST_P(DevUpsampleCase, ChatTextAndIdsAreTheOfficialOnes) {
   const size_t pads = c.padded.size() - real.size();
   for (size_t i = 0; i < c.padded.size(); ++i) {
     EXPECT_EQ(c.mask[i], i >= pads ? 1 : 0) << "slot " << i;  // all on the left
-    if (i < pads) EXPECT_EQ(c.padded[i], 11) << "slot " << i;
+    if (i < pads) {
+      EXPECT_EQ(c.padded[i], 11) << "slot " << i;
+    }
   }
   EXPECT_EQ(chat.stop, std::vector<int32_t>{2});  // </s>
   EXPECT_TRUE(chat.clean_up_spaces);
@@ -159,9 +161,10 @@ TEST_P(DevUpsampleIsa, LogitsSupportAndTokensOfEveryStep) {
   ASSERT_EQ(int64_t(logits.size()), vocab);
   EXPECT_LT(relative_error(logits, std::span<const float>(first.data(), size_t(vocab))), 1e-4);
   for (size_t step = 0; step < c.generated.size(); ++step) {
-    if (step == 1)
+    if (step == 1) {
       EXPECT_LT(relative_error(logits, std::span<const float>(first.data() + vocab, size_t(vocab))),
                 1e-4);
+    }
     double worst = 0, scale = 0;
     for (int64_t j = 0; j < k; ++j) {
       const float ref = topk_values[step * k + j];
@@ -185,9 +188,10 @@ TEST_P(DevUpsampleIsa, LogitsSupportAndTokensOfEveryStep) {
         ASSERT_NE(it, ours.end()) << "step " << step << ": official id " << want << " not in ours";
         const float ref = support_probs[step * support + j];
         EXPECT_NEAR(it->prob, ref, 1e-3 * std::max(ref, 1e-3f)) << "step " << step;
-        if (ours[size_t(j)].id != want)
+        if (ours[size_t(j)].id != want) {
           EXPECT_NEAR(ours[size_t(j)].prob, ref, 2e-3 * std::max(ref, 1e-3f))
               << "step " << step << " rank " << j << ": another id where the official one is";
+        }
         drawn = drawn || want == c.generated[step];
       }
       EXPECT_TRUE(drawn) << "step " << step << ": the official draw is outside our support";
@@ -230,13 +234,7 @@ TEST(DevUpsample, GreedyLoopDecodesAsTheReferenceAndTheDefaultSamples) {
 }
 
 // `klein upsample --json` with `args` -> its JSON line.
-json upsample_json(const std::string& args) {
-  std::string log;
-  EXPECT_EQ(testing::run_klein("upsample " + args + " --json", &log), 0) << log;
-  const size_t at = log.find('{');
-  if (at == std::string::npos) return json::object();
-  return json::parse(log.substr(at, log.find('\n', at) - at));
-}
+json upsample_json(const std::string& args) { return testing::klein_json("upsample " + args); }
 
 // The command line: FLUX.2-dev's diffusers directory, its text encoder and tokenizer alone, and
 // a container converted with --keep-llm give the official greedy answer; one converted without

@@ -201,7 +201,9 @@ TEST(PromptChecker, KeptTextGivesTheWholePrefillsAnswer) {
     EXPECT_NEAR(kept.yes_logit, whole.yes_logit, 1e-4);
     EXPECT_NEAR(kept.no_logit, whole.no_logit, 1e-4);
     EXPECT_EQ(kept.flagged, whole.flagged);
-    if (first) ASSERT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
+    if (first) {
+      ASSERT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
+    }
     first = false;
   }
   PromptChecker again(model, cx, dir);
@@ -214,16 +216,11 @@ TEST(PromptChecker, KeptTextGivesTheWholePrefillsAnswer) {
   fs::remove_all(dir);
 }
 
-json check_json(const std::string& model, const std::string& prompt) {
-  std::string out;
-  EXPECT_NE(testing::run_klein("check-prompt --no-cache --json --threads 2 -m " + model + " -p " +
-                                   testing::shell_arg(prompt), &out), 1) << out;
-  std::istringstream lines(out);
-  std::string line;
-  while (std::getline(lines, line))
-    if (!line.empty() && line[0] == '{') return json::parse(line);
-  ADD_FAILURE() << out;
-  return json::object();
+// `klein check-prompt --json` on one prompt (exit status 0 or 2 by its verdict).
+json check_json(const std::string& model, const std::string& prompt, bool flagged) {
+  return testing::klein_json("check-prompt --no-cache --threads 2 -m " + model + " -p " +
+                                 testing::shell_arg(prompt),
+                             flagged ? 2 : 0);
 }
 
 TEST(PromptCheckCli, GenerateStopsAFlaggedPromptBeforeAnyWorkAndRunsAPassedOne) {
@@ -237,8 +234,9 @@ TEST(PromptCheckCli, GenerateStopsAFlaggedPromptBeforeAnyWorkAndRunsAPassedOne) 
     std::string out;
     const int status = testing::run_klein(
         "check-prompt --no-cache --threads 2 -m " + model + " -p " + testing::shell_arg(prompt), &out);
-    const json c = check_json(model, prompt);
-    const bool flagged = c.value("flagged", false);
+    const bool flagged = status == 2;
+    const json c = check_json(model, prompt, flagged);
+    EXPECT_EQ(c.value("flagged", !flagged), flagged);
     seen[flagged] = true;
     (flagged ? flagged_prompt : passed) = prompt;
     EXPECT_EQ(status, flagged ? 2 : 0) << out;

@@ -41,13 +41,7 @@ std::string official(const json& c) {
 }
 
 // `klein upsample ... --json` -> its JSON line.
-json upsample_json(const std::string& args) {
-  std::string log;
-  EXPECT_EQ(testing::run_klein("upsample " + args + " --json", &log), 0) << log;
-  const size_t at = log.find('{');
-  if (at == std::string::npos) return json::object();
-  return json::parse(log.substr(at, log.find('\n', at) - at));
-}
+json upsample_json(const std::string& args) { return testing::klein_json("upsample " + args); }
 
 // The "upsampled" event of `klein generate --json` output (an empty object when none).
 json upsampled_event(const std::string& log) {

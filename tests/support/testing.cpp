@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -229,6 +230,22 @@ int run_klein(const std::string& args, std::string* output) {
   int status = ::pclose(p);
   if (output) *output = out;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+nlohmann::json klein_json(const std::string& args, int status) {
+  std::string out;
+  EXPECT_EQ(run_klein(args + " --json", &out), status) << args << "\n" << out;
+  size_t at = 0;
+  while (at < out.size()) {
+    const size_t end = std::min(out.find('\n', at), out.size());
+    if (out[at] == '{') {
+      nlohmann::json j = nlohmann::json::parse(out.substr(at, end - at), nullptr, false);
+      if (!j.is_discarded()) return j;
+    }
+    at = end + 1;
+  }
+  ADD_FAILURE() << "no JSON line in the output of klein " << args << ":\n" << out;
+  return nlohmann::json::object();
 }
 
 std::string error_of(const std::function<void()>& f) {

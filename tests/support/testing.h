@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/npy.h"
 #include "core/tensor.h"
 
@@ -107,6 +109,10 @@ int run_klein(const std::string& args, std::string* output = nullptr);
 // conversion is a shared_fixture (one per ARGS in a run) copied to OUT.
 ::testing::AssertionResult convert_tiny(const std::filesystem::path& out, const std::string& args,
                                         std::string* log = nullptr);
+
+// `klein ARGS --json`: the first JSON object line of its output (an empty object, and a test
+// failure showing the output, when there is none or the exit status is not `status`).
+nlohmann::json klein_json(const std::string& args, int status = 0);
 
 // A path quoted for the shell of run_klein.
 std::string shell_arg(const std::filesystem::path& p);

@@ -324,7 +324,9 @@ TEST_P(GroupNormRows, TransformIsTheBaselinesBitForBit) {
   ASSERT_NE(kernel, nullptr);
 #if defined(KLEIN_X86)
   // The vector ISAs have copies of their own: comparing the baseline with itself is no test.
-  if (isa() != quant::Isa::Scalar) EXPECT_NE(kernel, baseline);
+  if (isa() != quant::Isa::Scalar) {
+    EXPECT_NE(kernel, baseline);
+  }
 #endif
   int64_t compared = 0;
   for (bool silu : {true, false})
