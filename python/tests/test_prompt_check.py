@@ -1,7 +1,7 @@
 """klein_edge's prompt check (issue 66): check_prompt=True asks the text encoder before any work;
 a flagged prompt raises Flagged, a passed one is generated. The tiny klein-9B answers "yes" to
-the first prompt and "no" to the second (checked through `klein check-prompt`, whose verdicts
-tests/pipeline compares with transformers')."""
+the first prompt and "no" to the second, as transformers does (tests/data/prompt-check); checked
+through `klein check-prompt`."""
 import pathlib
 
 import pytest

@@ -17,7 +17,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The tiny klein-9B answers "yes" to the first and "no" to the second (checked below).
+// The tiny klein-9B answers "yes" to the first and "no" to the second, as transformers does
+// (tests/data/prompt-check); checked below.
 const char* const kFlaggedPrompt = "Mickey Mouse eating ice cream";
 const char* const kPassedPrompt = "a bowl of fruit";
 

@@ -2,10 +2,9 @@
 // - the chat holds BFL's texts verbatim (black-forest-labs/flux2 ab7cca68,
 //   src/flux2/system_messages.py, copied below from that file);
 // - the answer is what transformers' greedy generate() picks with BFL's yes_no_logit_processor:
-//   on the chats of ../shared/testdata/upsample-tiny, whose next-token logits transformers'
-//   Qwen3ForCausalLM computed (logits_full.npy: after the prompt, and after the first
-//   generated token), the "yes" and "no" logits match and so does the pick, on every
-//   instruction set; the cases hold both answers;
+//   on BFL's own chat for 24 model/prompt pairs (tests/data/prompt-check, made by
+//   tools/refgen/gen_prompt_check.py with transformers' generate): the same ids, logits and
+//   verdicts, on every instruction set, both answers among the cases;
 // - the front ends: `klein check-prompt`, and `klein generate --check-prompt`, which stops a
 //   flagged prompt before any image work (exit status 2, no file) and generates a passed one;
 //   a model without its language-model head and a tokenizer without one-token "yes"/"no" are
@@ -14,12 +13,9 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
-#include <tuple>
 #include <vector>
 
-#include "core/npy.h"
 #include "ops/compute.h"
 #include "pipeline/prompt_check.h"
 #include "pipeline/stages.h"
@@ -94,39 +90,6 @@ TEST(PromptCheck, TheAnswerIsTheGreedyPickAmongYesAndNo) {
   EXPECT_TRUE(prompt_check_says_yes(-3.0f, -4.0f, 9693, 2152));
 }
 
-// The upsample-tiny cases with whole-vocabulary logits (steps 0 and 1), on the model each ran.
-struct Reference {
-  std::string name;
-  bool tied = true;
-  std::vector<int32_t> chat;  // the case's ids, and for step 1 the first generated token after
-  std::vector<float> logits;  // transformers' next-token logits after `chat`
-};
-
-std::vector<Reference> references() {
-  std::vector<Reference> all;
-  for (const std::string name : {"t2i", "t2i_think", "edit", "non_ascii", "long", "untied_eos"}) {
-    const fs::path dir = testing::upsample_dir() / "cases" / name;
-    std::ifstream in(dir / "case.json");
-    const json spec = json::parse(in);
-    std::vector<int32_t> ids;
-    for (int64_t v : read_npy(dir / "input_ids.npy").to_i64()) ids.push_back(int32_t(v));
-    const std::vector<int64_t> generated = read_npy(dir / "generated_ids.npy").to_i64();
-    const std::vector<float> full = read_npy(dir / "logits_full.npy").to_f32();
-    const size_t vocab = full.size() / 2;
-    for (int step = 0; step < 2; ++step) {
-      Reference r;
-      r.name = name + "/step" + std::to_string(step);
-      r.tied = spec["model"] == "tied";
-      r.chat = ids;
-      if (step == 1) r.chat.push_back(int32_t(generated.at(0)));
-      r.logits.assign(full.begin() + std::ptrdiff_t(step * vocab),
-                      full.begin() + std::ptrdiff_t((step + 1) * vocab));
-      all.push_back(std::move(r));
-    }
-  }
-  return all;
-}
-
 struct Models {
   std::unique_ptr<WeightStore> tied = open_model(testing::tiny_model());
   std::unique_ptr<WeightStore> untied = [] {
@@ -141,38 +104,61 @@ struct Models {
   Tokenizer tokenizer = Tokenizer::from_directory(testing::tiny_model() / "tokenizer");
 };
 
-class PromptCheckIsa : public ::testing::TestWithParam<quant::Isa> {};
+// tests/data/prompt-check: BFL's check run by transformers' generate on three tiny Qwen3 text
+// encoders, eight prompts each (its README). The chat's ids are the same, the two logits within
+// float32 noise of an independent implementation, and the verdict the same, on every
+// instruction set; with the fixed part kept by a PromptChecker too.
+class PromptCheckReference : public ::testing::TestWithParam<quant::Isa> {};
 
-TEST_P(PromptCheckIsa, TheAnswerIsTransformersGreedyPickWithBflsProcessor) {
+TEST_P(PromptCheckReference, TransformersGenerateGivesTheSameTokensAndVerdicts) {
   KLEIN_REQUIRE_ISA(GetParam());
+  std::ifstream in(fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "prompt-check" / "cases.json");
+  const json ref = json::parse(in);
   static Models models;
+  static Model nine_b_model =
+      Model::open(ModelPaths{.model = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" /
+                                      "klein-tiny-9b" / "model"});
   Compute cx(2, GetParam());
-  int yes = 0, no = 0;
-  for (const Reference& r : references()) {
-    SCOPED_TRACE(r.name);
-    const PromptCheck c = prompt_check_answer(r.tied ? *models.tied : *models.untied,
-                                              models.tokenizer, cx, r.chat);
-    ASSERT_EQ(c.yes_id, models.tokenizer.encode("yes").at(0));
-    ASSERT_EQ(c.no_id, models.tokenizer.encode("no").at(0));
-    const float ref_yes = r.logits.at(size_t(c.yes_id)), ref_no = r.logits.at(size_t(c.no_id));
-    EXPECT_NEAR(c.yes_logit, ref_yes, 2e-3);
-    EXPECT_NEAR(c.no_logit, ref_no, 2e-3);
-    // Every case's answer is far from a tie (the smallest gap is 0.37), so the pick is exact.
-    ASSERT_GT(std::fabs(ref_yes - ref_no), 0.1f);
-    const bool official = prompt_check_says_yes(ref_yes, ref_no, c.yes_id, c.no_id);
-    EXPECT_EQ(c.flagged, official);
-    (official ? yes : no) += 1;
-    EXPECT_EQ(c.chat_tokens, int(r.chat.size()));
+  const FamilyStages& family = stages_for(models.tied->config());
+  int flagged = 0, passed = 0;
+  for (const json& c : ref["cases"]) {
+    const std::string model = c["model"], prompt = c["prompt"];
+    SCOPED_TRACE(model + ": " + prompt);
+    const std::vector<int32_t> ids = family.upsample_chat(
+        models.tokenizer, prompt_check_system(), prompt_check_request(prompt)).ids;
+    EXPECT_EQ(qwen3_chat_text(prompt_check_system(), prompt_check_request(prompt), false),
+              c["chat_text"].get<std::string>());
+    ASSERT_EQ(ids, c["input_ids"].get<std::vector<int32_t>>());
+    WeightStore& weights = model == "klein-tiny"        ? *models.tied
+                           : model == "upsample-untied" ? *models.untied
+                                                        : *nine_b_model.weights;
+    const PromptCheck r = prompt_check_answer(weights, models.tokenizer, cx, ids);
+    EXPECT_EQ(r.yes_id, ref["yes_id"].get<int32_t>());
+    EXPECT_EQ(r.no_id, ref["no_id"].get<int32_t>());
+    EXPECT_NEAR(r.yes_logit, c["yes_logit"].get<double>(), 2e-3);
+    EXPECT_NEAR(r.no_logit, c["no_logit"].get<double>(), 2e-3);
+    EXPECT_EQ(r.flagged, c["flagged"].get<bool>());
+    EXPECT_EQ(r.flagged ? r.yes_id : r.no_id, c["generated_id"].get<int32_t>());
+    (r.flagged ? flagged : passed) += 1;
   }
-  EXPECT_GT(yes, 0);  // both answers are among the cases
-  EXPECT_GT(no, 0);
+  EXPECT_EQ(flagged + passed, 24);
+  EXPECT_GT(flagged, 0);
+  EXPECT_GT(passed, 0);
+  // The whole path on the tiny klein-9B: the chat made, the fixed part kept from the first.
+  PromptChecker checker(nine_b_model, cx);
+  for (const json& c : ref["cases"]) {
+    if (c["model"] != "klein-tiny-9b") continue;
+    const PromptCheck r = checker.check(c["prompt"].get<std::string>());
+    EXPECT_EQ(r.flagged, c["flagged"].get<bool>()) << c["prompt"];
+    EXPECT_NEAR(r.no_logit, c["no_logit"].get<double>(), 2e-3) << c["prompt"];
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(UpsampleTiny, PromptCheckIsa,
-                         ::testing::ValuesIn(testing::compiled_isas()),
+INSTANTIATE_TEST_SUITE_P(Isa, PromptCheckReference, ::testing::ValuesIn(testing::compiled_isas()),
                          [](const auto& info) { return std::string(quant::isa_name(info.param)); });
 
-// The tiny klein-9B (Qwen3-8B's layout, untied head) answers both ways on these prompts.
+// The tiny klein-9B (Qwen3-8B's layout, untied head) answers both ways on these prompts, as
+// transformers does (tests/data/prompt-check).
 fs::path nine_b() { return fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "klein-tiny-9b" / "model"; }
 const char* const kPrompts[] = {"Mickey Mouse eating ice cream", "a bowl of fruit"};
 

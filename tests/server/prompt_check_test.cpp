@@ -24,8 +24,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-// The tiny klein-9B answers "yes" to the first and "no" to the second (checked below through
-// `klein check-prompt`, whose verdicts tests/pipeline compares with transformers').
+// The tiny klein-9B answers "yes" to the first and "no" to the second, as transformers does
+// (tests/data/prompt-check); checked below through `klein check-prompt`.
 fs::path nine_b() { return fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "klein-tiny-9b" / "model"; }
 const char* const kFlaggedPrompt = "Mickey Mouse eating ice cream";
 const char* const kPassedPrompt = "a bowl of fruit";
