@@ -90,6 +90,11 @@ if [[ "${1:-}" == "--sanitize" ]]; then
   # ASan's allocator), and the scalar instance of the Winograd convolution's comparison (its
   # driver runs under the sanitizers in the vector instances, the scalar transforms in the
   # Release suite and under qemu).
+  # Nor the scalar instance of the prompt check against transformers (PromptCheckReference: 24
+  # prefills of about 265 tokens; 114 of the suite's test-seconds on the 2-core AVX2 EPYC,
+  # against 10 in the Release tree): the code it drives is the language model's, which its AVX2
+  # and AVX-512 instances run under the sanitizers, and the scalar products run there in
+  # test_quant.
   # (Parameterized tests are named by their name generator alone, "Suite/Test.Name/param":
   # tests/CMakeLists.txt discovers them with NO_PRETTY_VALUES, so a pattern ends in "$".)
   # The patterns are Python's regular expressions, matched against the names `ctest -N` lists,
@@ -117,6 +122,7 @@ if [[ "${1:-}" == "--sanitize" ]]; then
     '^UpsampleMistral/DevUpsampleIsa[.][A-Za-z]+/[a-z0-9_]+_(scalar|avx512)$'
     '^(BenchMatmulCli[.]JsonHasEveryTypeAndShapeWithSgemmAlongside|ServeLoad[.]ExcessRequestsGet429TheQueueStaysBoundedAndMemoryFlat)$'
     '^Isa/Conv2dWinograd[.]MatchesDefinition/scalar$'
+    '^Isa/PromptCheckReference[.][A-Za-z]+/scalar$'
   )
   if [[ -n "${2:-}" ]]; then
     labels=(-L "$2")
