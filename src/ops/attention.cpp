@@ -137,7 +137,8 @@ void attend_tile(const float* q, int64_t ldq, const float* k, int64_t ldk, const
   std::fill(s.row_sum, s.row_sum + rows, 0.0f);
 
   // With a causal mask no key after the last query of the tile is visible.
-  const int64_t kv_end = p.causal ? std::min(p.kv_len, q0 + rows) : p.kv_len;
+  const int64_t first = q0 + p.causal_offset;  // the position of the tile's first query
+  const int64_t kv_end = p.causal ? std::min(p.kv_len, first + rows) : p.kv_len;
   for (int64_t k0 = 0; k0 < kv_end; k0 += chunk) {
     const int64_t cols = std::min(chunk, kv_end - k0);
     float* S = s.scores;
@@ -152,7 +153,7 @@ void attend_tile(const float* q, int64_t ldq, const float* k, int64_t ldk, const
     c.cols = cols;
     c.scale = p.scale;
     c.bias = bias ? bias + k0 : nullptr;
-    c.visible0 = p.causal ? q0 - k0 + 1 : cols;
+    c.visible0 = p.causal ? first - k0 + 1 : cols;
     c.row_max = s.row_max;
     c.row_sum = s.row_sum;
     c.correction = s.correction;
@@ -257,6 +258,7 @@ void attention_bf16(const float* q, int64_t ldq, const float* k, int64_t ldk, co
       task.chunk = chunk;
       task.scale = p.scale;
       task.causal = p.causal;
+      task.causal_offset = p.causal_offset;
       task.bias = bias;
       task.scores = scratch.take<float>(size_t(kAmxSubRows * chunk));
       task.p = scratch.take<uint16_t>(size_t(kAmxSubRows * chunk));
@@ -305,6 +307,8 @@ void attention(const float* q, int64_t ldq, const float* k, int64_t ldk, const f
   check(p.heads > 0 && p.kv_heads > 0 && p.heads % p.kv_heads == 0, "attention: ", p.heads,
         " query heads cannot share ", p.kv_heads, " key/value heads");
   check(p.head_dim > 0, "attention: head_dim must be positive");
+  check(p.causal_offset >= 0, "attention: causal_offset must not be negative, got ",
+        p.causal_offset);
   if (p.q_len == 0) return;
   Arena::Scope arena(cx.arena(0));
   const float* b = key_bias(p, arena);

@@ -28,7 +28,10 @@ struct AttentionParams {
   int64_t kv_heads = 1;   // key/value heads; query head h uses kv head h / (heads / kv_heads)
   int64_t head_dim = 0;
   float scale = 0;        // usually 1/sqrt(head_dim)
-  bool causal = false;    // key j visible to query i only if j <= i
+  bool causal = false;    // key j visible to query i only if j <= i + causal_offset
+  // With causal: the position of query 0 among the keys (queries that follow causal_offset
+  // keys already in the cache, as a language model's pass after kept positions).
+  int64_t causal_offset = 0;
   // Optional [kv_len] flags: keys with key_valid[j] == 0 are hidden from every query.
   const uint8_t* key_valid = nullptr;
 };

@@ -28,11 +28,12 @@ void attend_bf16_task(const AmxTask& t, Score score, Value value) {
     t.row_sum[i] = 0;
   }
   // With a causal mask no key after the last query of the task is visible.
-  const int64_t task_end = t.causal ? min64(t.kv_len, t.q0 + t.rows) : t.kv_len;
+  const int64_t first = t.q0 + t.causal_offset;  // the position of the task's first query
+  const int64_t task_end = t.causal ? min64(t.kv_len, first + t.rows) : t.kv_len;
   for (int64_t k0 = 0; k0 < task_end; k0 += t.chunk) {
     for (int64_t s0 = 0; s0 < t.rows; s0 += kAmxSubRows) {
       const int64_t sub_rows = min64(kAmxSubRows, t.rows - s0);
-      const int64_t end = t.causal ? min64(task_end, t.q0 + s0 + sub_rows) : task_end;
+      const int64_t end = t.causal ? min64(task_end, first + s0 + sub_rows) : task_end;
       if (k0 >= end) continue;
       const int64_t cols = min64(t.chunk, end - k0);
       const int64_t padded_cols = (cols + kAmxKeyAlign - 1) / kAmxKeyAlign * kAmxKeyAlign;
@@ -44,7 +45,7 @@ void attend_bf16_task(const AmxTask& t, Score score, Value value) {
       c.cols = cols;
       c.scale = t.scale;
       c.bias = t.bias ? t.bias + k0 : nullptr;
-      c.visible0 = t.causal ? t.q0 + s0 - k0 + 1 : cols;
+      c.visible0 = t.causal ? first + s0 - k0 + 1 : cols;
       c.row_max = t.row_max + s0;
       c.row_sum = t.row_sum + s0;
       c.correction = t.correction + s0;

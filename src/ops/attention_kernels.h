@@ -105,6 +105,7 @@ struct AmxTask {
   int64_t kv_len = 0, head_dim = 0, chunk = 0;
   float scale = 1;
   bool causal = false;
+  int64_t causal_offset = 0;    // with causal: the position of query 0 among the keys
   const float* bias = nullptr;  // [kv_len] or null
   // Scratch: scores [kAmxSubRows, chunk] float, p [kAmxSubRows, chunk] bf16,
   // acc [kAmxTaskRows, head_dim] float, row_max / row_sum / correction [kAmxTaskRows].

@@ -326,6 +326,7 @@ struct AttentionCase {
   int64_t q_len, kv_len, heads, kv_heads, head_dim, chunk;
   bool causal;
   int64_t hidden_keys;  // the last keys masked out (right padding), and the first two when > 0
+  int64_t causal_offset = 0;  // the queries follow this many cached keys
 };
 
 struct Inputs {
@@ -399,6 +400,7 @@ std::vector<float> emulated_attention(const AttentionCase& c, const Inputs& in, 
       t.chunk = c.chunk;
       t.scale = scale;
       t.causal = c.causal;
+      t.causal_offset = c.causal_offset;
       t.bias = in.bias.empty() ? nullptr : in.bias.data();
       t.scores = scores.data();
       t.p = p.data();
@@ -422,6 +424,7 @@ AttentionParams params_of(const AttentionCase& c, const Inputs& in, float scale,
   p.head_dim = c.head_dim;
   p.scale = scale;
   p.causal = c.causal;
+  p.causal_offset = c.causal_offset;
   valid.clear();
   if (!in.bias.empty()) {
     for (float b : in.bias) valid.push_back(b == 0.0f);
@@ -455,6 +458,8 @@ const AttentionCase kCases[] = {
     {200, 300, 2, 1, 64, 96, false, 0},   // two query tasks of 128 rows, grouped heads
     {130, 130, 8, 2, 128, 64, true, 30},  // the text encoder's case: GQA, causal, padding
     {70, 70, 2, 2, 32, 32, true, 5},      // causal across many small chunks, rows that see nothing
+    {30, 130, 4, 2, 64, 32, true, 0, 100},  // causal after 100 cached keys (a language model's
+                                            // pass after kept positions), across chunks
 };
 
 // Against float64: the bf16 rounding of Q, K, V and P is all that separates them. The real

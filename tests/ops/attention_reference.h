@@ -20,7 +20,7 @@ inline std::vector<float> naive_attention(const std::vector<float>& q, const std
       std::vector<double> s(size_t(p.kv_len), -INFINITY);
       double mx = -INFINITY;
       for (int64_t j = 0; j < p.kv_len; ++j) {
-        if (p.causal && j > i) continue;
+        if (p.causal && j > i + p.causal_offset) continue;
         if (p.key_valid && !p.key_valid[j]) continue;
         double dot = 0;
         for (int64_t d = 0; d < D; ++d)

@@ -317,6 +317,24 @@ TEST(Attention, CausalWithPaddingMaskAndGroupedHeads) {
   expect_attention_matches(p, 2, valid.data());
 }
 
+// Queries that follow cached keys (a language model's pass after kept positions): query i sees
+// keys 0 .. i + causal_offset, across key chunks and query tiles.
+TEST(Attention, CausalAfterCachedKeys) {
+  AttentionParams p;
+  p.q_len = 300;
+  p.kv_len = 1900;  // 1600 cached keys, then the 300 of the queries
+  p.heads = 4;
+  p.kv_heads = 2;
+  p.head_dim = 32;
+  p.scale = 1.0f / std::sqrt(32.0f);
+  p.causal = true;
+  p.causal_offset = 1600;
+  expect_attention_matches(p, 2);
+  p.q_len = 5;  // a few tokens after a long prefix
+  p.kv_len = 1605;
+  expect_attention_matches(p, 1);
+}
+
 TEST(Attention, ExactPathAcrossKeyChunks) {
   AttentionParams p;
   p.q_len = 70;
@@ -419,6 +437,11 @@ TEST_P(AttentionBf16, CausalMaskedGroupedHeads) {
   std::vector<uint8_t> valid2(1100, 1);
   valid2[0] = valid2[1] = 0;
   EXPECT_LE(bf16_attention_error(p, isa(), 2, valid2.data()), kBf16Bound);
+  // Queries after cached keys: 200 of them after 1000, across key chunks and tasks.
+  p = bf16_params(200, 1200, 4, 2, 64);
+  p.causal = true;
+  p.causal_offset = 1000;
+  EXPECT_LE(bf16_attention_error(p, isa(), 2), kBf16Bound);
 }
 
 TEST_P(AttentionBf16, StridedRows) {

@@ -118,19 +118,8 @@ void LanguageModel::decoder_layer(const WeightUnit& layer, int64_t index, int64_
   p.head_dim = HD;
   p.scale = 1.0f / std::sqrt(float(HD));
   p.causal = n > 1;
-  if (position_ == 0 || n == 1) {
-    ops::attention(q, H * HD, keys.data(), kv_dim, values.data(), kv_dim, attn, H * HD, p, cx_);
-  } else {
-    // Several tokens after kept positions (prefill_after): the causal mask counts from the
-    // first key, so each query sees the cache up to its own position on its own.
-    p.q_len = 1;
-    p.causal = false;
-    for (int64_t t = 0; t < n; ++t) {
-      p.kv_len = position_ + t + 1;
-      ops::attention(q + t * H * HD, H * HD, keys.data(), kv_dim, values.data(), kv_dim,
-                     attn + t * H * HD, H * HD, p, cx_);
-    }
-  }
+  p.causal_offset = position_;  // the queries follow the cached positions
+  ops::attention(q, H * HD, keys.data(), kv_dim, values.data(), kv_dim, attn, H * HD, p, cx_);
   ops::linear(attn, n, projection(layer, "self_attn.o_proj.weight", D, H * HD), h, cx_);
   add_inplace(x, h, n * D);
 
