@@ -142,8 +142,6 @@ PromptChecker::PromptChecker(Model& model, Compute& cx,
   prefix_ = std::move(common);
 }
 
-PromptChecker::~PromptChecker() = default;
-
 std::vector<int32_t> PromptChecker::chat(std::string_view prompt) const {
   const FamilyStages& family = stages_for(model_.weights->config());
   return family.upsample_chat(model_.tokenizer, prompt_check_system(), prompt_check_request(prompt))

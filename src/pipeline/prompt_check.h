@@ -68,7 +68,6 @@ class PromptChecker {
  public:
   PromptChecker(Model& model, Compute& cx,
                 std::optional<std::filesystem::path> cache_dir = std::nullopt);
-  ~PromptChecker();
   PromptCheck check(std::string_view prompt);
   // The chat's tokens before the prompt that every check shares.
   int fixed_tokens() const { return int(prefix_.size()); }
