@@ -122,9 +122,11 @@ TEST(SafetyCli, AContainerCarriesTheClassifier) {
   EXPECT_NE(log.find("safety classifier: yes (model: ViT, 2 layers, hidden 32"), std::string::npos)
       << log;
 
-  // generate --safety: the container's classifier, its verdict in the result.
+  // generate --safety: the container's classifier, its verdict in the result. A fixed seed:
+  // this random classifier gives the tiny model's images 0.41 (seed 4) to 0.91 (a seed a
+  // clean-clone CI drew), so a random seed was flagged now and then.
   ASSERT_EQ(testing::run_klein("generate -m " + testing::shell_arg(out / "keep.klein") +
-                                   " -p fox -W 64 -H 64 -s 1 --safety --no-cache --json -o " +
+                                   " -p fox -W 64 -H 64 -s 1 --seed 4 --safety --no-cache --json -o " +
                                    testing::shell_arg(out / "fox.png"),
                                &log),
             0)
