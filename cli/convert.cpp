@@ -81,6 +81,7 @@ void run_convert(const ConvertArgs& a) {
   o.keep = a.type == "keep";
   o.keep_llm = a.keep_llm;
   o.safety_model = a.safety_model;
+  o.controlnet = a.controlnet;
   if (!o.keep) o.target = convert::parse_storage_type(a.type, "-t");
   if (!a.policy.empty()) {
     o.policy_text = read_text_file(a.policy);
@@ -146,6 +147,11 @@ static Registration convert_command("convert", 10, [](CLI::App& app) {
                   "nsfw_image_detection) beside the model, by the same policy: `generate "
                   "--safety` and `serve` then use it")
       ->type_name("DIR");
+  cmd->add_option("--controlnet", a->controlnet,
+                  "store this control model beside the model, by the same policy (Z-Image: "
+                  "Z-Image-Turbo-Fun-Controlnet-Union 2.1, a diffusers directory or the original "
+                  ".safetensors): `generate --control-image` and `serve` then use it")
+      ->type_name("PATH");
   cmd->add_flag("-q,--quiet", a->quiet, "no progress output (errors are still printed)");
   cmd->callback([a] { run_convert(*a); });
 });

@@ -27,6 +27,7 @@ struct ConvertArgs {
   bool quiet = false;
   bool keep_llm = false;
   std::string safety_model;  // --safety-model DIR
+  std::string controlnet;    // --controlnet PATH
   convert::SourceArrival* arrival = nullptr;  // klein pull: sources still downloading
   // Told of each unit stored, instead of the progress lines on stderr.
   std::function<void(const convert::ConvertProgress&)> on_progress;

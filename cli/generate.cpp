@@ -694,10 +694,11 @@ Registration generate_command("generate", 10, [](CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--controlnet", a->gen.controlnet,
                   "Z-Image: a control model (Z-Image-Turbo-Fun-Controlnet-Union 2.1: a diffusers "
-                  "directory or the original .safetensors file), with --control-image")
+                  "directory or the original .safetensors file), with --control-image; default: "
+                  "the one the container holds (klein convert --controlnet)")
       ->check(CLI::ExistingPath);
   cmd->add_option("--control-image", a->gen.control_image,
-                  "Z-Image with --controlnet: the image the generation follows (edges, depth, "
+                  "Z-Image with a control model: the image the generation follows (edges, depth, "
                   "pose...; scaled to the output size, which is its own unless -W/-H are given); "
                   "with --init-image and --mask: inpainting guided by it")
       ->check(CLI::ExistingFile);

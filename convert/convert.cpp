@@ -30,6 +30,8 @@
 #include "quant/types.h"
 #include "tokenizer/tokenizer.h"
 #include "weights/container_store.h"
+#include "weights/extra_component.h"
+#include "weights/family.h"
 #include "weights/fp8.h"
 #include "weights/naming.h"
 #include "weights/safety_model.h"
@@ -81,7 +83,8 @@ std::pair<int, int64_t> unit_rank(const std::string& u) {
   if (u == "vae.encoder") return {5, 0};
   if (u == "vae.decoder") return {6, 0};
   if (u == "vae.latent_stats") return {7, 0};
-  if (u.rfind("safety.", 0) == 0) return {9, 0};  // the classifier beside the model, last
+  if (u.rfind("controlnet.", 0) == 0) return {9, 0};  // the networks beside the model, last
+  if (u.rfind("safety.", 0) == 0) return {10, 0};
   return {8, 0};
 }
 
@@ -418,29 +421,41 @@ ConvertSummary convert_model(const ConvertOptions& o) {
                             {"xxh3", hash_file(f.path, bytes, [] { return false; })}});
   }
 
-  // The safety classifier: a new one (its units replace a container source's), or the
-  // source container's, carried over with its units.
-  std::optional<SafetyModel> safety;
-  json safety_meta;
+  // Networks stored beside the model (weights/extra_component.h): new ones (their units
+  // replace a container source's of the same key), and a container source's others, carried
+  // over with their units.
+  std::vector<ExtraComponent> extras;
   if (!o.safety_model.empty()) {
     note("opening the safety classifier " + o.safety_model.string());
-    safety = open_safety_model(o.safety_model);
-    safety_meta = safety_container_metadata(*safety);
-  } else if (origin.container_metadata && origin.container_metadata->contains("safety")) {
-    safety_meta = (*origin.container_metadata)["safety"];
+    extras.push_back(safety_component(open_safety_model(o.safety_model)));
   }
+  if (!o.controlnet.empty()) {
+    note("opening the control model " + o.controlnet.string());
+    extras.push_back(model_family(config).open_control_model(o.controlnet, config));
+  }
+  json extra_meta = json::object();
+  auto new_extra = [&](const std::string& unit) -> const ExtraComponent* {
+    for (const ExtraComponent& e : extras)
+      if (in_extra_component(unit, e.key)) return &e;
+    return nullptr;
+  };
+  for (const ExtraComponent& e : extras) extra_meta[e.key] = e.metadata;
+  if (const nlohmann::json* meta = origin.container_metadata)
+    for (const char* key : kExtraComponentKeys)
+      if (meta->contains(key) && !extra_meta.contains(key)) extra_meta[key] = (*meta)[key];
   // The store a unit is read from.
   auto source_of = [&](const std::string& u) -> WeightStore& {
-    return safety && u.rfind("safety.", 0) == 0 ? *safety->store : *store;
+    const ExtraComponent* e = new_extra(u);
+    return e ? *e->store : *store;
   };
 
   // What goes in, in which order, and what is dropped.
   json dropped = json::array();
   std::vector<std::string> units;
-  if (safety)
-    for (const auto& u : safety->store->units()) units.push_back(u);
+  for (const ExtraComponent& e : extras)
+    for (const auto& u : e.store->units()) units.push_back(u);
   for (const auto& u : store->units()) {
-    if (safety && u.rfind("safety.", 0) == 0) continue;  // replaced by the new classifier
+    if (new_extra(u)) continue;  // replaced by the new network of its key
     const std::string why = o.keep_llm ? "" : unit_drop_reason(u, config.text_encoder);
     if (why.empty()) {
       units.push_back(u);
@@ -463,9 +478,9 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   // and the metadata that records them is written after the units.
   std::atomic<bool> stop_hashing{false};
   std::vector<SourceFile> hashed_files = source_files(o, *store);
-  if (safety)
-    for (const auto& f : safety->store->origin().files)
-      hashed_files.push_back({"safety/" + f.filename().string(), f});
+  for (const ExtraComponent& e : extras)
+    for (const auto& f : e.store->origin().files)
+      hashed_files.push_back({e.key + "/" + f.filename().string(), f});
   std::future<json> hashing = std::async(std::launch::async, [&, files = hashed_files] {
     const Clock::time_point start = Clock::now();
     json sources = json::array();
@@ -613,7 +628,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
         {"fallbacks", fallbacks},
         {"merged_loras", merged_loras}}},
   };
-  if (!safety_meta.is_null()) meta["safety"] = safety_meta;
+  for (const auto& [key, value] : extra_meta.items()) meta[key] = value;
   out.write_metadata(meta.dump(-1, ' ', false, json::error_handler_t::strict));
   out.commit();
   summary.output = o.output;

@@ -134,6 +134,17 @@ json describe_container(const fs::path& path, bool tensors) {
                              std::to_string(c.value("hidden_size", 0)) + ", " +
                              human_bytes(bytes) + "; generate --safety and serve use it)";
   }
+  // A control model stored beside the model (convert --controlnet).
+  if (meta.contains("controlnet") && meta["controlnet"].is_object()) {
+    const json& c = meta["controlnet"];
+    uint64_t bytes = 0;
+    for (const auto& u : file.index().units)
+      if (u.name.rfind("controlnet.", 0) == 0)
+        for (const auto& t : file.tensors_of(u)) bytes += t.size;
+    d["control_model"] = "yes (" + c.value("source", std::string("?")) + ": " +
+                         c.value("summary", std::string("?")) + ", " + human_bytes(bytes) +
+                         "; generate --control-image and serve use it)";
+  }
   if (meta.contains("conversion")) d["conversion"] = meta["conversion"];
   json tok = json::object();
   if (meta.contains("tokenizer") && meta["tokenizer"].is_object())
@@ -157,6 +168,8 @@ std::string describe_container_text(const json& d) {
   line("  checksum (identity): " + d["header_xxh3"].get<std::string>());
   if (d.contains("safety_classifier"))
     line("  safety classifier: " + d["safety_classifier"].get<std::string>());
+  if (d.contains("control_model"))
+    line("  control model: " + d["control_model"].get<std::string>());
   if (d.contains("can_upsample"))
     line(d["can_upsample"].get<bool>()
              ? "  prompt upsampling: yes (the whole text encoder and its head are kept)"

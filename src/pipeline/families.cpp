@@ -3,6 +3,8 @@
 #include <map>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "pipeline/stages.h"
 #include "tokenizer/tokenizer.h"
@@ -57,6 +59,9 @@ Capabilities capabilities(const Model& model) {
   const ModelConfig& config = model.weights->config();
   Capabilities c = stages_for(config).capabilities(config);
   c.family = config.family;
+  const StoreOrigin origin = model.weights->origin();
+  c.stored_control_model =
+      c.control && origin.container_metadata && origin.container_metadata->contains("controlnet");
   return c;
 }
 

@@ -342,6 +342,7 @@ struct Capabilities {
   bool guidance_options = false;    // cfg_normalization and cfg_truncation (Z-Image)
   bool loras = false;
   bool control = false;             // a control model and image (Z-Image's ControlNet)
+  bool stored_control_model = false;  // the container holds one (klein convert --controlnet)
   int64_t default_steps = 0;        // the steps and guidance a request without them gets
   float default_guidance = 1;
 };

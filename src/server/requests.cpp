@@ -57,11 +57,9 @@ void read_common(const json& body, const ServerOptions& s, ImageRequest& r,
     if (!(*v >= -100 && *v <= 100)) throw bad_request("\"cfg_truncation\": expected -100 to 100");
     o.cfg_truncation = float(*v);
   }
-  // Z-Image's ControlNet: the control image; the control model is the server's (--controlnet).
+  // Z-Image's ControlNet: the control image; the control model is the server's (--controlnet)
+  // or the one its container holds (the generation refuses the image when there is neither).
   if (body.contains("control_image") && !body["control_image"].is_null()) {
-    if (s.controlnet.empty())
-      throw bad_request("\"control_image\": this server has no control model (klein serve "
-                        "--controlnet PATH)");
     o.controlnet = s.controlnet;
     r.control_image = decode_image_field(body["control_image"], "control_image");
     if (r.control_image.empty()) throw bad_request("\"control_image\": the image is empty");

@@ -45,7 +45,8 @@ json health(Impl& s, httplib::Response& res) {
                         {"cfg_normalization", c.guidance_options},
                         {"cfg_truncation", c.guidance_options},
                         {"loras", c.loras},
-                        {"control_image", c.control && !s.options.controlnet.empty()},
+                        {"control_image",
+                         c.control && (!s.options.controlnet.empty() || c.stored_control_model)},
                         {"upsample", s.options.upsample_endpoint.has_value() ||
                                          upsample_unavailable(*m).empty()}};
     reply["defaults"] = {{"steps", c.default_steps}, {"guidance", c.default_guidance}};

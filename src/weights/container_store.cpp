@@ -13,6 +13,7 @@
 #include "quant/types.h"
 #include "tokenizer/tekken.h"
 #include "weights/expected.h"
+#include "weights/extra_component.h"
 #include "weights/family.h"
 #include "weights/gguf_source.h"
 #include "weights/naming.h"
@@ -102,11 +103,13 @@ ContainerStore::ContainerStore(const fs::path& path, ContainerOptions options)
           stored_tensor_bytes(t.name, t.type, t.layout, t.block_size, t.shape);
       check(t.size == expected, where, ": tensor ", t.name, " ", shape_str(t.shape), " as ",
             dtype_name(t.type), " should take ", expected, " bytes, the index says ", t.size);
-      // The safety classifier beside the model (klein convert --safety-model): its tensors
-      // are checked against its own configuration when it is opened (weights/safety_model.h).
-      if (t.name.rfind("safety.", 0) == 0) {
-        check(meta.contains("safety"), where, ": tensor ", t.name,
-              " is a safety classifier's, but the metadata has no \"safety\" configuration");
+      // A network beside the model (weights/extra_component.h: the safety classifier, a
+      // control model): its tensors are checked against its own configuration, from the
+      // metadata object of its key, when it is opened.
+      if (const std::string key = extra_component_key(t.name); !key.empty()) {
+        check(meta.contains(key) && meta[key].is_object(), where, ": tensor ", t.name,
+              " belongs to the network stored as \"", key, "\", but the metadata has no \"", key,
+              "\" configuration");
         continue;
       }
       shapes[int(component_of(t.name))][t.name] = t.shape;

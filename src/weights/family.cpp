@@ -61,9 +61,15 @@ const ModelFamily& family_of_pipeline(const std::string& class_name, const std::
   fail(where, ": pipeline class ", class_name, " is not one this engine runs (", known, ")");
 }
 
+ExtraComponent ModelFamily::open_control_model(const std::filesystem::path& path,
+                                               const ModelConfig&) const {
+  fail("--controlnet ", path.string(), ": ", title(), " has no control model");
+}
+
 std::optional<UnitOf> unit_of(const ModelFamily& family, const std::string& canonical) {
   if (canonical.starts_with("transformer.")) return family.transformer_unit_of(canonical);
   if (canonical.starts_with("safety.")) return safety_unit_of(canonical);
+  if (canonical.starts_with("controlnet.")) return family.control_unit_of(canonical);
   return component_unit_of(canonical);
 }
 

@@ -12,6 +12,7 @@
 // The families are registered, not listed here: each is a folder of src/families with one
 // line in src/families/registry.cpp. Nothing in the weights layer asks which family a model
 // is: the stores, the container and the summaries call the entry of the model's family.
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -21,6 +22,7 @@
 
 #include "weights/config.h"
 #include "weights/expected.h"
+#include "weights/extra_component.h"
 #include "weights/naming.h"
 
 namespace klein {
@@ -128,6 +130,17 @@ class ModelFamily {
   // Whether the family's pipelines read a text encoder of this kind (Qwen3 or Mistral): a text
   // encoder opened alone (for prompt upsampling) belongs to the first family that does.
   virtual bool reads_text_encoder(const TextEncoderConfig& e) const = 0;
+
+  // A control model of this family's pipelines (klein convert --controlnet PATH): opened from
+  // its own files and checked against the model of `c` before anything is written; its units
+  // and canonical names start with "controlnet.". Default: the family takes none, refused
+  // naming `path`.
+  virtual ExtraComponent open_control_model(const std::filesystem::path& path,
+                                            const ModelConfig& c) const;
+  // The unit of a canonical tensor of such a control model; nothing for other names.
+  virtual std::optional<UnitOf> control_unit_of(const std::string& canonical) const {
+    return std::nullopt;
+  }
 };
 
 // Adds a family (src/families/registry.cpp: the built-in ones when the program starts);
@@ -146,8 +159,9 @@ inline const ModelFamily& model_family(const ModelConfig& c) { return model_fami
 // (`where`) and the pipelines the engine runs.
 const ModelFamily& family_of_pipeline(const std::string& class_name, const std::string& where);
 
-// The unit of any canonical tensor of a model of this family: the transformer's by the
-// family, the text encoder's and the VAE's as every family shares them.
+// The unit of any canonical tensor of a model of this family: the transformer's and a control
+// model's by the family, the text encoder's and the VAE's as every family shares them, the
+// safety classifier's (weights/safety_model.h).
 std::optional<UnitOf> unit_of(const ModelFamily& family, const std::string& canonical);
 // Every tensor a component of this configuration must hold, with its shape.
 ShapeMap expected_tensors(const ModelConfig& c, Component component);

@@ -284,6 +284,15 @@ json safety_container_metadata(const SafetyModel& model) {
           {"source", model.path.filename().string()}};
 }
 
+ExtraComponent safety_component(SafetyModel model) {
+  ExtraComponent e;
+  e.key = "safety";
+  e.title = "the safety classifier";
+  e.metadata = safety_container_metadata(model);
+  e.store = std::move(model.store);
+  return e;
+}
+
 SafetyModel open_safety_model(const fs::path& dir) {
   if (fs::is_regular_file(dir) && container::is_container(dir)) return open_container_safety_model(dir);
   check(fs::exists(dir), "safety model ", dir.string(), " does not exist");

@@ -28,6 +28,7 @@
 
 #include "core/tensor.h"
 #include "weights/expected.h"
+#include "weights/extra_component.h"
 #include "weights/naming.h"
 #include "weights/weight_store.h"
 
@@ -102,6 +103,9 @@ SafetyModel open_safety_model(const std::filesystem::path& path);
 
 // Whether the container at `path` holds a classifier (false for anything else).
 bool container_has_safety_model(const std::filesystem::path& path);
+
+// The classifier as a network stored beside a model by convert (its store moves into it).
+ExtraComponent safety_component(SafetyModel model);
 
 // The container metadata's "safety" object for a classifier: its two configuration files and
 // where it came from.

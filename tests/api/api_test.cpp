@@ -331,7 +331,7 @@ TEST(CApi, ZImageControlNetMakesTheCliPixels) {
   klein_image_free(image);
   p.controlnet = nullptr;
   EXPECT_EQ(klein_generate(m.session, &p, &image), KLEIN_ERROR);
-  EXPECT_NE(std::string(klein_session_error(m.session)).find("--control-image needs --controlnet"),
+  EXPECT_NE(std::string(klein_session_error(m.session)).find("--control-image: no control model"),
             std::string::npos)
       << klein_session_error(m.session);
 }

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,17 +29,19 @@ using json = nlohmann::json;
 fs::path set_dir() { return testing::tiny_dir().parent_path() / "zimage-control"; }
 fs::path case_dir(const std::string& name) { return set_dir() / "vectors" / "e2e" / name; }
 
-std::string command_for(const fs::path& ref, const fs::path& controlnet, const fs::path& out) {
+// The case's command; `controlnet` empty: none given (the container's), `model` empty: the set's.
+std::string command_for(const fs::path& ref, const fs::path& controlnet, const fs::path& out,
+                        const fs::path& model = {}) {
   const json c = json::parse(read_text_file(ref / "case.json"));
-  std::string args = "generate -m " + testing::shell_arg(set_dir() / "model") + " -p " +
+  std::string args = "generate -m " + testing::shell_arg(model.empty() ? set_dir() / "model" : model) + " -p " +
                      testing::shell_arg(c["prompt"].get<std::string>()) + " -s " +
                      std::to_string(c["steps"].get<int>()) + " -g " +
                      std::to_string(c["guidance_scale"].get<double>()) + " -W " +
                      std::to_string(c["width"].get<int>()) + " -H " +
                      std::to_string(c["height"].get<int>()) + " --control-scale " +
                      std::to_string(c["controlnet_conditioning_scale"].get<double>()) +
-                     " --controlnet " + testing::shell_arg(controlnet) + " --control-image " +
-                     testing::shell_arg(ref / "control.png");
+                     (controlnet.empty() ? "" : " --controlnet " + testing::shell_arg(controlnet)) +
+                     " --control-image " + testing::shell_arg(ref / "control.png");
   if (c.contains("negative_prompt") && c["negative_prompt"].is_string())
     args += " -n " + testing::shell_arg(c["negative_prompt"].get<std::string>());
   if (fs::exists(ref / "mask.png"))
@@ -190,6 +193,67 @@ TEST(ZImageControlFiles, TheMemoryPlanCountsTheControlModel) {
   EXPECT_NE(control.find("weights 4 MiB paged / 6 MiB resident"), std::string::npos) << control;
 }
 
+// `klein convert --controlnet` stores the control model beside the model: inspect shows it, a
+// generation with a control image and no --controlnet takes it (the kept types: the directory's
+// image bit for bit; Q8: its control blocks quantized by the policy, the image close to the
+// official one), a container source carries it over, and a family without control models
+// refuses it before writing anything.
+TEST(ZImageControlFiles, AContainerHoldsTheControlModel) {
+  const fs::path ref = case_dir("controlnet_c075_h64_w96");
+  const fs::path dir = testing::temp_dir("zimage-control-container");
+  std::string log;
+  auto convert = [&](const fs::path& source, const std::string& args, const fs::path& out) {
+    return testing::run_klein("convert -m " + testing::shell_arg(source) + args + " -q -o " +
+                                  testing::shell_arg(out),
+                              &log);
+  };
+  const std::string net = " --controlnet " + testing::shell_arg(set_dir() / "controlnet");
+  ASSERT_EQ(convert(set_dir() / "model", net + " -t keep", dir / "keep.klein"), 0) << log;
+  ASSERT_EQ(convert(set_dir() / "model", net + " -t q8", dir / "q8.klein"), 0) << log;
+  ASSERT_EQ(testing::run_klein("inspect " + testing::shell_arg(dir / "keep.klein"), &log), 0) << log;
+  EXPECT_NE(log.find("control model: yes (controlnet: Z-Image ControlNet Union 2.1: "),
+            std::string::npos)
+      << log;
+
+  // The directory with --controlnet, the container without.
+  for (const char* d : {"dir", "keep", "q8"}) fs::create_directories(dir / d);
+  ASSERT_EQ(testing::run_klein(command_for(ref, set_dir() / "controlnet", dir / "dir"), &log), 0)
+      << log;
+  ASSERT_EQ(testing::run_klein(command_for(ref, {}, dir / "keep", dir / "keep.klein"), &log), 0)
+      << log;
+  EXPECT_EQ(read_npy(dir / "dir" / "dump" / "image.npy").to_f32(),
+            read_npy(dir / "keep" / "dump" / "image.npy").to_f32());
+  ASSERT_EQ(testing::run_klein(command_for(ref, {}, dir / "q8", dir / "q8.klein"), &log), 0) << log;
+  // Measured 0.045 of max|ref| (0.036 with the same Q8 transformer and the control model
+  // unquantized): the tiny random network's Q8 error, not the control model's absence.
+  expect_close(dir / "q8" / "dump" / "final_latents.npy", ref / "final_latents.npy", 6e-2);
+  EXPECT_NE(read_npy(dir / "q8" / "dump" / "image.npy").to_f32(),
+            read_npy(dir / "keep" / "dump" / "image.npy").to_f32());
+  // The policy: the control blocks' projections take the type, the embedder stays a float.
+  ASSERT_EQ(testing::run_klein("inspect --json " + testing::shell_arg(dir / "q8.klein"), &log), 0)
+      << log;
+  const json q8 = json::parse(log);
+  std::map<std::string, std::string> types;
+  for (const json& t : q8["tensors"]) types[t["name"]] = t["type"];
+  EXPECT_EQ(types["controlnet.control_layers.0.attention.to_q.weight"], "q8");
+  EXPECT_EQ(types["controlnet.control_noise_refiner.0.after_proj.weight"], "q8");
+  EXPECT_EQ(types["controlnet.control_all_x_embedder.2-1.weight"], "bf16");
+  EXPECT_EQ(types["controlnet.control_layers.0.adaLN_modulation.0.weight"], "bf16");
+
+  // Carried over from a container source; a new one replaces it.
+  ASSERT_EQ(convert(dir / "q8.klein", " -t q4", dir / "q4.klein"), 0) << log;
+  ASSERT_EQ(testing::run_klein("inspect " + testing::shell_arg(dir / "q4.klein"), &log), 0) << log;
+  EXPECT_NE(log.find("control model: yes"), std::string::npos) << log;
+
+  // Refused before anything is written: another family, a control model of another model.
+  EXPECT_NE(convert(testing::tiny_model(), net + " -t q8", dir / "klein.klein"), 0);
+  EXPECT_NE(log.find("FLUX.2-klein has no control model"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(dir / "klein.klein"));
+  EXPECT_NE(convert(testing::zimage_model(), net + " -t q8", dir / "other.klein"), 0);
+  EXPECT_NE(log.find("another model"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(dir / "other.klein"));
+}
+
 // A single .safetensors file of [1, 2] BF16 tensors of these names (the header, then 4 zero
 // bytes each).
 void write_tiny_safetensors(const fs::path& path, const std::vector<std::string>& names) {
@@ -219,7 +283,7 @@ TEST(ZImageControlFiles, RefusesWhatCannotRunBeforeAnyWork) {
     std::string model, args, expected;
   };
   for (const Refusal& r : std::vector<Refusal>{
-           {model, control, "--control-image needs --controlnet"},
+           {model, control, "--control-image: no control model"},
            {model, control + " --controlnet " + testing::shell_arg(dir / "huge-index.safetensors"),
             "not a Z-Image control model"},
            {model, control + " --controlnet " + testing::shell_arg(dir / "other.safetensors"),

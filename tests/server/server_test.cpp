@@ -294,7 +294,7 @@ json wait_for_job(httplib::Client& c, const json& job) {
 
 // A Z-Image server with a control model: a request's control image and scale make the CLI's
 // pixels (OpenAI generations and A1111 txt2img); /health offers the control image; a server
-// without a control model refuses one by name.
+// without a control model refuses one by name, and one whose container holds it offers it.
 TEST(Serve, ZImageControlImagesMakeTheCliPixels) {
   const fs::path set = testing::tiny_dir().parent_path() / "zimage-control";
   const fs::path control = set / "vectors" / "e2e" / "controlnet_c075_h64_w96" / "control.png";
@@ -338,6 +338,28 @@ TEST(Serve, ZImageControlImagesMakeTheCliPixels) {
                                   {"control_image", file_b64(control)}},
                                  400);
   EXPECT_NE(refused.dump().find("no control model"), std::string::npos) << refused.dump();
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(json::parse(health->body)["accepts"]["control_image"], false) << health->body;
+  // A container that holds the control model (convert --controlnet, kept types): offered
+  // without --controlnet, the same pixels.
+  std::string log;
+  ASSERT_EQ(testing::run_klein("convert -m " + testing::shell_arg(set / "model") + " --controlnet " +
+                                   testing::shell_arg(set / "controlnet") + " -t keep -q -o " +
+                                   testing::shell_arg(out / "held.klein"),
+                               &log),
+            0)
+      << log;
+  ServeProcess held("", out / "held.klein");
+  httplib::Client h = held.client();
+  health = h.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(json::parse(health->body)["accepts"]["control_image"], true) << health->body;
+  const json gen = post_json(h, "/v1/images/generations",
+                             {{"prompt", kPrompt}, {"size", "96x64"}, {"seed", 5}, {"steps", 3},
+                              {"control_image", file_b64(control)}, {"control_scale", 0.9}});
+  ASSERT_EQ(gen["data"].size(), 1u);
+  EXPECT_EQ(png_of(gen["data"][0]["b64_json"]).rgb, cli.rgb);
 }
 
 // A server with a tiny decoder: "decoder": "tiny" makes the CLI's --decoder tiny pixels, the

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/json_fields.h"
+#include "families/zimage/controlnet.h"
 #include "models/zimage/checkpoint/config.h"
 #include "models/zimage/checkpoint/units.h"
 #include "weights/expected.h"
@@ -157,6 +158,14 @@ class ZImage final : public ModelFamily {
   std::optional<UnitOf> transformer_unit_of(const std::string& canonical) const override {
     return zimage::transformer_unit_of(canonical);
   }
+  ExtraComponent open_control_model(const std::filesystem::path& path,
+                                    const ModelConfig& c) const override {
+    return control_component(
+        zimage::open_control_model(path, parse_transformer_config(c.family_transformer, c.name)));
+  }
+  std::optional<UnitOf> control_unit_of(const std::string& canonical) const override {
+    return zimage::controlnet_unit_of(canonical);
+  }
   // LoRA modules: diffusers/PEFT ("transformer.layers.0.attention.to_q"), the original names
   // ComfyUI and musubi-tuner write ("diffusion_model.layers.0.attention.qkv": to_q, to_k and
   // to_v, B in thirds; "attention.out" for to_out.0) and kohya's underscores.
@@ -298,6 +307,10 @@ transformer.*_pad_token                    >=bf16
 # Each block's modulation (adaLN_modulation, small) and the output layer.
 transformer.*adaLN_modulation*             >=bf16
 transformer.all_final_layer.*              >=bf16
+# A control model stored beside it (convert --controlnet): its embedder and its blocks'
+# modulation likewise; its blocks' projections take the type.
+controlnet.control_all_x_embedder.*        >=bf16
+controlnet.*adaLN_modulation*              >=bf16
 )";
   }
 

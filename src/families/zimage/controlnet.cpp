@@ -100,6 +100,7 @@ ControlModel open_control_model(const fs::path& path, const TransformerConfig& b
     config_where = where + " (its tensors)";
   }
   model.config = parse_controlnet_config(config, config_where, base);
+  model.config_json = config;
 
   // Every expected tensor, of a float type and its shape; nothing else.
   const ShapeMap expected = expected_controlnet(model.config, base);
@@ -120,10 +121,65 @@ ControlModel open_control_model(const fs::path& path, const TransformerConfig& b
   for (const auto& [name, shape] : expected)
     check(found.count(name), where, ": tensor ", name.substr(std::string(kPrefix).size()), " ",
           shape_str(shape), " is missing");
-  model.store = std::make_unique<ComponentStore>(std::move(files), kPrefix, controlnet_unit_of,
+  model.store = std::make_shared<ComponentStore>(std::move(files), kPrefix, controlnet_unit_of,
                                                  fs::absolute(path).lexically_normal().string(),
                                                  "the control model");
+  model.units = model.store->units();
   return model;
+}
+
+std::optional<ControlModel> stored_control_model(WeightStore& weights,
+                                                 const TransformerConfig& base) {
+  const StoreOrigin origin = weights.origin();
+  const json* meta = origin.container_metadata;
+  if (!meta || !meta->contains("controlnet")) return std::nullopt;
+  const std::string where =
+      (origin.files.empty() ? std::string("the container") : origin.files[0].string()) +
+      " (control model)";
+  const json& stored = (*meta)["controlnet"];
+  check(stored.is_object() && stored.contains("config"), where,
+        ": the metadata's \"controlnet\" object has no \"config\"");
+  ControlModel model;
+  model.config_json = stored["config"];
+  model.config = parse_controlnet_config(model.config_json, where, base);
+  model.path = origin.files.empty() ? fs::path() : origin.files[0];
+  // Its units and every tensor's shape, from the index (nothing is read).
+  const ShapeMap expected = expected_controlnet(model.config, base);
+  std::set<std::string> units;
+  for (const auto& [name, shape] : expected) units.insert(controlnet_unit_of(name)->unit);
+  size_t seen = 0;
+  for (const std::string& unit : units) {
+    check(weights.has_unit(unit), where, ": unit ", unit, " is missing");
+    const UnitRef ref = weights.describe(unit);
+    for (const Weight& w : ref->weights()) {
+      const auto it = expected.find(w.name);
+      check(it != expected.end(), where, ": tensor ", w.name, " is not one of its control model");
+      check(w.shape == it->second, where, ": tensor ", w.name, " has shape ", shape_str(w.shape),
+            "; expected ", shape_str(it->second));
+      ++seen;
+    }
+  }
+  check(seen == expected.size(), where, ": ", expected.size() - seen, " of its ", expected.size(),
+        " tensors are missing");
+  model.units.assign(units.begin(), units.end());
+  // The session's store, not owned.
+  model.store = std::shared_ptr<WeightStore>(std::shared_ptr<WeightStore>(), &weights);
+  return model;
+}
+
+ExtraComponent control_component(ControlModel model) {
+  ExtraComponent e;
+  e.key = "controlnet";
+  e.title = "the control model";
+  const ControlNetConfig& c = model.config;
+  e.metadata = {{"config", model.config_json},
+                {"source", model.path.filename().string()},
+                {"summary", "Z-Image ControlNet Union 2.1: " +
+                                std::to_string(c.layer_places.size()) + " control layers, " +
+                                std::to_string(c.refiner_places.size()) +
+                                " refiner blocks, control_in_dim " + std::to_string(c.in_channels)}};
+  e.store = std::move(model.store);
+  return e;
 }
 
 }  // namespace klein::zimage

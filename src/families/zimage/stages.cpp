@@ -217,7 +217,7 @@ class ZImageStages final : public FamilyStages {
     in.context_width = transformer.cap_feat_dim;
     uint64_t control_bytes = 0;
     if (control)
-      for (const std::string& unit : control->store->units())
+      for (const std::string& unit : control->units)
         control_bytes += control->store->unit_bytes(unit);
     in.denoise = [transformer, control_bytes](const WeightStore& store,
                                               const MemoryPlanInputs& in) {
@@ -245,9 +245,8 @@ class ZImageStages final : public FamilyStages {
       session.timed(g, progress, "load LoRA", 0, [&](Phase&) {
         g.adapters = std::make_shared<const Adapters>(Adapters::load(o.loras, weights.config()));
       });
-    check(o.control_image.empty() == o.controlnet.empty(),
-          o.controlnet.empty() ? "--control-image needs --controlnet (the control model)"
-                               : "--controlnet needs --control-image (the picture it follows)");
+    check(!o.control_image.empty() || o.controlnet.empty(),
+          "--controlnet needs --control-image (the picture it follows)");
     check(!o.control_scale || !o.control_image.empty(), "--control-scale needs --control-image");
     check(!o.control_canny || !o.control_image.empty(),
           "--control-preprocess needs --control-image (the picture to take edges from)");
@@ -309,13 +308,20 @@ class ZImageStages final : public FamilyStages {
     st.control_scale = o.control_scale.value_or(kDefaultControlScale);
     check(std::isfinite(st.control_scale), "--control-scale: expected a number, got ",
           st.control_scale);
+    // --controlnet, else the one the container holds beside the model.
     session.timed(g, progress, "load control model", 0, [&](Phase&) {
-      st.control = std::make_shared<zimage::ControlModel>(
-          zimage::open_control_model(o.controlnet, st.transformer));
+      if (!o.controlnet.empty())
+        st.control = std::make_shared<zimage::ControlModel>(
+            zimage::open_control_model(o.controlnet, st.transformer));
+      else if (auto stored = zimage::stored_control_model(session.weights(), st.transformer))
+        st.control = std::make_shared<zimage::ControlModel>(std::move(*stored));
     });
+    check(st.control != nullptr,
+          "--control-image: no control model (give --controlnet PATH, or a container that holds "
+          "one: klein convert --controlnet PATH)");
     check(o.mask.empty() || st.control->config.in_channels ==
                                 2 * st.transformer.in_channels + 1,
-          "--mask with --control-image: the control model ", o.controlnet.string(), " takes ",
+          "--mask with --control-image: the control model ", st.control->path.string(), " takes ",
           st.control->config.in_channels, " control channels; inpainting needs ",
           2 * st.transformer.in_channels + 1, " (control, mask and masked-image latents: Union 2.1)");
     session.timed(g, progress, "load control image", 0, [&](Phase&) {
