@@ -18,6 +18,7 @@
 #include "convert/policy.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "pipeline/tiny_decoder.h"
 #include "weights/family.h"
 
 namespace klein::cli {
@@ -82,6 +83,10 @@ void run_convert(const ConvertArgs& a) {
   o.keep_llm = a.keep_llm;
   o.safety_model = a.safety_model;
   o.controlnet = a.controlnet;
+  if (!a.tiny_vae.empty())
+    o.extra_components.push_back([path = a.tiny_vae](const ModelConfig& config) {
+      return tiny_vae_component(path, "--tiny-vae", config);
+    });
   if (!o.keep) o.target = convert::parse_storage_type(a.type, "-t");
   if (!a.policy.empty()) {
     o.policy_text = read_text_file(a.policy);
@@ -152,6 +157,12 @@ static Registration convert_command("convert", 10, [](CLI::App& app) {
                   "Z-Image-Turbo-Fun-Controlnet-Union 2.1, a diffusers directory or the original "
                   ".safetensors): `generate --control-image` and `serve` then use it")
       ->type_name("PATH");
+  cmd->add_option("--tiny-vae", a->tiny_vae,
+                  "store this tiny autoencoder's decoder beside the model, exactly (madebyollin/"
+                  "taesd: taef2_decoder.pth for FLUX.2, taef1_decoder.pth for Z-Image, a "
+                  ".safetensors copy, or a directory holding one): previews and `generate "
+                  "--decoder tiny` then use it")
+      ->type_name("FILE|DIR");
   cmd->add_flag("-q,--quiet", a->quiet, "no progress output (errors are still printed)");
   cmd->callback([a] { run_convert(*a); });
 });

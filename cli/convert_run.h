@@ -28,6 +28,7 @@ struct ConvertArgs {
   bool keep_llm = false;
   std::string safety_model;  // --safety-model DIR
   std::string controlnet;    // --controlnet PATH
+  std::string tiny_vae;      // --tiny-vae FILE|DIR
   convert::SourceArrival* arrival = nullptr;  // klein pull: sources still downloading
   // Told of each unit stored, instead of the progress lines on stderr.
   std::function<void(const convert::ConvertProgress&)> on_progress;

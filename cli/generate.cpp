@@ -382,11 +382,10 @@ std::string fill_options(Args& a) {
   g.plan_only = a.dry_run;
   fill_safety(a);
   check(a.decoder == "full" || a.decoder == "tiny", "--decoder ", a.decoder,
-        ": expected full (the model's VAE) or tiny (the tiny autoencoder of --tiny-vae)");
+        ": expected full (the model's VAE) or tiny (the tiny autoencoder of --tiny-vae or of the "
+        "container)");
   g.tiny.decode = a.decoder == "tiny";
-  check(!g.tiny.decode || !a.tiny_vae.empty(),
-        "--decoder tiny needs a tiny autoencoder: --tiny-vae FILE (taef2_decoder.pth for "
-        "FLUX.2, taef1_decoder.pth for Z-Image, from madebyollin/taesd)");
+  // Without --tiny-vae, the container's (the pipeline refuses --decoder tiny with neither).
   if (!a.tiny_vae.empty()) g.tiny.model = open_shared_tiny_decoder(a.tiny_vae, "--tiny-vae");
   return cache_off;
 }
@@ -624,12 +623,13 @@ Registration generate_command("generate", 10, [](CLI::App& app) {
       ->check(CLI::Range(8, 8192));
   cmd->add_option("--tiny-vae", a->tiny_vae,
                   "A tiny autoencoder's decoder (madebyollin/taesd: taef2_decoder.pth for FLUX.2, "
-                  "taef1_decoder.pth for Z-Image, or a .safetensors copy): previews by it, and "
-                  "--decoder tiny")
-      ->type_name("FILE");
+                  "taef1_decoder.pth for Z-Image, or a .safetensors copy; or a directory holding "
+                  "one): previews by it, and --decoder tiny. Default: the container's (klein "
+                  "convert --tiny-vae)")
+      ->type_name("FILE|DIR");
   cmd->add_option("--decoder", a->decoder,
                   "What decodes the final latents: full (the model's VAE) or tiny (the tiny "
-                  "autoencoder of --tiny-vae: a draft at a fraction of the cost)")
+                  "autoencoder of --tiny-vae or the container: a draft at a fraction of the cost)")
       ->default_val("full");
   cmd->add_option("-i,--init-image", a->gen.init_image,
                   "Image-to-image: start from this picture (the output takes its size, floored "

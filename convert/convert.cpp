@@ -85,6 +85,7 @@ std::pair<int, int64_t> unit_rank(const std::string& u) {
   if (u == "vae.latent_stats") return {7, 0};
   if (u.rfind("controlnet.", 0) == 0) return {9, 0};  // the networks beside the model, last
   if (u.rfind("safety.", 0) == 0) return {10, 0};
+  if (u.rfind("tiny_vae.", 0) == 0) return {11, 0};
   return {8, 0};
 }
 
@@ -433,6 +434,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
     note("opening the control model " + o.controlnet.string());
     extras.push_back(model_family(config).open_control_model(o.controlnet, config));
   }
+  for (const auto& open : o.extra_components) extras.push_back(open(config));
   json extra_meta = json::object();
   auto new_extra = [&](const std::string& unit) -> const ExtraComponent* {
     for (const ExtraComponent& e : extras)

@@ -18,6 +18,7 @@
 
 #include "core/dtype.h"
 #include "formats/container/format.h"
+#include "weights/extra_component.h"
 #include "weights/lora.h"
 #include "weights/model_source.h"
 
@@ -77,6 +78,10 @@ struct ConvertOptions {
   // "controlnet" object (ModelFamily::open_control_model). A container source's is carried over
   // unless this names another.
   std::filesystem::path controlnet;
+  // Other networks to store beside the model, opened by the caller's functions once the
+  // source's configuration is known, against it (the tiny autoencoder's decoder:
+  // pipeline/tiny_decoder.h); each replaces a container source's of its key.
+  std::vector<std::function<ExtraComponent(const ModelConfig&)>> extra_components;
 };
 
 struct TypeTotals {

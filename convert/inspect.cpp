@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <map>
 #include <set>
+#include <string>
+#include <tuple>
 
 #include "convert/policy.h"
 #include "core/error.h"
@@ -45,6 +47,17 @@ struct Totals {
 };
 
 std::string human_bytes(uint64_t n) { return format_decimal_bytes(n, 2); }
+
+// A network stored beside the model under `key`: "yes (SOURCE: SUMMARY, BYTES; USE)".
+std::string stored_network(const container::ContainerFile& file, const std::string& key,
+                           const json& meta, const std::string& use) {
+  uint64_t bytes = 0;
+  for (const auto& u : file.index().units)
+    if (u.name.rfind(key + ".", 0) == 0)
+      for (const auto& t : file.tensors_of(u)) bytes += t.size;
+  return "yes (" + meta.value("source", std::string("?")) + ": " +
+         meta.value("summary", std::string("?")) + ", " + human_bytes(bytes) + "; " + use + ")";
+}
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -134,17 +147,13 @@ json describe_container(const fs::path& path, bool tensors) {
                              std::to_string(c.value("hidden_size", 0)) + ", " +
                              human_bytes(bytes) + "; generate --safety and serve use it)";
   }
-  // A control model stored beside the model (convert --controlnet).
-  if (meta.contains("controlnet") && meta["controlnet"].is_object()) {
-    const json& c = meta["controlnet"];
-    uint64_t bytes = 0;
-    for (const auto& u : file.index().units)
-      if (u.name.rfind("controlnet.", 0) == 0)
-        for (const auto& t : file.tensors_of(u)) bytes += t.size;
-    d["control_model"] = "yes (" + c.value("source", std::string("?")) + ": " +
-                         c.value("summary", std::string("?")) + ", " + human_bytes(bytes) +
-                         "; generate --control-image and serve use it)";
-  }
+  // A control model and the tiny autoencoder's decoder stored beside the model (convert
+  // --controlnet, --tiny-vae).
+  for (const auto& [key, field, use] :
+       {std::tuple{"controlnet", "control_model", "generate --control-image and serve use it"},
+        std::tuple{"tiny_vae", "tiny_decoder", "previews and generate --decoder tiny use it"}})
+    if (meta.contains(key) && meta[key].is_object())
+      d[field] = stored_network(file, key, meta[key], use);
   if (meta.contains("conversion")) d["conversion"] = meta["conversion"];
   json tok = json::object();
   if (meta.contains("tokenizer") && meta["tokenizer"].is_object())
@@ -170,6 +179,8 @@ std::string describe_container_text(const json& d) {
     line("  safety classifier: " + d["safety_classifier"].get<std::string>());
   if (d.contains("control_model"))
     line("  control model: " + d["control_model"].get<std::string>());
+  if (d.contains("tiny_decoder"))
+    line("  tiny decoder: " + d["tiny_decoder"].get<std::string>());
   if (d.contains("can_upsample"))
     line(d["can_upsample"].get<bool>()
              ? "  prompt upsampling: yes (the whole text encoder and its head are kept)"

@@ -26,6 +26,8 @@ namespace {
 // precision_defaults) follow, then the text encoder's and the VAE's.
 const char* const kSharedHead =
     R"(# Built-in defaults (after the user's rules; first match wins).
+# The tiny autoencoder's decoder beside the model: 1.2 M values, kept exactly as published.
+tiny_vae.*                                 f32
 # Biases, norm weights, BatchNorm statistics: tiny, and every value matters.
 @1d                                        >=bf16
 )";

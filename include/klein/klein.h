@@ -222,13 +222,16 @@ typedef struct klein_generate_params {
   /* Z-Image's ControlNet (as `klein generate --controlnet --control-image --control-scale`;
    * with init_image and mask, inpainting guided by it): */
   const char* controlnet;    /* the control model (Z-Image-Turbo-Fun-Controlnet-Union 2.1: a
-                                diffusers directory or the original .safetensors); NULL: none */
-  const char* control_image; /* image file the generation follows; needs controlnet */
+                                diffusers directory or the original .safetensors); NULL: the
+                                container's, if it holds one */
+  const char* control_image; /* image file the generation follows; needs controlnet, or a
+                                container that holds one (klein convert --controlnet) */
   float control_scale;       /* NAN: not given (0.75, controlnet_conditioning_scale) */
   /* The tiny autoencoder (as `klein generate --tiny-vae --decoder tiny --preview-size`): */
   const char* tiny_vae; /* its decoder (taef2_decoder.pth for FLUX.2, taef1_decoder.pth for
                            Z-Image, or a .safetensors copy), opened once per session and path:
-                           the preview callback gets its pictures; NULL: none (the colour fit) */
+                           the preview callback gets its pictures; NULL: the container's
+                           (klein convert --tiny-vae), else none (the colour fit) */
   int tiny_decode;      /* non-zero: the tiny decoder decodes the image instead of the VAE */
   int preview_size;     /* longest side of its previews in pixels, 8 to 8192; 0: 256 */
   /* BFL's prompt check (as `klein generate --check-prompt`): non-zero asks the text encoder,

@@ -230,7 +230,8 @@ class Model:
         tiny_vae: a tiny autoencoder's decoder file (taef2_decoder.pth for FLUX.2,
         taef1_decoder.pth for Z-Image): previews are its pictures, at most preview_size
         (None: 256) pixels on the long side; decoder="tiny" decodes the image with it instead
-        of the model's VAE (a draft at a fraction of the cost).
+        of the model's VAE (a draft at a fraction of the cost). Without tiny_vae, a container
+        that holds a tiny decoder (klein convert --tiny-vae) gives its own.
         check_prompt: True asks the text encoder first, as BFL's reference does, whether the
         prompt names copyrighted characters, brands or living public figures (`klein
         generate --check-prompt`; the model must keep its language-model head: a container
@@ -270,9 +271,6 @@ class Model:
         params.controlnet = _optional_path(controlnet, "controlnet")
         if decoder not in ("full", "tiny"):
             raise ValueError(f"decoder: expected 'full' or 'tiny', got {decoder!r}")
-        if decoder == "tiny" and tiny_vae is None:
-            raise ValueError("decoder='tiny' needs tiny_vae (the tiny autoencoder's decoder "
-                             "file)")
         params.tiny_vae = _optional_path(tiny_vae, "tiny_vae")
         params.tiny_decode = 1 if decoder == "tiny" else 0
         if preview_size is not None:

@@ -193,8 +193,8 @@ klein::GenerateOptions to_options(klein_session& s, const klein_generate_params&
     o.safety.action =
         p.safety_action == KLEIN_SAFETY_BLUR ? klein::SafetyAction::Blur : klein::SafetyAction::Refuse;
   }
-  check(p.tiny_vae || !p.tiny_decode,
-        "params.tiny_decode needs params.tiny_vae (the tiny autoencoder's decoder)");
+  // tiny_decode without tiny_vae: the container's tiny decoder (the generation refuses it when
+  // the model holds none).
   check(p.preview_size == 0 || (p.preview_size >= 8 && p.preview_size <= 8192),
         "params.preview_size: expected 0 (256) or 8 to 8192, got ", p.preview_size);
   if (p.tiny_vae) {
@@ -204,8 +204,8 @@ klein::GenerateOptions to_options(klein_session& s, const klein_generate_params&
       s.tiny_path = p.tiny_vae;
     }
     o.tiny.model = s.tiny;
-    o.tiny.decode = p.tiny_decode != 0;
   }
+  o.tiny.decode = p.tiny_decode != 0;
   if (p.preview_size) o.tiny.preview_size = p.preview_size;
   if (!s.prompt_cache_dir.empty()) o.prompt_cache_dir = s.prompt_cache_dir;
   if (s.options.max_memory) o.max_memory = s.options.max_memory;

@@ -60,8 +60,10 @@ Capabilities capabilities(const Model& model) {
   Capabilities c = stages_for(config).capabilities(config);
   c.family = config.family;
   const StoreOrigin origin = model.weights->origin();
-  c.stored_control_model =
-      c.control && origin.container_metadata && origin.container_metadata->contains("controlnet");
+  const nlohmann::json* meta = origin.container_metadata;
+  c.stored_control_model = c.control && meta && meta->contains("controlnet");
+  if (meta && meta->contains("tiny_vae"))
+    c.stored_tiny_decoder = (*meta)["tiny_vae"].value("source", std::string("tiny_vae"));
   return c;
 }
 

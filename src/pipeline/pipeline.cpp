@@ -49,9 +49,14 @@ void Session::warn(Generation& g, Progress& progress, const std::string& message
 Generation Session::start(const GenerateOptions& o, Progress& progress) {
   check(o.batch >= 1, "batch: expected 1 or more images denoised together, got ", o.batch);
   vit::check_threshold(o.safety.threshold, "safety threshold");
-  check_tiny_decoder(o.tiny, weights_.config());
   Generation g;
   g.options = o;
+  // Without a tiny decoder of its own, the one the container holds (convert --tiny-vae).
+  if (!g.options.tiny.on()) {
+    if (!stored_tiny_) stored_tiny_ = stored_tiny_decoder(weights_);
+    g.options.tiny.model = *stored_tiny_;
+  }
+  check_tiny_decoder(g.options.tiny, weights_.config());
   weights_.reset_peak();
   cx_.clear_cancel();
   for (const auto& file : weights_.origin().files)
@@ -137,6 +142,7 @@ void Session::decode_tiny(Generation& g, Progress& progress) {
                                           g.options.vae_memory.band_bytes));
     tiny_output_to_signed(decoded);
   });
+  g.result.tiny_decoder = g.options.tiny.model->path().filename().string();
   finish_decode(*this, g, std::move(decoded));
 }
 
@@ -278,8 +284,7 @@ std::string parameters_text(const GenerateOptions& o, const GenerateResult& r,
     s << ", LoRA: ";
     for (size_t i = 0; i < o.loras.size(); ++i) s << (i ? " " : "") << lora_label(o.loras[i]);
   }
-  if (o.tiny.decode && o.tiny.on())
-    s << ", Decoder: tiny (" << o.tiny.model->path().filename().string() << ")";
+  if (!r.tiny_decoder.empty()) s << ", Decoder: tiny (" << r.tiny_decoder << ")";
   if (r.safety) s << ", Safety: " << safety_text(*r.safety);
   s << ", Version: klein " << KLEIN_VERSION;
   return s.str();
@@ -315,8 +320,7 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
     for (const LoraFile& f : o.loras)
       loras.push_back({{"file", f.path.filename().string()}, {"scale", f.scale}});
   }
-  if (o.tiny.decode && o.tiny.on())
-    j["decoder"] = {{"name", "tiny"}, {"file", o.tiny.model->path().filename().string()}};
+  if (!r.tiny_decoder.empty()) j["decoder"] = {{"name", "tiny"}, {"file", r.tiny_decoder}};
   if (r.image.width) {  // a plan alone has no image to mark
     nlohmann::ordered_json w;
     w["embedded"] = r.watermarked;

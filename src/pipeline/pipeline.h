@@ -141,6 +141,9 @@ struct PhaseMemory {
 
 struct GenerateResult {
   Image image;
+  // The tiny decoder's file name when it decoded the image (options.tiny.decode: --tiny-vae's,
+  // or the container's); empty: the model's VAE.
+  std::string tiny_decoder;
   std::optional<double> strength;  // image-to-image only
   std::optional<uint64_t> seed;  // none when the noise came from a file
   int64_t width = 0, height = 0, steps = 0;
@@ -314,6 +317,9 @@ class Session {
   const Tokenizer& tokenizer_;
   Compute& cx_;
   const FamilyStages& stages_;
+  // The tiny decoder the container holds (stored_tiny_decoder), read at the first start that
+  // has none of its own.
+  std::optional<std::shared_ptr<const taesd::TinyDecoder>> stored_tiny_;
 
   // on_step with previews by the tiny decoder when g's options have one.
   StepHook with_tiny_preview(const Generation& g, const StepHook& on_step);
@@ -343,6 +349,7 @@ struct Capabilities {
   bool loras = false;
   bool control = false;             // a control model and image (Z-Image's ControlNet)
   bool stored_control_model = false;  // the container holds one (klein convert --controlnet)
+  std::string stored_tiny_decoder;    // the source of the container's (convert --tiny-vae)
   int64_t default_steps = 0;        // the steps and guidance a request without them gets
   float default_guidance = 1;
 };

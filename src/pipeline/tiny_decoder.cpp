@@ -8,22 +8,83 @@
 #include "pipeline/pipeline.h"
 #include "pipeline/stages.h"
 #include "weights/config.h"
+#include "weights/component_store.h"
+#include "weights/weight_store.h"
 
 namespace klein {
 
-std::shared_ptr<const taesd::TinyDecoder> open_shared_tiny_decoder(
-    const std::filesystem::path& path, const std::string& option) {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The decoder's file: `path` itself, or the first of taesd's names in a directory.
+fs::path tiny_decoder_file(const fs::path& path, const std::string& option) {
   check(!path.empty(), option, ": no file given");
-  check(std::filesystem::is_regular_file(path), option, " ", path.string(),
+  if (fs::is_directory(path)) {
+    for (const char* name : {"taef2_decoder.pth", "taef1_decoder.pth", "taef2_decoder.safetensors",
+                             "taef1_decoder.safetensors"})
+      if (fs::is_regular_file(path / name)) return path / name;
+    fail(option, " ", path.string(), ": no tiny decoder in this directory (expected "
+         "taef2_decoder.pth, taef1_decoder.pth, or the same names with .safetensors)");
+  }
+  check(fs::is_regular_file(path), option, " ", path.string(),
         ": no such file (a tiny autoencoder's decoder: taef2_decoder.pth for FLUX.2, "
         "taef1_decoder.pth for Z-Image, or a .safetensors copy)");
-  return std::make_shared<const taesd::TinyDecoder>(path);
+  return path;
+}
+
+}  // namespace
+
+std::shared_ptr<const taesd::TinyDecoder> open_shared_tiny_decoder(const fs::path& path,
+                                                                   const std::string& option) {
+  return std::make_shared<const taesd::TinyDecoder>(tiny_decoder_file(path, option));
+}
+
+ExtraComponent tiny_vae_component(const fs::path& path, const std::string& option,
+                                  const ModelConfig& config) {
+  const fs::path file = tiny_decoder_file(path, option);
+  taesd::TinyWeights weights = taesd::read_tiny_weights(file, taesd::Half::Decoder);
+  // Checked as a generation would take it: taesd.py's layout and this model's latent width.
+  const taesd::TinyDecoder checked(weights, config.vae.latent_channels,
+                                   "storing it beside this model (" + config.family + ")");
+  ExtraComponent e;
+  e.key = "tiny_vae";
+  e.title = "the tiny decoder";
+  e.store = std::make_shared<ComponentStore>(
+      std::move(weights.tensors), std::string(kTinyVaeDecoderUnit) + ".", tiny_vae_unit_of,
+      std::vector<fs::path>{file}, file.string(), "the tiny decoder " + file.string());
+  e.metadata = {{"source", file.filename().string()},
+                {"latent_channels", checked.latent_channels()},
+                {"summary", taesd::describe_latent_width(checked.latent_channels())}};
+  return e;
+}
+
+std::shared_ptr<const taesd::TinyDecoder> stored_tiny_decoder(WeightStore& weights) {
+  const StoreOrigin origin = weights.origin();
+  if (!origin.container_metadata || !origin.container_metadata->contains("tiny_vae")) return nullptr;
+  const std::string container = origin.files.empty() ? "the container" : origin.files[0].string();
+  check(weights.has_unit(kTinyVaeDecoderUnit), container, ": the metadata names a tiny decoder "
+        "but unit ", kTinyVaeDecoderUnit, " is missing");
+  taesd::TinyWeights w;
+  // The container's path with the source's name after it ("model.klein/taef2_decoder.pth"):
+  // messages name both, the image metadata the source.
+  w.path = fs::path(container) /
+           (*origin.container_metadata)["tiny_vae"].value("source", std::string("tiny_vae"));
+  {
+    const UnitRef unit = weights.acquire(kTinyVaeDecoderUnit);
+    for (const Weight& t : unit->weights())
+      w.tensors[t.name.substr(unit->prefix().size())] = {t.shape, weight_to_floats(t)};
+  }
+  weights.release(kTinyVaeDecoderUnit);
+  return std::make_shared<const taesd::TinyDecoder>(std::move(w), weights.config().vae.latent_channels,
+                                                    "this model");
 }
 
 void check_tiny_decoder(const TinyDecoderOptions& tiny, const ModelConfig& config) {
   check(!tiny.decode || tiny.on(),
-        "the tiny decoder was asked for (--decoder tiny) but none was given: --tiny-vae FILE "
-        "(taef2_decoder.pth for FLUX.2, taef1_decoder.pth for Z-Image)");
+        "--decoder tiny: no tiny decoder (--tiny-vae FILE: taef2_decoder.pth for FLUX.2, "
+        "taef1_decoder.pth for Z-Image; or a container that holds one: klein convert "
+        "--tiny-vae)");
   check(tiny.preview_size >= 8 && tiny.preview_size <= 8192,
         "preview size: expected 8 to 8192 pixels on the long side, got ", tiny.preview_size);
   if (!tiny.on()) return;

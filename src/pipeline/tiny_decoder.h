@@ -18,6 +18,7 @@
 #include "core/tensor.h"
 #include "formats/image/image.h"
 #include "ops/compute.h"
+#include "weights/extra_component.h"
 
 namespace klein {
 
@@ -38,9 +39,22 @@ struct TinyDecoderOptions {
 };
 
 // Reads a tiny decoder (.pth or .safetensors: models/taesd) for TinyDecoderOptions::model;
-// errors name the file. `option` names where the path came from ("--tiny-vae").
+// errors name the file. `option` names where the path came from ("--tiny-vae"). `path` is the
+// decoder's file, or a directory holding one of taesd's names: taef2_decoder.pth,
+// taef1_decoder.pth, or those names with .safetensors (ComfyUI's copies).
 std::shared_ptr<const taesd::TinyDecoder> open_shared_tiny_decoder(
     const std::filesystem::path& path, const std::string& option);
+
+// The tiny decoder (a file or directory as above) as a network to store beside a model
+// (klein convert --tiny-vae): unit kTinyVaeDecoderUnit (weights/extra_component.h), float32
+// (the policy keeps it exact), checked against taesd.py's layout and against `config`'s latent
+// width before anything is written.
+ExtraComponent tiny_vae_component(const std::filesystem::path& path, const std::string& option,
+                                  const ModelConfig& config);
+
+// The tiny decoder a container holds beside the model (convert --tiny-vae); null when it holds
+// none. Generations without one of their own (GenerateOptions::tiny.model) use it.
+std::shared_ptr<const taesd::TinyDecoder> stored_tiny_decoder(WeightStore& weights);
 
 // Checks the options against the model before any work: `decode` needs a tiny decoder, whose
 // latent width must be the model VAE's (TAEF2: 32, FLUX.2; TAEF1: 16, Z-Image), and the preview

@@ -91,14 +91,12 @@ void read_common(const json& body, const ServerOptions& s, ImageRequest& r,
       throw bad_request("\"upsample\": expected true (the prompt rewritten first) or false");
     r.upsample = body["upsample"].get<bool>();
   }
-  // The server's tiny decoder: previews by it, and the final decode when the request asks.
+  // The server's tiny decoder (or the container's): previews by it, and the final decode when
+  // the request asks (the generation refuses that when there is neither).
   o.tiny = s.tiny;
   if (auto v = get<std::string>(body, "decoder")) {
     if (*v != "full" && *v != "tiny")
       throw bad_request("\"decoder\": expected \"full\" (the model's VAE) or \"tiny\"");
-    if (*v == "tiny" && !s.tiny.on())
-      throw bad_request("\"decoder\": this server has no tiny decoder (klein serve --tiny-vae "
-                        "FILE)");
     o.tiny.decode = *v == "tiny";
   }
 }

@@ -30,12 +30,14 @@ json health(Impl& s, httplib::Response& res) {
     reply["safety"]["action"] = safety_action_name(s.options.safety.action);
   }
   reply["prompt_check"] = {{"enabled", s.options.check_prompt}};
-  reply["tiny_decoder"] = {{"enabled", s.options.tiny.on()}};
-  if (s.options.tiny.on())
-    reply["tiny_decoder"]["file"] = s.options.tiny.model->path().filename().string();
+  // The server's tiny decoder (--tiny-vae), else the container's.
+  const Capabilities c = m ? capabilities(*m) : Capabilities{};
+  const std::string tiny = s.options.tiny.on() ? s.options.tiny.model->path().filename().string()
+                                               : c.stored_tiny_decoder;
+  reply["tiny_decoder"] = {{"enabled", !tiny.empty()}};
+  if (!tiny.empty()) reply["tiny_decoder"]["file"] = tiny;
   if (m) {
     // What this model's requests may carry beyond a prompt (the page shows only these).
-    const Capabilities c = capabilities(*m);
     reply["family"] = c.family;
     reply["accepts"] = {{"references", c.references},
                         {"init_image", c.image_to_image},

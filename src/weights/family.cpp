@@ -70,6 +70,7 @@ std::optional<UnitOf> unit_of(const ModelFamily& family, const std::string& cano
   if (canonical.starts_with("transformer.")) return family.transformer_unit_of(canonical);
   if (canonical.starts_with("safety.")) return safety_unit_of(canonical);
   if (canonical.starts_with("controlnet.")) return family.control_unit_of(canonical);
+  if (canonical.starts_with("tiny_vae.")) return tiny_vae_unit_of(canonical);
   return component_unit_of(canonical);
 }
 

@@ -161,7 +161,7 @@ const ModelFamily& family_of_pipeline(const std::string& class_name, const std::
 
 // The unit of any canonical tensor of a model of this family: the transformer's and a control
 // model's by the family, the text encoder's and the VAE's as every family shares them, the
-// safety classifier's (weights/safety_model.h).
+// safety classifier's (weights/safety_model.h) and the tiny decoder's (extra_component.h).
 std::optional<UnitOf> unit_of(const ModelFamily& family, const std::string& canonical);
 // Every tensor a component of this configuration must hold, with its shape.
 ShapeMap expected_tensors(const ModelConfig& c, Component component);

@@ -132,7 +132,7 @@ TEST(TinyDecoderGenerate, RefusedBeforeAnyWork) {
                                       "need one of 32 latent channels", out);
   testing::expect_refused_before_work(zimage + " --decoder tiny --tiny-vae " + shell_arg(taef2()),
                                       "need one of 16 latent channels", out);
-  testing::expect_refused_before_work(klein + " --decoder tiny", "--decoder tiny needs a tiny autoencoder", out);
+  testing::expect_refused_before_work(klein + " --decoder tiny", "--decoder tiny: no tiny decoder", out);
   testing::expect_refused_before_work(klein + " --decoder small", "--decoder small: expected full", out);
   testing::expect_refused_before_work(klein + " --tiny-vae " + shell_arg(out.parent_path() / "none.pth"),
                                       "none.pth: no such file", out);
@@ -141,6 +141,67 @@ TEST(TinyDecoderGenerate, RefusedBeforeAnyWork) {
   // A .pth that is not a tiny decoder (the encoder half).
   testing::expect_refused_before_work(klein + " --tiny-vae " + shell_arg(taesd_data() / "taef2_encoder.pth"),
                                       "taef2_encoder.pth", out);
+}
+
+// `klein convert --tiny-vae DIR` stores the decoder beside the model, exactly (float32 under
+// any -t): inspect shows it; a generation without --tiny-vae takes it for its previews and for
+// --decoder tiny, with the pixels the file itself gives; a container source carries it over;
+// a decoder of the wrong latent width or a directory without one is refused before anything
+// is written.
+TEST(TinyDecoderGenerate, AContainerHoldsTheTinyDecoder) {
+  const fs::path out = testing::temp_dir("tiny-decoder-container");
+  std::string log;
+  auto convert = [&](const fs::path& source, const std::string& args, const fs::path& to) {
+    return testing::run_klein("convert -m " + shell_arg(source) + args + " -q -o " + shell_arg(to),
+                              &log);
+  };
+  const fs::path held = out / "held.klein";
+  ASSERT_EQ(convert(testing::tiny_model(), " -t q8 --tiny-vae " + shell_arg(taesd_data()), held), 0)
+      << log;
+  ASSERT_EQ(testing::run_klein("inspect " + shell_arg(held), &log), 0) << log;
+  EXPECT_NE(log.find("tiny decoder: yes (taef2_decoder.pth: 32 latent channels: TAEF2"),
+            std::string::npos)
+      << log;
+  ASSERT_EQ(testing::run_klein("inspect --json " + shell_arg(held), &log), 0) << log;
+  const json described = json::parse(log);
+  int tiny_tensors = 0;
+  for (const json& t : described["tensors"])
+    if (t["name"].get<std::string>().starts_with("tiny_vae.decoder.")) {
+      ++tiny_tensors;
+      EXPECT_EQ(t["type"], "f32") << t.dump();
+    }
+  EXPECT_GT(tiny_tensors, 20);
+
+  const std::string base = "generate -m " + shell_arg(held) +
+                           " -p \"a tiny test\" -W 96 -H 64 -s 2 --seed 3 --no-cache -q";
+  run_ok(base + " --decoder tiny -o " + shell_arg(out / "stored.png") + " --preview " +
+         shell_arg(out / "stored_preview.png"));
+  run_ok(base + " --decoder tiny --tiny-vae " + shell_arg(taef2()) + " -o " +
+         shell_arg(out / "file.png"));
+  run_ok(base + " -o " + shell_arg(out / "full.png") + " --preview " +
+         shell_arg(out / "preview.png"));
+  EXPECT_EQ(load_image(out / "stored.png").rgb, load_image(out / "file.png").rgb);
+  EXPECT_NE(load_image(out / "stored.png").rgb, load_image(out / "full.png").rgb);
+  EXPECT_NE(metadata(out / "stored.png", "parameters").find("Decoder: tiny (taef2_decoder.pth)"),
+            std::string::npos);
+  // Its previews at the image's size: the tiny decoder's picture, not the colour fit's 12x8.
+  const Image preview = load_image(out / "preview.png");
+  EXPECT_EQ(preview.width, 96);
+  EXPECT_EQ(preview.height, 64);
+
+  ASSERT_EQ(convert(held, " -t q4", out / "again.klein"), 0) << log;
+  ASSERT_EQ(testing::run_klein("inspect " + shell_arg(out / "again.klein"), &log), 0) << log;
+  EXPECT_NE(log.find("tiny decoder: yes (taef2_decoder.pth"), std::string::npos) << log;
+
+  EXPECT_NE(convert(testing::zimage_model(), " -t q8 --tiny-vae " + shell_arg(taef2()),
+                    out / "zimage.klein"),
+            0);
+  EXPECT_NE(log.find("need one of 16 latent channels"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(out / "zimage.klein"));
+  EXPECT_NE(convert(testing::tiny_model(), " -t q8 --tiny-vae " + shell_arg(out), out / "none.klein"),
+            0);
+  EXPECT_NE(log.find("no tiny decoder in this directory"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(out / "none.klein"));
 }
 
 }  // namespace tiny_decoder_test

@@ -365,7 +365,8 @@ TEST(Serve, ZImageControlImagesMakeTheCliPixels) {
 // A server with a tiny decoder: "decoder": "tiny" makes the CLI's --decoder tiny pixels, the
 // default still the full decoder's; a job's last preview is the tiny decoder's picture at the
 // image's size (the colour fit is one pixel per 8x8); /health names the file; a server without
-// one refuses "decoder": "tiny" by name, and any server an unknown decoder.
+// one refuses "decoder": "tiny" by name, and any server an unknown decoder; a server on a
+// container that holds one offers it.
 TEST(Serve, TinyDecoderRequestsMakeTheCliPixels) {
   const fs::path taef2 = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "taef2" / "taef2_decoder.pth";
   const fs::path model = testing::tiny_model();
@@ -409,6 +410,24 @@ TEST(Serve, TinyDecoderRequestsMakeTheCliPixels) {
   const json refused = post_json(c, "/v1/images/generations",
                                  {{"prompt", kPrompt}, {"size", "64x48"}, {"decoder", "tiny"}}, 400);
   EXPECT_NE(refused.dump().find("no tiny decoder"), std::string::npos) << refused.dump();
+  // A container that holds the tiny decoder (convert --tiny-vae, kept types): offered without
+  // --tiny-vae, the same pixels.
+  std::string log;
+  ASSERT_EQ(testing::run_klein("convert -m " + testing::shell_arg(model) + " " + tiny +
+                                   " -t keep -q -o " + testing::shell_arg(out / "held.klein"),
+                               &log),
+            0)
+      << log;
+  ServeProcess held("", out / "held.klein");
+  httplib::Client h = held.client();
+  auto health = h.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(json::parse(health->body)["tiny_decoder"]["file"], "taef2_decoder.pth") << health->body;
+  EXPECT_EQ(png_of(post_json(h, "/v1/images/generations",
+                             {{"prompt", kPrompt}, {"size", "64x48"}, {"seed", 4}, {"steps", 2},
+                              {"decoder", "tiny"}})["data"][0]["b64_json"])
+                .rgb,
+            cli_tiny.rgb);
 }
 
 // "upsample": true. With a remote model (--upsample-endpoint, here a stand-in on the loopback
