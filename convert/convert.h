@@ -72,8 +72,8 @@ struct ConvertOptions {
   // "safety" object (weights/safety_model.h). A container source's classifier is carried over
   // unless this names another.
   std::filesystem::path safety_model;
-  // A control model of the model's family (klein convert --controlnet: for Z-Image a diffusers
-  // ZImageControlNetModel directory or the original single file), checked against the model
+  // A control model of the model's family (klein convert --controlnet: what the family's
+  // ModelFamily::open_control_model opens), checked against the model
   // and stored beside it under the same policy, its configuration in the metadata's
   // "controlnet" object (ModelFamily::open_control_model). A container source's is carried over
   // unless this names another.

@@ -19,9 +19,9 @@
 namespace klein {
 
 struct ExtraComponent {
-  std::string key;                     // "safety", "controlnet"
+  std::string key;                     // one of kExtraComponentKeys
   std::string title;                   // "the safety classifier", for messages
-  std::shared_ptr<WeightStore> store;  // its units, read from its own files
+  std::shared_ptr<WeightStore> store;  // its units, from its own files (mapped or read)
   nlohmann::json metadata;             // the container's metadata[key]
 };
 
