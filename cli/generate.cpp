@@ -189,6 +189,11 @@ nlohmann::ordered_json result_json(const Args& a, const GenerateResult& r, const
   for (const auto& [phase, s] : r.timings) j["timings"][phase] = s;
   j["denoise_setup_seconds"] = r.denoise_setup_seconds;
   j["step_seconds"] = r.step_seconds;
+  if (r.step_cache)
+    j["step_cache"] = {{"method", "first-block"},
+                       {"threshold", r.step_cache->threshold},
+                       {"computed", r.step_cache->computed},
+                       {"skipped", r.step_cache->skipped}};
   j["total_seconds"] = total;
   j["phase_peak_rss_bytes"]["load"] = load.peak_rss;
   for (const auto& m : r.phase_memory) j["phase_peak_rss_bytes"][m.phase] = m.peak_rss_bytes;
@@ -686,6 +691,14 @@ Registration generate_command("generate", 10, [](CLI::App& app) {
          "Z-Image with guidance: steps whose model time (0 at noise, rising to 1) is above T run "
          "unguided (ZImagePipeline's cfg_truncation; default 1, guidance at every step)")
       ->type_name("T");
+  cmd->add_option_function<std::string>(
+         "--cache",
+         [a](const std::string& spec) { a->gen.step_cache = parse_step_cache(spec); },
+         "Step caching for many-step runs: first-block:T skips a step's transformer layers after "
+         "the first when the first one's residual changed by at most T (relative) since the last "
+         "full step, reusing the others' kept residual (diffusers' FirstBlockCache; Z-Image; "
+         "off by default; T = 0 skips nothing)")
+      ->type_name("first-block:T");
   cmd->add_option("--threads", a->threads, "Worker threads (default: the usable CPUs)")
       ->check(CLI::Range(0, kMaxThreads));
   cmd->add_option("--noise", a->noise,

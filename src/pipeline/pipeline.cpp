@@ -1,5 +1,6 @@
 #include "pipeline/pipeline.h"
 
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -285,9 +286,31 @@ std::string parameters_text(const GenerateOptions& o, const GenerateResult& r,
     for (size_t i = 0; i < o.loras.size(); ++i) s << (i ? " " : "") << lora_label(o.loras[i]);
   }
   if (!r.tiny_decoder.empty()) s << ", Decoder: tiny (" << r.tiny_decoder << ")";
+  if (r.step_cache)
+    s << ", Step cache: first-block " << r.step_cache->threshold << " (" << r.step_cache->computed
+      << " computed, " << r.step_cache->skipped << " skipped)";
   if (r.safety) s << ", Safety: " << safety_text(*r.safety);
   s << ", Version: klein " << KLEIN_VERSION;
   return s.str();
+}
+
+double parse_step_cache(std::string_view spec, std::string_view option) {
+  constexpr std::string_view kMethod = "first-block:";
+  auto refuse = [&] {
+    fail(option, ": expected first-block:T with a threshold T of 0 or more (e.g. "
+         "first-block:0.1), got \"", spec, "\"");
+  };
+  if (spec.substr(0, kMethod.size()) != kMethod) refuse();
+  const std::string number(spec.substr(kMethod.size()));
+  size_t used = 0;
+  double t = 0;
+  try {
+    t = std::stod(number, &used);
+  } catch (const std::exception&) {
+    refuse();
+  }
+  if (used != number.size() || !std::isfinite(t) || t < 0) refuse();
+  return t;
 }
 
 std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
@@ -321,6 +344,11 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
       loras.push_back({{"file", f.path.filename().string()}, {"scale", f.scale}});
   }
   if (!r.tiny_decoder.empty()) j["decoder"] = {{"name", "tiny"}, {"file", r.tiny_decoder}};
+  if (r.step_cache)
+    j["step_cache"] = {{"method", "first-block"},
+                       {"threshold", r.step_cache->threshold},
+                       {"computed", r.step_cache->computed},
+                       {"skipped", r.step_cache->skipped}};
   if (r.image.width) {  // a plan alone has no image to mark
     nlohmann::ordered_json w;
     w["embedded"] = r.watermarked;

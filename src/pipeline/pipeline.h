@@ -129,6 +129,22 @@ struct GenerateOptions {
   // The tiny autoencoder (pipeline/tiny_decoder.h): with one, step previews are its pictures;
   // with tiny.decode, it decodes the final latents instead of the model's VAE.
   TinyDecoderOptions tiny;
+  // Step caching, diffusers' FirstBlockCache with this threshold (--cache first-block:T): a
+  // step whose first transformer layer changed its residual by at most T (relative) since the
+  // last step that ran every layer skips the others and reuses their kept residual. None: off.
+  // The families that cannot refuse it by name.
+  std::optional<double> step_cache;
+};
+
+// A step cache as the front ends spell it, "first-block:T" (T a number of 0 or more): its
+// threshold. Anything else is refused, naming `option` and what is expected.
+double parse_step_cache(std::string_view spec, std::string_view option = "--cache");
+
+// What step caching did (GenerateOptions::step_cache): the transformer calls that ran every
+// layer and those that reused the kept residual.
+struct StepCacheResult {
+  double threshold = 0;
+  int64_t computed = 0, skipped = 0;
 };
 
 // Peak RSS during one phase.
@@ -144,6 +160,7 @@ struct GenerateResult {
   // The tiny decoder's file name when it decoded the image (options.tiny.decode: --tiny-vae's,
   // or the container's); empty: the model's VAE.
   std::string tiny_decoder;
+  std::optional<StepCacheResult> step_cache;  // with GenerateOptions::step_cache
   std::optional<double> strength;  // image-to-image only
   std::optional<uint64_t> seed;  // none when the noise came from a file
   int64_t width = 0, height = 0, steps = 0;

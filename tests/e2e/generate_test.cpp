@@ -146,6 +146,9 @@ TEST(GenerateCli, RefusesBadNumbersAndOutputsBeforeAnyWork) {
       {"-g inf" + png, "--guidance"},
       {"-g nan" + png, "--guidance"},
       {"--threads 100000" + png, "--threads"},
+      {"--cache first-block:nan" + png, "--cache: expected first-block:T"},
+      {"--cache first-block:0.1" + png, "--cache: step caching runs with Z-Image so far; "
+                                        "FLUX.2-klein runs every step in full"},
       {"-o " + (out / "missing" / "a.png").string(), "does not exist"},
       {"-o " + taken.string(), "is a directory"},
   };

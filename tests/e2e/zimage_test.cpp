@@ -206,7 +206,13 @@ TEST(ZImageCli, RefusesWhatTheFamilyCannotDo) {
            {"--mask " + testing::shell_arg(some_png), "--mask needs --init-image"},
            {"--variant 4b", "is a Z-Image model; expected zimage-turbo or zimage"},
            {"--max-memory 1M", "--max-memory"},
-           {"-g -1", "-g/--guidance"}}) {
+           {"-g -1", "-g/--guidance"},
+           {"--cache first-block:-1", "--cache: expected first-block:T with a threshold T of 0"},
+           {"--cache fbc", "--cache: expected first-block:T"},
+           {"-g 4 --cfg-truncation -1 --cache first-block:0.1",
+            "--cache with --cfg-truncation -1: step 1 runs without guidance"},
+           {"--control-image " + testing::shell_arg(some_png) + " --cache first-block:0.1",
+            "--cache: not with --control-image"}}) {
     std::string log;
     const fs::path out = dir / "out.png";
     EXPECT_NE(testing::run_klein("generate -m " + testing::shell_arg(zimage_model()) +
@@ -218,6 +224,56 @@ TEST(ZImageCli, RefusesWhatTheFamilyCannotDo) {
     EXPECT_NE(log.find(r.expected), std::string::npos) << r.args << ": " << log;
     EXPECT_FALSE(fs::exists(out)) << r.args;
   }
+}
+
+// Step caching through the CLI, from the prompt's text: the official cached run of
+// tests/data/zimage-cache/cfg (diffusers' FirstBlockCache on ZImagePipeline, 20 steps with
+// guidance 4 from the set's cfg_h64_w64 case): as many calls computed and skipped, the final
+// latents within the set's free-running target under guidance; the JSON result and the image's
+// metadata say what the cache did. At threshold 0 nothing is skipped and the pixels are the
+// uncached run's.
+TEST(ZImageCli, StepCacheMakesTheOfficialCachedRun) {
+  const fs::path ref = testing::golden_vectors("zimage-tiny", "e2e") / "cfg_h64_w64";
+  const fs::path cached = fs::path(KLEIN_SOURCE_DIR) / "tests" / "data" / "zimage-cache" / "cfg";
+  const json info = json::parse(read_text_file(cached / "case.json"));
+  const json source = json::parse(read_text_file(ref / "case.json"));
+  const fs::path out = testing::temp_dir("zimage-step-cache");
+  auto command = [&](const std::string& cache, const std::string& name) {
+    return "generate -m " + testing::shell_arg(zimage_model()) + " -p " +
+           testing::shell_arg(source["prompt"].get<std::string>()) + " -n " +
+           testing::shell_arg(source["negative_prompt"].get<std::string>()) + " -s " +
+           std::to_string(info["steps"].get<int>()) + " -g 4 -W 64 -H 64 --noise " +
+           testing::shell_arg(ref / "noise.npy") + " --no-cache --threads 2 --json " + cache +
+           " --dump " + testing::shell_arg(out / (name + "-dump")) + " -o " +
+           testing::shell_arg(out / (name + ".png"));
+  };
+  std::string log;
+  ASSERT_EQ(testing::run_klein(command("--cache first-block:" +
+                                           std::to_string(info["threshold"].get<double>()),
+                                       "cached"),
+                               &log),
+            0)
+      << log;
+  const std::string last = log.substr(log.rfind("{\"event\":\"result\""));
+  const json result = json::parse(last.substr(0, last.find('\n')));
+  EXPECT_EQ(result["step_cache"]["method"], "first-block") << last;
+  EXPECT_EQ(result["step_cache"]["computed"], info["computed"]) << last;
+  EXPECT_EQ(result["step_cache"]["skipped"], info["skipped"]) << last;
+  const std::vector<float> final_latents =
+      read_npy(out / "cached-dump" / "final_latents.npy").to_f32();
+  EXPECT_TRUE(testing::matches_npy(final_latents.data(), int64_t(final_latents.size()),
+                                   cached / "final_latents.npy", 5e-4));
+  std::string record;
+  for (const auto& [k, v] : read_image_metadata(out / "cached.png"))
+    if (k == "klein") record = v;
+  ASSERT_FALSE(record.empty());
+  EXPECT_EQ(json::parse(record)["step_cache"]["skipped"], info["skipped"]) << record;
+
+  ASSERT_EQ(testing::run_klein(command("--cache first-block:0", "zero"), &log), 0) << log;
+  ASSERT_EQ(testing::run_klein(command("", "plain"), &log), 0) << log;
+  const Image zero = load_image(out / "zero.png"), plain = load_image(out / "plain.png");
+  EXPECT_TRUE(zero.rgb == plain.rgb);
+  EXPECT_EQ(log.find("step_cache"), std::string::npos) << "no cache, no record: " << log;
 }
 
 // A noise file of another size is refused when the generation starts, before the text encoder

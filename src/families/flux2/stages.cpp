@@ -367,6 +367,8 @@ void Flux2Stages::start(Session& session, Generation& g, Progress& progress) con
 }
 
 void Flux2Stages::refuse_what_the_pipeline_lacks(const GenerateOptions& o) const {
+  check(!o.step_cache, "--cache: step caching runs with Z-Image so far; ", p_.name,
+        " runs every step in full");
   check(!o.cfg_normalization && !o.cfg_truncation,
         "--cfg-normalization and --cfg-truncation "
         "are Z-Image's guidance options; ",

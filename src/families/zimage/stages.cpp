@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -39,6 +40,7 @@
 #include "models/zimage/controlnet.h"
 #include "models/zimage/latents.h"
 #include "models/zimage/sampler.h"
+#include "models/zimage/step_cache.h"
 #include "models/zimage/transformer.h"
 #include "pipeline/dump.h"
 #include "pipeline/memory_plan.h"
@@ -74,6 +76,7 @@ struct State final : Generation::FamilyState {
   std::vector<float> mask_latent;  // [h·w]: the mask at latent size
   Tensor image_latents;        // from prepare_latents: the init image's latents, for the blend
   Tensor blend_noise;          // and the noise its kept part is re-noised with
+  std::optional<double> step_cache;  // FirstBlockCache's threshold
   // ControlNet (the ControlNet pipelines; inpainting with one when init_image and mask).
   std::shared_ptr<zimage::ControlModel> control;
   float control_scale = kDefaultControlScale;
@@ -115,7 +118,7 @@ void refuse(bool given, const char* option, const char* why) {
 // (its file's pages stay mapped in), and its streams per context (zimage::ControlActivations).
 std::pair<PhaseNeed, PhaseNeed> denoise_need(const zimage::TransformerConfig& c,
                                              const WeightStore& store, const MemoryPlanInputs& in,
-                                             uint64_t control_bytes = 0) {
+                                             uint64_t control_bytes = 0, bool step_cache = false) {
   UnitSizes refiners, blocks;
   for (int64_t i = 0; i < c.n_refiner_layers; ++i) {
     refiners.add(store.unit_bytes(zimage::context_refiner_unit(i)));
@@ -139,6 +142,8 @@ std::pair<PhaseNeed, PhaseNeed> denoise_need(const zimage::TransformerConfig& c,
       uint64_t(6 * c.in_channels * h * w + contexts * in.text_tokens * c.cap_feat_dim) *
           sizeof(float);
   setup.activations = steps.activations = activations;
+  // Step caching keeps three [rows, D] tensors per sequence (zimage::FirstBlockCache).
+  if (step_cache) steps.activations += zimage::FirstBlockCache::plan_bytes(c, layout, contexts);
   if (control_bytes > 0) {
     steps.weights_paged += control_bytes;
     steps.weights_resident += control_bytes;
@@ -211,7 +216,8 @@ class ZImageStages final : public FamilyStages {
   }
   // `control`: the generation's control model, if any.
   static MemoryPlanInputs memory_inputs(const zimage::TransformerConfig& transformer,
-                                        const zimage::ControlModel* control = nullptr) {
+                                        const zimage::ControlModel* control = nullptr,
+                                        bool step_cache = false) {
     MemoryPlanInputs in;
     in.text_tokens = zimage::kMaxPromptTokens;  // the captions' max_sequence_length
     in.context_width = transformer.cap_feat_dim;
@@ -219,9 +225,9 @@ class ZImageStages final : public FamilyStages {
     if (control)
       for (const std::string& unit : control->units)
         control_bytes += control->store->unit_bytes(unit);
-    in.denoise = [transformer, control_bytes](const WeightStore& store,
-                                              const MemoryPlanInputs& in) {
-      return denoise_need(transformer, store, in, control_bytes);
+    in.denoise = [transformer, control_bytes, step_cache](const WeightStore& store,
+                                                          const MemoryPlanInputs& in) {
+      return denoise_need(transformer, store, in, control_bytes, step_cache);
     };
     return in;
   }
@@ -252,6 +258,14 @@ class ZImageStages final : public FamilyStages {
           "--control-preprocess needs --control-image (the picture to take edges from)");
     check(o.mask.empty() || !o.init_image.empty(),
           "--mask needs --init-image (the picture the mask applies to)");
+    if (o.step_cache) {
+      check(std::isfinite(*o.step_cache) && *o.step_cache >= 0,
+            "--cache first-block:T: expected a threshold of 0 or more, got ", *o.step_cache);
+      check(o.control_image.empty(),
+            "--cache: not with --control-image (the control model's hints are added after the "
+            "layers a cached step skips)");
+      state->step_cache = o.step_cache;
+    }
     if (o.control_image.empty())
       load_init_image(session, g, progress, *state);
     else
@@ -259,6 +273,14 @@ class ZImageStages final : public FamilyStages {
     settle_size(session, g, progress, *state);
     settle_steps(g, weights.config(), *state);
     settle_guidance_and_noise(session, g, progress, *state);
+    // The official cache compares whole batches: a step that drops the negative prompt
+    // (--cfg-truncation) would compare one sequence with two.
+    if (state->step_cache && g.guided)
+      for (int64_t i = 0; i < state->schedule.steps(); ++i)
+        check(zimage::guided_at(state->guidance, state->schedule, i),
+              "--cache with --cfg-truncation ", state->guidance.truncation, ": step ", i + 1,
+              " runs without guidance, and step caching compares the same batch at every step "
+              "(raise --cfg-truncation to 1, or leave out --cache)");
     plan_memory_and_scratch(session, g, progress, *state);
     g.family = std::move(state);
   }
@@ -475,7 +497,8 @@ class ZImageStages final : public FamilyStages {
                         : st.control ? (st.masked_init_pixels.numel() > 0 ? 2 : 1)
                                      : 0;
     if (o.plan_memory) {
-      MemoryPlanInputs need = memory_inputs(st.transformer, st.control.get());
+      MemoryPlanInputs need =
+          memory_inputs(st.transformer, st.control.get(), st.step_cache.has_value());
       need.width = r.width;
       need.height = r.height;
       for (int i = 0; i < encodes; ++i) need.references.emplace_back(r.width, r.height);
@@ -707,6 +730,13 @@ class ZImageStages final : public FamilyStages {
           control->add_hints(layer, stream, *ca, act, cx);
         });
       };
+      // Step caching: the batch of every call, the prompt's sequence (and the negative's).
+      std::optional<zimage::FirstBlockCache> cache;
+      std::vector<zimage::Activations*> batch{&positive};
+      if (st.step_cache) {
+        cache.emplace(*st.step_cache);
+        if (negative) batch.push_back(negative.get());
+      }
       r.denoise_setup_seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
       const zimage::Schedule& s = st.schedule;
@@ -719,10 +749,16 @@ class ZImageStages final : public FamilyStages {
         const auto step_start = std::chrono::steady_clock::now();
         std::memcpy(x_in.data(), x.data(), size_t(x.numel()) * sizeof(float));
         const Tensor adaln = model.embed_timestep(s.model_time(i), cx);
-        const Tensor pos = forward(x, adaln, positive, control_positive.get());
         const bool guided = g.guided && zimage::guided_at(st.guidance, s, i);
-        Tensor neg;
-        if (guided) neg = forward(x, adaln, *negative, control_negative.get());
+        Tensor pos, neg;
+        if (cache) {
+          std::vector<Tensor> out = cache->forward(model, x, adaln, batch, cx);
+          pos = std::move(out[0]);
+          if (guided) neg = std::move(out[1]);
+        } else {
+          pos = forward(x, adaln, positive, control_positive.get());
+          if (guided) neg = forward(x, adaln, *negative, control_negative.get());
+        }
         zimage::velocity(pos.data(), guided ? neg.data() : nullptr, pos.numel(), st.guidance,
                          v.data());
         const float sigma = s.sigmas[size_t(i)];
@@ -757,6 +793,8 @@ class ZImageStages final : public FamilyStages {
                            [&] { return flux1_step_preview(x_in, v, sigma); }});
       }
       g.latents = std::move(x);
+      if (cache) r.step_cache = StepCacheResult{cache->threshold(), cache->computed(),
+                                                cache->skipped()};
     });
     st.image_latents = Tensor();
     st.blend_noise = Tensor();

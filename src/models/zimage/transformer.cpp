@@ -213,16 +213,25 @@ void Transformer::embed_image(const Tensor& latents, float* out, Activations& a,
 
 Tensor Transformer::forward(const Tensor& latents, const Tensor& adaln, Activations& a, Compute& cx,
                             const Observer& observe, const LayerHook& after_layer) {
+  const int64_t D = config_.dim, S = a.layout.rows();
+  start(latents, adaln, a, cx, observe);
+  for (int64_t i = 0; i < config_.n_layers; ++i) {
+    main_layer(i, adaln, a, cx);
+    if (after_layer) after_layer(i, a.seq.data());
+    if (observe) observe("layers_" + std::to_string(i), a.seq.data(), {S, D});
+  }
+  return finish(adaln, a, cx, observe);
+}
+
+void Transformer::start(const Tensor& latents, const Tensor& adaln, Activations& a, Compute& cx,
+                        const Observer& observe) {
   const SequenceLayout& l = a.layout;
-  const int64_t D = config_.dim, C = config_.in_channels, P = config_.patch_features();
-  const int64_t p = config_.patch, H = l.height, W = l.width, cols = W / p;
-  const int64_t N = l.image_tokens(), Nx = l.image_rows(), S = l.rows();
-  check(latents.shape() == Shape{C, H, W}, "Z-Image transformer: latents of shape ",
-        shape_str(latents.shape()), ", expected ", shape_str({C, H, W}));
+  const int64_t D = config_.dim, C = config_.in_channels, Nx = l.image_rows(), S = l.rows();
+  check(latents.shape() == Shape{C, l.height, l.width}, "Z-Image transformer: latents of shape ",
+        shape_str(latents.shape()), ", expected ", shape_str({C, l.height, l.width}));
   check(adaln.numel() == config_.adaln_dim(), "Z-Image transformer: modulation input of ",
         adaln.numel(), " values, expected ", config_.adaln_dim());
   if (observe) observe("t_embedder", adaln.data(), {1, config_.adaln_dim()});
-  const std::string key = std::to_string(p) + "-" + std::to_string(config_.frame_patch);
   if (config_.n_refiner_layers > 0) store_.prefetch(noise_refiner_unit(0));
 
   embed_image(latents, a.seq.data(), a, cx, observe);
@@ -238,20 +247,62 @@ Tensor Transformer::forward(const Tensor& latents, const Tensor& adaln, Activati
     if (observe) observe("noise_refiner_" + std::to_string(i), a.seq.data(), {Nx, D});
   }
   if (observe) observe("unified_in", a.seq.data(), {S, D});
-  for (int64_t i = 0; i < config_.n_layers; ++i) {
-    UnitRef w = store_.acquire(layer_unit(i));
-    // After the last layer the first unit of the next forward (the next step, or the
-    // negative pass); after a generation's last forward the transformer's release drops it.
-    if (i + 1 < config_.n_layers)
-      store_.prefetch(layer_unit(i + 1));
-    else if (config_.n_refiner_layers > 0)
-      store_.prefetch(noise_refiner_unit(0));
-    const Tensor mod = modulation(*w, adaln, cx);
-    block(*w, mod.data(), a.seq.data(), 0, S, a, cx);
-    if (after_layer) after_layer(i, a.seq.data());
-    if (observe) observe("layers_" + std::to_string(i), a.seq.data(), {S, D});
-  }
+}
 
+void Transformer::main_layer(int64_t i, const Tensor& adaln, Activations& a, Compute& cx,
+                             float* padding_row) {
+  UnitRef w = store_.acquire(layer_unit(i));
+  // After the last layer the first unit of the next forward (the next step, or the
+  // negative pass); after a generation's last forward the transformer's release drops it.
+  if (i + 1 < config_.n_layers)
+    store_.prefetch(layer_unit(i + 1));
+  else if (config_.n_refiner_layers > 0)
+    store_.prefetch(noise_refiner_unit(0));
+  const Tensor mod = modulation(*w, adaln, cx);
+  block(*w, mod.data(), a.seq.data(), 0, a.layout.rows(), a, cx);
+  if (padding_row) zero_row(*w, mod.data(), a, cx, padding_row);
+}
+
+// A zero row through a block beside the sequence's rows, attending to them and attended by
+// none: RMSNorm of zero is zero, so are its query, key and value; its scores are all 0 and its
+// attention output is the plain mean of the sequence's values (act.v, as block() left them).
+void Transformer::zero_row(const WeightUnit& w, const float* mod, Activations& a, Compute& cx,
+                           float* out) {
+  const int64_t D = config_.dim, F = config_.ffn_hidden(), S = a.layout.rows();
+  const float eps = float(config_.norm_eps);
+  std::vector<double> sum(size_t(D), 0.0);
+  for (int64_t r = 0; r < S; ++r) {
+    const float* v = a.v.row(r);
+    for (int64_t i = 0; i < D; ++i) sum[size_t(i)] += v[i];
+  }
+  std::vector<float> mean(static_cast<size_t>(D)), projected(static_cast<size_t>(D)), h(static_cast<size_t>(D)), f(static_cast<size_t>(D));
+  for (int64_t i = 0; i < D; ++i) mean[size_t(i)] = float(sum[size_t(i)] / double(S));
+  linear(mean.data(), 1, matrix(w, "attention.to_out.0.weight", D, D), projected.data(),
+         adapters_, cx);
+  rms_norm(projected.data(), projected.data(), 1, D, vector_of(w, "attention_norm2.weight", D),
+           eps, cx);
+  const float *scale_msa = mod, *gate_msa = mod + D, *scale_mlp = mod + 2 * D,
+              *gate_mlp = mod + 3 * D;
+  (void)scale_msa;  // scales a zero row
+  for (int64_t i = 0; i < D; ++i) out[i] = 0.0f + gate_msa[i] * projected[size_t(i)];
+  rms_norm(out, h.data(), 1, D, vector_of(w, "ffn_norm1.weight", D), eps, cx);
+  for (int64_t i = 0; i < D; ++i) h[size_t(i)] *= scale_mlp[i];
+  std::vector<float> g(static_cast<size_t>(F)), u(static_cast<size_t>(F));
+  linear(h.data(), 1, matrix(w, "feed_forward.w1.weight", F, D), g.data(), adapters_, cx);
+  linear(h.data(), 1, matrix(w, "feed_forward.w3.weight", F, D), u.data(), adapters_, cx);
+  ops::swiglu(g.data(), u.data(), g.data(), F, cx);
+  linear(g.data(), 1, matrix(w, "feed_forward.w2.weight", D, F), f.data(), adapters_, cx);
+  rms_norm(f.data(), f.data(), 1, D, vector_of(w, "ffn_norm2.weight", D), eps, cx);
+  for (int64_t i = 0; i < D; ++i) out[i] += gate_mlp[i] * f[size_t(i)];
+}
+
+Tensor Transformer::finish(const Tensor& adaln, Activations& a, Compute& cx,
+                           const Observer& observe) {
+  const SequenceLayout& l = a.layout;
+  const int64_t D = config_.dim, C = config_.in_channels, P = config_.patch_features();
+  const int64_t p = config_.patch, H = l.height, W = l.width, cols = W / p;
+  const int64_t N = l.image_tokens();
+  const std::string key = std::to_string(p) + "-" + std::to_string(config_.frame_patch);
   // Final layer on the image rows: LayerNorm ⊙ (1 + Linear(silu(adaln))), then Linear D → P.
   Tensor out_tokens({N, P});
   {

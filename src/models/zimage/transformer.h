@@ -113,6 +113,20 @@ class Transformer {
   Tensor forward(const Tensor& latents, const Tensor& adaln, Activations& act, Compute& cx,
                  const Observer& observe = {}, const LayerHook& after_layer = {});
 
+  // The forward in its parts, for step caching (step_cache.h): start, main_layer 0 to
+  // n_layers - 1, finish.
+  // The image rows through the embedder and the noise refiner, the caption rows beside them:
+  // act.seq is the unified sequence the main layers take.
+  void start(const Tensor& latents, const Tensor& adaln, Activations& act, Compute& cx,
+             const Observer& observe = {});
+  // Main layer i on act.seq. With `padding_row` ([D]), also that layer's output for a zero row
+  // that attends to the sequence's rows and is attended by none: what the official batched
+  // forward computes on the padding rows of a sequence shorter than the batch's longest.
+  void main_layer(int64_t i, const Tensor& adaln, Activations& act, Compute& cx,
+                  float* padding_row = nullptr);
+  // The final layer on the image rows, un-patchified: the model output [C, height, width].
+  Tensor finish(const Tensor& adaln, Activations& act, Compute& cx, const Observer& observe = {});
+
   // The pieces of a forward, for a control model (controlnet.h) that runs them on streams of
   // its own, with act's scratch buffers and RoPE table:
   //
@@ -133,6 +147,7 @@ class Transformer {
              Activations& act, Compute& cx);
 
  private:
+  void zero_row(const WeightUnit& w, const float* mod, Activations& a, Compute& cx, float* out);
   void attention(const WeightUnit& w, int64_t row0, int64_t rows, Activations& a, Compute& cx);
   void feed_forward(const WeightUnit& w, const float* scale, const float* gate, float* stream,
                     int64_t row0, int64_t rows, Activations& a, Compute& cx);
