@@ -8,6 +8,7 @@
 
 #include "convert/policy.h"
 #include "core/error.h"
+#include "core/json_fields.h"
 #include "core/memory.h"
 #include "quant/matmul.h"
 #include "weights/config.h"
@@ -55,8 +56,11 @@ std::string stored_network(const container::ContainerFile& file, const std::stri
   for (const auto& u : file.index().units)
     if (u.name.rfind(key + ".", 0) == 0)
       for (const auto& t : file.tensors_of(u)) bytes += t.size;
-  return "yes (" + meta.value("source", std::string("?")) + ": " +
-         meta.value("summary", std::string("?")) + ", " + human_bytes(bytes) + "; " + use + ")";
+  const std::string where = file.path().string() + ": metadata \"" + key + "\"";
+  std::string source = "?", summary = "?";
+  read_json_field(meta, "source", source, where);
+  read_json_field(meta, "summary", summary, where);
+  return "yes (" + source + ": " + summary + ", " + human_bytes(bytes) + "; " + use + ")";
 }
 
 std::string fmt(const char* f, double v) {
@@ -137,14 +141,19 @@ json describe_container(const fs::path& path, bool tensors) {
   // The safety classifier stored beside the model (convert --safety-model).
   if (meta.contains("safety") && meta["safety"].is_object()) {
     const json& s = meta["safety"];
-    const json& c = s.value("config", json::object());
+    const std::string where = path.string() + ": metadata \"safety\"";
+    const json c = s.contains("config") && s["config"].is_object() ? s["config"] : json::object();
+    std::string source = "?";
+    int64_t layers = 0, hidden = 0;
+    read_json_field(s, "source", source, where);
+    read_json_field(c, "num_hidden_layers", layers, where + ".config");
+    read_json_field(c, "hidden_size", hidden, where + ".config");
     uint64_t bytes = 0;
     for (const auto& u : file.index().units)
       if (u.name.rfind("safety.", 0) == 0)
         for (const auto& t : file.tensors_of(u)) bytes += t.size;
-    d["safety_classifier"] = "yes (" + s.value("source", std::string("?")) + ": ViT, " +
-                             std::to_string(c.value("num_hidden_layers", 0)) + " layers, hidden " +
-                             std::to_string(c.value("hidden_size", 0)) + ", " +
+    d["safety_classifier"] = "yes (" + source + ": ViT, " + std::to_string(layers) +
+                             " layers, hidden " + std::to_string(hidden) + ", " +
                              human_bytes(bytes) + "; generate --safety and serve use it)";
   }
   // A control model and the tiny autoencoder's decoder stored beside the model (convert

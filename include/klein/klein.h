@@ -239,6 +239,9 @@ typedef struct klein_generate_params {
    * whether the prompt names copyrighted characters, brands or living public figures before
    * any work; a flagged prompt: KLEIN_ERROR_FLAGGED, no image. */
   int check_prompt;
+  /* Step caching (as `klein generate --cache`): "first-block:T", diffusers' FirstBlockCache
+   * with threshold T (Z-Image; FLUX.2 refuses it); NULL: off. */
+  const char* cache;
 } klein_generate_params;
 
 KLEIN_API void klein_generate_params_init(klein_generate_params* params);

@@ -202,7 +202,7 @@ class Model:
                  watermark=True, progress=None, preview=None, count=None, safety_model=None,
                  safety_threshold=None, safety_action="refuse", controlnet=None,
                  control_image=None, control_scale=None, tiny_vae=None, decoder="full",
-                 preview_size=None, check_prompt=False):
+                 preview_size=None, check_prompt=False, cache=None):
         """Generates one image and returns it as a PIL image (RGB); with count=N, a list of N
         images with seeds seed, seed+1, ... denoised together (each transformer block read
         once per step for all of them), image i the one generate makes with seed + i.
@@ -237,6 +237,8 @@ class Model:
         generate --check-prompt`; the model must keep its language-model head: a container
         made with --keep-llm, or the diffusers directory); a flagged prompt raises Flagged
         before any work.
+        cache: step caching as `klein generate --cache`, "first-block:T" (diffusers'
+        FirstBlockCache with threshold T; Z-Image); None: off.
         progress(phase, done, total, seconds): called as phases begin, step and end.
         preview(step, steps, image): a PIL image of the step's estimate after each step (with
         count, of the first image): the tiny decoder's picture with tiny_vae, else a colour fit
@@ -287,6 +289,10 @@ class Model:
         if not isinstance(check_prompt, bool):
             raise TypeError(f"check_prompt: expected True or False, got {check_prompt!r}")
         params.check_prompt = 1 if check_prompt else 0
+        if cache is not None:
+            if not isinstance(cache, str):
+                raise TypeError(f"cache: expected a str such as \"first-block:0.1\", got {cache!r}")
+            params.cache = cache.encode()
         if safety_action not in _capi.SAFETY_ACTIONS:
             raise ValueError(f"safety_action: expected one of "
                              f"{', '.join(_capi.SAFETY_ACTIONS)}, got {safety_action!r}")

@@ -97,6 +97,7 @@ class GenerateParams(ctypes.Structure):
         ("tiny_decode", ctypes.c_int),
         ("preview_size", ctypes.c_int),
         ("check_prompt", ctypes.c_int),
+        ("cache", ctypes.c_char_p),
     ]
 
 

@@ -126,6 +126,22 @@ def test_zimage_guidance_options_are_the_cli_ones(cli, testdata, tmp_path):
     assert image.info["klein"] == expected.info["klein"]
 
 
+def test_zimage_step_cache_is_the_cli_one(cli, testdata, tmp_path):
+    path = testdata / "zimage-tiny" / "model"
+    with klein_edge.Model(path, threads=2) as zimage:
+        image = zimage.generate(PROMPT, width=64, height=48, steps=3, seed=4, guidance=3,
+                                cache="first-block:1e9")
+        plain = zimage.generate(PROMPT, width=64, height=48, steps=3, seed=4, guidance=3)
+        with pytest.raises(klein_edge.KleinError, match="params.cache: expected first-block:T"):
+            zimage.generate(PROMPT, width=64, height=48, steps=3, cache="fbc")
+    expected = cli_png(cli, tmp_path, path, "--seed", 4, "-W", 64, "-H", 48, "-s", 3, "-g", 3,
+                       "--cache", "first-block:1e9")
+    same_pixels(image, expected)
+    assert plain.tobytes() != image.tobytes()
+    assert json.loads(image.info["klein"])["step_cache"] == {
+        "method": "first-block", "threshold": 1e9, "computed": 1, "skipped": 2}
+
+
 def test_zimage_inpainting_is_the_cli_image(cli, testdata, tmp_path):
     path = testdata / "zimage-tiny" / "model"
     case = testdata / "zimage-control" / "vectors" / "e2e" / "inpaint_rect_h64_w80"

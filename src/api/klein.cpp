@@ -160,6 +160,7 @@ klein::GenerateOptions to_options(klein_session& s, const klein_generate_params&
   if (p.control_image) o.control_image = p.control_image;
   check(!std::isinf(p.control_scale), "params.control_scale: expected a number (NAN: not given)");
   if (!std::isnan(p.control_scale)) o.control_scale = p.control_scale;
+  if (p.cache) o.step_cache = klein::parse_step_cache(p.cache, "params.cache");
   check(std::isfinite(p.strength) && p.strength >= 0 && p.strength <= 1, "params.strength: "
         "expected 0 (the default) or a number in (0, 1], got ", p.strength);
   // The float's shortest decimal (0.6f is 0.6, as the CLI reads "0.6"), so that the steps

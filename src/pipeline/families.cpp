@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_fields.h"
 #include "pipeline/stages.h"
 #include "tokenizer/tokenizer.h"
 
@@ -62,8 +63,12 @@ Capabilities capabilities(const Model& model) {
   const StoreOrigin origin = model.weights->origin();
   const nlohmann::json* meta = origin.container_metadata;
   c.stored_control_model = c.control && meta && meta->contains("controlnet");
-  if (meta && meta->contains("tiny_vae"))
-    c.stored_tiny_decoder = (*meta)["tiny_vae"].value("source", std::string("tiny_vae"));
+  if (meta && meta->contains("tiny_vae")) {
+    c.stored_tiny_decoder = "tiny_vae";
+    read_json_field((*meta)["tiny_vae"], "source", c.stored_tiny_decoder,
+                    (origin.files.empty() ? std::string("the container") : origin.files[0].string()) +
+                        ": metadata \"tiny_vae\"");
+  }
   return c;
 }
 

@@ -52,11 +52,9 @@ Generation Session::start(const GenerateOptions& o, Progress& progress) {
   vit::check_threshold(o.safety.threshold, "safety threshold");
   Generation g;
   g.options = o;
-  // Without a tiny decoder of its own, the one the container holds (convert --tiny-vae).
-  if (!g.options.tiny.on()) {
-    if (!stored_tiny_) stored_tiny_ = stored_tiny_decoder(weights_);
-    g.options.tiny.model = *stored_tiny_;
-  }
+  // Decoding with the tiny decoder and none of its own: the one the container holds (convert
+  // --tiny-vae), read now. (Previews read it at the first one asked for.)
+  if (g.options.tiny.decode) take_stored_tiny_decoder(g);
   check_tiny_decoder(g.options.tiny, weights_.config());
   weights_.reset_peak();
   cx_.clear_cancel();
@@ -80,11 +78,21 @@ void Session::denoise(Generation& g, Progress& progress, const StepHook& on_step
   stages_.denoise(*this, g, progress, with_tiny_preview(g, on_step));
 }
 
-StepHook Session::with_tiny_preview(const Generation& g, const StepHook& on_step) {
-  if (!on_step || !g.options.tiny.on()) return on_step;
+bool Session::take_stored_tiny_decoder(Generation& g) {
+  if (g.options.tiny.on()) return true;
+  if (!stored_tiny_) stored_tiny_ = stored_tiny_decoder(weights_);
+  g.options.tiny.model = *stored_tiny_;
+  return g.options.tiny.on();
+}
+
+StepHook Session::with_tiny_preview(Generation& g, const StepHook& on_step) {
+  const StoreOrigin origin = weights_.origin();
+  const bool stored = origin.container_metadata && origin.container_metadata->contains("tiny_vae");
+  if (!on_step || (!g.options.tiny.on() && !stored)) return on_step;
   return [this, &g, on_step](const StepView& step) {
     StepView view = step;
     view.preview = [this, &g, &step] {
+      take_stored_tiny_decoder(g);
       return tiny_step_preview(stages_, weights_, cx_, g.options.tiny, step);
     };
     on_step(view);

@@ -334,12 +334,15 @@ class Session {
   const Tokenizer& tokenizer_;
   Compute& cx_;
   const FamilyStages& stages_;
-  // The tiny decoder the container holds (stored_tiny_decoder), read at the first start that
-  // has none of its own.
+  // The tiny decoder the container holds (stored_tiny_decoder), read when a generation without
+  // one of its own first needs it: to decode (--decoder tiny) or for a step's preview picture.
   std::optional<std::shared_ptr<const taesd::TinyDecoder>> stored_tiny_;
+  // g's tiny decoder: its own, else the container's (read now if not yet); false: none.
+  bool take_stored_tiny_decoder(Generation& g);
 
-  // on_step with previews by the tiny decoder when g's options have one.
-  StepHook with_tiny_preview(const Generation& g, const StepHook& on_step);
+  // on_step with previews by the tiny decoder when g's options have one or the container holds
+  // one (read at the first preview asked for).
+  StepHook with_tiny_preview(Generation& g, const StepHook& on_step);
   void decode_tiny(Generation& g, Progress& progress);
 };
 
@@ -363,6 +366,7 @@ struct Capabilities {
   bool guidance = false;            // a guidance value takes effect (CFG, or dev's embedded)
   bool negative_prompt = false;     // classifier-free guidance runs with a negative prompt
   bool guidance_options = false;    // cfg_normalization and cfg_truncation (Z-Image)
+  bool step_cache = false;          // GenerateOptions::step_cache (Z-Image)
   bool loras = false;
   bool control = false;             // a control model and image (Z-Image's ControlNet)
   bool stored_control_model = false;  // the container holds one (klein convert --controlnet)

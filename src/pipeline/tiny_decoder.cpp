@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/json_fields.h"
 #include "formats/image/preprocess.h"
 #include "models/taesd/taesd.h"
 #include "pipeline/pipeline.h"
@@ -68,8 +69,12 @@ std::shared_ptr<const taesd::TinyDecoder> stored_tiny_decoder(WeightStore& weigh
   taesd::TinyWeights w;
   // The container's path with the source's name after it ("model.klein/taef2_decoder.pth"):
   // messages name both, the image metadata the source.
-  w.path = fs::path(container) /
-           (*origin.container_metadata)["tiny_vae"].value("source", std::string("tiny_vae"));
+  const nlohmann::json& meta = (*origin.container_metadata)["tiny_vae"];
+  check(meta.is_object(), container, ": metadata \"tiny_vae\": expected an object, found ",
+        meta.type_name());
+  std::string source = "tiny_vae";
+  read_json_field(meta, "source", source, container + ": metadata \"tiny_vae\"");
+  w.path = fs::path(container) / source;
   {
     const UnitRef unit = weights.acquire(kTinyVaeDecoderUnit);
     for (const Weight& t : unit->weights())

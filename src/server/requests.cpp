@@ -57,6 +57,15 @@ void read_common(const json& body, const ServerOptions& s, ImageRequest& r,
     if (!(*v >= -100 && *v <= 100)) throw bad_request("\"cfg_truncation\": expected -100 to 100");
     o.cfg_truncation = float(*v);
   }
+  // Step caching, "first-block:T" as the CLI's --cache (a family without it refuses it when the
+  // generation starts).
+  if (auto v = get<std::string>(body, "cache")) {
+    try {
+      o.step_cache = parse_step_cache(*v, "\"cache\"");
+    } catch (const Error& e) {
+      throw bad_request(e.what());
+    }
+  }
   // Z-Image's ControlNet: the control image; the control model is the server's (--controlnet)
   // or the one its container holds (the generation refuses the image when there is neither).
   if (body.contains("control_image") && !body["control_image"].is_null()) {

@@ -46,6 +46,7 @@ json health(Impl& s, httplib::Response& res) {
                         {"negative_prompt", c.negative_prompt},
                         {"cfg_normalization", c.guidance_options},
                         {"cfg_truncation", c.guidance_options},
+                        {"cache", c.step_cache},
                         {"loras", c.loras},
                         {"control_image",
                          c.control && (!s.options.controlnet.empty() || c.stored_control_model)},

@@ -252,12 +252,26 @@ TEST(Serve, ZImageRequestsMakeTheCliPixels) {
                                {{"prompt", kPrompt}, {"size", "48x32"}, {"seed", 9}, {"steps", 3},
                                 {"guidance", 3}, {"negative_prompt", "blurry"}});
   EXPECT_NE(png_of(plain["data"][0]["b64_json"]).rgb, png_of(gen["data"][0]["b64_json"]).rgb);
+  // Step caching as the CLI's --cache: a threshold that skips every step after the first
+  // gives the CLI's pixels for it, which differ from the uncached ones.
+  const json cached = post_json(c, "/v1/images/generations",
+                                {{"prompt", kPrompt}, {"size", "48x32"}, {"seed", 9}, {"steps", 3},
+                                 {"guidance", 3}, {"negative_prompt", "blurry"},
+                                 {"cache", "first-block:1e9"}});
+  const Image cached_png = png_of(cached["data"][0]["b64_json"]);
+  EXPECT_EQ(cached_png.rgb, testing::cli_generate(model, kPrompt,
+                                                  "--seed 9 -W 48 -H 32 -s 3 -g 3 -n blurry "
+                                                  "--cache first-block:1e9",
+                                                  out / "cli-cached.png")
+                                .rgb);
+  EXPECT_NE(cached_png.rgb, png_of(plain["data"][0]["b64_json"]).rgb);
 
   // Inpainting through A1111 img2img (ZImageInpaintPipeline), as the CLI makes it; /health
   // offers the init image.
   auto health = c.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(json::parse(health->body)["accepts"]["init_image"], true) << health->body;
+  EXPECT_EQ(json::parse(health->body)["accepts"]["cache"], true) << health->body;
   // Turbo: eight steps, guidance 0 (off), a negative prompt when guidance is given.
   EXPECT_EQ(json::parse(health->body)["defaults"], json({{"steps", 8}, {"guidance", 0.0}}));
   EXPECT_EQ(json::parse(health->body)["accepts"]["negative_prompt"], true);
@@ -594,6 +608,11 @@ TEST(Serve, BadRequestsAreNamedAndKeysChecked) {
           "cfg_normalization");
   refused("/v1/images/generations", {{"prompt", "x"}, {"cfg_truncation", "high"}},
           "cfg_truncation");
+  refused("/v1/images/generations", {{"prompt", "x"}, {"cache", "first-block:many"}},
+          "\\\"cache\\\": expected first-block:T");
+  refused("/v1/images/generations", {{"prompt", "x"}, {"size", "64x64"}, {"steps", 1},
+                                     {"cache", "first-block:0.1"}},
+          "--cache: step caching runs with Z-Image so far");
   // Z-Image's options are refused by a FLUX.2-klein model, by name.
   refused("/v1/images/generations",
           {{"prompt", "x"}, {"size", "64x64"}, {"steps", 1}, {"cfg_truncation", 0.5}},

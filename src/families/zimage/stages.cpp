@@ -234,7 +234,7 @@ class ZImageStages final : public FamilyStages {
   Capabilities capabilities(const ModelConfig& config) const override {
     Capabilities c;
     c.guidance = c.negative_prompt = c.guidance_options = c.loras = true;
-    c.image_to_image = c.control = true;
+    c.image_to_image = c.control = c.step_cache = true;
     c.default_steps = config.is_distilled ? kTurboSteps : kBaseSteps;
     c.default_guidance = config.is_distilled ? kTurboGuidance : kBaseGuidance;  // Turbo: 0, off
     return c;
