@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -165,6 +166,68 @@ TEST(StepCacheZero, ComputesEveryStepAsThePlainForward) {
                                    plain.latents[i].numel()),
               0.0)
         << "step " << i;
+}
+
+// The units a store is asked for, in order: "prefetch U" and "acquire U".
+class LoggingStore final : public WeightStore {
+ public:
+  explicit LoggingStore(WeightStore& inner) : inner_(inner) {}
+  UnitRef acquire(const std::string& unit) override {
+    events.push_back("acquire " + unit);
+    return inner_.acquire(unit);
+  }
+  void prefetch(const std::string& unit) override { events.push_back("prefetch " + unit); }
+  bool has_unit(const std::string& unit) const override { return inner_.has_unit(unit); }
+  std::vector<std::string> units() const override { return inner_.units(); }
+  const ModelConfig& config() const override { return inner_.config(); }
+  std::string identity() const override { return inner_.identity(); }
+  std::vector<std::string> events;
+
+ private:
+  WeightStore& inner_;
+};
+
+// What a paged store reads ahead follows the decisions: a skipped step asks for no main layer
+// after the first (not even ahead), and after its layer 0 the next unit read is the next
+// step's first; a computed step reads each layer once per sequence, as the plain forward does.
+TEST(StepCacheReadAhead, ASkippedStepReadsNoLaterLayer) {
+  Compute cx(2);
+  const fs::path model = zimage_set_dir() / "model";
+  const TransformerConfig tc =
+      parse_transformer_config(case_json(model / "transformer" / "config.json"), "t");
+  ASSERT_GE(tc.n_layers, 2);
+  testing::ComponentFileStore files(
+      model / "transformer" / "diffusion_pytorch_model.safetensors", "transformer",
+      transformer_unit_of);
+  LoggingStore store(files);
+  Transformer transformer(store, tc);
+  Activations pos(tc, {8, 8, 18, tc.patch}), neg(tc, {8, 8, 40, tc.patch});
+  transformer.embed_caption(testing::random_tensor({18, tc.cap_feat_dim}, 1), pos, cx);
+  transformer.embed_caption(testing::random_tensor({40, tc.cap_feat_dim}, 2), neg, cx);
+  const Tensor x = testing::random_tensor({tc.in_channels, 8, 8}, 3);
+  std::vector<Activations*> batch{&pos, &neg};
+  FirstBlockCache cache(1e9);  // computes the first call, skips the others
+  const std::string second = "prefetch " + layer_unit(1), first = "prefetch " + noise_refiner_unit(0);
+  for (int call = 0; call < 3; ++call) {
+    store.events.clear();
+    cache.forward(transformer, x, transformer.embed_timestep(0.1f * float(call), cx), batch, cx);
+    const auto count = [&](const std::string& e) {
+      return std::count(store.events.begin(), store.events.end(), e);
+    };
+    if (call == 0) {
+      EXPECT_EQ(count("acquire " + layer_unit(1)), 2) << "call 0";
+      EXPECT_EQ(count(second), 2) << "call 0";  // after the decision, and for the second sequence
+    } else {
+      EXPECT_EQ(count("acquire " + layer_unit(1)), 0) << "call " << call;
+      EXPECT_EQ(count(second), 0) << "call " << call;
+      ASSERT_FALSE(store.events.empty());
+      // Each sequence's start asks for its first unit (2), the first sequence's layer 0 reads
+      // ahead the second's start, the decision the next step's start.
+      EXPECT_EQ(count(first), 4) << "call " << call;
+    }
+  }
+  EXPECT_EQ(cache.computed(), 1);
+  EXPECT_EQ(cache.skipped(), 2);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "models/zimage/checkpoint/units.h"
 
 namespace klein::zimage {
 
@@ -14,6 +15,11 @@ std::vector<Tensor> FirstBlockCache::forward(Transformer& model, const Tensor& l
                                              std::span<Activations* const> batch, Compute& cx) {
   const int64_t D = model.config().dim, B = int64_t(batch.size());
   check(B >= 1, "internal: a step cache call with no sequence");
+  const int64_t layers = model.config().n_layers;
+  const std::string nothing, second_layer = layers > 1 ? layer_unit(1) : std::string(),
+                             first_unit = model.config().n_refiner_layers > 0
+                                              ? noise_refiner_unit(0)
+                                              : layer_unit(0);
   const bool first = kept_.empty();
   check(first || int64_t(kept_.size()) == B, "internal: the step cache's batch changed from ",
         kept_.size(), " to ", B, " sequences");
@@ -35,7 +41,9 @@ std::vector<Tensor> FirstBlockCache::forward(Transformer& model, const Tensor& l
     model.start(latents, adaln, a, cx);
     std::memcpy(k.current.data(), a.seq.data(), size_t(n) * sizeof(float));
     k.pad_current.assign(size_t(D), 0.0f);
-    model.main_layer(0, adaln, a, cx, pad > 0 ? k.pad_current.data() : nullptr);
+    // Read ahead: the next sequence's first unit; after the last, nothing until the decision.
+    model.main_layer(0, adaln, a, cx, pad > 0 ? k.pad_current.data() : nullptr,
+                     b + 1 < B ? &first_unit : &nothing);
     float* r = k.current.data();
     const float* out = a.seq.data();
     for (int64_t i = 0; i < n; ++i) r[i] = out[i] - r[i];
@@ -63,6 +71,9 @@ std::vector<Tensor> FirstBlockCache::forward(Transformer& model, const Tensor& l
   changes_.push_back(change);
   decisions_.push_back(compute);
 
+  // The unit that comes next: the second layer to compute, the next step's first to skip.
+  model.store().prefetch(compute && layers > 1 ? second_layer : first_unit);
+
   std::vector<Tensor> outputs;
   for (int64_t b = 0; b < B; ++b) {
     Activations& a = *batch[size_t(b)];
@@ -73,7 +84,10 @@ std::vector<Tensor> FirstBlockCache::forward(Transformer& model, const Tensor& l
       std::swap(k.previous, k.current);
       std::swap(k.pad_previous, k.pad_current);
       std::memcpy(k.current.data(), seq, size_t(n) * sizeof(float));  // layer 0's output
-      for (int64_t i = 1; i < model.config().n_layers; ++i) model.main_layer(i, adaln, a, cx);
+      // The last layer reads ahead the next sequence's second layer, or the next step's start.
+      for (int64_t i = 1; i < layers; ++i)
+        model.main_layer(i, adaln, a, cx, nullptr,
+                         i + 1 == layers ? (b + 1 < B ? &second_layer : &first_unit) : nullptr);
       float* tail = k.tail.data();
       const float* head = k.current.data();
       for (int64_t i = 0; i < n; ++i) tail[i] = seq[i] - head[i];

@@ -250,14 +250,17 @@ void Transformer::start(const Tensor& latents, const Tensor& adaln, Activations&
 }
 
 void Transformer::main_layer(int64_t i, const Tensor& adaln, Activations& a, Compute& cx,
-                             float* padding_row) {
+                             float* padding_row, const std::string* next) {
   UnitRef w = store_.acquire(layer_unit(i));
   // After the last layer the first unit of the next forward (the next step, or the
   // negative pass); after a generation's last forward the transformer's release drops it.
-  if (i + 1 < config_.n_layers)
+  if (next) {
+    if (!next->empty()) store_.prefetch(*next);
+  } else if (i + 1 < config_.n_layers) {
     store_.prefetch(layer_unit(i + 1));
-  else if (config_.n_refiner_layers > 0)
+  } else if (config_.n_refiner_layers > 0) {
     store_.prefetch(noise_refiner_unit(0));
+  }
   const Tensor mod = modulation(*w, adaln, cx);
   block(*w, mod.data(), a.seq.data(), 0, a.layout.rows(), a, cx);
   if (padding_row) zero_row(*w, mod.data(), a, cx, padding_row);

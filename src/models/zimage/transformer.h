@@ -122,8 +122,10 @@ class Transformer {
   // Main layer i on act.seq. With `padding_row` ([D]), also that layer's output for a zero row
   // that attends to the sequence's rows and is attended by none: what the official batched
   // forward computes on the padding rows of a sequence shorter than the batch's longest.
+  // While it runs, the unit that comes next is read ahead: `next` ("": none), by default the
+  // next layer's, after the last one the noise refiner's first (the next forward).
   void main_layer(int64_t i, const Tensor& adaln, Activations& act, Compute& cx,
-                  float* padding_row = nullptr);
+                  float* padding_row = nullptr, const std::string* next = nullptr);
   // The final layer on the image rows, un-patchified: the model output [C, height, width].
   Tensor finish(const Tensor& adaln, Activations& act, Compute& cx, const Observer& observe = {});
 
