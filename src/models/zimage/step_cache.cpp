@@ -1,5 +1,6 @@
 #include "models/zimage/step_cache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
