@@ -302,25 +302,6 @@ std::string parameters_text(const GenerateOptions& o, const GenerateResult& r,
   return s.str();
 }
 
-double parse_step_cache(std::string_view spec, std::string_view option) {
-  constexpr std::string_view kMethod = "first-block:";
-  auto refuse = [&] {
-    fail(option, ": expected first-block:T with a threshold T of 0 or more (e.g. "
-         "first-block:0.1), got \"", spec, "\"");
-  };
-  if (spec.substr(0, kMethod.size()) != kMethod) refuse();
-  const std::string number(spec.substr(kMethod.size()));
-  size_t used = 0;
-  double t = 0;
-  try {
-    t = std::stod(number, &used);
-  } catch (const std::exception&) {
-    refuse();
-  }
-  if (used != number.size() || !std::isfinite(t) || t < 0) refuse();
-  return t;
-}
-
 std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
                             const std::string& model_name, const std::string& model_checksum) {
   nlohmann::ordered_json j;

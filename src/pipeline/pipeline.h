@@ -12,6 +12,7 @@
 // the pipeline estimates the memory of this generation (memory_plan.h) and sets the store's
 // residency: resident when the budget allows, paged otherwise; after each network it
 // releases that network's units (a resident store drops them then).
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -19,9 +20,12 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "core/error.h"
 #include "core/files.h"
 #include "core/grid.h"
 #include "core/tensor.h"
@@ -137,8 +141,26 @@ struct GenerateOptions {
 };
 
 // A step cache as the front ends spell it, "first-block:T" (T a number of 0 or more): its
-// threshold. Anything else is refused, naming `option` and what is expected.
-double parse_step_cache(std::string_view spec, std::string_view option = "--cache");
+// threshold. Anything else is refused, naming `option` and what is expected. (Inline: the
+// server's request parser, fuzzed on its own, links no pipeline.)
+inline double parse_step_cache(std::string_view spec, std::string_view option = "--cache") {
+  constexpr std::string_view kMethod = "first-block:";
+  auto refuse = [&] {
+    fail(option, ": expected first-block:T with a threshold T of 0 or more (e.g. "
+         "first-block:0.1), got \"", spec, "\"");
+  };
+  if (spec.substr(0, kMethod.size()) != kMethod) refuse();
+  const std::string number(spec.substr(kMethod.size()));
+  size_t used = 0;
+  double t = 0;
+  try {
+    t = std::stod(number, &used);
+  } catch (const std::exception&) {
+    refuse();
+  }
+  if (used != number.size() || !std::isfinite(t) || t < 0) refuse();
+  return t;
+}
 
 // What step caching did (GenerateOptions::step_cache): the transformer calls that ran every
 // layer and those that reused the kept residual.
