@@ -189,11 +189,7 @@ nlohmann::ordered_json result_json(const Args& a, const GenerateResult& r, const
   for (const auto& [phase, s] : r.timings) j["timings"][phase] = s;
   j["denoise_setup_seconds"] = r.denoise_setup_seconds;
   j["step_seconds"] = r.step_seconds;
-  if (r.step_cache)
-    j["step_cache"] = {{"method", "first-block"},
-                       {"threshold", r.step_cache->threshold},
-                       {"computed", r.step_cache->computed},
-                       {"skipped", r.step_cache->skipped}};
+  if (r.step_cache) j["step_cache"] = step_cache_json(*r.step_cache);
   j["total_seconds"] = total;
   j["phase_peak_rss_bytes"]["load"] = load.peak_rss;
   for (const auto& m : r.phase_memory) j["phase_peak_rss_bytes"][m.phase] = m.peak_rss_bytes;

@@ -302,6 +302,15 @@ std::string parameters_text(const GenerateOptions& o, const GenerateResult& r,
   return s.str();
 }
 
+nlohmann::ordered_json step_cache_json(const StepCacheResult& r) {
+  nlohmann::ordered_json j;
+  j["method"] = "first-block";
+  j["threshold"] = r.threshold;
+  j["computed"] = r.computed;
+  j["skipped"] = r.skipped;
+  return j;
+}
+
 std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
                             const std::string& model_name, const std::string& model_checksum) {
   nlohmann::ordered_json j;
@@ -333,11 +342,7 @@ std::string parameters_json(const GenerateOptions& o, const GenerateResult& r,
       loras.push_back({{"file", f.path.filename().string()}, {"scale", f.scale}});
   }
   if (!r.tiny_decoder.empty()) j["decoder"] = {{"name", "tiny"}, {"file", r.tiny_decoder}};
-  if (r.step_cache)
-    j["step_cache"] = {{"method", "first-block"},
-                       {"threshold", r.step_cache->threshold},
-                       {"computed", r.step_cache->computed},
-                       {"skipped", r.step_cache->skipped}};
+  if (r.step_cache) j["step_cache"] = step_cache_json(*r.step_cache);
   if (r.image.width) {  // a plan alone has no image to mark
     nlohmann::ordered_json w;
     w["embedded"] = r.watermarked;

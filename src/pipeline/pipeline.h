@@ -25,6 +25,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "core/error.h"
 #include "core/files.h"
 #include "core/grid.h"
@@ -168,6 +170,9 @@ struct StepCacheResult {
   double threshold = 0;
   int64_t computed = 0, skipped = 0;
 };
+// It as the JSON result and the metadata record it: {"method", "threshold", "computed",
+// "skipped"}.
+nlohmann::ordered_json step_cache_json(const StepCacheResult& r);
 
 // Peak RSS during one phase.
 struct PhaseMemory {

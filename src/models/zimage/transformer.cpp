@@ -284,9 +284,8 @@ void Transformer::zero_row(const WeightUnit& w, const float* mod, Activations& a
          adapters_, cx);
   rms_norm(projected.data(), projected.data(), 1, D, vector_of(w, "attention_norm2.weight", D),
            eps, cx);
-  const float *scale_msa = mod, *gate_msa = mod + D, *scale_mlp = mod + 2 * D,
-              *gate_mlp = mod + 3 * D;
-  (void)scale_msa;  // scales a zero row
+  // mod: [scale_msa | gate_msa | scale_mlp | gate_mlp]; scale_msa scales a zero row.
+  const float *gate_msa = mod + D, *scale_mlp = mod + 2 * D, *gate_mlp = mod + 3 * D;
   for (int64_t i = 0; i < D; ++i) out[i] = 0.0f + gate_msa[i] * projected[size_t(i)];
   rms_norm(out, h.data(), 1, D, vector_of(w, "ffn_norm1.weight", D), eps, cx);
   for (int64_t i = 0; i < D; ++i) h[size_t(i)] *= scale_mlp[i];
