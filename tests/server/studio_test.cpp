@@ -497,7 +497,7 @@ TEST(Studio, ZImageOffersItsOptionsAndControlImages) {
   EXPECT_EQ(browser.evaluate(tab, R"js([...document.querySelectorAll("#form input, #form textarea, #form select")]
       .filter((e) => e.offsetParent !== null && e.type !== "file").map((e) => e.id).join(" "))js"),
             "prompt upsample negative control_scale width height steps guidance cfg_normalization "
-            "cfg_truncation count seed watermark");
+            "cfg_truncation cache count seed watermark");
   browser.choose_files(tab, "#control", {control});
   ASSERT_EQ(browser.evaluate(tab, "t.until(() => !document.getElementById('control-thumb').hidden)"), true);
   browser.evaluate(tab, R"js(t.fill("control_scale", "0.9"); true)js");
@@ -512,6 +512,23 @@ TEST(Studio, ZImageOffersItsOptionsAndControlImages) {
   const std::vector<Image> api = api_images(c, sent[0]);
   ASSERT_EQ(api.size(), 1u);
   EXPECT_EQ(png_of(shown["images"][0]["png"]).rgb, api[0].rgb);
+  EXPECT_FALSE(sent[0].contains("cache"));  // left empty: off
+
+  // The step cache (Z-Image has it; the control image refuses it): a text-to-image run with the
+  // field set sends it as the API's "cache", and the gallery says how many steps it reused. The
+  // threshold is one that no step of the tiny random model changes by, so every step after the
+  // first reuses the first one's layers.
+  browser.evaluate(tab, R"js(t.click("#mode-txt2img"); t.fill("width", "64"); t.fill("height", "64");
+      t.fill("cache", "5"); true)js");
+  const json cached = run(browser, tab, 1);
+  const std::vector<json> sent_cached = job_requests(browser, tab);
+  ASSERT_EQ(sent_cached.size(), 2u);
+  EXPECT_EQ(sent_cached[1]["cache"], "first-block:5");
+  const std::vector<Image> api_cached = api_images(c, sent_cached[1]);
+  ASSERT_EQ(api_cached.size(), 1u);
+  EXPECT_EQ(png_of(cached["images"][0]["png"]).rgb, api_cached[0].rgb);
+  EXPECT_EQ(browser.evaluate(tab, R"js(document.querySelector("#gallery figure dd.cache").textContent)js"),
+            "5: 2 of 3 steps reused");
   browser.viewport(tab, 400, 860, true);
   expect_layout(browser, tab, "phone");
   browser.viewport(tab, 1280, 900, false);
