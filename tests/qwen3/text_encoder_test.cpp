@@ -13,6 +13,7 @@
 #include "ops/compute.h"
 #include "models/qwen3/text_encoder.h"
 #include "quant/matmul.h"
+#include "support/forwarding_store.h"
 #include "support/testing.h"
 #include "support/tiny_model_suite.h"
 #include "weights/model_source.h"
@@ -134,9 +135,9 @@ class OwnedUnit : public WeightUnit {
 
 // Forwards to the real store, but serves the token embedding table as Q8 in the layout the
 // converter writes, as a converted model may hold it.
-class Q8EmbeddingStore : public WeightStore {
+class Q8EmbeddingStore : public testing::ForwardingStore {
  public:
-  explicit Q8EmbeddingStore(WeightStore& inner) : inner_(inner) {
+  explicit Q8EmbeddingStore(WeightStore& inner) : ForwardingStore(inner) {
     UnitRef real = inner.acquire("text_encoder.embed");
     Weight w = real->get("embed_tokens.weight");
     const std::vector<float> table = weight_to_floats(w);
@@ -155,13 +156,9 @@ class Q8EmbeddingStore : public WeightStore {
   UnitRef acquire(const std::string& unit) override {
     return unit == "text_encoder.embed" ? embed_ : inner_.acquire(unit);
   }
-  bool has_unit(const std::string& unit) const override { return inner_.has_unit(unit); }
-  std::vector<std::string> units() const override { return inner_.units(); }
-  const ModelConfig& config() const override { return inner_.config(); }
   std::string identity() const override { return inner_.identity() + "+q8-embed"; }
 
  private:
-  WeightStore& inner_;
   UnitRef embed_;
 };
 
@@ -184,9 +181,9 @@ TEST_F(TextEncoderGolden, LooksUpRowsOfAQuantizedEmbeddingTable) {
 }
 
 // Forwards to the real store and records how the encoder pages its units.
-class RecordingStore : public WeightStore {
+class RecordingStore : public testing::ForwardingStore {
  public:
-  explicit RecordingStore(WeightStore& inner) : inner_(inner) {}
+  using ForwardingStore::ForwardingStore;
 
   UnitRef acquire(const std::string& unit) override {
     std::lock_guard lock(mutex_);
@@ -205,15 +202,10 @@ class RecordingStore : public WeightStore {
     std::lock_guard lock(mutex_);
     events.push_back("prefetch " + unit);
   }
-  bool has_unit(const std::string& unit) const override { return inner_.has_unit(unit); }
-  std::vector<std::string> units() const override { return inner_.units(); }
-  const ModelConfig& config() const override { return inner_.config(); }
-  std::string identity() const override { return inner_.identity(); }
 
   std::vector<std::string> events;
 
  private:
-  WeightStore& inner_;
   std::mutex mutex_;
   std::map<std::string, std::weak_ptr<const WeightUnit>> held_;
 };

@@ -23,6 +23,7 @@
 #include "models/vit/safety.h"
 #include "models/vit/vit.h"
 #include "quant/matmul.h"
+#include "support/forwarding_store.h"
 #include "support/isa.h"
 #include "support/testing.h"
 #include "weights/safety_model.h"
@@ -209,9 +210,9 @@ KLEIN_INSTANTIATE_ON_EVERY_ISA(SafetyGolden);
 
 // The classifier's store with every matrix (the dense layers, the patch projection, the
 // classifier) stored as Q8 in the layout the converter writes, as a container would hold it.
-class Q8Store : public WeightStore {
+class Q8Store : public testing::ForwardingStore {
  public:
-  explicit Q8Store(WeightStore& inner) : inner_(inner) {}
+  using ForwardingStore::ForwardingStore;
 
   UnitRef acquire(const std::string& name) override {
     UnitRef real = inner_.acquire(name);
@@ -232,9 +233,6 @@ class Q8Store : public WeightStore {
     }
     return unit;
   }
-  bool has_unit(const std::string& unit) const override { return inner_.has_unit(unit); }
-  std::vector<std::string> units() const override { return inner_.units(); }
-  const ModelConfig& config() const override { return inner_.config(); }
   std::string identity() const override { return inner_.identity() + "+q8"; }
 
  private:
@@ -243,7 +241,6 @@ class Q8Store : public WeightStore {
     using WeightUnit::add;
     std::vector<std::unique_ptr<std::byte[], FreeAligned>> bytes;
   };
-  WeightStore& inner_;
 };
 
 class SafetyQ8 : public testing::OnEveryIsa {};

@@ -20,6 +20,7 @@
 #include "models/zimage/sampler.h"
 #include "models/zimage/step_cache.h"
 #include "models/zimage/transformer.h"
+#include "support/forwarding_store.h"
 #include "support/testing.h"
 #include "zimage/file_store.h"
 
@@ -169,22 +170,15 @@ TEST(StepCacheZero, ComputesEveryStepAsThePlainForward) {
 }
 
 // The units a store is asked for, in order: "prefetch U" and "acquire U".
-class LoggingStore final : public WeightStore {
+class LoggingStore final : public testing::ForwardingStore {
  public:
-  explicit LoggingStore(WeightStore& inner) : inner_(inner) {}
+  using ForwardingStore::ForwardingStore;
   UnitRef acquire(const std::string& unit) override {
     events.push_back("acquire " + unit);
     return inner_.acquire(unit);
   }
   void prefetch(const std::string& unit) override { events.push_back("prefetch " + unit); }
-  bool has_unit(const std::string& unit) const override { return inner_.has_unit(unit); }
-  std::vector<std::string> units() const override { return inner_.units(); }
-  const ModelConfig& config() const override { return inner_.config(); }
-  std::string identity() const override { return inner_.identity(); }
   std::vector<std::string> events;
-
- private:
-  WeightStore& inner_;
 };
 
 // What a paged store reads ahead follows the decisions: a skipped step asks for no main layer
