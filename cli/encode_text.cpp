@@ -47,7 +47,7 @@ void run_encode_text(const EncodeTextOptions& o) {
                                       available_memory_bytes(), o.memory.forced());
   store->set_residency(plan.residency);
   if (o.verbose) std::fprintf(stderr, "memory: %s\n", plan.reason.c_str());
-  const Tokenizer tokenizer = load_model_tokenizer(o.paths);
+  const Tokenizer tokenizer = load_model_tokenizer(o.paths, store.get());
 
   Compute cx(o.threads);
   qwen3::TextEncoder encoder(*store, cx);

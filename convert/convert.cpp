@@ -410,7 +410,7 @@ ConvertSummary convert_model(const ConvertOptions& o) {
   }
   const ModelConfig& config = store->config();
   check(config.undecided_variant.empty(), config.undecided_variant);
-  const TokenizerBytes tokenizer = read_tokenizer_files(o.source);
+  const TokenizerBytes tokenizer = read_tokenizer_files(o.source, store);
   check_tokenizer(tokenizer);
   json merged_loras = json::array();
   if (!o.loras.empty()) note("reading " + std::to_string(o.loras.size()) + " LoRA file(s)");

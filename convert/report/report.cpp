@@ -134,7 +134,7 @@ Report build_report(const ReportOptions& o, Progress& progress) {
     r.weights = compare_weights(*reference, *candidate, cx, c);
   }
   if (o.e2e) {
-    const Tokenizer tokenizer = load_model_tokenizer(o.reference);
+    const Tokenizer tokenizer = load_model_tokenizer(o.reference, reference.get());
     E2eOptions e;
     e.cases = make_cases(reference->config(), o.prompts, o.seeds, o.width, o.height, o.steps);
     e.blocks = o.blocks;

@@ -4,8 +4,8 @@
 
 namespace klein {
 
-Tokenizer load_model_tokenizer(const ModelPaths& paths) {
-  return Tokenizer(read_tokenizer_files(paths).files());
+Tokenizer load_model_tokenizer(const ModelPaths& paths, const WeightStore* opened) {
+  return Tokenizer(read_tokenizer_files(paths, opened).files());
 }
 
 }  // namespace klein

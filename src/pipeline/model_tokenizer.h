@@ -3,9 +3,12 @@
 // checkpoint, --tokenizer DIR, or the files stored inside a klein container.
 #include "tokenizer/tokenizer.h"
 #include "weights/model_source.h"
+#include "weights/weight_store.h"
 
 namespace klein {
 
-Tokenizer load_model_tokenizer(const ModelPaths& paths);
+// `opened`: the model's weights as opened from `paths` (read_tokenizer_files: a container is
+// then not parsed again for its tokenizer).
+Tokenizer load_model_tokenizer(const ModelPaths& paths, const WeightStore* opened = nullptr);
 
 }  // namespace klein

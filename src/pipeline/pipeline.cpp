@@ -33,7 +33,8 @@ Model Model::open(const ModelPaths& paths) {
   check(weights->config().undecided_variant.empty(), weights->config().undecided_variant);
   const std::string needs_conversion = weights->origin().needs_conversion;
   check(needs_conversion.empty(), needs_conversion);
-  Model m{std::move(weights), load_model_tokenizer(paths), "", ""};
+  Tokenizer tokenizer = load_model_tokenizer(paths, weights.get());
+  Model m{std::move(weights), std::move(tokenizer), "", ""};
   m.name = m.weights->config().name;
   if (fs::is_regular_file(paths.model)) m.checksum = m.weights->identity();
   return m;

@@ -50,7 +50,8 @@ Model open_upsample_model(const ModelPaths& paths) {
   std::unique_ptr<WeightStore> weights = open_text_encoder_model(paths);
   const std::string needs_conversion = weights->origin().needs_conversion;
   check(needs_conversion.empty(), needs_conversion);
-  Model m{std::move(weights), load_model_tokenizer(paths), "", ""};
+  Tokenizer tokenizer = load_model_tokenizer(paths, weights.get());
+  Model m{std::move(weights), std::move(tokenizer), "", ""};
   m.name = m.weights->config().name;
   if (std::filesystem::is_regular_file(paths.model)) m.checksum = m.weights->identity();
   return m;

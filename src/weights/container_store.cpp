@@ -30,11 +30,10 @@ Component component_of(const std::string& canonical) {
   return Component::Vae;
 }
 
-TokenizerBytes container_tokenizer(const container::ContainerFile& file) {
+TokenizerBytes container_tokenizer(const nlohmann::json& meta, const fs::path& path) {
   TokenizerBytes out;
-  const std::string where = file.path().string();
+  const std::string where = path.string();
   out.origin = where + " (tokenizer stored in the container)";
-  const auto& meta = file.metadata();
   check(meta.contains("tokenizer") && meta["tokenizer"].is_object(), where,
         ": the container holds no tokenizer");
   const auto& tok = meta["tokenizer"];
@@ -351,7 +350,9 @@ void ContainerStore::release(const std::string& prefix) {
   kept.clear();
 }
 
-TokenizerBytes ContainerStore::tokenizer_files() const { return container_tokenizer(file_); }
+TokenizerBytes ContainerStore::tokenizer_files() const {
+  return container_tokenizer(file_.metadata(), file_.path());
+}
 
 StoreOrigin ContainerStore::origin() const {
   StoreOrigin o;
@@ -360,11 +361,21 @@ StoreOrigin ContainerStore::origin() const {
   return o;
 }
 
-TokenizerBytes read_tokenizer_files(const ModelPaths& paths) {
+TokenizerBytes read_tokenizer_files(const ModelPaths& paths, const WeightStore* opened) {
   const TokenizerSource source = tokenizer_source(paths);
   switch (source.kind) {
-    case TokenizerSource::Kind::Container:
-      return container_tokenizer(container::ContainerFile(source.path));
+    case TokenizerSource::Kind::Container: {
+      // The container the weights were opened from: its metadata (which holds the tokenizer
+      // files, several MB of JSON) is parsed already.
+      if (opened) {
+        const StoreOrigin o = opened->origin();
+        std::error_code ec;
+        if (o.container_metadata && o.files.size() == 1 &&
+            fs::equivalent(o.files[0], source.path, ec))
+          return container_tokenizer(*o.container_metadata, source.path);
+      }
+      return container_tokenizer(container::ContainerFile(source.path).metadata(), source.path);
+    }
     case TokenizerSource::Kind::Gguf:
       return gguf_tokenizer(gguf::File(source.path));
     case TokenizerSource::Kind::Tekken: {

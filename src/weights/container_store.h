@@ -129,6 +129,8 @@ uint64_t stored_tensor_bytes(const std::string& name, DType type, uint8_t layout
 
 // The tokenizer files of a model given as paths, from where tokenizer_source says: a
 // directory, a GGUF text encoder's metadata (as the files Qwen3 ships) or a container.
-TokenizerBytes read_tokenizer_files(const ModelPaths& paths);
+// `opened`: the model's weights as opened from the same paths, whose container (when the
+// tokenizer is that container's) is not opened and parsed a second time.
+TokenizerBytes read_tokenizer_files(const ModelPaths& paths, const WeightStore* opened = nullptr);
 
 }  // namespace klein
