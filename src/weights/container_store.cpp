@@ -350,10 +350,6 @@ void ContainerStore::release(const std::string& prefix) {
   kept.clear();
 }
 
-TokenizerBytes ContainerStore::tokenizer_files() const {
-  return container_tokenizer(file_.metadata(), file_.path());
-}
-
 StoreOrigin ContainerStore::origin() const {
   StoreOrigin o;
   o.files.push_back(file_.path());

@@ -71,7 +71,6 @@ class ContainerStore final : public WeightStore {
     int64_t background = 0, on_acquire = 0;
   };
   Checks checks() const;
-  TokenizerBytes tokenizer_files() const;
 
  private:
   // Where a unit's checksum pass is: queued for the checking thread, or running (on that
